@@ -1,0 +1,1 @@
+//! Bounded decoding guard (wire helper).

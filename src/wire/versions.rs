@@ -1,0 +1,1 @@
+//! Version negotiation (wire helper).
