@@ -6,7 +6,13 @@
 //! - `driver`: the tokio side: broker connections, the only place that owns sockets and clocks.
 #![deny(rustdoc::broken_intra_doc_links)]
 
+pub mod assign;
+pub mod backoff;
+pub mod driver;
 pub mod error;
+pub mod lock;
+pub mod membership;
 pub mod wire;
 
 pub use error::{Error, KafkaCode, Result};
+pub use lock::{FencingToken, LockEvent, LockGuard, LockOptions, LockStats, LossReason};

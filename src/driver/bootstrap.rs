@@ -1,0 +1,166 @@
+//! Bootstrap: the first connection, from a list of `host:port` addresses.
+//!
+//! Addresses are tried in rotation from a random starting point (drawn from the [`Backoff`]'s
+//! random source, so tests can fix it), which spreads many clients started together over the
+//! list. After each full round that failed, the caller's [`Backoff`] decides the pause; everything
+//! is bounded by [`BootstrapConfig::deadline`] and [`BootstrapConfig::max_rounds`]. The error
+//! names every address tried with the last error seen for it.
+
+use std::fmt;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::debug;
+
+use super::conn::{ConnConfig, Connection};
+use crate::backoff::Backoff;
+use crate::error::{Error, Result};
+
+/// Bounds on [`connect_any`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BootstrapConfig {
+    /// Overall time budget, including the pauses between rounds. Default: 60 s.
+    pub deadline: Duration,
+    /// Full rounds over the list before giving up (at least 1 is made). Default: 10.
+    pub max_rounds: u32,
+}
+
+impl Default for BootstrapConfig {
+    fn default() -> Self {
+        Self {
+            deadline: Duration::from_secs(60),
+            max_rounds: 10,
+        }
+    }
+}
+
+impl BootstrapConfig {
+    /// Sets [`BootstrapConfig::deadline`].
+    pub fn with_deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// Sets [`BootstrapConfig::max_rounds`].
+    pub fn with_max_rounds(mut self, rounds: u32) -> Self {
+        self.max_rounds = rounds;
+        self
+    }
+}
+
+/// One bootstrap address and the last error it gave.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct BootstrapAttempt {
+    /// The address as given in the bootstrap list.
+    pub addr: String,
+    /// The last failure connecting to it.
+    pub error: Error,
+}
+
+/// No bootstrap address could be connected to.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct BootstrapError {
+    /// Every address that was tried, in list order, with its last error.
+    pub attempts: Vec<BootstrapAttempt>,
+    /// Full or partial rounds made.
+    pub rounds: u32,
+    /// Time spent.
+    pub elapsed: Duration,
+}
+
+impl fmt::Display for BootstrapError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "could not connect to any bootstrap broker ({} round(s) in {:.1?}); check the \
+             addresses and that the brokers are up:",
+            self.rounds, self.elapsed
+        )?;
+        for a in &self.attempts {
+            write!(f, " [{}: {}]", a.addr, a.error)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for BootstrapError {}
+
+/// Connects to one broker of `bootstrap`, trying addresses in rotation with `backoff` between full
+/// rounds (it is reset on success), within `limits`.
+///
+/// An empty list is a [`Error::Config`] error; otherwise failure is [`Error::Bootstrap`].
+pub async fn connect_any(
+    bootstrap: &[String],
+    cfg: &ConnConfig,
+    backoff: &mut Backoff,
+    limits: &BootstrapConfig,
+) -> Result<Connection> {
+    if bootstrap.is_empty() {
+        return Err(Error::Config(
+            "the bootstrap broker list is empty; give at least one host:port".to_owned(),
+        ));
+    }
+    let started = Instant::now();
+    let deadline = started + limits.deadline;
+    let start = backoff.random_index(bootstrap.len());
+    let mut last: Vec<Option<Error>> = bootstrap.iter().map(|_| None).collect();
+    let mut rounds = 0;
+    'rounds: loop {
+        rounds += 1;
+        for i in 0..bootstrap.len() {
+            let idx = (start + i) % bootstrap.len();
+            let addr = &bootstrap[idx];
+            let now = Instant::now();
+            // Past the deadline, stop; but always make one attempt, so the error has a cause.
+            if now >= deadline && (rounds > 1 || i > 0) {
+                break 'rounds;
+            }
+            let result = match tokio::time::timeout_at(deadline, Connection::connect(addr, cfg))
+                .await
+            {
+                Ok(result) => result,
+                Err(_) => Err(Error::Timeout {
+                    op: format!("connecting to bootstrap broker {addr} (overall deadline)"),
+                    after: deadline - now,
+                }),
+            };
+            match result {
+                Ok(conn) => {
+                    debug!(addr = %addr, rounds, "bootstrap connected");
+                    backoff.reset();
+                    return Ok(conn);
+                }
+                Err(e) => {
+                    debug!(addr = %addr, error = %e, "bootstrap address failed");
+                    last[idx] = Some(e);
+                }
+            }
+        }
+        if rounds >= limits.max_rounds.max(1) {
+            break;
+        }
+        let pause = backoff.next_delay();
+        if Instant::now() + pause >= deadline {
+            break;
+        }
+        tokio::time::sleep(pause).await;
+    }
+    let attempts = bootstrap
+        .iter()
+        .zip(last)
+        .filter_map(|(addr, error)| {
+            error.map(|error| BootstrapAttempt {
+                addr: addr.clone(),
+                error,
+            })
+        })
+        .collect();
+    Err(Error::Bootstrap(BootstrapError {
+        attempts,
+        rounds,
+        elapsed: started.elapsed(),
+    }))
+}

@@ -1,0 +1,672 @@
+//! One broker connection: pipelined requests over a single byte stream.
+//!
+//! # Design
+//! Two tasks own the stream, one per direction:
+//!
+//! ```text
+//!  request() ──encode──► mpsc ──► writer task ──write_all──► socket
+//!      ▲                              │ registers Pending (FIFO) before writing
+//!      │ oneshot                      ▼
+//!      └──────────────── reader task ◄── decode_frame ◄── socket
+//! ```
+//!
+//! - Callers encode their own frame (so an encoding error never touches the connection) and hand
+//!   it to the writer. Only the writer writes, so a caller that is cancelled at any point cannot
+//!   leave half a frame on the wire: either the frame was never queued, or the writer writes all of
+//!   it and the orphaned response is discarded when it arrives.
+//! - Kafka answers the requests of one connection in order, so in-flight requests form a FIFO. The
+//!   reader pops the oldest entry for each frame and decodes the frame for that request's API and
+//!   version, checking the correlation id. A response whose id is not the oldest outstanding one,
+//!   a response nobody asked for, a bad frame or an undecodable body means the byte stream can no
+//!   longer be trusted.
+//! - The reader and writer run independently, so a broker that stops reading while it still has
+//!   responses to send cannot deadlock us.
+//!
+//! # Failure semantics
+//! The connection fails as a whole; it never recovers. Once failed, the socket is closed (both
+//! tasks exit and drop their halves) and every in-flight and later request fails:
+//! - framing error, decode error, correlation mismatch, unsolicited response, request timeout:
+//!   [`Error::Poisoned`] carrying the original error (the timed-out caller itself gets
+//!   [`Error::Timeout`]);
+//! - the broker closing the socket or an I/O error: [`Error::Io`] describing it;
+//! - [`Connection::close`] or dropping every handle: [`Error::Closed`].
+//!
+//! A request timeout closes the connection, as the Java client and librdkafka do: the broker may
+//! still send the late response, and the stream would then be one response ahead of the FIFO.
+//! Requests that legitimately take long (JoinGroup blocks for up to the rebalance timeout) use
+//! [`Connection::request_with_timeout`].
+
+use std::collections::VecDeque;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::messages::{ApiKey, ApiVersionsRequest};
+use kafka_protocol::protocol::StrBytes;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot, watch};
+use tracing::{debug, trace};
+
+use crate::error::{Error, KafkaCode, Result};
+use crate::wire::codec::{decode_response_frame, encode_request};
+use crate::wire::frame::decode_frame;
+use crate::wire::versions::{api_versions_fallback, negotiate, NegotiatedVersions};
+use crate::wire::{Request, Response, DEFAULT_MAX_FRAME_SIZE};
+
+/// Default bound on establishing a connection (TCP connect plus the ApiVersions handshake); the
+/// Java client's `socket.connection.setup.timeout.ms` is also 10 s.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Default bound on one request, from queueing to its response; the Java client's
+/// `request.timeout.ms` is also 30 s.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The ApiVersions version sent first. v3 is the first flexible version and the one KIP-511's
+/// fallback is defined for; a broker that does not know it tells us what it does know.
+const HANDSHAKE_VERSION: i16 = 3;
+
+/// Kafka's UNSUPPORTED_VERSION error code.
+const UNSUPPORTED_VERSION: i16 = 35;
+
+/// Requests queued for the writer beyond those being written. Callers wait (bounded by their own
+/// timeout) when it is full, which keeps a stalled socket from accumulating unbounded memory.
+const WRITE_QUEUE: usize = 64;
+
+/// Spare read-buffer capacity kept before each read, so small responses need one allocation.
+const READ_CHUNK: usize = 8 * 1024;
+
+/// Connection settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConnConfig {
+    /// `client_id` sent in every request header (brokers log it and use it for quotas).
+    /// Default: `Some("kafka-lock")`.
+    pub client_id: Option<String>,
+    /// Bound on TCP connect (including name resolution) plus the ApiVersions handshake.
+    /// Default: [`DEFAULT_CONNECT_TIMEOUT`].
+    pub connect_timeout: Duration,
+    /// Bound on each request unless [`Connection::request_with_timeout`] overrides it.
+    /// Default: [`DEFAULT_REQUEST_TIMEOUT`].
+    pub request_timeout: Duration,
+    /// Largest response frame accepted; a longer length prefix poisons the connection before any
+    /// of the frame is buffered. Default: [`DEFAULT_MAX_FRAME_SIZE`].
+    pub max_frame_size: usize,
+}
+
+impl Default for ConnConfig {
+    fn default() -> Self {
+        Self {
+            client_id: Some("kafka-lock".to_owned()),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            max_frame_size: DEFAULT_MAX_FRAME_SIZE,
+        }
+    }
+}
+
+impl ConnConfig {
+    /// Sets [`ConnConfig::client_id`].
+    pub fn with_client_id(mut self, client_id: Option<String>) -> Self {
+        self.client_id = client_id;
+        self
+    }
+
+    /// Sets [`ConnConfig::connect_timeout`].
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Sets [`ConnConfig::request_timeout`].
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// Sets [`ConnConfig::max_frame_size`].
+    pub fn with_max_frame_size(mut self, max: usize) -> Self {
+        self.max_frame_size = max;
+        self
+    }
+}
+
+/// A connection to one broker, with versions negotiated.
+///
+/// Cheap to clone; clones share the socket. Requests may be issued concurrently from any number of
+/// tasks and are pipelined. The socket is closed when the connection fails (see the
+/// [module docs](self)), on [`Connection::close`], or when the last clone is dropped.
+#[derive(Clone)]
+pub struct Connection {
+    link: Arc<Link>,
+    versions: Arc<NegotiatedVersions>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("peer", &self.link.peer)
+            .field("closed", &self.is_closed())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Connection {
+    /// Connects to `addr` (`host:port`), trying each resolved address in turn, and negotiates API
+    /// versions. The whole setup is bounded by [`ConnConfig::connect_timeout`].
+    pub async fn connect(addr: &str, cfg: &ConnConfig) -> Result<Connection> {
+        let setup = async {
+            let stream = connect_tcp(addr).await?;
+            Connection::from_stream(stream, addr, cfg).await
+        };
+        match tokio::time::timeout(cfg.connect_timeout, setup).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::Timeout {
+                op: format!("connecting to broker {addr}"),
+                after: cfg.connect_timeout,
+            }),
+        }
+    }
+
+    /// Runs the connection over an already established byte stream (the transport boundary for
+    /// TLS or other wrappers): spawns the reader and writer tasks on the current tokio runtime and
+    /// performs the ApiVersions handshake (KIP-511), each of its requests bounded by
+    /// [`ConnConfig::request_timeout`].
+    ///
+    /// `peer` only names the broker in errors and logs.
+    pub async fn from_stream<S>(stream: S, peer: &str, cfg: &ConnConfig) -> Result<Connection>
+    where
+        S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    {
+        let link = Link::spawn(stream, peer, cfg);
+        let versions = handshake(&link, cfg.request_timeout).await?;
+        debug!(peer, ?versions, "connected");
+        Ok(Connection {
+            link: Arc::new(link),
+            versions: Arc::new(versions),
+        })
+    }
+
+    /// The versions negotiated with this broker.
+    pub fn versions(&self) -> &NegotiatedVersions {
+        &self.versions
+    }
+
+    /// The broker address this connection was opened to.
+    pub fn peer(&self) -> &str {
+        &self.link.peer
+    }
+
+    /// Sends `req` at the negotiated version and waits for its response, bounded by
+    /// [`ConnConfig::request_timeout`].
+    ///
+    /// A Kafka error code inside the response is not an error here; the caller interprets it.
+    pub async fn request(&self, req: impl Into<Request>) -> Result<Response> {
+        self.request_with_timeout(req, self.link.request_timeout)
+            .await
+    }
+
+    /// Like [`Connection::request`] with a timeout for this request only, for requests the broker
+    /// holds on purpose (JoinGroup: up to the rebalance timeout; allow a few seconds more).
+    ///
+    /// If the timeout expires the connection is closed (see the [module docs](self)).
+    pub async fn request_with_timeout(
+        &self,
+        req: impl Into<Request>,
+        timeout: Duration,
+    ) -> Result<Response> {
+        let req = req.into();
+        let api = req.api_key();
+        let version = self
+            .versions
+            .get(api)
+            .ok_or(Error::UnsupportedApi { api })?;
+        self.link.call(&req, version, timeout).await
+    }
+
+    /// Like [`Connection::request_with_timeout`] at an explicit `version`, for callers that built
+    /// the request for that version (the membership machine does: fields differ between
+    /// versions). The version must lie within what this connection negotiated.
+    pub async fn request_at(
+        &self,
+        req: impl Into<Request>,
+        version: i16,
+        timeout: Duration,
+    ) -> Result<Response> {
+        let req = req.into();
+        let api = req.api_key();
+        match self.versions.get(api) {
+            Some(max) if version <= max && version >= 0 => {}
+            _ => return Err(Error::UnsupportedApi { api }),
+        }
+        self.link.call(&req, version, timeout).await
+    }
+
+    /// Closes the connection: in-flight and later requests fail with [`Error::Closed`]. Idempotent.
+    pub fn close(&self) {
+        self.link.shared.fail(Arc::new(Error::Closed));
+    }
+
+    /// Whether the connection has failed or been closed; a closed connection never reopens.
+    pub fn is_closed(&self) -> bool {
+        self.link.shared.failure().is_some()
+    }
+
+    /// Completes once the connection has failed or been closed, e.g. to start reconnecting
+    /// without waiting for the next request to fail.
+    pub async fn closed(&self) {
+        let mut rx = self.link.shared.shutdown.subscribe();
+        // The sender lives in `Shared`, which `self` keeps alive, so this cannot error.
+        let _ = rx.wait_for(|closed| *closed).await;
+    }
+}
+
+/// Resolves `addr` and connects to the first resolved address that accepts.
+async fn connect_tcp(addr: &str) -> Result<TcpStream> {
+    let resolved: Vec<SocketAddr> = tokio::net::lookup_host(addr)
+        .await
+        .map_err(|e| Error::Io {
+            op: "resolve broker address",
+            source: io::Error::new(e.kind(), format!("{addr}: {e}")),
+        })?
+        .collect();
+    let mut last = None;
+    for sa in &resolved {
+        match TcpStream::connect(sa).await {
+            Ok(stream) => {
+                // Requests are small and latency-bound (heartbeats); Nagle would only delay them.
+                stream.set_nodelay(true).map_err(|e| Error::Io {
+                    op: "set TCP_NODELAY",
+                    source: e,
+                })?;
+                trace!(addr, %sa, "tcp connected");
+                return Ok(stream);
+            }
+            Err(e) => {
+                trace!(addr, %sa, error = %e, "tcp connect failed");
+                last = Some(io::Error::new(e.kind(), format!("{addr} ({sa}): {e}")));
+            }
+        }
+    }
+    Err(Error::Io {
+        op: "connect to broker",
+        source: last.unwrap_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{addr} resolved to no address"),
+            )
+        }),
+    })
+}
+
+/// ApiVersions with the KIP-511 fallback, then per-API negotiation.
+async fn handshake(link: &Link, timeout: Duration) -> Result<NegotiatedVersions> {
+    let req: Request = ApiVersionsRequest::default()
+        .with_client_software_name(StrBytes::from_static_str("kafka-lock"))
+        .with_client_software_version(StrBytes::from_static_str(env!("CARGO_PKG_VERSION")))
+        .into();
+    let mut version = HANDSHAKE_VERSION;
+    loop {
+        let resp = match link.call(&req, version, timeout).await? {
+            Response::ApiVersions(resp) => resp,
+            other => {
+                // decode_response_frame decodes for the API we asked for; anything else is a
+                // bug in that layer, reported rather than trusted.
+                return Err(Error::Protocol(format!(
+                    "asked {} for ApiVersions, decoded a {:?} response",
+                    link.peer,
+                    other.api_key()
+                )));
+            }
+        };
+        if resp.error_code == UNSUPPORTED_VERSION {
+            // The broker lists the ApiVersions versions it supports; retry once, strictly lower,
+            // so a confused broker cannot keep us looping.
+            match api_versions_fallback(&resp) {
+                Some(lower) if lower < version => {
+                    debug!(peer = %link.peer, from = version, to = lower, "ApiVersions fallback");
+                    version = lower;
+                    continue;
+                }
+                _ => {}
+            }
+        }
+        if resp.error_code != 0 {
+            return Err(Error::broker(
+                ApiKey::ApiVersions,
+                KafkaCode(resp.error_code),
+                None,
+            ));
+        }
+        return negotiate(&resp).map_err(Error::from);
+    }
+}
+
+/// What the writer needs to put one request on the wire and route its response.
+struct Outgoing {
+    frame: Bytes,
+    pending: Pending,
+}
+
+/// An in-flight request, waiting for its response.
+struct Pending {
+    correlation_id: i32,
+    api_key: ApiKey,
+    version: i16,
+    reply: oneshot::Sender<Result<Response>>,
+}
+
+/// State shared by the handles and both I/O tasks.
+struct Shared {
+    peer: String,
+    state: Mutex<State>,
+    /// Flips to `true` once, when the connection fails; both tasks exit on it.
+    shutdown: watch::Sender<bool>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Requests written (or being written) in wire order; Kafka answers in this order.
+    inflight: VecDeque<Pending>,
+    /// Why the connection is dead; `None` while it is usable.
+    failure: Option<Arc<Error>>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // No code panics while holding the lock, but a poisoned mutex must not take the
+        // connection down with a second panic either: the state is still consistent.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn failure(&self) -> Option<Arc<Error>> {
+        self.lock().failure.clone()
+    }
+
+    /// The error a request sees on a connection that failed for `reason`.
+    fn error_for(reason: &Arc<Error>) -> Error {
+        match &**reason {
+            Error::Closed => Error::Closed,
+            // io::Error is not Clone; each request gets an equivalent one.
+            Error::Io { op, source } => Error::Io {
+                op,
+                source: io::Error::new(source.kind(), source.to_string()),
+            },
+            _ => Error::Poisoned(Arc::clone(reason)),
+        }
+    }
+
+    /// The error for a request whose reply channel was dropped, which only happens once the
+    /// connection has failed.
+    fn current_error(&self) -> Error {
+        match self.failure() {
+            Some(reason) => Self::error_for(&reason),
+            None => Error::Closed,
+        }
+    }
+
+    /// Fails the connection for `reason` unless it already failed: every in-flight request gets
+    /// the matching error and both I/O tasks stop, closing the socket.
+    fn fail(&self, reason: Arc<Error>) {
+        let drained = {
+            let mut state = self.lock();
+            if state.failure.is_some() {
+                return;
+            }
+            state.failure = Some(Arc::clone(&reason));
+            std::mem::take(&mut state.inflight)
+        };
+        debug!(peer = %self.peer, error = %reason, in_flight = drained.len(), "connection closed");
+        for p in drained {
+            let _ = p.reply.send(Err(Self::error_for(&reason)));
+        }
+        self.shutdown.send_replace(true);
+    }
+
+    /// Registers `pending` as the newest in-flight request; answers it at once if the connection
+    /// already failed. Returns whether it was registered.
+    fn register(&self, pending: Pending) -> bool {
+        let mut state = self.lock();
+        if let Some(reason) = &state.failure {
+            let err = Self::error_for(reason);
+            drop(state);
+            let _ = pending.reply.send(Err(err));
+            return false;
+        }
+        state.inflight.push_back(pending);
+        true
+    }
+
+    /// Routes one response frame to the oldest in-flight request. An error return is the reason
+    /// to fail the connection.
+    fn deliver(&self, frame: Bytes) -> std::result::Result<(), Arc<Error>> {
+        let pending = {
+            let mut state = self.lock();
+            if state.failure.is_some() {
+                return Ok(());
+            }
+            state.inflight.pop_front()
+        };
+        let Some(p) = pending else {
+            let id = frame
+                .get(..4)
+                .and_then(|b| <[u8; 4]>::try_from(b).ok())
+                .map_or_else(|| "none".to_owned(), |b| i32::from_be_bytes(b).to_string());
+            return Err(Arc::new(Error::Protocol(format!(
+                "{} sent a response (correlation id {id}) while no request was in flight",
+                self.peer
+            ))));
+        };
+        match decode_response_frame(&frame, p.api_key, p.version, p.correlation_id) {
+            Ok(resp) => {
+                trace!(peer = %self.peer, api = ?p.api_key, correlation_id = p.correlation_id, "response");
+                // The caller may have gone (cancelled); its response is simply discarded.
+                let _ = p.reply.send(Ok(resp));
+                Ok(())
+            }
+            Err(e) => {
+                let reason = Arc::new(Error::from(e));
+                let _ = p.reply.send(Err(Error::Poisoned(Arc::clone(&reason))));
+                Err(reason)
+            }
+        }
+    }
+}
+
+/// The request path shared by every handle: correlation ids, the writer queue, timeouts.
+struct Link {
+    peer: String,
+    client_id: Option<String>,
+    request_timeout: Duration,
+    next_correlation_id: AtomicI32,
+    tx: mpsc::Sender<Outgoing>,
+    shared: Arc<Shared>,
+}
+
+impl Link {
+    fn spawn<S>(stream: S, peer: &str, cfg: &ConnConfig) -> Link
+    where
+        S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    {
+        let (shutdown, _) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            peer: peer.to_owned(),
+            state: Mutex::new(State::default()),
+            shutdown,
+        });
+        let (tx, rx) = mpsc::channel(WRITE_QUEUE);
+        let (reader, writer) = tokio::io::split(stream);
+        tokio::spawn(write_loop(writer, rx, Arc::clone(&shared)));
+        tokio::spawn(read_loop(reader, Arc::clone(&shared), cfg.max_frame_size));
+        Link {
+            peer: peer.to_owned(),
+            client_id: cfg.client_id.clone(),
+            request_timeout: cfg.request_timeout,
+            next_correlation_id: AtomicI32::new(0),
+            tx,
+            shared,
+        }
+    }
+
+    async fn call(&self, req: &Request, version: i16, timeout: Duration) -> Result<Response> {
+        if let Some(reason) = self.shared.failure() {
+            return Err(Shared::error_for(&reason));
+        }
+        let api_key = req.api_key();
+        // Ids only need to be unique among in-flight requests; wrapping after 2^32 is fine.
+        let correlation_id = self.next_correlation_id.fetch_add(1, Ordering::Relaxed);
+        let mut frame = BytesMut::new();
+        encode_request(
+            req,
+            version,
+            correlation_id,
+            self.client_id.as_deref(),
+            &mut frame,
+        )?;
+        let (reply, rx) = oneshot::channel();
+        let out = Outgoing {
+            frame: frame.freeze(),
+            pending: Pending {
+                correlation_id,
+                api_key,
+                version,
+                reply,
+            },
+        };
+        trace!(peer = %self.peer, api = ?api_key, version, correlation_id, "request");
+        let exchange = async {
+            self.tx
+                .send(out)
+                .await
+                .map_err(|_| self.shared.current_error())?;
+            rx.await.map_err(|_| self.shared.current_error())?
+        };
+        match tokio::time::timeout(timeout, exchange).await {
+            Ok(result) => result,
+            Err(_) => {
+                let op = format!(
+                    "{api_key:?} v{version} request to {} (correlation id {correlation_id})",
+                    self.peer
+                );
+                self.shared.fail(Arc::new(Error::Timeout {
+                    op: op.clone(),
+                    after: timeout,
+                }));
+                Err(Error::Timeout { op, after: timeout })
+            }
+        }
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        // Dropping `tx` ends the writer, which fails the connection with `Closed`; doing it here
+        // as well makes the close immediate instead of depending on task scheduling.
+        self.shared.fail(Arc::new(Error::Closed));
+    }
+}
+
+async fn write_loop<W>(mut w: W, mut rx: mpsc::Receiver<Outgoing>, shared: Arc<Shared>)
+where
+    W: AsyncWrite + Unpin,
+{
+    let mut shutdown = shared.shutdown.subscribe();
+    loop {
+        let out = tokio::select! {
+            biased;
+            _ = shutdown.wait_for(|closed| *closed) => break,
+            msg = rx.recv() => match msg {
+                Some(out) => out,
+                None => {
+                    shared.fail(Arc::new(Error::Closed));
+                    break;
+                }
+            },
+        };
+        // Register before writing: the response can arrive before write_all returns.
+        if !shared.register(out.pending) {
+            continue;
+        }
+        let written = tokio::select! {
+            biased;
+            _ = shutdown.wait_for(|closed| *closed) => break,
+            r = async {
+                w.write_all(&out.frame).await?;
+                // A no-op for TCP; wrappers such as TLS buffer until flushed.
+                w.flush().await
+            } => r,
+        };
+        if let Err(e) = written {
+            shared.fail(Arc::new(Error::Io {
+                op: "write request",
+                source: io::Error::new(e.kind(), format!("to {}: {e}", shared.peer)),
+            }));
+            break;
+        }
+    }
+    // Requests still queued get their reply channels dropped, which their callers map to the
+    // connection's failure.
+    rx.close();
+}
+
+async fn read_loop<R>(mut r: R, shared: Arc<Shared>, max_frame_size: usize)
+where
+    R: AsyncRead + Unpin,
+{
+    let mut shutdown = shared.shutdown.subscribe();
+    let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    loop {
+        loop {
+            match decode_frame(&mut buf, max_frame_size) {
+                Ok(Some(frame)) => {
+                    if let Err(reason) = shared.deliver(frame) {
+                        shared.fail(reason);
+                        return;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    shared.fail(Arc::new(Error::from(e)));
+                    return;
+                }
+            }
+        }
+        if buf.capacity() - buf.len() < READ_CHUNK {
+            buf.reserve(READ_CHUNK);
+        }
+        let read = tokio::select! {
+            biased;
+            _ = shutdown.wait_for(|closed| *closed) => return,
+            r = r.read_buf(&mut buf) => r,
+        };
+        let err = match read {
+            Ok(0) => {
+                let in_flight = shared.lock().inflight.len();
+                let msg = if buf.is_empty() {
+                    format!(
+                        "broker {} closed the connection ({in_flight} request(s) in flight)",
+                        shared.peer
+                    )
+                } else {
+                    format!(
+                        "broker {} closed the connection in the middle of a response frame \
+                         ({} byte(s) of it received, {in_flight} request(s) in flight)",
+                        shared.peer,
+                        buf.len()
+                    )
+                };
+                io::Error::new(io::ErrorKind::UnexpectedEof, msg)
+            }
+            Ok(_) => continue,
+            Err(e) => io::Error::new(e.kind(), format!("from {}: {e}", shared.peer)),
+        };
+        shared.fail(Arc::new(Error::Io {
+            op: "read response",
+            source: err,
+        }));
+        return;
+    }
+}

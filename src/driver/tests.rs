@@ -1,0 +1,753 @@
+//! Connection and bootstrap tests against a scripted peer that plays the broker: it decodes request
+//! headers and bodies with kafka-protocol's broker-side decoders and writes responses byte by byte.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use kafka_protocol::messages::api_versions_response::ApiVersion;
+use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+use kafka_protocol::messages::{
+    ApiKey, ApiVersionsRequest, ApiVersionsResponse, DescribeGroupsRequest,
+    FindCoordinatorRequest, FindCoordinatorResponse, HeartbeatRequest, HeartbeatResponse,
+    MetadataRequest, MetadataResponse, RequestHeader, ResponseHeader, TopicName,
+};
+use kafka_protocol::protocol::{decode_request_header_from_buffer, Decodable, Encodable, StrBytes};
+use tokio::io::{duplex, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream};
+use tokio::net::TcpListener;
+
+use super::*;
+use crate::backoff::Backoff;
+use crate::error::Error;
+use crate::wire::{FrameError, Request, Response};
+
+/// What tansu 510f3e2 advertises (test-brokers.md), for the APIs kafka-lock uses.
+const BROKER_APIS: &[(ApiKey, i16, i16)] = &[
+    (ApiKey::ApiVersions, 0, 4),
+    (ApiKey::Metadata, 0, 12),
+    (ApiKey::FindCoordinator, 0, 6),
+    (ApiKey::JoinGroup, 0, 9),
+    (ApiKey::SyncGroup, 0, 5),
+    (ApiKey::Heartbeat, 0, 4),
+    (ApiKey::LeaveGroup, 0, 5),
+    (ApiKey::OffsetCommit, 0, 9),
+    (ApiKey::OffsetFetch, 0, 9),
+    (ApiKey::DescribeGroups, 0, 5),
+];
+
+/// Generous bound for events that must happen promptly; only reached when a test fails.
+const PROMPTLY: Duration = Duration::from_secs(10);
+
+fn api_versions(apis: &[(ApiKey, i16, i16)]) -> ApiVersionsResponse {
+    ApiVersionsResponse::default().with_api_keys(
+        apis.iter()
+            .map(|&(key, min, max)| {
+                ApiVersion::default()
+                    .with_api_key(key as i16)
+                    .with_min_version(min)
+                    .with_max_version(max)
+            })
+            .collect(),
+    )
+}
+
+/// The broker side of a connection, scripted by the test.
+struct Peer<S> {
+    io: S,
+    buf: BytesMut,
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Peer<S> {
+    fn new(io: S) -> Self {
+        Peer {
+            io,
+            buf: BytesMut::new(),
+        }
+    }
+
+    /// The next complete frame body, or `None` once the client closed the stream.
+    async fn read_frame(&mut self) -> Option<Bytes> {
+        loop {
+            if self.buf.len() >= 4 {
+                let len = i32::from_be_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]);
+                let len = usize::try_from(len).expect("client sent a negative frame length");
+                if self.buf.len() >= 4 + len {
+                    self.buf.advance(4);
+                    return Some(self.buf.split_to(len).freeze());
+                }
+            }
+            if self.read_some().await == 0 {
+                assert!(self.buf.is_empty(), "client closed mid-frame");
+                return None;
+            }
+        }
+    }
+
+    async fn read_some(&mut self) -> usize {
+        self.io
+            .read_buf(&mut self.buf)
+            .await
+            .expect("peer read failed")
+    }
+
+    async fn recv(&mut self) -> (RequestHeader, Bytes) {
+        let mut frame = tokio::time::timeout(PROMPTLY, self.read_frame())
+            .await
+            .expect("no request arrived")
+            .expect("client closed the connection instead of sending a request");
+        let header = decode_request_header_from_buffer(&mut frame).expect("bad request header");
+        (header, frame)
+    }
+
+    async fn recv_as<R: Decodable>(&mut self, api: ApiKey) -> (RequestHeader, R) {
+        let (header, mut body) = self.recv().await;
+        assert_eq!(header.request_api_key, api as i16, "unexpected API");
+        let req = R::decode(&mut body, header.request_api_version).expect("bad request body");
+        assert!(body.is_empty(), "bytes left after the request body");
+        (header, req)
+    }
+
+    async fn send<R: Encodable>(&mut self, api: ApiKey, version: i16, correlation_id: i32, body: &R) {
+        let mut payload = BytesMut::new();
+        ResponseHeader::default()
+            .with_correlation_id(correlation_id)
+            .encode(&mut payload, api.response_header_version(version))
+            .expect("encode response header");
+        body.encode(&mut payload, version).expect("encode response body");
+        let mut frame = BytesMut::new();
+        frame.put_i32(payload.len() as i32);
+        frame.put_slice(&payload);
+        self.send_raw(&frame).await;
+    }
+
+    async fn reply<R: Encodable>(&mut self, header: &RequestHeader, body: &R) {
+        let api = ApiKey::try_from(header.request_api_key).expect("known API key");
+        self.send(api, header.request_api_version, header.correlation_id, body)
+            .await;
+    }
+
+    async fn send_raw(&mut self, bytes: &[u8]) {
+        self.io.write_all(bytes).await.expect("peer write failed");
+    }
+
+    /// Answers the client's ApiVersions v3 with `apis`.
+    async fn handshake(&mut self, apis: &[(ApiKey, i16, i16)]) {
+        let (header, req) = self
+            .recv_as::<ApiVersionsRequest>(ApiKey::ApiVersions)
+            .await;
+        assert_eq!(header.request_api_version, 3);
+        assert_eq!(req.client_software_name.as_str(), "kafka-lock");
+        assert!(!req.client_software_version.is_empty());
+        self.reply(&header, &api_versions(apis)).await;
+    }
+
+    /// Waits for the client to close the stream, failing if it sends anything else first.
+    async fn expect_closed(&mut self) {
+        let next = tokio::time::timeout(PROMPTLY, self.read_frame())
+            .await
+            .expect("the client did not close the connection");
+        assert!(next.is_none(), "expected the connection to close, got a frame");
+    }
+}
+
+async fn setup_with(cfg: ConnConfig, buffer: usize) -> (Connection, Peer<DuplexStream>) {
+    let (client, server) = duplex(buffer);
+    let mut peer = Peer::new(server);
+    let (conn, ()) = tokio::join!(
+        Connection::from_stream(client, "scripted-peer", &cfg),
+        peer.handshake(BROKER_APIS)
+    );
+    (conn.expect("handshake failed"), peer)
+}
+
+async fn setup() -> (Connection, Peer<DuplexStream>) {
+    setup_with(ConnConfig::default(), 64 * 1024).await
+}
+
+fn heartbeat(generation: i32) -> HeartbeatRequest {
+    HeartbeatRequest::default()
+        .with_group_id(StrBytes::from_string(format!("g{generation}")).into())
+        .with_generation_id(generation)
+        .with_member_id(StrBytes::from_static_str("m"))
+}
+
+fn heartbeat_throttle(resp: Response) -> i32 {
+    match resp {
+        Response::Heartbeat(r) => r.throttle_time_ms,
+        other => panic!("expected a Heartbeat response, got {other:?}"),
+    }
+}
+
+fn poisoned_by(err: &Error) -> &Error {
+    match err {
+        Error::Poisoned(reason) => reason,
+        other => panic!("expected a poisoned-connection error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn handshake_negotiates_highest_common_versions() {
+    let (conn, _peer) = setup().await;
+    let v = conn.versions();
+    assert_eq!(v.get(ApiKey::ApiVersions), Some(3));
+    // Heartbeat 0-4 on the broker; whatever we implement up to that.
+    let hb = v.get(ApiKey::Heartbeat).expect("Heartbeat negotiated");
+    assert!((0..=4).contains(&hb), "Heartbeat v{hb}");
+    assert_eq!(conn.peer(), "scripted-peer");
+    assert!(!conn.is_closed());
+}
+
+#[tokio::test]
+async fn pipelined_requests_are_answered_in_order() {
+    let (conn, mut peer) = setup().await;
+    let tasks: Vec<_> = (0..3)
+        .map(|generation| {
+            let conn = conn.clone();
+            tokio::spawn(async move { (generation, conn.request(heartbeat(generation)).await) })
+        })
+        .collect();
+
+    // All three arrive before any answer: they are pipelined, not serialised.
+    let mut received = Vec::new();
+    for _ in 0..3 {
+        received.push(peer.recv_as::<HeartbeatRequest>(ApiKey::Heartbeat).await);
+    }
+    let ids: Vec<i32> = received.iter().map(|(h, _)| h.correlation_id).collect();
+    let mut unique = ids.clone();
+    unique.dedup();
+    assert_eq!(unique.len(), 3, "correlation ids must differ: {ids:?}");
+
+    // Answer in order; each response echoes its request's generation so misrouting shows.
+    for (header, req) in &received {
+        let resp = HeartbeatResponse::default().with_throttle_time_ms(req.generation_id);
+        peer.reply(header, &resp).await;
+    }
+    for task in tasks {
+        let (generation, result) = task.await.expect("request task");
+        assert_eq!(heartbeat_throttle(result.expect("request failed")), generation);
+    }
+    assert!(!conn.is_closed());
+}
+
+#[tokio::test]
+async fn correlation_mismatch_poisons_in_flight_and_later_requests() {
+    let (conn, mut peer) = setup().await;
+    let a = tokio::spawn({
+        let conn = conn.clone();
+        async move { conn.request(heartbeat(1)).await }
+    });
+    let b = tokio::spawn({
+        let conn = conn.clone();
+        async move { conn.request(heartbeat(2)).await }
+    });
+    let (first, _) = peer.recv_as::<HeartbeatRequest>(ApiKey::Heartbeat).await;
+    let (second, _) = peer.recv_as::<HeartbeatRequest>(ApiKey::Heartbeat).await;
+    // Answer the newer request first: Kafka never does that, so the stream is out of step.
+    peer.reply(&second, &HeartbeatResponse::default()).await;
+    let _ = first;
+
+    for task in [a, b] {
+        let err = task.await.expect("task").expect_err("must fail");
+        let reason = poisoned_by(&err);
+        assert!(matches!(reason, Error::Decode(_)), "{reason:?}");
+        assert!(err.to_string().contains("correlation"), "{err}");
+    }
+    let later = conn.request(heartbeat(3)).await.expect_err("later request");
+    assert!(matches!(poisoned_by(&later), Error::Decode(_)));
+    assert!(conn.is_closed());
+    peer.expect_closed().await;
+}
+
+#[tokio::test]
+async fn unsolicited_response_poisons() {
+    let (conn, mut peer) = setup().await;
+    peer.send(ApiKey::Heartbeat, 4, 77, &HeartbeatResponse::default())
+        .await;
+    tokio::time::timeout(PROMPTLY, conn.closed())
+        .await
+        .expect("connection must close");
+    let err = conn.request(heartbeat(1)).await.expect_err("poisoned");
+    poisoned_by(&err);
+    assert!(err.to_string().contains("77"), "{err}");
+    peer.expect_closed().await;
+}
+
+async fn bad_prefix_poisons(prefix: i32) -> Error {
+    let (conn, mut peer) = setup().await;
+    let task = tokio::spawn({
+        let conn = conn.clone();
+        async move { conn.request(heartbeat(1)).await }
+    });
+    peer.recv().await;
+    peer.send_raw(&prefix.to_be_bytes()).await;
+    let err = task.await.expect("task").expect_err("must fail");
+    let later = conn.request(heartbeat(2)).await.expect_err("later");
+    poisoned_by(&later);
+    peer.expect_closed().await;
+    err
+}
+
+#[tokio::test]
+async fn oversized_frame_poisons() {
+    let err = bad_prefix_poisons(i32::MAX).await;
+    assert!(
+        matches!(poisoned_by(&err), Error::Frame(FrameError::TooLarge { .. })),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn negative_frame_length_poisons() {
+    let err = bad_prefix_poisons(-1).await;
+    assert!(matches!(poisoned_by(&err), Error::Frame(_)), "{err:?}");
+}
+
+#[tokio::test]
+async fn undecodable_body_poisons() {
+    let (conn, mut peer) = setup().await;
+    let task = tokio::spawn({
+        let conn = conn.clone();
+        async move { conn.request(heartbeat(1)).await }
+    });
+    let (header, _) = peer.recv().await;
+    // Correct header, then a body far too short for any Heartbeat version.
+    let mut frame = BytesMut::new();
+    frame.put_i32(5);
+    frame.put_i32(header.correlation_id);
+    frame.put_u8(0);
+    peer.send_raw(&frame).await;
+    let err = task.await.expect("task").expect_err("must fail");
+    assert!(matches!(poisoned_by(&err), Error::Decode(_)), "{err:?}");
+    peer.expect_closed().await;
+}
+
+#[tokio::test]
+async fn peer_closing_mid_frame_fails_in_flight_with_io_error() {
+    let (conn, mut peer) = setup().await;
+    let task = tokio::spawn({
+        let conn = conn.clone();
+        async move { conn.request(heartbeat(1)).await }
+    });
+    let (header, _) = peer.recv().await;
+    let mut partial = BytesMut::new();
+    partial.put_i32(100);
+    partial.put_i32(header.correlation_id);
+    partial.put_slice(&[0; 6]);
+    peer.send_raw(&partial).await;
+    drop(peer);
+
+    let err = task.await.expect("task").expect_err("must fail");
+    match &err {
+        Error::Io { source, .. } => {
+            assert_eq!(source.kind(), std::io::ErrorKind::UnexpectedEof);
+            assert!(source.to_string().contains("middle of a response"), "{err}");
+        }
+        other => panic!("expected an I/O error, got {other:?}"),
+    }
+    let later = conn.request(heartbeat(2)).await.expect_err("later");
+    assert!(matches!(later, Error::Io { .. }), "{later:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn request_timeout_closes_the_connection() {
+    let cfg = ConnConfig::default().with_request_timeout(Duration::from_secs(2));
+    let (conn, mut peer) = setup_with(cfg, 64 * 1024).await;
+    // A long-timeout request in flight alongside the one that will time out.
+    let long = tokio::spawn({
+        let conn = conn.clone();
+        async move {
+            conn.request_with_timeout(heartbeat(1), Duration::from_secs(60))
+                .await
+        }
+    });
+    peer.recv().await;
+    let short = conn.request(heartbeat(2)).await.expect_err("must time out");
+    match &short {
+        Error::Timeout { op, after } => {
+            assert_eq!(*after, Duration::from_secs(2));
+            assert!(op.contains("Heartbeat") && op.contains("scripted-peer"), "{op}");
+        }
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    let err = long.await.expect("task").expect_err("poisoned by the timeout");
+    assert!(matches!(poisoned_by(&err), Error::Timeout { .. }), "{err:?}");
+    // The timed-out request was queued, so the peer sees it before the close.
+    peer.recv().await;
+    peer.expect_closed().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn request_with_timeout_outlives_the_default() {
+    let cfg = ConnConfig::default().with_request_timeout(Duration::from_secs(1));
+    let (conn, mut peer) = setup_with(cfg, 64 * 1024).await;
+    let task = tokio::spawn({
+        let conn = conn.clone();
+        async move {
+            conn.request_with_timeout(heartbeat(7), Duration::from_secs(30))
+                .await
+        }
+    });
+    let (header, _) = peer.recv().await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    peer.reply(&header, &HeartbeatResponse::default().with_throttle_time_ms(7))
+        .await;
+    let resp = task.await.expect("task").expect("long request");
+    assert_eq!(heartbeat_throttle(resp), 7);
+}
+
+#[tokio::test]
+async fn cancelled_request_after_write_does_not_desync() {
+    let (conn, mut peer) = setup().await;
+    let cancelled = tokio::spawn({
+        let conn = conn.clone();
+        async move { conn.request(heartbeat(1)).await }
+    });
+    let (header, _) = peer.recv().await;
+    cancelled.abort();
+    assert!(cancelled.await.expect_err("aborted").is_cancelled());
+    // The orphaned response arrives and must be consumed, not handed to the next caller.
+    peer.reply(&header, &HeartbeatResponse::default().with_throttle_time_ms(1))
+        .await;
+
+    let (result, ()) = tokio::join!(conn.request(heartbeat(2)), async {
+        let (header, req) = peer.recv_as::<HeartbeatRequest>(ApiKey::Heartbeat).await;
+        assert_eq!(req.generation_id, 2);
+        peer.reply(&header, &HeartbeatResponse::default().with_throttle_time_ms(2))
+            .await;
+    });
+    assert_eq!(heartbeat_throttle(result.expect("next request")), 2);
+}
+
+#[tokio::test]
+async fn cancelled_request_mid_write_still_sends_the_whole_frame() {
+    // A tiny pipe: the large request below can only be written in many pieces.
+    let (conn, mut peer) = setup_with(ConnConfig::default(), 256).await;
+    let topics: Vec<MetadataRequestTopic> = (0..200)
+        .map(|i| {
+            MetadataRequestTopic::default().with_name(Some(TopicName(StrBytes::from_string(
+                format!("topic-with-a-long-name-{i:04}"),
+            ))))
+        })
+        .collect();
+    let big = MetadataRequest::default().with_topics(Some(topics));
+    let cancelled = tokio::spawn({
+        let conn = conn.clone();
+        let big = big.clone();
+        async move { conn.request(big).await }
+    });
+    // Some of the frame has arrived, not all of it.
+    while peer.buf.len() < 4 {
+        assert!(peer.read_some().await > 0);
+    }
+    let total = 4 + u32::from_be_bytes([peer.buf[0], peer.buf[1], peer.buf[2], peer.buf[3]]) as usize;
+    assert!(total > 4096 && peer.buf.len() < total, "{} of {total}", peer.buf.len());
+    cancelled.abort();
+    assert!(cancelled.await.expect_err("aborted").is_cancelled());
+
+    let (header, req) = peer.recv_as::<MetadataRequest>(ApiKey::Metadata).await;
+    assert_eq!(req.topics.map(|t| t.len()), Some(200));
+    peer.reply(&header, &MetadataResponse::default()).await;
+
+    let (result, ()) = tokio::join!(conn.request(heartbeat(5)), async {
+        let (header, req) = peer.recv_as::<HeartbeatRequest>(ApiKey::Heartbeat).await;
+        assert_eq!(req.generation_id, 5);
+        peer.reply(&header, &HeartbeatResponse::default().with_throttle_time_ms(5))
+            .await;
+    });
+    assert_eq!(heartbeat_throttle(result.expect("next request")), 5);
+}
+
+#[tokio::test]
+async fn kip511_fallback_retries_at_the_brokers_version() {
+    let (client, server) = duplex(64 * 1024);
+    let mut peer = Peer::new(server);
+    let broker = async {
+        let (header, _) = peer.recv_as::<ApiVersionsRequest>(ApiKey::ApiVersions).await;
+        assert_eq!(header.request_api_version, 3);
+        // An old broker answers UNSUPPORTED_VERSION with a v0 body listing what it supports.
+        let unsupported = api_versions(&[(ApiKey::ApiVersions, 0, 2)]).with_error_code(35);
+        peer.send(ApiKey::ApiVersions, 0, header.correlation_id, &unsupported)
+            .await;
+        let (header, _) = peer.recv_as::<ApiVersionsRequest>(ApiKey::ApiVersions).await;
+        assert_eq!(header.request_api_version, 2);
+        let mut apis = BROKER_APIS.to_vec();
+        apis[0] = (ApiKey::ApiVersions, 0, 2);
+        peer.reply(&header, &api_versions(&apis)).await;
+    };
+    let (conn, ()) = tokio::join!(
+        Connection::from_stream(client, "old-broker", &ConnConfig::default()),
+        broker
+    );
+    let conn = conn.expect("fallback handshake");
+    assert_eq!(conn.versions().get(ApiKey::ApiVersions), Some(2));
+    assert!(conn.versions().get(ApiKey::Heartbeat).is_some());
+}
+
+#[tokio::test]
+async fn handshake_error_code_is_reported() {
+    let (client, server) = duplex(64 * 1024);
+    let mut peer = Peer::new(server);
+    let broker = async {
+        let (header, _) = peer.recv_as::<ApiVersionsRequest>(ApiKey::ApiVersions).await;
+        let resp = api_versions(BROKER_APIS).with_error_code(31); // CLUSTER_AUTHORIZATION_FAILED
+        peer.reply(&header, &resp).await;
+    };
+    let (conn, ()) = tokio::join!(
+        Connection::from_stream(client, "b", &ConnConfig::default()),
+        broker
+    );
+    let err = conn.expect_err("handshake must fail");
+    assert!(matches!(err, Error::Broker { .. }), "{err:?}");
+    peer.expect_closed().await;
+}
+
+#[tokio::test]
+async fn api_missing_on_the_broker_is_an_error_naming_it() {
+    let (client, server) = duplex(64 * 1024);
+    let mut peer = Peer::new(server);
+    let without_describe: Vec<_> = BROKER_APIS
+        .iter()
+        .copied()
+        .filter(|(k, _, _)| *k != ApiKey::DescribeGroups)
+        .collect();
+    let (conn, ()) = tokio::join!(
+        Connection::from_stream(client, "b", &ConnConfig::default()),
+        peer.handshake(&without_describe)
+    );
+    let conn = conn.expect("handshake");
+    let err = conn
+        .request(DescribeGroupsRequest::default())
+        .await
+        .expect_err("DescribeGroups is not available");
+    assert!(err.to_string().contains("DescribeGroups"), "{err}");
+    // Nothing went on the wire and the connection stays usable.
+    assert!(!conn.is_closed());
+    let (result, ()) = tokio::join!(conn.request(heartbeat(1)), async {
+        let (header, _) = peer.recv_as::<HeartbeatRequest>(ApiKey::Heartbeat).await;
+        peer.reply(&header, &HeartbeatResponse::default()).await;
+    });
+    result.expect("heartbeat");
+}
+
+#[tokio::test]
+async fn close_fails_in_flight_requests_and_closes_the_socket() {
+    let (conn, mut peer) = setup().await;
+    let task = tokio::spawn({
+        let conn = conn.clone();
+        async move { conn.request(heartbeat(1)).await }
+    });
+    peer.recv().await;
+    conn.close();
+    let err = task.await.expect("task").expect_err("closed");
+    assert!(matches!(err, Error::Closed), "{err:?}");
+    assert!(matches!(
+        conn.request(heartbeat(2)).await,
+        Err(Error::Closed)
+    ));
+    peer.expect_closed().await;
+}
+
+#[tokio::test]
+async fn dropping_the_last_handle_closes_the_socket() {
+    let (conn, mut peer) = setup().await;
+    let clone = conn.clone();
+    drop(conn);
+    // A clone keeps it open.
+    let (result, ()) = tokio::join!(clone.request(heartbeat(1)), async {
+        let (header, _) = peer.recv().await;
+        peer.reply(&header, &HeartbeatResponse::default()).await;
+    });
+    result.expect("clone still works");
+    drop(clone);
+    peer.expect_closed().await;
+}
+
+#[tokio::test]
+async fn find_coordinator_round_trip() {
+    let (conn, mut peer) = setup().await;
+    let req = FindCoordinatorRequest::default()
+        .with_key(StrBytes::from_static_str("lock-a"))
+        .with_key_type(0);
+    let (result, ()) = tokio::join!(conn.request(req), async {
+        let (header, _) = peer.recv().await;
+        let resp = FindCoordinatorResponse::default()
+            .with_node_id(kafka_protocol::messages::BrokerId(1))
+            .with_host(StrBytes::from_static_str("127.0.0.1"))
+            .with_port(9092);
+        peer.reply(&header, &resp).await;
+    });
+    match result.expect("FindCoordinator") {
+        Response::FindCoordinator(_) => {}
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+// ---- bootstrap ------------------------------------------------------------------------------
+
+/// A loopback port with nothing listening on it.
+async fn dead_addr() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    drop(listener);
+    addr.to_string()
+}
+
+/// A scripted broker on a loopback port that completes the handshake for every connection and
+/// counts them.
+async fn live_addr() -> (String, Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&accepted);
+    let server = tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            count.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut peer = Peer::new(stream);
+                peer.handshake(BROKER_APIS).await;
+                // Hold the connection open until the client goes away.
+                let _ = peer.read_frame().await;
+            });
+        }
+    });
+    (addr, accepted, server)
+}
+
+fn fixed_backoff(draw: f64) -> Backoff {
+    Backoff::with_rng(
+        Duration::from_millis(1),
+        Duration::from_millis(5),
+        2.0,
+        0.5,
+        move || draw,
+    )
+}
+
+fn quick_conn() -> ConnConfig {
+    ConnConfig::default().with_connect_timeout(Duration::from_secs(5))
+}
+
+#[tokio::test]
+async fn bootstrap_skips_a_dead_address() {
+    let dead = dead_addr().await;
+    let (live, accepted, server) = live_addr().await;
+    // A draw of 0 starts at the first entry, the dead one.
+    let mut backoff = fixed_backoff(0.0);
+    let conn = connect_any(
+        &[dead, live.clone()],
+        &quick_conn(),
+        &mut backoff,
+        &BootstrapConfig::default(),
+    )
+    .await
+    .expect("bootstrap");
+    assert_eq!(conn.peer(), live);
+    assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    assert_eq!(backoff.attempts(), 0, "no pause needed within the first round");
+    server.abort();
+}
+
+#[tokio::test]
+async fn bootstrap_start_index_comes_from_the_rng() {
+    let dead = dead_addr().await;
+    let (live, accepted, server) = live_addr().await;
+    // 0.99 over two entries starts at index 1: the live broker is tried first.
+    let mut backoff = fixed_backoff(0.99);
+    let conn = connect_any(
+        &[live.clone(), dead.clone()],
+        &quick_conn(),
+        &mut backoff,
+        &BootstrapConfig::default(),
+    )
+    .await
+    .expect("bootstrap");
+    assert_eq!(conn.peer(), live);
+    // With a draw of 0 over [dead, live] the dead one goes first; both succeed in round one.
+    let mut backoff = fixed_backoff(0.0);
+    connect_any(
+        &[dead, live.clone()],
+        &quick_conn(),
+        &mut backoff,
+        &BootstrapConfig::default(),
+    )
+    .await
+    .expect("bootstrap");
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    server.abort();
+}
+
+#[tokio::test]
+async fn bootstrap_failure_lists_every_address_and_its_error() {
+    let a = dead_addr().await;
+    let b = dead_addr().await;
+    let mut backoff = fixed_backoff(0.5);
+    let err = connect_any(
+        &[a.clone(), b.clone(), "no-port-here".to_owned()],
+        &quick_conn(),
+        &mut backoff,
+        &BootstrapConfig::default().with_max_rounds(3),
+    )
+    .await
+    .expect_err("nothing is listening");
+    let Error::Bootstrap(e) = &err else {
+        panic!("expected a bootstrap error, got {err:?}");
+    };
+    assert_eq!(e.rounds, 3);
+    assert_eq!(backoff.attempts(), 2, "one pause between each pair of rounds");
+    let addrs: Vec<&str> = e.attempts.iter().map(|a| a.addr.as_str()).collect();
+    assert_eq!(addrs, [a.as_str(), b.as_str(), "no-port-here"]);
+    assert!(matches!(e.attempts[0].error, Error::Io { .. }));
+    let text = err.to_string();
+    for addr in [&a, &b] {
+        assert!(text.contains(addr.as_str()), "{text}");
+    }
+    assert!(text.contains("no-port-here"), "{text}");
+}
+
+#[tokio::test]
+async fn bootstrap_respects_the_deadline() {
+    // A listener that accepts but never answers ApiVersions.
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let silent = listener.local_addr().expect("addr").to_string();
+    let mut backoff = fixed_backoff(0.0);
+    let started = tokio::time::Instant::now();
+    let err = connect_any(
+        &[silent.clone()],
+        &quick_conn(),
+        &mut backoff,
+        &BootstrapConfig::default()
+            .with_deadline(Duration::from_millis(300))
+            .with_max_rounds(100),
+    )
+    .await
+    .expect_err("the broker never answers");
+    assert!(started.elapsed() < Duration::from_secs(4), "{:?}", started.elapsed());
+    let Error::Bootstrap(e) = &err else {
+        panic!("expected a bootstrap error, got {err:?}");
+    };
+    assert!(matches!(e.attempts[0].error, Error::Timeout { .. }), "{err:?}");
+    drop(listener);
+}
+
+#[tokio::test]
+async fn bootstrap_rejects_an_empty_list() {
+    let err = connect_any(
+        &[],
+        &ConnConfig::default(),
+        &mut Backoff::default(),
+        &BootstrapConfig::default(),
+    )
+    .await
+    .expect_err("empty");
+    assert!(matches!(err, Error::Config(_)), "{err:?}");
+}
+
+#[test]
+fn request_enum_accepts_typed_requests() {
+    let r: Request = heartbeat(1).into();
+    assert_eq!(r.api_key(), ApiKey::Heartbeat);
+}

@@ -1,0 +1,704 @@
+//! The public lock API: [`LockOptions`] → [`LockGuard`].
+//!
+//! ```no_run
+//! # async fn run() -> kafka_lock::Result<()> {
+//! use std::time::Duration;
+//! let guard = kafka_lock::LockOptions::new("127.0.0.1:9092", "nightly-report")
+//!     .acquire(Some(Duration::from_secs(60)))
+//!     .await?;
+//! println!("holding with fencing token {}", guard.token());
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! While a [`LockGuard`] lives, a background task heartbeats for it; user code never blocks
+//! renewals. [`LockGuard::is_held`] reads the local lease on the monotonic clock directly, so it
+//! turns false on time even if that task is starved. [`LockGuard::lost`] resolves when the hold
+//! ends for any reason other than release.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kafka_protocol::messages::metadata_request::{MetadataRequest, MetadataRequestTopic};
+use kafka_protocol::messages::{ApiKey, TopicName};
+use kafka_protocol::protocol::StrBytes;
+use tokio::sync::{mpsc, watch};
+
+use crate::backoff::Backoff;
+use crate::driver::session::{self, End, SessionHandle, SessionParams, SessionState};
+use crate::driver::{connect_any, BootstrapConfig, ConnConfig, Connection};
+use crate::error::{Error, KafkaCode, Result};
+use crate::membership::{Command, Event, Membership, MembershipConfig, Mode};
+use crate::wire::Response;
+
+pub use crate::membership::{FencingToken, HolderInfo, LossReason};
+
+/// Default session timeout: long enough to ride out a broker hiccup, short enough that a crashed
+/// holder is replaced within seconds (Apache Kafka's minimum is 6 s by default).
+pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default heartbeat interval: waiters learn of a release within one interval, and the holder's
+/// lease is renewed ten times per session.
+pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
+/// Default rebalance timeout: equal to the session timeout, so it does not shorten the lease.
+pub const DEFAULT_REBALANCE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default per-request timeout.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default lease safety margin: the holder gives up this long before the broker could.
+pub const DEFAULT_LEASE_MARGIN: Duration = Duration::from_secs(1);
+/// Default first retry delay.
+pub const DEFAULT_RETRY_BACKOFF: Duration = Duration::from_millis(100);
+/// Default largest retry delay.
+pub const DEFAULT_RETRY_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// What happened to a lock attempt, for callers that want to watch (the CLI prints these).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum LockEvent {
+    /// Queued behind `holder` (None: no holder yet), at `position` (1 = next; -1 unknown).
+    Waiting {
+        /// The lock's holder as the assignment named it.
+        holder: Option<HolderInfo>,
+        /// Place in the queue.
+        position: i32,
+    },
+    /// The lock is held.
+    Acquired {
+        /// The fencing token.
+        token: FencingToken,
+        /// Our member id.
+        member_id: String,
+    },
+    /// Still held after a rebalance, under a new token.
+    TokenChanged {
+        /// The new token.
+        token: FencingToken,
+    },
+    /// The hold ended without a release.
+    Lost {
+        /// Why.
+        reason: LossReason,
+        /// When the lease ran out (may be before the event if the process was paused).
+        lease_end: Instant,
+    },
+    /// Released by the user.
+    Released,
+    /// The group membership has ended (LeaveGroup done or not needed).
+    Left,
+}
+
+/// Counters for one [`LockOptions`] (and every guard it made).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LockStats {
+    /// Successful acquisitions.
+    pub acquisitions: u64,
+    /// Acquisition latency (from the call to acquire to holding), 50th percentile.
+    pub acquisition_p50: Option<Duration>,
+    /// Acquisition latency, 99th percentile.
+    pub acquisition_p99: Option<Duration>,
+    /// Rebalances that started while the lock was held.
+    pub rebalances_while_held: u64,
+    /// Losses by reason (`lease_expired`, `fenced`, `reassigned`, `revoked`, `fatal`).
+    pub losses: Vec<(&'static str, u64)>,
+}
+
+#[derive(Debug, Default)]
+struct StatsInner {
+    acquisitions: u64,
+    latencies: VecDeque<Duration>,
+    rebalances_while_held: u64,
+    losses: Vec<(&'static str, u64)>,
+}
+
+/// Enough samples for a stable p99 without growing forever.
+const LATENCY_SAMPLES: usize = 1024;
+
+impl StatsInner {
+    fn snapshot(&self) -> LockStats {
+        let mut sorted: Vec<Duration> = self.latencies.iter().copied().collect();
+        sorted.sort();
+        let pct = |p: f64| {
+            if sorted.is_empty() {
+                None
+            } else {
+                let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
+                Some(sorted[i])
+            }
+        };
+        LockStats {
+            acquisitions: self.acquisitions,
+            acquisition_p50: pct(0.50),
+            acquisition_p99: pct(0.99),
+            rebalances_while_held: self.rebalances_while_held,
+            losses: self.losses.clone(),
+        }
+    }
+
+    fn lost(&mut self, reason: &'static str) {
+        match self.losses.iter_mut().find(|(r, _)| *r == reason) {
+            Some((_, n)) => *n += 1,
+            None => self.losses.push((reason, 1)),
+        }
+    }
+}
+
+/// How to take a lock: where the cluster is, the lock's name, and the timeouts.
+#[derive(Debug, Clone)]
+pub struct LockOptions {
+    bootstrap: Vec<String>,
+    name: String,
+    mode: Mode,
+    label: Option<String>,
+    group_instance_id: Option<String>,
+    client_id: String,
+    session_timeout: Duration,
+    heartbeat_interval: Duration,
+    rebalance_timeout: Duration,
+    request_timeout: Duration,
+    connect_timeout: Duration,
+    retry_backoff: Duration,
+    retry_backoff_max: Duration,
+    lease_margin: Duration,
+    max_frame_size: usize,
+    events: Option<mpsc::UnboundedSender<LockEvent>>,
+    stats: Arc<Mutex<StatsInner>>,
+}
+
+impl LockOptions {
+    /// A lock named `name` (the group id) on the cluster reachable at `bootstrap`
+    /// (`host:port[,host:port...]`), with defaults suited to locks.
+    pub fn new(bootstrap: impl AsRef<str>, name: impl Into<String>) -> Self {
+        LockOptions {
+            bootstrap: bootstrap
+                .as_ref()
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect(),
+            name: name.into(),
+            mode: Mode::Native,
+            label: None,
+            group_instance_id: None,
+            client_id: "kafka-lock".into(),
+            session_timeout: DEFAULT_SESSION_TIMEOUT,
+            heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
+            rebalance_timeout: DEFAULT_REBALANCE_TIMEOUT,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            connect_timeout: crate::driver::DEFAULT_CONNECT_TIMEOUT,
+            retry_backoff: DEFAULT_RETRY_BACKOFF,
+            retry_backoff_max: DEFAULT_RETRY_BACKOFF_MAX,
+            lease_margin: DEFAULT_LEASE_MARGIN,
+            max_frame_size: crate::wire::DEFAULT_MAX_FRAME_SIZE,
+            events: None,
+            stats: Arc::default(),
+        }
+    }
+
+    /// Consumer-compatible mode: protocol type "consumer" on `topic`, which must have exactly one
+    /// partition; holding partition 0 is holding the lock. Shares the lock with Java or
+    /// librdkafka consumers in the same group. Eager: a rebalance ends the hold.
+    pub fn consumer_topic(mut self, topic: impl Into<String>) -> Self {
+        self.mode = Mode::Consumer { topic: topic.into() };
+        self
+    }
+
+    /// A human label (host, pid, job) that waiters and `kafka-lock status` show for the holder.
+    pub fn label(mut self, label: impl Into<String>) -> Self {
+        self.label = Some(label.into());
+        self
+    }
+
+    /// KIP-345 static membership under this instance id.
+    pub fn group_instance_id(mut self, id: impl Into<String>) -> Self {
+        self.group_instance_id = Some(id.into());
+        self
+    }
+
+    /// The client id in request headers (and the prefix of member ids).
+    pub fn client_id(mut self, id: impl Into<String>) -> Self {
+        self.client_id = id.into();
+        self
+    }
+
+    /// Session timeout: how long the broker keeps a silent member (and so how long a crashed
+    /// holder blocks the lock).
+    pub fn session_timeout(mut self, d: Duration) -> Self {
+        self.session_timeout = d;
+        self
+    }
+
+    /// Heartbeat interval.
+    pub fn heartbeat_interval(mut self, d: Duration) -> Self {
+        self.heartbeat_interval = d;
+        self
+    }
+
+    /// Rebalance timeout.
+    pub fn rebalance_timeout(mut self, d: Duration) -> Self {
+        self.rebalance_timeout = d;
+        self
+    }
+
+    /// Per-request timeout.
+    pub fn request_timeout(mut self, d: Duration) -> Self {
+        self.request_timeout = d;
+        self
+    }
+
+    /// TCP connect (plus version handshake) timeout.
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.connect_timeout = d;
+        self
+    }
+
+    /// Retry backoff bounds.
+    pub fn retry_backoff(mut self, initial: Duration, max: Duration) -> Self {
+        self.retry_backoff = initial;
+        self.retry_backoff_max = max;
+        self
+    }
+
+    /// Lease safety margin.
+    pub fn lease_margin(mut self, d: Duration) -> Self {
+        self.lease_margin = d;
+        self
+    }
+
+    /// Receive every [`LockEvent`] of locks taken with these options.
+    pub fn events(mut self, tx: mpsc::UnboundedSender<LockEvent>) -> Self {
+        self.events = Some(tx);
+        self
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Counters for every lock taken with these options (and their clones).
+    pub fn stats(&self) -> LockStats {
+        self.stats.lock().unwrap_or_else(|p| p.into_inner()).snapshot()
+    }
+
+    /// The lease a renewal buys: `min(session, rebalance) − margin`.
+    pub fn lease_length(&self) -> Duration {
+        self.membership_config().lease_length()
+    }
+
+    /// Checks the settings locally, before any broker sees them.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::Config(m));
+        if self.bootstrap.is_empty() {
+            return bad("no bootstrap broker given; pass host:port[,host:port...]".into());
+        }
+        for b in &self.bootstrap {
+            match b.rsplit_once(':') {
+                Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {}
+                _ => return bad(format!("bootstrap address {b:?} is not host:port")),
+            }
+        }
+        if self.name.is_empty() || self.name.len() > 249 || self.name.chars().any(|c| c.is_control()) {
+            return bad(format!(
+                "lock name {:?} must be 1 to 249 printable characters (it is the Kafka group id)",
+                self.name
+            ));
+        }
+        let ms = |d: Duration| d.as_millis();
+        if ms(self.session_timeout) < 1 || ms(self.session_timeout) > i32::MAX as u128 {
+            return bad(format!("session timeout {:?} is out of range", self.session_timeout));
+        }
+        if ms(self.rebalance_timeout) < 1 || ms(self.rebalance_timeout) > i32::MAX as u128 {
+            return bad(format!("rebalance timeout {:?} is out of range", self.rebalance_timeout));
+        }
+        if self.heartbeat_interval.is_zero() {
+            return bad("heartbeat interval must be positive".into());
+        }
+        if self.request_timeout.is_zero() || self.connect_timeout.is_zero() {
+            return bad("request and connect timeouts must be positive".into());
+        }
+        let lease = self.lease_length();
+        if lease.is_zero() {
+            return bad(format!(
+                "lease margin {:?} leaves no lease: it must be shorter than min(session timeout {:?}, rebalance timeout {:?})",
+                self.lease_margin, self.session_timeout, self.rebalance_timeout
+            ));
+        }
+        if self.heartbeat_interval * 2 > lease {
+            return bad(format!(
+                "heartbeat interval {:?} must be at most half the lease ({lease:?} = min(session, rebalance) - margin), \
+                 or one late heartbeat loses the lock; lower it (a third of the session timeout is usual)",
+                self.heartbeat_interval
+            ));
+        }
+        if let Some(label) = &self.label {
+            if label.len() > crate::assign::MAX_LABEL_LEN {
+                return bad(format!("label is {} bytes; the limit is {}", label.len(), crate::assign::MAX_LABEL_LEN));
+            }
+        }
+        if let Mode::Consumer { topic } = &self.mode {
+            if topic.is_empty() {
+                return bad("consumer-compatible mode needs a topic name".into());
+            }
+        }
+        Ok(())
+    }
+
+    fn membership_config(&self) -> MembershipConfig {
+        MembershipConfig {
+            group_id: self.name.clone(),
+            mode: self.mode.clone(),
+            label: self.label.clone(),
+            group_instance_id: self.group_instance_id.clone(),
+            session_timeout: self.session_timeout,
+            rebalance_timeout: self.rebalance_timeout,
+            heartbeat_interval: self.heartbeat_interval,
+            request_timeout: self.request_timeout,
+            retry_backoff: self.retry_backoff,
+            retry_backoff_max: self.retry_backoff_max,
+            lease_margin: self.lease_margin,
+        }
+    }
+
+    fn conn_config(&self) -> ConnConfig {
+        ConnConfig::default()
+            .with_client_id(Some(self.client_id.clone()))
+            .with_connect_timeout(self.connect_timeout)
+            .with_request_timeout(self.request_timeout)
+            .with_max_frame_size(self.max_frame_size)
+    }
+
+    fn bootstrap_limits(&self) -> BootstrapConfig {
+        // Reaching the cluster at all is bounded by a few connect timeouts, so "cannot reach the
+        // cluster" is reported promptly instead of being folded into the acquire wait.
+        BootstrapConfig::default()
+            .with_deadline(self.connect_timeout * 3)
+            .with_max_rounds(3)
+    }
+
+    /// Waits up to `wait` (forever if `None`) for the lock.
+    ///
+    /// Errors: [`Error::NotAcquired`] when the wait ends (the group is left before returning),
+    /// [`Error::Config`] for invalid settings, connection errors when the cluster cannot be
+    /// reached, and [`Error::Broker`] when the broker rejects the settings.
+    pub async fn acquire(&self, wait: Option<Duration>) -> Result<LockGuard> {
+        self.acquire_inner(wait, false).await?.ok_or_else(|| Error::NotAcquired {
+            lock: self.name.clone(),
+            waited: wait.unwrap_or_default(),
+            holder: None,
+        })
+    }
+
+    /// Takes the lock only if the first completed generation gives it to us; otherwise leaves
+    /// the group and returns `Ok(None)`.
+    pub async fn try_acquire(&self) -> Result<Option<LockGuard>> {
+        self.acquire_inner(None, true).await
+    }
+
+    async fn acquire_inner(&self, wait: Option<Duration>, once: bool) -> Result<Option<LockGuard>> {
+        self.validate()?;
+        let started = Instant::now();
+        let deadline = wait.map(|w| tokio::time::Instant::now() + w);
+        let conn_cfg = self.conn_config();
+        let mut backoff = Backoff::new(self.retry_backoff, self.retry_backoff_max, 2.0, 0.5);
+        let first = connect_any(&self.bootstrap, &conn_cfg, &mut backoff, &self.bootstrap_limits()).await?;
+        if let Mode::Consumer { topic } = &self.mode {
+            check_lock_topic(&first, topic).await?;
+        }
+        let versions = session::group_versions(&first)?;
+        if self.group_instance_id.is_some() && versions.join_group < 5 {
+            return Err(Error::Config(format!(
+                "static membership needs JoinGroup v5+, but the broker offers at most v{}",
+                versions.join_group
+            )));
+        }
+        let machine = Membership::new(
+            self.membership_config(),
+            versions,
+            Backoff::new(self.retry_backoff, self.retry_backoff_max, 2.0, 0.5),
+        );
+        let (ev_tx, mut ev_rx) = mpsc::unbounded_channel();
+        let mut handle = session::spawn(
+            machine,
+            SessionParams {
+                bootstrap: self.bootstrap.clone(),
+                conn: conn_cfg,
+                limits: self.bootstrap_limits(),
+                retry_backoff: self.retry_backoff,
+                retry_backoff_max: self.retry_backoff_max,
+                first,
+            },
+            Some(ev_tx),
+        );
+        // Forward events to the user and into the stats for as long as the session runs.
+        let (user_tx, stats, name) = (self.events.clone(), self.stats.clone(), self.name.clone());
+        let (member_tx, member_rx) = watch::channel(String::new());
+        tokio::spawn(async move {
+            while let Some(e) = ev_rx.recv().await {
+                let mut s = stats.lock().unwrap_or_else(|p| p.into_inner());
+                let out = match e {
+                    Event::Joined { member_id, .. } => {
+                        member_tx.send_replace(member_id);
+                        None
+                    }
+                    Event::Acquired { token, .. } => {
+                        s.acquisitions += 1;
+                        if s.latencies.len() == LATENCY_SAMPLES {
+                            s.latencies.pop_front();
+                        }
+                        s.latencies.push_back(started.elapsed());
+                        Some(LockEvent::Acquired { member_id: token.member_id.clone(), token })
+                    }
+                    Event::TokenChanged { token } => Some(LockEvent::TokenChanged { token }),
+                    Event::RebalanceWhileHeld => {
+                        s.rebalances_while_held += 1;
+                        None
+                    }
+                    Event::Waiting { holder, position, .. } => Some(LockEvent::Waiting { holder, position }),
+                    Event::Lost { reason, lease_end } => {
+                        s.lost(reason.as_str());
+                        Some(LockEvent::Lost { reason, lease_end })
+                    }
+                    Event::Released => Some(LockEvent::Released),
+                    Event::Left => Some(LockEvent::Left),
+                    Event::Failed(err) => {
+                        tracing::warn!(lock = %name, error = %err, "lock session failed");
+                        None
+                    }
+                    _ => None,
+                };
+                drop(s);
+                if let (Some(tx), Some(ev)) = (&user_tx, out) {
+                    let _ = tx.send(ev);
+                }
+            }
+        });
+
+        // Wait for the first hold, the deadline, or the end of the session.
+        let mut saw_generation = false;
+        let outcome = loop {
+            let current = handle.state.borrow_and_update().clone();
+            match current {
+                SessionState::Held(token, lease_end) => break Ok(Some((token, lease_end))),
+                SessionState::Ended(End::Failed(e)) => break Err(unwrap_error(e)),
+                SessionState::Ended(End::Lost(reason, _)) => {
+                    break Err(Error::Lost { lock: self.name.clone(), reason: reason.to_string() })
+                }
+                SessionState::Ended(_) => break Err(Error::Closed),
+                SessionState::Waiting(holder, pos) => {
+                    if pos != -1 || holder.is_some() {
+                        saw_generation = true;
+                    }
+                    if once && saw_generation {
+                        break Ok(None);
+                    }
+                }
+            }
+            let changed = handle.state.changed();
+            match deadline {
+                Some(d) => match tokio::time::timeout_at(d, changed).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => break Err(Error::Closed),
+                    Err(_) => break Ok(None),
+                },
+                None => {
+                    if changed.await.is_err() {
+                        break Err(Error::Closed);
+                    }
+                }
+            }
+        };
+        match outcome {
+            Ok(Some((token, lease_end))) => Ok(Some(LockGuard {
+                name: self.name.clone(),
+                handle,
+                token,
+                lease_end,
+                member_id: member_rx,
+                released: false,
+            })),
+            Ok(None) => {
+                let holder = match &*handle.state.borrow() {
+                    SessionState::Waiting(Some(h), _) => Some(describe_holder(h)),
+                    _ => None,
+                };
+                leave(&mut handle, self.request_timeout * 2).await;
+                if once {
+                    Ok(None)
+                } else {
+                    Err(Error::NotAcquired { lock: self.name.clone(), waited: wait.unwrap_or_default(), holder })
+                }
+            }
+            Err(e) => {
+                leave(&mut handle, self.request_timeout * 2).await;
+                Err(e)
+            }
+        }
+    }
+}
+
+fn describe_holder(h: &HolderInfo) -> String {
+    match &h.label {
+        Some(l) => format!("{l} (member {}, token {})", h.member_id, h.generation),
+        None => format!("member {} (token {})", h.member_id, h.generation),
+    }
+}
+
+fn unwrap_error(e: Arc<Error>) -> Error {
+    Arc::try_unwrap(e).unwrap_or_else(|shared| match &*shared {
+        Error::Broker { api, code, message } => Error::Broker { api: *api, code: *code, message: message.clone() },
+        Error::Config(m) => Error::Config(m.clone()),
+        Error::Protocol(m) => Error::Protocol(m.clone()),
+        _ => Error::Poisoned(shared.clone()),
+    })
+}
+
+/// Asks the session to leave and waits (bounded) until it has.
+async fn leave(handle: &mut SessionHandle, bound: Duration) {
+    let _ = handle.commands.send(Command::Leave);
+    let ended = async {
+        loop {
+            if matches!(&*handle.state.borrow_and_update(), SessionState::Ended(End::Left | End::Failed(_))) {
+                return;
+            }
+            if handle.state.changed().await.is_err() {
+                return;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(bound, ended).await;
+}
+
+/// Refuses topics that cannot serve as a lock: missing, or not exactly one partition (with four
+/// partitions, four consumers each get one and all believe they hold the lock).
+async fn check_lock_topic(conn: &Connection, topic: &str) -> Result<()> {
+    let mut t = MetadataRequestTopic::default();
+    t.name = Some(TopicName(StrBytes::from_string(topic.to_owned())));
+    let mut req = MetadataRequest::default();
+    req.topics = Some(vec![t]);
+    let resp = match conn.request(req).await? {
+        Response::Metadata(r) => r,
+        other => return Err(Error::Protocol(format!("expected Metadata, got {:?}", other.api_key()))),
+    };
+    let Some(found) = resp.topics.iter().find(|t| t.name.as_ref().map(|n| n.0.as_str()) == Some(topic)) else {
+        return Err(Error::Config(format!("topic {topic:?} does not exist; create it with exactly one partition")));
+    };
+    if found.error_code == 3 {
+        return Err(Error::Config(format!("topic {topic:?} does not exist; create it with exactly one partition")));
+    }
+    if found.error_code != 0 {
+        return Err(Error::broker(ApiKey::Metadata, KafkaCode(found.error_code), None));
+    }
+    if found.partitions.len() != 1 {
+        return Err(Error::Config(format!(
+            "topic {topic:?} has {} partitions; a lock topic must have exactly one, or several \
+             consumers each get a partition and all believe they hold the lock",
+            found.partitions.len()
+        )));
+    }
+    Ok(())
+}
+
+/// A held lock. Dropping it releases the lock in the background (best effort); prefer
+/// [`LockGuard::release`], which waits for the LeaveGroup.
+#[derive(Debug)]
+pub struct LockGuard {
+    name: String,
+    handle: SessionHandle,
+    token: FencingToken,
+    lease_end: Instant,
+    member_id: watch::Receiver<String>,
+    released: bool,
+}
+
+impl std::fmt::Debug for SessionHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionHandle").finish_non_exhaustive()
+    }
+}
+
+impl LockGuard {
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The current fencing token. In native mode a rebalance while holding moves it to the new
+    /// generation (always greater).
+    pub fn token(&self) -> FencingToken {
+        match &*self.handle.state.borrow() {
+            SessionState::Held(t, _) => t.clone(),
+            _ => self.token.clone(),
+        }
+    }
+
+    /// Our member id.
+    pub fn member_id(&self) -> String {
+        let id = self.member_id.borrow().clone();
+        if id.is_empty() {
+            self.token.member_id.clone()
+        } else {
+            id
+        }
+    }
+
+    /// When the hold ends unless renewed (monotonic clock).
+    pub fn lease_end(&self) -> Instant {
+        match &*self.handle.state.borrow() {
+            SessionState::Held(_, l) => *l,
+            _ => self.lease_end,
+        }
+    }
+
+    /// Whether the lock is still held, judged on the local monotonic clock.
+    pub fn is_held(&self) -> bool {
+        match &*self.handle.state.borrow() {
+            SessionState::Held(_, lease_end) => Instant::now() < *lease_end,
+            _ => false,
+        }
+    }
+
+    /// Resolves when the hold ends without a release, with the reason. Cancel-safe.
+    pub async fn lost(&self) -> LossReason {
+        let mut rx = self.handle.state.clone();
+        loop {
+            let lease = match &*rx.borrow_and_update() {
+                SessionState::Held(_, lease_end) => *lease_end,
+                SessionState::Ended(End::Lost(reason, _)) => return reason.clone(),
+                SessionState::Ended(End::Failed(_)) => return LossReason::Fatal,
+                SessionState::Ended(_) | SessionState::Waiting(..) => return LossReason::Fatal,
+            };
+            // The guard's own timer backs up the session task's: the loss is reported at the
+            // lease end even if that task cannot run.
+            tokio::select! {
+                changed = rx.changed() => if changed.is_err() { return LossReason::Fatal },
+                _ = tokio::time::sleep_until(tokio::time::Instant::from_std(lease)) => {
+                    if Instant::now() >= lease {
+                        if let SessionState::Held(_, l) = &*rx.borrow() {
+                            if *l <= lease {
+                                return LossReason::LeaseExpired;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Releases the lock and leaves the group, waiting for the broker's answer (bounded by the
+    /// request timeout). The hold ends locally before the LeaveGroup is sent.
+    pub async fn release(mut self) -> Result<()> {
+        self.released = true;
+        leave(&mut self.handle, DEFAULT_REQUEST_TIMEOUT * 2).await;
+        Ok(())
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if !self.released {
+            // The session task leaves the group on its own once it gets this.
+            let _ = self.handle.commands.send(Command::Leave);
+        }
+    }
+}

@@ -1,0 +1,1267 @@
+//! The group membership state machine, sans-I/O: it is fed responses, commands and the current
+//! monotonic time, and it hands back requests to send, events, and the instant it next needs to be
+//! woken. It never reads a clock and never touches a socket, so every interleaving can be replayed
+//! in a test with a manual clock.
+//!
+//! ```text
+//!                  start
+//!                    │
+//!                    ▼        coordinator error / transport failure (from any phase below;
+//!   ┌──────────► Discover ◄── the phase to resume is remembered, the lease keeps running)
+//!   │                │ FindCoordinator ok
+//!   │                ▼
+//!   │   ┌──────►   Join  ◄──────────────┐ MEMBER_ID_REQUIRED: take the id, rejoin at once
+//!   │   │            │ JoinGroup ok     │ UNKNOWN_MEMBER_ID: forget the id, rejoin at once
+//!   │   │            ▼                  │ REBALANCE_IN_PROGRESS / ILLEGAL_GENERATION: rejoin
+//!   │   │          Sync ────────────────┘
+//!   │   │            │ SyncGroup ok: assignment decides held / waiting
+//!   │   │            ▼
+//!   │   └─────── Stable (heartbeat every interval, one in flight)
+//!   │  REBALANCE_IN_PROGRESS
+//!   │                │ leave command, or the lock was lost
+//!   │                ▼
+//!   └─────────────  Leave ── LeaveGroup answered or failed ──► Done
+//! ```
+//!
+//! # The lock on top of membership
+//! The member *holds* the lock from a SyncGroup answer whose assignment names it, until one of:
+//! the local lease runs out, the broker says the membership is gone (UNKNOWN_MEMBER_ID,
+//! ILLEGAL_GENERATION, FENCED_INSTANCE_ID), a later assignment names someone else, a rebalance
+//! starts in consumer-compatible (eager) mode, or the user releases it. Every one of those ends the
+//! hold *for good*: the machine then leaves the group and stops. Acquiring again is a new machine
+//! with a new token. That is what makes "a late success never revives the lock" hold by
+//! construction: there is no transition from lost back to held.
+//!
+//! The lease ends at `send_time(last renewal) + min(session, rebalance timeout) − margin`, where a
+//! renewal is a Heartbeat, JoinGroup or SyncGroup answered NONE. Timing from when the request was
+//! *built* (never later than when it was sent) keeps the lease ahead of the broker, whose own
+//! session timer is re-armed only when the request *arrives*. The rebalance timeout is in the
+//! formula because a broker drops a member that does not rejoin within it once a rebalance starts.
+//! REBALANCE_IN_PROGRESS heartbeats do not renew: the rebalance may have started before them.
+//!
+//! # Connections
+//! [`Target`] tells the driver where a request goes: FindCoordinator to any broker, JoinGroup and
+//! SyncGroup on the coordinator's *join lane*, everything else on its *control lane*. A JoinGroup
+//! can be parked by the broker for seconds; heartbeats and leaves must never queue behind it.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use kafka_protocol::messages::find_coordinator_request::FindCoordinatorRequest;
+use kafka_protocol::messages::heartbeat_request::HeartbeatRequest;
+use kafka_protocol::messages::join_group_request::{JoinGroupRequest, JoinGroupRequestProtocol};
+use kafka_protocol::messages::join_group_response::JoinGroupResponse;
+use kafka_protocol::messages::leave_group_request::{LeaveGroupRequest, MemberIdentity};
+use kafka_protocol::messages::sync_group_request::{SyncGroupRequest, SyncGroupRequestAssignment};
+use kafka_protocol::messages::sync_group_response::SyncGroupResponse;
+use kafka_protocol::messages::{ApiKey, GroupId};
+use kafka_protocol::protocol::StrBytes;
+use tracing::{debug, info, warn};
+
+use crate::assign::{self, ConsumerStrategy, MemberMetadata, NativeAssignment};
+use crate::backoff::Backoff;
+use crate::error::{Error, KafkaCode};
+use crate::wire::Response;
+
+/// Which protocol the group speaks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mode {
+    /// kafka-lock's own protocol type: no topic, sticky then FIFO.
+    Native,
+    /// Protocol type "consumer" on a one-partition topic: holding partition 0 is holding the lock.
+    /// Eager: the holder surrenders as soon as a rebalance starts.
+    Consumer {
+        /// The one-partition topic whose partition 0 is the lock.
+        topic: String,
+    },
+}
+
+/// Everything the machine needs to know up front.
+#[derive(Debug, Clone)]
+pub struct MembershipConfig {
+    /// The group id, which is the lock's name.
+    pub group_id: String,
+    /// Native or consumer-compatible.
+    pub mode: Mode,
+    /// Human label carried in native member metadata (host, pid, job).
+    pub label: Option<String>,
+    /// KIP-345 static membership.
+    pub group_instance_id: Option<String>,
+    /// Broker-side session timeout.
+    pub session_timeout: Duration,
+    /// How long the broker waits for members to rejoin a rebalance.
+    pub rebalance_timeout: Duration,
+    /// Heartbeat period.
+    pub heartbeat_interval: Duration,
+    /// Per-request timeout (JoinGroup and SyncGroup get the rebalance timeout on top).
+    pub request_timeout: Duration,
+    /// First retry delay after a retriable failure.
+    pub retry_backoff: Duration,
+    /// Largest retry delay.
+    pub retry_backoff_max: Duration,
+    /// Subtracted from the lease so the holder gives up before the broker can move on.
+    pub lease_margin: Duration,
+}
+
+impl MembershipConfig {
+    /// The lease length after a renewal: `min(session, rebalance) − margin`.
+    pub fn lease_length(&self) -> Duration {
+        self.session_timeout
+            .min(self.rebalance_timeout)
+            .saturating_sub(self.lease_margin)
+    }
+
+    /// How long a JoinGroup (and the SyncGroup after it) may take: the broker may legitimately
+    /// park it for the whole rebalance timeout, and Apache Kafka's Java client allows 5 s more.
+    pub fn join_timeout(&self) -> Duration {
+        self.request_timeout
+            .max(self.rebalance_timeout + Duration::from_secs(5))
+    }
+}
+
+/// API versions the coordinator and the bootstrap broker agreed to, for the APIs this machine builds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupVersions {
+    /// FindCoordinator version.
+    pub find_coordinator: i16,
+    /// JoinGroup version.
+    pub join_group: i16,
+    /// SyncGroup version.
+    pub sync_group: i16,
+    /// Heartbeat version.
+    pub heartbeat: i16,
+    /// LeaveGroup version.
+    pub leave_group: i16,
+}
+
+impl GroupVersions {
+    /// The highest versions kafka-lock builds (what Apache Kafka 3.9–4.x and tansu offer).
+    pub const LATEST: GroupVersions = GroupVersions {
+        find_coordinator: 4,
+        join_group: 9,
+        sync_group: 5,
+        heartbeat: 4,
+        leave_group: 5,
+    };
+}
+
+/// A broker address as the coordinator lookup returned it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Broker {
+    /// Broker id.
+    pub node_id: i32,
+    /// Host name or address.
+    pub host: String,
+    /// Port.
+    pub port: i32,
+}
+
+impl fmt::Display for Broker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{} (node {})", self.host, self.port, self.node_id)
+    }
+}
+
+/// Which coordinator connection a request uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Lane {
+    /// JoinGroup and SyncGroup, which the broker may hold for seconds.
+    Join,
+    /// Heartbeat and LeaveGroup, which must never wait behind a parked JoinGroup.
+    Control,
+}
+
+/// Where a request goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// Any bootstrap broker.
+    Any,
+    /// The group coordinator, on one of its two lanes.
+    Coordinator {
+        /// The coordinator.
+        broker: Broker,
+        /// The lane.
+        lane: Lane,
+    },
+}
+
+/// One request for the driver to send. Answer it with [`Membership::handle_response`] and the same id.
+#[derive(Debug, Clone)]
+pub struct Transmit {
+    /// Identifies the answer.
+    pub id: u64,
+    /// Where to send it.
+    pub target: Target,
+    /// The request, built for the versions given to the machine.
+    pub request: crate::wire::Request,
+    /// The version to encode it with.
+    pub version: i16,
+    /// Give up on the answer after this long (the driver reports [`Error::Timeout`]).
+    pub timeout: Duration,
+}
+
+/// The proof of holding the lock, to hand to the protected resource.
+///
+/// Tokens compare by generation first: every later holder of the same lock gets a strictly greater
+/// generation (see `docs/protocol.md` for the known limits: a group deleted while empty restarts
+/// at generation 0, and a static-member replacement keeps the generation, which is why the member
+/// id is part of the token).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FencingToken {
+    /// The group generation in which the assignment was made.
+    pub generation: i32,
+    /// The member the assignment named.
+    pub member_id: String,
+}
+
+impl fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.generation)
+    }
+}
+
+/// Who holds the lock, as a waiter's assignment tells it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HolderInfo {
+    /// The holder's member id.
+    pub member_id: String,
+    /// Its label, if it gave one.
+    pub label: Option<String>,
+    /// The generation of the assignment.
+    pub generation: i32,
+}
+
+/// Why a hold ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// No renewal before the local lease ran out (coordinator unreachable, paused process...).
+    LeaseExpired,
+    /// The broker no longer knows this member at this generation.
+    Fenced(KafkaCode),
+    /// A new assignment named another member.
+    Reassigned,
+    /// Consumer-compatible (eager) mode: a rebalance started, so the partition was surrendered.
+    Revoked,
+    /// A fatal error ended the membership.
+    Fatal,
+}
+
+impl fmt::Display for LossReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LossReason::LeaseExpired => f.write_str("the lease ran out before a renewal"),
+            LossReason::Fenced(code) => write!(f, "the coordinator fenced this member ({code})"),
+            LossReason::Reassigned => f.write_str("a new assignment named another member"),
+            LossReason::Revoked => f.write_str("a rebalance revoked partition 0 (eager mode)"),
+            LossReason::Fatal => f.write_str("a fatal error ended the membership"),
+        }
+    }
+}
+
+impl LossReason {
+    /// A short stable name for metrics.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            LossReason::LeaseExpired => "lease_expired",
+            LossReason::Fenced(_) => "fenced",
+            LossReason::Reassigned => "reassigned",
+            LossReason::Revoked => "revoked",
+            LossReason::Fatal => "fatal",
+        }
+    }
+}
+
+/// What the machine tells its owner.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Event {
+    /// A JoinGroup completed.
+    Joined {
+        /// Our member id.
+        member_id: String,
+        /// The new generation.
+        generation: i32,
+        /// Whether we lead this generation (and compute the assignment).
+        leader: bool,
+    },
+    /// The lock is held, from now until `lease_end` unless renewed.
+    Acquired {
+        /// The fencing token.
+        token: FencingToken,
+        /// When the hold ends without a renewal.
+        lease_end: Instant,
+    },
+    /// The holder went through a rebalance and still holds, under a new token.
+    TokenChanged {
+        /// The new token (strictly greater generation).
+        token: FencingToken,
+    },
+    /// A rebalance started while holding (native mode keeps the lock through it).
+    RebalanceWhileHeld,
+    /// The lock is held by someone else (or nobody yet); we are queued.
+    Waiting {
+        /// The holder named by our assignment.
+        holder: Option<HolderInfo>,
+        /// Our place in the queue (1 = next), -1 if unknown.
+        position: i32,
+        /// The generation.
+        generation: i32,
+    },
+    /// The hold ended without being released.
+    Lost {
+        /// Why.
+        reason: LossReason,
+        /// The instant the lease ran out or would have run out; may be earlier than now.
+        lease_end: Instant,
+    },
+    /// The user released the hold (sent before LeaveGroup goes out).
+    Released,
+    /// A peer sent bytes we could not use (garbage metadata or assignment).
+    PeerData {
+        /// Which member or which part.
+        what: String,
+        /// The decoder's complaint.
+        error: String,
+    },
+    /// The membership ended cleanly (LeaveGroup answered, failed, or was not needed).
+    Left,
+    /// The membership ended on an error no retry can fix.
+    Failed(std::sync::Arc<Error>),
+}
+
+/// Commands from the lock's owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    /// Release the lock if held and leave the group.
+    Leave,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Discover,
+    Join,
+    Sync,
+    Stable,
+    Leave,
+    Done,
+}
+
+#[derive(Debug, Clone)]
+struct Hold {
+    token: FencingToken,
+    lease_end: Instant,
+}
+
+#[derive(Debug, Default)]
+struct InFlight {
+    find: Option<u64>,
+    join: Option<(u64, Instant)>,
+    sync: Option<(u64, Instant)>,
+    heartbeat: Option<(u64, Instant, i32)>,
+    leave: Option<u64>,
+}
+
+/// The membership state machine. See the [module docs](self).
+pub struct Membership {
+    cfg: MembershipConfig,
+    versions: GroupVersions,
+    phase: Phase,
+    /// The phase to go back to once the coordinator is found again.
+    resume: Phase,
+    coordinator: Option<Broker>,
+    member_id: String,
+    generation: i32,
+    leader: bool,
+    /// The generation of our first completed join: our place in the FIFO queue.
+    first_joined: i32,
+    hold: Option<Hold>,
+    /// The user asked to leave; nothing may be acquired any more.
+    leaving: bool,
+    last_waiting: Option<(Option<HolderInfo>, i32)>,
+    in_flight: InFlight,
+    /// When the current phase may send its next request (backoff).
+    retry_at: Option<Instant>,
+    next_heartbeat: Option<Instant>,
+    backoff: Backoff,
+    next_id: u64,
+    transmits: VecDeque<Transmit>,
+    events: VecDeque<Event>,
+}
+
+impl fmt::Debug for Membership {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Membership")
+            .field("group", &self.cfg.group_id)
+            .field("phase", &self.phase)
+            .field("member_id", &self.member_id)
+            .field("generation", &self.generation)
+            .field("holding", &self.hold.is_some())
+            .finish()
+    }
+}
+
+fn sb(s: &str) -> StrBytes {
+    StrBytes::from_string(s.to_owned())
+}
+
+fn is_coordinator_error(code: i16) -> bool {
+    matches!(code, 15 | 16)
+}
+
+impl Membership {
+    /// A machine that starts looking for the coordinator at the first call that passes a time.
+    pub fn new(cfg: MembershipConfig, versions: GroupVersions, backoff: Backoff) -> Self {
+        Membership {
+            cfg,
+            versions,
+            phase: Phase::Discover,
+            resume: Phase::Join,
+            coordinator: None,
+            member_id: String::new(),
+            generation: -1,
+            leader: false,
+            first_joined: -1,
+            hold: None,
+            leaving: false,
+            last_waiting: None,
+            in_flight: InFlight::default(),
+            retry_at: None,
+            next_heartbeat: None,
+            backoff,
+            next_id: 1,
+            transmits: VecDeque::new(),
+            events: VecDeque::new(),
+        }
+    }
+
+    /// Our member id ("" until the broker gave one).
+    pub fn member_id(&self) -> &str {
+        &self.member_id
+    }
+
+    /// The generation of the last completed join (-1 before).
+    pub fn generation(&self) -> i32 {
+        self.generation
+    }
+
+    /// The token while the lock is held.
+    pub fn token(&self) -> Option<&FencingToken> {
+        self.hold.as_ref().map(|h| &h.token)
+    }
+
+    /// When the current hold ends unless renewed.
+    pub fn lease_end(&self) -> Option<Instant> {
+        self.hold.as_ref().map(|h| h.lease_end)
+    }
+
+    /// True once the machine has nothing more to do.
+    pub fn is_done(&self) -> bool {
+        self.phase == Phase::Done
+    }
+
+    /// The coordinator currently believed in.
+    pub fn coordinator(&self) -> Option<&Broker> {
+        self.coordinator.as_ref()
+    }
+
+    /// The versions changed (e.g. a new coordinator connection negotiated lower ones).
+    pub fn set_versions(&mut self, versions: GroupVersions) {
+        self.versions = versions;
+    }
+
+    /// Next request to send.
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.transmits.pop_front()
+    }
+
+    /// Next event.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// When to call [`Membership::handle_timeout`] next, if anything is scheduled.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let mut at: Option<Instant> = self.hold.as_ref().map(|h| h.lease_end);
+        let mut consider = |t: Option<Instant>| {
+            if let Some(t) = t {
+                at = Some(at.map_or(t, |a| a.min(t)));
+            }
+        };
+        match self.phase {
+            Phase::Discover if self.in_flight.find.is_none() => consider(self.retry_at),
+            Phase::Join if self.in_flight.join.is_none() => consider(self.retry_at),
+            Phase::Stable if self.in_flight.heartbeat.is_none() => consider(self.next_heartbeat),
+            _ => {}
+        }
+        at
+    }
+
+    /// Time passed.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.drive(now);
+    }
+
+    /// A command from the owner.
+    pub fn handle_command(&mut self, cmd: Command, now: Instant) {
+        self.check_lease(now);
+        match cmd {
+            Command::Leave => self.begin_leave(now),
+        }
+        self.drive(now);
+    }
+
+    /// The answer (or failure) for the transmit `id`. Answers the machine no longer waits for are
+    /// ignored, which is what stops a late success from reviving anything.
+    pub fn handle_response(&mut self, id: u64, result: Result<Response, Error>, now: Instant) {
+        // The lease is judged before the answer is looked at: an answer that arrives after the
+        // lease ran out must not count, even if it was sent in time.
+        self.check_lease(now);
+        if self.in_flight.find == Some(id) {
+            self.in_flight.find = None;
+            self.on_find(result, now);
+        } else if matches!(self.in_flight.join, Some((i, _)) if i == id) {
+            let (_, sent) = self.in_flight.join.take().expect("matched above");
+            self.on_join(result, sent, now);
+        } else if matches!(self.in_flight.sync, Some((i, _)) if i == id) {
+            let (_, sent) = self.in_flight.sync.take().expect("matched above");
+            self.on_sync(result, sent, now);
+        } else if matches!(self.in_flight.heartbeat, Some((i, _, _)) if i == id) {
+            let (_, sent, generation) = self.in_flight.heartbeat.take().expect("matched above");
+            self.on_heartbeat(result, sent, generation, now);
+        } else if self.in_flight.leave == Some(id) {
+            self.in_flight.leave = None;
+            self.on_leave(result);
+        } else {
+            debug!(group = %self.cfg.group_id, id, "ignoring an answer nobody waits for");
+        }
+        self.drive(now);
+    }
+
+    // ---- transitions -------------------------------------------------------------------------
+
+    fn check_lease(&mut self, now: Instant) {
+        if let Some(hold) = &self.hold {
+            if now >= hold.lease_end {
+                self.lose(LossReason::LeaseExpired, now);
+            }
+        }
+    }
+
+    fn drive(&mut self, now: Instant) {
+        self.check_lease(now);
+        let due = |t: Option<Instant>| t.is_none_or(|t| t <= now);
+        match self.phase {
+            Phase::Discover => {
+                if self.in_flight.find.is_none() && due(self.retry_at) {
+                    self.send_find(now);
+                }
+            }
+            Phase::Join => {
+                if self.in_flight.join.is_none() && due(self.retry_at) {
+                    self.send_join(now);
+                }
+            }
+            Phase::Stable => {
+                if self.in_flight.heartbeat.is_none() && due(self.next_heartbeat) {
+                    self.send_heartbeat(now);
+                }
+            }
+            Phase::Leave => {
+                if self.in_flight.leave.is_none() {
+                    self.send_leave(now);
+                }
+            }
+            Phase::Sync | Phase::Done => {}
+        }
+    }
+
+    fn next_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    fn push(&mut self, target: Target, request: crate::wire::Request, version: i16, timeout: Duration) -> u64 {
+        let id = self.next_id();
+        self.transmits.push_back(Transmit { id, target, request, version, timeout });
+        id
+    }
+
+    fn coordinator_target(&self, lane: Lane) -> Option<Target> {
+        self.coordinator.clone().map(|broker| Target::Coordinator { broker, lane })
+    }
+
+    fn schedule_retry(&mut self, now: Instant) {
+        self.retry_at = Some(now + self.backoff.next_delay());
+    }
+
+    fn retry_now(&mut self, now: Instant) {
+        self.retry_at = Some(now);
+    }
+
+    /// The coordinator moved or is unreachable: look it up again, then resume `phase`.
+    fn rediscover(&mut self, resume: Phase, now: Instant) {
+        info!(group = %self.cfg.group_id, member_id = %self.member_id, generation = self.generation,
+              "coordinator lost; looking it up again");
+        self.coordinator = None;
+        self.resume = resume;
+        self.phase = Phase::Discover;
+        self.schedule_retry(now);
+    }
+
+    fn rejoin(&mut self, now: Instant, immediately: bool) {
+        self.phase = Phase::Join;
+        self.in_flight.heartbeat = None;
+        if immediately {
+            self.retry_now(now);
+        } else {
+            self.schedule_retry(now);
+        }
+    }
+
+    fn reset_member(&mut self) {
+        self.member_id.clear();
+        self.generation = -1;
+        self.leader = false;
+    }
+
+    fn emit(&mut self, e: Event) {
+        self.events.push_back(e);
+    }
+
+    /// The hold ends for a reason other than release. Terminal for this machine.
+    fn lose(&mut self, reason: LossReason, now: Instant) {
+        if let Some(hold) = self.hold.take() {
+            warn!(group = %self.cfg.group_id, member_id = %self.member_id, generation = hold.token.generation,
+                  %reason, "lock lost");
+            self.emit(Event::Lost { reason: reason.clone(), lease_end: hold.lease_end.min(now) });
+        }
+        if matches!(reason, LossReason::Fenced(KafkaCode(25))) {
+            // The broker already forgot us: a LeaveGroup would only be answered with the same error.
+            self.reset_member();
+        }
+        self.begin_leave(now);
+    }
+
+    fn fail(&mut self, error: Error, now: Instant) {
+        warn!(group = %self.cfg.group_id, member_id = %self.member_id, %error, "membership failed");
+        if self.hold.is_some() {
+            let reason = match &error {
+                Error::Broker { code, .. } => LossReason::Fenced(*code),
+                _ => LossReason::Fatal,
+            };
+            if let Some(hold) = self.hold.take() {
+                self.emit(Event::Lost { reason, lease_end: hold.lease_end.min(now) });
+            }
+        }
+        self.phase = Phase::Done;
+        self.emit(Event::Failed(std::sync::Arc::new(error)));
+    }
+
+    fn finish(&mut self) {
+        if self.phase != Phase::Done {
+            self.phase = Phase::Done;
+            info!(group = %self.cfg.group_id, member_id = %self.member_id, "left the group");
+            self.emit(Event::Left);
+        }
+    }
+
+    fn begin_leave(&mut self, now: Instant) {
+        if self.phase == Phase::Done {
+            return;
+        }
+        if !self.leaving {
+            self.leaving = true;
+            if self.hold.take().is_some() {
+                info!(group = %self.cfg.group_id, member_id = %self.member_id, "lock released");
+                self.emit(Event::Released);
+            }
+        }
+        // A JoinGroup or SyncGroup in flight decides what comes next: the answer may make us the
+        // leader, and a leader that leaves before its SyncGroup can wedge a group (tansu keeps
+        // naming the departed leader), so it syncs first. Those handlers check `leaving`.
+        if self.in_flight.join.is_some() || self.in_flight.sync.is_some() {
+            return;
+        }
+        self.in_flight.heartbeat = None;
+        if self.member_id.is_empty() {
+            self.finish();
+        } else if self.coordinator.is_none() {
+            self.phase = Phase::Discover;
+            self.resume = Phase::Leave;
+            if self.in_flight.find.is_none() {
+                self.retry_now(now);
+            }
+        } else {
+            self.phase = Phase::Leave;
+        }
+    }
+
+    // ---- requests ----------------------------------------------------------------------------
+
+    fn send_find(&mut self, _now: Instant) {
+        let v = self.versions.find_coordinator;
+        let mut req = FindCoordinatorRequest::default();
+        if v >= 4 {
+            req.coordinator_keys = vec![sb(&self.cfg.group_id)];
+        } else {
+            req.key = sb(&self.cfg.group_id);
+        }
+        let id = self.push(Target::Any, req.into(), v, self.cfg.request_timeout);
+        self.in_flight.find = Some(id);
+    }
+
+    fn metadata(&self) -> Vec<JoinGroupRequestProtocol> {
+        match &self.cfg.mode {
+            Mode::Native => {
+                let meta = MemberMetadata {
+                    holds: self.hold.is_some(),
+                    first_joined_generation: self.first_joined,
+                    holder_generation: self.hold.as_ref().map_or(-1, |h| h.token.generation),
+                    label: self.cfg.label.clone(),
+                };
+                let mut p = JoinGroupRequestProtocol::default();
+                p.name = sb(assign::NATIVE_PROTOCOL);
+                p.metadata = meta.encode();
+                vec![p]
+            }
+            Mode::Consumer { topic } => {
+                let sub = assign::consumer_subscription(topic);
+                [ConsumerStrategy::Range, ConsumerStrategy::RoundRobin]
+                    .into_iter()
+                    .map(|s| {
+                        let mut p = JoinGroupRequestProtocol::default();
+                        p.name = sb(s.protocol_name());
+                        p.metadata = sub.clone();
+                        p
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    fn protocol_type(&self) -> &'static str {
+        match self.cfg.mode {
+            Mode::Native => assign::PROTOCOL_TYPE,
+            Mode::Consumer { .. } => "consumer",
+        }
+    }
+
+    fn send_join(&mut self, now: Instant) {
+        let Some(target) = self.coordinator_target(Lane::Join) else {
+            self.rediscover(Phase::Join, now);
+            return;
+        };
+        let v = self.versions.join_group;
+        let mut req = JoinGroupRequest::default();
+        req.group_id = GroupId(sb(&self.cfg.group_id));
+        req.session_timeout_ms = duration_ms(self.cfg.session_timeout);
+        if v >= 1 {
+            req.rebalance_timeout_ms = duration_ms(self.cfg.rebalance_timeout);
+        }
+        req.member_id = sb(&self.member_id);
+        if v >= 5 {
+            req.group_instance_id = self.cfg.group_instance_id.as_deref().map(sb);
+        }
+        req.protocol_type = sb(self.protocol_type());
+        req.protocols = self.metadata();
+        debug!(group = %self.cfg.group_id, member_id = %self.member_id, version = v, "JoinGroup");
+        let id = self.push(target, req.into(), v, self.cfg.join_timeout());
+        self.in_flight.join = Some((id, now));
+        self.retry_at = None;
+    }
+
+    fn send_sync(&mut self, assignments: Vec<(String, Bytes)>, protocol_name: Option<StrBytes>, now: Instant) {
+        let Some(target) = self.coordinator_target(Lane::Join) else {
+            self.rediscover(Phase::Join, now);
+            return;
+        };
+        let v = self.versions.sync_group;
+        let mut req = SyncGroupRequest::default();
+        req.group_id = GroupId(sb(&self.cfg.group_id));
+        req.generation_id = self.generation;
+        req.member_id = sb(&self.member_id);
+        if v >= 3 {
+            req.group_instance_id = self.cfg.group_instance_id.as_deref().map(sb);
+        }
+        if v >= 5 {
+            req.protocol_type = Some(sb(self.protocol_type()));
+            req.protocol_name = protocol_name;
+        }
+        req.assignments = assignments
+            .into_iter()
+            .map(|(member, bytes)| {
+                let mut a = SyncGroupRequestAssignment::default();
+                a.member_id = StrBytes::from_string(member);
+                a.assignment = bytes;
+                a
+            })
+            .collect();
+        let id = self.push(target, req.into(), v, self.cfg.join_timeout());
+        self.in_flight.sync = Some((id, now));
+        self.phase = Phase::Sync;
+    }
+
+    fn send_heartbeat(&mut self, now: Instant) {
+        let Some(target) = self.coordinator_target(Lane::Control) else {
+            self.rediscover(Phase::Stable, now);
+            return;
+        };
+        let v = self.versions.heartbeat;
+        let mut req = HeartbeatRequest::default();
+        req.group_id = GroupId(sb(&self.cfg.group_id));
+        req.generation_id = self.generation;
+        req.member_id = sb(&self.member_id);
+        if v >= 3 {
+            req.group_instance_id = self.cfg.group_instance_id.as_deref().map(sb);
+        }
+        let id = self.push(target, req.into(), v, self.cfg.request_timeout);
+        self.in_flight.heartbeat = Some((id, now, self.generation));
+        self.next_heartbeat = Some(now + self.cfg.heartbeat_interval);
+    }
+
+    fn send_leave(&mut self, now: Instant) {
+        let Some(target) = self.coordinator_target(Lane::Control) else {
+            self.rediscover(Phase::Leave, now);
+            return;
+        };
+        let v = self.versions.leave_group;
+        let mut req = LeaveGroupRequest::default();
+        req.group_id = GroupId(sb(&self.cfg.group_id));
+        if v >= 3 {
+            let mut m = MemberIdentity::default();
+            m.member_id = sb(&self.member_id);
+            m.group_instance_id = self.cfg.group_instance_id.as_deref().map(sb);
+            if v >= 5 {
+                m.reason = Some(sb("kafka-lock: released"));
+            }
+            req.members = vec![m];
+        } else {
+            req.member_id = sb(&self.member_id);
+        }
+        info!(group = %self.cfg.group_id, member_id = %self.member_id, "LeaveGroup");
+        let id = self.push(target, req.into(), v, self.cfg.request_timeout);
+        self.in_flight.leave = Some(id);
+    }
+
+    // ---- answers -----------------------------------------------------------------------------
+
+    /// Common handling of a broker error code for Join/Sync/Heartbeat; returns true if handled.
+    fn on_group_error(&mut self, api: ApiKey, code: i16, resume: Phase, now: Instant) -> bool {
+        let kc = KafkaCode(code);
+        match code {
+            0 => false,
+            15 | 16 => {
+                self.rediscover(resume, now);
+                true
+            }
+            14 => {
+                // COORDINATOR_LOAD_IN_PROGRESS: same coordinator, try again shortly.
+                self.phase = resume;
+                if resume == Phase::Stable {
+                    self.next_heartbeat = Some(now + self.backoff.next_delay());
+                } else {
+                    self.schedule_retry(now);
+                }
+                true
+            }
+            // Misconfiguration or authorization: nothing a retry can fix.
+            23 | 24 | 26 | 30 | 35 | 81 | 82 => {
+                self.fail(Error::Broker { api, code: kc, message: None }, now);
+                true
+            }
+            _ if !kc.is_retriable() && !matches!(code, 22 | 25 | 27 | 79) => {
+                self.fail(Error::Broker { api, code: kc, message: None }, now);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn on_find(&mut self, result: Result<Response, Error>, now: Instant) {
+        if self.phase != Phase::Discover {
+            return;
+        }
+        let found = match result {
+            Ok(Response::FindCoordinator(r)) => {
+                let (code, node_id, host, port, message) = if let Some(c) = r.coordinators.first() {
+                    (c.error_code, c.node_id.0, c.host.to_string(), c.port, c.error_message.clone())
+                } else {
+                    (r.error_code, r.node_id.0, r.host.to_string(), r.port, r.error_message.clone())
+                };
+                if code == 0 {
+                    if host.is_empty() || !(0..=65535).contains(&port) {
+                        Err(Error::Protocol(format!(
+                            "FindCoordinator named an unusable coordinator {host:?}:{port}"
+                        )))
+                    } else {
+                        Ok(Broker { node_id, host, port })
+                    }
+                } else {
+                    Err(Error::Broker {
+                        api: ApiKey::FindCoordinator,
+                        code: KafkaCode(code),
+                        message: message.map(|m| m.to_string()),
+                    })
+                }
+            }
+            Ok(other) => Err(Error::Protocol(format!("expected FindCoordinator, got {:?}", other.api_key()))),
+            Err(e) => Err(e),
+        };
+        match found {
+            Ok(broker) => {
+                info!(group = %self.cfg.group_id, coordinator = %broker, "coordinator found");
+                self.coordinator = Some(broker);
+                self.backoff.reset();
+                match self.resume {
+                    Phase::Stable => {
+                        self.phase = Phase::Stable;
+                        self.next_heartbeat = Some(now);
+                    }
+                    Phase::Leave => self.phase = Phase::Leave,
+                    _ => {
+                        if self.leaving {
+                            self.begin_leave(now);
+                        } else {
+                            self.phase = Phase::Join;
+                            self.retry_now(now);
+                        }
+                    }
+                }
+            }
+            Err(Error::Broker { code, .. }) if matches!(code.0, 30) => {
+                self.fail(Error::Broker { api: ApiKey::FindCoordinator, code, message: None }, now);
+            }
+            Err(e) => {
+                debug!(group = %self.cfg.group_id, error = %e, "FindCoordinator failed; retrying");
+                self.schedule_retry(now);
+            }
+        }
+    }
+
+    fn on_join(&mut self, result: Result<Response, Error>, sent: Instant, now: Instant) {
+        let resp: JoinGroupResponse = match result {
+            Ok(Response::JoinGroup(r)) => r,
+            Ok(other) => {
+                self.fail(Error::Protocol(format!("expected JoinGroup, got {:?}", other.api_key())), now);
+                return;
+            }
+            Err(e) => {
+                debug!(group = %self.cfg.group_id, error = %e, "JoinGroup failed");
+                if self.leaving {
+                    self.begin_leave(now);
+                } else {
+                    self.rediscover(Phase::Join, now);
+                }
+                return;
+            }
+        };
+        let code = resp.error_code;
+        match code {
+            0 => {}
+            79 => {
+                // KIP-394: the broker parked a pending member under this id; rejoin with it now.
+                self.member_id = resp.member_id.to_string();
+                debug!(group = %self.cfg.group_id, member_id = %self.member_id, "MEMBER_ID_REQUIRED");
+                if self.leaving {
+                    self.begin_leave(now);
+                } else {
+                    self.rejoin(now, true);
+                }
+                return;
+            }
+            25 => {
+                if self.hold.is_some() {
+                    self.lose(LossReason::Fenced(KafkaCode(25)), now);
+                    return;
+                }
+                self.reset_member();
+                if self.leaving {
+                    self.begin_leave(now);
+                } else {
+                    self.rejoin(now, true);
+                }
+                return;
+            }
+            _ if self.on_group_error(ApiKey::JoinGroup, code, Phase::Join, now) => {
+                if self.leaving && self.phase != Phase::Done {
+                    self.begin_leave(now);
+                }
+                return;
+            }
+            _ => {
+                // REBALANCE_IN_PROGRESS, ILLEGAL_GENERATION and other retriable codes.
+                if self.leaving {
+                    self.begin_leave(now);
+                } else {
+                    self.rejoin(now, false);
+                }
+                return;
+            }
+        }
+
+        self.backoff.reset();
+        self.member_id = resp.member_id.to_string();
+        self.generation = resp.generation_id;
+        self.leader = resp.leader == resp.member_id;
+        if self.first_joined < 0 {
+            self.first_joined = self.generation;
+        }
+        info!(group = %self.cfg.group_id, member_id = %self.member_id, generation = self.generation,
+              leader = self.leader, "joined");
+        self.emit(Event::Joined {
+            member_id: self.member_id.clone(),
+            generation: self.generation,
+            leader: self.leader,
+        });
+        self.renew(sent);
+
+        if self.leaving && !self.leader {
+            self.begin_leave(now);
+            return;
+        }
+        let assignments = if self.leader { self.plan(&resp) } else { Vec::new() };
+        self.send_sync(assignments, resp.protocol_name.clone(), now);
+    }
+
+    /// The leader's assignment for every member of the generation.
+    fn plan(&mut self, resp: &JoinGroupResponse) -> Vec<(String, Bytes)> {
+        let members: Vec<(String, Option<String>, Bytes)> = resp
+            .members
+            .iter()
+            .map(|m| {
+                let id = m.member_id.to_string();
+                // A leader that is leaving must not hand the lock to itself: it gives its own entry
+                // bytes no decoder accepts, which makes it ineligible under both assignors.
+                let meta = if self.leaving && id == self.member_id { Bytes::new() } else { m.metadata.clone() };
+                (id, m.group_instance_id.as_ref().map(|s| s.to_string()), meta)
+            })
+            .collect();
+        let (holder, assignments, rejected) = match &self.cfg.mode {
+            Mode::Native => {
+                let plan = assign::assign_native(self.generation, &members);
+                (plan.holder, plan.assignments, plan.rejected)
+            }
+            Mode::Consumer { topic } => {
+                let strategy = resp
+                    .protocol_name
+                    .as_deref()
+                    .and_then(ConsumerStrategy::from_protocol_name)
+                    .unwrap_or(ConsumerStrategy::Range);
+                let plan = assign::assign_consumer(strategy, topic, &members);
+                (plan.holder, plan.assignments, plan.rejected)
+            }
+        };
+        for (member, error) in rejected {
+            if !(self.leaving && member == self.member_id) {
+                warn!(group = %self.cfg.group_id, %member, %error, "ignoring a member whose metadata does not decode");
+                self.emit(Event::PeerData { what: format!("metadata of member {member}"), error: error.to_string() });
+            }
+        }
+        info!(group = %self.cfg.group_id, generation = self.generation, holder = ?holder, members = members.len(),
+              "leader assigned the lock");
+        assignments
+    }
+
+    fn on_sync(&mut self, result: Result<Response, Error>, sent: Instant, now: Instant) {
+        let resp: SyncGroupResponse = match result {
+            Ok(Response::SyncGroup(r)) => r,
+            Ok(other) => {
+                self.fail(Error::Protocol(format!("expected SyncGroup, got {:?}", other.api_key())), now);
+                return;
+            }
+            Err(e) => {
+                debug!(group = %self.cfg.group_id, error = %e, "SyncGroup failed");
+                if self.leaving {
+                    self.begin_leave(now);
+                } else {
+                    self.rediscover(Phase::Join, now);
+                }
+                return;
+            }
+        };
+        let code = resp.error_code;
+        if code == 25 {
+            if self.hold.is_some() {
+                self.lose(LossReason::Fenced(KafkaCode(25)), now);
+            } else {
+                self.reset_member();
+                if self.leaving {
+                    self.begin_leave(now);
+                } else {
+                    self.rejoin(now, true);
+                }
+            }
+            return;
+        }
+        if code != 0 {
+            if !self.on_group_error(ApiKey::SyncGroup, code, Phase::Join, now) {
+                // REBALANCE_IN_PROGRESS / ILLEGAL_GENERATION: the generation moved on; rejoin now.
+                self.phase = Phase::Join;
+                self.retry_now(now);
+            }
+            if self.leaving && self.phase != Phase::Done {
+                self.begin_leave(now);
+            }
+            return;
+        }
+        if self.leaving {
+            self.begin_leave(now);
+            return;
+        }
+
+        self.phase = Phase::Stable;
+        self.next_heartbeat = Some(now + self.cfg.heartbeat_interval);
+        let (ours, holder, position) = self.read_assignment(&resp.assignment);
+        if ours {
+            let token = FencingToken { generation: self.generation, member_id: self.member_id.clone() };
+            let lease_end = sent + self.cfg.lease_length();
+            match &mut self.hold {
+                Some(hold) => {
+                    hold.lease_end = hold.lease_end.max(lease_end);
+                    if hold.token != token {
+                        hold.token = token.clone();
+                        info!(group = %self.cfg.group_id, member_id = %self.member_id, generation = self.generation,
+                              "still holding after a rebalance");
+                        self.emit(Event::TokenChanged { token });
+                    }
+                }
+                None => {
+                    info!(group = %self.cfg.group_id, member_id = %self.member_id, generation = self.generation,
+                          "lock acquired");
+                    self.hold = Some(Hold { token: token.clone(), lease_end });
+                    self.emit(Event::Acquired { token, lease_end });
+                }
+            }
+            self.last_waiting = None;
+        } else if self.hold.is_some() {
+            self.lose(LossReason::Reassigned, now);
+        } else if self.last_waiting.as_ref() != Some(&(holder.clone(), position)) {
+            self.last_waiting = Some((holder.clone(), position));
+            self.emit(Event::Waiting { holder, position, generation: self.generation });
+        }
+    }
+
+    /// Whether the assignment gives us the lock, who holds it, and our queue position.
+    fn read_assignment(&mut self, bytes: &Bytes) -> (bool, Option<HolderInfo>, i32) {
+        match &self.cfg.mode {
+            Mode::Native => match NativeAssignment::decode(bytes) {
+                Ok(a) => {
+                    let holder = a.holder.map(|h| HolderInfo {
+                        member_id: h.member_id,
+                        label: h.label,
+                        generation: h.generation,
+                    });
+                    let ours = holder
+                        .as_ref()
+                        .is_some_and(|h| h.member_id == self.member_id && h.generation == self.generation);
+                    (ours, holder, a.position)
+                }
+                Err(e) => {
+                    warn!(group = %self.cfg.group_id, error = %e, "the leader's assignment does not decode");
+                    self.emit(Event::PeerData { what: "assignment from the leader".into(), error: e.to_string() });
+                    (false, None, -1)
+                }
+            },
+            Mode::Consumer { topic } => {
+                if bytes.is_empty() {
+                    return (false, None, -1);
+                }
+                match assign::decode_consumer_assignment(bytes) {
+                    Ok(parts) => {
+                        let ours = parts.iter().any(|(t, p)| t == topic && p.contains(&0));
+                        (ours, None, -1)
+                    }
+                    Err(e) => {
+                        warn!(group = %self.cfg.group_id, error = %e, "the leader's assignment does not decode");
+                        self.emit(Event::PeerData { what: "assignment from the leader".into(), error: e.to_string() });
+                        (false, None, -1)
+                    }
+                }
+            }
+        }
+    }
+
+    fn renew(&mut self, sent: Instant) {
+        let lease = self.cfg.lease_length();
+        if let Some(hold) = &mut self.hold {
+            hold.lease_end = hold.lease_end.max(sent + lease);
+        }
+    }
+
+    fn on_heartbeat(&mut self, result: Result<Response, Error>, sent: Instant, generation: i32, now: Instant) {
+        if self.phase != Phase::Stable || generation != self.generation {
+            return;
+        }
+        let code = match result {
+            Ok(Response::Heartbeat(r)) => r.error_code,
+            Ok(other) => {
+                self.fail(Error::Protocol(format!("expected Heartbeat, got {:?}", other.api_key())), now);
+                return;
+            }
+            Err(e) => {
+                debug!(group = %self.cfg.group_id, error = %e, "Heartbeat failed");
+                self.rediscover(Phase::Stable, now);
+                return;
+            }
+        };
+        match code {
+            0 => {
+                self.backoff.reset();
+                self.renew(sent);
+            }
+            27 => {
+                info!(group = %self.cfg.group_id, member_id = %self.member_id, generation = self.generation,
+                      "rebalance started");
+                if self.hold.is_some() {
+                    if matches!(self.cfg.mode, Mode::Consumer { .. }) {
+                        self.lose(LossReason::Revoked, now);
+                        return;
+                    }
+                    self.emit(Event::RebalanceWhileHeld);
+                }
+                self.rejoin(now, true);
+            }
+            22 | 25 => {
+                if self.hold.is_some() {
+                    self.lose(LossReason::Fenced(KafkaCode(code)), now);
+                    return;
+                }
+                if code == 25 {
+                    self.reset_member();
+                }
+                self.rejoin(now, true);
+            }
+            _ => {
+                if !self.on_group_error(ApiKey::Heartbeat, code, Phase::Stable, now) {
+                    self.next_heartbeat = Some(now + self.backoff.next_delay());
+                }
+            }
+        }
+    }
+
+    fn on_leave(&mut self, result: Result<Response, Error>) {
+        match result {
+            Ok(Response::LeaveGroup(r)) => {
+                let code = r.members.first().map_or(r.error_code, |m| if r.error_code != 0 { r.error_code } else { m.error_code });
+                if code != 0 {
+                    debug!(group = %self.cfg.group_id, code = %KafkaCode(code), "LeaveGroup answered an error");
+                }
+            }
+            Ok(_) => {}
+            Err(e) => debug!(group = %self.cfg.group_id, error = %e, "LeaveGroup failed"),
+        }
+        self.finish();
+    }
+}
+
+fn duration_ms(d: Duration) -> i32 {
+    i32::try_from(d.as_millis()).unwrap_or(i32::MAX)
+}
+
+#[cfg(test)]
+#[path = "membership_tests.rs"]
+mod tests;

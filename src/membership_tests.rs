@@ -1,0 +1,668 @@
+//! Scripted tests of the membership machine: a manual clock, hand-built broker answers, Apache
+//! Kafka's semantics (group-protocol.md) as the reference.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use kafka_protocol::messages::find_coordinator_response::{Coordinator, FindCoordinatorResponse};
+use kafka_protocol::messages::heartbeat_response::HeartbeatResponse;
+use kafka_protocol::messages::join_group_response::{JoinGroupResponse, JoinGroupResponseMember};
+use kafka_protocol::messages::leave_group_response::LeaveGroupResponse;
+use kafka_protocol::messages::sync_group_response::SyncGroupResponse;
+use kafka_protocol::messages::BrokerId;
+use kafka_protocol::protocol::StrBytes;
+
+use super::*;
+use crate::assign::{Holder, MemberMetadata, NativeAssignment};
+use crate::wire::Request;
+
+const SESSION: Duration = Duration::from_secs(10);
+const HB: Duration = Duration::from_secs(1);
+const MARGIN: Duration = Duration::from_secs(1);
+
+fn config(mode: Mode) -> MembershipConfig {
+    MembershipConfig {
+        group_id: "nightly-job".into(),
+        mode,
+        label: Some("host-a".into()),
+        group_instance_id: None,
+        session_timeout: SESSION,
+        rebalance_timeout: SESSION,
+        heartbeat_interval: HB,
+        request_timeout: Duration::from_secs(5),
+        retry_backoff: Duration::from_millis(100),
+        retry_backoff_max: Duration::from_secs(1),
+        lease_margin: MARGIN,
+    }
+}
+
+/// A machine, a manual clock and everything the machine said so far.
+struct H {
+    m: Membership,
+    now: Instant,
+    sent: Vec<Transmit>,
+    events: Vec<Event>,
+}
+
+impl H {
+    fn new(mode: Mode) -> H {
+        H::with(config(mode))
+    }
+
+    fn with(cfg: MembershipConfig) -> H {
+        H::build(cfg, GroupVersions::LATEST)
+    }
+
+    fn build(cfg: MembershipConfig, versions: GroupVersions) -> H {
+        let backoff = Backoff::with_rng(cfg.retry_backoff, cfg.retry_backoff_max, 2.0, 0.0, || 0.0);
+        let mut h = H {
+            m: Membership::new(cfg, versions, backoff),
+            now: Instant::now(),
+            sent: Vec::new(),
+            events: Vec::new(),
+        };
+        h.m.handle_timeout(h.now);
+        h.drain();
+        h
+    }
+
+    fn drain(&mut self) {
+        while let Some(t) = self.m.poll_transmit() {
+            self.sent.push(t);
+        }
+        while let Some(e) = self.m.poll_event() {
+            self.events.push(e);
+        }
+    }
+
+    /// Moves the clock forward, firing the machine's timer whenever it is due on the way.
+    fn advance(&mut self, d: Duration) {
+        let end = self.now + d;
+        while let Some(t) = self.m.poll_timeout() {
+            if t > end {
+                break;
+            }
+            self.now = self.now.max(t);
+            self.m.handle_timeout(self.now);
+            self.drain();
+        }
+        self.now = end;
+        self.m.handle_timeout(self.now);
+        self.drain();
+    }
+
+    fn reply(&mut self, id: u64, r: Result<Response, Error>) {
+        self.m.handle_response(id, r, self.now);
+        self.drain();
+    }
+
+    /// The oldest unanswered transmit of the given API, removed from the log.
+    fn take(&mut self, api: ApiKey) -> Transmit {
+        let i = self
+            .sent
+            .iter()
+            .position(|t| t.request.api_key() == api)
+            .unwrap_or_else(|| panic!("expected a {api:?} request; sent: {:?}", self.apis()));
+        self.sent.remove(i)
+    }
+
+    fn apis(&self) -> Vec<ApiKey> {
+        self.sent.iter().map(|t| t.request.api_key()).collect()
+    }
+
+    fn take_events(&mut self) -> Vec<Event> {
+        std::mem::take(&mut self.events)
+    }
+
+    fn find_ok(&mut self) {
+        let t = self.take(ApiKey::FindCoordinator);
+        assert_eq!(t.target, Target::Any);
+        self.reply(t.id, Ok(find_ok()));
+    }
+
+    /// Goes from a fresh machine to a joined follower (or leader) holding or waiting.
+    fn join_as(&mut self, member: &str, generation: i32, leader: bool, members: &[(&str, MemberMetadata)]) -> Transmit {
+        let t = self.take(ApiKey::JoinGroup);
+        self.reply(t.id, Ok(join_ok(member, generation, if leader { member } else { "someone-else" }, members)));
+        self.take(ApiKey::SyncGroup)
+    }
+
+    /// A fresh native machine that holds the lock at `generation` as member "m1".
+    fn holding(generation: i32) -> H {
+        let mut h = H::new(Mode::Native);
+        h.find_ok();
+        let sync = h.join_as("m1", generation, false, &[]);
+        h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), generation, 0))));
+        assert!(matches!(h.take_events().last(), Some(Event::Acquired { .. })), "should hold");
+        h
+    }
+}
+
+fn s(x: &str) -> StrBytes {
+    StrBytes::from_string(x.to_owned())
+}
+
+fn find_ok() -> Response {
+    let mut c = Coordinator::default();
+    c.key = s("nightly-job");
+    c.node_id = BrokerId(1);
+    c.host = s("127.0.0.1");
+    c.port = 9092;
+    let mut r = FindCoordinatorResponse::default();
+    r.coordinators = vec![c];
+    Response::FindCoordinator(r)
+}
+
+fn find_err(code: i16) -> Response {
+    let mut c = Coordinator::default();
+    c.error_code = code;
+    let mut r = FindCoordinatorResponse::default();
+    r.coordinators = vec![c];
+    Response::FindCoordinator(r)
+}
+
+fn join_ok(member: &str, generation: i32, leader: &str, members: &[(&str, MemberMetadata)]) -> Response {
+    let mut r = JoinGroupResponse::default();
+    r.generation_id = generation;
+    r.member_id = s(member);
+    r.leader = s(leader);
+    r.protocol_name = Some(s(crate::assign::NATIVE_PROTOCOL));
+    r.members = members
+        .iter()
+        .map(|(id, meta)| {
+            let mut m = JoinGroupResponseMember::default();
+            m.member_id = s(id);
+            m.metadata = meta.encode();
+            m
+        })
+        .collect();
+    Response::JoinGroup(r)
+}
+
+fn join_err(code: i16, member: &str) -> Response {
+    let mut r = JoinGroupResponse::default();
+    r.error_code = code;
+    r.member_id = s(member);
+    r.generation_id = -1;
+    Response::JoinGroup(r)
+}
+
+fn sync_ok(assignment: Bytes) -> Response {
+    let mut r = SyncGroupResponse::default();
+    r.assignment = assignment;
+    Response::SyncGroup(r)
+}
+
+fn sync_err(code: i16) -> Response {
+    let mut r = SyncGroupResponse::default();
+    r.error_code = code;
+    Response::SyncGroup(r)
+}
+
+fn hb(code: i16) -> Response {
+    let mut r = HeartbeatResponse::default();
+    r.error_code = code;
+    Response::Heartbeat(r)
+}
+
+fn leave_ok() -> Response {
+    Response::LeaveGroup(LeaveGroupResponse::default())
+}
+
+fn native_assignment(holder: Option<&str>, generation: i32, position: i32) -> Bytes {
+    NativeAssignment {
+        holder: holder.map(|h| Holder { member_id: h.into(), label: None, generation }),
+        position,
+        members: 2,
+    }
+    .encode()
+}
+
+fn meta(holds: bool, first: i32) -> MemberMetadata {
+    MemberMetadata { holds, first_joined_generation: first, holder_generation: if holds { first } else { -1 }, label: None }
+}
+
+fn join_request(t: &Transmit) -> &kafka_protocol::messages::JoinGroupRequest {
+    match &t.request {
+        Request::JoinGroup(r) => r,
+        other => panic!("not a JoinGroup: {other:?}"),
+    }
+}
+
+fn sync_request(t: &Transmit) -> &kafka_protocol::messages::SyncGroupRequest {
+    match &t.request {
+        Request::SyncGroup(r) => r,
+        other => panic!("not a SyncGroup: {other:?}"),
+    }
+}
+
+fn lost(events: &[Event]) -> Option<LossReason> {
+    events.iter().find_map(|e| match e {
+        Event::Lost { reason, .. } => Some(reason.clone()),
+        _ => None,
+    })
+}
+
+fn failed(events: &[Event]) -> Option<KafkaCode> {
+    events.iter().find_map(|e| match e {
+        Event::Failed(err) => match &**err {
+            Error::Broker { code, .. } => Some(*code),
+            _ => Some(KafkaCode(-2)),
+        },
+        _ => None,
+    })
+}
+
+#[test]
+fn member_id_required_then_success() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let j = h.take(ApiKey::JoinGroup);
+    assert_eq!(join_request(&j).member_id.as_str(), "");
+    assert!(matches!(&j.target, Target::Coordinator { lane: Lane::Join, .. }));
+    h.reply(j.id, Ok(join_err(79, "m1-uuid")));
+    // KIP-394: rejoin at once (no backoff) with the id the broker parked.
+    let j2 = h.take(ApiKey::JoinGroup);
+    assert_eq!(join_request(&j2).member_id.as_str(), "m1-uuid");
+    h.reply(j2.id, Ok(join_ok("m1-uuid", 1, "m1-uuid", &[("m1-uuid", meta(false, -1))])));
+    let sync = h.take(ApiKey::SyncGroup);
+    // The leader assigns, and a lone member gets the lock.
+    assert_eq!(sync_request(&sync).assignments.len(), 1);
+    let assignment = sync_request(&sync).assignments[0].assignment.clone();
+    h.reply(sync.id, Ok(sync_ok(assignment)));
+    let ev = h.take_events();
+    let token = ev.iter().find_map(|e| match e {
+        Event::Acquired { token, .. } => Some(token.clone()),
+        _ => None,
+    });
+    assert_eq!(token, Some(FencingToken { generation: 1, member_id: "m1-uuid".into() }));
+}
+
+#[test]
+fn expired_pending_id_resets_and_joins_cleanly() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let j = h.take(ApiKey::JoinGroup);
+    h.reply(j.id, Ok(join_err(79, "pending-1")));
+    let j2 = h.take(ApiKey::JoinGroup);
+    assert_eq!(join_request(&j2).member_id.as_str(), "pending-1");
+    // The second join arrived after the pending member expired (Apache: UNKNOWN_MEMBER_ID).
+    h.reply(j2.id, Ok(join_err(25, "")));
+    let j3 = h.take(ApiKey::JoinGroup);
+    assert_eq!(join_request(&j3).member_id.as_str(), "", "the stale id must be forgotten");
+    h.reply(j3.id, Ok(join_err(79, "pending-2")));
+    let j4 = h.take(ApiKey::JoinGroup);
+    assert_eq!(join_request(&j4).member_id.as_str(), "pending-2");
+    h.reply(j4.id, Ok(join_ok("pending-2", 3, "other", &[])));
+    let sync = h.take(ApiKey::SyncGroup);
+    assert!(sync_request(&sync).assignments.is_empty(), "followers send no assignment");
+    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("other"), 3, 1))));
+    let ev = h.take_events();
+    assert!(ev.iter().any(|e| matches!(e, Event::Waiting { position: 1, holder: Some(HolderInfo { member_id, .. }), .. } if member_id == "other")));
+    assert!(h.sent.is_empty(), "no join loop: {:?}", h.apis());
+}
+
+#[test]
+fn rebalance_while_holding_native_keeps_the_lock_with_a_new_token() {
+    let mut h = H::holding(5);
+    h.advance(HB);
+    let beat = h.take(ApiKey::Heartbeat);
+    assert!(matches!(&beat.target, Target::Coordinator { lane: Lane::Control, .. }));
+    h.reply(beat.id, Ok(hb(27)));
+    assert!(h.take_events().iter().any(|e| matches!(e, Event::RebalanceWhileHeld)));
+    assert!(h.m.token().is_some(), "native mode holds through a rebalance");
+    let j = h.take(ApiKey::JoinGroup);
+    // Our metadata claims the lock so the leader's sticky assignor keeps it with us.
+    let m = MemberMetadata::decode(&join_request(&j).protocols[0].metadata).unwrap();
+    assert!(m.holds);
+    assert_eq!(m.holder_generation, 5);
+    h.reply(j.id, Ok(join_ok("m1", 6, "m2", &[])));
+    let sync = h.take(ApiKey::SyncGroup);
+    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), 6, 0))));
+    let ev = h.take_events();
+    assert!(lost(&ev).is_none());
+    assert!(ev.iter().any(|e| matches!(e, Event::TokenChanged { token } if token.generation == 6)));
+    assert_eq!(h.m.token().unwrap().generation, 6);
+}
+
+#[test]
+fn rebalance_while_holding_consumer_mode_surrenders_first() {
+    let mut h = H::new(Mode::Consumer { topic: "lock-topic".into() });
+    h.find_ok();
+    let j = h.take(ApiKey::JoinGroup);
+    assert_eq!(join_request(&j).protocol_type.as_str(), "consumer");
+    let names: Vec<_> = join_request(&j).protocols.iter().map(|p| p.name.to_string()).collect();
+    assert_eq!(names, ["range", "roundrobin"]);
+    let mut r = JoinGroupResponse::default();
+    r.generation_id = 2;
+    r.member_id = s("m1");
+    r.leader = s("other");
+    r.protocol_name = Some(s("range"));
+    h.reply(j.id, Ok(Response::JoinGroup(r)));
+    let sync = h.take(ApiKey::SyncGroup);
+    h.reply(sync.id, Ok(sync_ok(crate::assign::consumer_assignment("lock-topic", &[0]))));
+    assert!(h.take_events().iter().any(|e| matches!(e, Event::Acquired { .. })));
+    h.advance(HB);
+    let beat = h.take(ApiKey::Heartbeat);
+    h.reply(beat.id, Ok(hb(27)));
+    let ev = h.take_events();
+    assert_eq!(lost(&ev), Some(LossReason::Revoked));
+    assert!(h.m.token().is_none());
+    // The hold is over for good: the member leaves instead of rejoining.
+    let leave = h.take(ApiKey::LeaveGroup);
+    h.reply(leave.id, Ok(leave_ok()));
+    assert!(h.m.is_done());
+}
+
+#[test]
+fn lease_expires_while_coordinator_unreachable_and_late_success_does_not_revive() {
+    let mut h = H::holding(3);
+    let acquired_lease = h.m.lease_end().unwrap();
+    h.advance(HB);
+    let beat = h.take(ApiKey::Heartbeat);
+    let beat_sent = h.now;
+    // The coordinator goes silent: the heartbeat is never answered.
+    h.advance(SESSION);
+    let ev = h.take_events();
+    assert_eq!(lost(&ev), Some(LossReason::LeaseExpired));
+    let lease_end = ev.iter().find_map(|e| match e {
+        Event::Lost { lease_end, .. } => Some(*lease_end),
+        _ => None,
+    });
+    assert_eq!(lease_end, Some(acquired_lease));
+    assert!(acquired_lease <= beat_sent + SESSION - MARGIN);
+    // A NONE for the old heartbeat arrives late: nothing comes back.
+    h.reply(beat.id, Ok(hb(0)));
+    let ev = h.take_events();
+    assert!(!ev.iter().any(|e| matches!(e, Event::Acquired { .. } | Event::TokenChanged { .. })));
+    assert!(h.m.token().is_none());
+}
+
+#[test]
+fn lease_is_timed_from_send_not_receipt() {
+    let mut h = H::holding(3);
+    h.advance(HB);
+    let beat = h.take(ApiKey::Heartbeat);
+    let sent = h.now;
+    h.advance(Duration::from_secs(4));
+    h.reply(beat.id, Ok(hb(0)));
+    assert_eq!(h.m.lease_end(), Some(sent + SESSION - MARGIN));
+}
+
+#[test]
+fn answer_arriving_exactly_at_lease_end_does_not_renew() {
+    let mut h = H::holding(3);
+    h.advance(HB);
+    let first = h.take(ApiKey::Heartbeat);
+    h.reply(first.id, Ok(hb(0)));
+    let lease_end = h.m.lease_end().unwrap();
+    h.advance(HB);
+    let late = h.take(ApiKey::Heartbeat);
+    // Apache answers a blind NONE while loading; here it comes only once the lease is over.
+    h.m.handle_response(late.id, Ok(hb(0)), lease_end);
+    h.drain();
+    assert_eq!(lost(&h.take_events()), Some(LossReason::LeaseExpired));
+}
+
+#[test]
+fn not_coordinator_mid_hold_rediscovers_without_loss() {
+    let mut h = H::holding(4);
+    h.advance(HB);
+    let beat = h.take(ApiKey::Heartbeat);
+    h.reply(beat.id, Ok(hb(16)));
+    h.advance(Duration::from_millis(100));
+    let find = h.take(ApiKey::FindCoordinator);
+    h.reply(find.id, Ok(find_ok()));
+    let beat = h.take(ApiKey::Heartbeat);
+    assert!(h.m.token().is_some());
+    h.reply(beat.id, Ok(hb(0)));
+    assert!(lost(&h.take_events()).is_none());
+    assert_eq!(h.m.token().unwrap().generation, 4);
+}
+
+#[test]
+fn coordinator_not_available_and_load_in_progress_retry() {
+    let mut h = H::new(Mode::Native);
+    let find = h.take(ApiKey::FindCoordinator);
+    h.reply(find.id, Ok(find_err(15)));
+    assert!(h.sent.is_empty(), "backoff before retrying");
+    h.advance(Duration::from_millis(100));
+    h.find_ok();
+    let j = h.take(ApiKey::JoinGroup);
+    h.reply(j.id, Ok(join_err(14, "")));
+    assert!(h.sent.is_empty());
+    h.advance(Duration::from_millis(100));
+    let j = h.take(ApiKey::JoinGroup);
+    h.reply(j.id, Ok(join_err(15, "")));
+    h.advance(Duration::from_millis(100));
+    h.take(ApiKey::FindCoordinator);
+}
+
+#[test]
+fn fatal_codes_end_the_membership_with_the_code() {
+    for code in [23, 26, 30, 81, 82] {
+        let mut h = H::new(Mode::Native);
+        h.find_ok();
+        let j = h.take(ApiKey::JoinGroup);
+        h.reply(j.id, Ok(join_err(code, "")));
+        assert_eq!(failed(&h.take_events()), Some(KafkaCode(code)), "code {code}");
+        assert!(h.m.is_done());
+        h.advance(SESSION);
+        assert!(h.sent.is_empty(), "code {code}: nothing after a fatal error: {:?}", h.apis());
+    }
+}
+
+#[test]
+fn fenced_instance_id_on_heartbeat_is_fatal_and_ends_the_hold() {
+    let mut cfg = config(Mode::Native);
+    cfg.group_instance_id = Some("job-1".into());
+    let mut h = H::with(cfg);
+    h.find_ok();
+    let j = h.take(ApiKey::JoinGroup);
+    assert_eq!(join_request(&j).group_instance_id.as_deref(), Some("job-1"));
+    h.reply(j.id, Ok(join_ok("m1", 2, "x", &[])));
+    let sync = h.take(ApiKey::SyncGroup);
+    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), 2, 0))));
+    h.advance(HB);
+    let beat = h.take(ApiKey::Heartbeat);
+    h.reply(beat.id, Ok(hb(82)));
+    let ev = h.take_events();
+    assert_eq!(lost(&ev), Some(LossReason::Fenced(KafkaCode(82))));
+    assert_eq!(failed(&ev), Some(KafkaCode(82)));
+    assert!(h.m.is_done());
+}
+
+#[test]
+fn illegal_generation_or_unknown_member_while_holding_is_a_loss() {
+    for code in [22, 25] {
+        let mut h = H::holding(7);
+        h.advance(HB);
+        let beat = h.take(ApiKey::Heartbeat);
+        h.reply(beat.id, Ok(hb(code)));
+        assert_eq!(lost(&h.take_events()), Some(LossReason::Fenced(KafkaCode(code))));
+        assert!(h.m.token().is_none());
+    }
+}
+
+#[test]
+fn waiter_rejoins_on_illegal_generation_keeping_its_id() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let sync = h.join_as("w1", 3, false, &[]);
+    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("other"), 3, 1))));
+    h.advance(HB);
+    let beat = h.take(ApiKey::Heartbeat);
+    h.reply(beat.id, Ok(hb(22)));
+    let j = h.take(ApiKey::JoinGroup);
+    assert_eq!(join_request(&j).member_id.as_str(), "w1");
+}
+
+#[test]
+fn sync_errors_rejoin() {
+    for code in [27, 22] {
+        let mut h = H::new(Mode::Native);
+        h.find_ok();
+        let sync = h.join_as("w1", 3, false, &[]);
+        h.reply(sync.id, Ok(sync_err(code)));
+        let j = h.take(ApiKey::JoinGroup);
+        assert_eq!(join_request(&j).member_id.as_str(), "w1", "code {code}");
+    }
+}
+
+#[test]
+fn leader_leaving_mid_rebalance_syncs_first_and_gives_the_lock_away() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let j = h.take(ApiKey::JoinGroup);
+    // The user gives up while the JoinGroup is parked at the broker.
+    h.m.handle_command(Command::Leave, h.now);
+    h.drain();
+    assert!(h.sent.is_empty(), "must wait for the JoinGroup answer: {:?}", h.apis());
+    h.reply(j.id, Ok(join_ok("m1", 4, "m1", &[("m1", meta(false, 1)), ("m2", meta(false, 2))])));
+    let sync = h.take(ApiKey::SyncGroup);
+    let req = sync_request(&sync);
+    assert_eq!(req.assignments.len(), 2, "a leader assigns everyone even when leaving");
+    for a in &req.assignments {
+        let na = NativeAssignment::decode(&a.assignment).unwrap();
+        assert_eq!(na.holder.as_ref().map(|h| h.member_id.as_str()), Some("m2"), "the leaving leader must not pick itself");
+    }
+    assert!(!h.apis().contains(&ApiKey::LeaveGroup), "no LeaveGroup before the SyncGroup answer");
+    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m2"), 4, 1))));
+    let leave = h.take(ApiKey::LeaveGroup);
+    assert!(matches!(&leave.target, Target::Coordinator { lane: Lane::Control, .. }));
+    h.reply(leave.id, Ok(leave_ok()));
+    let ev = h.take_events();
+    assert!(!ev.iter().any(|e| matches!(e, Event::Acquired { .. })));
+    assert!(ev.iter().any(|e| matches!(e, Event::Left)));
+}
+
+#[test]
+fn follower_leaving_mid_join_leaves_after_the_answer() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let j = h.take(ApiKey::JoinGroup);
+    h.reply(j.id, Ok(join_err(79, "m9")));
+    let j = h.take(ApiKey::JoinGroup);
+    h.m.handle_command(Command::Leave, h.now);
+    h.drain();
+    h.reply(j.id, Ok(join_ok("m9", 4, "m1", &[])));
+    let leave = h.take(ApiKey::LeaveGroup);
+    match &leave.request {
+        Request::LeaveGroup(r) => assert_eq!(r.members[0].member_id.as_str(), "m9"),
+        other => panic!("{other:?}"),
+    }
+    assert!(!h.apis().contains(&ApiKey::SyncGroup));
+}
+
+#[test]
+fn join_parked_for_three_seconds_does_not_time_out() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let j = h.take(ApiKey::JoinGroup);
+    assert!(j.timeout > Duration::from_secs(3) + SESSION, "JoinGroup timeout {:?}", j.timeout);
+    // Apache's group.initial.rebalance.delay.ms holds the first JoinGroup for 3 s.
+    h.advance(Duration::from_secs(3));
+    assert!(h.sent.is_empty(), "nothing re-sent while parked: {:?}", h.apis());
+    h.reply(j.id, Ok(join_ok("m1", 1, "m1", &[("m1", meta(false, -1))])));
+    h.take(ApiKey::SyncGroup);
+}
+
+#[test]
+fn release_while_holding_reports_released_before_leaving() {
+    let mut h = H::holding(2);
+    h.m.handle_command(Command::Leave, h.now);
+    h.drain();
+    let ev = h.take_events();
+    assert!(matches!(ev.first(), Some(Event::Released)));
+    assert!(h.m.token().is_none());
+    let leave = h.take(ApiKey::LeaveGroup);
+    h.reply(leave.id, Ok(leave_ok()));
+    assert!(h.m.is_done());
+}
+
+#[test]
+fn one_heartbeat_in_flight_and_none_during_join() {
+    let mut h = H::holding(2);
+    h.advance(HB * 5);
+    assert_eq!(h.apis(), vec![ApiKey::Heartbeat], "one heartbeat in flight at a time");
+    let beat = h.take(ApiKey::Heartbeat);
+    h.reply(beat.id, Ok(hb(27)));
+    h.take(ApiKey::JoinGroup);
+    h.advance(HB * 3);
+    assert!(h.sent.is_empty(), "no heartbeats while the JoinGroup is parked: {:?}", h.apis());
+}
+
+#[test]
+fn reassignment_to_someone_else_is_a_loss() {
+    let mut h = H::holding(2);
+    h.advance(HB);
+    let beat = h.take(ApiKey::Heartbeat);
+    h.reply(beat.id, Ok(hb(27)));
+    let j = h.take(ApiKey::JoinGroup);
+    h.reply(j.id, Ok(join_ok("m1", 3, "m2", &[])));
+    let sync = h.take(ApiKey::SyncGroup);
+    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m2"), 3, 1))));
+    assert_eq!(lost(&h.take_events()), Some(LossReason::Reassigned));
+}
+
+#[test]
+fn garbage_assignment_is_a_typed_peer_error_not_a_panic() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let sync = h.join_as("w1", 3, false, &[]);
+    h.reply(sync.id, Ok(sync_ok(Bytes::from_static(&[0xff, 0x00, 0x13]))));
+    let ev = h.take_events();
+    assert!(ev.iter().any(|e| matches!(e, Event::PeerData { .. })));
+    assert!(!ev.iter().any(|e| matches!(e, Event::Acquired { .. })));
+}
+
+#[test]
+fn leader_with_garbage_peer_metadata_still_assigns() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let j = h.take(ApiKey::JoinGroup);
+    let mut r = match join_ok("m1", 1, "m1", &[("m1", meta(false, -1))]) {
+        Response::JoinGroup(r) => r,
+        _ => unreachable!(),
+    };
+    let mut bad = JoinGroupResponseMember::default();
+    bad.member_id = s("a-garbage");
+    bad.metadata = Bytes::from_static(b"\xff\xff\xff\xff\xff");
+    r.members.push(bad);
+    h.reply(j.id, Ok(Response::JoinGroup(r)));
+    let sync = h.take(ApiKey::SyncGroup);
+    assert_eq!(sync_request(&sync).assignments.len(), 2);
+    assert!(h.take_events().iter().any(|e| matches!(e, Event::PeerData { .. })));
+}
+
+#[test]
+fn transport_failure_on_join_rediscovers() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let j = h.take(ApiKey::JoinGroup);
+    h.reply(j.id, Err(Error::Closed));
+    h.advance(Duration::from_millis(100));
+    h.take(ApiKey::FindCoordinator);
+}
+
+#[test]
+fn unexpected_response_kind_is_a_protocol_error() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let j = h.take(ApiKey::JoinGroup);
+    h.reply(j.id, Ok(hb(0)));
+    assert_eq!(failed(&h.take_events()), Some(KafkaCode(-2)));
+}
+
+#[test]
+fn requests_fit_old_versions() {
+    let v0 = GroupVersions { find_coordinator: 0, join_group: 0, sync_group: 0, heartbeat: 0, leave_group: 0 };
+    let mut h = H::build(config(Mode::Native), v0);
+    let find = h.take(ApiKey::FindCoordinator);
+    assert_eq!(find.version, 0);
+    h.reply(find.id, Ok(find_ok()));
+    let j = h.take(ApiKey::JoinGroup);
+    assert_eq!(j.version, 0);
+    let mut buf = bytes::BytesMut::new();
+    crate::wire::codec::encode_request(&j.request, j.version, 1, Some("t"), &mut buf).expect("v0 JoinGroup encodes");
+}

@@ -1,0 +1,559 @@
+//! Shared support for the integration tests: a real broker (tansu) on a loopback port, unique
+//! names, tracing, and the Python interpreter that drives librdkafka.
+//!
+//! The tests never skip: when tansu or the Python venv is missing they panic and say how to
+//! install it (`scripts/install-test-deps.sh`), because CI must prove the work on a real broker.
+//!
+//! # One broker per test binary
+//! [`broker()`] starts tansu once and shares it between every test of the binary; tests keep out
+//! of each other's way by using [`unique_group`] and unique topic names. Rust never drops
+//! statics, and `PR_SET_PDEATHSIG` fires when the spawning *thread* exits (libtest runs each
+//! test on its own thread), so neither can stop the shared broker. Instead tansu runs under a
+//! small `sh` wrapper whose stdin is a pipe held by this process: the kernel closes the pipe
+//! however this process ends (normal exit, panic, abort, SIGKILL), the wrapper reads EOF and
+//! kills tansu. `selftest::shared_broker_dies_with_sigkilled_test_process` proves it.
+//!
+//! Tests that must stop or restart a broker use [`TestBroker::start_private`], which is stopped
+//! on drop.
+
+#![allow(dead_code)] // each test module uses a different subset of these helpers
+
+mod selftest;
+
+use std::fs::{self, File};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Environment variable naming the tansu binary to use instead of `.tools/bin/tansu`.
+pub const TANSU_ENV: &str = "KAFKA_LOCK_TANSU";
+/// Environment variable naming the Python interpreter to use instead of `.tools/venv/bin/python`.
+pub const PYTHON_ENV: &str = "KAFKA_LOCK_PYTHON";
+/// Environment variable holding the `RUST_LOG`-style filter for tansu's own log (default `warn`).
+pub const TANSU_LOG_ENV: &str = "KAFKA_LOCK_TANSU_LOG";
+
+/// How long a broker may take to accept connections and answer ApiVersions. tansu is usually
+/// ready in a few milliseconds; the bound only matters on a badly overloaded machine.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long stopping a broker may take before it is reported as stuck.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Attempts with a fresh port when another process takes the chosen port first.
+const START_ATTEMPTS: usize = 3;
+
+const INSTALL_HINT: &str = "run `scripts/install-test-deps.sh` from the repository root \
+     (it installs the pinned tansu build into .tools/bin/tansu and a Python venv into .tools/venv)";
+
+/// Runs tansu in the background and kills it when stdin reaches EOF, i.e. when the test process
+/// that holds the other end of the pipe exits, however it exits. `$0` is the tansu binary and
+/// `$@` its arguments. The wrapper exits with tansu's status, so a broker that dies on its own
+/// is visible to `Child::try_wait`.
+const WRAPPER: &str = r#"exec 3<&0
+"$0" "$@" </dev/null &
+pid=$!
+echo "tansu-pid=$pid"
+{ read _ignored <&3; kill -KILL "$pid" 2>/dev/null; } &
+watcher=$!
+wait "$pid"
+status=$?
+kill "$watcher" 2>/dev/null
+exit "$status""#;
+
+/// The repository root (where Cargo.toml is).
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The tansu binary: `$KAFKA_LOCK_TANSU`, else `<repo>/.tools/bin/tansu`, else `tansu` on PATH.
+///
+/// # Panics
+/// When none of them exists, with instructions to install it.
+pub fn tansu_path() -> PathBuf {
+    find_tansu(
+        std::env::var_os(TANSU_ENV),
+        &repo_root().join(".tools/bin/tansu"),
+        std::env::var_os("PATH"),
+    )
+    .unwrap_or_else(|message| panic!("{message}"))
+}
+
+/// The lookup behind [`tansu_path`], with its inputs passed in so it can be tested without
+/// touching the process environment.
+fn find_tansu(
+    from_env: Option<std::ffi::OsString>,
+    local: &Path,
+    path: Option<std::ffi::OsString>,
+) -> Result<PathBuf, String> {
+    if let Some(p) = from_env {
+        let p = PathBuf::from(p);
+        if is_executable(&p) {
+            return Ok(p);
+        }
+        return Err(format!(
+            "{TANSU_ENV}={} is not an executable file; unset it or point it at a tansu binary, or {INSTALL_HINT}",
+            p.display()
+        ));
+    }
+    if is_executable(local) {
+        return Ok(local.to_path_buf());
+    }
+    for dir in path.iter().flat_map(std::env::split_paths) {
+        let candidate = dir.join("tansu");
+        if is_executable(&candidate) {
+            return Ok(candidate);
+        }
+    }
+    Err(format!(
+        "the test broker tansu was not found ({TANSU_ENV} unset, no {}, no tansu on PATH): {INSTALL_HINT}",
+        local.display()
+    ))
+}
+
+/// The Python interpreter of the test venv (with confluent-kafka): `$KAFKA_LOCK_PYTHON`, else
+/// `<repo>/.tools/venv/bin/python`.
+///
+/// # Panics
+/// When it does not exist, with instructions to install it.
+pub fn python() -> PathBuf {
+    if let Some(p) = std::env::var_os(PYTHON_ENV) {
+        let p = PathBuf::from(p);
+        assert!(
+            is_executable(&p),
+            "{PYTHON_ENV}={} is not an executable file; unset it, or {INSTALL_HINT}",
+            p.display()
+        );
+        return p;
+    }
+    let venv = repo_root().join(".tools/venv/bin/python");
+    assert!(
+        is_executable(&venv),
+        "the test Python venv was not found at {}: {INSTALL_HINT}",
+        venv.display()
+    );
+    venv
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    fs::metadata(p)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+/// The broker shared by every test in this binary, started on first use.
+///
+/// # Panics
+/// When tansu is missing or does not become ready.
+pub fn broker() -> &'static TestBroker {
+    static SHARED: OnceLock<TestBroker> = OnceLock::new();
+    SHARED.get_or_init(TestBroker::start_private)
+}
+
+/// A tansu broker with in-memory storage on a loopback port.
+///
+/// Owned brokers (from [`TestBroker::start_private`]) are killed when dropped; the shared one
+/// from [`broker()`] lives until the test process exits.
+pub struct TestBroker {
+    port: u16,
+    log_path: PathBuf,
+    running: Option<Running>,
+}
+
+struct Running {
+    /// The `sh` wrapper; its exit status is tansu's.
+    wrapper: Child,
+    /// Write end of the wrapper's stdin: closing it makes the wrapper kill tansu.
+    lifeline: ChildStdin,
+    tansu_pid: u32,
+}
+
+impl TestBroker {
+    /// Starts a broker of its own on a free loopback port, for tests that stop or restart it.
+    /// It is killed when the value is dropped (and when the test process exits, however it
+    /// exits).
+    ///
+    /// # Panics
+    /// When tansu is missing or does not become ready within 30 s; the message carries the end
+    /// of tansu's log.
+    pub fn start_private() -> TestBroker {
+        let tansu = tansu_path();
+        let mut last_failure = String::new();
+        for _ in 0..START_ATTEMPTS {
+            let port = free_port();
+            let log_path = new_log_path(port);
+            let mut broker = TestBroker {
+                port,
+                log_path,
+                running: None,
+            };
+            match broker.launch(&tansu) {
+                Ok(()) => return broker,
+                // Another process may have taken the port between our probe and tansu's bind:
+                // try a fresh one. Anything else is reported after the last attempt.
+                Err(failure) => last_failure = failure,
+            }
+        }
+        panic!("{last_failure}");
+    }
+
+    /// `127.0.0.1:PORT`, for a client's bootstrap list.
+    pub fn bootstrap(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The loopback socket address the broker listens on.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// The port the broker listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Where tansu's stdout and stderr go.
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+
+    /// The tansu process id while it runs.
+    pub fn tansu_pid(&self) -> Option<u32> {
+        self.running.as_ref().map(|r| r.tansu_pid)
+    }
+
+    /// Kills the broker and waits until the process is gone. With memory storage every topic,
+    /// group and offset is lost. Idempotent.
+    ///
+    /// # Panics
+    /// When the process does not exit within 10 s.
+    pub fn stop(&mut self) {
+        let Some(Running {
+            mut wrapper,
+            lifeline,
+            tansu_pid,
+        }) = self.running.take()
+        else {
+            return;
+        };
+        drop(lifeline);
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        loop {
+            match wrapper.try_wait() {
+                Ok(Some(_)) => break,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                _ => {
+                    let _ = wrapper.kill();
+                    let _ = wrapper.wait();
+                    kill_pid(tansu_pid);
+                    panic!(
+                        "tansu (pid {tansu_pid}) did not stop within {STOP_TIMEOUT:?}; log: {}",
+                        self.log_path.display()
+                    );
+                }
+            }
+        }
+    }
+
+    /// Stops the broker and starts a fresh one on the same port: a cluster that lost every
+    /// topic, group and offset, reachable at the same bootstrap address.
+    ///
+    /// # Panics
+    /// When the new broker does not become ready.
+    pub fn restart(&mut self) {
+        self.stop();
+        let tansu = tansu_path();
+        if let Err(failure) = self.launch(&tansu) {
+            panic!("{failure}");
+        }
+    }
+
+    /// Starts tansu on `self.port` and waits until it answers ApiVersions.
+    fn launch(&mut self, tansu: &Path) -> Result<(), String> {
+        // A restarted broker appends to the same log: only read what this launch writes.
+        let log_start = fs::metadata(&self.log_path).map(|m| m.len()).unwrap_or(0);
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)
+            .unwrap_or_else(|e| panic!("cannot create {}: {e}", self.log_path.display()));
+        let log_err = log
+            .try_clone()
+            .unwrap_or_else(|e| panic!("cannot reuse {}: {e}", self.log_path.display()));
+        let url = format!("tcp://127.0.0.1:{}", self.port);
+        let filter = std::env::var(TANSU_LOG_ENV).unwrap_or_else(|_| "warn".to_owned());
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(WRAPPER)
+            .arg(tansu)
+            .args(["broker", "--listener-url", &url])
+            .args(["--advertised-listener-url", &url])
+            .args(["--storage-engine", "memory://tansu/"])
+            // tansu reads its settings from these too; a developer's shell must not redirect
+            // the test broker elsewhere.
+            .env_remove("CLUSTER_ID")
+            .env_remove("LISTENER_URL")
+            .env_remove("ADVERTISED_LISTENER_URL")
+            .env_remove("STORAGE_ENGINE")
+            .env_remove("SCHEMA_REGISTRY")
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env("RUST_LOG", filter)
+            .stdin(Stdio::piped())
+            .stdout(log)
+            .stderr(log_err);
+        let mut wrapper = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run sh to start {}: {e}", tansu.display()));
+        let lifeline = wrapper.stdin.take().expect("stdin was piped");
+
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let mut tansu_pid = None;
+        let mut last_probe = String::from("no attempt yet");
+        loop {
+            if tansu_pid.is_none() {
+                tansu_pid = read_tansu_pid(&self.log_path, log_start);
+            }
+            if let Ok(Some(status)) = wrapper.try_wait() {
+                return Err(self.failure(&format!("tansu exited with {status} before it was ready")));
+            }
+            if let Some(pid) = tansu_pid {
+                match probe_api_versions(self.addr()) {
+                    Ok(()) => {
+                        self.running = Some(Running {
+                            wrapper,
+                            lifeline,
+                            tansu_pid: pid,
+                        });
+                        return Ok(());
+                    }
+                    Err(e) => last_probe = e,
+                }
+            }
+            if Instant::now() >= deadline {
+                drop(lifeline);
+                let _ = wrapper.kill();
+                let _ = wrapper.wait();
+                if let Some(pid) = tansu_pid {
+                    kill_pid(pid);
+                }
+                return Err(self.failure(&format!(
+                    "tansu did not answer ApiVersions on {} within {READY_TIMEOUT:?} (last attempt: {last_probe})",
+                    self.bootstrap()
+                )));
+            }
+            // Polling for readiness: tansu offers no other signal that it is listening.
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn failure(&self, what: &str) -> String {
+        format!(
+            "{what}\n--- last lines of {} ---\n{}\n--- end of log ---\nIf tansu is missing or broken, {INSTALL_HINT}.",
+            self.log_path.display(),
+            log_tail(&self.log_path, 40)
+        )
+    }
+}
+
+impl Drop for TestBroker {
+    fn drop(&mut self) {
+        if self.running.is_none() {
+            return;
+        }
+        // A panic inside drop while the test is already unwinding would abort the process and
+        // hide the test's own message; the lifeline still guarantees tansu dies with us.
+        if std::thread::panicking() {
+            if let Some(mut r) = self.running.take() {
+                drop(r.lifeline);
+                let _ = r.wrapper.wait();
+            }
+        } else {
+            self.stop();
+        }
+    }
+}
+
+/// Binds port 0 on loopback to let the kernel pick a free port. The port is released before
+/// tansu binds it, so another process can win the race; `start_private` retries then.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("cannot bind a loopback port: {e}"))
+}
+
+fn new_log_path(port: u16) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("tansu-logs");
+    fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+    dir.join(format!("{}.log", unique_group(&format!("tansu-{port}"))))
+}
+
+fn read_tansu_pid(log: &Path, from: u64) -> Option<u32> {
+    let bytes = fs::read(log).ok()?;
+    let text = String::from_utf8_lossy(bytes.get(from as usize..)?);
+    text.lines()
+        .find_map(|l| l.strip_prefix("tansu-pid="))
+        .and_then(|p| p.trim().parse().ok())
+}
+
+fn log_tail(log: &Path, lines: usize) -> String {
+    match fs::read(log) {
+        Ok(bytes) => {
+            let text = String::from_utf8_lossy(&bytes);
+            let all: Vec<&str> = text.lines().collect();
+            all[all.len().saturating_sub(lines)..].join("\n")
+        }
+        Err(e) => format!("(cannot read the log: {e})"),
+    }
+}
+
+fn kill_pid(pid: u32) {
+    let _ = Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// Whether a process with this pid still runs (a zombie counts as gone).
+pub fn pid_alive(pid: u32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name, which may itself contain spaces.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
+}
+
+/// Sends a hand-built ApiVersions v0 request and checks the answer, independently of the
+/// library under test, so a broken codec cannot make the broker look down (or up).
+fn probe_api_versions(addr: SocketAddr) -> Result<(), String> {
+    const CORRELATION_ID: i32 = 0x6b6c_0001;
+    let io = |e: std::io::Error| e.to_string();
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).map_err(io)?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .map_err(io)?;
+    stream
+        .set_write_timeout(Some(Duration::from_secs(5)))
+        .map_err(io)?;
+    let client_id = b"kafka-lock-tests";
+    let mut req = Vec::new();
+    req.extend_from_slice(&18i16.to_be_bytes()); // ApiVersions
+    req.extend_from_slice(&0i16.to_be_bytes());
+    req.extend_from_slice(&CORRELATION_ID.to_be_bytes());
+    req.extend_from_slice(&(client_id.len() as i16).to_be_bytes());
+    req.extend_from_slice(client_id);
+    let mut frame = (req.len() as i32).to_be_bytes().to_vec();
+    frame.extend_from_slice(&req);
+    stream.write_all(&frame).map_err(io)?;
+
+    let mut len = [0u8; 4];
+    stream.read_exact(&mut len).map_err(io)?;
+    let len = i32::from_be_bytes(len);
+    if !(6..=1 << 20).contains(&len) {
+        return Err(format!("implausible response length {len}"));
+    }
+    let mut body = vec![0u8; len as usize];
+    stream.read_exact(&mut body).map_err(io)?;
+    let correlation = i32::from_be_bytes([body[0], body[1], body[2], body[3]]);
+    let error_code = i16::from_be_bytes([body[4], body[5]]);
+    if correlation != CORRELATION_ID {
+        return Err(format!("correlation id {correlation}, expected {CORRELATION_ID}"));
+    }
+    if error_code != 0 {
+        return Err(format!("ApiVersions error code {error_code}"));
+    }
+    Ok(())
+}
+
+/// A name no other test (in this or any concurrent test process) uses:
+/// `<prefix>-<pid>-<counter>-<nanos>`. Use it for group ids and topic names on the shared broker.
+pub fn unique_group(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("{prefix}-{}-{n}-{nanos}", std::process::id())
+}
+
+/// Creates a topic through tansu's own CLI (`tansu topic create`), independently of the library
+/// under test.
+///
+/// # Panics
+/// When the topic cannot be created (including when it already exists); the message carries
+/// tansu's output.
+pub fn create_topic(bootstrap: &str, name: &str, partitions: i32) {
+    let out = Command::new(tansu_path())
+        .args(["topic", "create", name])
+        .args(["--broker", &format!("tcp://{bootstrap}")])
+        .args(["--partitions", &partitions.to_string()])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run tansu topic create: {e}"));
+    assert!(
+        out.status.success(),
+        "`tansu topic create {name} --partitions {partitions}` against {bootstrap} failed with {}:\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Installs a tracing subscriber that writes through the test harness (so output shows only for
+/// failing tests, or with `--nocapture`), filtered by `RUST_LOG` (default: `warn`). Safe to call
+/// from every test.
+pub fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+    // A second call finds the subscriber already set; that is the intended no-op.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
+}
+
+/// A child process that is killed (SIGKILL) and reaped when dropped, so a failing test leaves
+/// nothing running. Dereferences to the [`Child`].
+pub struct ChildGuard(Option<Child>);
+
+impl ChildGuard {
+    /// Takes ownership of a spawned child.
+    pub fn new(child: Child) -> Self {
+        ChildGuard(Some(child))
+    }
+
+    /// Hands the child back without killing it.
+    pub fn into_inner(mut self) -> Child {
+        self.0.take().expect("child present until dropped")
+    }
+}
+
+impl std::ops::Deref for ChildGuard {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        self.0.as_ref().expect("child present until dropped")
+    }
+}
+
+impl std::ops::DerefMut for ChildGuard {
+    fn deref_mut(&mut self) -> &mut Child {
+        self.0.as_mut().expect("child present until dropped")
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

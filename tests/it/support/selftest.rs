@@ -1,0 +1,169 @@
+//! Tests of the test support itself: the broker starts, stops, restarts, and cannot outlive the
+//! test process.
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::*;
+
+/// Set in the child process of `shared_broker_dies_with_sigkilled_test_process`.
+const HOLD_ENV: &str = "KAFKA_LOCK_SELFTEST_HOLD";
+
+/// Waits up to `bound` for `cond`, polling: process exit has no portable notification for a
+/// process that is not our child.
+fn wait_until(bound: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + bound;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn refuses_connections(port: u16) -> bool {
+    TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_secs(1)).is_err()
+}
+
+#[test]
+fn shared_broker_answers_and_is_shared() {
+    let a = broker();
+    let b = broker();
+    assert!(std::ptr::eq(a, b), "broker() must return one shared broker");
+    assert_eq!(a.bootstrap(), format!("127.0.0.1:{}", a.port()));
+    probe_api_versions(a.addr()).expect("shared broker answers ApiVersions");
+    let pid = a.tansu_pid().expect("shared broker runs");
+    assert!(pid_alive(pid));
+}
+
+#[test]
+fn create_topic_creates_it_once() {
+    let bootstrap = broker().bootstrap();
+    let topic = unique_group("selftest-topic");
+    create_topic(&bootstrap, &topic, 1);
+    let out = Command::new(tansu_path())
+        .args(["topic", "list", "--broker", &format!("tcp://{bootstrap}")])
+        .output()
+        .expect("tansu topic list runs");
+    assert!(out.status.success());
+    let listing = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        listing.contains(&format!("\"name\":\"{topic}\"")),
+        "{topic} missing from {listing}"
+    );
+    let again = std::panic::catch_unwind(|| create_topic(&bootstrap, &topic, 1));
+    assert!(again.is_err(), "creating an existing topic must fail");
+}
+
+#[test]
+fn private_broker_is_killed_on_drop() {
+    let broker = TestBroker::start_private();
+    let (port, pid) = (broker.port(), broker.tansu_pid().expect("running"));
+    assert_ne!(port, super::broker().port());
+    probe_api_versions(broker.addr()).expect("private broker answers");
+    drop(broker);
+    // stop() reaps the wrapper, which has already reaped tansu: both are gone at this point.
+    assert!(!pid_alive(pid), "tansu pid {pid} survived drop");
+    assert!(refuses_connections(port), "port {port} still accepts connections");
+}
+
+#[test]
+fn private_broker_restarts_on_the_same_port_empty() {
+    let mut broker = TestBroker::start_private();
+    let port = broker.port();
+    let old_pid = broker.tansu_pid().expect("running");
+    let topic = unique_group("selftest-restart");
+    create_topic(&broker.bootstrap(), &topic, 1);
+    broker.restart();
+    assert_eq!(broker.port(), port);
+    let new_pid = broker.tansu_pid().expect("running again");
+    assert_ne!(new_pid, old_pid);
+    assert!(!pid_alive(old_pid));
+    probe_api_versions(broker.addr()).expect("restarted broker answers");
+    // memory:// storage starts empty, so the same topic can be created again.
+    create_topic(&broker.bootstrap(), &topic, 1);
+    broker.stop();
+    broker.stop();
+    assert!(!pid_alive(new_pid));
+}
+
+#[test]
+fn shared_broker_dies_with_sigkilled_test_process() {
+    let exe = std::env::current_exe().expect("test binary path");
+    let child = Command::new(exe)
+        .args([
+            "support::selftest::hold_shared_broker",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(HOLD_ENV, "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("re-run this test binary");
+    let mut child = ChildGuard::new(child);
+    let stdout = child.stdout.take().expect("piped");
+    let mut holding = None;
+    for line in BufReader::new(stdout).lines() {
+        let line = line.expect("child stdout");
+        if let Some(rest) = line.strip_prefix("HOLDING ") {
+            let mut fields = rest.split(' ');
+            let port: u16 = fields.next().unwrap().parse().unwrap();
+            let pid: u32 = fields.next().unwrap().parse().unwrap();
+            holding = Some((port, pid));
+            break;
+        }
+    }
+    let (port, pid) = holding.expect("the child test process reports its broker");
+    assert!(pid_alive(pid));
+    probe_api_versions(([127, 0, 0, 1], port).into()).expect("the child's broker answers");
+
+    child.kill().expect("SIGKILL the child test process");
+    child.wait().expect("reap the child test process");
+
+    assert!(
+        wait_until(Duration::from_secs(10), || !pid_alive(pid)),
+        "tansu pid {pid} outlived its SIGKILLed test process"
+    );
+    assert!(refuses_connections(port));
+}
+
+/// The child half of `shared_broker_dies_with_sigkilled_test_process`: ignored because it only
+/// means something when that test runs it (with `KAFKA_LOCK_SELFTEST_HOLD=1`) and kills it.
+#[test]
+#[ignore = "run by shared_broker_dies_with_sigkilled_test_process in a child process"]
+fn hold_shared_broker() {
+    if std::env::var_os(HOLD_ENV).is_none() {
+        return;
+    }
+    let b = broker();
+    println!("HOLDING {} {}", b.port(), b.tansu_pid().expect("running"));
+    // Block until the parent kills us (or, if the parent dies first, until stdin closes).
+    let mut sink = String::new();
+    let _ = std::io::stdin().read_line(&mut sink);
+}
+
+#[test]
+fn missing_tansu_names_the_install_script() {
+    let nowhere = Path::new("/nonexistent/kafka-lock/tansu");
+    let err = find_tansu(None, nowhere, Some("/nonexistent/bin".into())).unwrap_err();
+    assert!(err.contains("scripts/install-test-deps.sh"), "{err}");
+    let err = find_tansu(Some(nowhere.into()), nowhere, None).unwrap_err();
+    assert!(err.contains(TANSU_ENV) && err.contains("scripts/install-test-deps.sh"), "{err}");
+}
+
+#[test]
+fn unique_group_is_unique_and_prefixed() {
+    let names: std::collections::HashSet<String> =
+        (0..1000).map(|_| unique_group("lock")).collect();
+    assert_eq!(names.len(), 1000);
+    assert!(names.iter().all(|n| n.starts_with(&format!("lock-{}-", std::process::id()))));
+}
