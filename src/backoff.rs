@@ -200,7 +200,10 @@ mod tests {
     fn grows_exponentially_up_to_max_without_jitter() {
         let mut b = Backoff::with_rng(ms(100), ms(1000), 2.0, 0.0, || 0.7);
         let got: Vec<_> = (0..6).map(|_| b.next_delay()).collect();
-        assert_eq!(got, [ms(100), ms(200), ms(400), ms(800), ms(1000), ms(1000)]);
+        assert_eq!(
+            got,
+            [ms(100), ms(200), ms(400), ms(800), ms(1000), ms(1000)]
+        );
         assert_eq!(b.attempts(), 6);
     }
 
@@ -255,13 +258,8 @@ mod tests {
         for _ in 0..10_000 {
             assert!(b.next_delay() <= Duration::from_secs(30));
         }
-        let mut huge = Backoff::with_rng(
-            Duration::from_secs(1),
-            Duration::MAX,
-            f64::MAX,
-            0.0,
-            || 0.0,
-        );
+        let mut huge =
+            Backoff::with_rng(Duration::from_secs(1), Duration::MAX, f64::MAX, 0.0, || 0.0);
         for _ in 0..100 {
             assert!(huge.next_delay() <= Duration::MAX);
         }
@@ -270,9 +268,7 @@ mod tests {
     #[test]
     fn random_index_is_in_range() {
         let mut draws = [0.0, 0.5, 0.999_999, 1.0].into_iter().cycle();
-        let mut b = Backoff::with_rng(ms(1), ms(2), 2.0, 0.0, move || {
-            draws.next().unwrap_or(0.0)
-        });
+        let mut b = Backoff::with_rng(ms(1), ms(2), 2.0, 0.0, move || draws.next().unwrap_or(0.0));
         assert_eq!(b.random_index(4), 0);
         assert_eq!(b.random_index(4), 2);
         assert_eq!(b.random_index(4), 3);

@@ -93,6 +93,17 @@ pub enum Error {
     #[error("unexpected answer from the cluster: {0}")]
     Protocol(String),
 
+    /// No bootstrap broker could be reached.
+    #[error(transparent)]
+    Bootstrap(#[from] crate::driver::BootstrapError),
+
+    /// The broker offers no version of an API this request needs.
+    #[error("the broker offers no version of {api:?} that kafka-lock implements; upgrade the broker or check that this is a Kafka-compatible endpoint")]
+    UnsupportedApi {
+        /// The API.
+        api: ApiKey,
+    },
+
     /// The lock was not acquired within the time the caller allowed.
     #[error("lock {lock:?} was not acquired within {waited:?}{}", .holder.as_deref().map(|h| format!("; it is held by {h}")).unwrap_or_default())]
     NotAcquired {
@@ -123,7 +134,7 @@ impl Error {
     /// version and configuration errors are not: sending the same thing again gives the same result.
     pub fn is_retriable(&self) -> bool {
         match self {
-            Error::Io { .. } | Error::Timeout { .. } | Error::Poisoned(_) => true,
+            Error::Io { .. } | Error::Timeout { .. } | Error::Poisoned(_) | Error::Bootstrap(_) => true,
             Error::Broker { code, .. } => code.is_retriable(),
             Error::Decode(_)
             | Error::Encode(_)
@@ -132,6 +143,7 @@ impl Error {
             | Error::Closed
             | Error::Config(_)
             | Error::Protocol(_)
+            | Error::UnsupportedApi { .. }
             | Error::NotAcquired { .. }
             | Error::Lost { .. } => false,
         }
@@ -251,7 +263,7 @@ fn entry(code: i16) -> Option<&'static (&'static str, bool, &'static str)> {
 #[rustfmt::skip]
 static CODES: [(&str, bool, &str); 135] = [
     ("UNKNOWN_SERVER_ERROR", false, "The broker hit an unexpected error while handling the request; look in the broker's logs."),
-    ("NONE", false, "No error."),
+    ("NONE", false, "No error: the request succeeded."),
     ("OFFSET_OUT_OF_RANGE", false, "The requested offset is outside the range the broker holds; reset the position."),
     ("CORRUPT_MESSAGE", true, "A message failed its CRC check or is otherwise corrupt; the request may be retried."),
     ("UNKNOWN_TOPIC_OR_PARTITION", true, "The broker does not host this topic or partition; check the name, or wait for metadata to propagate."),

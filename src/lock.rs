@@ -360,6 +360,13 @@ impl LockOptions {
         }
     }
 
+    /// How long a leave may take: the machine's own bound (a parked JoinGroup, the leader's
+    /// SyncGroup, the LeaveGroup) plus a little for the task to report it.
+    fn leave_bound(&self) -> Duration {
+        let cfg = self.membership_config();
+        cfg.join_timeout() + cfg.request_timeout + Duration::from_secs(1)
+    }
+
     fn conn_config(&self) -> ConnConfig {
         ConnConfig::default()
             .with_client_id(Some(self.client_id.clone()))
@@ -481,7 +488,7 @@ impl LockOptions {
             match current {
                 SessionState::Held(token, lease_end) => break Ok(Some((token, lease_end))),
                 SessionState::Ended(End::Failed(e)) => break Err(unwrap_error(e)),
-                SessionState::Ended(End::Lost(reason, _)) => {
+                SessionState::Ended(End::Lost(reason)) => {
                     break Err(Error::Lost { lock: self.name.clone(), reason: reason.to_string() })
                 }
                 SessionState::Ended(_) => break Err(Error::Closed),
@@ -516,13 +523,14 @@ impl LockOptions {
                 lease_end,
                 member_id: member_rx,
                 released: false,
+                leave_bound: self.leave_bound(),
             })),
             Ok(None) => {
                 let holder = match &*handle.state.borrow() {
                     SessionState::Waiting(Some(h), _) => Some(describe_holder(h)),
                     _ => None,
                 };
-                leave(&mut handle, self.request_timeout * 2).await;
+                leave(&mut handle, self.leave_bound()).await;
                 if once {
                     Ok(None)
                 } else {
@@ -530,7 +538,7 @@ impl LockOptions {
                 }
             }
             Err(e) => {
-                leave(&mut handle, self.request_timeout * 2).await;
+                leave(&mut handle, self.leave_bound()).await;
                 Err(e)
             }
         }
@@ -609,6 +617,7 @@ pub struct LockGuard {
     lease_end: Instant,
     member_id: watch::Receiver<String>,
     released: bool,
+    leave_bound: Duration,
 }
 
 impl std::fmt::Debug for SessionHandle {
@@ -664,7 +673,7 @@ impl LockGuard {
         loop {
             let lease = match &*rx.borrow_and_update() {
                 SessionState::Held(_, lease_end) => *lease_end,
-                SessionState::Ended(End::Lost(reason, _)) => return reason.clone(),
+                SessionState::Ended(End::Lost(reason)) => return reason.clone(),
                 SessionState::Ended(End::Failed(_)) => return LossReason::Fatal,
                 SessionState::Ended(_) | SessionState::Waiting(..) => return LossReason::Fatal,
             };
@@ -685,11 +694,12 @@ impl LockGuard {
         }
     }
 
-    /// Releases the lock and leaves the group, waiting for the broker's answer (bounded by the
-    /// request timeout). The hold ends locally before the LeaveGroup is sent.
+    /// Releases the lock and leaves the group, waiting for the broker's answer (bounded: a
+    /// coordinator that cannot be reached expires the member after its session timeout anyway).
+    /// The hold ends locally before the LeaveGroup is sent.
     pub async fn release(mut self) -> Result<()> {
         self.released = true;
-        leave(&mut self.handle, DEFAULT_REQUEST_TIMEOUT * 2).await;
+        leave(&mut self.handle, self.leave_bound).await;
         Ok(())
     }
 }

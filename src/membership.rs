@@ -28,9 +28,11 @@
 //! the local lease runs out, the broker says the membership is gone (UNKNOWN_MEMBER_ID,
 //! ILLEGAL_GENERATION, FENCED_INSTANCE_ID), a later assignment names someone else, a rebalance
 //! starts in consumer-compatible (eager) mode, or the user releases it. Every one of those ends the
-//! hold *for good*: the machine then leaves the group and stops. Acquiring again is a new machine
-//! with a new token. That is what makes "a late success never revives the lock" hold by
-//! construction: there is no transition from lost back to held.
+//! hold *for good*: a held lock only ever starts from a SyncGroup answer of a new generation, so
+//! "a late success never revives the lock" holds by construction: no answer to an older request
+//! can turn a lost hold back into a held one. After a loss the machine leaves the group and stops,
+//! except for the eager surrender of consumer-compatible mode, where the member stays (as every
+//! consumer does) and may be assigned partition 0 again: a new acquisition with a new token.
 //!
 //! The lease ends at `send_time(last renewal) + min(session, rebalance timeout) − margin`, where a
 //! renewal is a Heartbeat, JoinGroup or SyncGroup answered NONE. Timing from when the request was
@@ -353,6 +355,9 @@ enum Phase {
 struct Hold {
     token: FencingToken,
     lease_end: Instant,
+    /// The generation that first granted this unbroken hold (what member metadata advertises,
+    /// so the metadata stays the same across rebalances).
+    since: i32,
 }
 
 #[derive(Debug, Default)]
@@ -380,6 +385,9 @@ pub struct Membership {
     hold: Option<Hold>,
     /// The user asked to leave; nothing may be acquired any more.
     leaving: bool,
+    /// Leaving is best effort: past this instant the machine stops trying to reach the
+    /// coordinator and just ends (the broker expires the member after its session timeout).
+    leave_deadline: Option<Instant>,
     last_waiting: Option<(Option<HolderInfo>, i32)>,
     in_flight: InFlight,
     /// When the current phase may send its next request (backoff).
@@ -407,10 +415,6 @@ fn sb(s: &str) -> StrBytes {
     StrBytes::from_string(s.to_owned())
 }
 
-fn is_coordinator_error(code: i16) -> bool {
-    matches!(code, 15 | 16)
-}
-
 impl Membership {
     /// A machine that starts looking for the coordinator at the first call that passes a time.
     pub fn new(cfg: MembershipConfig, versions: GroupVersions, backoff: Backoff) -> Self {
@@ -426,6 +430,7 @@ impl Membership {
             first_joined: -1,
             hold: None,
             leaving: false,
+            leave_deadline: None,
             last_waiting: None,
             in_flight: InFlight::default(),
             retry_at: None,
@@ -496,6 +501,9 @@ impl Membership {
             Phase::Stable if self.in_flight.heartbeat.is_none() => consider(self.next_heartbeat),
             _ => {}
         }
+        if self.phase != Phase::Done {
+            consider(self.leave_deadline);
+        }
         at
     }
 
@@ -552,6 +560,10 @@ impl Membership {
 
     fn drive(&mut self, now: Instant) {
         self.check_lease(now);
+        if self.leave_deadline.is_some_and(|d| now >= d) {
+            debug!(group = %self.cfg.group_id, "giving up on a clean leave");
+            self.finish();
+        }
         let due = |t: Option<Instant>| t.is_none_or(|t| t <= now);
         match self.phase {
             Phase::Discover => {
@@ -675,6 +687,8 @@ impl Membership {
         }
         if !self.leaving {
             self.leaving = true;
+            // Room for a parked JoinGroup, the leader's SyncGroup, then the LeaveGroup itself.
+            self.leave_deadline = Some(now + self.cfg.join_timeout() + self.cfg.request_timeout);
             if self.hold.take().is_some() {
                 info!(group = %self.cfg.group_id, member_id = %self.member_id, "lock released");
                 self.emit(Event::Released);
@@ -720,7 +734,7 @@ impl Membership {
                 let meta = MemberMetadata {
                     holds: self.hold.is_some(),
                     first_joined_generation: self.first_joined,
-                    holder_generation: self.hold.as_ref().map_or(-1, |h| h.token.generation),
+                    holder_generation: self.hold.as_ref().map_or(-1, |h| h.since),
                     label: self.cfg.label.clone(),
                 };
                 let mut p = JoinGroupRequestProtocol::default();
@@ -1132,7 +1146,7 @@ impl Membership {
                 None => {
                     info!(group = %self.cfg.group_id, member_id = %self.member_id, generation = self.generation,
                           "lock acquired");
-                    self.hold = Some(Hold { token: token.clone(), lease_end });
+                    self.hold = Some(Hold { token: token.clone(), lease_end, since: self.generation });
                     self.emit(Event::Acquired { token, lease_end });
                 }
             }
@@ -1216,12 +1230,18 @@ impl Membership {
             27 => {
                 info!(group = %self.cfg.group_id, member_id = %self.member_id, generation = self.generation,
                       "rebalance started");
-                if self.hold.is_some() {
+                if let Some(hold) = &self.hold {
                     if matches!(self.cfg.mode, Mode::Consumer { .. }) {
-                        self.lose(LossReason::Revoked, now);
-                        return;
+                        // Eager protocol: give partition 0 up before rejoining, as every consumer
+                        // in the group does. The member stays and may be assigned it again, which
+                        // is a new acquisition under a new generation.
+                        let lease_end = hold.lease_end.min(now);
+                        self.hold = None;
+                        info!(group = %self.cfg.group_id, member_id = %self.member_id, "partition 0 surrendered for the rebalance");
+                        self.emit(Event::Lost { reason: LossReason::Revoked, lease_end });
+                    } else {
+                        self.emit(Event::RebalanceWhileHeld);
                     }
-                    self.emit(Event::RebalanceWhileHeld);
                 }
                 self.rejoin(now, true);
             }

@@ -347,11 +347,19 @@ fn rebalance_while_holding_consumer_mode_surrenders_first() {
     h.reply(beat.id, Ok(hb(27)));
     let ev = h.take_events();
     assert_eq!(lost(&ev), Some(LossReason::Revoked));
-    assert!(h.m.token().is_none());
-    // The hold is over for good: the member leaves instead of rejoining.
-    let leave = h.take(ApiKey::LeaveGroup);
-    h.reply(leave.id, Ok(leave_ok()));
-    assert!(h.m.is_done());
+    assert!(h.m.token().is_none(), "surrendered before rejoining");
+    // The member stays (eager consumers rejoin) and only holds again if reassigned.
+    let j = h.take(ApiKey::JoinGroup);
+    let mut r = JoinGroupResponse::default();
+    r.generation_id = 3;
+    r.member_id = s("m1");
+    r.leader = s("other");
+    r.protocol_name = Some(s("range"));
+    h.reply(j.id, Ok(Response::JoinGroup(r)));
+    let sync = h.take(ApiKey::SyncGroup);
+    h.reply(sync.id, Ok(sync_ok(crate::assign::consumer_assignment("lock-topic", &[0]))));
+    let ev = h.take_events();
+    assert!(ev.iter().any(|e| matches!(e, Event::Acquired { token, .. } if token.generation == 3)), "{ev:?}");
 }
 
 #[test]
@@ -434,7 +442,10 @@ fn coordinator_not_available_and_load_in_progress_retry() {
     h.advance(Duration::from_millis(100));
     let j = h.take(ApiKey::JoinGroup);
     h.reply(j.id, Ok(join_err(15, "")));
-    h.advance(Duration::from_millis(100));
+    // The backoff grows while failures continue (100 ms, then 200 ms).
+    h.advance(Duration::from_millis(199));
+    assert!(h.sent.is_empty());
+    h.advance(Duration::from_millis(1));
     h.take(ApiKey::FindCoordinator);
 }
 

@@ -141,7 +141,11 @@ fn read_version(r: &mut Reader<'_>, what: &'static str) -> Result<i16, PeerDataE
 
 /// Skips a classic STRING or NULLABLE_STRING without allocating or checking its text: fields we
 /// only need to step over should not make us stricter than Java, which decodes them leniently.
-fn skip_kafka_string(r: &mut Reader<'_>, nullable: bool, what: &'static str) -> Result<(), PeerDataError> {
+fn skip_kafka_string(
+    r: &mut Reader<'_>,
+    nullable: bool,
+    what: &'static str,
+) -> Result<(), PeerDataError> {
     match r.i16(what)? {
         -1 if nullable => Ok(()),
         n if n < 0 => Err(PeerDataError::OutOfRange {
@@ -379,7 +383,10 @@ mod tests {
         let mut bytes = kp_subscription(&full_subscription(&["lock"]), 3).to_vec();
         bytes[..2].copy_from_slice(&7i16.to_be_bytes());
         bytes.extend_from_slice(b"a field from the future");
-        assert_eq!(decode_consumer_subscription(&bytes), Ok(vec!["lock".into()]));
+        assert_eq!(
+            decode_consumer_subscription(&bytes),
+            Ok(vec!["lock".into()])
+        );
     }
 
     #[test]
@@ -518,11 +525,17 @@ mod tests {
     #[test]
     fn strategy_names() {
         for st in [ConsumerStrategy::Range, ConsumerStrategy::RoundRobin] {
-            assert_eq!(ConsumerStrategy::from_protocol_name(st.protocol_name()), Some(st));
+            assert_eq!(
+                ConsumerStrategy::from_protocol_name(st.protocol_name()),
+                Some(st)
+            );
         }
         assert_eq!(ConsumerStrategy::Range.protocol_name(), "range");
         assert_eq!(ConsumerStrategy::RoundRobin.protocol_name(), "roundrobin");
-        assert_eq!(ConsumerStrategy::from_protocol_name("cooperative-sticky"), None);
+        assert_eq!(
+            ConsumerStrategy::from_protocol_name("cooperative-sticky"),
+            None
+        );
     }
 
     fn holds(plan: &ConsumerPlan, id: &str) -> bool {

@@ -122,16 +122,24 @@ fn read_header(
     r.u8(version_what)
 }
 
+/// Whether this build knows every field and flag bit of `minor`.
+// With NATIVE_MINOR_VERSION = 0 the comparison reduces to `minor == 0`; written as `<=` so it stays
+// right when the minor is bumped.
+#[allow(clippy::absurd_extreme_comparisons)]
+fn knows_minor(minor: u8) -> bool {
+    minor <= NATIVE_MINOR_VERSION
+}
+
 /// Flags and trailing bytes are strict for minors this build knows and lenient for newer ones.
 fn check_flags(flags: u8, known: u8, minor: u8, what: &'static str) -> Result<(), PeerDataError> {
-    if minor <= NATIVE_MINOR_VERSION && flags & !known != 0 {
+    if knows_minor(minor) && flags & !known != 0 {
         return Err(PeerDataError::UnknownFlags { what, flags });
     }
     Ok(())
 }
 
 fn check_end(r: &Reader<'_>, minor: u8, what: &'static str) -> Result<(), PeerDataError> {
-    if minor <= NATIVE_MINOR_VERSION && r.remaining() != 0 {
+    if knows_minor(minor) && r.remaining() != 0 {
         return Err(PeerDataError::TrailingBytes {
             what,
             len: r.remaining(),
@@ -267,11 +275,7 @@ impl NativeAssignment {
         let holder = if flags & ASSIGNMENT_FLAG_HOLDER != 0 {
             let generation = r.i32("holder generation")?;
             let id_len = r.u16("holder member id")?;
-            let member_id = r.utf8(
-                usize::from(id_len),
-                MAX_MEMBER_ID_LEN,
-                "holder member id",
-            )?;
+            let member_id = r.utf8(usize::from(id_len), MAX_MEMBER_ID_LEN, "holder member id")?;
             let label = read_label(&mut r, "holder label")?;
             Some(Holder {
                 member_id,
@@ -293,7 +297,11 @@ impl NativeAssignment {
 /// FIFO order: members that completed a join by the generation they first did so, then those
 /// that never did; ties by member id bytes. The input index makes the order total even for
 /// duplicate ids, so the plan is deterministic.
-fn fifo_key<'a>(index: usize, member_id: &'a str, md: &MemberMetadata) -> (bool, i32, &'a [u8], usize) {
+fn fifo_key<'a>(
+    index: usize,
+    member_id: &'a str,
+    md: &MemberMetadata,
+) -> (bool, i32, &'a [u8], usize) {
     (
         md.first_joined_generation < 0,
         md.first_joined_generation,
@@ -398,7 +406,12 @@ mod tests {
     fn decoded(plan: &NativePlan) -> Vec<(String, NativeAssignment)> {
         plan.assignments
             .iter()
-            .map(|(id, b)| (id.clone(), NativeAssignment::decode(b).expect("own encoding")))
+            .map(|(id, b)| {
+                (
+                    id.clone(),
+                    NativeAssignment::decode(b).expect("own encoding"),
+                )
+            })
             .collect()
     }
 
@@ -416,7 +429,7 @@ mod tests {
         assert_eq!(
             &bytes[..],
             &[
-                b'k', b'm', 1, 0, // magic, major, minor
+                b'k', b'm', 1, 0,    // magic, major, minor
                 0x01, // flags: holds
                 0, 0, 0, 7, // first_joined_generation
                 0, 0, 0, 9, // holder_generation
@@ -444,7 +457,7 @@ mod tests {
         assert_eq!(
             &a.encode()[..],
             &[
-                b'k', b'a', 1, 0, // magic, major, minor
+                b'k', b'a', 1, 0,    // magic, major, minor
                 0x01, // flags: holder present
                 0, 0, 0, 2, // position
                 0, 0, 0, 3, // members
@@ -760,7 +773,11 @@ mod tests {
     #[test]
     fn rejected_metadata_never_holds() {
         let members = [
-            ("garbage".to_owned(), None, Bytes::from_static(b"\x00\x00\x00")),
+            (
+                "garbage".to_owned(),
+                None,
+                Bytes::from_static(b"\x00\x00\x00"),
+            ),
             ("empty".to_owned(), None, Bytes::new()),
             member("late", &md(false, 9, -1, Some("late"))),
         ];
@@ -772,7 +789,10 @@ mod tests {
         let got = decoded(&plan);
         assert_eq!(got.len(), 3);
         for (id, a) in &got {
-            assert_eq!(a.holder.as_ref().map(|h| h.member_id.as_str()), Some("late"));
+            assert_eq!(
+                a.holder.as_ref().map(|h| h.member_id.as_str()),
+                Some("late")
+            );
             assert_eq!(a.members, 3);
             let want = if id == "late" { 0 } else { -1 };
             assert_eq!(a.position, want, "{id}");
@@ -837,9 +857,7 @@ mod tests {
                 }),
         );
         (holder, 0i32..=i32::MAX)
-            .prop_flat_map(|(holder, members)| {
-                (Just(holder), -1i32..members, Just(members))
-            })
+            .prop_flat_map(|(holder, members)| (Just(holder), -1i32..members, Just(members)))
             .prop_map(|(holder, position, members)| NativeAssignment {
                 holder,
                 position,

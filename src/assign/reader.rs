@@ -19,10 +19,6 @@ impl<'a> Reader<'a> {
         self.buf.len()
     }
 
-    pub(crate) fn rest(&self) -> &'a [u8] {
-        self.buf
-    }
-
     pub(crate) fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], PeerDataError> {
         if n > self.buf.len() {
             return Err(PeerDataError::Truncated { what });

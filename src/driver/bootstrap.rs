@@ -118,15 +118,14 @@ pub async fn connect_any(
             if now >= deadline && (rounds > 1 || i > 0) {
                 break 'rounds;
             }
-            let result = match tokio::time::timeout_at(deadline, Connection::connect(addr, cfg))
-                .await
-            {
-                Ok(result) => result,
-                Err(_) => Err(Error::Timeout {
-                    op: format!("connecting to bootstrap broker {addr} (overall deadline)"),
-                    after: deadline - now,
-                }),
-            };
+            let result =
+                match tokio::time::timeout_at(deadline, Connection::connect(addr, cfg)).await {
+                    Ok(result) => result,
+                    Err(_) => Err(Error::Timeout {
+                        op: format!("connecting to bootstrap broker {addr} (overall deadline)"),
+                        after: deadline - now,
+                    }),
+                };
             match result {
                 Ok(conn) => {
                     debug!(addr = %addr, rounds, "bootstrap connected");

@@ -52,7 +52,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, trace};
 
 use crate::error::{Error, KafkaCode, Result};
-use crate::wire::codec::{decode_response_frame, encode_request};
+use crate::wire::codec::{decode_response_frame_bytes, encode_request, peek_correlation_id};
 use crate::wire::frame::decode_frame;
 use crate::wire::versions::{api_versions_fallback, negotiate, NegotiatedVersions};
 use crate::wire::{Request, Response, DEFAULT_MAX_FRAME_SIZE};
@@ -68,9 +68,6 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// The ApiVersions version sent first. v3 is the first flexible version and the one KIP-511's
 /// fallback is defined for; a broker that does not know it tells us what it does know.
 const HANDSHAKE_VERSION: i16 = 3;
-
-/// Kafka's UNSUPPORTED_VERSION error code.
-const UNSUPPORTED_VERSION: i16 = 35;
 
 /// Requests queued for the writer beyond those being written. Callers wait (bounded by their own
 /// timeout) when it is full, which keeps a stalled socket from accumulating unbounded memory.
@@ -172,9 +169,9 @@ impl Connection {
     }
 
     /// Runs the connection over an already established byte stream (the transport boundary for
-    /// TLS or other wrappers): spawns the reader and writer tasks on the current tokio runtime and
-    /// performs the ApiVersions handshake (KIP-511), each of its requests bounded by
-    /// [`ConnConfig::request_timeout`].
+    /// TLS or other wrappers): spawns the reader and writer tasks on the current tokio runtime
+    /// (so it must be called from within one) and performs the ApiVersions handshake (KIP-511),
+    /// each of its requests bounded by [`ConnConfig::request_timeout`].
     ///
     /// `peer` only names the broker in errors and logs.
     pub async fn from_stream<S>(stream: S, peer: &str, cfg: &ConnConfig) -> Result<Connection>
@@ -322,9 +319,9 @@ async fn handshake(link: &Link, timeout: Duration) -> Result<NegotiatedVersions>
                 )));
             }
         };
-        if resp.error_code == UNSUPPORTED_VERSION {
-            // The broker lists the ApiVersions versions it supports; retry once, strictly lower,
-            // so a confused broker cannot keep us looping.
+        if resp.error_code == KafkaCode::UNSUPPORTED_VERSION.code() {
+            // The broker lists the ApiVersions versions it supports. Only ever step down, so a
+            // confused broker that keeps answering 35 cannot keep us looping.
             match api_versions_fallback(&resp) {
                 Some(lower) if lower < version => {
                     debug!(peer = %link.peer, from = version, to = lower, "ApiVersions fallback");
@@ -451,16 +448,14 @@ impl Shared {
             state.inflight.pop_front()
         };
         let Some(p) = pending else {
-            let id = frame
-                .get(..4)
-                .and_then(|b| <[u8; 4]>::try_from(b).ok())
-                .map_or_else(|| "none".to_owned(), |b| i32::from_be_bytes(b).to_string());
+            let id =
+                peek_correlation_id(&frame).map_or_else(|| "none".to_owned(), |id| id.to_string());
             return Err(Arc::new(Error::Protocol(format!(
                 "{} sent a response (correlation id {id}) while no request was in flight",
                 self.peer
             ))));
         };
-        match decode_response_frame(&frame, p.api_key, p.version, p.correlation_id) {
+        match decode_response_frame_bytes(frame, p.api_key, p.version, p.correlation_id) {
             Ok(resp) => {
                 trace!(peer = %self.peer, api = ?p.api_key, correlation_id = p.correlation_id, "response");
                 // The caller may have gone (cancelled); its response is simply discarded.
@@ -586,6 +581,11 @@ where
                 }
             },
         };
+        // The caller gave up while the request was queued: nothing is on the wire yet, so
+        // not sending it at all is both safe and what the caller asked for.
+        if out.pending.reply.is_closed() {
+            continue;
+        }
         // Register before writing: the response can arrive before write_all returns.
         if !shared.register(out.pending) {
             continue;

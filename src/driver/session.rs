@@ -35,7 +35,7 @@ pub(crate) enum SessionState {
 
 #[derive(Debug, Clone)]
 pub(crate) enum End {
-    Lost(crate::membership::LossReason, Instant),
+    Lost(crate::membership::LossReason),
     Released,
     Failed(Arc<Error>),
     Left,
@@ -215,7 +215,7 @@ fn publish(state: &watch::Sender<SessionState>, e: &Event) {
             other => other.clone(),
         },
         Event::Waiting { holder, position, .. } => SessionState::Waiting(holder.clone(), *position),
-        Event::Lost { reason, lease_end } => SessionState::Ended(End::Lost(reason.clone(), *lease_end)),
+        Event::Lost { reason, .. } => SessionState::Ended(End::Lost(reason.clone())),
         Event::Released => SessionState::Ended(End::Released),
         Event::Failed(err) => match &*state.borrow() {
             // A loss reported just before stays the headline.

@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::api_versions_response::ApiVersion;
+use kafka_protocol::messages::find_coordinator_response::Coordinator;
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::{
-    ApiKey, ApiVersionsRequest, ApiVersionsResponse, DescribeGroupsRequest,
+    ApiKey, ApiVersionsRequest, ApiVersionsResponse, BrokerId, DescribeGroupsRequest,
     FindCoordinatorRequest, FindCoordinatorResponse, HeartbeatRequest, HeartbeatResponse,
     MetadataRequest, MetadataResponse, RequestHeader, ResponseHeader, TopicName,
 };
@@ -108,13 +109,20 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Peer<S> {
         (header, req)
     }
 
-    async fn send<R: Encodable>(&mut self, api: ApiKey, version: i16, correlation_id: i32, body: &R) {
+    async fn send<R: Encodable>(
+        &mut self,
+        api: ApiKey,
+        version: i16,
+        correlation_id: i32,
+        body: &R,
+    ) {
         let mut payload = BytesMut::new();
         ResponseHeader::default()
             .with_correlation_id(correlation_id)
             .encode(&mut payload, api.response_header_version(version))
             .expect("encode response header");
-        body.encode(&mut payload, version).expect("encode response body");
+        body.encode(&mut payload, version)
+            .expect("encode response body");
         let mut frame = BytesMut::new();
         frame.put_i32(payload.len() as i32);
         frame.put_slice(&payload);
@@ -147,7 +155,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Peer<S> {
         let next = tokio::time::timeout(PROMPTLY, self.read_frame())
             .await
             .expect("the client did not close the connection");
-        assert!(next.is_none(), "expected the connection to close, got a frame");
+        assert!(
+            next.is_none(),
+            "expected the connection to close, got a frame"
+        );
     }
 }
 
@@ -190,10 +201,12 @@ fn poisoned_by(err: &Error) -> &Error {
 async fn handshake_negotiates_highest_common_versions() {
     let (conn, _peer) = setup().await;
     let v = conn.versions();
-    assert_eq!(v.get(ApiKey::ApiVersions), Some(3));
-    // Heartbeat 0-4 on the broker; whatever we implement up to that.
-    let hb = v.get(ApiKey::Heartbeat).expect("Heartbeat negotiated");
-    assert!((0..=4).contains(&hb), "Heartbeat v{hb}");
+    for &(api, _, broker_max) in BROKER_APIS {
+        let Some((_, our_max)) = crate::wire::versions::supported_range(api) else {
+            continue;
+        };
+        assert_eq!(v.get(api), Some(our_max.min(broker_max)), "{api:?}");
+    }
     assert_eq!(conn.peer(), "scripted-peer");
     assert!(!conn.is_closed());
 }
@@ -225,7 +238,10 @@ async fn pipelined_requests_are_answered_in_order() {
     }
     for task in tasks {
         let (generation, result) = task.await.expect("request task");
-        assert_eq!(heartbeat_throttle(result.expect("request failed")), generation);
+        assert_eq!(
+            heartbeat_throttle(result.expect("request failed")),
+            generation
+        );
     }
     assert!(!conn.is_closed());
 }
@@ -366,12 +382,21 @@ async fn request_timeout_closes_the_connection() {
     match &short {
         Error::Timeout { op, after } => {
             assert_eq!(*after, Duration::from_secs(2));
-            assert!(op.contains("Heartbeat") && op.contains("scripted-peer"), "{op}");
+            assert!(
+                op.contains("Heartbeat") && op.contains("scripted-peer"),
+                "{op}"
+            );
         }
         other => panic!("expected a timeout, got {other:?}"),
     }
-    let err = long.await.expect("task").expect_err("poisoned by the timeout");
-    assert!(matches!(poisoned_by(&err), Error::Timeout { .. }), "{err:?}");
+    let err = long
+        .await
+        .expect("task")
+        .expect_err("poisoned by the timeout");
+    assert!(
+        matches!(poisoned_by(&err), Error::Timeout { .. }),
+        "{err:?}"
+    );
     // The timed-out request was queued, so the peer sees it before the close.
     peer.recv().await;
     peer.expect_closed().await;
@@ -390,8 +415,11 @@ async fn request_with_timeout_outlives_the_default() {
     });
     let (header, _) = peer.recv().await;
     tokio::time::sleep(Duration::from_secs(5)).await;
-    peer.reply(&header, &HeartbeatResponse::default().with_throttle_time_ms(7))
-        .await;
+    peer.reply(
+        &header,
+        &HeartbeatResponse::default().with_throttle_time_ms(7),
+    )
+    .await;
     let resp = task.await.expect("task").expect("long request");
     assert_eq!(heartbeat_throttle(resp), 7);
 }
@@ -407,20 +435,26 @@ async fn cancelled_request_after_write_does_not_desync() {
     cancelled.abort();
     assert!(cancelled.await.expect_err("aborted").is_cancelled());
     // The orphaned response arrives and must be consumed, not handed to the next caller.
-    peer.reply(&header, &HeartbeatResponse::default().with_throttle_time_ms(1))
-        .await;
+    peer.reply(
+        &header,
+        &HeartbeatResponse::default().with_throttle_time_ms(1),
+    )
+    .await;
 
     let (result, ()) = tokio::join!(conn.request(heartbeat(2)), async {
         let (header, req) = peer.recv_as::<HeartbeatRequest>(ApiKey::Heartbeat).await;
         assert_eq!(req.generation_id, 2);
-        peer.reply(&header, &HeartbeatResponse::default().with_throttle_time_ms(2))
-            .await;
+        peer.reply(
+            &header,
+            &HeartbeatResponse::default().with_throttle_time_ms(2),
+        )
+        .await;
     });
     assert_eq!(heartbeat_throttle(result.expect("next request")), 2);
 }
 
 #[tokio::test]
-async fn cancelled_request_mid_write_still_sends_the_whole_frame() {
+async fn cancelled_requests_mid_write_and_queued_do_not_desync() {
     // A tiny pipe: the large request below can only be written in many pieces.
     let (conn, mut peer) = setup_with(ConnConfig::default(), 256).await;
     let topics: Vec<MetadataRequestTopic> = (0..200)
@@ -440,10 +474,24 @@ async fn cancelled_request_mid_write_still_sends_the_whole_frame() {
     while peer.buf.len() < 4 {
         assert!(peer.read_some().await > 0);
     }
-    let total = 4 + u32::from_be_bytes([peer.buf[0], peer.buf[1], peer.buf[2], peer.buf[3]]) as usize;
-    assert!(total > 4096 && peer.buf.len() < total, "{} of {total}", peer.buf.len());
+    let total =
+        4 + u32::from_be_bytes([peer.buf[0], peer.buf[1], peer.buf[2], peer.buf[3]]) as usize;
+    assert!(
+        total > 4096 && peer.buf.len() < total,
+        "{} of {total}",
+        peer.buf.len()
+    );
+    // A second request queues behind the half-written one; its caller gives up too. It was
+    // never written, so it must never be written.
+    let queued = tokio::spawn({
+        let conn = conn.clone();
+        async move { conn.request(heartbeat(4)).await }
+    });
+    tokio::task::yield_now().await;
     cancelled.abort();
+    queued.abort();
     assert!(cancelled.await.expect_err("aborted").is_cancelled());
+    assert!(queued.await.expect_err("aborted").is_cancelled());
 
     let (header, req) = peer.recv_as::<MetadataRequest>(ApiKey::Metadata).await;
     assert_eq!(req.topics.map(|t| t.len()), Some(200));
@@ -452,8 +500,11 @@ async fn cancelled_request_mid_write_still_sends_the_whole_frame() {
     let (result, ()) = tokio::join!(conn.request(heartbeat(5)), async {
         let (header, req) = peer.recv_as::<HeartbeatRequest>(ApiKey::Heartbeat).await;
         assert_eq!(req.generation_id, 5);
-        peer.reply(&header, &HeartbeatResponse::default().with_throttle_time_ms(5))
-            .await;
+        peer.reply(
+            &header,
+            &HeartbeatResponse::default().with_throttle_time_ms(5),
+        )
+        .await;
     });
     assert_eq!(heartbeat_throttle(result.expect("next request")), 5);
 }
@@ -463,22 +514,24 @@ async fn kip511_fallback_retries_at_the_brokers_version() {
     let (client, server) = duplex(64 * 1024);
     let mut peer = Peer::new(server);
     let broker = async {
-        let (header, _) = peer.recv_as::<ApiVersionsRequest>(ApiKey::ApiVersions).await;
+        let (header, _) = peer
+            .recv_as::<ApiVersionsRequest>(ApiKey::ApiVersions)
+            .await;
         assert_eq!(header.request_api_version, 3);
         // An old broker answers UNSUPPORTED_VERSION with a v0 body listing what it supports.
         let unsupported = api_versions(&[(ApiKey::ApiVersions, 0, 2)]).with_error_code(35);
         peer.send(ApiKey::ApiVersions, 0, header.correlation_id, &unsupported)
             .await;
-        let (header, _) = peer.recv_as::<ApiVersionsRequest>(ApiKey::ApiVersions).await;
+        let (header, _) = peer
+            .recv_as::<ApiVersionsRequest>(ApiKey::ApiVersions)
+            .await;
         assert_eq!(header.request_api_version, 2);
         let mut apis = BROKER_APIS.to_vec();
         apis[0] = (ApiKey::ApiVersions, 0, 2);
         peer.reply(&header, &api_versions(&apis)).await;
     };
-    let (conn, ()) = tokio::join!(
-        Connection::from_stream(client, "old-broker", &ConnConfig::default()),
-        broker
-    );
+    let cfg = ConnConfig::default();
+    let (conn, ()) = tokio::join!(Connection::from_stream(client, "old-broker", &cfg), broker);
     let conn = conn.expect("fallback handshake");
     assert_eq!(conn.versions().get(ApiKey::ApiVersions), Some(2));
     assert!(conn.versions().get(ApiKey::Heartbeat).is_some());
@@ -489,14 +542,14 @@ async fn handshake_error_code_is_reported() {
     let (client, server) = duplex(64 * 1024);
     let mut peer = Peer::new(server);
     let broker = async {
-        let (header, _) = peer.recv_as::<ApiVersionsRequest>(ApiKey::ApiVersions).await;
+        let (header, _) = peer
+            .recv_as::<ApiVersionsRequest>(ApiKey::ApiVersions)
+            .await;
         let resp = api_versions(BROKER_APIS).with_error_code(31); // CLUSTER_AUTHORIZATION_FAILED
         peer.reply(&header, &resp).await;
     };
-    let (conn, ()) = tokio::join!(
-        Connection::from_stream(client, "b", &ConnConfig::default()),
-        broker
-    );
+    let cfg = ConnConfig::default();
+    let (conn, ()) = tokio::join!(Connection::from_stream(client, "b", &cfg), broker);
     let err = conn.expect_err("handshake must fail");
     assert!(matches!(err, Error::Broker { .. }), "{err:?}");
     peer.expect_closed().await;
@@ -511,8 +564,9 @@ async fn api_missing_on_the_broker_is_an_error_naming_it() {
         .copied()
         .filter(|(k, _, _)| *k != ApiKey::DescribeGroups)
         .collect();
+    let cfg = ConnConfig::default();
     let (conn, ()) = tokio::join!(
-        Connection::from_stream(client, "b", &ConnConfig::default()),
+        Connection::from_stream(client, "b", &cfg),
         peer.handshake(&without_describe)
     );
     let conn = conn.expect("handshake");
@@ -566,19 +620,48 @@ async fn dropping_the_last_handle_closes_the_socket() {
 #[tokio::test]
 async fn find_coordinator_round_trip() {
     let (conn, mut peer) = setup().await;
-    let req = FindCoordinatorRequest::default()
-        .with_key(StrBytes::from_static_str("lock-a"))
-        .with_key_type(0);
+    // The request's shape depends on the negotiated version (v4 batched the keys, KIP-699).
+    let version = conn
+        .versions()
+        .get(ApiKey::FindCoordinator)
+        .expect("negotiated");
+    let key = StrBytes::from_static_str("lock-a");
+    let req = if version >= 4 {
+        FindCoordinatorRequest::default().with_coordinator_keys(vec![key.clone()])
+    } else {
+        FindCoordinatorRequest::default().with_key(key.clone())
+    };
     let (result, ()) = tokio::join!(conn.request(req), async {
-        let (header, _) = peer.recv().await;
-        let resp = FindCoordinatorResponse::default()
-            .with_node_id(kafka_protocol::messages::BrokerId(1))
-            .with_host(StrBytes::from_static_str("127.0.0.1"))
-            .with_port(9092);
+        let (header, req) = peer
+            .recv_as::<FindCoordinatorRequest>(ApiKey::FindCoordinator)
+            .await;
+        assert_eq!(header.request_api_version, version);
+        let mut resp = FindCoordinatorResponse::default();
+        if version >= 4 {
+            assert_eq!(req.coordinator_keys, vec![key.clone()]);
+            resp = resp.with_coordinators(vec![Coordinator::default()
+                .with_key(key.clone())
+                .with_node_id(BrokerId(1))
+                .with_host(StrBytes::from_static_str("127.0.0.1"))
+                .with_port(9092)]);
+        } else {
+            assert_eq!(req.key, key);
+            resp = resp
+                .with_node_id(BrokerId(1))
+                .with_host(StrBytes::from_static_str("127.0.0.1"))
+                .with_port(9092);
+        }
         peer.reply(&header, &resp).await;
     });
     match result.expect("FindCoordinator") {
-        Response::FindCoordinator(_) => {}
+        Response::FindCoordinator(r) => {
+            let port = if version >= 4 {
+                r.coordinators.first().map(|c| c.port)
+            } else {
+                Some(r.port)
+            };
+            assert_eq!(port, Some(9092));
+        }
         other => panic!("unexpected {other:?}"),
     }
 }
@@ -647,7 +730,11 @@ async fn bootstrap_skips_a_dead_address() {
     .expect("bootstrap");
     assert_eq!(conn.peer(), live);
     assert_eq!(accepted.load(Ordering::SeqCst), 1);
-    assert_eq!(backoff.attempts(), 0, "no pause needed within the first round");
+    assert_eq!(
+        backoff.attempts(),
+        0,
+        "no pause needed within the first round"
+    );
     server.abort();
 }
 
@@ -697,7 +784,11 @@ async fn bootstrap_failure_lists_every_address_and_its_error() {
         panic!("expected a bootstrap error, got {err:?}");
     };
     assert_eq!(e.rounds, 3);
-    assert_eq!(backoff.attempts(), 2, "one pause between each pair of rounds");
+    assert_eq!(
+        backoff.attempts(),
+        2,
+        "one pause between each pair of rounds"
+    );
     let addrs: Vec<&str> = e.attempts.iter().map(|a| a.addr.as_str()).collect();
     assert_eq!(addrs, [a.as_str(), b.as_str(), "no-port-here"]);
     assert!(matches!(e.attempts[0].error, Error::Io { .. }));
@@ -716,7 +807,7 @@ async fn bootstrap_respects_the_deadline() {
     let mut backoff = fixed_backoff(0.0);
     let started = tokio::time::Instant::now();
     let err = connect_any(
-        &[silent.clone()],
+        std::slice::from_ref(&silent),
         &quick_conn(),
         &mut backoff,
         &BootstrapConfig::default()
@@ -725,11 +816,18 @@ async fn bootstrap_respects_the_deadline() {
     )
     .await
     .expect_err("the broker never answers");
-    assert!(started.elapsed() < Duration::from_secs(4), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
     let Error::Bootstrap(e) = &err else {
         panic!("expected a bootstrap error, got {err:?}");
     };
-    assert!(matches!(e.attempts[0].error, Error::Timeout { .. }), "{err:?}");
+    assert!(
+        matches!(e.attempts[0].error, Error::Timeout { .. }),
+        "{err:?}"
+    );
     drop(listener);
 }
 

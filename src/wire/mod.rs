@@ -1,11 +1,18 @@
 //! Sans-I/O wire layer: bytes in, typed Kafka messages out, and back. No tokio here.
 //!
-//! (The bounded-decoding design is documented in [`guard`].)
+//! - [`frame`]: the 4-byte length prefix, validated before anything is buffered.
+//! - [`codec`]: request headers and bodies out, response headers and bodies in.
+//! - [`guard`]: the pre-scan that bounds the time and memory of every decode (design notes there).
+//! - [`versions`]: what we implement and the per-API version negotiation.
 
 pub mod codec;
 pub mod frame;
 pub mod guard;
 pub mod versions;
 
-pub use codec::{decode_response, Request, Response};
-pub use frame::{FrameError, DEFAULT_MAX_FRAME_SIZE};
+pub use codec::{
+    decode_response, decode_response_frame, encode_request, DecodeError, EncodeError, Request,
+    Response,
+};
+pub use frame::{decode_frame, FrameError, DEFAULT_MAX_FRAME_SIZE};
+pub use versions::{negotiate, NegotiatedVersions, VersionError, SUPPORTED};

@@ -1,0 +1,94 @@
+//! Exit statuses of kafka-lock's own (sysexits.h numbers) and the one line each prints.
+
+use kafka_lock::{Error, KafkaCode};
+
+/// EX_USAGE: the command line is wrong.
+pub const USAGE: u8 = 64;
+/// EX_UNAVAILABLE: the cluster cannot be reached, or answered something invalid.
+pub const UNAVAILABLE: u8 = 69;
+/// EX_OSERR: the operating system refused something kafka-lock needs (signals, waiting).
+pub const OSERR: u8 = 71;
+/// EX_IOERR: the lock was lost while the command ran.
+pub const LOST: u8 = 74;
+/// EX_TEMPFAIL: the lock was not acquired within --wait; trying again later may work.
+pub const NOT_ACQUIRED: u8 = 75;
+/// EX_CONFIG: a setting is invalid, or the broker rejected it.
+pub const CONFIG: u8 = 78;
+/// The shell's status for a command that cannot be executed.
+pub const CANNOT_EXECUTE: u8 = 126;
+/// The shell's status for a command that does not exist.
+pub const NOT_FOUND: u8 = 127;
+
+/// Why kafka-lock itself ends with a non-zero status: the status, and one line for stderr saying
+/// what happened and what to do about it.
+#[derive(Debug)]
+pub struct Failure {
+    pub status: u8,
+    pub line: String,
+}
+
+impl Failure {
+    pub fn new(status: u8, line: impl Into<String>) -> Self {
+        Failure { status, line: line.into() }
+    }
+
+    /// Prints the line, always as exactly one line, whatever the error texts contain.
+    pub fn print(&self) {
+        let one_line: String = self
+            .line
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        eprintln!("kafka-lock: {one_line}");
+    }
+}
+
+/// Broker codes that mean "your settings are not acceptable here", not "the cluster is broken".
+const SETTING_CODES: [KafkaCode; 8] = [
+    KafkaCode::INCONSISTENT_GROUP_PROTOCOL,
+    KafkaCode::INVALID_GROUP_ID,
+    KafkaCode::INVALID_SESSION_TIMEOUT,
+    KafkaCode(29), // TOPIC_AUTHORIZATION_FAILED (consumer-compatible mode reads the topic)
+    KafkaCode::GROUP_AUTHORIZATION_FAILED,
+    KafkaCode(31), // CLUSTER_AUTHORIZATION_FAILED
+    KafkaCode::GROUP_MAX_SIZE_REACHED,
+    KafkaCode::FENCED_INSTANCE_ID,
+];
+
+/// The status for an error that ended kafka-lock before the command ran (or from `status`).
+pub fn status_of(err: &Error) -> u8 {
+    match err {
+        Error::NotAcquired { .. } => NOT_ACQUIRED,
+        Error::Config(_) => CONFIG,
+        Error::Broker { code, .. } if SETTING_CODES.contains(code) => CONFIG,
+        Error::Lost { .. } => LOST,
+        Error::Poisoned(inner) => status_of(inner),
+        // Unreachable brokers, timeouts, closed connections, and answers that cannot be decoded or
+        // make no sense all mean the same to the person running the command: the cluster is not
+        // usable from here right now.
+        _ => UNAVAILABLE,
+    }
+}
+
+/// The failure for `err`, with advice that fits its status. `bootstrap` is shown so a typo in the
+/// address is visible in the message.
+pub fn failure(err: &Error, lock: &str, bootstrap: &str) -> Failure {
+    let status = status_of(err);
+    let line = match status {
+        NOT_ACQUIRED => format!("{err}; try again later, or wait longer with --wait"),
+        CONFIG => match err {
+            Error::Broker { .. } => format!(
+                "the broker rejected the settings for lock {lock:?}: {err}; change the setting it names \
+                 (see kafka-lock run --help) or the broker's configuration"
+            ),
+            _ => format!("{err}; fix the setting (see kafka-lock run --help)"),
+        },
+        LOST => format!("{err}; run the command again to take the lock anew"),
+        _ => format!(
+            "cannot use the Kafka cluster at {bootstrap} for lock {lock:?}: {err}; check --bootstrap \
+             (or $KAFKA_LOCK_BOOTSTRAP), that the brokers are up and reachable from here, and \
+             that they are Kafka brokers"
+        ),
+    };
+    Failure::new(status, line)
+}

@@ -1,0 +1,210 @@
+//! What `run` tells the person or program watching: `--events json` lines, or on a terminal a
+//! status line saying what the lock is waiting for.
+
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use kafka_lock::lock::HolderInfo;
+use kafka_lock::{FencingToken, LossReason};
+
+use crate::json::Obj;
+use crate::sys;
+
+/// How the child ended, for `child_exited`.
+#[derive(Debug, Clone, Copy)]
+pub struct ChildEnd {
+    /// Its exit code, if it exited.
+    pub code: Option<i32>,
+    /// The signal that ended it, if one did.
+    pub signal: Option<i32>,
+    /// The status kafka-lock passes on: the code, or 128 + the signal.
+    pub status: u8,
+}
+
+pub struct Reporter {
+    lock: String,
+    json: bool,
+    /// A person is watching stderr (and did not ask for JSON).
+    tty: bool,
+    member_id: Option<String>,
+    token: Option<i32>,
+    /// A status line without a newline is on screen.
+    line_open: bool,
+    started: Instant,
+    /// The holder we are waiting for and since when we have seen it hold.
+    holder: Option<(HolderInfo, Instant)>,
+    position: i32,
+    seen_waiting: bool,
+}
+
+impl Reporter {
+    pub fn new(lock: &str, json: bool) -> Self {
+        Reporter {
+            lock: lock.to_owned(),
+            json,
+            tty: !json && std::io::stderr().is_terminal(),
+            member_id: None,
+            token: None,
+            line_open: false,
+            started: Instant::now(),
+            holder: None,
+            position: -1,
+            seen_waiting: false,
+        }
+    }
+
+    /// Whether a terminal status line is being kept up to date.
+    pub fn wants_ticks(&self) -> bool {
+        self.tty
+    }
+
+    /// The holder named by the last assignment, as "label (member m, token g)".
+    pub fn holder_text(&self) -> Option<String> {
+        self.holder.as_ref().map(|(h, _)| describe(h))
+    }
+
+    fn event(&self, name: &str) -> Obj {
+        let unix_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as i128)
+            .unwrap_or(0);
+        Obj::new()
+            .str("event", name)
+            .str("lock", &self.lock)
+            .opt_str("member_id", self.member_id.as_deref())
+            .opt_int("token", self.token)
+            .int("unix_ms", unix_ms)
+            .int("mono_ns", sys::mono_ns())
+    }
+
+    fn emit(&mut self, obj: Obj) {
+        if self.json {
+            let mut line = obj.finish();
+            line.push('\n');
+            // One write per line: the child shares this stderr, and a single write of a short
+            // line is not interleaved with its output.
+            let _ = std::io::stderr().lock().write_all(line.as_bytes());
+        }
+    }
+
+    /// Ends the terminal status line so the next line starts on its own.
+    pub fn close_line(&mut self) {
+        if self.line_open {
+            let _ = std::io::stderr().lock().write_all(b"\n");
+            self.line_open = false;
+        }
+    }
+
+    fn status_line(&mut self, text: &str) {
+        // Carriage return and "erase line": the line is rewritten in place while waiting.
+        let _ = std::io::stderr()
+            .lock()
+            .write_all(format!("\r\x1b[2K{text}").as_bytes());
+        self.line_open = true;
+    }
+
+    pub fn waiting(&mut self, holder: Option<HolderInfo>, position: i32) {
+        self.seen_waiting = true;
+        self.position = position;
+        self.holder = match (holder, self.holder.take()) {
+            (Some(h), Some((old, since))) if old.member_id == h.member_id => Some((h, since)),
+            (Some(h), _) => Some((h, Instant::now())),
+            (None, _) => None,
+        };
+        let mut obj = self.event("waiting").int("position", position);
+        obj = match &self.holder {
+            Some((h, _)) => obj.raw(
+                "holder",
+                &Obj::new()
+                    .str("member_id", &h.member_id)
+                    .opt_str("label", h.label.as_deref())
+                    .int("token", h.generation)
+                    .finish(),
+            ),
+            None => obj.null("holder"),
+        };
+        self.emit(obj);
+        self.tick();
+    }
+
+    /// Rewrites the terminal status line (called on every waiting event and every second).
+    pub fn tick(&mut self) {
+        if !self.tty || !self.seen_waiting {
+            return;
+        }
+        let waited = sys::human(self.started.elapsed().as_secs() * Duration::from_secs(1));
+        let who = match &self.holder {
+            Some((h, since)) => format!(
+                "held by {} for at least {}",
+                describe(h),
+                sys::human(since.elapsed().as_secs() * Duration::from_secs(1))
+            ),
+            None => "no holder yet (the group is forming)".to_owned(),
+        };
+        let queue = match self.position {
+            p if p <= 0 => String::new(),
+            1 => ", we are next".to_owned(),
+            p => format!(", {p} ahead of us"),
+        };
+        let text = format!("kafka-lock: waiting {waited} for lock {:?}: {who}{queue}", self.lock);
+        self.status_line(&text);
+    }
+
+    pub fn acquired(&mut self, token: &FencingToken) {
+        self.member_id = Some(token.member_id.clone());
+        self.token = Some(token.generation);
+        self.emit(self.event("acquired"));
+        if self.tty && self.seen_waiting {
+            let text = format!(
+                "kafka-lock: acquired lock {:?} after {} (token {})",
+                self.lock,
+                sys::human(self.started.elapsed()),
+                token.generation
+            );
+            self.status_line(&text);
+            self.close_line();
+        }
+    }
+
+    pub fn token_changed(&mut self, token: &FencingToken) {
+        self.token = Some(token.generation);
+        self.emit(self.event("token_changed"));
+    }
+
+    pub fn child_started(&mut self, pid: u32) {
+        let obj = self.event("child_started").int("child_pid", pid);
+        self.emit(obj);
+    }
+
+    pub fn lost(&mut self, reason: &LossReason, lease_end: Option<Instant>) {
+        let mut obj = self
+            .event("lost")
+            .str("reason", reason.as_str())
+            .str("detail", &reason.to_string());
+        obj = match lease_end {
+            Some(at) => obj.int("lease_end_mono_ns", sys::mono_ns_of(at)),
+            None => obj.null("lease_end_mono_ns"),
+        };
+        self.emit(obj);
+    }
+
+    pub fn child_exited(&mut self, end: ChildEnd) {
+        let obj = self
+            .event("child_exited")
+            .opt_int("exit_code", end.code)
+            .opt_int("signal", end.signal)
+            .int("status", end.status);
+        self.emit(obj);
+    }
+
+    pub fn released(&mut self) {
+        self.emit(self.event("released"));
+    }
+}
+
+fn describe(h: &HolderInfo) -> String {
+    match &h.label {
+        Some(l) => format!("{l} (member {}, token {})", h.member_id, h.generation),
+        None => format!("member {} (token {})", h.member_id, h.generation),
+    }
+}
