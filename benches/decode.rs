@@ -46,7 +46,9 @@ fn sync_group() -> SyncGroupResponse {
 
 fn encode<T: Encodable>(value: &T, version: i16) -> Bytes {
     let mut out = BytesMut::new();
-    value.encode(&mut out, version).expect("benchmark value encodes");
+    value
+        .encode(&mut out, version)
+        .expect("benchmark value encodes");
     out.freeze()
 }
 
@@ -78,10 +80,34 @@ fn bench_one<T: Decodable>(c: &mut Criterion, name: &str, api: ApiKey, version: 
 
 fn decode(c: &mut Criterion) {
     let join = join_group_leader();
-    bench_one::<JoinGroupResponse>(c, "join_group_leader", ApiKey::JoinGroup, 9, encode(&join, 9));
-    bench_one::<JoinGroupResponse>(c, "join_group_leader", ApiKey::JoinGroup, 5, encode(&join.clone().with_protocol_type(None), 5));
-    bench_one::<SyncGroupResponse>(c, "sync_group", ApiKey::SyncGroup, 5, encode(&sync_group(), 5));
-    bench_one::<HeartbeatResponse>(c, "heartbeat", ApiKey::Heartbeat, 4, encode(&HeartbeatResponse::default(), 4));
+    bench_one::<JoinGroupResponse>(
+        c,
+        "join_group_leader",
+        ApiKey::JoinGroup,
+        9,
+        encode(&join, 9),
+    );
+    bench_one::<JoinGroupResponse>(
+        c,
+        "join_group_leader",
+        ApiKey::JoinGroup,
+        5,
+        encode(&join.clone().with_protocol_type(None), 5),
+    );
+    bench_one::<SyncGroupResponse>(
+        c,
+        "sync_group",
+        ApiKey::SyncGroup,
+        5,
+        encode(&sync_group(), 5),
+    );
+    bench_one::<HeartbeatResponse>(
+        c,
+        "heartbeat",
+        ApiKey::Heartbeat,
+        4,
+        encode(&HeartbeatResponse::default(), 4),
+    );
 }
 
 criterion_group! {

@@ -134,7 +134,9 @@ impl Error {
     /// version and configuration errors are not: sending the same thing again gives the same result.
     pub fn is_retriable(&self) -> bool {
         match self {
-            Error::Io { .. } | Error::Timeout { .. } | Error::Poisoned(_) | Error::Bootstrap(_) => true,
+            Error::Io { .. } | Error::Timeout { .. } | Error::Poisoned(_) | Error::Bootstrap(_) => {
+                true
+            }
             Error::Broker { code, .. } => code.is_retriable(),
             Error::Decode(_)
             | Error::Encode(_)
@@ -422,13 +424,20 @@ mod tests {
             match ResponseError::try_from_code(code) {
                 None => assert!(ours.is_ok() && ours.name() == "NONE"),
                 Some(ResponseError::Unknown(_)) => {
-                    assert!(!ours.is_known(), "{code} known to us but not to kafka-protocol");
+                    assert!(
+                        !ours.is_known(),
+                        "{code} known to us but not to kafka-protocol"
+                    );
                     assert!(!ours.is_retriable());
                     assert_eq!(ours.name(), "UNKNOWN_CODE");
                 }
                 Some(theirs) => {
                     assert!(ours.is_known(), "{code} ({theirs}) missing from our table");
-                    assert_eq!(ours.name(), screaming_snake(&theirs.to_string()), "code {code}");
+                    assert_eq!(
+                        ours.name(),
+                        screaming_snake(&theirs.to_string()),
+                        "code {code}"
+                    );
                     assert_eq!(ours.is_retriable(), theirs.is_retriable(), "code {code}");
                 }
             }
@@ -451,7 +460,10 @@ mod tests {
             assert!(!c.is_ok());
             assert_eq!(c.name(), "UNKNOWN_CODE");
             let shown = c.to_string();
-            assert!(shown.starts_with(&format!("UNKNOWN_CODE_{code} ({code}): ")), "{shown}");
+            assert!(
+                shown.starts_with(&format!("UNKNOWN_CODE_{code} ({code}): ")),
+                "{shown}"
+            );
         }
     }
 
@@ -487,9 +499,16 @@ mod tests {
         let e = Error::broker(ApiKey::Heartbeat, KafkaCode::NOT_COORDINATOR, Some(""));
         assert!(e.is_retriable());
         let shown = e.to_string();
-        assert!(shown.starts_with("Heartbeat failed: NOT_COORDINATOR (16): "), "{shown}");
+        assert!(
+            shown.starts_with("Heartbeat failed: NOT_COORDINATOR (16): "),
+            "{shown}"
+        );
         assert!(!shown.contains("broker says"));
-        let e = Error::broker(ApiKey::JoinGroup, KafkaCode::FENCED_INSTANCE_ID, Some("fenced"));
+        let e = Error::broker(
+            ApiKey::JoinGroup,
+            KafkaCode::FENCED_INSTANCE_ID,
+            Some("fenced"),
+        );
         assert!(!e.is_retriable());
         assert!(e.to_string().ends_with("(broker says: fenced)"));
         let io = Error::Io {

@@ -199,7 +199,9 @@ impl LockOptions {
     /// partition; holding partition 0 is holding the lock. Shares the lock with Java or
     /// librdkafka consumers in the same group. Eager: a rebalance ends the hold.
     pub fn consumer_topic(mut self, topic: impl Into<String>) -> Self {
-        self.mode = Mode::Consumer { topic: topic.into() };
+        self.mode = Mode::Consumer {
+            topic: topic.into(),
+        };
         self
     }
 
@@ -278,7 +280,10 @@ impl LockOptions {
 
     /// Counters for every lock taken with these options (and their clones).
     pub fn stats(&self) -> LockStats {
-        self.stats.lock().unwrap_or_else(|p| p.into_inner()).snapshot()
+        self.stats
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .snapshot()
     }
 
     /// The lease a renewal buys: `min(session, rebalance) − margin`.
@@ -298,7 +303,10 @@ impl LockOptions {
                 _ => return bad(format!("bootstrap address {b:?} is not host:port")),
             }
         }
-        if self.name.is_empty() || self.name.len() > 249 || self.name.chars().any(|c| c.is_control()) {
+        if self.name.is_empty()
+            || self.name.len() > 249
+            || self.name.chars().any(|c| c.is_control())
+        {
             return bad(format!(
                 "lock name {:?} must be 1 to 249 printable characters (it is the Kafka group id)",
                 self.name
@@ -306,10 +314,16 @@ impl LockOptions {
         }
         let ms = |d: Duration| d.as_millis();
         if ms(self.session_timeout) < 1 || ms(self.session_timeout) > i32::MAX as u128 {
-            return bad(format!("session timeout {:?} is out of range", self.session_timeout));
+            return bad(format!(
+                "session timeout {:?} is out of range",
+                self.session_timeout
+            ));
         }
         if ms(self.rebalance_timeout) < 1 || ms(self.rebalance_timeout) > i32::MAX as u128 {
-            return bad(format!("rebalance timeout {:?} is out of range", self.rebalance_timeout));
+            return bad(format!(
+                "rebalance timeout {:?} is out of range",
+                self.rebalance_timeout
+            ));
         }
         if self.heartbeat_interval.is_zero() {
             return bad("heartbeat interval must be positive".into());
@@ -333,7 +347,11 @@ impl LockOptions {
         }
         if let Some(label) = &self.label {
             if label.len() > crate::assign::MAX_LABEL_LEN {
-                return bad(format!("label is {} bytes; the limit is {}", label.len(), crate::assign::MAX_LABEL_LEN));
+                return bad(format!(
+                    "label is {} bytes; the limit is {}",
+                    label.len(),
+                    crate::assign::MAX_LABEL_LEN
+                ));
             }
         }
         if let Mode::Consumer { topic } = &self.mode {
@@ -389,11 +407,13 @@ impl LockOptions {
     /// [`Error::Config`] for invalid settings, connection errors when the cluster cannot be
     /// reached, and [`Error::Broker`] when the broker rejects the settings.
     pub async fn acquire(&self, wait: Option<Duration>) -> Result<LockGuard> {
-        self.acquire_inner(wait, false).await?.ok_or_else(|| Error::NotAcquired {
-            lock: self.name.clone(),
-            waited: wait.unwrap_or_default(),
-            holder: None,
-        })
+        self.acquire_inner(wait, false)
+            .await?
+            .ok_or_else(|| Error::NotAcquired {
+                lock: self.name.clone(),
+                waited: wait.unwrap_or_default(),
+                holder: None,
+            })
     }
 
     /// Takes the lock only if the first completed generation gives it to us; otherwise leaves
@@ -408,7 +428,13 @@ impl LockOptions {
         let deadline = wait.map(|w| tokio::time::Instant::now() + w);
         let conn_cfg = self.conn_config();
         let mut backoff = Backoff::new(self.retry_backoff, self.retry_backoff_max, 2.0, 0.5);
-        let first = connect_any(&self.bootstrap, &conn_cfg, &mut backoff, &self.bootstrap_limits()).await?;
+        let first = connect_any(
+            &self.bootstrap,
+            &conn_cfg,
+            &mut backoff,
+            &self.bootstrap_limits(),
+        )
+        .await?;
         if let Mode::Consumer { topic } = &self.mode {
             check_lock_topic(&first, topic).await?;
         }
@@ -454,14 +480,19 @@ impl LockOptions {
                             s.latencies.pop_front();
                         }
                         s.latencies.push_back(started.elapsed());
-                        Some(LockEvent::Acquired { member_id: token.member_id.clone(), token })
+                        Some(LockEvent::Acquired {
+                            member_id: token.member_id.clone(),
+                            token,
+                        })
                     }
                     Event::TokenChanged { token } => Some(LockEvent::TokenChanged { token }),
                     Event::RebalanceWhileHeld => {
                         s.rebalances_while_held += 1;
                         None
                     }
-                    Event::Waiting { holder, position, .. } => Some(LockEvent::Waiting { holder, position }),
+                    Event::Waiting {
+                        holder, position, ..
+                    } => Some(LockEvent::Waiting { holder, position }),
                     Event::Lost { reason, lease_end } => {
                         s.lost(reason.as_str());
                         Some(LockEvent::Lost { reason, lease_end })
@@ -489,7 +520,10 @@ impl LockOptions {
                 SessionState::Held(token, lease_end) => break Ok(Some((token, lease_end))),
                 SessionState::Ended(End::Failed(e)) => break Err(unwrap_error(e)),
                 SessionState::Ended(End::Lost(reason)) => {
-                    break Err(Error::Lost { lock: self.name.clone(), reason: reason.to_string() })
+                    break Err(Error::Lost {
+                        lock: self.name.clone(),
+                        reason: reason.to_string(),
+                    })
                 }
                 SessionState::Ended(_) => break Err(Error::Closed),
                 SessionState::Waiting(holder, pos) => {
@@ -534,7 +568,11 @@ impl LockOptions {
                 if once {
                     Ok(None)
                 } else {
-                    Err(Error::NotAcquired { lock: self.name.clone(), waited: wait.unwrap_or_default(), holder })
+                    Err(Error::NotAcquired {
+                        lock: self.name.clone(),
+                        waited: wait.unwrap_or_default(),
+                        holder,
+                    })
                 }
             }
             Err(e) => {
@@ -554,7 +592,11 @@ fn describe_holder(h: &HolderInfo) -> String {
 
 fn unwrap_error(e: Arc<Error>) -> Error {
     Arc::try_unwrap(e).unwrap_or_else(|shared| match &*shared {
-        Error::Broker { api, code, message } => Error::Broker { api: *api, code: *code, message: message.clone() },
+        Error::Broker { api, code, message } => Error::Broker {
+            api: *api,
+            code: *code,
+            message: message.clone(),
+        },
         Error::Config(m) => Error::Config(m.clone()),
         Error::Protocol(m) => Error::Protocol(m.clone()),
         _ => Error::Poisoned(shared.clone()),
@@ -566,7 +608,10 @@ async fn leave(handle: &mut SessionHandle, bound: Duration) {
     let _ = handle.commands.send(Command::Leave);
     let ended = async {
         loop {
-            if matches!(&*handle.state.borrow_and_update(), SessionState::Ended(End::Left | End::Failed(_))) {
+            if matches!(
+                &*handle.state.borrow_and_update(),
+                SessionState::Ended(End::Left | End::Failed(_))
+            ) {
                 return;
             }
             if handle.state.changed().await.is_err() {
@@ -584,18 +629,40 @@ async fn check_lock_topic(conn: &Connection, topic: &str) -> Result<()> {
     t.name = Some(TopicName(StrBytes::from_string(topic.to_owned())));
     let mut req = MetadataRequest::default();
     req.topics = Some(vec![t]);
+    // A lock must never create its own topic: a typo would silently make a new lock (and a
+    // broker's default partition count may not be one).
+    if conn.versions().get(ApiKey::Metadata).unwrap_or(0) >= 4 {
+        req.allow_auto_topic_creation = false;
+    }
     let resp = match conn.request(req).await? {
         Response::Metadata(r) => r,
-        other => return Err(Error::Protocol(format!("expected Metadata, got {:?}", other.api_key()))),
+        other => {
+            return Err(Error::Protocol(format!(
+                "expected Metadata, got {:?}",
+                other.api_key()
+            )))
+        }
     };
-    let Some(found) = resp.topics.iter().find(|t| t.name.as_ref().map(|n| n.0.as_str()) == Some(topic)) else {
-        return Err(Error::Config(format!("topic {topic:?} does not exist; create it with exactly one partition")));
+    let Some(found) = resp
+        .topics
+        .iter()
+        .find(|t| t.name.as_ref().map(|n| n.0.as_str()) == Some(topic))
+    else {
+        return Err(Error::Config(format!(
+            "topic {topic:?} does not exist; create it with exactly one partition"
+        )));
     };
     if found.error_code == 3 {
-        return Err(Error::Config(format!("topic {topic:?} does not exist; create it with exactly one partition")));
+        return Err(Error::Config(format!(
+            "topic {topic:?} does not exist; create it with exactly one partition"
+        )));
     }
     if found.error_code != 0 {
-        return Err(Error::broker(ApiKey::Metadata, KafkaCode(found.error_code), None));
+        return Err(Error::broker(
+            ApiKey::Metadata,
+            KafkaCode(found.error_code),
+            None,
+        ));
     }
     if found.partitions.len() != 1 {
         return Err(Error::Config(format!(

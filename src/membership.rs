@@ -596,14 +596,28 @@ impl Membership {
         id
     }
 
-    fn push(&mut self, target: Target, request: crate::wire::Request, version: i16, timeout: Duration) -> u64 {
+    fn push(
+        &mut self,
+        target: Target,
+        request: crate::wire::Request,
+        version: i16,
+        timeout: Duration,
+    ) -> u64 {
         let id = self.next_id();
-        self.transmits.push_back(Transmit { id, target, request, version, timeout });
+        self.transmits.push_back(Transmit {
+            id,
+            target,
+            request,
+            version,
+            timeout,
+        });
         id
     }
 
     fn coordinator_target(&self, lane: Lane) -> Option<Target> {
-        self.coordinator.clone().map(|broker| Target::Coordinator { broker, lane })
+        self.coordinator
+            .clone()
+            .map(|broker| Target::Coordinator { broker, lane })
     }
 
     fn schedule_retry(&mut self, now: Instant) {
@@ -649,7 +663,10 @@ impl Membership {
         if let Some(hold) = self.hold.take() {
             warn!(group = %self.cfg.group_id, member_id = %self.member_id, generation = hold.token.generation,
                   %reason, "lock lost");
-            self.emit(Event::Lost { reason: reason.clone(), lease_end: hold.lease_end.min(now) });
+            self.emit(Event::Lost {
+                reason: reason.clone(),
+                lease_end: hold.lease_end.min(now),
+            });
         }
         if matches!(reason, LossReason::Fenced(KafkaCode(25))) {
             // The broker already forgot us: a LeaveGroup would only be answered with the same error.
@@ -666,7 +683,10 @@ impl Membership {
                 _ => LossReason::Fatal,
             };
             if let Some(hold) = self.hold.take() {
-                self.emit(Event::Lost { reason, lease_end: hold.lease_end.min(now) });
+                self.emit(Event::Lost {
+                    reason,
+                    lease_end: hold.lease_end.min(now),
+                });
             }
         }
         self.phase = Phase::Done;
@@ -788,7 +808,12 @@ impl Membership {
         self.retry_at = None;
     }
 
-    fn send_sync(&mut self, assignments: Vec<(String, Bytes)>, protocol_name: Option<StrBytes>, now: Instant) {
+    fn send_sync(
+        &mut self,
+        assignments: Vec<(String, Bytes)>,
+        protocol_name: Option<StrBytes>,
+        now: Instant,
+    ) {
         let Some(target) = self.coordinator_target(Lane::Join) else {
             self.rediscover(Phase::Join, now);
             return;
@@ -884,11 +909,25 @@ impl Membership {
             }
             // Misconfiguration or authorization: nothing a retry can fix.
             23 | 24 | 26 | 30 | 35 | 81 | 82 => {
-                self.fail(Error::Broker { api, code: kc, message: None }, now);
+                self.fail(
+                    Error::Broker {
+                        api,
+                        code: kc,
+                        message: None,
+                    },
+                    now,
+                );
                 true
             }
             _ if !kc.is_retriable() && !matches!(code, 22 | 25 | 27 | 79) => {
-                self.fail(Error::Broker { api, code: kc, message: None }, now);
+                self.fail(
+                    Error::Broker {
+                        api,
+                        code: kc,
+                        message: None,
+                    },
+                    now,
+                );
                 true
             }
             _ => false,
@@ -902,9 +941,21 @@ impl Membership {
         let found = match result {
             Ok(Response::FindCoordinator(r)) => {
                 let (code, node_id, host, port, message) = if let Some(c) = r.coordinators.first() {
-                    (c.error_code, c.node_id.0, c.host.to_string(), c.port, c.error_message.clone())
+                    (
+                        c.error_code,
+                        c.node_id.0,
+                        c.host.to_string(),
+                        c.port,
+                        c.error_message.clone(),
+                    )
                 } else {
-                    (r.error_code, r.node_id.0, r.host.to_string(), r.port, r.error_message.clone())
+                    (
+                        r.error_code,
+                        r.node_id.0,
+                        r.host.to_string(),
+                        r.port,
+                        r.error_message.clone(),
+                    )
                 };
                 if code == 0 {
                     if host.is_empty() || !(0..=65535).contains(&port) {
@@ -912,7 +963,11 @@ impl Membership {
                             "FindCoordinator named an unusable coordinator {host:?}:{port}"
                         )))
                     } else {
-                        Ok(Broker { node_id, host, port })
+                        Ok(Broker {
+                            node_id,
+                            host,
+                            port,
+                        })
                     }
                 } else {
                     Err(Error::Broker {
@@ -922,7 +977,10 @@ impl Membership {
                     })
                 }
             }
-            Ok(other) => Err(Error::Protocol(format!("expected FindCoordinator, got {:?}", other.api_key()))),
+            Ok(other) => Err(Error::Protocol(format!(
+                "expected FindCoordinator, got {:?}",
+                other.api_key()
+            ))),
             Err(e) => Err(e),
         };
         match found {
@@ -947,7 +1005,14 @@ impl Membership {
                 }
             }
             Err(Error::Broker { code, .. }) if matches!(code.0, 30) => {
-                self.fail(Error::Broker { api: ApiKey::FindCoordinator, code, message: None }, now);
+                self.fail(
+                    Error::Broker {
+                        api: ApiKey::FindCoordinator,
+                        code,
+                        message: None,
+                    },
+                    now,
+                );
             }
             Err(e) => {
                 debug!(group = %self.cfg.group_id, error = %e, "FindCoordinator failed; retrying");
@@ -960,7 +1025,10 @@ impl Membership {
         let resp: JoinGroupResponse = match result {
             Ok(Response::JoinGroup(r)) => r,
             Ok(other) => {
-                self.fail(Error::Protocol(format!("expected JoinGroup, got {:?}", other.api_key())), now);
+                self.fail(
+                    Error::Protocol(format!("expected JoinGroup, got {:?}", other.api_key())),
+                    now,
+                );
                 return;
             }
             Err(e) => {
@@ -1037,7 +1105,11 @@ impl Membership {
             self.begin_leave(now);
             return;
         }
-        let assignments = if self.leader { self.plan(&resp) } else { Vec::new() };
+        let assignments = if self.leader {
+            self.plan(&resp)
+        } else {
+            Vec::new()
+        };
         self.send_sync(assignments, resp.protocol_name.clone(), now);
     }
 
@@ -1050,8 +1122,16 @@ impl Membership {
                 let id = m.member_id.to_string();
                 // A leader that is leaving must not hand the lock to itself: it gives its own entry
                 // bytes no decoder accepts, which makes it ineligible under both assignors.
-                let meta = if self.leaving && id == self.member_id { Bytes::new() } else { m.metadata.clone() };
-                (id, m.group_instance_id.as_ref().map(|s| s.to_string()), meta)
+                let meta = if self.leaving && id == self.member_id {
+                    Bytes::new()
+                } else {
+                    m.metadata.clone()
+                };
+                (
+                    id,
+                    m.group_instance_id.as_ref().map(|s| s.to_string()),
+                    meta,
+                )
             })
             .collect();
         let (holder, assignments, rejected) = match &self.cfg.mode {
@@ -1072,7 +1152,10 @@ impl Membership {
         for (member, error) in rejected {
             if !(self.leaving && member == self.member_id) {
                 warn!(group = %self.cfg.group_id, %member, %error, "ignoring a member whose metadata does not decode");
-                self.emit(Event::PeerData { what: format!("metadata of member {member}"), error: error.to_string() });
+                self.emit(Event::PeerData {
+                    what: format!("metadata of member {member}"),
+                    error: error.to_string(),
+                });
             }
         }
         info!(group = %self.cfg.group_id, generation = self.generation, holder = ?holder, members = members.len(),
@@ -1084,7 +1167,10 @@ impl Membership {
         let resp: SyncGroupResponse = match result {
             Ok(Response::SyncGroup(r)) => r,
             Ok(other) => {
-                self.fail(Error::Protocol(format!("expected SyncGroup, got {:?}", other.api_key())), now);
+                self.fail(
+                    Error::Protocol(format!("expected SyncGroup, got {:?}", other.api_key())),
+                    now,
+                );
                 return;
             }
             Err(e) => {
@@ -1131,7 +1217,10 @@ impl Membership {
         self.next_heartbeat = Some(now + self.cfg.heartbeat_interval);
         let (ours, holder, position) = self.read_assignment(&resp.assignment);
         if ours {
-            let token = FencingToken { generation: self.generation, member_id: self.member_id.clone() };
+            let token = FencingToken {
+                generation: self.generation,
+                member_id: self.member_id.clone(),
+            };
             let lease_end = sent + self.cfg.lease_length();
             match &mut self.hold {
                 Some(hold) => {
@@ -1146,7 +1235,11 @@ impl Membership {
                 None => {
                     info!(group = %self.cfg.group_id, member_id = %self.member_id, generation = self.generation,
                           "lock acquired");
-                    self.hold = Some(Hold { token: token.clone(), lease_end, since: self.generation });
+                    self.hold = Some(Hold {
+                        token: token.clone(),
+                        lease_end,
+                        since: self.generation,
+                    });
                     self.emit(Event::Acquired { token, lease_end });
                 }
             }
@@ -1155,7 +1248,11 @@ impl Membership {
             self.lose(LossReason::Reassigned, now);
         } else if self.last_waiting.as_ref() != Some(&(holder.clone(), position)) {
             self.last_waiting = Some((holder.clone(), position));
-            self.emit(Event::Waiting { holder, position, generation: self.generation });
+            self.emit(Event::Waiting {
+                holder,
+                position,
+                generation: self.generation,
+            });
         }
     }
 
@@ -1169,14 +1266,17 @@ impl Membership {
                         label: h.label,
                         generation: h.generation,
                     });
-                    let ours = holder
-                        .as_ref()
-                        .is_some_and(|h| h.member_id == self.member_id && h.generation == self.generation);
+                    let ours = holder.as_ref().is_some_and(|h| {
+                        h.member_id == self.member_id && h.generation == self.generation
+                    });
                     (ours, holder, a.position)
                 }
                 Err(e) => {
                     warn!(group = %self.cfg.group_id, error = %e, "the leader's assignment does not decode");
-                    self.emit(Event::PeerData { what: "assignment from the leader".into(), error: e.to_string() });
+                    self.emit(Event::PeerData {
+                        what: "assignment from the leader".into(),
+                        error: e.to_string(),
+                    });
                     (false, None, -1)
                 }
             },
@@ -1191,7 +1291,10 @@ impl Membership {
                     }
                     Err(e) => {
                         warn!(group = %self.cfg.group_id, error = %e, "the leader's assignment does not decode");
-                        self.emit(Event::PeerData { what: "assignment from the leader".into(), error: e.to_string() });
+                        self.emit(Event::PeerData {
+                            what: "assignment from the leader".into(),
+                            error: e.to_string(),
+                        });
                         (false, None, -1)
                     }
                 }
@@ -1206,14 +1309,23 @@ impl Membership {
         }
     }
 
-    fn on_heartbeat(&mut self, result: Result<Response, Error>, sent: Instant, generation: i32, now: Instant) {
+    fn on_heartbeat(
+        &mut self,
+        result: Result<Response, Error>,
+        sent: Instant,
+        generation: i32,
+        now: Instant,
+    ) {
         if self.phase != Phase::Stable || generation != self.generation {
             return;
         }
         let code = match result {
             Ok(Response::Heartbeat(r)) => r.error_code,
             Ok(other) => {
-                self.fail(Error::Protocol(format!("expected Heartbeat, got {:?}", other.api_key())), now);
+                self.fail(
+                    Error::Protocol(format!("expected Heartbeat, got {:?}", other.api_key())),
+                    now,
+                );
                 return;
             }
             Err(e) => {
@@ -1238,7 +1350,10 @@ impl Membership {
                         let lease_end = hold.lease_end.min(now);
                         self.hold = None;
                         info!(group = %self.cfg.group_id, member_id = %self.member_id, "partition 0 surrendered for the rebalance");
-                        self.emit(Event::Lost { reason: LossReason::Revoked, lease_end });
+                        self.emit(Event::Lost {
+                            reason: LossReason::Revoked,
+                            lease_end,
+                        });
                     } else {
                         self.emit(Event::RebalanceWhileHeld);
                     }
@@ -1266,7 +1381,13 @@ impl Membership {
     fn on_leave(&mut self, result: Result<Response, Error>) {
         match result {
             Ok(Response::LeaveGroup(r)) => {
-                let code = r.members.first().map_or(r.error_code, |m| if r.error_code != 0 { r.error_code } else { m.error_code });
+                let code = r.members.first().map_or(r.error_code, |m| {
+                    if r.error_code != 0 {
+                        r.error_code
+                    } else {
+                        m.error_code
+                    }
+                });
                 if code != 0 {
                     debug!(group = %self.cfg.group_id, code = %KafkaCode(code), "LeaveGroup answered an error");
                 }

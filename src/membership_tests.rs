@@ -121,9 +121,23 @@ impl H {
     }
 
     /// Goes from a fresh machine to a joined follower (or leader) holding or waiting.
-    fn join_as(&mut self, member: &str, generation: i32, leader: bool, members: &[(&str, MemberMetadata)]) -> Transmit {
+    fn join_as(
+        &mut self,
+        member: &str,
+        generation: i32,
+        leader: bool,
+        members: &[(&str, MemberMetadata)],
+    ) -> Transmit {
         let t = self.take(ApiKey::JoinGroup);
-        self.reply(t.id, Ok(join_ok(member, generation, if leader { member } else { "someone-else" }, members)));
+        self.reply(
+            t.id,
+            Ok(join_ok(
+                member,
+                generation,
+                if leader { member } else { "someone-else" },
+                members,
+            )),
+        );
         self.take(ApiKey::SyncGroup)
     }
 
@@ -132,8 +146,14 @@ impl H {
         let mut h = H::new(Mode::Native);
         h.find_ok();
         let sync = h.join_as("m1", generation, false, &[]);
-        h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), generation, 0))));
-        assert!(matches!(h.take_events().last(), Some(Event::Acquired { .. })), "should hold");
+        h.reply(
+            sync.id,
+            Ok(sync_ok(native_assignment(Some("m1"), generation, 0))),
+        );
+        assert!(
+            matches!(h.take_events().last(), Some(Event::Acquired { .. })),
+            "should hold"
+        );
         h
     }
 }
@@ -161,7 +181,12 @@ fn find_err(code: i16) -> Response {
     Response::FindCoordinator(r)
 }
 
-fn join_ok(member: &str, generation: i32, leader: &str, members: &[(&str, MemberMetadata)]) -> Response {
+fn join_ok(
+    member: &str,
+    generation: i32,
+    leader: &str,
+    members: &[(&str, MemberMetadata)],
+) -> Response {
     let mut r = JoinGroupResponse::default();
     r.generation_id = generation;
     r.member_id = s(member);
@@ -211,7 +236,11 @@ fn leave_ok() -> Response {
 
 fn native_assignment(holder: Option<&str>, generation: i32, position: i32) -> Bytes {
     NativeAssignment {
-        holder: holder.map(|h| Holder { member_id: h.into(), label: None, generation }),
+        holder: holder.map(|h| Holder {
+            member_id: h.into(),
+            label: None,
+            generation,
+        }),
         position,
         members: 2,
     }
@@ -219,7 +248,12 @@ fn native_assignment(holder: Option<&str>, generation: i32, position: i32) -> By
 }
 
 fn meta(holds: bool, first: i32) -> MemberMetadata {
-    MemberMetadata { holds, first_joined_generation: first, holder_generation: if holds { first } else { -1 }, label: None }
+    MemberMetadata {
+        holds,
+        first_joined_generation: first,
+        holder_generation: if holds { first } else { -1 },
+        label: None,
+    }
 }
 
 fn join_request(t: &Transmit) -> &kafka_protocol::messages::JoinGroupRequest {
@@ -259,12 +293,26 @@ fn member_id_required_then_success() {
     h.find_ok();
     let j = h.take(ApiKey::JoinGroup);
     assert_eq!(join_request(&j).member_id.as_str(), "");
-    assert!(matches!(&j.target, Target::Coordinator { lane: Lane::Join, .. }));
+    assert!(matches!(
+        &j.target,
+        Target::Coordinator {
+            lane: Lane::Join,
+            ..
+        }
+    ));
     h.reply(j.id, Ok(join_err(79, "m1-uuid")));
     // KIP-394: rejoin at once (no backoff) with the id the broker parked.
     let j2 = h.take(ApiKey::JoinGroup);
     assert_eq!(join_request(&j2).member_id.as_str(), "m1-uuid");
-    h.reply(j2.id, Ok(join_ok("m1-uuid", 1, "m1-uuid", &[("m1-uuid", meta(false, -1))])));
+    h.reply(
+        j2.id,
+        Ok(join_ok(
+            "m1-uuid",
+            1,
+            "m1-uuid",
+            &[("m1-uuid", meta(false, -1))],
+        )),
+    );
     let sync = h.take(ApiKey::SyncGroup);
     // The leader assigns, and a lone member gets the lock.
     assert_eq!(sync_request(&sync).assignments.len(), 1);
@@ -275,7 +323,13 @@ fn member_id_required_then_success() {
         Event::Acquired { token, .. } => Some(token.clone()),
         _ => None,
     });
-    assert_eq!(token, Some(FencingToken { generation: 1, member_id: "m1-uuid".into() }));
+    assert_eq!(
+        token,
+        Some(FencingToken {
+            generation: 1,
+            member_id: "m1-uuid".into()
+        })
+    );
 }
 
 #[test]
@@ -289,13 +343,20 @@ fn expired_pending_id_resets_and_joins_cleanly() {
     // The second join arrived after the pending member expired (Apache: UNKNOWN_MEMBER_ID).
     h.reply(j2.id, Ok(join_err(25, "")));
     let j3 = h.take(ApiKey::JoinGroup);
-    assert_eq!(join_request(&j3).member_id.as_str(), "", "the stale id must be forgotten");
+    assert_eq!(
+        join_request(&j3).member_id.as_str(),
+        "",
+        "the stale id must be forgotten"
+    );
     h.reply(j3.id, Ok(join_err(79, "pending-2")));
     let j4 = h.take(ApiKey::JoinGroup);
     assert_eq!(join_request(&j4).member_id.as_str(), "pending-2");
     h.reply(j4.id, Ok(join_ok("pending-2", 3, "other", &[])));
     let sync = h.take(ApiKey::SyncGroup);
-    assert!(sync_request(&sync).assignments.is_empty(), "followers send no assignment");
+    assert!(
+        sync_request(&sync).assignments.is_empty(),
+        "followers send no assignment"
+    );
     h.reply(sync.id, Ok(sync_ok(native_assignment(Some("other"), 3, 1))));
     let ev = h.take_events();
     assert!(ev.iter().any(|e| matches!(e, Event::Waiting { position: 1, holder: Some(HolderInfo { member_id, .. }), .. } if member_id == "other")));
@@ -307,10 +368,22 @@ fn rebalance_while_holding_native_keeps_the_lock_with_a_new_token() {
     let mut h = H::holding(5);
     h.advance(HB);
     let beat = h.take(ApiKey::Heartbeat);
-    assert!(matches!(&beat.target, Target::Coordinator { lane: Lane::Control, .. }));
+    assert!(matches!(
+        &beat.target,
+        Target::Coordinator {
+            lane: Lane::Control,
+            ..
+        }
+    ));
     h.reply(beat.id, Ok(hb(27)));
-    assert!(h.take_events().iter().any(|e| matches!(e, Event::RebalanceWhileHeld)));
-    assert!(h.m.token().is_some(), "native mode holds through a rebalance");
+    assert!(h
+        .take_events()
+        .iter()
+        .any(|e| matches!(e, Event::RebalanceWhileHeld)));
+    assert!(
+        h.m.token().is_some(),
+        "native mode holds through a rebalance"
+    );
     let j = h.take(ApiKey::JoinGroup);
     // Our metadata claims the lock so the leader's sticky assignor keeps it with us.
     let m = MemberMetadata::decode(&join_request(&j).protocols[0].metadata).unwrap();
@@ -321,17 +394,25 @@ fn rebalance_while_holding_native_keeps_the_lock_with_a_new_token() {
     h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), 6, 0))));
     let ev = h.take_events();
     assert!(lost(&ev).is_none());
-    assert!(ev.iter().any(|e| matches!(e, Event::TokenChanged { token } if token.generation == 6)));
+    assert!(ev
+        .iter()
+        .any(|e| matches!(e, Event::TokenChanged { token } if token.generation == 6)));
     assert_eq!(h.m.token().unwrap().generation, 6);
 }
 
 #[test]
 fn rebalance_while_holding_consumer_mode_surrenders_first() {
-    let mut h = H::new(Mode::Consumer { topic: "lock-topic".into() });
+    let mut h = H::new(Mode::Consumer {
+        topic: "lock-topic".into(),
+    });
     h.find_ok();
     let j = h.take(ApiKey::JoinGroup);
     assert_eq!(join_request(&j).protocol_type.as_str(), "consumer");
-    let names: Vec<_> = join_request(&j).protocols.iter().map(|p| p.name.to_string()).collect();
+    let names: Vec<_> = join_request(&j)
+        .protocols
+        .iter()
+        .map(|p| p.name.to_string())
+        .collect();
     assert_eq!(names, ["range", "roundrobin"]);
     let mut r = JoinGroupResponse::default();
     r.generation_id = 2;
@@ -340,8 +421,17 @@ fn rebalance_while_holding_consumer_mode_surrenders_first() {
     r.protocol_name = Some(s("range"));
     h.reply(j.id, Ok(Response::JoinGroup(r)));
     let sync = h.take(ApiKey::SyncGroup);
-    h.reply(sync.id, Ok(sync_ok(crate::assign::consumer_assignment("lock-topic", &[0]))));
-    assert!(h.take_events().iter().any(|e| matches!(e, Event::Acquired { .. })));
+    h.reply(
+        sync.id,
+        Ok(sync_ok(crate::assign::consumer_assignment(
+            "lock-topic",
+            &[0],
+        ))),
+    );
+    assert!(h
+        .take_events()
+        .iter()
+        .any(|e| matches!(e, Event::Acquired { .. })));
     h.advance(HB);
     let beat = h.take(ApiKey::Heartbeat);
     h.reply(beat.id, Ok(hb(27)));
@@ -357,9 +447,19 @@ fn rebalance_while_holding_consumer_mode_surrenders_first() {
     r.protocol_name = Some(s("range"));
     h.reply(j.id, Ok(Response::JoinGroup(r)));
     let sync = h.take(ApiKey::SyncGroup);
-    h.reply(sync.id, Ok(sync_ok(crate::assign::consumer_assignment("lock-topic", &[0]))));
+    h.reply(
+        sync.id,
+        Ok(sync_ok(crate::assign::consumer_assignment(
+            "lock-topic",
+            &[0],
+        ))),
+    );
     let ev = h.take_events();
-    assert!(ev.iter().any(|e| matches!(e, Event::Acquired { token, .. } if token.generation == 3)), "{ev:?}");
+    assert!(
+        ev.iter()
+            .any(|e| matches!(e, Event::Acquired { token, .. } if token.generation == 3)),
+        "{ev:?}"
+    );
 }
 
 #[test]
@@ -382,7 +482,9 @@ fn lease_expires_while_coordinator_unreachable_and_late_success_does_not_revive(
     // A NONE for the old heartbeat arrives late: nothing comes back.
     h.reply(beat.id, Ok(hb(0)));
     let ev = h.take_events();
-    assert!(!ev.iter().any(|e| matches!(e, Event::Acquired { .. } | Event::TokenChanged { .. })));
+    assert!(!ev
+        .iter()
+        .any(|e| matches!(e, Event::Acquired { .. } | Event::TokenChanged { .. })));
     assert!(h.m.token().is_none());
 }
 
@@ -456,10 +558,18 @@ fn fatal_codes_end_the_membership_with_the_code() {
         h.find_ok();
         let j = h.take(ApiKey::JoinGroup);
         h.reply(j.id, Ok(join_err(code, "")));
-        assert_eq!(failed(&h.take_events()), Some(KafkaCode(code)), "code {code}");
+        assert_eq!(
+            failed(&h.take_events()),
+            Some(KafkaCode(code)),
+            "code {code}"
+        );
         assert!(h.m.is_done());
         h.advance(SESSION);
-        assert!(h.sent.is_empty(), "code {code}: nothing after a fatal error: {:?}", h.apis());
+        assert!(
+            h.sent.is_empty(),
+            "code {code}: nothing after a fatal error: {:?}",
+            h.apis()
+        );
     }
 }
 
@@ -490,7 +600,10 @@ fn illegal_generation_or_unknown_member_while_holding_is_a_loss() {
         h.advance(HB);
         let beat = h.take(ApiKey::Heartbeat);
         h.reply(beat.id, Ok(hb(code)));
-        assert_eq!(lost(&h.take_events()), Some(LossReason::Fenced(KafkaCode(code))));
+        assert_eq!(
+            lost(&h.take_events()),
+            Some(LossReason::Fenced(KafkaCode(code)))
+        );
         assert!(h.m.token().is_none());
     }
 }
@@ -528,19 +641,48 @@ fn leader_leaving_mid_rebalance_syncs_first_and_gives_the_lock_away() {
     // The user gives up while the JoinGroup is parked at the broker.
     h.m.handle_command(Command::Leave, h.now);
     h.drain();
-    assert!(h.sent.is_empty(), "must wait for the JoinGroup answer: {:?}", h.apis());
-    h.reply(j.id, Ok(join_ok("m1", 4, "m1", &[("m1", meta(false, 1)), ("m2", meta(false, 2))])));
+    assert!(
+        h.sent.is_empty(),
+        "must wait for the JoinGroup answer: {:?}",
+        h.apis()
+    );
+    h.reply(
+        j.id,
+        Ok(join_ok(
+            "m1",
+            4,
+            "m1",
+            &[("m1", meta(false, 1)), ("m2", meta(false, 2))],
+        )),
+    );
     let sync = h.take(ApiKey::SyncGroup);
     let req = sync_request(&sync);
-    assert_eq!(req.assignments.len(), 2, "a leader assigns everyone even when leaving");
+    assert_eq!(
+        req.assignments.len(),
+        2,
+        "a leader assigns everyone even when leaving"
+    );
     for a in &req.assignments {
         let na = NativeAssignment::decode(&a.assignment).unwrap();
-        assert_eq!(na.holder.as_ref().map(|h| h.member_id.as_str()), Some("m2"), "the leaving leader must not pick itself");
+        assert_eq!(
+            na.holder.as_ref().map(|h| h.member_id.as_str()),
+            Some("m2"),
+            "the leaving leader must not pick itself"
+        );
     }
-    assert!(!h.apis().contains(&ApiKey::LeaveGroup), "no LeaveGroup before the SyncGroup answer");
+    assert!(
+        !h.apis().contains(&ApiKey::LeaveGroup),
+        "no LeaveGroup before the SyncGroup answer"
+    );
     h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m2"), 4, 1))));
     let leave = h.take(ApiKey::LeaveGroup);
-    assert!(matches!(&leave.target, Target::Coordinator { lane: Lane::Control, .. }));
+    assert!(matches!(
+        &leave.target,
+        Target::Coordinator {
+            lane: Lane::Control,
+            ..
+        }
+    ));
     h.reply(leave.id, Ok(leave_ok()));
     let ev = h.take_events();
     assert!(!ev.iter().any(|e| matches!(e, Event::Acquired { .. })));
@@ -570,10 +712,18 @@ fn join_parked_for_three_seconds_does_not_time_out() {
     let mut h = H::new(Mode::Native);
     h.find_ok();
     let j = h.take(ApiKey::JoinGroup);
-    assert!(j.timeout > Duration::from_secs(3) + SESSION, "JoinGroup timeout {:?}", j.timeout);
+    assert!(
+        j.timeout > Duration::from_secs(3) + SESSION,
+        "JoinGroup timeout {:?}",
+        j.timeout
+    );
     // Apache's group.initial.rebalance.delay.ms holds the first JoinGroup for 3 s.
     h.advance(Duration::from_secs(3));
-    assert!(h.sent.is_empty(), "nothing re-sent while parked: {:?}", h.apis());
+    assert!(
+        h.sent.is_empty(),
+        "nothing re-sent while parked: {:?}",
+        h.apis()
+    );
     h.reply(j.id, Ok(join_ok("m1", 1, "m1", &[("m1", meta(false, -1))])));
     h.take(ApiKey::SyncGroup);
 }
@@ -595,12 +745,20 @@ fn release_while_holding_reports_released_before_leaving() {
 fn one_heartbeat_in_flight_and_none_during_join() {
     let mut h = H::holding(2);
     h.advance(HB * 5);
-    assert_eq!(h.apis(), vec![ApiKey::Heartbeat], "one heartbeat in flight at a time");
+    assert_eq!(
+        h.apis(),
+        vec![ApiKey::Heartbeat],
+        "one heartbeat in flight at a time"
+    );
     let beat = h.take(ApiKey::Heartbeat);
     h.reply(beat.id, Ok(hb(27)));
     h.take(ApiKey::JoinGroup);
     h.advance(HB * 3);
-    assert!(h.sent.is_empty(), "no heartbeats while the JoinGroup is parked: {:?}", h.apis());
+    assert!(
+        h.sent.is_empty(),
+        "no heartbeats while the JoinGroup is parked: {:?}",
+        h.apis()
+    );
 }
 
 #[test]
@@ -621,7 +779,10 @@ fn garbage_assignment_is_a_typed_peer_error_not_a_panic() {
     let mut h = H::new(Mode::Native);
     h.find_ok();
     let sync = h.join_as("w1", 3, false, &[]);
-    h.reply(sync.id, Ok(sync_ok(Bytes::from_static(&[0xff, 0x00, 0x13]))));
+    h.reply(
+        sync.id,
+        Ok(sync_ok(Bytes::from_static(&[0xff, 0x00, 0x13]))),
+    );
     let ev = h.take_events();
     assert!(ev.iter().any(|e| matches!(e, Event::PeerData { .. })));
     assert!(!ev.iter().any(|e| matches!(e, Event::Acquired { .. })));
@@ -643,7 +804,10 @@ fn leader_with_garbage_peer_metadata_still_assigns() {
     h.reply(j.id, Ok(Response::JoinGroup(r)));
     let sync = h.take(ApiKey::SyncGroup);
     assert_eq!(sync_request(&sync).assignments.len(), 2);
-    assert!(h.take_events().iter().any(|e| matches!(e, Event::PeerData { .. })));
+    assert!(h
+        .take_events()
+        .iter()
+        .any(|e| matches!(e, Event::PeerData { .. })));
 }
 
 #[test]
@@ -667,7 +831,13 @@ fn unexpected_response_kind_is_a_protocol_error() {
 
 #[test]
 fn requests_fit_old_versions() {
-    let v0 = GroupVersions { find_coordinator: 0, join_group: 0, sync_group: 0, heartbeat: 0, leave_group: 0 };
+    let v0 = GroupVersions {
+        find_coordinator: 0,
+        join_group: 0,
+        sync_group: 0,
+        heartbeat: 0,
+        leave_group: 0,
+    };
     let mut h = H::build(config(Mode::Native), v0);
     let find = h.take(ApiKey::FindCoordinator);
     assert_eq!(find.version, 0);
@@ -675,5 +845,6 @@ fn requests_fit_old_versions() {
     let j = h.take(ApiKey::JoinGroup);
     assert_eq!(j.version, 0);
     let mut buf = bytes::BytesMut::new();
-    crate::wire::codec::encode_request(&j.request, j.version, 1, Some("t"), &mut buf).expect("v0 JoinGroup encodes");
+    crate::wire::codec::encode_request(&j.request, j.version, 1, Some("t"), &mut buf)
+        .expect("v0 JoinGroup encodes");
 }

@@ -73,7 +73,8 @@ impl Net {
         }
         let conn = match slot {
             Slot::Bootstrap => {
-                let mut backoff = Backoff::new(self.retry_backoff, self.retry_backoff_max, 2.0, 0.5);
+                let mut backoff =
+                    Backoff::new(self.retry_backoff, self.retry_backoff_max, 2.0, 0.5);
                 connect_any(&self.bootstrap, &self.conn, &mut backoff, &self.limits).await?
             }
             Slot::Coordinator(broker, _) => {
@@ -100,13 +101,16 @@ impl Net {
 pub(crate) fn group_versions(conn: &Connection) -> Result<GroupVersions> {
     let v = conn.versions();
     let need = |api: ApiKey| {
-        v.get(api).ok_or_else(|| Error::Config(format!(
-            "broker {} does not offer {api:?}, which kafka-lock needs for group membership",
-            conn.peer()
-        )))
+        v.get(api).ok_or_else(|| {
+            Error::Config(format!(
+                "broker {} does not offer {api:?}, which kafka-lock needs for group membership",
+                conn.peer()
+            ))
+        })
     };
     Ok(GroupVersions {
-        find_coordinator: need(ApiKey::FindCoordinator)?.min(GroupVersions::LATEST.find_coordinator),
+        find_coordinator: need(ApiKey::FindCoordinator)?
+            .min(GroupVersions::LATEST.find_coordinator),
         join_group: need(ApiKey::JoinGroup)?.min(GroupVersions::LATEST.join_group),
         sync_group: need(ApiKey::SyncGroup)?.min(GroupVersions::LATEST.sync_group),
         heartbeat: need(ApiKey::Heartbeat)?.min(GroupVersions::LATEST.heartbeat),
@@ -147,10 +151,16 @@ pub(crate) fn spawn(
     });
     {
         let mut slots = net.slots.lock().unwrap_or_else(|p| p.into_inner());
-        slots.insert(Slot::Bootstrap, Arc::new(tokio::sync::Mutex::new(Some(params.first))));
+        slots.insert(
+            Slot::Bootstrap,
+            Arc::new(tokio::sync::Mutex::new(Some(params.first))),
+        );
     }
     tokio::spawn(run(machine, net, cmd_rx, state_tx, events));
-    SessionHandle { commands: cmd_tx, state: state_rx }
+    SessionHandle {
+        commands: cmd_tx,
+        state: state_rx,
+    }
 }
 
 fn now() -> Instant {
@@ -214,7 +224,9 @@ fn publish(state: &watch::Sender<SessionState>, e: &Event) {
             SessionState::Held(_, lease) => SessionState::Held(token.clone(), *lease),
             other => other.clone(),
         },
-        Event::Waiting { holder, position, .. } => SessionState::Waiting(holder.clone(), *position),
+        Event::Waiting {
+            holder, position, ..
+        } => SessionState::Waiting(holder.clone(), *position),
         Event::Lost { reason, .. } => SessionState::Ended(End::Lost(reason.clone())),
         Event::Released => SessionState::Ended(End::Released),
         Event::Failed(err) => match &*state.borrow() {
@@ -248,7 +260,10 @@ fn send(net: &Arc<Net>, t: Transmit, answers: mpsc::UnboundedSender<(u64, Result
         let bound = t.timeout + net.conn.connect_timeout;
         let result = match tokio::time::timeout(bound, result).await {
             Ok(r) => r,
-            Err(_) => Err(Error::Timeout { op: format!("{api:?}"), after: bound }),
+            Err(_) => Err(Error::Timeout {
+                op: format!("{api:?}"),
+                after: bound,
+            }),
         };
         if let Err(e) = &result {
             warn!(?api, error = %e, "request failed");

@@ -320,7 +320,11 @@ fn check_header(
 /// answers UNSUPPORTED_VERSION in a **v0** body whatever version was asked for, so an ApiVersions
 /// body whose error code is 35 and that is valid as v0 is decoded as v0 (the Java client does the
 /// same). Pass the result to [`api_versions_fallback`](super::versions::api_versions_fallback).
-pub fn decode_response(api_key: ApiKey, version: i16, body: &[u8]) -> Result<Response, DecodeError> {
+pub fn decode_response(
+    api_key: ApiKey,
+    version: i16,
+    body: &[u8],
+) -> Result<Response, DecodeError> {
     let version = body_version(api_key, version, body);
     let mut buf = body;
     decode_exact(api_key, version, body, &mut buf)
@@ -416,7 +420,9 @@ mod tests {
                 let mut out = BytesMut::from(&b"junk"[..]);
                 out.truncate(0);
                 encode_request(&req, version, 77, Some("cli"), &mut out).unwrap();
-                let mut frame = decode_frame(&mut out, DEFAULT_MAX_FRAME_SIZE).unwrap().unwrap();
+                let mut frame = decode_frame(&mut out, DEFAULT_MAX_FRAME_SIZE)
+                    .unwrap()
+                    .unwrap();
                 assert!(out.is_empty());
                 let header = decode_request_header_from_buffer(&mut frame).unwrap();
                 assert_eq!(header.request_api_key, api as i16);
@@ -424,8 +430,12 @@ mod tests {
                 assert_eq!(header.correlation_id, 77);
                 assert_eq!(header.client_id.as_deref(), Some("cli"));
                 let decoded = match api {
-                    ApiKey::ApiVersions => Request::from(ApiVersionsRequest::decode(&mut frame, version).unwrap()),
-                    ApiKey::Heartbeat => Request::from(HeartbeatRequest::decode(&mut frame, version).unwrap()),
+                    ApiKey::ApiVersions => {
+                        Request::from(ApiVersionsRequest::decode(&mut frame, version).unwrap())
+                    }
+                    ApiKey::Heartbeat => {
+                        Request::from(HeartbeatRequest::decode(&mut frame, version).unwrap())
+                    }
                     _ => unreachable!(),
                 };
                 assert!(frame.is_empty(), "{api:?} v{version}: body fully consumed");
@@ -447,11 +457,21 @@ mod tests {
         let mut out = BytesMut::from(&b"keep"[..]);
         let req = &sample_requests()[1];
         let err = encode_request(req, 5, 1, None, &mut out).unwrap_err();
-        assert!(matches!(err, EncodeError::UnsupportedVersion { ours: Some((0, 4)), .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                EncodeError::UnsupportedVersion {
+                    ours: Some((0, 4)),
+                    ..
+                }
+            ),
+            "{err}"
+        );
         assert!(err.to_string().contains("v0 to v4"), "{err}");
         // v0 Heartbeat has no group instance id: kafka-protocol refuses to drop it silently.
         let req = Request::from(
-            HeartbeatRequest::default().with_group_instance_id(Some(StrBytes::from_static_str("i"))),
+            HeartbeatRequest::default()
+                .with_group_instance_id(Some(StrBytes::from_static_str("i"))),
         );
         let err = encode_request(&req, 0, 1, None, &mut out).unwrap_err();
         assert!(matches!(err, EncodeError::Protocol { .. }), "{err}");
@@ -476,10 +496,17 @@ mod tests {
             let resp = decode_response_frame(&frame, api, version, 9)
                 .unwrap_or_else(|e| panic!("{api:?} v{version}: {e}"));
             assert_eq!(resp.api_key(), api);
-            let same = decode_response_frame_bytes(Bytes::from(frame.clone()), api, version, 9).unwrap();
+            let same =
+                decode_response_frame_bytes(Bytes::from(frame.clone()), api, version, 9).unwrap();
             assert_eq!(resp, same);
             let err = decode_response_frame(&frame, api, version, 10).unwrap_err();
-            assert!(matches!(err, DecodeError::CorrelationMismatch { expected: 10, actual: 9 }));
+            assert!(matches!(
+                err,
+                DecodeError::CorrelationMismatch {
+                    expected: 10,
+                    actual: 9
+                }
+            ));
         }
     }
 
@@ -515,7 +542,17 @@ mod tests {
         // SyncGroup v5 with a protocol name that is not UTF-8.
         let body = [0, 0, 0, 0, 0, 0, 0, 2, 0xff, 1, 0];
         let err = decode_response(ApiKey::SyncGroup, 5, &body).unwrap_err();
-        assert!(matches!(err, DecodeError::Protocol { api: ApiKey::SyncGroup, version: 5, .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                DecodeError::Protocol {
+                    api: ApiKey::SyncGroup,
+                    version: 5,
+                    ..
+                }
+            ),
+            "{err}"
+        );
     }
 
     #[test]
@@ -524,11 +561,16 @@ mod tests {
         // for ApiVersions, in a v0 body.
         let v0 = ApiVersionsResponse::default()
             .with_error_code(35)
-            .with_api_keys(vec![ApiVersion::default().with_api_key(18).with_min_version(0).with_max_version(2)]);
+            .with_api_keys(vec![ApiVersion::default()
+                .with_api_key(18)
+                .with_min_version(0)
+                .with_max_version(2)]);
         let mut body = BytesMut::new();
         v0.encode(&mut body, 0).unwrap();
         let frame = response_frame(0, 5, &body);
-        let Response::ApiVersions(resp) = decode_response_frame(&frame, ApiKey::ApiVersions, 3, 5).unwrap() else {
+        let Response::ApiVersions(resp) =
+            decode_response_frame(&frame, ApiKey::ApiVersions, 3, 5).unwrap()
+        else {
             panic!("wrong variant");
         };
         assert_eq!(resp, v0);
@@ -537,7 +579,8 @@ mod tests {
         let v3 = v0.clone().with_throttle_time_ms(4);
         let mut body = BytesMut::new();
         v3.encode(&mut body, 3).unwrap();
-        let Response::ApiVersions(resp) = decode_response(ApiKey::ApiVersions, 3, &body).unwrap() else {
+        let Response::ApiVersions(resp) = decode_response(ApiKey::ApiVersions, 3, &body).unwrap()
+        else {
             panic!("wrong variant");
         };
         assert_eq!(resp, v3);
@@ -592,7 +635,9 @@ mod tests {
     #[test]
     fn large_random_inputs_finish_quickly() {
         let mut rng = crate::wire::guard::tests::Rng(1);
-        let body: Vec<u8> = (0..DEFAULT_MAX_FRAME_SIZE).map(|_| rng.next() as u8).collect();
+        let body: Vec<u8> = (0..DEFAULT_MAX_FRAME_SIZE)
+            .map(|_| rng.next() as u8)
+            .collect();
         let started = std::time::Instant::now();
         for (api, version) in all_covered() {
             let _ = decode_response(api, version, &body);

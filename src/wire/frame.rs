@@ -133,16 +133,35 @@ mod tests {
     fn bad_prefixes_are_typed_errors_before_the_body_arrives() {
         let cases: [(&[u8], FrameError); 5] = [
             (&[0, 0, 0, 0], FrameError::Empty),
-            (&[0xff, 0xff, 0xff, 0xff], FrameError::Negative { length: -1 }),
+            (
+                &[0xff, 0xff, 0xff, 0xff],
+                FrameError::Negative { length: -1 },
+            ),
             (&[0x80, 0, 0, 0], FrameError::Negative { length: i32::MIN }),
-            (&[0, 0, 0, 101], FrameError::TooLarge { size: 101, limit: 100 }),
-            (&[0x7f, 0xff, 0xff, 0xff], FrameError::TooLarge { size: i32::MAX as usize, limit: 100 }),
+            (
+                &[0, 0, 0, 101],
+                FrameError::TooLarge {
+                    size: 101,
+                    limit: 100,
+                },
+            ),
+            (
+                &[0x7f, 0xff, 0xff, 0xff],
+                FrameError::TooLarge {
+                    size: i32::MAX as usize,
+                    limit: 100,
+                },
+            ),
         ];
         for (prefix, expected) in cases {
             let mut buf = BytesMut::from(prefix);
             let cap = buf.capacity();
             assert_eq!(decode_frame(&mut buf, 100), Err(expected));
-            assert_eq!(buf.capacity(), cap, "nothing reserved for a rejected prefix");
+            assert_eq!(
+                buf.capacity(),
+                cap,
+                "nothing reserved for a rejected prefix"
+            );
         }
     }
 
@@ -164,7 +183,10 @@ mod tests {
 
     #[test]
     fn empty_body_is_not_encoded() {
-        assert_eq!(encode_frame(&[], &mut BytesMut::new()), Err(FrameError::Empty));
+        assert_eq!(
+            encode_frame(&[], &mut BytesMut::new()),
+            Err(FrameError::Empty)
+        );
     }
 
     proptest! {

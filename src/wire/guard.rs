@@ -162,7 +162,11 @@ pub struct Location {
 
 impl std::fmt::Display for Location {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}.{} at byte {}", self.structure, self.field, self.offset)
+        write!(
+            f,
+            "{}.{} at byte {}",
+            self.structure, self.field, self.offset
+        )
     }
 }
 
@@ -285,10 +289,26 @@ static API_VERSIONS_RESPONSE: StructSchema = StructSchema {
         f("throttle_time_ms", Int32, 1, ANY),
     ],
     tagged: &[
-        TaggedField { tag: 0, name: "supported_features", ty: Array(&SUPPORTED_FEATURE_KEY) },
-        TaggedField { tag: 1, name: "finalized_features_epoch", ty: Int64 },
-        TaggedField { tag: 2, name: "finalized_features", ty: Array(&FINALIZED_FEATURE_KEY) },
-        TaggedField { tag: 3, name: "zk_migration_ready", ty: Bool },
+        TaggedField {
+            tag: 0,
+            name: "supported_features",
+            ty: Array(&SUPPORTED_FEATURE_KEY),
+        },
+        TaggedField {
+            tag: 1,
+            name: "finalized_features_epoch",
+            ty: Int64,
+        },
+        TaggedField {
+            tag: 2,
+            name: "finalized_features",
+            ty: Array(&FINALIZED_FEATURE_KEY),
+        },
+        TaggedField {
+            tag: 3,
+            name: "zk_migration_ready",
+            ty: Bool,
+        },
     ],
 };
 
@@ -416,7 +436,10 @@ static SYNC_GROUP_RESPONSE: StructSchema = StructSchema {
 static HEARTBEAT_RESPONSE: StructSchema = StructSchema {
     name: "HeartbeatResponse",
     mem: 0,
-    fields: &[f("throttle_time_ms", Int32, 1, ANY), f("error_code", Int16, 0, ANY)],
+    fields: &[
+        f("throttle_time_ms", Int32, 1, ANY),
+        f("error_code", Int16, 0, ANY),
+    ],
     tagged: &[],
 };
 
@@ -482,7 +505,10 @@ static DESCRIBE_GROUPS_RESPONSE: StructSchema = StructSchema {
 static OFFSET_COMMIT_PARTITION: StructSchema = StructSchema {
     name: "OffsetCommitResponsePartition",
     mem: size_of::<offset_commit_response::OffsetCommitResponsePartition>(),
-    fields: &[f("partition_index", Int32, 0, ANY), f("error_code", Int16, 0, ANY)],
+    fields: &[
+        f("partition_index", Int32, 0, ANY),
+        f("error_code", Int16, 0, ANY),
+    ],
     tagged: &[],
 };
 static OFFSET_COMMIT_TOPIC: StructSchema = StructSchema {
@@ -575,16 +601,76 @@ static OFFSET_FETCH_RESPONSE: StructSchema = StructSchema {
 /// Every response the guard covers, with the versions its tables describe. These ranges are
 /// exactly kafka-protocol 0.18's for these messages.
 pub(crate) static MESSAGES: [MessageSchema; 10] = [
-    MessageSchema { api: ApiKey::ApiVersions, min: 0, max: 4, flexible: 3, root: &API_VERSIONS_RESPONSE },
-    MessageSchema { api: ApiKey::Metadata, min: 0, max: 13, flexible: 9, root: &METADATA_RESPONSE },
-    MessageSchema { api: ApiKey::FindCoordinator, min: 0, max: 6, flexible: 3, root: &FIND_COORDINATOR_RESPONSE },
-    MessageSchema { api: ApiKey::JoinGroup, min: 0, max: 9, flexible: 6, root: &JOIN_GROUP_RESPONSE },
-    MessageSchema { api: ApiKey::SyncGroup, min: 0, max: 5, flexible: 4, root: &SYNC_GROUP_RESPONSE },
-    MessageSchema { api: ApiKey::Heartbeat, min: 0, max: 4, flexible: 4, root: &HEARTBEAT_RESPONSE },
-    MessageSchema { api: ApiKey::LeaveGroup, min: 0, max: 5, flexible: 4, root: &LEAVE_GROUP_RESPONSE },
-    MessageSchema { api: ApiKey::DescribeGroups, min: 0, max: 6, flexible: 5, root: &DESCRIBE_GROUPS_RESPONSE },
-    MessageSchema { api: ApiKey::OffsetCommit, min: 2, max: 10, flexible: 8, root: &OFFSET_COMMIT_RESPONSE },
-    MessageSchema { api: ApiKey::OffsetFetch, min: 1, max: 10, flexible: 6, root: &OFFSET_FETCH_RESPONSE },
+    MessageSchema {
+        api: ApiKey::ApiVersions,
+        min: 0,
+        max: 4,
+        flexible: 3,
+        root: &API_VERSIONS_RESPONSE,
+    },
+    MessageSchema {
+        api: ApiKey::Metadata,
+        min: 0,
+        max: 13,
+        flexible: 9,
+        root: &METADATA_RESPONSE,
+    },
+    MessageSchema {
+        api: ApiKey::FindCoordinator,
+        min: 0,
+        max: 6,
+        flexible: 3,
+        root: &FIND_COORDINATOR_RESPONSE,
+    },
+    MessageSchema {
+        api: ApiKey::JoinGroup,
+        min: 0,
+        max: 9,
+        flexible: 6,
+        root: &JOIN_GROUP_RESPONSE,
+    },
+    MessageSchema {
+        api: ApiKey::SyncGroup,
+        min: 0,
+        max: 5,
+        flexible: 4,
+        root: &SYNC_GROUP_RESPONSE,
+    },
+    MessageSchema {
+        api: ApiKey::Heartbeat,
+        min: 0,
+        max: 4,
+        flexible: 4,
+        root: &HEARTBEAT_RESPONSE,
+    },
+    MessageSchema {
+        api: ApiKey::LeaveGroup,
+        min: 0,
+        max: 5,
+        flexible: 4,
+        root: &LEAVE_GROUP_RESPONSE,
+    },
+    MessageSchema {
+        api: ApiKey::DescribeGroups,
+        min: 0,
+        max: 6,
+        flexible: 5,
+        root: &DESCRIBE_GROUPS_RESPONSE,
+    },
+    MessageSchema {
+        api: ApiKey::OffsetCommit,
+        min: 2,
+        max: 10,
+        flexible: 8,
+        root: &OFFSET_COMMIT_RESPONSE,
+    },
+    MessageSchema {
+        api: ApiKey::OffsetFetch,
+        min: 1,
+        max: 10,
+        flexible: 6,
+        root: &OFFSET_FETCH_RESPONSE,
+    },
 ];
 
 pub(crate) fn schema(api: ApiKey) -> Option<&'static MessageSchema> {
@@ -610,7 +696,12 @@ pub fn scan_response(api: ApiKey, version: i16, body: &[u8]) -> Result<Scan, Dec
         Some(m) if m.min <= version && version <= m.max => m,
         _ => return Err(DecodeError::UnsupportedVersion { api, version }),
     };
-    let mut s = Scanner::new(body, version, version >= message.flexible, message.root.name);
+    let mut s = Scanner::new(
+        body,
+        version,
+        version >= message.flexible,
+        message.root.name,
+    );
     let malformed = |s: &Scanner, reason| DecodeError::Malformed {
         api,
         version,
@@ -970,7 +1061,11 @@ pub(crate) mod tests {
 
         fn ty(&mut self, out: &mut Vec<u8>, ty: Ty, non_default: bool) {
             match ty {
-                Bool => out.push(if non_default { 1 } else { self.rng.below(2) as u8 }),
+                Bool => out.push(if non_default {
+                    1
+                } else {
+                    self.rng.below(2) as u8
+                }),
                 Int16 => out.extend_from_slice(&(self.rng.next() as i16).to_be_bytes()),
                 Int32 => out.extend_from_slice(&(self.rng.next() as i32).to_be_bytes()),
                 Int64 => {
@@ -1041,7 +1136,9 @@ pub(crate) mod tests {
             let mut next_unknown = s.tagged.iter().map(|k| k.tag + 1).max().unwrap_or(0);
             for _ in 0..self.rng.below(3) {
                 next_unknown += 1 + self.rng.below(3) as u32;
-                let v = (0..self.rng.below(6)).map(|_| self.rng.next() as u8).collect();
+                let v = (0..self.rng.below(6))
+                    .map(|_| self.rng.next() as u8)
+                    .collect();
                 fields.push((next_unknown, v));
             }
             put_uvarint(out, fields.len() as u32);
@@ -1069,8 +1166,15 @@ pub(crate) mod tests {
     }
 
     /// Decodes with kafka-protocol, requires every byte consumed, re-encodes and returns the bytes.
-    fn kp_round_trip(api: ApiKey, version: i16, body: &[u8]) -> Result<Vec<u8>, std::string::String> {
-        fn rt<T: Decodable + Encodable>(body: &[u8], version: i16) -> Result<Vec<u8>, std::string::String> {
+    fn kp_round_trip(
+        api: ApiKey,
+        version: i16,
+        body: &[u8],
+    ) -> Result<Vec<u8>, std::string::String> {
+        fn rt<T: Decodable + Encodable>(
+            body: &[u8],
+            version: i16,
+        ) -> Result<Vec<u8>, std::string::String> {
             let mut buf = bytes::Bytes::copy_from_slice(body);
             let value = T::decode(&mut buf, version).map_err(|e| format!("decode: {e:#}"))?;
             if buf.has_remaining() {
@@ -1127,7 +1231,11 @@ pub(crate) mod tests {
             // ApiVersions, whose response header is always v0).
             if api != ApiKey::ApiVersions {
                 for v in m.min..=m.max {
-                    assert_eq!(api.response_header_version(v), i16::from(v >= m.flexible), "{api:?} v{v}");
+                    assert_eq!(
+                        api.response_header_version(v),
+                        i16::from(v >= m.flexible),
+                        "{api:?} v{v}"
+                    );
                 }
             }
         }
@@ -1139,13 +1247,21 @@ pub(crate) mod tests {
     fn tables_match_kafka_protocol_for_every_version() {
         for (api, version) in all_covered() {
             for seed in 0..200u64 {
-                let body = generate(api, version, seed ^ ((api as u64) << 32) ^ ((version as u64) << 48));
-                let scan = scan_response(api, version, &body)
-                    .unwrap_or_else(|e| panic!("{api:?} v{version} seed {seed}: scan rejected: {e}"));
+                let body = generate(
+                    api,
+                    version,
+                    seed ^ ((api as u64) << 32) ^ ((version as u64) << 48),
+                );
+                let scan = scan_response(api, version, &body).unwrap_or_else(|e| {
+                    panic!("{api:?} v{version} seed {seed}: scan rejected: {e}")
+                });
                 assert_eq!(scan.consumed, body.len());
                 let again = kp_round_trip(api, version, &body)
                     .unwrap_or_else(|e| panic!("{api:?} v{version} seed {seed}: {e}\n{body:?}"));
-                assert_eq!(again, body, "{api:?} v{version} seed {seed}: re-encoding differs");
+                assert_eq!(
+                    again, body,
+                    "{api:?} v{version} seed {seed}: re-encoding differs"
+                );
             }
         }
     }
@@ -1171,7 +1287,11 @@ pub(crate) mod tests {
                 ApiKey::OffsetFetch => enc::<OffsetFetchResponse>(v),
                 _ => unreachable!(),
             };
-            assert_eq!(scan_response(api, v, &body).unwrap().consumed, body.len(), "{api:?} v{v}");
+            assert_eq!(
+                scan_response(api, v, &body).unwrap().consumed,
+                body.len(),
+                "{api:?} v{v}"
+            );
         }
     }
 
@@ -1179,7 +1299,12 @@ pub(crate) mod tests {
     /// at every version it occurs in, costs at most half the budget per byte.
     #[test]
     fn amplification_of_every_struct_is_within_half_the_budget() {
-        fn visit(s: &'static StructSchema, v: i16, flexible: bool, worst: &mut Vec<(&'static str, i16, usize)>) {
+        fn visit(
+            s: &'static StructSchema,
+            v: i16,
+            flexible: bool,
+            worst: &mut Vec<(&'static str, i16, usize)>,
+        ) {
             let sc = Scanner::new(&[], v, flexible, "");
             let min = sc.min_struct_size(s).max(1);
             worst.push((s.name, v, s.mem.div_ceil(min)));
@@ -1213,8 +1338,15 @@ pub(crate) mod tests {
         // A non-empty string or byte field costs its length plus the overhead, and occupies at
         // least its length plus one byte of prefix: at worst (1 + overhead) per 2 input bytes.
         assert!((ALLOCATION_OVERHEAD + 1).div_ceil(2) <= MAX_AMPLIFICATION / 2);
-        eprintln!("worst structs (name, version, heap bytes per input byte): {:?}", &worst[..6]);
-        assert!(worst[0].2 <= MAX_AMPLIFICATION / 2, "worst structs: {:?}", &worst[..5]);
+        eprintln!(
+            "worst structs (name, version, heap bytes per input byte): {:?}",
+            &worst[..6]
+        );
+        assert!(
+            worst[0].2 <= MAX_AMPLIFICATION / 2,
+            "worst structs: {:?}",
+            &worst[..5]
+        );
     }
 
     #[test]
@@ -1225,17 +1357,38 @@ pub(crate) mod tests {
         body.extend_from_slice(&i32::MAX.to_be_bytes());
         let err = scan_response(ApiKey::JoinGroup, 5, &body).unwrap_err();
         assert!(
-            matches!(err, DecodeError::Malformed { reason: Malformation::ArrayTooLong { count: 0x7fff_ffff, .. }, .. }),
+            matches!(
+                err,
+                DecodeError::Malformed {
+                    reason: Malformation::ArrayTooLong {
+                        count: 0x7fff_ffff,
+                        ..
+                    },
+                    ..
+                }
+            ),
             "{err}"
         );
-        assert!(err.to_string().contains("JoinGroupResponse.members"), "{err}");
+        assert!(
+            err.to_string().contains("JoinGroupResponse.members"),
+            "{err}"
+        );
 
         // Flexible (v9): compact count 2^32-2 via a maximal varint.
         let mut body = vec![0u8; 4 + 2 + 4];
         body.extend_from_slice(&[1, 1, 1, 0, 1]); // protocol_type, protocol_name, leader, skip, member_id
         body.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0x0f]);
         let err = scan_response(ApiKey::JoinGroup, 9, &body).unwrap_err();
-        assert!(matches!(err, DecodeError::Malformed { reason: Malformation::ArrayTooLong { .. }, .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                DecodeError::Malformed {
+                    reason: Malformation::ArrayTooLong { .. },
+                    ..
+                }
+            ),
+            "{err}"
+        );
 
         // A nested array: Metadata v1, one broker-less, one topic whose partition claims 10^9
         // replica ids.
@@ -1255,7 +1408,16 @@ pub(crate) mod tests {
         let mut body = vec![0, 0, 0, 0, 0, 0];
         body.extend_from_slice(&i32::MAX.to_be_bytes());
         let err = scan_response(ApiKey::SyncGroup, 1, &body).unwrap_err();
-        assert!(matches!(err, DecodeError::Malformed { reason: Malformation::Truncated { .. }, .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                DecodeError::Malformed {
+                    reason: Malformation::Truncated { .. },
+                    ..
+                }
+            ),
+            "{err}"
+        );
     }
 
     #[test]
@@ -1263,14 +1425,26 @@ pub(crate) mod tests {
         // SyncGroup v0: error code, then assignment length -2.
         let body = [0, 0, 0xff, 0xff, 0xff, 0xfe];
         let err = scan_response(ApiKey::SyncGroup, 0, &body).unwrap_err();
-        assert!(matches!(err, DecodeError::Malformed { reason: Malformation::NegativeLength { length: -2 }, .. }));
+        assert!(matches!(
+            err,
+            DecodeError::Malformed {
+                reason: Malformation::NegativeLength { length: -2 },
+                ..
+            }
+        ));
         // Null is a layout the scan accepts (kafka-protocol decides whether it is allowed).
         let body = [0, 0, 0xff, 0xff, 0xff, 0xff];
         assert!(scan_response(ApiKey::SyncGroup, 0, &body).is_ok());
         // Heartbeat v4: throttle, error, then a six-byte varint as the tagged-field count.
         let body = [0, 0, 0, 0, 0, 0, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01];
         let err = scan_response(ApiKey::Heartbeat, 4, &body).unwrap_err();
-        assert!(matches!(err, DecodeError::Malformed { reason: Malformation::BadVarint, .. }));
+        assert!(matches!(
+            err,
+            DecodeError::Malformed {
+                reason: Malformation::BadVarint,
+                ..
+            }
+        ));
     }
 
     #[test]
@@ -1280,7 +1454,17 @@ pub(crate) mod tests {
         let body = [0, 0, 1, 0, 0, 0, 0, 1, 3, 2, 1, 0];
         let err = scan_response(ApiKey::ApiVersions, 3, &body).unwrap_err();
         assert!(
-            matches!(err, DecodeError::Malformed { reason: Malformation::TaggedFieldSize { tag: 3, declared: 2, actual: 1 }, .. }),
+            matches!(
+                err,
+                DecodeError::Malformed {
+                    reason: Malformation::TaggedFieldSize {
+                        tag: 3,
+                        declared: 2,
+                        actual: 1
+                    },
+                    ..
+                }
+            ),
             "{err}"
         );
         // A known array tag whose count runs past its declared size.
@@ -1300,7 +1484,16 @@ pub(crate) mod tests {
             body.push(0);
         }
         let err = scan_response(ApiKey::Heartbeat, 4, &body).unwrap_err();
-        assert!(matches!(err, DecodeError::Malformed { reason: Malformation::MemoryBudget { .. }, .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                DecodeError::Malformed {
+                    reason: Malformation::MemoryBudget { .. },
+                    ..
+                }
+            ),
+            "{err}"
+        );
         // A handful is fine.
         let body = [0, 0, 0, 0, 0, 0, 2, 7, 1, 9, 8, 0];
         assert!(scan_response(ApiKey::Heartbeat, 4, &body).is_ok());
@@ -1329,15 +1522,26 @@ pub(crate) mod tests {
 
     #[test]
     fn unsupported_versions_are_typed_errors() {
-        for (api, v) in [(ApiKey::JoinGroup, 10), (ApiKey::OffsetCommit, 1), (ApiKey::Produce, 0), (ApiKey::Heartbeat, -1)] {
-            assert!(matches!(scan_response(api, v, &[0; 16]), Err(DecodeError::UnsupportedVersion { .. })));
+        for (api, v) in [
+            (ApiKey::JoinGroup, 10),
+            (ApiKey::OffsetCommit, 1),
+            (ApiKey::Produce, 0),
+            (ApiKey::Heartbeat, -1),
+        ] {
+            assert!(matches!(
+                scan_response(api, v, &[0; 16]),
+                Err(DecodeError::UnsupportedVersion { .. })
+            ));
         }
     }
 
     #[test]
     fn header_scan() {
         assert_eq!(scan_response_header(&[0, 0, 0, 7, 9], 0), Ok((7, 4)));
-        assert_eq!(scan_response_header(&[0, 0, 0, 7, 1, 5, 2, 0, 0, 9], 1), Ok((7, 9)));
+        assert_eq!(
+            scan_response_header(&[0, 0, 0, 7, 1, 5, 2, 0, 0, 9], 1),
+            Ok((7, 9))
+        );
         assert!(scan_response_header(&[0, 0, 0], 0).is_err());
         assert!(scan_response_header(&[0, 0, 0, 7, 1, 5, 9], 1).is_err());
     }

@@ -229,7 +229,11 @@ mod tests {
     #[test]
     fn supported_matches_the_guard() {
         for &(api, min, max) in SUPPORTED {
-            assert_eq!(super::super::guard::covered_versions(api), Some((min, max)), "{api:?}");
+            assert_eq!(
+                super::super::guard::covered_versions(api),
+                Some((min, max)),
+                "{api:?}"
+            );
         }
         assert_eq!(SUPPORTED.len(), super::super::guard::MESSAGES.len());
         for api in REQUIRED {
@@ -280,14 +284,22 @@ mod tests {
     #[test]
     fn a_missing_or_disjoint_required_api_names_api_and_ranges() {
         let mut resp = kafka_4_0();
-        resp.api_keys.retain(|k| k.api_key != ApiKey::SyncGroup as i16);
+        resp.api_keys
+            .retain(|k| k.api_key != ApiKey::SyncGroup as i16);
         let err = negotiate(&resp).unwrap_err();
         assert_eq!(
             err,
-            VersionError::Unsupported { api: ApiKey::SyncGroup, ours: (0, 5), broker: None }
+            VersionError::Unsupported {
+                api: ApiKey::SyncGroup,
+                ours: (0, 5),
+                broker: None
+            }
         );
         let msg = err.to_string();
-        assert!(msg.contains("SyncGroup") && msg.contains("v0-v5") && msg.contains("does not list"), "{msg}");
+        assert!(
+            msg.contains("SyncGroup") && msg.contains("v0-v5") && msg.contains("does not list"),
+            "{msg}"
+        );
 
         let mut resp = kafka_4_0();
         for k in &mut resp.api_keys {
@@ -297,13 +309,18 @@ mod tests {
             }
         }
         let msg = negotiate(&resp).unwrap_err().to_string();
-        assert!(msg.contains("Heartbeat") && msg.contains("v0-v4") && msg.contains("supports v5-v7"), "{msg}");
+        assert!(
+            msg.contains("Heartbeat") && msg.contains("v0-v4") && msg.contains("supports v5-v7"),
+            "{msg}"
+        );
     }
 
     #[test]
     fn an_error_response_is_not_negotiated() {
         let resp = kafka_4_0().with_error_code(35);
-        assert!(matches!(negotiate(&resp), Err(VersionError::ApiVersions { code }) if code.0 == 35));
+        assert!(
+            matches!(negotiate(&resp), Err(VersionError::ApiVersions { code }) if code.0 == 35)
+        );
     }
 
     #[test]

@@ -19,11 +19,28 @@ async fn sigkilled_holder_is_replaced_after_the_session_timeout() {
     let pidfile = dir.join("child.pid");
     let mut holder = ChildGuard::new(
         Command::new(env!("CARGO_BIN_EXE_kafka-lock"))
-            .args(["run", "--bootstrap", &support::broker().bootstrap(), "--lock", &group])
-            .args(["--session-timeout", "6s", "--rebalance-timeout", "6s", "--heartbeat-interval", "500ms"])
+            .args([
+                "run",
+                "--bootstrap",
+                &support::broker().bootstrap(),
+                "--lock",
+                &group,
+            ])
+            .args([
+                "--session-timeout",
+                "6s",
+                "--rebalance-timeout",
+                "6s",
+                "--heartbeat-interval",
+                "500ms",
+            ])
             .args(["--events", "json", "--label", "doomed"])
             .arg("--")
-            .args(["sh", "-c", &format!("echo $$ > {}; exec sleep 600", pidfile.display())])
+            .args([
+                "sh",
+                "-c",
+                &format!("echo $$ > {}; exec sleep 600", pidfile.display()),
+            ])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -39,7 +56,9 @@ async fn sigkilled_holder_is_replaced_after_the_session_timeout() {
         }
     });
     let token_line = loop {
-        let line = rx.recv_timeout(Duration::from_secs(40)).expect("the holder process acquires");
+        let line = rx
+            .recv_timeout(Duration::from_secs(40))
+            .expect("the holder process acquires");
         if line.contains("\"event\":\"acquired\"") || line.contains("\"event\": \"acquired\"") {
             break line;
         }
@@ -61,18 +80,29 @@ async fn sigkilled_holder_is_replaced_after_the_session_timeout() {
     holder.kill().expect("SIGKILL the holder");
     let killed = Instant::now();
     let _ = holder.wait();
-    let guard = tokio::time::timeout(Duration::from_secs(60), waiter).await.expect("failover in time").unwrap().expect("acquired");
+    let guard = tokio::time::timeout(Duration::from_secs(60), waiter)
+        .await
+        .expect("failover in time")
+        .unwrap()
+        .expect("acquired");
     let took = killed.elapsed();
     eprintln!("failover after SIGKILL took {took:?} (holder said: {token_line})");
     // The broker may only hand the lock on after the dead member's session ran out.
-    assert!(took >= session / 2, "the lock moved {took:?} after the kill, before the session could expire");
-    let old_token: i32 = json_field(&token_line, "token").parse().expect("token in the acquired event");
+    assert!(
+        took >= session / 2,
+        "the lock moved {took:?} after the kill, before the session could expire"
+    );
+    let old_token: i32 = json_field(&token_line, "token")
+        .parse()
+        .expect("token in the acquired event");
     assert!(guard.token().generation > old_token);
     guard.release().await.unwrap();
 }
 
 fn json_field<'a>(line: &'a str, key: &str) -> &'a str {
-    let at = line.find(&format!("\"{key}\":")).unwrap_or_else(|| panic!("no {key} in {line}"));
+    let at = line
+        .find(&format!("\"{key}\":"))
+        .unwrap_or_else(|| panic!("no {key} in {line}"));
     let rest = line[at + key.len() + 3..].trim_start();
     let end = rest.find([',', '}']).unwrap_or(rest.len());
     rest[..end].trim().trim_matches('"')
@@ -87,7 +117,10 @@ fn tempdir() -> std::path::PathBuf {
 fn wait_for_pidfile(path: &std::path::Path) -> i32 {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        if let Some(pid) = std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse().ok()) {
+        if let Some(pid) = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+        {
             return pid;
         }
         assert!(Instant::now() < deadline, "the child never wrote its pid");
@@ -114,7 +147,10 @@ async fn wait_for_members(group: &str, n: usize) {
         if crate::lock::group_members(group).await.len() >= n {
             return;
         }
-        assert!(Instant::now() < deadline, "group {group} never reached {n} members");
+        assert!(
+            Instant::now() < deadline,
+            "group {group} never reached {n} members"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }

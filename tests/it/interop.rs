@@ -18,7 +18,10 @@ use crate::support::{self, ChildGuard};
 const BOUND: Duration = Duration::from_secs(60);
 
 fn mono_ns() -> i64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: clock_gettime writes into the timespec we own; CLOCK_MONOTONIC always exists on Linux.
     #[allow(unsafe_code)]
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
@@ -40,15 +43,30 @@ fn parse(line: &str) -> Option<PyEvent> {
     let field = |key: &str| -> Option<&str> {
         let start = line.find(&format!("\"{key}\": "))? + key.len() + 4;
         let rest = &line[start..];
-        let end = rest.find([',', '}']).map(|i| if rest.starts_with('[') { rest.find(']').unwrap() + 1 } else { i })?;
+        let end = rest.find([',', '}']).map(|i| {
+            if rest.starts_with('[') {
+                rest.find(']').unwrap() + 1
+            } else {
+                i
+            }
+        })?;
         Some(rest[..end].trim())
     };
     let event = field("event")?.trim_matches('"').to_owned();
     let mono_ns = field("mono_ns")?.parse().ok()?;
     let partitions = field("partitions")
-        .map(|p| p.trim_matches(['[', ']']).split(',').filter_map(|x| x.trim().parse().ok()).collect())
+        .map(|p| {
+            p.trim_matches(['[', ']'])
+                .split(',')
+                .filter_map(|x| x.trim().parse().ok())
+                .collect()
+        })
         .unwrap_or_default();
-    Some(PyEvent { event, partitions, mono_ns })
+    Some(PyEvent {
+        event,
+        partitions,
+        mono_ns,
+    })
 }
 
 struct PyConsumer {
@@ -63,7 +81,14 @@ impl PyConsumer {
         let mut child = ChildGuard::new(
             Command::new(support::python())
                 .arg(script)
-                .args([&support::broker().bootstrap(), group, topic, client_id, "6000", "500"])
+                .args([
+                    &support::broker().bootstrap(),
+                    group,
+                    topic,
+                    client_id,
+                    "6000",
+                    "500",
+                ])
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())
@@ -79,7 +104,11 @@ impl PyConsumer {
                 }
             }
         });
-        PyConsumer { child, lines: rx, log: Vec::new() }
+        PyConsumer {
+            child,
+            lines: rx,
+            log: Vec::new(),
+        }
     }
 
     /// Waits for the first event matching `pred`, keeping every event in the log.
@@ -87,7 +116,10 @@ impl PyConsumer {
         let deadline = std::time::Instant::now() + BOUND;
         loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
-            let e = self.lines.recv_timeout(left).unwrap_or_else(|_| panic!("librdkafka consumer: no {what}; saw {:?}", self.log));
+            let e = self
+                .lines
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("librdkafka consumer: no {what}; saw {:?}", self.log));
             self.log.push(e.clone());
             if pred(&e) {
                 return e;
@@ -147,7 +179,10 @@ fn our_intervals(log: &[(i64, LockEvent)]) -> Vec<(i64, i64)> {
 fn assert_disjoint(a: &[(i64, i64)], b: &[(i64, i64)]) {
     for x in a {
         for y in b {
-            assert!(x.1 <= y.0 || y.1 <= x.0, "holders overlap: librdkafka {x:?} vs kafka-lock {y:?}");
+            assert!(
+                x.1 <= y.0 || y.1 <= x.0,
+                "holders overlap: librdkafka {x:?} vs kafka-lock {y:?}"
+            );
         }
     }
 }
@@ -166,7 +201,10 @@ fn options(topic: &str, client_id: &str, tx: mpsc::UnboundedSender<LockEvent>) -
 /// each one on to `live` for the test to wait on.
 fn record(
     mut rx: mpsc::UnboundedReceiver<LockEvent>,
-) -> (tokio::task::JoinHandle<Vec<(i64, LockEvent)>>, mpsc::UnboundedReceiver<LockEvent>) {
+) -> (
+    tokio::task::JoinHandle<Vec<(i64, LockEvent)>>,
+    mpsc::UnboundedReceiver<LockEvent>,
+) {
     let (live_tx, live) = mpsc::unbounded_channel();
     let task = tokio::spawn(async move {
         let mut log = Vec::new();
@@ -185,7 +223,9 @@ async fn librdkafka_holds_then_hands_over_to_kafka_lock() {
     let topic = support::unique_group("interop-a");
     support::create_topic(&support::broker().bootstrap(), &topic, 1);
     let mut py = PyConsumer::start(&topic, &topic, "a-rdkafka");
-    py.wait_for("assignment of partition 0", |e| e.event == "assigned" && e.partitions == [0]);
+    py.wait_for("assignment of partition 0", |e| {
+        e.event == "assigned" && e.partitions == [0]
+    });
 
     let (tx, rx) = mpsc::unbounded_channel();
     let (recorder, mut wrx) = record(rx);
@@ -196,20 +236,34 @@ async fn librdkafka_holds_then_hands_over_to_kafka_lock() {
     });
     // kafka-lock completes a generation without partition 0: it waits.
     loop {
-        match tokio::time::timeout(BOUND, wrx.recv()).await.expect("kafka-lock waits") {
+        match tokio::time::timeout(BOUND, wrx.recv())
+            .await
+            .expect("kafka-lock waits")
+        {
             Some(LockEvent::Waiting { .. }) => break,
-            Some(LockEvent::Acquired { .. }) => panic!("kafka-lock took the lock from a running librdkafka holder"),
+            Some(LockEvent::Acquired { .. }) => {
+                panic!("kafka-lock took the lock from a running librdkafka holder")
+            }
             Some(_) => {}
             None => panic!("kafka-lock ended early"),
         }
     }
-    py.wait_for("reassignment of partition 0", |e| e.event == "assigned" && e.partitions == [0]);
+    py.wait_for("reassignment of partition 0", |e| {
+        e.event == "assigned" && e.partitions == [0]
+    });
     py.close();
     py.wait_for("close", |e| e.event == "closed");
-    let guard = tokio::time::timeout(BOUND, acquire).await.expect("kafka-lock acquires after close").unwrap().expect("acquired");
+    let guard = tokio::time::timeout(BOUND, acquire)
+        .await
+        .expect("kafka-lock acquires after close")
+        .unwrap()
+        .expect("acquired");
     guard.release().await.unwrap();
     drop(opts);
-    let ours = tokio::time::timeout(Duration::from_secs(5), recorder).await.unwrap().unwrap();
+    let ours = tokio::time::timeout(Duration::from_secs(5), recorder)
+        .await
+        .unwrap()
+        .unwrap();
     assert!(!our_intervals(&ours).is_empty());
     assert_disjoint(&py.held_intervals(), &our_intervals(&ours));
 }
@@ -222,15 +276,23 @@ async fn kafka_lock_holds_then_hands_over_to_librdkafka() {
     let (tx, rx) = mpsc::unbounded_channel();
     let (recorder, mut live) = record(rx);
     let opts = options(&topic, "a-kafka-lock", tx);
-    let guard = opts.acquire(Some(BOUND)).await.expect("kafka-lock acquires a free lock");
+    let guard = opts
+        .acquire(Some(BOUND))
+        .await
+        .expect("kafka-lock acquires a free lock");
 
     let mut py = PyConsumer::start(&topic, &topic, "z-rdkafka");
     // librdkafka joins; the eager rebalance gives partition 0 back to the member that sorts first.
-    py.wait_for("an assignment without partition 0", |e| e.event == "assigned" && e.partitions.is_empty());
+    py.wait_for("an assignment without partition 0", |e| {
+        e.event == "assigned" && e.partitions.is_empty()
+    });
     // Eager: kafka-lock surrendered partition 0 for the rebalance and was assigned it again.
     let mut acquisitions = 0;
     while acquisitions < 2 {
-        match tokio::time::timeout(BOUND, live.recv()).await.expect("kafka-lock holds again") {
+        match tokio::time::timeout(BOUND, live.recv())
+            .await
+            .expect("kafka-lock holds again")
+        {
             Some(LockEvent::Acquired { .. }) => acquisitions += 1,
             Some(_) => {}
             None => panic!("kafka-lock ended early"),
@@ -238,10 +300,15 @@ async fn kafka_lock_holds_then_hands_over_to_librdkafka() {
     }
     assert!(guard.is_held());
     guard.release().await.unwrap();
-    py.wait_for("partition 0 after kafka-lock released", |e| e.event == "assigned" && e.partitions == [0]);
+    py.wait_for("partition 0 after kafka-lock released", |e| {
+        e.event == "assigned" && e.partitions == [0]
+    });
     drop(opts);
     py.close();
     py.wait_for("close", |e| e.event == "closed");
-    let ours = tokio::time::timeout(Duration::from_secs(5), recorder).await.unwrap().unwrap();
+    let ours = tokio::time::timeout(Duration::from_secs(5), recorder)
+        .await
+        .unwrap()
+        .unwrap();
     assert_disjoint(&py.held_intervals(), &our_intervals(&ours));
 }

@@ -44,8 +44,14 @@ impl Resource {
             "two holders at once: {member} entered while another held the lock"
         );
         let prev = self.max_token.fetch_max(generation, Ordering::SeqCst);
-        assert!(generation > prev, "token {generation} is not greater than an earlier holder's {prev}");
-        self.holders.lock().unwrap().push((generation, member.to_owned()));
+        assert!(
+            generation > prev,
+            "token {generation} is not greater than an earlier holder's {prev}"
+        );
+        self.holders
+            .lock()
+            .unwrap()
+            .push((generation, member.to_owned()));
     }
 
     fn leave(&self) {
@@ -64,19 +70,29 @@ async fn contenders_take_turns_with_increasing_tokens() {
         let (resource, group) = (resource.clone(), group.clone());
         tasks.push(tokio::spawn(async move {
             let options = opts(&group).label(format!("contender-{i}"));
-            let guard = options.acquire(Some(Duration::from_secs(120))).await.expect("acquire");
+            let guard = options
+                .acquire(Some(Duration::from_secs(120)))
+                .await
+                .expect("acquire");
             let token = guard.token();
             resource.enter(token.generation, &token.member_id);
             // Work while holding, long enough for the others' joins to rebalance the group.
             tokio::time::sleep(Duration::from_millis(1500)).await;
-            assert!(guard.is_held(), "lost the lock while working: {:?}", options.stats());
+            assert!(
+                guard.is_held(),
+                "lost the lock while working: {:?}",
+                options.stats()
+            );
             resource.leave();
             guard.release().await.expect("release");
             options.stats()
         }));
     }
     for t in tasks {
-        let stats = tokio::time::timeout(Duration::from_secs(150), t).await.expect("all contenders finish").unwrap();
+        let stats = tokio::time::timeout(Duration::from_secs(150), t)
+            .await
+            .expect("all contenders finish")
+            .unwrap();
         assert_eq!(stats.acquisitions, 1);
         assert!(stats.losses.is_empty(), "{stats:?}");
     }
@@ -88,7 +104,11 @@ async fn contenders_take_turns_with_increasing_tokens() {
 async fn release_hands_the_lock_to_a_waiter() {
     support::init_tracing();
     let group = support::unique_group("release");
-    let first = opts(&group).label("first").acquire(Some(REBALANCE_BOUND)).await.expect("first acquires");
+    let first = opts(&group)
+        .label("first")
+        .acquire(Some(REBALANCE_BOUND))
+        .await
+        .expect("first acquires");
     let t1 = first.token();
     let (tx, mut rx) = mpsc::unbounded_channel();
     let waiter = tokio::spawn({
@@ -97,18 +117,35 @@ async fn release_hands_the_lock_to_a_waiter() {
     });
     // The waiter is told who holds the lock before the holder lets go.
     let holder = loop {
-        match tokio::time::timeout(REBALANCE_BOUND, rx.recv()).await.expect("waiting event") {
-            Some(LockEvent::Waiting { holder: Some(h), .. }) => break h,
+        match tokio::time::timeout(REBALANCE_BOUND, rx.recv())
+            .await
+            .expect("waiting event")
+        {
+            Some(LockEvent::Waiting {
+                holder: Some(h), ..
+            }) => break h,
             Some(_) => continue,
             None => panic!("event stream ended"),
         }
     };
     assert_eq!(holder.label.as_deref(), Some("first"));
-    assert!(first.is_held(), "a new waiter must not take the lock from a running holder");
+    assert!(
+        first.is_held(),
+        "a new waiter must not take the lock from a running holder"
+    );
     let released_at = Instant::now();
     first.release().await.unwrap();
-    let second = tokio::time::timeout(REBALANCE_BOUND, waiter).await.expect("handover in time").unwrap().expect("second acquires");
-    assert!(second.token().generation > t1.generation, "{:?} then {:?}", t1, second.token());
+    let second = tokio::time::timeout(REBALANCE_BOUND, waiter)
+        .await
+        .expect("handover in time")
+        .unwrap()
+        .expect("second acquires");
+    assert!(
+        second.token().generation > t1.generation,
+        "{:?} then {:?}",
+        t1,
+        second.token()
+    );
     eprintln!("handover took {:?}", released_at.elapsed());
     second.release().await.unwrap();
 }
@@ -117,19 +154,34 @@ async fn release_hands_the_lock_to_a_waiter() {
 async fn newly_joining_waiters_never_take_the_lock_from_the_holder() {
     support::init_tracing();
     let group = support::unique_group("sticky");
-    let holder = opts(&group).label("holder").acquire(Some(REBALANCE_BOUND)).await.unwrap();
+    let holder = opts(&group)
+        .label("holder")
+        .acquire(Some(REBALANCE_BOUND))
+        .await
+        .unwrap();
     let token = holder.token();
     let mut waiters = Vec::new();
     for i in 0..3 {
         let (tx, rx) = mpsc::unbounded_channel();
-        let o = opts(&group).label(format!("waiter-{i}")).client_id("a-smaller-client-id").events(tx);
-        waiters.push((tokio::spawn(async move { o.acquire(Some(Duration::from_secs(120))).await }), rx));
+        let o = opts(&group)
+            .label(format!("waiter-{i}"))
+            .client_id("a-smaller-client-id")
+            .events(tx);
+        waiters.push((
+            tokio::spawn(async move { o.acquire(Some(Duration::from_secs(120))).await }),
+            rx,
+        ));
     }
     // Every waiter completes a generation naming the original holder.
     for (_, rx) in waiters.iter_mut() {
         loop {
-            match tokio::time::timeout(REBALANCE_BOUND, rx.recv()).await.expect("waiter event") {
-                Some(LockEvent::Waiting { holder: Some(h), .. }) if h.member_id == token.member_id => break,
+            match tokio::time::timeout(REBALANCE_BOUND, rx.recv())
+                .await
+                .expect("waiter event")
+            {
+                Some(LockEvent::Waiting {
+                    holder: Some(h), ..
+                }) if h.member_id == token.member_id => break,
                 Some(LockEvent::Acquired { .. }) => panic!("a joining waiter took the lock"),
                 Some(_) => {}
                 None => panic!("waiter ended early"),
@@ -137,7 +189,10 @@ async fn newly_joining_waiters_never_take_the_lock_from_the_holder() {
         }
     }
     assert!(holder.is_held());
-    assert!(holder.token().generation >= token.generation, "the token only moves forward");
+    assert!(
+        holder.token().generation >= token.generation,
+        "the token only moves forward"
+    );
     holder.release().await.unwrap();
     // They get it one at a time, in whatever order the queue gives, each after the previous one
     // released.
@@ -146,13 +201,22 @@ async fn newly_joining_waiters_never_take_the_lock_from_the_holder() {
         set.spawn(async move { task.await });
     }
     let mut generations = Vec::new();
-    while let Some(joined) = tokio::time::timeout(Duration::from_secs(150), set.join_next()).await.expect("waiters finish") {
-        let guard = joined.unwrap().unwrap().expect("each waiter acquires in turn");
+    while let Some(joined) = tokio::time::timeout(Duration::from_secs(150), set.join_next())
+        .await
+        .expect("waiters finish")
+    {
+        let guard = joined
+            .unwrap()
+            .unwrap()
+            .expect("each waiter acquires in turn");
         generations.push(guard.token().generation);
         guard.release().await.unwrap();
     }
     assert_eq!(generations.len(), 3);
-    assert!(generations.windows(2).all(|w| w[0] < w[1]), "tokens in acquisition order: {generations:?}");
+    assert!(
+        generations.windows(2).all(|w| w[0] < w[1]),
+        "tokens in acquisition order: {generations:?}"
+    );
     assert!(generations.iter().all(|g| *g > token.generation));
 }
 
@@ -161,12 +225,20 @@ async fn try_acquire_is_prompt_both_ways() {
     support::init_tracing();
     let group = support::unique_group("try");
     let started = Instant::now();
-    let got = opts(&group).try_acquire().await.unwrap().expect("a free lock is taken");
+    let got = opts(&group)
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("a free lock is taken");
     assert!(started.elapsed() < REBALANCE_BOUND);
     let started = Instant::now();
     let other = opts(&group).try_acquire().await.unwrap();
     assert!(other.is_none(), "a held lock is not taken");
-    assert!(started.elapsed() < REBALANCE_BOUND, "try_acquire took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < REBALANCE_BOUND,
+        "try_acquire took {:?}",
+        started.elapsed()
+    );
     assert!(got.is_held());
     got.release().await.unwrap();
 }
@@ -177,7 +249,11 @@ async fn an_acquire_that_times_out_leaves_the_group() {
     let group = support::unique_group("timeout");
     let holder = opts(&group).acquire(Some(REBALANCE_BOUND)).await.unwrap();
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let err = opts(&group).events(tx).acquire(Some(Duration::from_secs(8))).await.unwrap_err();
+    let err = opts(&group)
+        .events(tx)
+        .acquire(Some(Duration::from_secs(8)))
+        .await
+        .unwrap_err();
     assert!(matches!(err, Error::NotAcquired { .. }), "{err}");
     // The waiter's own session reports that it left the group.
     let mut left = false;
@@ -190,17 +266,28 @@ async fn an_acquire_that_times_out_leaves_the_group() {
     assert!(left, "the waiter never reported leaving");
     // And the broker agrees: only the holder remains a member.
     let members = group_members(&group).await;
-    assert_eq!(members, vec![holder.member_id()], "the waiter must have left");
+    assert_eq!(
+        members,
+        vec![holder.member_id()],
+        "the waiter must have left"
+    );
     holder.release().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_settings_are_rejected_before_the_broker_sees_them() {
-    let err = opts("x").heartbeat_interval(Duration::from_secs(30)).acquire(None).await.unwrap_err();
+    let err = opts("x")
+        .heartbeat_interval(Duration::from_secs(30))
+        .acquire(None)
+        .await
+        .unwrap_err();
     assert!(matches!(err, Error::Config(_)), "{err}");
     let err = opts("").acquire(None).await.unwrap_err();
     assert!(matches!(err, Error::Config(_)), "{err}");
-    let err = LockOptions::new("not-an-address", "x").acquire(None).await.unwrap_err();
+    let err = LockOptions::new("not-an-address", "x")
+        .acquire(None)
+        .await
+        .unwrap_err();
     assert!(matches!(err, Error::Config(_)), "{err}");
 }
 
@@ -208,10 +295,24 @@ async fn invalid_settings_are_rejected_before_the_broker_sees_them() {
 async fn consumer_mode_refuses_a_topic_with_several_partitions() {
     let topic = support::unique_group("multi");
     support::create_topic(&support::broker().bootstrap(), &topic, 3);
-    let err = opts(&topic).consumer_topic(&topic).acquire(Some(Duration::from_secs(5))).await.unwrap_err();
-    assert!(matches!(&err, Error::Config(m) if m.contains("3 partitions")), "{err}");
-    let err = opts(&topic).consumer_topic("no-such-topic-here").acquire(Some(Duration::from_secs(5))).await.unwrap_err();
-    assert!(matches!(&err, Error::Config(m) if m.contains("does not exist")), "{err}");
+    let err = opts(&topic)
+        .consumer_topic(&topic)
+        .acquire(Some(Duration::from_secs(5)))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Config(m) if m.contains("3 partitions")),
+        "{err}"
+    );
+    let err = opts(&topic)
+        .consumer_topic("no-such-topic-here")
+        .acquire(Some(Duration::from_secs(5)))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Config(m) if m.contains("does not exist")),
+        "{err}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -219,26 +320,43 @@ async fn consumer_mode_takes_partition_zero() {
     support::init_tracing();
     let topic = support::unique_group("one");
     support::create_topic(&support::broker().bootstrap(), &topic, 1);
-    let guard = opts(&topic).consumer_topic(&topic).acquire(Some(REBALANCE_BOUND)).await.expect("acquire");
+    let guard = opts(&topic)
+        .consumer_topic(&topic)
+        .acquire(Some(REBALANCE_BOUND))
+        .await
+        .expect("acquire");
     assert!(guard.token().generation >= 0);
     guard.release().await.unwrap();
 }
 
 /// Member ids of `group` as the coordinator reports them.
 pub async fn group_members(group: &str) -> Vec<String> {
-    let conn = Connection::connect(&support::broker().bootstrap(), &ConnConfig::default()).await.unwrap();
+    let conn = Connection::connect(&support::broker().bootstrap(), &ConnConfig::default())
+        .await
+        .unwrap();
     let mut find = FindCoordinatorRequest::default();
     find.key = StrBytes::from_string(group.to_owned());
-    if conn.versions().get(kafka_protocol::messages::ApiKey::FindCoordinator).unwrap_or(0) >= 4 {
+    if conn
+        .versions()
+        .get(kafka_protocol::messages::ApiKey::FindCoordinator)
+        .unwrap_or(0)
+        >= 4
+    {
         find.coordinator_keys = vec![find.key.clone()];
         find.key = StrBytes::default();
     }
-    let Response::FindCoordinator(_) = conn.request(find).await.unwrap() else { panic!("FindCoordinator") };
+    let Response::FindCoordinator(_) = conn.request(find).await.unwrap() else {
+        panic!("FindCoordinator")
+    };
     // tansu is its own coordinator.
     let mut req = DescribeGroupsRequest::default();
     req.groups = vec![GroupId(StrBytes::from_string(group.to_owned()))];
     match conn.request(req).await.unwrap() {
-        Response::DescribeGroups(r) => r.groups[0].members.iter().map(|m| m.member_id.to_string()).collect(),
+        Response::DescribeGroups(r) => r.groups[0]
+            .members
+            .iter()
+            .map(|m| m.member_id.to_string())
+            .collect(),
         other => panic!("unexpected {other:?}"),
     }
 }

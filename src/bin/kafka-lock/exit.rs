@@ -29,7 +29,10 @@ pub struct Failure {
 
 impl Failure {
     pub fn new(status: u8, line: impl Into<String>) -> Self {
-        Failure { status, line: line.into() }
+        Failure {
+            status,
+            line: line.into(),
+        }
     }
 
     /// Prints the line, always as exactly one line, whatever the error texts contain.
@@ -84,11 +87,17 @@ pub fn failure(err: &Error, lock: &str, bootstrap: &str) -> Failure {
             _ => format!("{err}; fix the setting (see kafka-lock run --help)"),
         },
         LOST => format!("{err}; run the command again to take the lock anew"),
-        _ => format!(
-            "cannot use the Kafka cluster at {bootstrap} for lock {lock:?}: {err}; check --bootstrap \
-             (or $KAFKA_LOCK_BOOTSTRAP), that the brokers are up and reachable from here, and \
-             that they are Kafka brokers"
-        ),
+        _ => {
+            let text = err.to_string();
+            // Connection errors from the library already say what to check.
+            let advice = if text.contains("check ") {
+                ""
+            } else {
+                "; check --bootstrap (or $KAFKA_LOCK_BOOTSTRAP), that the brokers are up and reachable \
+                 from here, and that they are Kafka brokers"
+            };
+            format!("cannot use the Kafka cluster at {bootstrap} for lock {lock:?}: {text}{advice}")
+        }
     };
     Failure::new(status, line)
 }

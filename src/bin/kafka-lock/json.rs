@@ -11,7 +11,9 @@ pub struct Obj {
 
 impl Obj {
     pub fn new() -> Self {
-        Obj { buf: String::from("{") }
+        Obj {
+            buf: String::from("{"),
+        }
     }
 
     fn key(&mut self, k: &str) {
@@ -111,6 +113,9 @@ mod tests {
             .opt_str("none", None)
             .bool("t", true)
             .finish();
-        assert_eq!(s, r#"{"a\"b":"x\\y\n\u0001\u007f\u2028é","n":-3,"none":null,"t":true}"#);
+        assert_eq!(
+            s,
+            r#"{"a\"b":"x\\y\n\u0001\u007f\u2028é","n":-3,"none":null,"t":true}"#
+        );
     }
 }

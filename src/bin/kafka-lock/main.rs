@@ -71,7 +71,11 @@ enum Command {
 #[derive(Debug, Args)]
 struct Target {
     /// Kafka brokers to start from.
-    #[arg(long, env = "KAFKA_LOCK_BOOTSTRAP", value_name = "HOST:PORT[,HOST:PORT...]")]
+    #[arg(
+        long,
+        env = "KAFKA_LOCK_BOOTSTRAP",
+        value_name = "HOST:PORT[,HOST:PORT...]"
+    )]
     bootstrap: String,
     /// The lock's name; it is the Kafka consumer group id.
     #[arg(long, value_name = "NAME")]
@@ -146,7 +150,8 @@ struct StatusArgs {
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s.trim()).map_err(|e| format!("{e} (write durations like 500ms, 10s, 2m)"))
+    humantime::parse_duration(s.trim())
+        .map_err(|e| format!("{e} (write durations like 500ms, 10s, 2m)"))
 }
 
 fn main() -> ExitCode {
@@ -155,7 +160,10 @@ fn main() -> ExitCode {
         Err(e) => return usage(e),
     };
     init_log();
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             let f = Failure::new(exit::OSERR, format!("cannot start the async runtime: {e}"));
@@ -166,15 +174,23 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Run(a) => run::run(run_config(a)).await,
-            Command::Status(a) => status::status(status::StatusConfig {
-                bootstrap: a.target.bootstrap,
-                lock: a.target.lock,
-                json: a.json,
-                request_timeout: a.target.request_timeout.unwrap_or(kafka_lock::lock::DEFAULT_REQUEST_TIMEOUT),
-                connect_timeout: a.target.connect_timeout.unwrap_or(kafka_lock::driver::DEFAULT_CONNECT_TIMEOUT),
-                client_id: a.target.client_id,
-            })
-            .await,
+            Command::Status(a) => {
+                status::status(status::StatusConfig {
+                    bootstrap: a.target.bootstrap,
+                    lock: a.target.lock,
+                    json: a.json,
+                    request_timeout: a
+                        .target
+                        .request_timeout
+                        .unwrap_or(kafka_lock::lock::DEFAULT_REQUEST_TIMEOUT),
+                    connect_timeout: a
+                        .target
+                        .connect_timeout
+                        .unwrap_or(kafka_lock::driver::DEFAULT_CONNECT_TIMEOUT),
+                    client_id: a.target.client_id,
+                })
+                .await
+            }
         }
     });
     // Background tasks (a session still leaving after a bounded wait) end with the runtime.
@@ -215,6 +231,14 @@ fn usage(e: clap::Error) -> ExitCode {
         let _ = e.print();
         return ExitCode::SUCCESS;
     }
+    if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+        let f = Failure::new(
+            exit::USAGE,
+            "no subcommand given: use `kafka-lock run ... -- COMMAND` or `kafka-lock status ...`; see `kafka-lock --help`",
+        );
+        f.print();
+        return ExitCode::from(f.status);
+    }
     let rendered = e.render().to_string();
     let mut parts = Vec::new();
     for line in rendered.lines() {
@@ -222,11 +246,13 @@ fn usage(e: clap::Error) -> ExitCode {
         if line.starts_with("Usage:") || line.starts_with("For more information") {
             break;
         }
-        if !line.is_empty() {
-            parts.push(line.strip_prefix("error: ").unwrap_or(line).to_owned());
+        if let Some(tip) = line.strip_prefix("tip: ") {
+            parts.push(format!("; {tip}"));
+        } else if !line.is_empty() {
+            parts.push(format!(" {}", line.strip_prefix("error: ").unwrap_or(line)));
         }
     }
-    let mut what = parts.join(" ");
+    let mut what = parts.concat().trim().to_owned();
     if what.is_empty() {
         what = "invalid command line".to_owned();
     }

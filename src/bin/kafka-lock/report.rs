@@ -132,12 +132,12 @@ impl Reporter {
         if !self.tty || !self.seen_waiting {
             return;
         }
-        let waited = sys::human(self.started.elapsed().as_secs() * Duration::from_secs(1));
+        let waited = sys::human(Duration::from_secs(self.started.elapsed().as_secs()));
         let who = match &self.holder {
             Some((h, since)) => format!(
                 "held by {} for at least {}",
                 describe(h),
-                sys::human(since.elapsed().as_secs() * Duration::from_secs(1))
+                sys::human(Duration::from_secs(since.elapsed().as_secs()))
             ),
             None => "no holder yet (the group is forming)".to_owned(),
         };
@@ -146,7 +146,10 @@ impl Reporter {
             1 => ", we are next".to_owned(),
             p => format!(", {p} ahead of us"),
         };
-        let text = format!("kafka-lock: waiting {waited} for lock {:?}: {who}{queue}", self.lock);
+        let text = format!(
+            "kafka-lock: waiting {waited} for lock {:?}: {who}{queue}",
+            self.lock
+        );
         self.status_line(&text);
     }
 

@@ -7,7 +7,8 @@ use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 use kafka_lock::lock::{
-    DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_LEASE_MARGIN, DEFAULT_REQUEST_TIMEOUT, DEFAULT_SESSION_TIMEOUT,
+    DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_LEASE_MARGIN, DEFAULT_REQUEST_TIMEOUT,
+    DEFAULT_SESSION_TIMEOUT,
 };
 use kafka_lock::{LockEvent, LockGuard, LockOptions, LossReason};
 use tokio::signal::unix::{signal, Signal, SignalKind};
@@ -68,7 +69,9 @@ impl Timing {
         // A rebalance timeout shorter than the session would shorten the lease; equal is the
         // natural default for a lock.
         let rebalance = c.rebalance_timeout.unwrap_or(session);
-        let margin = c.lease_margin.unwrap_or(DEFAULT_LEASE_MARGIN.min(session / 4));
+        let margin = c
+            .lease_margin
+            .unwrap_or(DEFAULT_LEASE_MARGIN.min(session / 4));
         let lease = session.min(rebalance).saturating_sub(margin);
         if lease.is_zero() {
             return bad(format!(
@@ -79,7 +82,9 @@ impl Timing {
                 sys::human(rebalance)
             ));
         }
-        let heartbeat = c.heartbeat_interval.unwrap_or(DEFAULT_HEARTBEAT_INTERVAL.min(lease / 3));
+        let heartbeat = c
+            .heartbeat_interval
+            .unwrap_or(DEFAULT_HEARTBEAT_INTERVAL.min(lease / 3));
         if heartbeat.is_zero() {
             return bad("--heartbeat-interval must be positive".into());
         }
@@ -94,7 +99,9 @@ impl Timing {
                 sys::human(margin)
             ));
         }
-        let kill_grace = c.kill_grace.unwrap_or(MAX_DEFAULT_KILL_GRACE.min(session / 2));
+        let kill_grace = c
+            .kill_grace
+            .unwrap_or(MAX_DEFAULT_KILL_GRACE.min(session / 2));
         if kill_grace >= session {
             return bad(format!(
                 "--kill-grace {} must be shorter than --session-timeout {}: after a loss the command \
@@ -107,11 +114,21 @@ impl Timing {
         if request.is_zero() {
             return bad("--request-timeout must be positive".into());
         }
-        let connect = c.connect_timeout.unwrap_or(kafka_lock::driver::DEFAULT_CONNECT_TIMEOUT);
+        let connect = c
+            .connect_timeout
+            .unwrap_or(kafka_lock::driver::DEFAULT_CONNECT_TIMEOUT);
         if connect.is_zero() {
             return bad("--connect-timeout must be positive".into());
         }
-        Ok(Timing { session, rebalance, heartbeat, request, connect, margin, kill_grace })
+        Ok(Timing {
+            session,
+            rebalance,
+            heartbeat,
+            request,
+            connect,
+            margin,
+            kill_grace,
+        })
     }
 }
 
@@ -128,7 +145,10 @@ impl Signals {
                 Failure::new(exit::OSERR, format!("cannot install a signal handler: {e}; this is a bug or a very unusual system"))
             })
         };
-        Ok(Signals { int: install(SignalKind::interrupt())?, term: install(SignalKind::terminate())? })
+        Ok(Signals {
+            int: install(SignalKind::interrupt())?,
+            term: install(SignalKind::terminate())?,
+        })
     }
 
     /// The next signal's number. Cancel-safe.
@@ -161,7 +181,8 @@ pub async fn run(c: RunConfig) -> Result<u8, Failure> {
     if let Some(topic) = &c.topic {
         opts = opts.consumer_topic(topic.clone());
     }
-    opts.validate().map_err(|e| exit::failure(&e, &c.lock, &c.bootstrap))?;
+    opts.validate()
+        .map_err(|e| exit::failure(&e, &c.lock, &c.bootstrap))?;
     let mut signals = Signals::new()?;
     let mut rep = Reporter::new(&c.lock, c.events_json);
 
@@ -265,7 +286,11 @@ async fn hold(
     let mut child = match cmd.spawn() {
         Ok(child) => child,
         Err(e) => {
-            let status = if e.kind() == std::io::ErrorKind::NotFound { exit::NOT_FOUND } else { exit::CANNOT_EXECUTE };
+            let status = if e.kind() == std::io::ErrorKind::NotFound {
+                exit::NOT_FOUND
+            } else {
+                exit::CANNOT_EXECUTE
+            };
             rep.released();
             let _ = guard.release().await;
             return Err(Failure::new(
@@ -279,7 +304,10 @@ async fn hold(
         }
     };
     let Some(pgid) = child.id() else {
-        return Err(Failure::new(exit::OSERR, "the command ended before its process id could be read; this is a bug"));
+        return Err(Failure::new(
+            exit::OSERR,
+            "the command ended before its process id could be read; this is a bug",
+        ));
     };
     rep.child_started(pgid);
 
@@ -322,7 +350,9 @@ async fn hold(
             let _ = sys::kill_group(pgid, libc::SIGKILL);
             return Err(Failure::new(
                 exit::OSERR,
-                format!("cannot wait for the command: {e}; it was killed, and the lock is released"),
+                format!(
+                    "cannot wait for the command: {e}; it was killed, and the lock is released"
+                ),
             ));
         }
     };
@@ -376,7 +406,10 @@ fn stop(pgid: u32, grace: Duration, kill_at: &mut Option<tokio::time::Instant>, 
 
 /// The lease end of a loss the guard reported: the session announces the same loss with the
 /// instant it computed; the guard only knows its last lease if it is still the current one.
-async fn loss_lease_end(rx: &mut mpsc::UnboundedReceiver<LockEvent>, guard: &LockGuard) -> Option<Instant> {
+async fn loss_lease_end(
+    rx: &mut mpsc::UnboundedReceiver<LockEvent>,
+    guard: &LockGuard,
+) -> Option<Instant> {
     let fallback = guard.lease_end();
     let found = tokio::time::timeout(LOSS_REPORT_BOUND, async {
         while let Some(ev) = rx.recv().await {
@@ -410,5 +443,9 @@ fn child_end(status: ExitStatus) -> ChildEnd {
         // Neither exited nor signalled cannot happen for a reaped child.
         (None, None) => exit::OSERR,
     };
-    ChildEnd { code, signal, status }
+    ChildEnd {
+        code,
+        signal,
+        status,
+    }
 }

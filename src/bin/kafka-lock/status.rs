@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use kafka_lock::assign::{
-    decode_consumer_assignment, MemberMetadata, NativeAssignment, CONSUMER_PROTOCOL_TYPE, PROTOCOL_TYPE,
+    decode_consumer_assignment, MemberMetadata, NativeAssignment, CONSUMER_PROTOCOL_TYPE,
+    PROTOCOL_TYPE,
 };
 use kafka_lock::backoff::Backoff;
 use kafka_lock::driver::{connect_any, BootstrapConfig, ConnConfig, Connection};
@@ -48,7 +49,11 @@ pub struct Member {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HolderView {
     /// This member holds it; the token is unknown in consumer-compatible mode.
-    Known { member_id: String, label: Option<String>, token: Option<i32> },
+    Known {
+        member_id: String,
+        label: Option<String>,
+        token: Option<i32>,
+    },
     /// The group has members but no assignment names a holder (forming, or nobody may hold).
     Nobody,
     /// The coordinator's answer does not say; the reason is shown as is.
@@ -73,8 +78,14 @@ pub async fn status(c: StatusConfig) -> Result<u8, Failure> {
         .connect_timeout(c.connect_timeout)
         .validate()
         .map_err(|e| exit::failure(&e, &c.lock, &c.bootstrap))?;
-    let report = describe(&c).await.map_err(|e| exit::failure(&e, &c.lock, &c.bootstrap))?;
-    let out = if c.json { to_json(&report) } else { to_text(&report) };
+    let report = describe(&c)
+        .await
+        .map_err(|e| exit::failure(&e, &c.lock, &c.bootstrap))?;
+    let out = if c.json {
+        to_json(&report)
+    } else {
+        to_text(&report)
+    };
     println!("{out}");
     Ok(0)
 }
@@ -107,11 +118,23 @@ async fn describe(c: &StatusConfig) -> Result<Report> {
     req.groups = vec![GroupId(StrBytes::from_string(c.lock.clone()))];
     let resp = match conn.request(req).await? {
         Response::DescribeGroups(r) => r,
-        other => return Err(Error::Protocol(format!("expected DescribeGroups, got {:?}", other.api_key()))),
+        other => {
+            return Err(Error::Protocol(format!(
+                "expected DescribeGroups, got {:?}",
+                other.api_key()
+            )))
+        }
     };
     conn.close();
-    let Some(group) = resp.groups.into_iter().find(|g| g.group_id.0.as_str() == c.lock) else {
-        return Err(Error::Protocol(format!("DescribeGroups did not describe group {:?}", c.lock)));
+    let Some(group) = resp
+        .groups
+        .into_iter()
+        .find(|g| g.group_id.0.as_str() == c.lock)
+    else {
+        return Err(Error::Protocol(format!(
+            "DescribeGroups did not describe group {:?}",
+            c.lock
+        )));
     };
     if group.error_code != 0 {
         return Err(Error::broker(
@@ -130,7 +153,10 @@ async fn find_coordinator(
     backoff: &mut Backoff,
 ) -> Result<String> {
     let Some(version) = conn.versions().get(ApiKey::FindCoordinator) else {
-        return Err(Error::Protocol(format!("broker {} does not offer FindCoordinator", conn.peer())));
+        return Err(Error::Protocol(format!(
+            "broker {} does not offer FindCoordinator",
+            conn.peer()
+        )));
     };
     // v4 moved the key into a batch; kafka-lock builds up to v4 (what Kafka 3.x-4.x offers).
     let version = version.min(4);
@@ -145,23 +171,42 @@ async fn find_coordinator(
         let r = match conn.request_at(req, version, timeout).await? {
             Response::FindCoordinator(r) => r,
             other => {
-                return Err(Error::Protocol(format!("expected FindCoordinator, got {:?}", other.api_key())))
+                return Err(Error::Protocol(format!(
+                    "expected FindCoordinator, got {:?}",
+                    other.api_key()
+                )))
             }
         };
         let (code, host, port, message) = match r.coordinators.first() {
-            Some(k) => (k.error_code, k.host.to_string(), k.port, k.error_message.as_ref().map(|m| m.to_string())),
-            None => (r.error_code, r.host.to_string(), r.port, r.error_message.as_ref().map(|m| m.to_string())),
+            Some(k) => (
+                k.error_code,
+                k.host.to_string(),
+                k.port,
+                k.error_message.as_ref().map(|m| m.to_string()),
+            ),
+            None => (
+                r.error_code,
+                r.host.to_string(),
+                r.port,
+                r.error_message.as_ref().map(|m| m.to_string()),
+            ),
         };
         let code = KafkaCode(code);
         if code.is_ok() {
             if host.is_empty() || !(1..=65535).contains(&port) {
-                return Err(Error::Protocol(format!("FindCoordinator named an unusable coordinator {host:?}:{port}")));
+                return Err(Error::Protocol(format!(
+                    "FindCoordinator named an unusable coordinator {host:?}:{port}"
+                )));
             }
             return Ok(format!("{host}:{port}"));
         }
         attempt += 1;
         if !code.is_retriable() || attempt >= COORDINATOR_RETRIES {
-            return Err(Error::broker(ApiKey::FindCoordinator, code, message.as_deref()));
+            return Err(Error::broker(
+                ApiKey::FindCoordinator,
+                code,
+                message.as_deref(),
+            ));
         }
         tokio::time::sleep(backoff.next_delay()).await;
     }
@@ -183,8 +228,12 @@ pub fn analyse(lock: &str, coordinator: &str, g: &DescribedGroup) -> Report {
     if g.members.is_empty() {
         return report;
     }
-    if g.members.iter().all(|m| m.member_metadata.is_empty() && m.member_assignment.is_empty()) {
-        report.holder = HolderView::Unknown("the broker does not report member assignments".to_owned());
+    if g.members
+        .iter()
+        .all(|m| m.member_metadata.is_empty() && m.member_assignment.is_empty())
+    {
+        report.holder =
+            HolderView::Unknown("the broker does not report member assignments".to_owned());
         report.waiters = g
             .members
             .iter()
@@ -210,7 +259,9 @@ pub fn analyse(lock: &str, coordinator: &str, g: &DescribedGroup) -> Report {
             position: None,
         };
         if protocol_type == PROTOCOL_TYPE {
-            row.label = MemberMetadata::decode(&m.member_metadata).ok().and_then(|md| md.label);
+            row.label = MemberMetadata::decode(&m.member_metadata)
+                .ok()
+                .and_then(|md| md.label);
             if let Ok(a) = NativeAssignment::decode(&m.member_assignment) {
                 saw_assignment = true;
                 row.position = (a.position >= 0).then_some(a.position);
@@ -257,7 +308,10 @@ pub fn analyse(lock: &str, coordinator: &str, g: &DescribedGroup) -> Report {
         )),
         None => HolderView::Nobody,
     };
-    if let HolderView::Known { member_id, label, .. } = &mut report.holder {
+    if let HolderView::Known {
+        member_id, label, ..
+    } = &mut report.holder
+    {
         // The holder's own metadata has the current label; the assignment's is as old as it.
         if let Some(row) = members.iter().find(|r| &r.member_id == member_id) {
             if row.label.is_some() {
@@ -269,7 +323,9 @@ pub fn analyse(lock: &str, coordinator: &str, g: &DescribedGroup) -> Report {
     }
     members.sort_by(|a, b| {
         let key = |m: &Member| m.position.unwrap_or(i32::MAX);
-        key(a).cmp(&key(b)).then_with(|| a.member_id.cmp(&b.member_id))
+        key(a)
+            .cmp(&key(b))
+            .then_with(|| a.member_id.cmp(&b.member_id))
     });
     report.waiters = members;
     report
@@ -295,7 +351,11 @@ pub fn to_text(r: &Report) -> String {
     };
     out.push_str(&format!("state: {}{protocol}\n", r.state));
     let holder = match &r.holder {
-        HolderView::Known { member_id, label, token } => {
+        HolderView::Known {
+            member_id,
+            label,
+            token,
+        } => {
             let token = token.map(|t| format!(", token {t}")).unwrap_or_default();
             match label {
                 Some(l) => format!("{l} (member {member_id}{token})"),
@@ -309,7 +369,10 @@ pub fn to_text(r: &Report) -> String {
     out.push_str(&format!("holder: {holder}\n"));
     match &r.holder {
         HolderView::Unknown(_) => {
-            out.push_str(&format!("members ({}, holder and order unknown):", r.waiters.len()));
+            out.push_str(&format!(
+                "members ({}, holder and order unknown):",
+                r.waiters.len()
+            ));
             for m in &r.waiters {
                 out.push_str(&format!("\n  - {}", member_text(m)));
             }
@@ -342,7 +405,11 @@ pub fn to_json(r: &Report) -> String {
         .str("protocol_type", &r.protocol_type)
         .str("protocol", &r.protocol);
     obj = match &r.holder {
-        HolderView::Known { member_id, label, token } => obj
+        HolderView::Known {
+            member_id,
+            label,
+            token,
+        } => obj
             .bool("holder_known", true)
             .raw(
                 "holder",
@@ -392,12 +459,22 @@ mod tests {
     }
 
     fn meta(label: &str, holds: bool) -> bytes::Bytes {
-        MemberMetadata { holds, first_joined_generation: 1, holder_generation: -1, label: Some(label.into()) }.encode()
+        MemberMetadata {
+            holds,
+            first_joined_generation: 1,
+            holder_generation: -1,
+            label: Some(label.into()),
+        }
+        .encode()
     }
 
     fn assignment(position: i32) -> bytes::Bytes {
         NativeAssignment {
-            holder: Some(Holder { member_id: "a".into(), label: Some("job a".into()), generation: 7 }),
+            holder: Some(Holder {
+                member_id: "a".into(),
+                label: Some("job a".into()),
+                generation: 7,
+            }),
             position,
             members: 3,
         }
@@ -414,7 +491,11 @@ mod tests {
         let r = analyse("l", "h:1", &g);
         assert_eq!(
             r.holder,
-            HolderView::Known { member_id: "a".into(), label: Some("job a".into()), token: Some(7) }
+            HolderView::Known {
+                member_id: "a".into(),
+                label: Some("job a".into()),
+                token: Some(7)
+            }
         );
         let ids: Vec<&str> = r.waiters.iter().map(|m| m.member_id.as_str()).collect();
         assert_eq!(ids, ["b", "c"]);
@@ -426,13 +507,19 @@ mod tests {
     fn empty_member_bytes_mean_holder_unknown() {
         let g = group(vec![member("a", Default::default(), Default::default())]);
         let r = analyse("l", "h:1", &g);
-        assert!(matches!(r.holder, HolderView::Unknown(ref w) if w.contains("does not report member assignments")));
+        assert!(
+            matches!(r.holder, HolderView::Unknown(ref w) if w.contains("does not report member assignments"))
+        );
         assert!(to_json(&r).contains(r#""holder_known":false"#));
     }
 
     #[test]
     fn garbage_bytes_are_not_trusted() {
-        let g = group(vec![member("a", bytes::Bytes::from_static(b"\xff\xff"), bytes::Bytes::from_static(b"junk"))]);
+        let g = group(vec![member(
+            "a",
+            bytes::Bytes::from_static(b"\xff\xff"),
+            bytes::Bytes::from_static(b"junk"),
+        )]);
         let r = analyse("l", "h:1", &g);
         assert!(matches!(r.holder, HolderView::Unknown(_)), "{:?}", r.holder);
     }

@@ -11,13 +11,18 @@ use std::time::{Duration, Instant};
 /// CLOCK_MONOTONIC in nanoseconds: the clock `Instant` uses on Linux, and one that every process
 /// on the host shares, so event timestamps of two kafka-lock processes can be compared.
 pub fn mono_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     if rc != 0 {
         return 0;
     }
-    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
 }
 
 /// The CLOCK_MONOTONIC reading of `at`, an `Instant` in the past or the future.
@@ -80,7 +85,14 @@ pub fn die_with_parent(cmd: &mut tokio::process::Command) {
     // (prctl, getppid, _exit); it allocates nothing and takes no locks.
     unsafe {
         cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
                 return Err(io::Error::last_os_error());
             }
             // The parent may have died between fork and prctl; then no signal will ever come.

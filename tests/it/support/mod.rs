@@ -318,7 +318,9 @@ impl TestBroker {
                 tansu_pid = read_tansu_pid(&self.log_path, log_start);
             }
             if let Ok(Some(status)) = wrapper.try_wait() {
-                return Err(self.failure(&format!("tansu exited with {status} before it was ready")));
+                return Err(
+                    self.failure(&format!("tansu exited with {status} before it was ready"))
+                );
             }
             if let Some(pid) = tansu_pid {
                 match probe_api_versions(self.addr()) {
@@ -464,7 +466,9 @@ fn probe_api_versions(addr: SocketAddr) -> Result<(), String> {
     let correlation = i32::from_be_bytes([body[0], body[1], body[2], body[3]]);
     let error_code = i16::from_be_bytes([body[4], body[5]]);
     if correlation != CORRELATION_ID {
-        return Err(format!("correlation id {correlation}, expected {CORRELATION_ID}"));
+        return Err(format!(
+            "correlation id {correlation}, expected {CORRELATION_ID}"
+        ));
     }
     if error_code != 0 {
         return Err(format!("ApiVersions error code {error_code}"));

@@ -69,7 +69,10 @@ fn private_broker_is_killed_on_drop() {
     drop(broker);
     // stop() reaps the wrapper, which has already reaped tansu: both are gone at this point.
     assert!(!pid_alive(pid), "tansu pid {pid} survived drop");
-    assert!(refuses_connections(port), "port {port} still accepts connections");
+    assert!(
+        refuses_connections(port),
+        "port {port} still accepts connections"
+    );
 }
 
 #[test]
@@ -111,18 +114,23 @@ fn shared_broker_dies_with_sigkilled_test_process() {
         .expect("re-run this test binary");
     let mut child = ChildGuard::new(child);
     let stdout = child.stdout.take().expect("piped");
-    let mut holding = None;
-    for line in BufReader::new(stdout).lines() {
-        let line = line.expect("child stdout");
-        if let Some(rest) = line.strip_prefix("HOLDING ") {
-            let mut fields = rest.split(' ');
-            let port: u16 = fields.next().unwrap().parse().unwrap();
-            let pid: u32 = fields.next().unwrap().parse().unwrap();
-            holding = Some((port, pid));
-            break;
+    // Read on a thread so a child that never reports fails this test instead of hanging it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            // libtest prints the test name on the same line, so the marker is not at the start.
+            if let Some((_, rest)) = line.split_once("HOLDING ") {
+                let mut fields = rest.split_whitespace().map(str::parse::<u32>);
+                if let (Some(Ok(port)), Some(Ok(pid))) = (fields.next(), fields.next()) {
+                    let _ = tx.send((port as u16, pid));
+                    return;
+                }
+            }
         }
-    }
-    let (port, pid) = holding.expect("the child test process reports its broker");
+    });
+    let (port, pid) = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the child test process reports its broker within 60 s");
     assert!(pid_alive(pid));
     probe_api_versions(([127, 0, 0, 1], port).into()).expect("the child's broker answers");
 
@@ -157,7 +165,10 @@ fn missing_tansu_names_the_install_script() {
     let err = find_tansu(None, nowhere, Some("/nonexistent/bin".into())).unwrap_err();
     assert!(err.contains("scripts/install-test-deps.sh"), "{err}");
     let err = find_tansu(Some(nowhere.into()), nowhere, None).unwrap_err();
-    assert!(err.contains(TANSU_ENV) && err.contains("scripts/install-test-deps.sh"), "{err}");
+    assert!(
+        err.contains(TANSU_ENV) && err.contains("scripts/install-test-deps.sh"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -165,5 +176,7 @@ fn unique_group_is_unique_and_prefixed() {
     let names: std::collections::HashSet<String> =
         (0..1000).map(|_| unique_group("lock")).collect();
     assert_eq!(names.len(), 1000);
-    assert!(names.iter().all(|n| n.starts_with(&format!("lock-{}-", std::process::id()))));
+    assert!(names
+        .iter()
+        .all(|n| n.starts_with(&format!("lock-{}-", std::process::id()))));
 }
