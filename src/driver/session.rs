@@ -187,6 +187,17 @@ async fn run(
                 let _ = tx.send(e);
             }
         }
+        // Renewals emit no event; without this the guard would time the lease from the
+        // acquisition and report a loss while heartbeats still succeed.
+        if let Some(lease) = m.lease_end() {
+            state.send_if_modified(|s| match s {
+                SessionState::Held(_, l) if *l != lease => {
+                    *l = lease;
+                    true
+                }
+                _ => false,
+            });
+        }
         if m.is_done() {
             break;
         }

@@ -158,6 +158,9 @@ pub fn broker() -> &'static TestBroker {
 /// from [`broker()`] lives until the test process exits.
 pub struct TestBroker {
     port: u16,
+    /// The port tansu names in Metadata and FindCoordinator answers, if not `port` (a proxy in
+    /// front of it, see [`TestBroker::start_private_advertising`]).
+    advertised_port: Option<u16>,
     log_path: PathBuf,
     running: Option<Running>,
 }
@@ -179,6 +182,17 @@ impl TestBroker {
     /// When tansu is missing or does not become ready within 30 s; the message carries the end
     /// of tansu's log.
     pub fn start_private() -> TestBroker {
+        Self::start_private_with(None)
+    }
+
+    /// Like [`TestBroker::start_private`], but tansu advertises `127.0.0.1:advertised_port`
+    /// instead of its own port, so clients reach the coordinator through whatever listens there
+    /// (a test proxy that can cut them off).
+    pub fn start_private_advertising(advertised_port: u16) -> TestBroker {
+        Self::start_private_with(Some(advertised_port))
+    }
+
+    fn start_private_with(advertised_port: Option<u16>) -> TestBroker {
         let tansu = tansu_path();
         let mut last_failure = String::new();
         for _ in 0..START_ATTEMPTS {
@@ -186,6 +200,7 @@ impl TestBroker {
             let log_path = new_log_path(port);
             let mut broker = TestBroker {
                 port,
+                advertised_port,
                 log_path,
                 running: None,
             };
@@ -285,13 +300,17 @@ impl TestBroker {
             .try_clone()
             .unwrap_or_else(|e| panic!("cannot reuse {}: {e}", self.log_path.display()));
         let url = format!("tcp://127.0.0.1:{}", self.port);
+        let advertised = format!(
+            "tcp://127.0.0.1:{}",
+            self.advertised_port.unwrap_or(self.port)
+        );
         let filter = std::env::var(TANSU_LOG_ENV).unwrap_or_else(|_| "warn".to_owned());
         let mut cmd = Command::new("sh");
         cmd.arg("-c")
             .arg(WRAPPER)
             .arg(tansu)
             .args(["broker", "--listener-url", &url])
-            .args(["--advertised-listener-url", &url])
+            .args(["--advertised-listener-url", &advertised])
             .args(["--storage-engine", "memory://tansu/"])
             // tansu reads its settings from these too; a developer's shell must not redirect
             // the test broker elsewhere.
