@@ -4,10 +4,10 @@
 //! Run with `cargo bench --bench decode`; results are recorded in BENCHMARKS.md.
 
 use std::hint::black_box;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::Criterion;
 use kafka_lock::wire::codec::{decode_response, decode_response_bytes};
 use kafka_lock::wire::guard::scan_response;
 use kafka_protocol::messages::join_group_response::JoinGroupResponseMember;
@@ -78,6 +78,48 @@ fn bench_one<T: Decodable>(c: &mut Criterion, name: &str, api: ApiKey, version: 
     group.finish();
 }
 
+/// The benchmark cases: (name, API, version, body, raw kafka-protocol decode of a slice).
+type RawDecode = fn(&[u8], i16);
+
+fn raw<T: Decodable>(body: &[u8], version: i16) {
+    let mut buf = body;
+    black_box(T::decode(&mut buf, version).expect("decodes"));
+}
+
+fn cases() -> Vec<(&'static str, ApiKey, i16, Bytes, RawDecode)> {
+    let join = join_group_leader();
+    vec![
+        (
+            "join_group_leader",
+            ApiKey::JoinGroup,
+            9,
+            encode(&join, 9),
+            raw::<JoinGroupResponse>,
+        ),
+        (
+            "join_group_leader",
+            ApiKey::JoinGroup,
+            5,
+            encode(&join.clone().with_protocol_type(None), 5),
+            raw::<JoinGroupResponse>,
+        ),
+        (
+            "sync_group",
+            ApiKey::SyncGroup,
+            5,
+            encode(&sync_group(), 5),
+            raw::<SyncGroupResponse>,
+        ),
+        (
+            "heartbeat",
+            ApiKey::Heartbeat,
+            4,
+            encode(&HeartbeatResponse::default(), 4),
+            raw::<HeartbeatResponse>,
+        ),
+    ]
+}
+
 fn decode(c: &mut Criterion) {
     let join = join_group_leader();
     bench_one::<JoinGroupResponse>(
@@ -110,14 +152,79 @@ fn decode(c: &mut Criterion) {
     );
 }
 
-criterion_group! {
-    name = benches;
+/// Time per call of `f`, measured over `iters` calls.
+fn time_batch(iters: u32, f: &mut dyn FnMut()) -> f64 {
+    let start = Instant::now();
+    for _ in 0..iters {
+        f();
+    }
+    start.elapsed().as_secs_f64() / f64::from(iters)
+}
+
+/// Interleaved A/B measurement: on a shared machine, criterion's back-to-back runs of A and B can
+/// land in different load conditions. Here every round times a batch of A and a batch of B right
+/// after each other (alternating which goes first) and keeps their ratio; the median ratio over
+/// many rounds is what BENCHMARKS.md reports as the overhead.
+fn paired_overhead() {
+    println!("\nInterleaved overhead, kafka_lock::wire::decode_response vs kafka-protocol Decodable::decode (both from &[u8]):");
+    println!(
+        "{:<28} {:>12} {:>12} {:>10} {:>18}",
+        "case", "raw ns", "ours ns", "median", "p25..p75"
+    );
+    for (name, api, version, body, raw_decode) in cases() {
+        let mut a = || raw_decode(black_box(&body[..]), version);
+        let mut b = || {
+            black_box(decode_response(api, version, black_box(&body[..])).expect("decodes"));
+        };
+        // Batches of roughly 100 µs.
+        let per_call = time_batch(10_000, &mut a).max(1e-9);
+        let iters = ((100e-6 / per_call) as u32).max(10);
+        let (mut ratios, mut raw_t, mut ours_t) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..400 {
+            let (ta, tb) = if round % 2 == 0 {
+                let ta = time_batch(iters, &mut a);
+                (ta, time_batch(iters, &mut b))
+            } else {
+                let tb = time_batch(iters, &mut b);
+                (time_batch(iters, &mut a), tb)
+            };
+            ratios.push(tb / ta);
+            raw_t.push(ta);
+            ours_t.push(tb);
+        }
+        let median = |v: &mut Vec<f64>, q: f64| {
+            v.sort_by(|x, y| x.total_cmp(y));
+            v[((v.len() - 1) as f64 * q) as usize]
+        };
+        let (r25, r50, r75) = (
+            median(&mut ratios, 0.25),
+            median(&mut ratios, 0.5),
+            median(&mut ratios, 0.75),
+        );
+        println!(
+            "{:<28} {:>12.1} {:>12.1} {:>+9.1}% {:>+8.1}%..{:>+6.1}%",
+            format!("{name}_v{version}_{}B", body.len()),
+            median(&mut raw_t, 0.5) * 1e9,
+            median(&mut ours_t, 0.5) * 1e9,
+            (r50 - 1.0) * 100.0,
+            (r25 - 1.0) * 100.0,
+            (r75 - 1.0) * 100.0,
+        );
+    }
+}
+
+fn main() {
     // Short runs: the machine is shared; the per-iteration times are sub-microsecond, so these
     // still collect millions of iterations per case.
-    config = Criterion::default()
+    let mut c = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3))
-        .sample_size(50);
-    targets = decode
+        .sample_size(50)
+        .configure_from_args();
+    decode(&mut c);
+    c.final_summary();
+    // `cargo bench` passes --bench; `cargo test --benches` does not and only smoke-tests.
+    if std::env::args().any(|a| a == "--bench") {
+        paired_overhead();
+    }
 }
-criterion_main!(benches);

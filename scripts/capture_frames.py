@@ -406,11 +406,40 @@ class Recorder:
         (self.out_dir / "index.json").write_text(json.dumps(index, indent=1) + "\n")
 
 
+def hide_api_keys(frame, version, hidden):
+    """Rewrites an ApiVersions response frame (header v0, no length prefix) without `hidden`."""
+    flex = version >= 3
+    pos = 4 + 2  # correlation id, error code
+    if flex:
+        count, pos = read_uvarint(frame, pos)
+        count -= 1
+    else:
+        (count,) = struct.unpack_from(">i", frame, pos)
+        pos += 4
+    kept = []
+    for _ in range(count):
+        start = pos
+        (api_key,) = struct.unpack_from(">h", frame, pos)
+        pos += 6
+        if flex:
+            tags, pos = read_uvarint(frame, pos)
+            assert tags == 0, "tagged fields inside ApiVersions entries are not expected"
+        if api_key not in hidden:
+            kept.append(frame[start:pos])
+    head = uvarint(len(kept) + 1) if flex else i32(len(kept))
+    return frame[:6] + head + b"".join(kept) + frame[pos:]
+
+
 class Proxy:
-    """A loopback TCP proxy in its own thread, recording into whichever Recorder is current."""
+    """A loopback TCP proxy in its own thread, recording into whichever Recorder is current.
+
+    `hide_apis` maps a client id to API keys removed from the ApiVersions answers that client
+    sees (the recorded bytes stay as tansu sent them): it steers librdkafka onto an older API.
+    """
 
     def __init__(self, upstream_port):
         self.upstream_port = upstream_port
+        self.hide_apis = {}
         self.recorder = None
         self.conn_no = 0
         self.loop = asyncio.new_event_loop()
@@ -459,9 +488,12 @@ class Proxy:
                     size = struct.unpack(">i", await breader.readexactly(4))[0]
                     frame = await breader.readexactly(size)
                     (corr,) = struct.unpack_from(">i", frame, 0)
-                    if corr in pending and self.recorder is not None:
-                        api_key, version, cid = pending.pop(corr)
+                    api_key, version, cid = pending.pop(corr, (None, None, None))
+                    if api_key is not None and self.recorder is not None:
                         self.recorder.record(conn_no, api_key, version, corr, cid, frame)
+                    if api_key == API_VERSIONS and cid in self.hide_apis:
+                        frame = hide_api_keys(frame, version, self.hide_apis[cid])
+                        size = len(frame)
                     cwriter.write(struct.pack(">i", size) + frame)
                     await cwriter.drain()
             except (asyncio.IncompleteReadError, ConnectionError):
@@ -586,16 +618,16 @@ class RawClient:
         self.sock.close()
 
 
-def join(port, v, group, protocols, session_ms, case_prefix="", member_id=""):
+def join(port, v, group, protocols, session_ms, case_prefix="", joined="leader"):
     """JoinGroup from scratch (KIP-394: MEMBER_ID_REQUIRED, then rejoin with the given id)."""
     c = RawClient(port)
     try:
-        body = c.call(11, v, join_group_body(v, group, member_id, protocols, session_ms),
+        body = c.call(11, v, join_group_body(v, group, "", protocols, session_ms),
                       f"{case_prefix}member_id_required")
         error, _, _, member_id = parse_join_group(v, body)
         assert error == 79, f"JoinGroup v{v}: expected MEMBER_ID_REQUIRED, got {error}"
         body = c.call(11, v, join_group_body(v, group, member_id, protocols, session_ms),
-                      f"{case_prefix}leader")
+                      f"{case_prefix}{joined}")
         return parse_join_group(v, body)
     finally:
         c.close()
@@ -637,8 +669,7 @@ def scenario_tansu(proxy_port, broker):
                "stable_and_missing")
         members = [member] if lv <= 2 else [member, "capture-ghost"]
         c.call(13, lv, leave_group_body(lv, group, members), "leader")
-    # Heartbeat from a member whose generation is behind the group's: tansu answers
-    # REBALANCE_IN_PROGRESS. After the leave above, group 9's generation moved on.
+    # A member that has left is unknown to the group.
     c.call(12, 4, heartbeat_body(4, "capture-group-9", generation, member), "after_leave")
 
     # A leader and a follower joining together, then syncing (v9 / v5).
@@ -646,7 +677,8 @@ def scenario_tansu(proxy_port, broker):
     results = {}
 
     def run(name):
-        results[name] = join(proxy_port, 9, group, protocols, 6000, case_prefix=f"pair_{name}_")
+        results[name] = join(proxy_port, 9, group, protocols, 6000, case_prefix=f"pair_{name}_",
+                             joined="joined")
 
     threads = [threading.Thread(target=run, args=(n,)) for n in ("a", "b")]
     for t in threads:
@@ -670,7 +702,12 @@ def scenario_tansu(proxy_port, broker):
     c.call(14, 5, sync_group_body(5, group, ga, leader, assignments), "pair_leader")
     t.join()
     c.call(15, 5, describe_groups_body(5, [group]), "pair_stable")
-    c.call(13, 5, leave_group_body(5, group, [leader, follower]), "pair")
+    # A third member arriving moves the formed group to a new generation: the members'
+    # heartbeats with the old one are answered REBALANCE_IN_PROGRESS.
+    body = c.call(11, 9, join_group_body(9, group, "", protocols, 6000), "pair_c_member_id_required")
+    third = parse_join_group(9, body)[3]
+    c.call(12, 4, heartbeat_body(4, group, ga, leader), "rebalance_in_progress")
+    c.call(13, 5, leave_group_body(5, group, [leader, follower, third]), "pair")
 
     # A second protocol type on a formed group is refused.
     group = "capture-group-inconsistent"
@@ -686,13 +723,13 @@ def scenario_tansu(proxy_port, broker):
 # --- scenario: librdkafka ------------------------------------------------------------------------
 
 
-def scenario_librdkafka(proxy_port, broker):
+def scenario_librdkafka(proxy, broker):
     from confluent_kafka import Consumer
     from confluent_kafka.admin import AdminClient
 
     topic, group = "capture-rdkafka-topic", "capture-rdkafka-group"
     broker.create_topic(topic, 1)
-    bootstrap = f"127.0.0.1:{proxy_port}"
+    bootstrap = f"127.0.0.1:{proxy.port}"
     events = []
 
     def consumer(name):
@@ -740,6 +777,12 @@ def scenario_librdkafka(proxy_port, broker):
     admin = AdminClient({"bootstrap.servers": bootstrap, "client.id": "admin"})
     admin.list_consumer_groups().result(timeout=30)
     admin.describe_consumer_groups([group])[group].result(timeout=30)
+    # librdkafka describes with ConsumerGroupDescribe (API 69) when the broker offers it, and
+    # tansu does; a client that does not see API 69 falls back to the classic DescribeGroups.
+    proxy.hide_apis["admin-classic"] = {69}
+    classic = AdminClient({"bootstrap.servers": bootstrap, "client.id": "admin-classic"})
+    desc = classic.describe_consumer_groups([group])[group].result(timeout=30)
+    events.append(("admin-classic", "described", [str(desc.state), len(desc.members)]))
 
     c2.close()
     c1.close()
@@ -772,10 +815,10 @@ def main():
                 import confluent_kafka
 
                 meta["client"] = (
-                    f"confluent-kafka {confluent_kafka.version()[0]} / "
+                    f"confluent-kafka {confluent_kafka.version()} / "
                     f"librdkafka {confluent_kafka.libversion()[0]}"
                 )
-                meta["events"] = scenario_librdkafka(proxy.port, broker)
+                meta["events"] = scenario_librdkafka(proxy, broker)
             # Responses are recorded before they are forwarded, so everything a client has
             # received is on disk by now.
             proxy.recorder = None

@@ -22,19 +22,7 @@
 //! - The reader and writer run independently, so a broker that stops reading while it still has
 //!   responses to send cannot deadlock us.
 //!
-//! # Failure semantics
-//! The connection fails as a whole; it never recovers. Once failed, the socket is closed (both
-//! tasks exit and drop their halves) and every in-flight and later request fails:
-//! - framing error, decode error, correlation mismatch, unsolicited response, request timeout:
-//!   [`Error::Poisoned`] carrying the original error (the timed-out caller itself gets
-//!   [`Error::Timeout`]);
-//! - the broker closing the socket or an I/O error: [`Error::Io`] describing it;
-//! - [`Connection::close`] or dropping every handle: [`Error::Closed`].
-//!
-//! A request timeout closes the connection, as the Java client and librdkafka do: the broker may
-//! still send the late response, and the stream would then be one response ahead of the FIFO.
-//! Requests that legitimately take long (JoinGroup blocks for up to the rebalance timeout) use
-//! [`Connection::request_with_timeout`].
+//! The failure semantics users see are documented on [`Connection`].
 
 use std::collections::VecDeque;
 use std::io;
@@ -134,8 +122,25 @@ impl ConnConfig {
 /// A connection to one broker, with versions negotiated.
 ///
 /// Cheap to clone; clones share the socket. Requests may be issued concurrently from any number of
-/// tasks and are pipelined. The socket is closed when the connection fails (see the
-/// [module docs](self)), on [`Connection::close`], or when the last clone is dropped.
+/// tasks and are pipelined (several in flight on the one socket). The socket is closed when the
+/// connection fails, on [`Connection::close`], or when the last clone is dropped.
+///
+/// Cancelling a request (dropping its future) is safe at any point: a request is either written
+/// whole or not at all, and a response nobody waits for any more is read and discarded.
+///
+/// # Failure semantics
+/// The connection fails as a whole; it never recovers. Once failed, the socket is closed (both
+/// tasks exit and drop their halves) and every in-flight and later request fails:
+/// - framing error, decode error, correlation mismatch, unsolicited response, request timeout:
+///   [`Error::Poisoned`] carrying the original error (the timed-out caller itself gets
+///   [`Error::Timeout`]);
+/// - the broker closing the socket or an I/O error: [`Error::Io`] describing it;
+/// - [`Connection::close`] or dropping every handle: [`Error::Closed`].
+///
+/// A request timeout closes the connection, as the Java client and librdkafka do: the broker may
+/// still send the late response, and the stream would then be one response ahead of the FIFO.
+/// Requests that legitimately take long (JoinGroup blocks for up to the rebalance timeout) use
+/// [`Connection::request_with_timeout`].
 #[derive(Clone)]
 pub struct Connection {
     link: Arc<Link>,
@@ -209,7 +214,8 @@ impl Connection {
     /// Like [`Connection::request`] with a timeout for this request only, for requests the broker
     /// holds on purpose (JoinGroup: up to the rebalance timeout; allow a few seconds more).
     ///
-    /// If the timeout expires the connection is closed (see the [module docs](self)).
+    /// If the timeout expires the connection is closed (see
+    /// [failure semantics](Connection#failure-semantics)).
     pub async fn request_with_timeout(
         &self,
         req: impl Into<Request>,

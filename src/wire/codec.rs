@@ -65,17 +65,18 @@ macro_rules! api_enums {
             }
         )*
 
-        /// kafka-protocol's decoder for `api`; `Ok(None)` for an API outside the enums.
+        /// kafka-protocol's decoder for `api`.
         fn decode_body<B: ByteBuf>(
             api: ApiKey,
             version: i16,
             buf: &mut B,
-        ) -> Result<Option<Response>, BoxError> {
+        ) -> Result<Response, DecodeError> {
             match api {
-                $(ApiKey::$variant => <$resp as Decodable>::decode(buf, version)
-                    .map(|r| Some(Response::$variant(r)))
-                    .map_err(Into::into),)*
-                _ => Ok(None),
+                $(ApiKey::$variant => match <$resp as Decodable>::decode(buf, version) {
+                    Ok(r) => Ok(Response::$variant(r)),
+                    Err(e) => Err(DecodeError::Protocol { api, version, source: e.into() }),
+                },)*
+                _ => Err(DecodeError::UnsupportedVersion { api, version }),
             }
         }
     };
@@ -362,23 +363,17 @@ fn decode_exact<B: ByteBuf>(
     buf: &mut B,
 ) -> Result<Response, DecodeError> {
     guard::scan_response(api, version, view)?;
-    let response = decode_body(api, version, buf)
-        .map_err(|source| DecodeError::Protocol {
-            api,
-            version,
-            source,
-        })?
-        .ok_or(DecodeError::UnsupportedVersion { api, version })?;
+    let response = decode_body(api, version, buf);
     // The scan already proved there is nothing left; this only guards against a table that
     // disagrees with kafka-protocol.
-    if buf.remaining() != 0 {
+    if response.is_ok() && buf.remaining() != 0 {
         return Err(DecodeError::TrailingBytes {
             api,
             version,
             left: buf.remaining(),
         });
     }
-    Ok(response)
+    response
 }
 
 #[cfg(test)]
@@ -417,8 +412,7 @@ mod tests {
                     // v0-2 cannot carry the software name and version; kafka-protocol refuses.
                     continue;
                 }
-                let mut out = BytesMut::from(&b"junk"[..]);
-                out.truncate(0);
+                let mut out = BytesMut::new();
                 encode_request(&req, version, 77, Some("cli"), &mut out).unwrap();
                 let mut frame = decode_frame(&mut out, DEFAULT_MAX_FRAME_SIZE)
                     .unwrap()

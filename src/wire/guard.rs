@@ -243,6 +243,7 @@ const fn f(name: &'static str, ty: Ty, min: i16, max: i16) -> Field {
 }
 
 impl Field {
+    #[inline(always)]
     fn present(&self, version: i16) -> bool {
         self.min <= version && version <= self.max
     }
@@ -794,21 +795,29 @@ impl<'a> Scanner<'a> {
         }
     }
 
+    #[inline(always)]
     fn available(&self) -> usize {
         self.end - self.pos
     }
 
+    #[inline(always)]
     fn skip(&mut self, n: usize) -> Result<(), Malformation> {
         if n > self.available() {
-            return Err(Malformation::Truncated {
-                needed: n,
-                available: self.available(),
-            });
+            return Err(self.truncated(n));
         }
         self.pos += n;
         Ok(())
     }
 
+    #[cold]
+    fn truncated(&self, needed: usize) -> Malformation {
+        Malformation::Truncated {
+            needed,
+            available: self.available(),
+        }
+    }
+
+    #[inline(always)]
     fn take_array<const N: usize>(&mut self) -> Result<[u8; N], Malformation> {
         let start = self.pos;
         self.skip(N)?;
@@ -819,7 +828,21 @@ impl<'a> Scanner<'a> {
 
     /// Same value as kafka-protocol's `UnsignedVarInt` for every canonical encoding; rejects what
     /// it would silently truncate.
+    #[inline(always)]
     fn uvarint(&mut self) -> Result<u32, Malformation> {
+        // Nearly every varint on these paths (lengths, counts, tag sections) is one byte.
+        if self.pos < self.end {
+            if let Some(&b) = self.buf.get(self.pos) {
+                if b < 0x80 {
+                    self.pos += 1;
+                    return Ok(u32::from(b));
+                }
+            }
+        }
+        self.uvarint_slow()
+    }
+
+    fn uvarint_slow(&mut self) -> Result<u32, Malformation> {
         let mut value: u32 = 0;
         for i in 0..5 {
             let [b] = self.take_array::<1>()?;
@@ -836,6 +859,7 @@ impl<'a> Scanner<'a> {
 
     /// Reads a length prefix: i16/i32 (non-flexible) or unsigned varint N+1 (flexible).
     /// Returns `None` for null.
+    #[inline(always)]
     fn length(&mut self, classic_width: usize) -> Result<Option<u64>, Malformation> {
         if self.flexible {
             return Ok(match self.uvarint()? {
@@ -855,6 +879,7 @@ impl<'a> Scanner<'a> {
         }
     }
 
+    #[inline(always)]
     fn min_size(&self, ty: Ty) -> usize {
         match ty {
             Bool => 1,
@@ -878,13 +903,13 @@ impl<'a> Scanner<'a> {
         fields + usize::from(self.flexible)
     }
 
-    fn charge(&mut self, bytes: u64) -> Result<(), Malformation> {
+    #[inline(always)]
+    fn charge(&mut self, bytes: u64) {
         // Counts are already bounded by the body length, so this only saturates on absurd
         // inputs; the budget check then rejects them.
         self.heap = self
             .heap
             .saturating_add(usize::try_from(bytes).unwrap_or(usize::MAX));
-        Ok(())
     }
 
     fn scan_ty(&mut self, ty: Ty) -> Result<(), Malformation> {
@@ -896,14 +921,14 @@ impl<'a> Scanner<'a> {
                     let len_usize = usize::try_from(len).unwrap_or(usize::MAX);
                     self.skip(len_usize)?;
                     if len > 0 {
-                        self.charge(len + ALLOCATION_OVERHEAD as u64)?;
+                        self.charge(len + ALLOCATION_OVERHEAD as u64);
                     }
                 }
                 Ok(())
             }
             Int32Array => {
                 if let Some(count) = self.count(4)? {
-                    self.charge(count * 4)?;
+                    self.charge(count * 4);
                     self.skip(count as usize * 4)?;
                 }
                 Ok(())
@@ -911,7 +936,7 @@ impl<'a> Scanner<'a> {
             Array(elem) => {
                 let min = self.min_struct_size(elem).max(1);
                 if let Some(count) = self.count(min)? {
-                    self.charge(count * elem.mem as u64)?;
+                    self.charge(count * elem.mem as u64);
                     let outer = self.structure;
                     self.structure = elem.name;
                     for _ in 0..count {
@@ -997,7 +1022,7 @@ impl<'a> Scanner<'a> {
                 }
                 None => {
                     self.pos += size;
-                    self.charge(UNKNOWN_TAG_COST as u64)?;
+                    self.charge(UNKNOWN_TAG_COST as u64);
                 }
             }
         }

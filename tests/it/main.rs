@@ -1,8 +1,10 @@
 //! Integration tests: one test binary, so every test shares one real broker (see `support`).
 
+mod cli;
 mod failover;
 mod golden;
 mod interop;
 mod lock;
+mod proxy;
 mod support;
 mod wire_broker;

@@ -96,6 +96,19 @@ impl Reporter {
     }
 
     fn status_line(&mut self, text: &str) {
+        // A line that wraps cannot be rewritten in place, so it is cut to the terminal's width.
+        let width = sys::terminal_width()
+            .unwrap_or(80)
+            .saturating_sub(1)
+            .max(20);
+        let text: String = if text.chars().count() > width {
+            text.chars()
+                .take(width - 1)
+                .chain(std::iter::once('…'))
+                .collect()
+        } else {
+            text.to_owned()
+        };
         // Carriage return and "erase line": the line is rewritten in place while waiting.
         let _ = std::io::stderr()
             .lock()

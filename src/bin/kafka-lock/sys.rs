@@ -108,6 +108,19 @@ pub fn die_with_parent(cmd: &mut tokio::process::Command) {
 #[cfg(not(target_os = "linux"))]
 pub fn die_with_parent(_cmd: &mut tokio::process::Command) {}
 
+/// The width of the terminal on stderr, if it is one and says.
+pub fn terminal_width() -> Option<usize> {
+    let mut ws = libc::winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCGWINSZ writes one winsize into `ws`, which outlives the call.
+    let rc = unsafe { libc::ioctl(libc::STDERR_FILENO, libc::TIOCGWINSZ, &mut ws) };
+    (rc == 0 && ws.ws_col > 0).then_some(usize::from(ws.ws_col))
+}
+
 /// The signal's conventional name, for messages.
 pub fn signal_name(signal: i32) -> String {
     let name = match signal {

@@ -1,0 +1,107 @@
+//! A lock contender driven over stdin/stdout, for benchmarks that put kafka-lock side by side with
+//! other clients (bench/lock_bench.py drives the librdkafka twin, tests/interop/rdkafka_lock.py).
+//!
+//! ```text
+//! contender BOOTSTRAP LOCK [--topic T] [--session-ms N] [--heartbeat-ms N]
+//! ```
+//!
+//! Prints one JSON object per line: `started`, `waiting`, `acquired`, `lost`, `released`, each with
+//! `mono_ns` (CLOCK_MONOTONIC). The stdin line `close` (or end of input) releases and exits.
+
+use std::time::Duration;
+
+use kafka_lock::{LockEvent, LockOptions};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+/// CLOCK_MONOTONIC in nanoseconds: comparable between processes on one host, unlike the
+/// opaque `std::time::Instant`.
+fn mono_ns() -> u128 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime only writes the timespec we pass.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts);
+    }
+    ts.tv_sec as u128 * 1_000_000_000 + ts.tv_nsec as u128
+}
+
+fn emit(event: &str, extra: &str) {
+    println!(
+        "{{\"event\": \"{event}\", \"mono_ns\": {}{extra}}}",
+        mono_ns()
+    );
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.len() < 2 {
+        eprintln!(
+            "usage: contender BOOTSTRAP LOCK [--topic T] [--session-ms N] [--heartbeat-ms N]"
+        );
+        std::process::exit(64);
+    }
+    let mut opts = LockOptions::new(&args[0], args[1].clone());
+    let mut rest = args[2..].iter();
+    while let Some(flag) = rest.next() {
+        let value = rest.next().unwrap_or_else(|| {
+            eprintln!("{flag} needs a value");
+            std::process::exit(64)
+        });
+        let ms = || Duration::from_millis(value.parse().expect("milliseconds"));
+        opts = match flag.as_str() {
+            "--topic" => opts.consumer_topic(value),
+            "--session-ms" => opts.session_timeout(ms()).rebalance_timeout(ms()),
+            "--heartbeat-ms" => opts.heartbeat_interval(ms()),
+            other => {
+                eprintln!("unknown flag {other}");
+                std::process::exit(64)
+            }
+        };
+    }
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let opts = opts.events(tx);
+    tokio::spawn(async move {
+        while let Some(e) = rx.recv().await {
+            match e {
+                LockEvent::Waiting { position, .. } => {
+                    emit("waiting", &format!(", \"position\": {position}"))
+                }
+                LockEvent::Acquired { token, .. } => {
+                    emit("acquired", &format!(", \"token\": {}", token.generation))
+                }
+                LockEvent::Lost { reason, .. } => {
+                    emit("lost", &format!(", \"reason\": \"{}\"", reason.as_str()))
+                }
+                LockEvent::Released => emit("released", ""),
+                _ => {}
+            }
+        }
+    });
+    emit("started", "");
+    let guard = match opts.acquire(None).await {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("contender: {e}");
+            std::process::exit(1);
+        }
+    };
+    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    loop {
+        tokio::select! {
+            line = lines.next_line() => match line {
+                Ok(Some(l)) if l.trim() != "close" => continue,
+                _ => break,
+            },
+            reason = guard.lost() => {
+                eprintln!("contender: lost the lock: {reason}");
+                std::process::exit(74);
+            }
+        }
+    }
+    guard.release().await.ok();
+    emit("closed", "");
+}
