@@ -452,6 +452,7 @@ impl LockOptions {
         );
         let (ev_tx, mut ev_rx) = mpsc::unbounded_channel();
         let mut handle = session::spawn(
+            &self.name,
             machine,
             SessionParams {
                 bootstrap: self.bootstrap.clone(),

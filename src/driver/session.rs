@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use kafka_protocol::messages::ApiKey;
 use tokio::sync::{mpsc, watch};
-use tracing::{debug, warn};
+use tracing::{debug, warn, Instrument};
 
 use super::bootstrap::{connect_any, BootstrapConfig};
 use super::conn::{ConnConfig, Connection};
@@ -135,6 +135,7 @@ pub(crate) struct SessionParams {
 
 /// Starts the driver task for `machine`.
 pub(crate) fn spawn(
+    group: &str,
     machine: Membership,
     params: SessionParams,
     events: Option<mpsc::UnboundedSender<Event>>,
@@ -156,7 +157,8 @@ pub(crate) fn spawn(
             Arc::new(tokio::sync::Mutex::new(Some(params.first))),
         );
     }
-    tokio::spawn(run(machine, net, cmd_rx, state_tx, events));
+    let span = tracing::info_span!("kafka_lock", group = %group);
+    tokio::spawn(run(machine, net, cmd_rx, state_tx, events).instrument(span));
     SessionHandle {
         commands: cmd_tx,
         state: state_rx,

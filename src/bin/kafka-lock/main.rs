@@ -34,10 +34,13 @@ use crate::exit::Failure;
 const AFTER_RUN_HELP: &str = "\
 The command starts only once the lock is held, in its own process group, with KAFKA_LOCK_NAME,
 KAFKA_LOCK_TOKEN (the fencing token: the group generation, in decimal) and KAFKA_LOCK_MEMBER_ID in
-its environment. If the lock is lost while it runs, its process group gets SIGTERM, then SIGKILL
-after --kill-grace; no second command is started. SIGINT and SIGTERM sent to kafka-lock are passed
-on to the command; the lock is released once it has ended. If kafka-lock itself is killed, the
-command is killed with it (Linux).
+its environment. The token is the one at the start: a rebalance while holding (another member
+joining) moves it to a higher generation, reported as token_changed by --events json; a resource
+that accepts any token at least as high as the highest it has seen keeps accepting the first one.
+If the lock is lost while the command runs, its process group gets SIGTERM, then SIGKILL after
+--kill-grace; no second command is started. SIGINT and SIGTERM sent to kafka-lock are passed on to
+the command; the lock is released once it has ended. If kafka-lock itself is killed, the command is
+killed with it (Linux). Being in its own process group, the command cannot read from the terminal.
 
 Exit status: the command's (128+N if signal N ended it); 75 not acquired within --wait; 74 lock
 lost while the command ran; 69 the cluster cannot be reached or answered something invalid; 78 a
@@ -98,6 +101,8 @@ struct RunArgs {
     target: Target,
     /// Consumer-compatible mode: share the lock with Kafka consumers of group NAME on this
     /// topic, which must have exactly one partition (holding partition 0 is holding the lock).
+    /// Eager, like those consumers: any rebalance (another member joining) ends the hold, which
+    /// stops the command (status 74).
     #[arg(long, value_name = "TOPIC")]
     topic: Option<String>,
     /// Give up (status 75) if the lock is not held within this time; 0 makes one try.

@@ -273,6 +273,19 @@ async fn hold(
     mut rep: Reporter,
 ) -> Result<u8, Failure> {
     let token = guard.token();
+    if !guard.is_held() {
+        // The lease ran out between the grant and now (a paused process): starting the command
+        // would run it without the lock.
+        let _ = guard.release().await;
+        return Err(Failure::new(
+            exit::NOT_ACQUIRED,
+            format!(
+                "lock {:?} was granted but its lease ran out before the command could start (was \
+                 kafka-lock paused?); the command was not run; try again",
+                c.lock
+            ),
+        ));
+    }
     let program = &c.command[0];
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(&c.command[1..])

@@ -279,19 +279,19 @@ pub fn analyse(lock: &str, coordinator: &str, g: &DescribedGroup) -> Report {
                     }
                 }
             }
-        } else if protocol_type == CONSUMER_PROTOCOL_TYPE {
-            if !m.member_assignment.is_empty() {
-                if let Ok(topics) = decode_consumer_assignment(&m.member_assignment) {
-                    saw_assignment = true;
-                    let holds = topics.iter().any(|(_, parts)| parts.contains(&0));
-                    row.position = Some(if holds { 0 } else { 1 });
-                    if holds {
-                        holder = Some(HolderView::Known {
-                            member_id: row.member_id.clone(),
-                            label: None,
-                            token: None,
-                        });
-                    }
+        } else if protocol_type == CONSUMER_PROTOCOL_TYPE && !m.member_assignment.is_empty() {
+            // An empty consumer assignment decodes as "nothing assigned", which is not known
+            // here: Apache sends empty bytes while the group rebalances.
+            if let Ok(topics) = decode_consumer_assignment(&m.member_assignment) {
+                saw_assignment = true;
+                let holds = topics.iter().any(|(_, parts)| parts.contains(&0));
+                row.position = Some(if holds { 0 } else { 1 });
+                if holds {
+                    holder = Some(HolderView::Known {
+                        member_id: row.member_id.clone(),
+                        label: None,
+                        token: None,
+                    });
                 }
             }
         }
