@@ -6,6 +6,7 @@ Scenarios, each repeated --reps times on a fresh group:
   uncontended  spawn one contender; time until it holds the lock
   handover     A holds, B waits; A releases; time from A's release to B holding
   failover     A holds, B waits; SIGKILL A; time from the kill to B holding
+(A acts at a random moment 1-2 s after B started waiting, the same moments for every client.)
 
 Every time comes from CLOCK_MONOTONIC readings taken by the processes themselves (the contenders
 print JSON events with mono_ns) or by this script just before it acts, so they compare across
@@ -19,6 +20,7 @@ import argparse
 import json
 import os
 import queue
+import random
 import signal
 import socket
 import statistics
@@ -180,7 +182,7 @@ class Rdkafka:
         holder.wait("reassignment", self.is_held)
 
 
-def uncontended(client):
+def uncontended(client, _rep):
     lock = client.new_lock()
     a = client.spawn(lock, "a")
     try:
@@ -192,18 +194,22 @@ def uncontended(client):
         a.kill()
 
 
-def two_contenders(client):
+def two_contenders(client, rep):
     lock = client.new_lock()
     a = client.spawn(lock, "a")
     a.wait("hold", client.is_held)
     b = client.spawn(lock, "b")
     b.wait("waiting", client.is_waiting)
     client.steady_after_waiter_joined(a)
+    # Act at a random phase of the waiter's heartbeat cycle (the same delays for every client):
+    # acting right after the waiter synced would always catch it a full interval before its next
+    # heartbeat, which measures the schedule, not the client.
+    time.sleep(random.Random(rep).uniform(1.0, 2.0))
     return a, b
 
 
-def handover(client):
-    a, b = two_contenders(client)
+def handover(client, rep):
+    a, b = two_contenders(client, rep)
     try:
         a.close()
         released = a.wait("release", client.is_released)
@@ -215,8 +221,8 @@ def handover(client):
         b.kill()
 
 
-def failover(client):
-    a, b = two_contenders(client)
+def failover(client, rep):
+    a, b = two_contenders(client, rep)
     try:
         killed = mono_ns()
         a.proc.send_signal(signal.SIGKILL)
@@ -245,7 +251,7 @@ def main():
         rows = []
         for scenario in (uncontended, handover, failover):
             for client in clients:
-                times = [scenario(client) for _ in range(args.reps)]
+                times = [scenario(client, rep) for rep in range(args.reps)]
                 rows.append((scenario.__name__, client.name, times))
                 print(f"{scenario.__name__:12} {client.name:36} " + " ".join(f"{t:.3f}" for t in times),
                       file=sys.stderr, flush=True)

@@ -808,7 +808,12 @@ def main():
         for source in sources:
             rec = Recorder(args.out / source)
             proxy.recorder = rec
-            meta = {"source": source, "broker": broker.version(), "captured_by": "scripts/capture_frames.py"}
+            meta = {
+                "source": source,
+                "broker": broker.version(),
+                "captured_by": "scripts/capture_frames.py",
+                "captured_on": time.strftime("%Y-%m-%d", time.gmtime()),
+            }
             if source == "tansu":
                 scenario_tansu(proxy.port, broker)
             else:

@@ -10,6 +10,8 @@ pub mod assign;
 pub mod backoff;
 pub mod driver;
 pub mod error;
+#[cfg(test)]
+mod fuzz_replay;
 pub mod lock;
 pub mod membership;
 pub mod wire;

@@ -57,6 +57,8 @@ pub const DEFAULT_RETRY_BACKOFF_MAX: Duration = Duration::from_secs(1);
 pub enum LockEvent {
     /// Queued behind `holder` (None: no holder yet), at `position` (1 = next; -1 unknown).
     Waiting {
+        /// Our own member id.
+        member_id: String,
         /// The lock's holder as the assignment named it.
         holder: Option<HolderInfo>,
         /// Place in the queue.
@@ -475,6 +477,11 @@ impl LockOptions {
                         member_tx.send_replace(member_id);
                         None
                     }
+                    Event::Waiting { holder, position, .. } => Some(LockEvent::Waiting {
+                        member_id: member_tx.borrow().clone(),
+                        holder,
+                        position,
+                    }),
                     Event::Acquired { token, .. } => {
                         s.acquisitions += 1;
                         if s.latencies.len() == LATENCY_SAMPLES {
@@ -491,9 +498,6 @@ impl LockOptions {
                         s.rebalances_while_held += 1;
                         None
                     }
-                    Event::Waiting {
-                        holder, position, ..
-                    } => Some(LockEvent::Waiting { holder, position }),
                     Event::Lost { reason, lease_end } => {
                         s.lost(reason.as_str());
                         Some(LockEvent::Lost { reason, lease_end })

@@ -64,6 +64,7 @@
 //! decoders. The response header (v0/v1) is parsed here, not by kafka-protocol.
 
 use std::mem::size_of;
+use std::sync::OnceLock;
 
 use kafka_protocol::messages::{
     api_versions_response, describe_groups_response, find_coordinator_response,
@@ -685,6 +686,210 @@ pub fn covered_versions(api: ApiKey) -> Option<(i16, i16)> {
 
 // ---------------------------------------------------------------------------------------------
 // The scanner.
+//
+// The tables above are "compiled" once per (API, version) into a flat list of operations: fields
+// absent at that version are dropped, classic or compact encodings are chosen, consecutive
+// fixed-size fields are merged into one skip, and every array carries its element's minimal size
+// and memory cost. Scanning a body is then a tight loop over that list, which is what keeps the
+// guard's cost small next to kafka-protocol's own decoding (see BENCHMARKS.md).
+
+/// One step of a compiled scan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    /// Fixed-size fields: skip this many bytes.
+    Skip(u32),
+    /// `STRING`: i16 length, -1 for null.
+    Str16,
+    /// `BYTES`: i32 length, -1 for null.
+    Bytes32,
+    /// `COMPACT_STRING` or `COMPACT_BYTES`: unsigned varint length + 1, 0 for null.
+    Compact,
+    /// Array of int32.
+    Int32s { compact: bool },
+    /// Array of structs; the element's operations are the next `len` ones.
+    Array {
+        compact: bool,
+        /// Minimal encoded size of one element (at least 1).
+        min: u32,
+        /// `size_of` one decoded element.
+        mem: u32,
+        len: u32,
+    },
+    /// A tagged-field section; `known` indexes [`Program::tag_sets`], `NO_KNOWN_TAGS` for none.
+    Tags { known: u32 },
+}
+
+const NO_KNOWN_TAGS: u32 = u32::MAX;
+
+/// Struct and field an operation reads, for error messages.
+type Label = (&'static str, &'static str);
+
+struct KnownTag {
+    tag: u32,
+    name: &'static str,
+    ops: Vec<Op>,
+    labels: Vec<Label>,
+}
+
+#[derive(Default)]
+struct Program {
+    ops: Vec<Op>,
+    labels: Vec<Label>,
+    tag_sets: Vec<Vec<KnownTag>>,
+}
+
+fn min_size(ty: Ty, flexible: bool) -> usize {
+    match ty {
+        Bool => 1,
+        Int16 => 2,
+        Int32 => 4,
+        Int64 => 8,
+        Uuid => 16,
+        Str if !flexible => 2,
+        Blob | Int32Array | Array(_) if !flexible => 4,
+        Str | Blob | Int32Array | Array(_) => 1,
+    }
+}
+
+fn min_struct_size(s: &StructSchema, version: i16, flexible: bool) -> usize {
+    let fields: usize = s
+        .fields
+        .iter()
+        .filter(|f| f.present(version))
+        .map(|f| min_size(f.ty, flexible))
+        .sum();
+    fields + usize::from(flexible)
+}
+
+struct Compiler<'p> {
+    version: i16,
+    flexible: bool,
+    tag_sets: &'p mut Vec<Vec<KnownTag>>,
+}
+
+impl Compiler<'_> {
+    fn structure(&mut self, s: &'static StructSchema, ops: &mut Vec<Op>, labels: &mut Vec<Label>) {
+        // Index of a skip this struct emitted last, which the next fixed-size field may extend.
+        let mut open_skip: Option<usize> = None;
+        let version = self.version;
+        for field in s.fields.iter().filter(|f| f.present(version)) {
+            let label = (s.name, field.name);
+            match field.ty {
+                Bool | Int16 | Int32 | Int64 | Uuid => {
+                    let n = min_size(field.ty, self.flexible) as u32;
+                    match open_skip {
+                        Some(i) => {
+                            if let Op::Skip(m) = &mut ops[i] {
+                                *m += n;
+                            }
+                        }
+                        None => {
+                            open_skip = Some(ops.len());
+                            ops.push(Op::Skip(n));
+                            labels.push(label);
+                        }
+                    }
+                }
+                ty => {
+                    open_skip = None;
+                    self.ty(ty, label, ops, labels);
+                }
+            }
+        }
+        if self.flexible {
+            let known = self.known_tags(s.tagged);
+            ops.push(Op::Tags { known });
+            labels.push((s.name, "_tagged_fields"));
+        }
+    }
+
+    fn ty(&mut self, ty: Ty, label: Label, ops: &mut Vec<Op>, labels: &mut Vec<Label>) {
+        let op = match ty {
+            Bool | Int16 | Int32 | Int64 | Uuid => Op::Skip(min_size(ty, self.flexible) as u32),
+            Str | Blob if self.flexible => Op::Compact,
+            Str => Op::Str16,
+            Blob => Op::Bytes32,
+            Int32Array => Op::Int32s {
+                compact: self.flexible,
+            },
+            Array(elem) => {
+                let at = ops.len();
+                ops.push(Op::Skip(0));
+                labels.push(label);
+                self.structure(elem, ops, labels);
+                ops[at] = Op::Array {
+                    compact: self.flexible,
+                    min: min_struct_size(elem, self.version, self.flexible).max(1) as u32,
+                    mem: elem.mem as u32,
+                    len: (ops.len() - at - 1) as u32,
+                };
+                return;
+            }
+        };
+        ops.push(op);
+        labels.push(label);
+    }
+
+    fn known_tags(&mut self, tagged: &'static [TaggedField]) -> u32 {
+        if tagged.is_empty() {
+            return NO_KNOWN_TAGS;
+        }
+        let mut set = Vec::new();
+        for t in tagged {
+            let (mut ops, mut labels) = (Vec::new(), Vec::new());
+            self.ty(t.ty, ("", t.name), &mut ops, &mut labels);
+            set.push(KnownTag {
+                tag: t.tag,
+                name: t.name,
+                ops,
+                labels,
+            });
+        }
+        self.tag_sets.push(set);
+        (self.tag_sets.len() - 1) as u32
+    }
+}
+
+fn compile(m: &'static MessageSchema, version: i16) -> Program {
+    let mut program = Program::default();
+    let (mut ops, mut labels) = (Vec::new(), Vec::new());
+    let mut c = Compiler {
+        version,
+        flexible: version >= m.flexible,
+        tag_sets: &mut program.tag_sets,
+    };
+    c.structure(m.root, &mut ops, &mut labels);
+    program.ops = ops;
+    program.labels = labels;
+    program
+}
+
+/// Compiled programs, per entry of [`MESSAGES`], per version from its `min`.
+fn programs() -> &'static [Vec<Program>] {
+    static PROGRAMS: OnceLock<Vec<Vec<Program>>> = OnceLock::new();
+    PROGRAMS.get_or_init(|| {
+        MESSAGES
+            .iter()
+            .map(|m| (m.min..=m.max).map(|v| compile(m, v)).collect())
+            .collect()
+    })
+}
+
+fn message_index(api: ApiKey) -> Option<usize> {
+    Some(match api {
+        ApiKey::ApiVersions => 0,
+        ApiKey::Metadata => 1,
+        ApiKey::FindCoordinator => 2,
+        ApiKey::JoinGroup => 3,
+        ApiKey::SyncGroup => 4,
+        ApiKey::Heartbeat => 5,
+        ApiKey::LeaveGroup => 6,
+        ApiKey::DescribeGroups => 7,
+        ApiKey::OffsetCommit => 8,
+        ApiKey::OffsetFetch => 9,
+        _ => return None,
+    })
+}
 
 /// Scans a response body of `api` at `version` and checks every bound listed in the module docs.
 ///
@@ -693,24 +898,20 @@ pub fn covered_versions(api: ApiKey) -> Option<(i16, i16)> {
 /// [`DecodeError::Malformed`] for any rejected construct, [`DecodeError::TrailingBytes`] when
 /// bytes are left after the body.
 pub fn scan_response(api: ApiKey, version: i16, body: &[u8]) -> Result<Scan, DecodeError> {
-    let message = match schema(api) {
-        Some(m) if m.min <= version && version <= m.max => m,
-        _ => return Err(DecodeError::UnsupportedVersion { api, version }),
+    let program = message_index(api).and_then(|i| {
+        let m = &MESSAGES[i];
+        if m.min <= version && version <= m.max {
+            programs()[i].get((version - m.min) as usize)
+        } else {
+            None
+        }
+    });
+    let Some(program) = program else {
+        return Err(DecodeError::UnsupportedVersion { api, version });
     };
-    let mut s = Scanner::new(
-        body,
-        version,
-        version >= message.flexible,
-        message.root.name,
-    );
-    let malformed = |s: &Scanner, reason| DecodeError::Malformed {
-        api,
-        version,
-        at: s.location(),
-        reason,
-    };
-    if let Err(reason) = s.scan_struct(message.root) {
-        return Err(malformed(&s, reason));
+    let mut s = Scanner::new(body);
+    if s.run(program, &program.ops, &program.labels).is_err() {
+        return Err(s.into_error(api, version));
     }
     if s.pos != body.len() {
         return Err(DecodeError::TrailingBytes {
@@ -725,14 +926,20 @@ pub fn scan_response(api: ApiKey, version: i16, body: &[u8]) -> Result<Scan, Dec
         .saturating_mul(MAX_AMPLIFICATION)
         .saturating_add(AMPLIFICATION_SLACK);
     if heap_estimate > budget {
-        return Err(malformed(
-            &s,
-            Malformation::MemoryBudget {
+        return Err(DecodeError::Malformed {
+            api,
+            version,
+            at: Location {
+                offset: s.pos,
+                structure: program.labels.first().map_or("", |l| l.0),
+                field: "",
+            },
+            reason: Malformation::MemoryBudget {
                 estimate: heap_estimate,
                 budget,
                 input: body.len(),
             },
-        ));
+        });
     }
     Ok(Scan {
         consumed: s.pos,
@@ -746,53 +953,84 @@ pub(crate) fn scan_response_header(
     frame: &[u8],
     header_version: i16,
 ) -> Result<(i32, usize), (Location, Malformation)> {
-    let mut s = Scanner::new(frame, header_version, header_version >= 1, "ResponseHeader");
-    s.field = "correlation_id";
-    let correlation_id = s.take_array::<4>().map(i32::from_be_bytes);
-    let result = correlation_id.and_then(|cid| {
-        if header_version >= 1 {
-            s.scan_tags(&[])?;
+    static NONE: Program = Program {
+        ops: Vec::new(),
+        labels: Vec::new(),
+        tag_sets: Vec::new(),
+    };
+    let mut s = Scanner::new(frame);
+    let label = ("ResponseHeader", "correlation_id");
+    let cid = match s.take_array::<4>() {
+        Ok(b) => i32::from_be_bytes(b),
+        Err(Stop) => {
+            s.at.get_or_insert((label, s.pos));
+            return Err(s.into_parts());
         }
-        Ok(cid)
-    });
-    match result {
-        Ok(cid) => Ok((cid, s.pos)),
-        Err(reason) => Err((s.location(), reason)),
+    };
+    if header_version >= 1 && s.tags(&NONE, NO_KNOWN_TAGS).is_err() {
+        s.at.get_or_insert((("ResponseHeader", "_tagged_fields"), s.pos));
+        return Err(s.into_parts());
     }
+    Ok((cid, s.pos))
 }
+
+/// Signals that the scan stopped; the reason is in [`Scanner::error`]. A zero-sized error keeps
+/// the hot path's results in registers.
+struct Stop;
 
 struct Scanner<'a> {
     buf: &'a [u8],
     pos: usize,
     /// Exclusive end of the region being read: the body, or a known tagged field's value.
     end: usize,
-    version: i16,
-    flexible: bool,
     heap: usize,
-    structure: &'static str,
-    field: &'static str,
+    error: Option<Malformation>,
+    /// The innermost operation that failed, and the offset it started at.
+    at: Option<(Label, usize)>,
 }
 
 impl<'a> Scanner<'a> {
-    fn new(buf: &'a [u8], version: i16, flexible: bool, root: &'static str) -> Self {
+    fn new(buf: &'a [u8]) -> Self {
         Scanner {
             buf,
             pos: 0,
             end: buf.len(),
-            version,
-            flexible,
             heap: 0,
-            structure: root,
-            field: "",
+            error: None,
+            at: None,
         }
     }
 
-    fn location(&self) -> Location {
-        Location {
-            offset: self.pos,
-            structure: self.structure,
-            field: self.field,
+    fn into_parts(self) -> (Location, Malformation) {
+        let ((structure, field), offset) = self.at.unwrap_or((("", ""), self.pos));
+        let reason = self.error.unwrap_or(Malformation::Truncated {
+            needed: 0,
+            available: 0,
+        });
+        (
+            Location {
+                offset,
+                structure,
+                field,
+            },
+            reason,
+        )
+    }
+
+    fn into_error(self, api: ApiKey, version: i16) -> DecodeError {
+        let (at, reason) = self.into_parts();
+        DecodeError::Malformed {
+            api,
+            version,
+            at,
+            reason,
         }
+    }
+
+    #[cold]
+    fn fail(&mut self, reason: Malformation) -> Stop {
+        self.error = Some(reason);
+        Stop
     }
 
     #[inline(always)]
@@ -801,24 +1039,20 @@ impl<'a> Scanner<'a> {
     }
 
     #[inline(always)]
-    fn skip(&mut self, n: usize) -> Result<(), Malformation> {
+    fn skip(&mut self, n: usize) -> Result<(), Stop> {
         if n > self.available() {
-            return Err(self.truncated(n));
+            let available = self.available();
+            return Err(self.fail(Malformation::Truncated {
+                needed: n,
+                available,
+            }));
         }
         self.pos += n;
         Ok(())
     }
 
-    #[cold]
-    fn truncated(&self, needed: usize) -> Malformation {
-        Malformation::Truncated {
-            needed,
-            available: self.available(),
-        }
-    }
-
     #[inline(always)]
-    fn take_array<const N: usize>(&mut self) -> Result<[u8; N], Malformation> {
+    fn take_array<const N: usize>(&mut self) -> Result<[u8; N], Stop> {
         let start = self.pos;
         self.skip(N)?;
         let mut out = [0u8; N];
@@ -829,7 +1063,7 @@ impl<'a> Scanner<'a> {
     /// Same value as kafka-protocol's `UnsignedVarInt` for every canonical encoding; rejects what
     /// it would silently truncate.
     #[inline(always)]
-    fn uvarint(&mut self) -> Result<u32, Malformation> {
+    fn uvarint(&mut self) -> Result<u32, Stop> {
         // Nearly every varint on these paths (lengths, counts, tag sections) is one byte.
         if self.pos < self.end {
             if let Some(&b) = self.buf.get(self.pos) {
@@ -842,187 +1076,196 @@ impl<'a> Scanner<'a> {
         self.uvarint_slow()
     }
 
-    fn uvarint_slow(&mut self) -> Result<u32, Malformation> {
+    fn uvarint_slow(&mut self) -> Result<u32, Stop> {
         let mut value: u32 = 0;
         for i in 0..5 {
             let [b] = self.take_array::<1>()?;
             if i == 4 && b > 0x0f {
-                return Err(Malformation::BadVarint);
+                return Err(self.fail(Malformation::BadVarint));
             }
             value |= u32::from(b & 0x7f) << (i * 7);
             if b < 0x80 {
                 return Ok(value);
             }
         }
-        Err(Malformation::BadVarint)
+        Err(self.fail(Malformation::BadVarint))
     }
 
-    /// Reads a length prefix: i16/i32 (non-flexible) or unsigned varint N+1 (flexible).
-    /// Returns `None` for null.
+    /// A classic length or count: -1 is null (`None`), below that is an error.
     #[inline(always)]
-    fn length(&mut self, classic_width: usize) -> Result<Option<u64>, Malformation> {
-        if self.flexible {
-            return Ok(match self.uvarint()? {
-                0 => None,
-                n => Some(u64::from(n) - 1),
-            });
-        }
-        let n = if classic_width == 2 {
-            i64::from(i16::from_be_bytes(self.take_array::<2>()?))
-        } else {
-            i64::from(i32::from_be_bytes(self.take_array::<4>()?))
-        };
+    fn classic(&mut self, n: i32) -> Result<Option<usize>, Stop> {
         match n {
             -1 => Ok(None),
-            n if n >= 0 => Ok(Some(n as u64)),
-            length => Err(Malformation::NegativeLength { length }),
+            n if n >= 0 => Ok(Some(n as usize)),
+            length => Err(self.fail(Malformation::NegativeLength {
+                length: i64::from(length),
+            })),
+        }
+    }
+
+    /// A compact length or count: stored plus one, 0 is null.
+    #[inline(always)]
+    fn compact(&mut self) -> Result<Option<usize>, Stop> {
+        Ok(match self.uvarint()? {
+            0 => None,
+            n => Some(n as usize - 1),
+        })
+    }
+
+    #[inline(always)]
+    fn count(&mut self, compact: bool) -> Result<Option<usize>, Stop> {
+        if compact {
+            self.compact()
+        } else {
+            let n = i32::from_be_bytes(self.take_array::<4>()?);
+            self.classic(n)
         }
     }
 
     #[inline(always)]
-    fn min_size(&self, ty: Ty) -> usize {
-        match ty {
-            Bool => 1,
-            Int16 => 2,
-            Int32 => 4,
-            Int64 => 8,
-            Uuid => 16,
-            Str if !self.flexible => 2,
-            Blob | Int32Array | Array(_) if !self.flexible => 4,
-            Str | Blob | Int32Array | Array(_) => 1,
-        }
-    }
-
-    fn min_struct_size(&self, s: &StructSchema) -> usize {
-        let fields: usize = s
-            .fields
-            .iter()
-            .filter(|f| f.present(self.version))
-            .map(|f| self.min_size(f.ty))
-            .sum();
-        fields + usize::from(self.flexible)
-    }
-
-    #[inline(always)]
-    fn charge(&mut self, bytes: u64) {
-        // Counts are already bounded by the body length, so this only saturates on absurd
-        // inputs; the budget check then rejects them.
-        self.heap = self
-            .heap
-            .saturating_add(usize::try_from(bytes).unwrap_or(usize::MAX));
-    }
-
-    fn scan_ty(&mut self, ty: Ty) -> Result<(), Malformation> {
-        match ty {
-            Bool | Int16 | Int32 | Int64 | Uuid => self.skip(self.min_size(ty)),
-            Str | Blob => {
-                let width = if matches!(ty, Str) { 2 } else { 4 };
-                if let Some(len) = self.length(width)? {
-                    let len_usize = usize::try_from(len).unwrap_or(usize::MAX);
-                    self.skip(len_usize)?;
-                    if len > 0 {
-                        self.charge(len + ALLOCATION_OVERHEAD as u64);
-                    }
-                }
-                Ok(())
+    fn data(&mut self, len: Option<usize>) -> Result<(), Stop> {
+        if let Some(len) = len {
+            self.skip(len)?;
+            if len > 0 {
+                self.charge(len.saturating_add(ALLOCATION_OVERHEAD));
             }
-            Int32Array => {
-                if let Some(count) = self.count(4)? {
-                    self.charge(count * 4);
-                    self.skip(count as usize * 4)?;
-                }
-                Ok(())
-            }
-            Array(elem) => {
-                let min = self.min_struct_size(elem).max(1);
-                if let Some(count) = self.count(min)? {
-                    self.charge(count * elem.mem as u64);
-                    let outer = self.structure;
-                    self.structure = elem.name;
-                    for _ in 0..count {
-                        self.scan_struct(elem)?;
-                    }
-                    self.structure = outer;
-                }
-                Ok(())
-            }
-        }
-    }
-
-    /// Reads an array count and checks that the remaining bytes can hold it.
-    fn count(&mut self, min_element_size: usize) -> Result<Option<u64>, Malformation> {
-        let Some(count) = self.length(4)? else {
-            return Ok(None);
-        };
-        let available = self.available();
-        if count > (available / min_element_size) as u64 {
-            return Err(Malformation::ArrayTooLong {
-                count,
-                min_size: min_element_size,
-                available,
-            });
-        }
-        Ok(Some(count))
-    }
-
-    fn scan_struct(&mut self, s: &'static StructSchema) -> Result<(), Malformation> {
-        for field in s.fields {
-            if field.present(self.version) {
-                self.field = field.name;
-                self.scan_ty(field.ty)?;
-                // A nested array may have changed the current struct's name.
-                self.structure = s.name;
-            }
-        }
-        if self.flexible {
-            self.scan_tags(s.tagged)?;
         }
         Ok(())
     }
 
-    fn scan_tags(&mut self, known: &'static [TaggedField]) -> Result<(), Malformation> {
-        self.field = "_tagged_fields";
-        let count = u64::from(self.uvarint()?);
-        // Each tagged field needs at least a tag byte and a size byte.
-        if count > (self.available() / 2) as u64 {
-            return Err(Malformation::TooManyTaggedFields {
-                count,
-                available: self.available(),
-            });
+    #[inline(always)]
+    fn charge(&mut self, bytes: usize) {
+        self.heap = self.heap.saturating_add(bytes);
+    }
+
+    /// Checks an array count against the bytes left.
+    #[inline(always)]
+    fn fits(&mut self, count: usize, min: usize) -> Result<(), Stop> {
+        let available = self.available();
+        if count > available / min {
+            return Err(self.fail(Malformation::ArrayTooLong {
+                count: count as u64,
+                min_size: min,
+                available,
+            }));
         }
+        Ok(())
+    }
+
+    fn run(&mut self, p: &'static Program, ops: &'static [Op], labels: &'static [Label]) -> Result<(), Stop> {
+        let mut i = 0;
+        while let Some(&op) = ops.get(i) {
+            let (at, start) = (i, self.pos);
+            let step = match op {
+                Op::Skip(n) => self.skip(n as usize),
+                Op::Str16 => self
+                    .take_array::<2>()
+                    .and_then(|b| self.classic(i32::from(i16::from_be_bytes(b))))
+                    .and_then(|len| self.data(len)),
+                Op::Bytes32 => self
+                    .take_array::<4>()
+                    .and_then(|b| self.classic(i32::from_be_bytes(b)))
+                    .and_then(|len| self.data(len)),
+                Op::Compact => self.compact().and_then(|len| self.data(len)),
+                Op::Int32s { compact } => self.count(compact).and_then(|count| match count {
+                    Some(count) => {
+                        self.fits(count, 4)?;
+                        self.charge(count * 4);
+                        self.skip(count * 4)
+                    }
+                    None => Ok(()),
+                }),
+                Op::Array {
+                    compact,
+                    min,
+                    mem,
+                    len,
+                } => {
+                    let body = i + 1..i + 1 + len as usize;
+                    i += len as usize;
+                    self.array(p, compact, min as usize, mem as usize, &ops[body.clone()], &labels[body])
+                }
+                Op::Tags { known } => self.tags(p, known),
+            };
+            if step.is_err() {
+                if self.at.is_none() {
+                    self.at = labels.get(at).map(|&l| (l, start));
+                }
+                return step;
+            }
+            i += 1;
+        }
+        Ok(())
+    }
+
+    fn array(
+        &mut self,
+        p: &'static Program,
+        compact: bool,
+        min: usize,
+        mem: usize,
+        ops: &'static [Op],
+        labels: &'static [Label],
+    ) -> Result<(), Stop> {
+        let Some(count) = self.count(compact)? else {
+            return Ok(());
+        };
+        self.fits(count, min)?;
+        self.charge(count.saturating_mul(mem));
         for _ in 0..count {
-            self.field = "_tagged_fields";
+            self.run(p, ops, labels)?;
+        }
+        Ok(())
+    }
+
+    fn tags(&mut self, p: &'static Program, known: u32) -> Result<(), Stop> {
+        let count = self.uvarint()? as usize;
+        // Each tagged field needs at least a tag byte and a size byte.
+        if count > self.available() / 2 {
+            let available = self.available();
+            return Err(self.fail(Malformation::TooManyTaggedFields {
+                count: count as u64,
+                available,
+            }));
+        }
+        let set = p.tag_sets.get(known as usize).map_or(&[][..], |s| &s[..]);
+        for _ in 0..count {
             let tag = self.uvarint()?;
             let size = self.uvarint()? as usize;
             if size > self.available() {
-                return Err(Malformation::Truncated {
+                let available = self.available();
+                return Err(self.fail(Malformation::Truncated {
                     needed: size,
-                    available: self.available(),
-                });
+                    available,
+                }));
             }
-            match known.iter().find(|k| k.tag == tag) {
+            match set.iter().find(|k| k.tag == tag) {
+                None => {
+                    self.pos += size;
+                    self.charge(UNKNOWN_TAG_COST);
+                }
                 Some(k) => {
-                    self.field = k.name;
-                    let start = self.pos;
-                    let outer_end = self.end;
+                    let (start, outer_end) = (self.pos, self.end);
                     self.end = start + size;
-                    let structure = self.structure;
-                    let scanned = self.scan_ty(k.ty);
-                    self.structure = structure;
-                    let actual = self.pos - start;
+                    let scanned = self.run(p, &k.ops, &k.labels);
                     self.end = outer_end;
-                    scanned?;
-                    if actual != size {
-                        return Err(Malformation::TaggedFieldSize {
+                    if scanned.is_err() {
+                        if let Some(((s, f), _)) = &mut self.at {
+                            if s.is_empty() {
+                                *s = "tagged field";
+                                *f = k.name;
+                            }
+                        }
+                        return scanned;
+                    }
+                    if self.pos - start != size {
+                        let actual = self.pos - start;
+                        return Err(self.fail(Malformation::TaggedFieldSize {
                             tag,
                             declared: size,
                             actual,
-                        });
+                        }));
                     }
-                }
-                None => {
-                    self.pos += size;
-                    self.charge(UNKNOWN_TAG_COST as u64);
                 }
             }
         }
@@ -1330,8 +1573,7 @@ pub(crate) mod tests {
             flexible: bool,
             worst: &mut Vec<(&'static str, i16, usize)>,
         ) {
-            let sc = Scanner::new(&[], v, flexible, "");
-            let min = sc.min_struct_size(s).max(1);
+            let min = min_struct_size(s, v, flexible).max(1);
             worst.push((s.name, v, s.mem.div_ceil(min)));
             for f in s.fields.iter().filter(|f| f.present(v)) {
                 if let Array(e) = f.ty {
@@ -1372,6 +1614,22 @@ pub(crate) mod tests {
             "worst structs: {:?}",
             &worst[..5]
         );
+    }
+
+    #[test]
+    fn compiled_programs_merge_fixed_fields_only_within_a_struct() {
+        let heartbeat = &programs()[message_index(ApiKey::Heartbeat).unwrap()][4];
+        assert_eq!(heartbeat.ops, [Op::Skip(6), Op::Tags { known: NO_KNOWN_TAGS }]);
+        // ApiVersions v1: error code, the api_keys array (each element three int16), throttle.
+        let api_versions = &programs()[message_index(ApiKey::ApiVersions).unwrap()][1];
+        assert!(matches!(
+            api_versions.ops[..],
+            [Op::Skip(2), Op::Array { compact: false, min: 6, len: 1, .. }, Op::Skip(6), Op::Skip(4)]
+        ), "{:?}", api_versions.ops);
+        assert_eq!(api_versions.ops.len(), api_versions.labels.len());
+        for (i, m) in MESSAGES.iter().enumerate() {
+            assert_eq!(message_index(m.api), Some(i));
+        }
     }
 
     #[test]

@@ -360,3 +360,23 @@ pub async fn group_members(group: &str) -> Vec<String> {
         other => panic!("unexpected {other:?}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_keeps_the_lock_across_many_lease_lengths() {
+    support::init_tracing();
+    let group = support::unique_group("long-hold");
+    let options = opts(&group);
+    let lease = options.lease_length();
+    let guard = options.acquire(Some(REBALANCE_BOUND)).await.unwrap();
+    // Renewals must reach the guard: holding for three lease lengths only works if every
+    // heartbeat pushes the lease end forward.
+    let held_for = lease * 3;
+    tokio::select! {
+        reason = guard.lost() => panic!("lost a healthy lock: {reason}"),
+        _ = tokio::time::sleep(held_for) => {}
+    }
+    assert!(guard.is_held());
+    assert!(guard.lease_end() > Instant::now(), "the lease end moved forward");
+    assert_eq!(options.stats().acquisitions, 1);
+    guard.release().await.unwrap();
+}

@@ -116,8 +116,11 @@ impl Reporter {
         self.line_open = true;
     }
 
-    pub fn waiting(&mut self, holder: Option<HolderInfo>, position: i32) {
+    pub fn waiting(&mut self, member_id: String, holder: Option<HolderInfo>, position: i32) {
         self.seen_waiting = true;
+        if !member_id.is_empty() {
+            self.member_id = Some(member_id);
+        }
         self.position = position;
         self.holder = match (holder, self.holder.take()) {
             (Some(h), Some((old, since))) if old.member_id == h.member_id => Some((h, since)),

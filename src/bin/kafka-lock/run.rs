@@ -258,8 +258,8 @@ pub async fn run(c: RunConfig) -> Result<u8, Failure> {
 }
 
 fn waiting_event(rep: &mut Reporter, ev: LockEvent) {
-    if let LockEvent::Waiting { holder, position } = ev {
-        rep.waiting(holder, position);
+    if let LockEvent::Waiting { member_id, holder, position } = ev {
+        rep.waiting(member_id, holder, position);
     }
 }
 

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Builds the kafka-lock CLI as one fully static executable (Rust's musl target: the C library is
+# linked in, nothing is loaded at run time), for cron hosts of any distribution and FROM scratch
+# images (docker/Dockerfile).
+#
+#   scripts/build-static.sh     then   scripts/check-static.sh
+#
+# Output: target/x86_64-unknown-linux-musl/release/kafka-lock. The release profile in Cargo.toml
+# (strip, LTO, opt-level "z", panic = "abort") keeps it small.
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo"
+
+TARGET="x86_64-unknown-linux-musl"
+
+say() { printf 'build-static: %s\n' "$*"; }
+die() { printf 'build-static: ERROR: %s\n' "$*" >&2; exit 1; }
+
+# The musl target ships with rustup as a prebuilt standard library (and its own linker support):
+# no musl-gcc or C toolchain for musl is needed, because kafka-lock has no C dependencies.
+if command -v rustup >/dev/null 2>&1; then
+    if ! rustup target list --installed | grep -qx "$TARGET"; then
+        say "adding the Rust target $TARGET"
+        rustup target add "$TARGET"
+    fi
+else
+    rustc --print target-libdir --target "$TARGET" >/dev/null 2>&1 \
+        || die "no rustup, and this Rust toolchain has no $TARGET standard library; install the target"
+fi
+
+say "cargo build --release --target $TARGET --features cli --bin kafka-lock"
+cargo build --release --target "$TARGET" --features cli --bin kafka-lock
+
+bin="$repo/target/$TARGET/release/kafka-lock"
+[[ -x "$bin" ]] || die "the build did not produce $bin"
+say "built $bin ($(stat -c %s "$bin") bytes)"

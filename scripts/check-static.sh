@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# Checks that the kafka-lock binary from scripts/build-static.sh is what we ship: a fully static
+# executable (no program interpreter, no shared libraries), stripped of symbols, within the size
+# budget, and working (it prints its version). Exits non-zero with one line per failed check.
+#
+#   scripts/check-static.sh [PATH]    (default: target/x86_64-unknown-linux-musl/release/kafka-lock)
+#
+# Reads the ELF headers with Python's standard library, so it needs neither `file` nor `readelf`.
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+bin=${1:-"$repo/target/x86_64-unknown-linux-musl/release/kafka-lock"}
+# The budget from the CLI's requirements: 5 MB (decimal megabytes).
+MAX_BYTES=${KAFKA_LOCK_MAX_BYTES:-5000000}
+PYTHON=${PYTHON:-python3}
+
+[[ -f "$bin" ]] || { printf 'check-static: ERROR: %s does not exist; run scripts/build-static.sh\n' "$bin" >&2; exit 1; }
+
+"$PYTHON" - "$bin" "$MAX_BYTES" <<'PY'
+import os
+import struct
+import subprocess
+import sys
+
+path, max_bytes = sys.argv[1], int(sys.argv[2])
+failures = []
+
+
+def fail(msg):
+    failures.append(msg)
+
+
+with open(path, "rb") as f:
+    data = f.read()
+
+# ELF header (64-bit little-endian only: the target is x86_64).
+if data[:4] != b"\x7fELF":
+    sys.exit(f"check-static: FAIL: {path} is not an ELF file")
+if data[4] != 2 or data[5] != 1:
+    sys.exit(f"check-static: FAIL: {path} is not a 64-bit little-endian ELF file")
+(e_type, e_machine, _, _, e_phoff, e_shoff, _, _, e_phentsize, e_phnum, e_shentsize, e_shnum,
+ e_shstrndx) = struct.unpack_from("<HHIQQQIHHHHHH", data, 16)
+if e_machine != 62:
+    fail(f"machine {e_machine} is not x86-64 (62)")
+
+PT_DYNAMIC, PT_INTERP = 2, 3
+interp = None
+has_dynamic = False
+for i in range(e_phnum):
+    p_type, _, p_offset, _, _, p_filesz, _, _ = struct.unpack_from(
+        "<IIQQQQQQ", data, e_phoff + i * e_phentsize)
+    if p_type == PT_INTERP:
+        interp = data[p_offset:p_offset + p_filesz].rstrip(b"\0").decode(errors="replace")
+    elif p_type == PT_DYNAMIC:
+        has_dynamic = True
+
+# Sections: a stripped binary has no symbol table (.symtab) and no DWARF debug info.
+SHT_SYMTAB, SHT_DYNAMIC = 2, 6
+sections = []
+if e_shoff and e_shnum:
+    headers = [struct.unpack_from("<IIQQQQIIQQ", data, e_shoff + i * e_shentsize)
+               for i in range(e_shnum)]
+    strtab = headers[e_shstrndx]
+    names = data[strtab[4]:strtab[4] + strtab[5]]
+    for h in headers:
+        name = names[h[0]:names.index(b"\0", h[0])].decode(errors="replace")
+        sections.append((name, h[1], h[2], h[4], h[5]))
+
+# A static-pie executable (ET_DYN) has a PT_DYNAMIC segment for its own relocations, but no
+# interpreter and no DT_NEEDED entries; a dynamic one needs both.
+DT_NEEDED = 1
+needed = 0
+for name, sh_type, _, offset, size in sections:
+    if sh_type == SHT_DYNAMIC:
+        for j in range(0, size, 16):
+            tag, _ = struct.unpack_from("<qQ", data, offset + j)
+            if tag == DT_NEEDED:
+                needed += 1
+            if tag == 0:
+                break
+
+kind = {2: "static executable", 3: "static-pie executable"}.get(e_type, f"ELF type {e_type}")
+if interp is not None:
+    fail(f"has a program interpreter ({interp}): it is dynamically linked")
+    kind = "dynamically linked executable"
+if needed:
+    fail(f"needs {needed} shared libraries (DT_NEEDED)")
+if any(s[1] == SHT_SYMTAB for s in sections):
+    fail("has a symbol table (.symtab): not stripped")
+debug = [s[0] for s in sections if s[0].startswith((".debug_", ".zdebug_"))]
+if debug:
+    fail(f"has debug sections ({', '.join(debug[:4])}): not stripped")
+
+size = len(data)
+if size > max_bytes:
+    fail(f"{size} bytes exceeds the budget of {max_bytes} bytes")
+
+# The kernel's loader is the final word on "static": ldd says so for a binary without an
+# interpreter. It is only a cross-check, as ldd is missing on some systems.
+try:
+    out = subprocess.run(["ldd", path], capture_output=True, text=True, timeout=30)
+    text = (out.stdout + out.stderr).strip()
+    if "not a dynamic executable" not in text and "statically linked" not in text:
+        fail(f"ldd lists shared libraries: {text.splitlines()[0] if text else '(no output)'}")
+except FileNotFoundError:
+    pass
+
+# It must run: a static binary built against the wrong C library fails here, not in production.
+try:
+    out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
+    version = out.stdout.strip()
+    if out.returncode != 0 or not version.startswith("kafka-lock"):
+        fail(f"`{path} --version` failed (status {out.returncode}): {(out.stdout + out.stderr).strip()}")
+except OSError as e:
+    fail(f"cannot run {path}: {e}")
+    version = "?"
+
+for f in failures:
+    print(f"check-static: FAIL: {f}", file=sys.stderr)
+if failures:
+    sys.exit(1)
+print(f"check-static: OK: {path}")
+print(f"check-static: {version}; {kind}, stripped, no shared libraries; "
+      f"{size} bytes ({size / 1e6:.2f} MB, {size / 1048576:.2f} MiB) of a {max_bytes / 1e6:g} MB budget")
+PY

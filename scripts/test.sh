@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The full test suite, exactly as CI runs it: installs the test broker and the Python client,
+# checks formatting and that the library's dependency graph has no C, builds everything, and runs
+# every test binary (the integration tests start their own tansu broker on a loopback port).
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+# A hung test must not hold CI for its full 90 minutes; the suite normally takes far less.
+TEST_TIMEOUT=${KAFKA_LOCK_TEST_TIMEOUT:-45m}
+
+started=$SECONDS
+step() { printf '\n==> [%4ds] %s\n' "$((SECONDS - started))" "$*"; }
+
+step "installing test dependencies (scripts/install-test-deps.sh)"
+scripts/install-test-deps.sh
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "no C in the library: cargo tree -e normal,build --no-default-features"
+# A "-sys" crate links a C library and "cc" compiles C at build time; either would break the
+# promise of a pure-Rust library (and of a static musl CLI binary).
+deps=$(cargo tree -e normal,build --no-default-features --prefix none --format '{p}' | awk '{print $1}' | sort -u)
+offenders=$(grep -E -- '(-sys$|^cc$)' <<<"$deps" || true)
+if [[ -n "$offenders" ]]; then
+    echo "the library depends on C through: $offenders" >&2
+    cargo tree -e normal,build --no-default-features -i "$(head -n1 <<<"$offenders")" >&2 || true
+    exit 1
+fi
+echo "ok: $(wc -l <<<"$deps") crates, none of them -sys or cc"
+
+step "cargo build --all-targets --all-features"
+cargo build --all-targets --all-features
+
+step "cargo test --all-features --no-fail-fast (timeout $TEST_TIMEOUT)"
+timeout --kill-after=30s "$TEST_TIMEOUT" cargo test --all-features --no-fail-fast
+
+step "all checks passed"
