@@ -166,20 +166,26 @@ fn time_batch(iters: u32, f: &mut dyn FnMut()) -> f64 {
 /// after each other (alternating which goes first) and keeps their ratio; the median ratio over
 /// many rounds is what BENCHMARKS.md reports as the overhead.
 fn paired_overhead() {
-    println!("\nInterleaved overhead, kafka_lock::wire::decode_response vs kafka-protocol Decodable::decode (both from &[u8]):");
     println!(
-        "{:<28} {:>12} {:>12} {:>10} {:>18}",
-        "case", "raw ns", "ours ns", "median", "p25..p75"
+        "\nInterleaved overhead, kafka_lock::wire::decode_response vs kafka-protocol Decodable::decode (both from &[u8]):"
+    );
+    println!(
+        "{:<28} {:>10} {:>10} {:>10} {:>10} {:>20}",
+        "case", "raw ns", "ours ns", "scan ns", "overhead", "(p25..p75)"
     );
     for (name, api, version, body, raw_decode) in cases() {
         let mut a = || raw_decode(black_box(&body[..]), version);
         let mut b = || {
             black_box(decode_response(api, version, black_box(&body[..])).expect("decodes"));
         };
+        let mut scan = || {
+            black_box(scan_response(api, version, black_box(&body[..])).expect("scans"));
+        };
         // Batches of roughly 100 µs.
         let per_call = time_batch(10_000, &mut a).max(1e-9);
         let iters = ((100e-6 / per_call) as u32).max(10);
-        let (mut ratios, mut raw_t, mut ours_t) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut ratios, mut raw_t, mut ours_t, mut scan_t) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for round in 0..400 {
             let (ta, tb) = if round % 2 == 0 {
                 let ta = time_batch(iters, &mut a);
@@ -188,24 +194,26 @@ fn paired_overhead() {
                 let tb = time_batch(iters, &mut b);
                 (time_batch(iters, &mut a), tb)
             };
+            scan_t.push(time_batch(iters, &mut scan));
             ratios.push(tb / ta);
             raw_t.push(ta);
             ours_t.push(tb);
         }
-        let median = |v: &mut Vec<f64>, q: f64| {
+        let quantile = |v: &mut Vec<f64>, q: f64| {
             v.sort_by(|x, y| x.total_cmp(y));
             v[((v.len() - 1) as f64 * q) as usize]
         };
         let (r25, r50, r75) = (
-            median(&mut ratios, 0.25),
-            median(&mut ratios, 0.5),
-            median(&mut ratios, 0.75),
+            quantile(&mut ratios, 0.25),
+            quantile(&mut ratios, 0.5),
+            quantile(&mut ratios, 0.75),
         );
         println!(
-            "{:<28} {:>12.1} {:>12.1} {:>+9.1}% {:>+8.1}%..{:>+6.1}%",
+            "{:<28} {:>10.1} {:>10.1} {:>10.1} {:>+9.1}% ({:>+6.1}%..{:>+6.1}%)",
             format!("{name}_v{version}_{}B", body.len()),
-            median(&mut raw_t, 0.5) * 1e9,
-            median(&mut ours_t, 0.5) * 1e9,
+            quantile(&mut raw_t, 0.5) * 1e9,
+            quantile(&mut ours_t, 0.5) * 1e9,
+            quantile(&mut scan_t, 0.5) * 1e9,
             (r50 - 1.0) * 100.0,
             (r25 - 1.0) * 100.0,
             (r75 - 1.0) * 100.0,

@@ -68,8 +68,9 @@ pub fn frame_decode(data: &[u8]) {
         loop {
             assert_eq!(&buf[..], &stream[consumed..fed]);
             let (len, cap) = (buf.len(), buf.capacity());
-            let prefix: Option<[u8; LENGTH_PREFIX_SIZE]> =
-                buf.get(..LENGTH_PREFIX_SIZE).map(|p| p.try_into().expect("4 bytes"));
+            let prefix: Option<[u8; LENGTH_PREFIX_SIZE]> = buf
+                .get(..LENGTH_PREFIX_SIZE)
+                .map(|p| p.try_into().expect("4 bytes"));
             match decode_frame(&mut buf, max) {
                 Ok(Some(frame)) => {
                     let size = frame_length(prefix.expect("a frame has a prefix"), max)
@@ -81,15 +82,26 @@ pub fn frame_decode(data: &[u8]) {
                     consumed = start + size;
                 }
                 Ok(None) => {
-                    assert_eq!((buf.len(), buf.capacity()), (len, cap), "waiting changed the buffer");
+                    assert_eq!(
+                        (buf.len(), buf.capacity()),
+                        (len, cap),
+                        "waiting changed the buffer"
+                    );
                     if let Some(p) = prefix {
                         let size = frame_length(p, max).expect("waiting on a valid prefix");
-                        assert!(len - LENGTH_PREFIX_SIZE < size, "a whole frame was left waiting");
+                        assert!(
+                            len - LENGTH_PREFIX_SIZE < size,
+                            "a whole frame was left waiting"
+                        );
                     }
                     break;
                 }
                 Err(e) => {
-                    assert_eq!((buf.len(), buf.capacity()), (len, cap), "an error changed the buffer");
+                    assert_eq!(
+                        (buf.len(), buf.capacity()),
+                        (len, cap),
+                        "an error changed the buffer"
+                    );
                     let p = prefix.expect("an error needs a whole prefix");
                     assert_eq!(frame_length(p, max), Err(e));
                     // A connection is poisoned by a framing error; nothing after it is read.
@@ -132,12 +144,8 @@ pub fn response_decode(data: &[u8]) {
 
     let correlation_id = peek_correlation_id(rest).unwrap_or(0);
     let frame = decode_response_frame(rest, api, version, correlation_id);
-    let shared = decode_response_frame_bytes(
-        Bytes::copy_from_slice(rest),
-        api,
-        version,
-        correlation_id,
-    );
+    let shared =
+        decode_response_frame_bytes(Bytes::copy_from_slice(rest), api, version, correlation_id);
     check_response(api, version, supported, &frame, &shared);
 }
 
@@ -161,7 +169,11 @@ fn check_response(
                     "{api:?} v{version}: {x}"
                 );
             }
-            assert_eq!(x.to_string(), y.to_string(), "slice and Bytes decoding disagree");
+            assert_eq!(
+                x.to_string(),
+                y.to_string(),
+                "slice and Bytes decoding disagree"
+            );
         }
         (x, y) => panic!("{api:?} v{version}: slice gave {x:?}, Bytes gave {y:?}"),
     }
@@ -184,7 +196,9 @@ fn check_guard(api: ApiKey, version: i16, body: &[u8], decoded: &Result<Response
     }
     match decoded {
         Err(e @ DecodeError::TrailingBytes { .. }) => {
-            panic!("{api:?} v{version}: the guard accepted a body kafka-protocol did not consume: {e}")
+            panic!(
+                "{api:?} v{version}: the guard accepted a body kafka-protocol did not consume: {e}"
+            )
         }
         Err(DecodeError::Protocol { source, .. }) => {
             let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(source.as_ref());
@@ -211,7 +225,11 @@ pub fn peer_bytes(data: &[u8]) {
 
     if let Ok(md) = MemberMetadata::decode(data) {
         if data[3] == 0 {
-            assert_eq!(&md.encode()[..], data, "member metadata does not round-trip");
+            assert_eq!(
+                &md.encode()[..],
+                data,
+                "member metadata does not round-trip"
+            );
         }
     }
     if let Ok(a) = NativeAssignment::decode(data) {
@@ -247,7 +265,8 @@ pub fn split_members(mut data: &[u8]) -> Vec<Member> {
         data = rest;
         let i = members.len();
         let id = format!("{}{i}", PREFIXES[usize::from(header & 7)]);
-        let instance = (header & 8 != 0).then(|| format!("{}{i}", PREFIXES[usize::from(header >> 5 & 7)]));
+        let instance =
+            (header & 8 != 0).then(|| format!("{}{i}", PREFIXES[usize::from(header >> 5 & 7)]));
         let metadata = match header >> 4 & 3 {
             1 => {
                 let b = take(&mut data, 3);
@@ -280,13 +299,20 @@ fn take<'a>(data: &mut &'a [u8], n: usize) -> &'a [u8] {
 /// FIFO order of `docs/protocol.md`: joined members by first generation, then never-joined ones;
 /// ties by member id bytes.
 fn fifo(id: &str, md: &MemberMetadata) -> (bool, i32, Vec<u8>) {
-    (md.first_joined_generation < 0, md.first_joined_generation, id.as_bytes().to_vec())
+    (
+        md.first_joined_generation < 0,
+        md.first_joined_generation,
+        id.as_bytes().to_vec(),
+    )
 }
 
 fn check_native(generation: i32, members: &[Member]) {
     let plan = assign_native(generation, members);
     assert_eq!(plan.assignments.len(), members.len());
-    let decoded: Vec<_> = members.iter().map(|(_, _, m)| MemberMetadata::decode(m)).collect();
+    let decoded: Vec<_> = members
+        .iter()
+        .map(|(_, _, m)| MemberMetadata::decode(m))
+        .collect();
     let rejected: Vec<&str> = members
         .iter()
         .zip(&decoded)
@@ -304,7 +330,12 @@ fn check_native(generation: i32, members: &[Member]) {
     let holder = eligible
         .iter()
         .find(|(id, _)| Some(*id) == plan.holder.as_deref());
-    assert_eq!(holder.is_some(), !eligible.is_empty(), "holder {:?}", plan.holder);
+    assert_eq!(
+        holder.is_some(),
+        !eligible.is_empty(),
+        "holder {:?}",
+        plan.holder
+    );
     if let Some(&(hid, hmd)) = holder {
         let claims = eligible.iter().filter(|(_, md)| md.holds);
         match claims.map(|(_, md)| md.holder_generation).max() {
@@ -316,7 +347,9 @@ fn check_native(generation: i32, members: &[Member]) {
                     .filter(|(_, md)| md.holds && md.holder_generation == newest)
                     .all(|(id, md)| fifo(hid, hmd) <= fifo(id, md)));
             }
-            None => assert!(eligible.iter().all(|(id, md)| fifo(hid, hmd) <= fifo(id, md))),
+            None => assert!(eligible
+                .iter()
+                .all(|(id, md)| fifo(hid, hmd) <= fifo(id, md))),
         }
     }
 
@@ -325,7 +358,10 @@ fn check_native(generation: i32, members: &[Member]) {
         assert_eq!(id, aid);
         let a = NativeAssignment::decode(bytes).expect("the assignor's own encoding decodes");
         assert_eq!(a.members as usize, members.len());
-        assert_eq!(a.holder.as_ref().map(|h| h.member_id.as_str()), plan.holder.as_deref());
+        assert_eq!(
+            a.holder.as_ref().map(|h| h.member_id.as_str()),
+            plan.holder.as_deref()
+        );
         if let (Some(h), Some((_, hmd))) = (&a.holder, holder) {
             assert_eq!((h.generation, &h.label), (generation, &hmd.label));
         }
@@ -337,7 +373,11 @@ fn check_native(generation: i32, members: &[Member]) {
     }
     waiters.sort();
     for (rank, (_, position)) in waiters.iter().enumerate() {
-        assert_eq!(*position as usize, rank + 1, "waiters are numbered in FIFO order");
+        assert_eq!(
+            *position as usize,
+            rank + 1,
+            "waiters are numbered in FIFO order"
+        );
     }
 
     // The plan depends on the member set, not on the order the broker listed it in.

@@ -75,9 +75,12 @@ have_ck() {
 if have_ck; then
     say "venv: confluent-kafka $CONFLUENT_KAFKA_VERSION already installed in $venv"
 else
-    if [[ ! -x "$vpy" ]]; then
+    # A venv left without a working pip (an interrupted run, a missing ensurepip) is rebuilt.
+    if [[ ! -x "$vpy" ]] || ! "$vpy" -m pip --version >/dev/null 2>&1; then
         say "venv: creating $venv"
-        "$PYTHON" -m venv "$venv"
+        rm -rf "$venv"
+        "$PYTHON" -m venv "$venv" \
+            || die "cannot create a Python venv; on Debian or Ubuntu: apt-get install python3-venv"
     fi
     say "venv: installing confluent-kafka==$CONFLUENT_KAFKA_VERSION"
     "$vpy" -m pip install --quiet --disable-pip-version-check --only-binary=:all: \

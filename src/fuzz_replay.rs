@@ -65,7 +65,11 @@ fn replay(root: &str) -> usize {
                 panic!("{target}: {} failed: {msg}", path.display());
             }
             let took = started.elapsed();
-            assert!(took < PER_INPUT, "{target}: {} took {took:?}", path.display());
+            assert!(
+                took < PER_INPUT,
+                "{target}: {} took {took:?}",
+                path.display()
+            );
             count += 1;
         }
     }

@@ -73,6 +73,13 @@ macro_rules! api_enums {
         ) -> Result<Response, DecodeError> {
             match api {
                 $(ApiKey::$variant => match <$resp as Decodable>::decode(buf, version) {
+                    // The scan already proved nothing is left over; this only guards against a
+                    // table that disagrees with kafka-protocol.
+                    Ok(_) if buf.remaining() != 0 => Err(DecodeError::TrailingBytes {
+                        api,
+                        version,
+                        left: buf.remaining(),
+                    }),
                     Ok(r) => Ok(Response::$variant(r)),
                     Err(e) => Err(DecodeError::Protocol { api, version, source: e.into() }),
                 },)*
@@ -327,9 +334,22 @@ pub fn decode_response(
     body: &[u8],
 ) -> Result<Response, DecodeError> {
     let version = body_version(api_key, version, body);
-    let mut buf = body;
-    decode_exact(api_key, version, body, &mut buf)
+    let scan = guard::scan_response(api_key, version, body)?;
+    if scan.allocations >= ZERO_COPY_MIN_ALLOCATIONS {
+        // One copy of the body instead of one allocation per string or byte field: the decoded
+        // fields then share it. Cheaper from two such fields on (see BENCHMARKS.md); the price is
+        // that any field kept alive keeps the whole body (at most one frame) alive.
+        let mut buf = Bytes::copy_from_slice(body);
+        decode_body(api_key, version, &mut buf)
+    } else {
+        let mut buf = body;
+        decode_body(api_key, version, &mut buf)
+    }
 }
+
+/// From how many non-empty string or byte fields [`decode_response`] copies the body once into
+/// shared [`Bytes`] rather than letting each field allocate.
+const ZERO_COPY_MIN_ALLOCATIONS: usize = 2;
 
 /// [`decode_response`] for a body already in [`Bytes`], without copying strings and byte fields.
 pub fn decode_response_bytes(
@@ -338,8 +358,9 @@ pub fn decode_response_bytes(
     body: Bytes,
 ) -> Result<Response, DecodeError> {
     let version = body_version(api_key, version, &body);
-    let mut buf = body.clone();
-    decode_exact(api_key, version, &body, &mut buf)
+    guard::scan_response(api_key, version, &body)?;
+    let mut buf = body;
+    decode_body(api_key, version, &mut buf)
 }
 
 const UNSUPPORTED_VERSION: [u8; 2] = 35i16.to_be_bytes();
@@ -354,26 +375,6 @@ fn body_version(api: ApiKey, version: i16, body: &[u8]) -> i16 {
     } else {
         version
     }
-}
-
-fn decode_exact<B: ByteBuf>(
-    api: ApiKey,
-    version: i16,
-    view: &[u8],
-    buf: &mut B,
-) -> Result<Response, DecodeError> {
-    guard::scan_response(api, version, view)?;
-    let response = decode_body(api, version, buf);
-    // The scan already proved there is nothing left; this only guards against a table that
-    // disagrees with kafka-protocol.
-    if response.is_ok() && buf.remaining() != 0 {
-        return Err(DecodeError::TrailingBytes {
-            api,
-            version,
-            left: buf.remaining(),
-        });
-    }
-    response
 }
 
 #[cfg(test)]

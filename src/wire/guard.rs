@@ -178,6 +178,9 @@ pub struct Scan {
     pub consumed: usize,
     /// Estimated heap bytes the decoded value will use (see the module docs).
     pub heap_estimate: usize,
+    /// Non-empty string and byte fields: the allocations a decode from a `&[u8]` makes for them
+    /// (a decode from [`Bytes`](bytes::Bytes) shares the input instead).
+    pub allocations: usize,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -736,6 +739,10 @@ struct Program {
     ops: Vec<Op>,
     labels: Vec<Label>,
     tag_sets: Vec<Vec<KnownTag>>,
+    /// For messages made of fixed-size fields only (Heartbeat): their size, and whether a tagged
+    /// section follows. Such a body is accepted with one length check when its tagged section
+    /// is empty; anything else takes the full scan, which reports what is wrong.
+    fixed: Option<(usize, bool)>,
 }
 
 fn min_size(ty: Ty, flexible: bool) -> usize {
@@ -859,6 +866,12 @@ fn compile(m: &'static MessageSchema, version: i16) -> Program {
         tag_sets: &mut program.tag_sets,
     };
     c.structure(m.root, &mut ops, &mut labels);
+    program.fixed = match ops[..] {
+        [Op::Skip(n)] => Some((n as usize, false)),
+        [Op::Skip(n), Op::Tags { known: NO_KNOWN_TAGS }] => Some((n as usize, true)),
+        [Op::Tags { known: NO_KNOWN_TAGS }] => Some((0, true)),
+        _ => None,
+    };
     program.ops = ops;
     program.labels = labels;
     program
@@ -909,6 +922,20 @@ pub fn scan_response(api: ApiKey, version: i16, body: &[u8]) -> Result<Scan, Dec
     let Some(program) = program else {
         return Err(DecodeError::UnsupportedVersion { api, version });
     };
+    if let Some((n, tagged)) = program.fixed {
+        let fits = if tagged {
+            body.len() == n + 1 && body[n] == 0
+        } else {
+            body.len() == n
+        };
+        if fits {
+            return Ok(Scan {
+                consumed: body.len(),
+                heap_estimate: body.len(),
+                allocations: 0,
+            });
+        }
+    }
     let mut s = Scanner::new(body);
     if s.run(program, &program.ops, &program.labels).is_err() {
         return Err(s.into_error(api, version));
@@ -944,6 +971,7 @@ pub fn scan_response(api: ApiKey, version: i16, body: &[u8]) -> Result<Scan, Dec
     Ok(Scan {
         consumed: s.pos,
         heap_estimate,
+        allocations: s.allocations,
     })
 }
 
@@ -957,6 +985,7 @@ pub(crate) fn scan_response_header(
         ops: Vec::new(),
         labels: Vec::new(),
         tag_sets: Vec::new(),
+        fixed: None,
     };
     let mut s = Scanner::new(frame);
     let label = ("ResponseHeader", "correlation_id");
@@ -984,6 +1013,7 @@ struct Scanner<'a> {
     /// Exclusive end of the region being read: the body, or a known tagged field's value.
     end: usize,
     heap: usize,
+    allocations: usize,
     error: Option<Malformation>,
     /// The innermost operation that failed, and the offset it started at.
     at: Option<(Label, usize)>,
@@ -996,6 +1026,7 @@ impl<'a> Scanner<'a> {
             pos: 0,
             end: buf.len(),
             heap: 0,
+            allocations: 0,
             error: None,
             at: None,
         }
@@ -1127,6 +1158,7 @@ impl<'a> Scanner<'a> {
         if let Some(len) = len {
             self.skip(len)?;
             if len > 0 {
+                self.allocations += 1;
                 self.charge(len.saturating_add(ALLOCATION_OVERHEAD));
             }
         }
@@ -1620,6 +1652,9 @@ pub(crate) mod tests {
     fn compiled_programs_merge_fixed_fields_only_within_a_struct() {
         let heartbeat = &programs()[message_index(ApiKey::Heartbeat).unwrap()][4];
         assert_eq!(heartbeat.ops, [Op::Skip(6), Op::Tags { known: NO_KNOWN_TAGS }]);
+        assert_eq!(heartbeat.fixed, Some((6, true)));
+        assert_eq!(programs()[message_index(ApiKey::Heartbeat).unwrap()][0].fixed, Some((2, false)));
+        assert_eq!(programs()[message_index(ApiKey::SyncGroup).unwrap()][0].fixed, None);
         // ApiVersions v1: error code, the api_keys array (each element three int16), throttle.
         let api_versions = &programs()[message_index(ApiKey::ApiVersions).unwrap()][1];
         assert!(matches!(

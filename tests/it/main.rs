@@ -1,6 +1,7 @@
 //! Integration tests: one test binary, so every test shares one real broker (see `support`).
 
 mod cli;
+mod compose;
 mod failover;
 mod golden;
 mod interop;

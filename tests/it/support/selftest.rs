@@ -117,20 +117,30 @@ fn shared_broker_dies_with_sigkilled_test_process() {
     // Read on a thread so a child that never reports fails this test instead of hanging it.
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
+        let mut transcript = String::new();
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
             // libtest prints the test name on the same line, so the marker is not at the start.
             if let Some((_, rest)) = line.split_once("HOLDING ") {
                 let mut fields = rest.split_whitespace().map(str::parse::<u32>);
                 if let (Some(Ok(port)), Some(Ok(pid))) = (fields.next(), fields.next()) {
-                    let _ = tx.send((port as u16, pid));
+                    let _ = tx.send(Ok((port as u16, pid)));
                     return;
                 }
             }
+            transcript.push_str(&line);
+            transcript.push('\n');
         }
+        let _ = tx.send(Err(transcript));
     });
-    let (port, pid) = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("the child test process reports its broker within 60 s");
+    let (port, pid) = match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(Ok(holding)) => holding,
+        Ok(Err(transcript)) => panic!(
+            "the child test process ended its output without reporting a broker \
+             (exit: {:?}); its stdout:\n{transcript}",
+            child.wait()
+        ),
+        Err(e) => panic!("no report from the child test process within 60 s ({e})"),
+    };
     assert!(pid_alive(pid));
     probe_api_versions(([127, 0, 0, 1], port).into()).expect("the child's broker answers");
 
