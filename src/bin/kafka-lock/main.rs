@@ -121,11 +121,12 @@ struct RunArgs {
     rebalance_timeout: Option<Duration>,
     /// The lease ends this long before the broker could expire us: after the last renewal, the
     /// lock counts as held for the smaller of the session and rebalance timeouts minus this.
-    /// [default: 1s, or a quarter of the session timeout if that is shorter]
+    /// [default: the larger of the kill grace and min(1s, a quarter of the session timeout), so
+    /// the command is dead before the broker could give the lock away]
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     lease_margin: Option<Duration>,
     /// After a loss, time between SIGTERM and SIGKILL to the command; must be shorter than the
-    /// session timeout. [default: 5s, or half the session timeout if that is shorter]
+    /// session timeout. [default: 2s, or a fifth of the session timeout if that is shorter]
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     kill_grace: Option<Duration>,
     /// Who we are, shown to waiters and by `status`. [default: "<hostname> pid <pid>"]

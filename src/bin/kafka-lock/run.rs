@@ -19,7 +19,7 @@ use crate::report::{ChildEnd, Reporter};
 use crate::sys;
 
 /// The longest default grace between SIGTERM and SIGKILL.
-const MAX_DEFAULT_KILL_GRACE: Duration = Duration::from_secs(5);
+const MAX_DEFAULT_KILL_GRACE: Duration = Duration::from_secs(2);
 /// How long to wait for the session to report a loss it has already decided, so the `lost`
 /// event can carry the lease end it computed. The child is signalled before this wait.
 const LOSS_REPORT_BOUND: Duration = Duration::from_millis(500);
@@ -69,9 +69,22 @@ impl Timing {
         // A rebalance timeout shorter than the session would shorten the lease; equal is the
         // natural default for a lock.
         let rebalance = c.rebalance_timeout.unwrap_or(session);
+        let kill_grace = c
+            .kill_grace
+            .unwrap_or(MAX_DEFAULT_KILL_GRACE.min(session / 5));
+        if kill_grace >= session {
+            return bad(format!(
+                "--kill-grace {} must be shorter than --session-timeout {}: after a loss the command \
+                 must be stopped before the broker can give the lock to another member",
+                sys::human(kill_grace),
+                sys::human(session)
+            ));
+        }
+        // The command is SIGKILLed at the lease end plus the grace; a margin at least as long as
+        // the grace makes that happen before the broker could give the lock to anyone else.
         let margin = c
             .lease_margin
-            .unwrap_or(DEFAULT_LEASE_MARGIN.min(session / 4));
+            .unwrap_or(DEFAULT_LEASE_MARGIN.min(session / 4).max(kill_grace));
         let lease = session.min(rebalance).saturating_sub(margin);
         if lease.is_zero() {
             return bad(format!(
@@ -97,17 +110,6 @@ impl Timing {
                 sys::human(heartbeat),
                 sys::human(lease),
                 sys::human(margin)
-            ));
-        }
-        let kill_grace = c
-            .kill_grace
-            .unwrap_or(MAX_DEFAULT_KILL_GRACE.min(session / 2));
-        if kill_grace >= session {
-            return bad(format!(
-                "--kill-grace {} must be shorter than --session-timeout {}: after a loss the command \
-                 must be stopped before the broker can give the lock to another member",
-                sys::human(kill_grace),
-                sys::human(session)
             ));
         }
         let request = c.request_timeout.unwrap_or(DEFAULT_REQUEST_TIMEOUT);
