@@ -1089,3 +1089,78 @@ fn status_names_the_members_and_what_it_knows_of_the_holder() {
     assert!(token(&next) > token(&acquired));
     assert_eq!(waiter.finish(STEP), 0, "{}", waiter.transcript());
 }
+
+/// Apache Kafka's DescribeGroups carries every member's metadata and assignment (tansu's does
+/// not), and from those `status` names the holder, its label and token, and the queue. A scripted
+/// coordinator answers as Apache would, with bytes kafka-lock's own members would have sent.
+#[test]
+fn status_names_the_holder_from_an_apache_style_describe() {
+    use kafka_lock::assign::{Holder, MemberMetadata, NativeAssignment};
+    use kafka_protocol::messages::describe_groups_response::{
+        DescribeGroupsResponse, DescribedGroup, DescribedGroupMember,
+    };
+    use kafka_protocol::messages::{ApiKey, GroupId};
+    use kafka_protocol::protocol::StrBytes;
+
+    let lock = lock_name("apache-status");
+    let member = |id: &str, label: &str, holds: bool, first: i32, position: i32| {
+        let mut m = DescribedGroupMember::default();
+        m.member_id = StrBytes::from_string(id.to_owned());
+        m.client_id = StrBytes::from_static_str("kafka-lock");
+        m.client_host = StrBytes::from_static_str("/127.0.0.1");
+        m.member_metadata = MemberMetadata {
+            holds,
+            first_joined_generation: first,
+            holder_generation: if holds { 7 } else { -1 },
+            label: Some(label.to_owned()),
+        }
+        .encode();
+        m.member_assignment = NativeAssignment {
+            holder: Some(Holder {
+                member_id: "kafka-lock-holder".into(),
+                label: Some("nightly on host-a".into()),
+                generation: 9,
+            }),
+            position,
+            members: 3,
+        }
+        .encode();
+        m
+    };
+    let group = {
+        let mut g = DescribedGroup::default();
+        g.group_id = GroupId(StrBytes::from_string(lock.clone()));
+        g.group_state = StrBytes::from_static_str("Stable");
+        g.protocol_type = StrBytes::from_static_str(kafka_lock::assign::PROTOCOL_TYPE);
+        g.protocol_data = StrBytes::from_static_str(kafka_lock::assign::NATIVE_PROTOCOL);
+        g.members = vec![
+            member("kafka-lock-waiter-2", "retry on host-c", false, 8, 2),
+            member("kafka-lock-holder", "nightly on host-a", true, 5, 0),
+            member("kafka-lock-waiter-1", "nightly on host-b", false, 6, 1),
+        ];
+        g
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let fake = rt.block_on(crate::fake_broker::start(std::sync::Arc::new(
+        move |api: ApiKey, version: i16, _body: &mut bytes::BytesMut| {
+            (api == ApiKey::DescribeGroups).then(|| {
+                let mut r = DescribeGroupsResponse::default();
+                r.groups = vec![group.clone()];
+                crate::fake_broker::encode(&r, version)
+            })
+        },
+    )));
+    let status = status_json(&fake.addr.to_string(), &lock);
+    assert_eq!(status["holder_known"], true, "{status}");
+    assert_eq!(status["holder"]["member_id"], "kafka-lock-holder", "{status}");
+    assert_eq!(status["holder"]["label"], "nightly on host-a", "{status}");
+    assert_eq!(status["holder"]["token"], 9, "{status}");
+    let waiters: Vec<&str> = status["waiters"]
+        .as_array()
+        .expect("waiters listed")
+        .iter()
+        .map(|w| w["member_id"].as_str().unwrap_or("?"))
+        .collect();
+    assert_eq!(waiters, ["kafka-lock-waiter-1", "kafka-lock-waiter-2"], "queue order: {status}");
+    drop(fake);
+}

@@ -3,6 +3,7 @@
 mod cli;
 mod compose;
 mod failover;
+mod fake_broker;
 mod golden;
 mod interop;
 mod lock;
