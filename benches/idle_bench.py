@@ -29,6 +29,7 @@ import json
 import os
 import platform
 import queue
+import shutil
 import signal
 import socket
 import statistics
@@ -533,6 +534,7 @@ def main():
     sizes = {name: b.stat().st_size for name, b in BINARIES.items() if b.exists()}
 
     results = []
+    ok = False
     try:
         for kind in kinds:
             print(f"\n{kind.name}: idle for {args.idle_seconds} s after acquiring ...", flush=True)
@@ -560,10 +562,16 @@ def main():
               f"of 5); an idle interpreter with it imported has peak RSS {py_rss} kB")
         for name, size in sizes.items():
             print(f"binary size: {name}: {size} bytes ({size / 1e6:.2f} MB)")
+        ok = True
     finally:
         for proc in STARTED:
             stop(proc, signal.SIGKILL, timeout=5)
         broker.stop()
+        # The broker's log is kept only when something went wrong.
+        if ok:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            print(f"(broker log kept in {broker.log_path})", file=sys.stderr)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": facts, "args": vars(args), "results": results,

@@ -33,6 +33,10 @@ echo "ok: $(wc -l <<<"$deps") crates, none of them -sys or cc"
 step "cargo build --all-targets --all-features"
 cargo build --all-targets --all-features
 
+step "static CLI binary: scripts/build-static.sh, scripts/check-static.sh"
+scripts/build-static.sh
+scripts/check-static.sh
+
 step "cargo test --all-features --no-fail-fast (timeout $TEST_TIMEOUT)"
 timeout --kill-after=30s "$TEST_TIMEOUT" cargo test --all-features --no-fail-fast
 

@@ -319,10 +319,12 @@ fn check_header(
 
 /// Decodes a response body (no length prefix, no response header) for `api_key` at `version`.
 ///
-/// Every input is safe: the body is scanned by the [guard](super::guard) first, so this returns
-/// in time and memory bounded by a small multiple of `body.len()`, and never panics. Leftover
-/// bytes are [`DecodeError::TrailingBytes`]; an (API, version) pair outside
-/// [`SUPPORTED`](super::versions::SUPPORTED) is [`DecodeError::UnsupportedVersion`].
+/// Every input is safe: bodies that contain arrays are scanned by the [guard](super::guard)
+/// first, and those without are decoded by kafka-protocol directly, which is bounded for them (the
+/// guard's docs explain both), so this returns in time and memory bounded by a small multiple of
+/// `body.len()`, and never panics. Leftover bytes are [`DecodeError::TrailingBytes`]; an
+/// (API, version) pair outside [`SUPPORTED`](super::versions::SUPPORTED) is
+/// [`DecodeError::UnsupportedVersion`].
 ///
 /// ApiVersions follows KIP-511: a broker that does not support the requested ApiVersions version
 /// answers UNSUPPORTED_VERSION in a **v0** body whatever version was asked for, so an ApiVersions
@@ -334,11 +336,16 @@ pub fn decode_response(
     body: &[u8],
 ) -> Result<Response, DecodeError> {
     let version = body_version(api_key, version, body);
+    if guard::needs_scan(api_key, version) == Some(false) {
+        // No arrays: kafka-protocol's decoder is bounded on its own (see the guard's docs).
+        let mut buf = body;
+        return decode_body(api_key, version, &mut buf);
+    }
     let scan = guard::scan_response(api_key, version, body)?;
     if scan.allocations >= ZERO_COPY_MIN_ALLOCATIONS {
         // One copy of the body instead of one allocation per string or byte field: the decoded
-        // fields then share it. Cheaper from two such fields on (see BENCHMARKS.md); the price is
-        // that any field kept alive keeps the whole body (at most one frame) alive.
+        // fields then share it. Cheaper from about six such fields on (see BENCHMARKS.md); the
+        // price is that any field kept alive keeps the whole body (at most one frame) alive.
         let mut buf = Bytes::copy_from_slice(body);
         decode_body(api_key, version, &mut buf)
     } else {
@@ -349,7 +356,7 @@ pub fn decode_response(
 
 /// From how many non-empty string or byte fields [`decode_response`] copies the body once into
 /// shared [`Bytes`] rather than letting each field allocate.
-const ZERO_COPY_MIN_ALLOCATIONS: usize = 2;
+const ZERO_COPY_MIN_ALLOCATIONS: usize = 6;
 
 /// [`decode_response`] for a body already in [`Bytes`], without copying strings and byte fields.
 pub fn decode_response_bytes(
@@ -358,16 +365,21 @@ pub fn decode_response_bytes(
     body: Bytes,
 ) -> Result<Response, DecodeError> {
     let version = body_version(api_key, version, &body);
-    guard::scan_response(api_key, version, &body)?;
+    if guard::needs_scan(api_key, version) != Some(false) {
+        guard::scan_response(api_key, version, &body)?;
+    }
     let mut buf = body;
     decode_body(api_key, version, &mut buf)
 }
 
 const UNSUPPORTED_VERSION: [u8; 2] = 35i16.to_be_bytes();
 
+#[inline]
 fn body_version(api: ApiKey, version: i16, body: &[u8]) -> i16 {
+    // Only for versions we could have sent: any other version must stay UnsupportedVersion.
     if api == ApiKey::ApiVersions
         && version > 0
+        && guard::covered_versions(api).is_some_and(|(_, max)| version <= max)
         && body.get(..2) == Some(&UNSUPPORTED_VERSION[..])
         && guard::scan_response(api, 0, body).is_ok()
     {
@@ -579,6 +591,28 @@ mod tests {
             panic!("wrong variant");
         };
         assert_eq!(resp, v3);
+    }
+
+    #[test]
+    fn every_truncation_is_an_error_scanned_or_not() {
+        for (api, version) in all_covered() {
+            let body = generate(api, version, 7);
+            for cut in 0..body.len() {
+                let err = decode_response(api, version, &body[..cut])
+                    .err()
+                    .unwrap_or_else(|| panic!("{api:?} v{version} cut {cut} decoded"));
+                assert!(
+                    matches!(err, DecodeError::Malformed { .. } | DecodeError::Protocol { .. }),
+                    "{api:?} v{version} cut {cut}: {err}"
+                );
+            }
+            let mut longer = body.clone();
+            longer.push(0);
+            assert!(matches!(
+                decode_response(api, version, &longer),
+                Err(DecodeError::TrailingBytes { left: 1, .. })
+            ));
+        }
     }
 
     #[test]

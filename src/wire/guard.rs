@@ -36,6 +36,16 @@
 //! Only bodies that pass are handed to kafka-protocol, whose decoders then follow exactly the path
 //! the scan took.
 //!
+//! **Messages without arrays skip the scan** when decoded through
+//! [`decode_response`](super::codec::decode_response) (Heartbeat, SyncGroup, LeaveGroup v0–2,
+//! FindCoordinator v0–3: [`needs_scan`] says which). There kafka-protocol's own decoder is already
+//! bounded: its only input-sized allocations are string and byte fields, which it takes with
+//! `try_get_bytes` after checking that the bytes are present, and unknown tagged fields, at most
+//! about 100 bytes of `BTreeMap` each for at least 2 input bytes. Skipping the scan keeps the
+//! guard's cost near zero on the hottest responses (see BENCHMARKS.md). Malformed bodies of these
+//! messages are then reported as [`DecodeError::Protocol`] rather than [`DecodeError::Malformed`];
+//! [`scan_response`] itself always scans.
+//!
 //! # The bounds
 //!
 //! *Time:* every step of the scan consumes at least one byte, except array elements whose minimal
@@ -687,6 +697,14 @@ pub fn covered_versions(api: ApiKey) -> Option<(i16, i16)> {
     schema(api).map(|m| (m.min, m.max))
 }
 
+/// Whether a body of `api` at `version` contains an array, so that kafka-protocol's decoder
+/// would pre-allocate from a wire count and the scan must run first; `None` when the guard has
+/// no table for the pair.
+#[inline]
+pub fn needs_scan(api: ApiKey, version: i16) -> Option<bool> {
+    program(api, version).map(|p| p.needs_scan)
+}
+
 // ---------------------------------------------------------------------------------------------
 // The scanner.
 //
@@ -739,6 +757,8 @@ struct Program {
     ops: Vec<Op>,
     labels: Vec<Label>,
     tag_sets: Vec<Vec<KnownTag>>,
+    /// Whether any operation, known tagged fields included, reads an array.
+    needs_scan: bool,
     /// For messages made of fixed-size fields only (Heartbeat): their size, and whether a tagged
     /// section follows. Such a body is accepted with one length check when its tagged section
     /// is empty; anything else takes the full scan, which reports what is wrong.
@@ -872,6 +892,13 @@ fn compile(m: &'static MessageSchema, version: i16) -> Program {
         [Op::Tags { known: NO_KNOWN_TAGS }] => Some((0, true)),
         _ => None,
     };
+    let is_array = |op: &Op| matches!(op, Op::Array { .. } | Op::Int32s { .. });
+    program.needs_scan = ops.iter().any(is_array)
+        || program
+            .tag_sets
+            .iter()
+            .flatten()
+            .any(|k| k.ops.iter().any(is_array));
     program.ops = ops;
     program.labels = labels;
     program
@@ -888,6 +915,18 @@ fn programs() -> &'static [Vec<Program>] {
     })
 }
 
+#[inline]
+fn program(api: ApiKey, version: i16) -> Option<&'static Program> {
+    let i = message_index(api)?;
+    let m = &MESSAGES[i];
+    if m.min <= version && version <= m.max {
+        programs()[i].get((version - m.min) as usize)
+    } else {
+        None
+    }
+}
+
+#[inline]
 fn message_index(api: ApiKey) -> Option<usize> {
     Some(match api {
         ApiKey::ApiVersions => 0,
@@ -911,15 +950,7 @@ fn message_index(api: ApiKey) -> Option<usize> {
 /// [`DecodeError::Malformed`] for any rejected construct, [`DecodeError::TrailingBytes`] when
 /// bytes are left after the body.
 pub fn scan_response(api: ApiKey, version: i16, body: &[u8]) -> Result<Scan, DecodeError> {
-    let program = message_index(api).and_then(|i| {
-        let m = &MESSAGES[i];
-        if m.min <= version && version <= m.max {
-            programs()[i].get((version - m.min) as usize)
-        } else {
-            None
-        }
-    });
-    let Some(program) = program else {
+    let Some(program) = program(api, version) else {
         return Err(DecodeError::UnsupportedVersion { api, version });
     };
     if let Some((n, tagged)) = program.fixed {
@@ -985,6 +1016,7 @@ pub(crate) fn scan_response_header(
         ops: Vec::new(),
         labels: Vec::new(),
         tag_sets: Vec::new(),
+        needs_scan: false,
         fixed: None,
     };
     let mut s = Scanner::new(frame);
@@ -1653,6 +1685,17 @@ pub(crate) mod tests {
         let heartbeat = &programs()[message_index(ApiKey::Heartbeat).unwrap()][4];
         assert_eq!(heartbeat.ops, [Op::Skip(6), Op::Tags { known: NO_KNOWN_TAGS }]);
         assert_eq!(heartbeat.fixed, Some((6, true)));
+        let skipped: Vec<_> = all_covered()
+            .filter(|&(api, v)| needs_scan(api, v) == Some(false))
+            .collect();
+        let mut expected: Vec<_> = (0..=4).map(|v| (ApiKey::Heartbeat, v)).collect();
+        expected.extend((0..=5).map(|v| (ApiKey::SyncGroup, v)));
+        expected.extend((0..=2).map(|v| (ApiKey::LeaveGroup, v)));
+        expected.extend((0..=3).map(|v| (ApiKey::FindCoordinator, v)));
+        expected.sort_by_key(|&(a, v)| (a as i16, v));
+        let mut skipped = skipped;
+        skipped.sort_by_key(|&(a, v)| (a as i16, v));
+        assert_eq!(skipped, expected);
         assert_eq!(programs()[message_index(ApiKey::Heartbeat).unwrap()][0].fixed, Some((2, false)));
         assert_eq!(programs()[message_index(ApiKey::SyncGroup).unwrap()][0].fixed, None);
         // ApiVersions v1: error code, the api_keys array (each element three int16), throttle.
@@ -1792,8 +1835,9 @@ pub(crate) mod tests {
 
     #[test]
     fn many_unknown_tags_hit_the_memory_budget() {
-        // Heartbeat v4 with 40000 empty unknown tagged fields: 80 KB of input that would cost
-        // ~20 MB of BTreeMap nodes.
+        // Heartbeat v4 with 40000 empty unknown tagged fields: 80 KB of input, charged
+        // UNKNOWN_TAG_COST each (20 MB), over the 5.2 MB budget. (decode_response does not scan
+        // Heartbeat at all; there the BTreeMap's ~100 bytes per entry stay within the bound.)
         let n = 40_000u32;
         let mut body = vec![0, 0, 0, 0, 0, 0];
         put_uvarint(&mut body, n);
