@@ -25,8 +25,11 @@ use kafka_lock::wire::guard::{scan_response, AMPLIFICATION_SLACK, MAX_AMPLIFICAT
 use kafka_lock::wire::versions::SUPPORTED;
 use kafka_protocol::messages::ApiKey;
 
+/// A fuzz target's check: any bytes in, a panic only for a broken promise.
+pub type Target = fn(&[u8]);
+
 /// Every target by the name of its corpus directory.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Target)] = &[
     ("frame_decode", frame_decode),
     ("response_decode", response_decode),
     ("peer_bytes", peer_bytes),

@@ -477,7 +477,9 @@ impl LockOptions {
                         member_tx.send_replace(member_id);
                         None
                     }
-                    Event::Waiting { holder, position, .. } => Some(LockEvent::Waiting {
+                    Event::Waiting {
+                        holder, position, ..
+                    } => Some(LockEvent::Waiting {
                         member_id: member_tx.borrow().clone(),
                         holder,
                         position,

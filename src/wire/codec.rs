@@ -602,7 +602,10 @@ mod tests {
                     .err()
                     .unwrap_or_else(|| panic!("{api:?} v{version} cut {cut} decoded"));
                 assert!(
-                    matches!(err, DecodeError::Malformed { .. } | DecodeError::Protocol { .. }),
+                    matches!(
+                        err,
+                        DecodeError::Malformed { .. } | DecodeError::Protocol { .. }
+                    ),
                     "{api:?} v{version} cut {cut}: {err}"
                 );
             }

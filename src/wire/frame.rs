@@ -202,14 +202,9 @@ mod tests {
             }
             buf.extend_from_slice(&junk);
             let mut seen = Vec::new();
-            loop {
-                match decode_frame(&mut buf, max) {
-                    Ok(Some(frame)) => {
-                        prop_assert!(!frame.is_empty() && frame.len() <= max);
-                        seen.push(frame);
-                    }
-                    Ok(None) | Err(_) => break,
-                }
+            while let Ok(Some(frame)) = decode_frame(&mut buf, max) {
+                prop_assert!(!frame.is_empty() && frame.len() <= max);
+                seen.push(frame);
             }
             for (got, want) in seen.iter().zip(&bodies) {
                 prop_assert_eq!(&got[..], &want[..]);

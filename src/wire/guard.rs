@@ -888,8 +888,12 @@ fn compile(m: &'static MessageSchema, version: i16) -> Program {
     c.structure(m.root, &mut ops, &mut labels);
     program.fixed = match ops[..] {
         [Op::Skip(n)] => Some((n as usize, false)),
-        [Op::Skip(n), Op::Tags { known: NO_KNOWN_TAGS }] => Some((n as usize, true)),
-        [Op::Tags { known: NO_KNOWN_TAGS }] => Some((0, true)),
+        [Op::Skip(n), Op::Tags {
+            known: NO_KNOWN_TAGS,
+        }] => Some((n as usize, true)),
+        [Op::Tags {
+            known: NO_KNOWN_TAGS,
+        }] => Some((0, true)),
         _ => None,
     };
     let is_array = |op: &Op| matches!(op, Op::Array { .. } | Op::Int32s { .. });
@@ -1216,7 +1220,12 @@ impl<'a> Scanner<'a> {
         Ok(())
     }
 
-    fn run(&mut self, p: &'static Program, ops: &'static [Op], labels: &'static [Label]) -> Result<(), Stop> {
+    fn run(
+        &mut self,
+        p: &'static Program,
+        ops: &'static [Op],
+        labels: &'static [Label],
+    ) -> Result<(), Stop> {
         let mut i = 0;
         while let Some(&op) = ops.get(i) {
             let (at, start) = (i, self.pos);
@@ -1247,7 +1256,19 @@ impl<'a> Scanner<'a> {
                 } => {
                     let body = i + 1..i + 1 + len as usize;
                     i += len as usize;
-                    self.array(p, compact, min as usize, mem as usize, &ops[body.clone()], &labels[body])
+                    self.array(
+                        p,
+                        compact,
+                        min as usize,
+                        mem as usize,
+                        &ops[body.clone()],
+                        &labels[body],
+                    )
+                }
+                // Almost every tagged section is empty: one zero byte, checked inline.
+                Op::Tags { .. } if self.pos < self.end && self.buf.get(self.pos) == Some(&0) => {
+                    self.pos += 1;
+                    Ok(())
                 }
                 Op::Tags { known } => self.tags(p, known),
             };
@@ -1683,7 +1704,15 @@ pub(crate) mod tests {
     #[test]
     fn compiled_programs_merge_fixed_fields_only_within_a_struct() {
         let heartbeat = &programs()[message_index(ApiKey::Heartbeat).unwrap()][4];
-        assert_eq!(heartbeat.ops, [Op::Skip(6), Op::Tags { known: NO_KNOWN_TAGS }]);
+        assert_eq!(
+            heartbeat.ops,
+            [
+                Op::Skip(6),
+                Op::Tags {
+                    known: NO_KNOWN_TAGS
+                }
+            ]
+        );
         assert_eq!(heartbeat.fixed, Some((6, true)));
         let skipped: Vec<_> = all_covered()
             .filter(|&(api, v)| needs_scan(api, v) == Some(false))
@@ -1696,14 +1725,34 @@ pub(crate) mod tests {
         let mut skipped = skipped;
         skipped.sort_by_key(|&(a, v)| (a as i16, v));
         assert_eq!(skipped, expected);
-        assert_eq!(programs()[message_index(ApiKey::Heartbeat).unwrap()][0].fixed, Some((2, false)));
-        assert_eq!(programs()[message_index(ApiKey::SyncGroup).unwrap()][0].fixed, None);
+        assert_eq!(
+            programs()[message_index(ApiKey::Heartbeat).unwrap()][0].fixed,
+            Some((2, false))
+        );
+        assert_eq!(
+            programs()[message_index(ApiKey::SyncGroup).unwrap()][0].fixed,
+            None
+        );
         // ApiVersions v1: error code, the api_keys array (each element three int16), throttle.
         let api_versions = &programs()[message_index(ApiKey::ApiVersions).unwrap()][1];
-        assert!(matches!(
-            api_versions.ops[..],
-            [Op::Skip(2), Op::Array { compact: false, min: 6, len: 1, .. }, Op::Skip(6), Op::Skip(4)]
-        ), "{:?}", api_versions.ops);
+        assert!(
+            matches!(
+                api_versions.ops[..],
+                [
+                    Op::Skip(2),
+                    Op::Array {
+                        compact: false,
+                        min: 6,
+                        len: 1,
+                        ..
+                    },
+                    Op::Skip(6),
+                    Op::Skip(4)
+                ]
+            ),
+            "{:?}",
+            api_versions.ops
+        );
         assert_eq!(api_versions.ops.len(), api_versions.labels.len());
         for (i, m) in MESSAGES.iter().enumerate() {
             assert_eq!(message_index(m.api), Some(i));

@@ -1152,7 +1152,10 @@ fn status_names_the_holder_from_an_apache_style_describe() {
     )));
     let status = status_json(&fake.addr.to_string(), &lock);
     assert_eq!(status["holder_known"], true, "{status}");
-    assert_eq!(status["holder"]["member_id"], "kafka-lock-holder", "{status}");
+    assert_eq!(
+        status["holder"]["member_id"], "kafka-lock-holder",
+        "{status}"
+    );
     assert_eq!(status["holder"]["label"], "nightly on host-a", "{status}");
     assert_eq!(status["holder"]["token"], 9, "{status}");
     let waiters: Vec<&str> = status["waiters"]
@@ -1161,6 +1164,10 @@ fn status_names_the_holder_from_an_apache_style_describe() {
         .iter()
         .map(|w| w["member_id"].as_str().unwrap_or("?"))
         .collect();
-    assert_eq!(waiters, ["kafka-lock-waiter-1", "kafka-lock-waiter-2"], "queue order: {status}");
+    assert_eq!(
+        waiters,
+        ["kafka-lock-waiter-1", "kafka-lock-waiter-2"],
+        "queue order: {status}"
+    );
     drop(fake);
 }

@@ -49,7 +49,9 @@ pub async fn start(script: Arc<Script>) -> FakeBroker {
     let addr = listener.local_addr().unwrap();
     let task = tokio::spawn(async move {
         loop {
-            let Ok((mut sock, _)) = listener.accept().await else { return };
+            let Ok((mut sock, _)) = listener.accept().await else {
+                return;
+            };
             let script = script.clone();
             tokio::spawn(async move {
                 loop {
@@ -64,7 +66,9 @@ pub async fn start(script: Arc<Script>) -> FakeBroker {
                     let mut buf = BytesMut::from(&frame[..]);
                     let api = ApiKey::try_from(i16::from_be_bytes([buf[0], buf[1]])).unwrap();
                     let version = i16::from_be_bytes([buf[2], buf[3]]);
-                    let header = RequestHeader::decode(&mut buf, api.request_header_version(version)).unwrap();
+                    let header =
+                        RequestHeader::decode(&mut buf, api.request_header_version(version))
+                            .unwrap();
                     let body = match api {
                         ApiKey::ApiVersions => Some(api_versions(version)),
                         ApiKey::FindCoordinator => Some(find_coordinator(addr, version)),
@@ -74,7 +78,8 @@ pub async fn start(script: Arc<Script>) -> FakeBroker {
                     let mut out = BytesMut::new();
                     let mut rh = ResponseHeader::default();
                     rh.correlation_id = header.correlation_id;
-                    rh.encode(&mut out, api.response_header_version(version)).unwrap();
+                    rh.encode(&mut out, api.response_header_version(version))
+                        .unwrap();
                     out.put_slice(&body);
                     let mut framed = BytesMut::new();
                     framed.put_u32(out.len() as u32);

@@ -198,7 +198,7 @@ async fn newly_joining_waiters_never_take_the_lock_from_the_holder() {
     // released.
     let mut set = tokio::task::JoinSet::new();
     for (task, _) in waiters {
-        set.spawn(async move { task.await });
+        set.spawn(task);
     }
     let mut generations = Vec::new();
     while let Some(joined) = tokio::time::timeout(Duration::from_secs(150), set.join_next())
@@ -376,7 +376,10 @@ async fn a_holder_keeps_the_lock_across_many_lease_lengths() {
         _ = tokio::time::sleep(held_for) => {}
     }
     assert!(guard.is_held());
-    assert!(guard.lease_end() > Instant::now(), "the lease end moved forward");
+    assert!(
+        guard.lease_end() > Instant::now(),
+        "the lease end moved forward"
+    );
     assert_eq!(options.stats().acquisitions, 1);
     guard.release().await.unwrap();
 }

@@ -260,7 +260,12 @@ pub async fn run(c: RunConfig) -> Result<u8, Failure> {
 }
 
 fn waiting_event(rep: &mut Reporter, ev: LockEvent) {
-    if let LockEvent::Waiting { member_id, holder, position } = ev {
+    if let LockEvent::Waiting {
+        member_id,
+        holder,
+        position,
+    } = ev
+    {
         rep.waiting(member_id, holder, position);
     }
 }
