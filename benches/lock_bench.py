@@ -18,67 +18,29 @@ processes. Usage (after scripts/install-test-deps.sh and
 
 import argparse
 import json
-import os
 import queue
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import threading
+import tempfile
 import time
 import uuid
 from pathlib import Path
 
+from idle_bench import PYTHON, TANSU, Broker, mono_ns
+
 ROOT = Path(__file__).resolve().parent.parent
-TANSU = Path(os.environ.get("KAFKA_LOCK_TANSU", ROOT / ".tools/bin/tansu"))
-PYTHON = ROOT / ".tools/venv/bin/python"
 CONTENDER = ROOT / "target/release/examples/contender"
 RDKAFKA = ROOT / "tests/interop/rdkafka_lock.py"
 BOUND = 90.0
 
 
-def mono_ns():
-    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Broker:
-    def __init__(self):
-        self.port = free_port()
-        url = f"tcp://127.0.0.1:{self.port}"
-        self.log = open(f"/tmp/kafka-lock-bench-tansu-{self.port}.log", "w")
-        self.proc = subprocess.Popen(
-            [str(TANSU), "broker", "--listener-url", url, "--advertised-listener-url", url,
-             "--storage-engine", "memory://tansu/"],
-            stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise SystemExit(f"tansu did not start; see {self.log.name}")
-                time.sleep(0.05)
-
-    @property
-    def bootstrap(self):
-        return f"127.0.0.1:{self.port}"
-
-    def create_topic(self, name):
-        subprocess.run([str(TANSU), "topic", "create", name, "--broker", f"tcp://{self.bootstrap}",
-                        "--partitions", "1"], check=True, capture_output=True)
-
-    def stop(self):
-        self.proc.kill()
-        self.proc.wait()
+def new_broker():
+    # The idle benchmark's broker launcher: loopback port, memory storage, stopped with us.
+    return Broker(tempfile.mkdtemp(prefix="kafka-lock-bench-"))
 
 
 class Contender:
@@ -244,7 +206,7 @@ def main():
                    (CONTENDER, "cargo build --release --example contender")]:
         if not p.exists():
             raise SystemExit(f"{p} is missing: run {how}")
-    broker = Broker()
+    broker = new_broker()
     try:
         clients = [KafkaLock(broker, args.session_ms, args.heartbeat_ms),
                    Rdkafka(broker, args.session_ms, args.heartbeat_ms)]

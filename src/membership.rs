@@ -1021,6 +1021,32 @@ impl Membership {
         }
     }
 
+    /// A JoinGroup or SyncGroup got no answer (transport failure or timeout): the coordinator
+    /// may have moved, so look it up again and rejoin, unless we were on our way out.
+    fn join_phase_unanswered(&mut self, api: ApiKey, e: Error, now: Instant) {
+        debug!(group = %self.cfg.group_id, ?api, error = %e, "no answer");
+        if self.leaving {
+            self.begin_leave(now);
+        } else {
+            self.rediscover(Phase::Join, now);
+        }
+    }
+
+    /// UNKNOWN_MEMBER_ID on JoinGroup or SyncGroup: the broker forgot us (an expired pending id
+    /// or session). A holder has lost the lock; a waiter forgets the id and rejoins at once.
+    fn unknown_member(&mut self, now: Instant) {
+        if self.hold.is_some() {
+            self.lose(LossReason::Fenced(KafkaCode(25)), now);
+            return;
+        }
+        self.reset_member();
+        if self.leaving {
+            self.begin_leave(now);
+        } else {
+            self.rejoin(now, true);
+        }
+    }
+
     fn on_join(&mut self, result: Result<Response, Error>, sent: Instant, now: Instant) {
         let resp: JoinGroupResponse = match result {
             Ok(Response::JoinGroup(r)) => r,
@@ -1032,12 +1058,7 @@ impl Membership {
                 return;
             }
             Err(e) => {
-                debug!(group = %self.cfg.group_id, error = %e, "JoinGroup failed");
-                if self.leaving {
-                    self.begin_leave(now);
-                } else {
-                    self.rediscover(Phase::Join, now);
-                }
+                self.join_phase_unanswered(ApiKey::JoinGroup, e, now);
                 return;
             }
         };
@@ -1056,16 +1077,7 @@ impl Membership {
                 return;
             }
             25 => {
-                if self.hold.is_some() {
-                    self.lose(LossReason::Fenced(KafkaCode(25)), now);
-                    return;
-                }
-                self.reset_member();
-                if self.leaving {
-                    self.begin_leave(now);
-                } else {
-                    self.rejoin(now, true);
-                }
+                self.unknown_member(now);
                 return;
             }
             _ if self.on_group_error(ApiKey::JoinGroup, code, Phase::Join, now) => {
@@ -1174,27 +1186,13 @@ impl Membership {
                 return;
             }
             Err(e) => {
-                debug!(group = %self.cfg.group_id, error = %e, "SyncGroup failed");
-                if self.leaving {
-                    self.begin_leave(now);
-                } else {
-                    self.rediscover(Phase::Join, now);
-                }
+                self.join_phase_unanswered(ApiKey::SyncGroup, e, now);
                 return;
             }
         };
         let code = resp.error_code;
         if code == 25 {
-            if self.hold.is_some() {
-                self.lose(LossReason::Fenced(KafkaCode(25)), now);
-            } else {
-                self.reset_member();
-                if self.leaving {
-                    self.begin_leave(now);
-                } else {
-                    self.rejoin(now, true);
-                }
-            }
+            self.unknown_member(now);
             return;
         }
         if code != 0 {

@@ -719,12 +719,12 @@ pub fn needs_scan(api: ApiKey, version: i16) -> Option<bool> {
 enum Op {
     /// Fixed-size fields: skip this many bytes.
     Skip(u32),
-    /// `STRING`: i16 length, -1 for null.
-    Str16,
-    /// `BYTES`: i32 length, -1 for null.
-    Bytes32,
-    /// `COMPACT_STRING` or `COMPACT_BYTES`: unsigned varint length + 1, 0 for null.
-    Compact,
+    /// `n` consecutive `STRING` or `BYTES` fields (at most 8): bit `j` of `wide` set means the
+    /// `j`-th has an i32 length (`BYTES`), clear an i16 length (`STRING`); -1 is null.
+    Classic { n: u8, wide: u8 },
+    /// `n` consecutive `COMPACT_STRING` or `COMPACT_BYTES` fields: unsigned varint length + 1,
+    /// 0 for null.
+    Compacts(u32),
     /// Array of int32.
     Int32s { compact: bool },
     /// Array of structs; the element's operations are the next `len` ones.
@@ -798,9 +798,40 @@ impl Compiler<'_> {
     fn structure(&mut self, s: &'static StructSchema, ops: &mut Vec<Op>, labels: &mut Vec<Label>) {
         // Index of a skip this struct emitted last, which the next fixed-size field may extend.
         let mut open_skip: Option<usize> = None;
+        // Likewise for a run of string and byte fields, with the names of the fields in it.
+        let mut open_run: Option<(usize, Vec<&'static str>)> = None;
         let version = self.version;
         for field in s.fields.iter().filter(|f| f.present(version)) {
             let label = (s.name, field.name);
+            if matches!(field.ty, Str | Blob) {
+                open_skip = None;
+                let wide = matches!(field.ty, Blob);
+                let last_index = ops.len().wrapping_sub(1);
+                let extended = match (&mut open_run, ops.last_mut()) {
+                    (Some((at, names)), Some(last)) if *at == last_index => match last {
+                        Op::Compacts(n) => {
+                            *n += 1;
+                            names.push(field.name);
+                            true
+                        }
+                        Op::Classic { n, wide: w } if *n < 8 => {
+                            *w |= u8::from(wide) << *n;
+                            *n += 1;
+                            names.push(field.name);
+                            true
+                        }
+                        _ => false,
+                    },
+                    _ => false,
+                };
+                if !extended {
+                    close_run(&mut open_run, labels);
+                    open_run = Some((ops.len(), vec![field.name]));
+                    self.ty(field.ty, label, ops, labels);
+                }
+                continue;
+            }
+            close_run(&mut open_run, labels);
             match field.ty {
                 Bool | Int16 | Int32 | Int64 | Uuid => {
                     let n = min_size(field.ty, self.flexible) as u32;
@@ -823,6 +854,7 @@ impl Compiler<'_> {
                 }
             }
         }
+        close_run(&mut open_run, labels);
         if self.flexible {
             let known = self.known_tags(s.tagged);
             ops.push(Op::Tags { known });
@@ -833,9 +865,9 @@ impl Compiler<'_> {
     fn ty(&mut self, ty: Ty, label: Label, ops: &mut Vec<Op>, labels: &mut Vec<Label>) {
         let op = match ty {
             Bool | Int16 | Int32 | Int64 | Uuid => Op::Skip(min_size(ty, self.flexible) as u32),
-            Str | Blob if self.flexible => Op::Compact,
-            Str => Op::Str16,
-            Blob => Op::Bytes32,
+            Str | Blob if self.flexible => Op::Compacts(1),
+            Str => Op::Classic { n: 1, wide: 0 },
+            Blob => Op::Classic { n: 1, wide: 1 },
             Int32Array => Op::Int32s {
                 compact: self.flexible,
             },
@@ -874,6 +906,18 @@ impl Compiler<'_> {
         }
         self.tag_sets.push(set);
         (self.tag_sets.len() - 1) as u32
+    }
+}
+
+/// Ends a run of string fields: a run of several gets a label naming them all. The names are
+/// leaked on purpose: programs are built once per process and live as long as it does.
+fn close_run(open_run: &mut Option<(usize, Vec<&'static str>)>, labels: &mut [Label]) {
+    if let Some((at, names)) = open_run.take() {
+        if names.len() > 1 {
+            if let Some(label) = labels.get_mut(at) {
+                label.1 = Box::leak(names.join(" or ").into_boxed_str());
+            }
+        }
     }
 }
 
@@ -1231,15 +1275,8 @@ impl<'a> Scanner<'a> {
             let (at, start) = (i, self.pos);
             let step = match op {
                 Op::Skip(n) => self.skip(n as usize),
-                Op::Str16 => self
-                    .take_array::<2>()
-                    .and_then(|b| self.classic(i32::from(i16::from_be_bytes(b))))
-                    .and_then(|len| self.data(len)),
-                Op::Bytes32 => self
-                    .take_array::<4>()
-                    .and_then(|b| self.classic(i32::from_be_bytes(b)))
-                    .and_then(|len| self.data(len)),
-                Op::Compact => self.compact().and_then(|len| self.data(len)),
+                Op::Classic { n, wide } => self.classic_run(n, wide),
+                Op::Compacts(n) => self.compact_run(n),
                 Op::Int32s { compact } => self.count(compact).and_then(|count| match count {
                     Some(count) => {
                         self.fits(count, 4)?;
@@ -1279,6 +1316,29 @@ impl<'a> Scanner<'a> {
                 return step;
             }
             i += 1;
+        }
+        Ok(())
+    }
+
+    #[inline(always)]
+    fn compact_run(&mut self, n: u32) -> Result<(), Stop> {
+        for _ in 0..n {
+            let len = self.compact()?;
+            self.data(len)?;
+        }
+        Ok(())
+    }
+
+    #[inline(always)]
+    fn classic_run(&mut self, n: u8, wide: u8) -> Result<(), Stop> {
+        for j in 0..n {
+            let len = if wide & (1 << j) != 0 {
+                i32::from_be_bytes(self.take_array::<4>()?)
+            } else {
+                i32::from(i16::from_be_bytes(self.take_array::<2>()?))
+            };
+            let len = self.classic(len)?;
+            self.data(len)?;
         }
         Ok(())
     }
@@ -1754,6 +1814,16 @@ pub(crate) mod tests {
             api_versions.ops
         );
         assert_eq!(api_versions.ops.len(), api_versions.labels.len());
+        let join = &programs()[message_index(ApiKey::JoinGroup).unwrap()];
+        assert!(matches!(
+            join[9].ops[..],
+            [Op::Skip(10), Op::Compacts(3), Op::Skip(1), Op::Compacts(1), Op::Array { len: 2, .. }, Op::Compacts(3), Op::Tags { .. }, Op::Tags { .. }]
+        ), "{:?}", join[9].ops);
+        assert!(matches!(
+            join[5].ops[..],
+            [Op::Skip(10), Op::Classic { n: 3, wide: 0 }, Op::Array { len: 1, .. }, Op::Classic { n: 3, wide: 0b100 }]
+        ), "{:?}", join[5].ops);
+        assert_eq!(join[5].labels[3], ("JoinGroupResponseMember", "member_id or group_instance_id or metadata"));
         for (i, m) in MESSAGES.iter().enumerate() {
             assert_eq!(message_index(m.api), Some(i));
         }
