@@ -319,7 +319,7 @@ fn check_header(
 
 /// Decodes a response body (no length prefix, no response header) for `api_key` at `version`.
 ///
-/// Every input is safe: bodies that contain arrays are scanned by the [guard](super::guard)
+/// Every input is safe: bodies that contain arrays are scanned by the [guard]
 /// first, and those without are decoded by kafka-protocol directly, which is bounded for them (the
 /// guard's docs explain both), so this returns in time and memory bounded by a small multiple of
 /// `body.len()`, and never panics. Leftover bytes are [`DecodeError::TrailingBytes`]; an

@@ -1815,15 +1815,43 @@ pub(crate) mod tests {
         );
         assert_eq!(api_versions.ops.len(), api_versions.labels.len());
         let join = &programs()[message_index(ApiKey::JoinGroup).unwrap()];
-        assert!(matches!(
-            join[9].ops[..],
-            [Op::Skip(10), Op::Compacts(3), Op::Skip(1), Op::Compacts(1), Op::Array { len: 2, .. }, Op::Compacts(3), Op::Tags { .. }, Op::Tags { .. }]
-        ), "{:?}", join[9].ops);
-        assert!(matches!(
-            join[5].ops[..],
-            [Op::Skip(10), Op::Classic { n: 3, wide: 0 }, Op::Array { len: 1, .. }, Op::Classic { n: 3, wide: 0b100 }]
-        ), "{:?}", join[5].ops);
-        assert_eq!(join[5].labels[3], ("JoinGroupResponseMember", "member_id or group_instance_id or metadata"));
+        assert!(
+            matches!(
+                join[9].ops[..],
+                [
+                    Op::Skip(10),
+                    Op::Compacts(3),
+                    Op::Skip(1),
+                    Op::Compacts(1),
+                    Op::Array { len: 2, .. },
+                    Op::Compacts(3),
+                    Op::Tags { .. },
+                    Op::Tags { .. }
+                ]
+            ),
+            "{:?}",
+            join[9].ops
+        );
+        assert!(
+            matches!(
+                join[5].ops[..],
+                [
+                    Op::Skip(10),
+                    Op::Classic { n: 3, wide: 0 },
+                    Op::Array { len: 1, .. },
+                    Op::Classic { n: 3, wide: 0b100 }
+                ]
+            ),
+            "{:?}",
+            join[5].ops
+        );
+        assert_eq!(
+            join[5].labels[3],
+            (
+                "JoinGroupResponseMember",
+                "member_id or group_instance_id or metadata"
+            )
+        );
         for (i, m) in MESSAGES.iter().enumerate() {
             assert_eq!(message_index(m.api), Some(i));
         }
