@@ -1171,3 +1171,48 @@ fn status_names_the_holder_from_an_apache_style_describe() {
     );
     drop(fake);
 }
+
+/// The seed design's first failure: a paused holder (a GC pause, a stopped VM) woke up still
+/// believing it held the lock. Here the holder's kafka-lock is frozen with SIGSTOP for longer than
+/// its session, another contender takes the lock, and the holder is resumed. Its lease must have
+/// ended before the new holder acquired, it must report the loss at once with that lease end,
+/// stop its command, and exit 74; the new holder's token is greater.
+#[test]
+fn a_paused_holder_wakes_up_to_a_lost_lock_that_ended_before_the_next_holder_began() {
+    let broker = support::broker();
+    let lock = lock_name("paused");
+    let (mut paused, acquired) = start_holder(&broker.bootstrap(), &lock, "paused");
+    let mut extra = vec!["--label", "next"];
+    extra.extend(CONTENDED);
+    let mut next = run_cmd(&broker.bootstrap(), &lock, &extra, &sh("cat >/dev/null")).spawn();
+    next.event("waiting", STEP);
+
+    paused.signal("STOP");
+    let next_acquired = next.event("acquired", Duration::from_secs(90));
+    paused.signal("CONT");
+
+    let lost = paused.event("lost", STEP);
+    assert_eq!(paused.finish(STEP), 74, "{}", paused.transcript());
+    assert_eq!(lost["reason"], "lease_expired", "{}", paused.transcript());
+    let lease_end = mono(&lost, "lease_end_mono_ns");
+    assert!(
+        lease_end < mono(&next_acquired, "mono_ns"),
+        "the paused holder's lease ended at {lease_end} ns, after the next holder acquired at {} ns\n{}",
+        mono(&next_acquired, "mono_ns"),
+        paused.transcript()
+    );
+    assert!(
+        token(&next_acquired) > token(&acquired),
+        "{}",
+        next.transcript()
+    );
+    let exited = paused.named("child_exited");
+    assert_eq!(
+        exited.len(),
+        1,
+        "the command was stopped: {}",
+        paused.transcript()
+    );
+    next.close_stdin();
+    assert_eq!(next.finish(STEP), 0, "{}", next.transcript());
+}
