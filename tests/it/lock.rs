@@ -383,3 +383,42 @@ async fn a_holder_keeps_the_lock_across_many_lease_lengths() {
     assert_eq!(options.stats().acquisitions, 1);
     guard.release().await.unwrap();
 }
+
+/// Jepsen's "ambiguous acquire" and Curator's orphaned waiters: an acquire whose future is
+/// dropped mid-wait must not leave a member behind that could later be handed the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_acquire_leaves_no_member_behind() {
+    support::init_tracing();
+    let group = support::unique_group("cancelled");
+    let holder = opts(&group).acquire(Some(REBALANCE_BOUND)).await.unwrap();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let waiter = opts(&group).events(tx);
+    let pending = tokio::spawn(async move { waiter.acquire(None).await });
+    // Cancel once the waiter is queued behind the holder.
+    loop {
+        match tokio::time::timeout(REBALANCE_BOUND, rx.recv())
+            .await
+            .expect("waiting event")
+        {
+            Some(LockEvent::Waiting { .. }) => break,
+            Some(_) => {}
+            None => panic!("waiter ended early"),
+        }
+    }
+    pending.abort();
+    // The abandoned session leaves by itself.
+    loop {
+        match tokio::time::timeout(REBALANCE_BOUND, rx.recv())
+            .await
+            .expect("the abandoned waiter leaves")
+        {
+            Some(LockEvent::Left) => break,
+            Some(LockEvent::Acquired { .. }) => panic!("an abandoned waiter acquired the lock"),
+            Some(_) => {}
+            None => panic!("the waiter's session ended without leaving"),
+        }
+    }
+    assert_eq!(group_members(&group).await, vec![holder.member_id()]);
+    assert!(holder.is_held());
+    holder.release().await.unwrap();
+}
