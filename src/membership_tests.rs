@@ -848,3 +848,36 @@ fn requests_fit_old_versions() {
     crate::wire::codec::encode_request(&j.request, j.version, 1, Some("t"), &mut buf)
         .expect("v0 JoinGroup encodes");
 }
+
+#[test]
+fn the_waiter_first_in_line_heartbeats_four_times_as_often() {
+    for (position, period) in [(1, HB / 4), (2, HB)] {
+        let mut h = H::new(Mode::Native);
+        h.find_ok();
+        let sync = h.join_as("w1", 3, false, &[]);
+        h.reply(
+            sync.id,
+            Ok(sync_ok(native_assignment(Some("other"), 3, position))),
+        );
+        h.advance(period - Duration::from_millis(1));
+        assert!(
+            h.sent.is_empty(),
+            "position {position}: too early: {:?}",
+            h.apis()
+        );
+        h.advance(Duration::from_millis(1));
+        let beat = h.take(ApiKey::Heartbeat);
+        h.reply(beat.id, Ok(hb(0)));
+        h.advance(period);
+        h.take(ApiKey::Heartbeat);
+    }
+}
+
+#[test]
+fn the_holder_heartbeats_at_the_configured_interval() {
+    let mut h = H::holding(2);
+    h.advance(HB - Duration::from_millis(1));
+    assert!(h.sent.is_empty(), "{:?}", h.apis());
+    h.advance(Duration::from_millis(1));
+    h.take(ApiKey::Heartbeat);
+}
