@@ -1040,6 +1040,13 @@ impl Membership {
         }
     }
 
+    /// The connection answered a request with a response of another API: nothing about this
+    /// connection can be trusted any more.
+    fn wrong_kind(&mut self, want: ApiKey, got: &Response, now: Instant) {
+        let error = Error::Protocol(format!("expected {want:?}, got {:?}", got.api_key()));
+        self.fail(error, now);
+    }
+
     /// A JoinGroup or SyncGroup got no answer (transport failure or timeout): the coordinator
     /// may have moved, so look it up again and rejoin, unless we were on our way out.
     fn join_phase_unanswered(&mut self, api: ApiKey, e: Error, now: Instant) {
@@ -1070,10 +1077,7 @@ impl Membership {
         let resp: JoinGroupResponse = match result {
             Ok(Response::JoinGroup(r)) => r,
             Ok(other) => {
-                self.fail(
-                    Error::Protocol(format!("expected JoinGroup, got {:?}", other.api_key())),
-                    now,
-                );
+                self.wrong_kind(ApiKey::JoinGroup, &other, now);
                 return;
             }
             Err(e) => {
@@ -1198,10 +1202,7 @@ impl Membership {
         let resp: SyncGroupResponse = match result {
             Ok(Response::SyncGroup(r)) => r,
             Ok(other) => {
-                self.fail(
-                    Error::Protocol(format!("expected SyncGroup, got {:?}", other.api_key())),
-                    now,
-                );
+                self.wrong_kind(ApiKey::SyncGroup, &other, now);
                 return;
             }
             Err(e) => {
@@ -1340,10 +1341,7 @@ impl Membership {
         let code = match result {
             Ok(Response::Heartbeat(r)) => r.error_code,
             Ok(other) => {
-                self.fail(
-                    Error::Protocol(format!("expected Heartbeat, got {:?}", other.api_key())),
-                    now,
-                );
+                self.wrong_kind(ApiKey::Heartbeat, &other, now);
                 return;
             }
             Err(e) => {
