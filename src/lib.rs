@@ -1,9 +1,20 @@
 //! kafka-lock: a distributed lock with fencing tokens on Kafka's classic group protocol.
 //!
+//! Start at [`LockOptions`]: `LockOptions::new(bootstrap, name).acquire(wait)` gives a
+//! [`LockGuard`] with the [`FencingToken`], a local lease, and `lost()` / `release()`.
+//!
 //! # Layout
-//! - [`wire`]: sans-I/O framing and codecs for the group APIs (no tokio).
+//! - [`lock`]: the public API (options, guard, events, stats).
+//! - [`membership`]: the sans-I/O group membership state machine and the lease (diagram inside).
+//! - [`assign`]: member metadata and assignment bytes, the sticky-FIFO and consumer assignors.
+//! - [`wire`]: sans-I/O framing, codecs with bounded decoding, version negotiation (no tokio).
+//! - [`driver`]: the tokio side, the only place that owns sockets, tasks and clocks.
+//! - [`backoff`]: jittered exponential backoff with an injectable random source.
 //! - [`error`]: typed errors, Kafka error codes with retriable/fatal classification.
-//! - `driver`: the tokio side: broker connections, the only place that owns sockets and clocks.
+//!
+//! # Feature flags
+//! - `cli`: builds the `kafka-lock` binary (clap, humantime, tracing-subscriber, libc). Off by
+//!   default, so the library pulls in none of it. The library never depends on C.
 #![deny(rustdoc::broken_intra_doc_links)]
 
 pub mod assign;
