@@ -51,7 +51,6 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use kafka_protocol::messages::find_coordinator_request::FindCoordinatorRequest;
 use kafka_protocol::messages::heartbeat_request::HeartbeatRequest;
 use kafka_protocol::messages::join_group_request::{JoinGroupRequest, JoinGroupRequestProtocol};
 use kafka_protocol::messages::join_group_response::JoinGroupResponse;
@@ -65,6 +64,7 @@ use tracing::{debug, info, warn};
 use crate::assign::{self, ConsumerStrategy, MemberMetadata, NativeAssignment};
 use crate::backoff::Backoff;
 use crate::error::{Error, KafkaCode};
+use crate::wire::coordinator::{find_coordinator_request, found_coordinator};
 use crate::wire::Response;
 
 /// Which protocol the group speaks.
@@ -742,12 +742,7 @@ impl Membership {
 
     fn send_find(&mut self, _now: Instant) {
         let v = self.versions.find_coordinator;
-        let mut req = FindCoordinatorRequest::default();
-        if v >= 4 {
-            req.coordinator_keys = vec![sb(&self.cfg.group_id)];
-        } else {
-            req.key = sb(&self.cfg.group_id);
-        }
+        let req = find_coordinator_request(&self.cfg.group_id, v);
         let id = self.push(Target::Any, req.into(), v, self.cfg.request_timeout);
         self.in_flight.find = Some(id);
     }
@@ -958,44 +953,11 @@ impl Membership {
             return;
         }
         let found = match result {
-            Ok(Response::FindCoordinator(r)) => {
-                let (code, node_id, host, port, message) = if let Some(c) = r.coordinators.first() {
-                    (
-                        c.error_code,
-                        c.node_id.0,
-                        c.host.to_string(),
-                        c.port,
-                        c.error_message.clone(),
-                    )
-                } else {
-                    (
-                        r.error_code,
-                        r.node_id.0,
-                        r.host.to_string(),
-                        r.port,
-                        r.error_message.clone(),
-                    )
-                };
-                if code == 0 {
-                    if host.is_empty() || !(0..=65535).contains(&port) {
-                        Err(Error::Protocol(format!(
-                            "FindCoordinator named an unusable coordinator {host:?}:{port}"
-                        )))
-                    } else {
-                        Ok(Broker {
-                            node_id,
-                            host,
-                            port,
-                        })
-                    }
-                } else {
-                    Err(Error::Broker {
-                        api: ApiKey::FindCoordinator,
-                        code: KafkaCode(code),
-                        message: message.map(|m| m.to_string()),
-                    })
-                }
-            }
+            Ok(Response::FindCoordinator(r)) => found_coordinator(&r).map(|c| Broker {
+                node_id: c.node_id,
+                host: c.host,
+                port: i32::from(c.port),
+            }),
             Ok(other) => Err(Error::Protocol(format!(
                 "expected FindCoordinator, got {:?}",
                 other.api_key()

@@ -6,6 +6,7 @@
 //! - [`versions`]: what we implement and the per-API version negotiation.
 
 pub mod codec;
+pub mod coordinator;
 pub mod frame;
 pub mod guard;
 pub mod versions;

@@ -6,10 +6,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kafka_lock::driver::{ConnConfig, Connection};
+use kafka_lock::wire::coordinator::find_coordinator_request;
 use kafka_lock::wire::Response;
 use kafka_lock::{Error, LockEvent, LockOptions};
 use kafka_protocol::messages::describe_groups_request::DescribeGroupsRequest;
-use kafka_protocol::messages::find_coordinator_request::FindCoordinatorRequest;
 use kafka_protocol::messages::GroupId;
 use kafka_protocol::protocol::StrBytes;
 use tokio::sync::mpsc;
@@ -334,18 +334,17 @@ pub async fn group_members(group: &str) -> Vec<String> {
     let conn = Connection::connect(&support::broker().bootstrap(), &ConnConfig::default())
         .await
         .unwrap();
-    let mut find = FindCoordinatorRequest::default();
-    find.key = StrBytes::from_string(group.to_owned());
-    if conn
+    let version = conn
         .versions()
         .get(kafka_protocol::messages::ApiKey::FindCoordinator)
         .unwrap_or(0)
-        >= 4
-    {
-        find.coordinator_keys = vec![find.key.clone()];
-        find.key = StrBytes::default();
-    }
-    let Response::FindCoordinator(_) = conn.request(find).await.unwrap() else {
+        .min(4);
+    let find = find_coordinator_request(group, version);
+    let Response::FindCoordinator(_) = conn
+        .request_at(find, version, Duration::from_secs(10))
+        .await
+        .unwrap()
+    else {
         panic!("FindCoordinator")
     };
     // tansu is its own coordinator.

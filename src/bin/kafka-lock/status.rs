@@ -10,11 +10,11 @@ use kafka_lock::assign::{
 };
 use kafka_lock::backoff::Backoff;
 use kafka_lock::driver::{connect_any, BootstrapConfig, ConnConfig, Connection};
+use kafka_lock::wire::coordinator::{find_coordinator_request, found_coordinator};
 use kafka_lock::wire::Response;
 use kafka_lock::{Error, KafkaCode, LockOptions, Result};
 use kafka_protocol::messages::describe_groups_request::DescribeGroupsRequest;
 use kafka_protocol::messages::describe_groups_response::DescribedGroup;
-use kafka_protocol::messages::find_coordinator_request::FindCoordinatorRequest;
 use kafka_protocol::messages::{ApiKey, GroupId};
 use kafka_protocol::protocol::StrBytes;
 
@@ -162,12 +162,7 @@ async fn find_coordinator(
     let version = version.min(4);
     let mut attempt = 0;
     loop {
-        let mut req = FindCoordinatorRequest::default();
-        if version >= 4 {
-            req.coordinator_keys = vec![StrBytes::from_string(group.to_owned())];
-        } else {
-            req.key = StrBytes::from_string(group.to_owned());
-        }
+        let req = find_coordinator_request(group, version);
         let r = match conn.request_at(req, version, timeout).await? {
             Response::FindCoordinator(r) => r,
             other => {
@@ -177,36 +172,14 @@ async fn find_coordinator(
                 )))
             }
         };
-        let (code, host, port, message) = match r.coordinators.first() {
-            Some(k) => (
-                k.error_code,
-                k.host.to_string(),
-                k.port,
-                k.error_message.as_ref().map(|m| m.to_string()),
-            ),
-            None => (
-                r.error_code,
-                r.host.to_string(),
-                r.port,
-                r.error_message.as_ref().map(|m| m.to_string()),
-            ),
-        };
-        let code = KafkaCode(code);
-        if code.is_ok() {
-            if host.is_empty() || !(1..=65535).contains(&port) {
-                return Err(Error::Protocol(format!(
-                    "FindCoordinator named an unusable coordinator {host:?}:{port}"
-                )));
+        match found_coordinator(&r) {
+            Ok(c) => return Ok(format!("{}:{}", c.host, c.port)),
+            Err(e) => {
+                attempt += 1;
+                if !e.is_retriable() || attempt >= COORDINATOR_RETRIES {
+                    return Err(e);
+                }
             }
-            return Ok(format!("{host}:{port}"));
-        }
-        attempt += 1;
-        if !code.is_retriable() || attempt >= COORDINATOR_RETRIES {
-            return Err(Error::broker(
-                ApiKey::FindCoordinator,
-                code,
-                message.as_deref(),
-            ));
         }
         tokio::time::sleep(backoff.next_delay()).await;
     }
