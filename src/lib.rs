@@ -28,4 +28,4 @@ pub mod membership;
 pub mod wire;
 
 pub use error::{Error, KafkaCode, Result};
-pub use lock::{FencingToken, LockEvent, LockGuard, LockOptions, LockStats, LossReason};
+pub use lock::{FencingToken, HoldWatch, LockEvent, LockGuard, LockOptions, LockStats, LossReason};

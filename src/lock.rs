@@ -743,7 +743,58 @@ impl LockGuard {
 
     /// Resolves when the hold ends without a release, with the reason. Cancel-safe.
     pub async fn lost(&self) -> LossReason {
-        let mut rx = self.handle.state.clone();
+        self.watch().lost().await
+    }
+
+    /// A cloneable, `Send` view of this hold that other tasks can keep and await: the lease end
+    /// as renewals move it, and the loss. It never keeps the lock alive: dropping the guard
+    /// still releases it.
+    pub fn watch(&self) -> HoldWatch {
+        HoldWatch {
+            rx: self.handle.state.clone(),
+        }
+    }
+
+    /// Releases the lock and leaves the group, waiting for the broker's answer (bounded: a
+    /// coordinator that cannot be reached expires the member after its session timeout anyway).
+    /// The hold ends locally before the LeaveGroup is sent.
+    pub async fn release(mut self) -> Result<()> {
+        self.released = true;
+        leave(&mut self.handle, self.leave_bound).await;
+        Ok(())
+    }
+}
+
+/// A view of a hold that can be cloned and sent to other tasks (see [`LockGuard::watch`]).
+#[derive(Debug, Clone)]
+pub struct HoldWatch {
+    rx: watch::Receiver<SessionState>,
+}
+
+impl HoldWatch {
+    /// The end of the current lease on the monotonic clock, or `None` once the hold is over.
+    /// It only moves forward while the hold lasts.
+    pub fn lease_end(&self) -> Option<Instant> {
+        match &*self.rx.borrow() {
+            SessionState::Held(_, lease_end) => Some(*lease_end),
+            _ => None,
+        }
+    }
+
+    /// Whether the lock is still held, judged on the local monotonic clock.
+    pub fn is_held(&self) -> bool {
+        self.lease_end().is_some_and(|end| Instant::now() < end)
+    }
+
+    /// Resolves at the next change: a renewal (new lease end), a new token, or the end of the
+    /// hold. Returns false once nothing can change any more. Cancel-safe.
+    pub async fn changed(&mut self) -> bool {
+        self.rx.changed().await.is_ok()
+    }
+
+    /// Resolves when the hold ends without a release, with the reason. Cancel-safe.
+    pub async fn lost(&self) -> LossReason {
+        let mut rx = self.rx.clone();
         loop {
             let lease = match &*rx.borrow_and_update() {
                 SessionState::Held(_, lease_end) => *lease_end,
@@ -766,15 +817,6 @@ impl LockGuard {
                 }
             }
         }
-    }
-
-    /// Releases the lock and leaves the group, waiting for the broker's answer (bounded: a
-    /// coordinator that cannot be reached expires the member after its session timeout anyway).
-    /// The hold ends locally before the LeaveGroup is sent.
-    pub async fn release(mut self) -> Result<()> {
-        self.released = true;
-        leave(&mut self.handle, self.leave_bound).await;
-        Ok(())
     }
 }
 
