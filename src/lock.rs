@@ -29,7 +29,7 @@ use crate::backoff::Backoff;
 use crate::driver::session::{self, End, SessionHandle, SessionParams, SessionState};
 use crate::driver::{connect_any, BootstrapConfig, ConnConfig, Connection};
 use crate::error::{Error, KafkaCode, Result};
-use crate::membership::{Command, Event, Membership, MembershipConfig, Mode};
+use crate::membership::{Command, Event, GroupVersions, Membership, MembershipConfig, Mode};
 use crate::wire::Response;
 
 pub use crate::membership::{FencingToken, HolderInfo, LossReason};
@@ -50,6 +50,8 @@ pub const DEFAULT_LEASE_MARGIN: Duration = Duration::from_secs(1);
 pub const DEFAULT_RETRY_BACKOFF: Duration = Duration::from_millis(100);
 /// Default largest retry delay.
 pub const DEFAULT_RETRY_BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// The longest any duration setting may be: Kafka's `i32` milliseconds (about 24.8 days).
+pub const MAX_SETTING: Duration = Duration::from_millis(i32::MAX as u64);
 
 /// What happened to a lock attempt, for callers that want to watch (the CLI prints these).
 #[derive(Debug, Clone)]
@@ -151,7 +153,6 @@ pub struct LockOptions {
     name: String,
     mode: Mode,
     label: Option<String>,
-    group_instance_id: Option<String>,
     client_id: String,
     session_timeout: Duration,
     heartbeat_interval: Duration,
@@ -181,7 +182,6 @@ impl LockOptions {
             name: name.into(),
             mode: Mode::Native,
             label: None,
-            group_instance_id: None,
             client_id: "kafka-lock".into(),
             session_timeout: DEFAULT_SESSION_TIMEOUT,
             heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
@@ -210,12 +210,6 @@ impl LockOptions {
     /// A human label (host, pid, job) that waiters and `kafka-lock status` show for the holder.
     pub fn label(mut self, label: impl Into<String>) -> Self {
         self.label = Some(label.into());
-        self
-    }
-
-    /// KIP-345 static membership under this instance id.
-    pub fn group_instance_id(mut self, id: impl Into<String>) -> Self {
-        self.group_instance_id = Some(id.into());
         self
     }
 
@@ -314,24 +308,28 @@ impl LockOptions {
                 self.name
             ));
         }
-        let ms = |d: Duration| d.as_millis();
-        if ms(self.session_timeout) < 1 || ms(self.session_timeout) > i32::MAX as u128 {
+        // Kafka carries timeouts as 32-bit milliseconds; nothing longer makes sense for a client
+        // either, and the bound keeps every `Instant + setting` in the crate far from overflow.
+        for (what, d) in [
+            ("session timeout", self.session_timeout),
+            ("rebalance timeout", self.rebalance_timeout),
+            ("heartbeat interval", self.heartbeat_interval),
+            ("request timeout", self.request_timeout),
+            ("connect timeout", self.connect_timeout),
+            ("retry backoff", self.retry_backoff),
+            ("largest retry backoff", self.retry_backoff_max),
+        ] {
+            if d.as_millis() < 1 || d > MAX_SETTING {
+                return bad(format!(
+                    "{what} {d:?} is out of range: it must be between 1ms and {MAX_SETTING:?} (Kafka's 32-bit milliseconds)"
+                ));
+            }
+        }
+        if self.retry_backoff > self.retry_backoff_max {
             return bad(format!(
-                "session timeout {:?} is out of range",
-                self.session_timeout
+                "retry backoff {:?} is longer than the largest retry backoff {:?}",
+                self.retry_backoff, self.retry_backoff_max
             ));
-        }
-        if ms(self.rebalance_timeout) < 1 || ms(self.rebalance_timeout) > i32::MAX as u128 {
-            return bad(format!(
-                "rebalance timeout {:?} is out of range",
-                self.rebalance_timeout
-            ));
-        }
-        if self.heartbeat_interval.is_zero() {
-            return bad("heartbeat interval must be positive".into());
-        }
-        if self.request_timeout.is_zero() || self.connect_timeout.is_zero() {
-            return bad("request and connect timeouts must be positive".into());
         }
         let lease = self.lease_length();
         if lease.is_zero() {
@@ -369,7 +367,6 @@ impl LockOptions {
             group_id: self.name.clone(),
             mode: self.mode.clone(),
             label: self.label.clone(),
-            group_instance_id: self.group_instance_id.clone(),
             session_timeout: self.session_timeout,
             rebalance_timeout: self.rebalance_timeout,
             heartbeat_interval: self.heartbeat_interval,
@@ -427,7 +424,8 @@ impl LockOptions {
     async fn acquire_inner(&self, wait: Option<Duration>, once: bool) -> Result<Option<LockGuard>> {
         self.validate()?;
         let started = Instant::now();
-        let deadline = wait.map(|w| tokio::time::Instant::now() + w);
+        // A wait too long to represent is no deadline at all.
+        let deadline = wait.and_then(|w| tokio::time::Instant::now().checked_add(w));
         let conn_cfg = self.conn_config();
         let mut backoff = Backoff::new(self.retry_backoff, self.retry_backoff_max, 2.0, 0.5);
         let first = connect_any(
@@ -440,13 +438,7 @@ impl LockOptions {
         if let Mode::Consumer { topic } = &self.mode {
             check_lock_topic(&first, topic).await?;
         }
-        let versions = session::group_versions(&first)?;
-        if self.group_instance_id.is_some() && versions.join_group < 5 {
-            return Err(Error::Config(format!(
-                "static membership needs JoinGroup v5+, but the broker offers at most v{}",
-                versions.join_group
-            )));
-        }
+        let versions = GroupVersions::fit(first.versions())?;
         let machine = Membership::new(
             self.membership_config(),
             versions,
@@ -520,7 +512,6 @@ impl LockOptions {
         });
 
         // Wait for the first hold, the deadline, or the end of the session.
-        let mut saw_generation = false;
         let outcome = loop {
             let current = handle.state.borrow_and_update().clone();
             match current {
@@ -533,11 +524,11 @@ impl LockOptions {
                     })
                 }
                 SessionState::Ended(_) => break Err(Error::Closed),
-                SessionState::Waiting(holder, pos) => {
-                    if pos != -1 || holder.is_some() {
-                        saw_generation = true;
-                    }
-                    if once && saw_generation {
+                // Any completed generation that did not make us the holder answers a single try,
+                // whatever the assignment said (consumer mode and undecodable assignments name no
+                // holder and no position).
+                SessionState::Waiting { generation, .. } => {
+                    if once && generation >= 0 {
                         break Ok(None);
                     }
                 }
@@ -568,7 +559,9 @@ impl LockOptions {
             })),
             Ok(None) => {
                 let holder = match &*handle.state.borrow() {
-                    SessionState::Waiting(Some(h), _) => Some(describe_holder(h)),
+                    SessionState::Waiting {
+                        holder: Some(h), ..
+                    } => Some(describe_holder(h)),
                     _ => None,
                 };
                 leave(&mut handle, self.leave_bound()).await;
@@ -800,7 +793,7 @@ impl HoldWatch {
                 SessionState::Held(_, lease_end) => *lease_end,
                 SessionState::Ended(End::Lost(reason)) => return reason.clone(),
                 SessionState::Ended(End::Failed(_)) => return LossReason::Fatal,
-                SessionState::Ended(_) | SessionState::Waiting(..) => return LossReason::Fatal,
+                SessionState::Ended(_) | SessionState::Waiting { .. } => return LossReason::Fatal,
             };
             // The guard's own timer backs up the session task's: the loss is reported at the
             // lease end even if that task cannot run.
@@ -825,6 +818,65 @@ impl Drop for LockGuard {
         if !self.released {
             // The session task leaves the group on its own once it gets this.
             let _ = self.handle.commands.send(Command::Leave);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Durations from zero to `Duration::MAX`, weighted towards the edges where overflow lives.
+    fn any_duration() -> impl Strategy<Value = Duration> {
+        prop_oneof![
+            Just(Duration::ZERO),
+            Just(Duration::MAX),
+            Just(MAX_SETTING),
+            Just(MAX_SETTING + Duration::from_nanos(1)),
+            (0u64..100_000).prop_map(Duration::from_millis),
+            any::<u64>().prop_map(Duration::from_millis),
+            (any::<u64>(), 0u32..1_000_000_000).prop_map(|(s, n)| Duration::new(s, n)),
+        ]
+    }
+
+    proptest! {
+        /// Whatever the settings, validation answers with a value, and a machine built from
+        /// settings it accepts survives being driven far into the future.
+        #[test]
+        fn any_durations_validate_or_run_without_panicking(
+            d in proptest::collection::vec(any_duration(), 9),
+        ) {
+            let opts = LockOptions::new("127.0.0.1:9092", "lock")
+                .session_timeout(d[0])
+                .rebalance_timeout(d[1])
+                .heartbeat_interval(d[2])
+                .request_timeout(d[3])
+                .connect_timeout(d[4])
+                .retry_backoff(d[5], d[6])
+                .lease_margin(d[7]);
+            if opts.validate().is_err() {
+                return Ok(());
+            }
+            let _ = opts.lease_length();
+            let _ = opts.leave_bound();
+            let cfg = opts.membership_config();
+            let _ = cfg.join_timeout();
+            let mut m = Membership::new(
+                cfg,
+                GroupVersions::LATEST,
+                Backoff::new(opts.retry_backoff, opts.retry_backoff_max, 2.0, 0.5),
+            );
+            let mut now = Instant::now();
+            for _ in 0..20 {
+                m.handle_timeout(now);
+                while let Some(t) = m.poll_transmit() {
+                    m.handle_response(t.id, Err(Error::Closed), now);
+                }
+                while m.poll_event().is_some() {}
+                now = m.poll_timeout().map_or(now, |t| t.max(now)) + d[8].min(MAX_SETTING);
+            }
+            m.handle_command(Command::Leave, now);
         }
     }
 }

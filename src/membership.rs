@@ -89,8 +89,6 @@ pub struct MembershipConfig {
     pub mode: Mode,
     /// Human label carried in native member metadata (host, pid, job).
     pub label: Option<String>,
-    /// KIP-345 static membership.
-    pub group_instance_id: Option<String>,
     /// Broker-side session timeout.
     pub session_timeout: Duration,
     /// How long the broker waits for members to rejoin a rebalance.
@@ -147,6 +145,25 @@ impl GroupVersions {
         heartbeat: 4,
         leave_group: 5,
     };
+
+    /// The versions to build with for a broker that negotiated `v`, capped at [`Self::LATEST`].
+    pub fn fit(v: &crate::wire::versions::NegotiatedVersions) -> Result<GroupVersions, Error> {
+        let need = |api: ApiKey, latest: i16| {
+            v.get(api).map(|x| x.min(latest)).ok_or_else(|| {
+                Error::Config(format!(
+                    "the broker does not offer {api:?}, which kafka-lock needs for group membership"
+                ))
+            })
+        };
+        let l = GroupVersions::LATEST;
+        Ok(GroupVersions {
+            find_coordinator: need(ApiKey::FindCoordinator, l.find_coordinator)?,
+            join_group: need(ApiKey::JoinGroup, l.join_group)?,
+            sync_group: need(ApiKey::SyncGroup, l.sync_group)?,
+            heartbeat: need(ApiKey::Heartbeat, l.heartbeat)?,
+            leave_group: need(ApiKey::LeaveGroup, l.leave_group)?,
+        })
+    }
 }
 
 /// A broker address as the coordinator lookup returned it.
@@ -344,6 +361,8 @@ pub enum Command {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     Discover,
+    /// Asking a newly found coordinator which versions it speaks.
+    Probe,
     Join,
     Sync,
     Stable,
@@ -363,8 +382,11 @@ struct Hold {
 #[derive(Debug, Default)]
 struct InFlight {
     find: Option<u64>,
-    join: Option<(u64, Instant)>,
-    sync: Option<(u64, Instant)>,
+    probe: Option<u64>,
+    join: Option<u64>,
+    sync: Option<u64>,
+    /// Id, when it was built (never later than sent, so never later than the broker saw it),
+    /// and the generation it speaks for.
     heartbeat: Option<(u64, Instant, i32)>,
     leave: Option<u64>,
 }
@@ -377,12 +399,17 @@ pub struct Membership {
     /// The phase to go back to once the coordinator is found again.
     resume: Phase,
     coordinator: Option<Broker>,
+    /// The coordinator whose versions `versions` were last fitted to.
+    probed: Option<Broker>,
     member_id: String,
     generation: i32,
     leader: bool,
     /// The generation of our first completed join: our place in the FIFO queue.
     first_joined: i32,
     hold: Option<Hold>,
+    /// A SyncGroup answer named us, but no Heartbeat has yet proved that the broker's session
+    /// timer for us was re-armed after it: the hold begins with that proof (see the module docs).
+    pending: Option<FencingToken>,
     /// The user asked to leave; nothing may be acquired any more.
     leaving: bool,
     /// Leaving is best effort: past this instant the machine stops trying to reach the
@@ -427,11 +454,13 @@ impl Membership {
             phase: Phase::Discover,
             resume: Phase::Join,
             coordinator: None,
+            probed: None,
             member_id: String::new(),
             generation: -1,
             leader: false,
             first_joined: -1,
             hold: None,
+            pending: None,
             leaving: false,
             leave_deadline: None,
             last_waiting: None,
@@ -534,12 +563,15 @@ impl Membership {
         if self.in_flight.find == Some(id) {
             self.in_flight.find = None;
             self.on_find(result, now);
-        } else if matches!(self.in_flight.join, Some((i, _)) if i == id) {
-            let (_, sent) = self.in_flight.join.take().expect("matched above");
-            self.on_join(result, sent, now);
-        } else if matches!(self.in_flight.sync, Some((i, _)) if i == id) {
-            let (_, sent) = self.in_flight.sync.take().expect("matched above");
-            self.on_sync(result, sent, now);
+        } else if self.in_flight.probe == Some(id) {
+            self.in_flight.probe = None;
+            self.on_probe(result, now);
+        } else if self.in_flight.join == Some(id) {
+            self.in_flight.join = None;
+            self.on_join(result, now);
+        } else if self.in_flight.sync == Some(id) {
+            self.in_flight.sync = None;
+            self.on_sync(result, now);
         } else if matches!(self.in_flight.heartbeat, Some((i, _, _)) if i == id) {
             let (_, sent, generation) = self.in_flight.heartbeat.take().expect("matched above");
             self.on_heartbeat(result, sent, generation, now);
@@ -590,7 +622,7 @@ impl Membership {
                     self.send_leave(now);
                 }
             }
-            Phase::Sync | Phase::Done => {}
+            Phase::Probe | Phase::Sync | Phase::Done => {}
         }
     }
 
@@ -645,6 +677,7 @@ impl Membership {
     fn rejoin(&mut self, now: Instant, immediately: bool) {
         self.phase = Phase::Join;
         self.in_flight.heartbeat = None;
+        self.pending = None;
         if immediately {
             self.retry_now(now);
         } else {
@@ -653,6 +686,7 @@ impl Membership {
     }
 
     fn reset_member(&mut self) {
+        self.pending = None;
         self.member_id.clear();
         self.generation = -1;
         self.leader = false;
@@ -693,6 +727,7 @@ impl Membership {
                 });
             }
         }
+        self.pending = None;
         self.phase = Phase::Done;
         self.emit(Event::Failed(std::sync::Arc::new(error)));
     }
@@ -709,6 +744,7 @@ impl Membership {
         if self.phase == Phase::Done {
             return;
         }
+        self.pending = None;
         if !self.leaving {
             self.leaving = true;
             // Room for a parked JoinGroup, the leader's SyncGroup, then the LeaveGroup itself.
@@ -796,14 +832,11 @@ impl Membership {
             req.rebalance_timeout_ms = duration_ms(self.cfg.rebalance_timeout);
         }
         req.member_id = sb(&self.member_id);
-        if v >= 5 {
-            req.group_instance_id = self.cfg.group_instance_id.as_deref().map(sb);
-        }
         req.protocol_type = sb(self.protocol_type());
         req.protocols = self.metadata();
         debug!(group = %self.cfg.group_id, member_id = %self.member_id, version = v, "JoinGroup");
         let id = self.push(target, req.into(), v, self.cfg.join_timeout());
-        self.in_flight.join = Some((id, now));
+        self.in_flight.join = Some(id);
         self.retry_at = None;
     }
 
@@ -822,9 +855,6 @@ impl Membership {
         req.group_id = GroupId(sb(&self.cfg.group_id));
         req.generation_id = self.generation;
         req.member_id = sb(&self.member_id);
-        if v >= 3 {
-            req.group_instance_id = self.cfg.group_instance_id.as_deref().map(sb);
-        }
         if v >= 5 {
             req.protocol_type = Some(sb(self.protocol_type()));
             req.protocol_name = protocol_name;
@@ -839,7 +869,7 @@ impl Membership {
             })
             .collect();
         let id = self.push(target, req.into(), v, self.cfg.join_timeout());
-        self.in_flight.sync = Some((id, now));
+        self.in_flight.sync = Some(id);
         self.phase = Phase::Sync;
     }
 
@@ -853,9 +883,6 @@ impl Membership {
         req.group_id = GroupId(sb(&self.cfg.group_id));
         req.generation_id = self.generation;
         req.member_id = sb(&self.member_id);
-        if v >= 3 {
-            req.group_instance_id = self.cfg.group_instance_id.as_deref().map(sb);
-        }
         let id = self.push(target, req.into(), v, self.cfg.request_timeout);
         self.in_flight.heartbeat = Some((id, now, self.generation));
         self.next_heartbeat = Some(now + self.heartbeat_period());
@@ -887,7 +914,6 @@ impl Membership {
         if v >= 3 {
             let mut m = MemberIdentity::default();
             m.member_id = sb(&self.member_id);
-            m.group_instance_id = self.cfg.group_instance_id.as_deref().map(sb);
             if v >= 5 {
                 m.reason = Some(sb("kafka-lock: released"));
             }
@@ -967,22 +993,15 @@ impl Membership {
         match found {
             Ok(broker) => {
                 info!(group = %self.cfg.group_id, coordinator = %broker, "coordinator found");
+                // The backoff is not reset here: a coordinator that is named but cannot be
+                // reached would otherwise be looked up at the shortest delay forever. Only an
+                // answer from the coordinator itself resets it.
+                let known = self.probed.as_ref() == Some(&broker);
                 self.coordinator = Some(broker);
-                self.backoff.reset();
-                match self.resume {
-                    Phase::Stable => {
-                        self.phase = Phase::Stable;
-                        self.next_heartbeat = Some(now);
-                    }
-                    Phase::Leave => self.phase = Phase::Leave,
-                    _ => {
-                        if self.leaving {
-                            self.begin_leave(now);
-                        } else {
-                            self.phase = Phase::Join;
-                            self.retry_now(now);
-                        }
-                    }
+                if known {
+                    self.resume_after_discovery(now);
+                } else {
+                    self.send_probe(now);
                 }
             }
             Err(Error::Broker { code, .. }) if matches!(code.0, 30) => {
@@ -999,6 +1018,73 @@ impl Membership {
                 debug!(group = %self.cfg.group_id, error = %e, "FindCoordinator failed; retrying");
                 self.schedule_retry(now);
             }
+        }
+    }
+
+    /// Back to the phase that was interrupted, now that the coordinator is known and its
+    /// versions fitted.
+    fn resume_after_discovery(&mut self, now: Instant) {
+        match self.resume {
+            Phase::Stable => {
+                self.phase = Phase::Stable;
+                self.next_heartbeat = Some(now);
+            }
+            Phase::Leave => self.phase = Phase::Leave,
+            _ => {
+                if self.leaving {
+                    self.begin_leave(now);
+                } else {
+                    self.phase = Phase::Join;
+                    self.retry_now(now);
+                }
+            }
+        }
+    }
+
+    /// The versions the machine starts with were negotiated with a bootstrap broker; the
+    /// coordinator may be another broker with a narrower range (a rolling upgrade), and a request
+    /// above its range is refused. So every newly named coordinator is asked first. ApiVersions
+    /// v0 is the one version every broker since Kafka 0.10 answers.
+    fn send_probe(&mut self, _now: Instant) {
+        let Some(target) = self.coordinator_target(Lane::Control) else {
+            return;
+        };
+        self.phase = Phase::Probe;
+        let req = kafka_protocol::messages::ApiVersionsRequest::default();
+        let id = self.push(target, req.into(), 0, self.cfg.request_timeout);
+        self.in_flight.probe = Some(id);
+    }
+
+    fn on_probe(&mut self, result: Result<Response, Error>, now: Instant) {
+        if self.phase != Phase::Probe {
+            return;
+        }
+        let resp = match result {
+            Ok(Response::ApiVersions(r)) => r,
+            Ok(other) => {
+                self.wrong_kind(ApiKey::ApiVersions, &other, now);
+                return;
+            }
+            Err(e) => {
+                debug!(group = %self.cfg.group_id, error = %e, "ApiVersions to the coordinator failed");
+                let resume = self.resume;
+                self.rediscover(resume, now);
+                return;
+            }
+        };
+        let fitted = crate::wire::versions::negotiate(&resp)
+            .map_err(Error::from)
+            .and_then(|v| GroupVersions::fit(&v));
+        match fitted {
+            Ok(versions) => {
+                if versions != self.versions {
+                    info!(group = %self.cfg.group_id, ?versions, "the coordinator's versions differ from the bootstrap broker's");
+                }
+                self.versions = versions;
+                self.probed = self.coordinator.clone();
+                self.resume_after_discovery(now);
+            }
+            Err(e) => self.fail(e, now),
         }
     }
 
@@ -1035,7 +1121,7 @@ impl Membership {
         }
     }
 
-    fn on_join(&mut self, result: Result<Response, Error>, sent: Instant, now: Instant) {
+    fn on_join(&mut self, result: Result<Response, Error>, now: Instant) {
         let resp: JoinGroupResponse = match result {
             Ok(Response::JoinGroup(r)) => r,
             Ok(other) => {
@@ -1096,7 +1182,8 @@ impl Membership {
             generation: self.generation,
             leader: self.leader,
         });
-        self.renew(sent);
+        // No renewal here: a JoinGroup answered at once (a follower of a STABLE group rejoining
+        // with unchanged metadata) did not re-arm the broker's session timer for us.
 
         if self.leaving && !self.leader {
             self.begin_leave(now);
@@ -1160,7 +1247,7 @@ impl Membership {
         assignments
     }
 
-    fn on_sync(&mut self, result: Result<Response, Error>, sent: Instant, now: Instant) {
+    fn on_sync(&mut self, result: Result<Response, Error>, now: Instant) {
         let resp: SyncGroupResponse = match result {
             Ok(Response::SyncGroup(r)) => r,
             Ok(other) => {
@@ -1196,16 +1283,18 @@ impl Membership {
         self.phase = Phase::Stable;
         let (ours, holder, position) = self.read_assignment(&resp.assignment);
         self.next_in_line = !ours && self.hold.is_none() && holder.is_some() && position == 1;
-        self.next_heartbeat = Some(now + self.heartbeat_period());
         if ours {
             let token = FencingToken {
                 generation: self.generation,
                 member_id: self.member_id.clone(),
             };
-            let lease_end = sent + self.cfg.lease_length();
+            // A SyncGroup answer proves the assignment but not that the broker re-armed our
+            // session timer (in STABLE it answers at once without doing so), so it renews
+            // nothing. The next Heartbeat goes out now: its NONE is the renewal, and for a new
+            // hold the start of it.
+            self.next_heartbeat = Some(now);
             match &mut self.hold {
                 Some(hold) => {
-                    hold.lease_end = hold.lease_end.max(lease_end);
                     if hold.token != token {
                         hold.token = token.clone();
                         info!(group = %self.cfg.group_id, member_id = %self.member_id, generation = self.generation,
@@ -1214,18 +1303,16 @@ impl Membership {
                     }
                 }
                 None => {
-                    info!(group = %self.cfg.group_id, member_id = %self.member_id, generation = self.generation,
-                          "lock acquired");
-                    self.hold = Some(Hold {
-                        token: token.clone(),
-                        lease_end,
-                        since: self.generation,
-                    });
-                    self.emit(Event::Acquired { token, lease_end });
+                    debug!(group = %self.cfg.group_id, member_id = %self.member_id, generation = self.generation,
+                           "assigned the lock; a heartbeat confirms the membership before the hold begins");
+                    self.pending = Some(token);
                 }
             }
             self.last_waiting = None;
-        } else if self.hold.is_some() {
+            return;
+        }
+        self.next_heartbeat = Some(now + self.heartbeat_period());
+        if self.hold.is_some() {
             self.lose(LossReason::Reassigned, now);
         } else if self.last_waiting.as_ref() != Some(&(holder.clone(), position)) {
             self.last_waiting = Some((holder.clone(), position));
@@ -1315,7 +1402,21 @@ impl Membership {
         match code {
             0 => {
                 self.backoff.reset();
-                self.renew(sent);
+                if let Some(token) = self.pending.take() {
+                    // The broker re-armed our session timer when this Heartbeat arrived, after
+                    // the assignment: the hold begins, timed from when it was sent.
+                    let lease_end = sent + self.cfg.lease_length();
+                    info!(group = %self.cfg.group_id, member_id = %self.member_id, generation = self.generation,
+                          "lock acquired");
+                    self.hold = Some(Hold {
+                        token: token.clone(),
+                        lease_end,
+                        since: self.generation,
+                    });
+                    self.emit(Event::Acquired { token, lease_end });
+                } else {
+                    self.renew(sent);
+                }
             }
             27 => {
                 info!(group = %self.cfg.group_id, member_id = %self.member_id, generation = self.generation,

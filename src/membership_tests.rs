@@ -25,7 +25,6 @@ fn config(mode: Mode) -> MembershipConfig {
         group_id: "nightly-job".into(),
         mode,
         label: Some("host-a".into()),
-        group_instance_id: None,
         session_timeout: SESSION,
         rebalance_timeout: SESSION,
         heartbeat_interval: HB,
@@ -114,10 +113,27 @@ impl H {
         std::mem::take(&mut self.events)
     }
 
+    /// FindCoordinator answered, then the new coordinator's ApiVersions probe answered with
+    /// everything kafka-lock builds.
     fn find_ok(&mut self) {
         let t = self.take(ApiKey::FindCoordinator);
         assert_eq!(t.target, Target::Any);
         self.reply(t.id, Ok(find_ok()));
+        let probe = self.take(ApiKey::ApiVersions);
+        assert_eq!(
+            probe.target,
+            Target::Coordinator {
+                broker: coordinator(),
+                lane: Lane::Control
+            }
+        );
+        self.reply(probe.id, Ok(api_versions(crate::wire::versions::SUPPORTED)));
+    }
+
+    /// The Heartbeat that must follow an assignment naming us, answered NONE.
+    fn confirm(&mut self) {
+        let beat = self.take(ApiKey::Heartbeat);
+        self.reply(beat.id, Ok(hb(0)));
     }
 
     /// Goes from a fresh machine to a joined follower (or leader) holding or waiting.
@@ -150,6 +166,7 @@ impl H {
             sync.id,
             Ok(sync_ok(native_assignment(Some("m1"), generation, 0))),
         );
+        h.confirm();
         assert!(
             matches!(h.take_events().last(), Some(Event::Acquired { .. })),
             "should hold"
@@ -160,6 +177,31 @@ impl H {
 
 fn s(x: &str) -> StrBytes {
     StrBytes::from_string(x.to_owned())
+}
+
+fn coordinator() -> Broker {
+    Broker {
+        node_id: 1,
+        host: "127.0.0.1".into(),
+        port: 9092,
+    }
+}
+
+/// An ApiVersions answer listing `ranges`.
+fn api_versions(ranges: &[(ApiKey, i16, i16)]) -> Response {
+    use kafka_protocol::messages::api_versions_response::ApiVersion;
+    let mut r = kafka_protocol::messages::ApiVersionsResponse::default();
+    r.api_keys = ranges
+        .iter()
+        .map(|&(api, min, max)| {
+            let mut v = ApiVersion::default();
+            v.api_key = api as i16;
+            v.min_version = min;
+            v.max_version = max;
+            v
+        })
+        .collect();
+    Response::ApiVersions(r)
 }
 
 fn find_ok() -> Response {
@@ -318,6 +360,13 @@ fn member_id_required_then_success() {
     assert_eq!(sync_request(&sync).assignments.len(), 1);
     let assignment = sync_request(&sync).assignments[0].assignment.clone();
     h.reply(sync.id, Ok(sync_ok(assignment)));
+    assert!(
+        !h.take_events()
+            .iter()
+            .any(|e| matches!(e, Event::Acquired { .. })),
+        "no hold before a Heartbeat proves the broker re-armed our session"
+    );
+    h.confirm();
     let ev = h.take_events();
     let token = ev.iter().find_map(|e| match e {
         Event::Acquired { token, .. } => Some(token.clone()),
@@ -428,6 +477,7 @@ fn rebalance_while_holding_consumer_mode_surrenders_first() {
             &[0],
         ))),
     );
+    h.confirm();
     assert!(h
         .take_events()
         .iter()
@@ -454,6 +504,7 @@ fn rebalance_while_holding_consumer_mode_surrenders_first() {
             &[0],
         ))),
     );
+    h.confirm();
     let ev = h.take_events();
     assert!(
         ev.iter()
@@ -540,12 +591,14 @@ fn coordinator_not_available_and_load_in_progress_retry() {
     h.find_ok();
     let j = h.take(ApiKey::JoinGroup);
     h.reply(j.id, Ok(join_err(14, "")));
+    // A FindCoordinator answer is not an answer from the coordinator: the backoff keeps
+    // growing (100 ms, then 200 ms) until the coordinator itself answers.
+    h.advance(Duration::from_millis(199));
     assert!(h.sent.is_empty());
-    h.advance(Duration::from_millis(100));
+    h.advance(Duration::from_millis(1));
     let j = h.take(ApiKey::JoinGroup);
     h.reply(j.id, Ok(join_err(15, "")));
-    // The backoff grows while failures continue (100 ms, then 200 ms).
-    h.advance(Duration::from_millis(199));
+    h.advance(Duration::from_millis(399));
     assert!(h.sent.is_empty());
     h.advance(Duration::from_millis(1));
     h.take(ApiKey::FindCoordinator);
@@ -575,15 +628,9 @@ fn fatal_codes_end_the_membership_with_the_code() {
 
 #[test]
 fn fenced_instance_id_on_heartbeat_is_fatal_and_ends_the_hold() {
-    let mut cfg = config(Mode::Native);
-    cfg.group_instance_id = Some("job-1".into());
-    let mut h = H::with(cfg);
-    h.find_ok();
-    let j = h.take(ApiKey::JoinGroup);
-    assert_eq!(join_request(&j).group_instance_id.as_deref(), Some("job-1"));
-    h.reply(j.id, Ok(join_ok("m1", 2, "x", &[])));
-    let sync = h.take(ApiKey::SyncGroup);
-    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), 2, 0))));
+    // kafka-lock never joins as a static member, so a broker has no reason to send this; if one
+    // does, the membership is not ours any more.
+    let mut h = H::holding(2);
     h.advance(HB);
     let beat = h.take(ApiKey::Heartbeat);
     h.reply(beat.id, Ok(hb(82)));
@@ -829,6 +876,20 @@ fn unexpected_response_kind_is_a_protocol_error() {
     assert_eq!(failed(&h.take_events()), Some(KafkaCode(-2)));
 }
 
+/// A broker offering the group APIs at v0..=max.
+fn group_apis_up_to(max: i16) -> Vec<(ApiKey, i16, i16)> {
+    [
+        ApiKey::FindCoordinator,
+        ApiKey::JoinGroup,
+        ApiKey::SyncGroup,
+        ApiKey::Heartbeat,
+        ApiKey::LeaveGroup,
+    ]
+    .into_iter()
+    .map(|api| (api, 0, max))
+    .collect()
+}
+
 #[test]
 fn requests_fit_old_versions() {
     let v0 = GroupVersions {
@@ -842,6 +903,8 @@ fn requests_fit_old_versions() {
     let find = h.take(ApiKey::FindCoordinator);
     assert_eq!(find.version, 0);
     h.reply(find.id, Ok(find_ok()));
+    let probe = h.take(ApiKey::ApiVersions);
+    h.reply(probe.id, Ok(api_versions(&group_apis_up_to(0))));
     let j = h.take(ApiKey::JoinGroup);
     assert_eq!(j.version, 0);
     let mut buf = bytes::BytesMut::new();
@@ -880,4 +943,276 @@ fn the_holder_heartbeats_at_the_configured_interval() {
     assert!(h.sent.is_empty(), "{:?}", h.apis());
     h.advance(Duration::from_millis(1));
     h.take(ApiKey::Heartbeat);
+}
+
+// ---- what renews the lease -----------------------------------------------------------------
+
+fn lease_length() -> Duration {
+    SESSION.min(SESSION) - MARGIN
+}
+
+/// Apache Kafka answers a follower that rejoins a STABLE group with unchanged metadata at once,
+/// and a SyncGroup in STABLE at once, without re-arming the member's session timer
+/// (GroupMetadataManager: classicGroupJoinExistingMember, classicGroupSyncToStableGroup). The
+/// broker's timer was last re-armed when the parked JoinGroup completed, whose answer we never
+/// saw; only a Heartbeat answered NONE proves a re-arm after it was sent.
+#[test]
+fn join_and_sync_answered_at_once_renew_nothing() {
+    let mut h = H::holding(5);
+    h.advance(HB);
+    let beat = h.take(ApiKey::Heartbeat);
+    let last_renewal = h.now;
+    h.reply(beat.id, Ok(hb(0)));
+    assert_eq!(h.m.lease_end(), Some(last_renewal + lease_length()));
+    // t = 1: a rebalance starts; the parked JoinGroup completes at the broker, but its answer
+    // is lost to a connection reset.
+    h.advance(HB);
+    let beat = h.take(ApiKey::Heartbeat);
+    h.reply(beat.id, Ok(hb(27)));
+    let j = h.take(ApiKey::JoinGroup);
+    h.advance(Duration::from_millis(500));
+    h.reply(j.id, Err(Error::Closed));
+    // Rediscovery takes a few seconds; the group is STABLE again meanwhile.
+    h.advance(Duration::from_secs(3));
+    let find = h.take(ApiKey::FindCoordinator);
+    h.reply(find.id, Ok(find_ok()));
+    let j = h.take(ApiKey::JoinGroup);
+    h.reply(j.id, Ok(join_ok("m1", 6, "m2", &[])));
+    let sync = h.take(ApiKey::SyncGroup);
+    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), 6, 0))));
+    assert_eq!(h.m.token().map(|t| t.generation), Some(6));
+    assert_eq!(
+        h.m.lease_end(),
+        Some(last_renewal + lease_length()),
+        "answers given at once must not move the lease"
+    );
+    // The member is cut off now: its lease ends where the last Heartbeat put it.
+    let beat = h.take(ApiKey::Heartbeat);
+    h.advance(SESSION);
+    let ev = h.take_events();
+    assert_eq!(lost(&ev), Some(LossReason::LeaseExpired));
+    let lease_end = ev.iter().find_map(|e| match e {
+        Event::Lost { lease_end, .. } => Some(*lease_end),
+        _ => None,
+    });
+    assert_eq!(lease_end, Some(last_renewal + lease_length()));
+    h.reply(beat.id, Ok(hb(0)));
+    assert!(h.m.token().is_none(), "a late NONE revives nothing");
+}
+
+/// The first hold starts the same way: the assignment alone proves nothing about the session
+/// timer, so the hold begins with the first Heartbeat answered NONE after it, timed from when
+/// that Heartbeat was sent.
+#[test]
+fn a_hold_begins_with_a_heartbeat_after_the_assignment() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let sync = h.join_as("m1", 4, false, &[]);
+    h.advance(Duration::from_millis(300));
+    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), 4, 0))));
+    assert!(h.m.token().is_none(), "not held on the SyncGroup answer");
+    assert!(!h
+        .take_events()
+        .iter()
+        .any(|e| matches!(e, Event::Acquired { .. })));
+    // The confirming heartbeat goes out at once, not after an interval.
+    let beat = h.take(ApiKey::Heartbeat);
+    let sent = h.now;
+    h.advance(Duration::from_millis(20));
+    h.reply(beat.id, Ok(hb(0)));
+    let acquired = h.take_events().into_iter().find_map(|e| match e {
+        Event::Acquired { token, lease_end } => Some((token, lease_end)),
+        _ => None,
+    });
+    let (token, lease_end) = acquired.expect("held after the heartbeat");
+    assert_eq!(token.generation, 4);
+    assert_eq!(lease_end, sent + lease_length());
+}
+
+/// A confirming heartbeat that meets a new rebalance starts no hold; the next generation decides.
+#[test]
+fn an_assignment_whose_heartbeat_meets_a_rebalance_is_not_a_hold() {
+    for code in [22, 25, 27] {
+        let mut h = H::new(Mode::Native);
+        h.find_ok();
+        let sync = h.join_as("m1", 4, false, &[]);
+        h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), 4, 0))));
+        let beat = h.take(ApiKey::Heartbeat);
+        h.reply(beat.id, Ok(hb(code)));
+        let ev = h.take_events();
+        assert!(
+            !ev.iter().any(|e| matches!(e, Event::Acquired { .. })),
+            "code {code}: {ev:?}"
+        );
+        assert!(h.m.token().is_none());
+        // A later NONE for another generation's heartbeat must not start it either.
+        let j = h.take(ApiKey::JoinGroup);
+        h.reply(j.id, Ok(join_ok("m1", 5, "m2", &[])));
+        let sync = h.take(ApiKey::SyncGroup);
+        h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m2"), 5, 1))));
+        assert!(h.m.token().is_none(), "code {code}");
+    }
+}
+
+/// After a rebalance the holder heartbeats at once: its lease was not moved by the rebalance,
+/// so the renewal should not wait a whole interval.
+#[test]
+fn a_holder_heartbeats_at_once_after_a_rebalance() {
+    let mut h = H::holding(5);
+    h.advance(HB);
+    let beat = h.take(ApiKey::Heartbeat);
+    h.reply(beat.id, Ok(hb(27)));
+    let j = h.take(ApiKey::JoinGroup);
+    h.reply(j.id, Ok(join_ok("m1", 6, "m2", &[])));
+    let sync = h.take(ApiKey::SyncGroup);
+    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), 6, 0))));
+    let beat = h.take(ApiKey::Heartbeat);
+    let sent = h.now;
+    h.reply(beat.id, Ok(hb(0)));
+    assert_eq!(h.m.lease_end(), Some(sent + lease_length()));
+}
+
+// ---- a completed generation is visible to a single try -------------------------------------
+
+/// `try_acquire` gives up at the first completed generation that does not make us the holder;
+/// it can only see one if the machine says so, in every mode and for every assignment.
+#[test]
+fn every_completed_generation_that_is_not_ours_is_reported() {
+    let consumer = Mode::Consumer {
+        topic: "lock-topic".into(),
+    };
+    let cases: Vec<(Mode, Bytes)> = vec![
+        // Consumer mode: someone else has partition 0; our assignment is empty.
+        (consumer.clone(), Bytes::new()),
+        // Consumer mode: an assignment of another topic.
+        (
+            consumer,
+            crate::assign::consumer_assignment("other-topic", &[0]),
+        ),
+        // Native mode: an empty or undecodable assignment.
+        (Mode::Native, Bytes::new()),
+        (Mode::Native, Bytes::from_static(b"\xff\xff garbage")),
+    ];
+    for (mode, assignment) in cases {
+        let mut h = H::new(mode.clone());
+        h.find_ok();
+        let j = h.take(ApiKey::JoinGroup);
+        let mut r = JoinGroupResponse::default();
+        r.generation_id = 7;
+        r.member_id = s("m1");
+        r.leader = s("other");
+        r.protocol_name = Some(s(match mode {
+            Mode::Native => crate::assign::NATIVE_PROTOCOL,
+            Mode::Consumer { .. } => "range",
+        }));
+        h.reply(j.id, Ok(Response::JoinGroup(r)));
+        let sync = h.take(ApiKey::SyncGroup);
+        h.reply(sync.id, Ok(sync_ok(assignment.clone())));
+        let ev = h.take_events();
+        assert!(
+            ev.iter()
+                .any(|e| matches!(e, Event::Waiting { generation: 7, .. })),
+            "{mode:?} {assignment:?}: {ev:?}"
+        );
+    }
+}
+
+// ---- versions follow the coordinator -------------------------------------------------------
+
+fn found_at(node: i32, port: i32) -> Response {
+    let Response::FindCoordinator(mut r) = find_ok() else {
+        unreachable!()
+    };
+    r.coordinators[0].node_id = BrokerId(node);
+    r.coordinators[0].port = port;
+    Response::FindCoordinator(r)
+}
+
+/// The bootstrap broker may speak newer versions than the coordinator (a rolling upgrade): the
+/// group's requests are built for the coordinator's versions, asked of it whenever it changes.
+#[test]
+fn requests_use_the_coordinators_versions_not_the_bootstrap_brokers() {
+    let mut h = H::new(Mode::Native);
+    let find = h.take(ApiKey::FindCoordinator);
+    assert_eq!(find.version, GroupVersions::LATEST.find_coordinator);
+    h.reply(find.id, Ok(found_at(2, 9093)));
+    let probe = h.take(ApiKey::ApiVersions);
+    assert!(
+        matches!(&probe.target, Target::Coordinator { broker, lane: Lane::Control } if broker.node_id == 2)
+    );
+    let mut older = group_apis_up_to(3);
+    older.push((ApiKey::ApiVersions, 0, 3));
+    h.reply(probe.id, Ok(api_versions(&older)));
+    let j = h.take(ApiKey::JoinGroup);
+    assert_eq!(j.version, 3);
+    h.reply(j.id, Ok(join_ok("m1", 1, "m1", &[("m1", meta(false, -1))])));
+    let sync = h.take(ApiKey::SyncGroup);
+    assert_eq!(sync.version, 3);
+    let assignment = sync_request(&sync).assignments[0].assignment.clone();
+    h.reply(sync.id, Ok(sync_ok(assignment)));
+    let beat = h.take(ApiKey::Heartbeat);
+    assert_eq!(beat.version, 3);
+    // The coordinator moves to an upgraded broker: its versions are asked again and used.
+    h.reply(beat.id, Ok(hb(16)));
+    h.advance(Duration::from_millis(100));
+    let find = h.take(ApiKey::FindCoordinator);
+    h.reply(find.id, Ok(found_at(3, 9094)));
+    let probe = h.take(ApiKey::ApiVersions);
+    assert!(matches!(&probe.target, Target::Coordinator { broker, .. } if broker.node_id == 3));
+    h.reply(probe.id, Ok(api_versions(crate::wire::versions::SUPPORTED)));
+    let beat = h.take(ApiKey::Heartbeat);
+    assert_eq!(beat.version, GroupVersions::LATEST.heartbeat);
+    // Found again at the same broker: no second question.
+    h.reply(beat.id, Ok(hb(15)));
+    h.advance(Duration::from_secs(1));
+    let find = h.take(ApiKey::FindCoordinator);
+    h.reply(find.id, Ok(found_at(3, 9094)));
+    assert_eq!(h.apis(), [ApiKey::Heartbeat]);
+}
+
+/// A coordinator without the group APIs is a typed failure, not an endless rediscovery.
+#[test]
+fn a_coordinator_without_group_apis_fails_with_a_version_error() {
+    let mut h = H::new(Mode::Native);
+    let find = h.take(ApiKey::FindCoordinator);
+    h.reply(find.id, Ok(find_ok()));
+    let probe = h.take(ApiKey::ApiVersions);
+    h.reply(
+        probe.id,
+        Ok(api_versions(&[
+            (ApiKey::ApiVersions, 0, 3),
+            (ApiKey::Metadata, 0, 12),
+        ])),
+    );
+    let ev = h.take_events();
+    let err = ev.iter().find_map(|e| match e {
+        Event::Failed(err) => Some(err.clone()),
+        _ => None,
+    });
+    assert!(matches!(err.as_deref(), Some(Error::Version(_))), "{err:?}");
+    assert!(h.m.is_done());
+}
+
+// ---- backoff ---------------------------------------------------------------------------------
+
+/// A coordinator that is named but cannot be reached is looked up with a growing delay, not
+/// every 100 ms forever: only an answer from the coordinator itself resets the backoff.
+#[test]
+fn an_unreachable_coordinator_is_retried_with_a_growing_delay() {
+    let mut h = H::new(Mode::Native);
+    let mut gaps = Vec::new();
+    let mut last = h.now;
+    for _ in 0..6 {
+        let find = h.take(ApiKey::FindCoordinator);
+        gaps.push(h.now - last);
+        last = h.now;
+        h.reply(find.id, Ok(find_ok()));
+        let probe = h.take(ApiKey::ApiVersions);
+        h.reply(probe.id, Err(Error::Closed));
+        while h.sent.is_empty() {
+            h.advance(Duration::from_millis(10));
+        }
+    }
+    let ms: Vec<u128> = gaps.iter().map(|d| d.as_millis()).collect();
+    assert_eq!(ms, [0, 100, 200, 400, 800, 1000]);
 }

@@ -9,7 +9,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kafka_protocol::messages::ApiKey;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, warn, Instrument};
 
@@ -17,16 +16,17 @@ use super::bootstrap::{connect_any, BootstrapConfig};
 use super::conn::{ConnConfig, Connection};
 use crate::backoff::Backoff;
 use crate::error::{Error, Result};
-use crate::membership::{
-    Broker, Command, Event, GroupVersions, Lane, Membership, Target, Transmit,
-};
+use crate::membership::{Broker, Command, Event, Lane, Membership, Target, Transmit};
 use crate::wire::Response;
 
 /// What the session publishes for guards and waiters.
 #[derive(Debug, Clone)]
 pub(crate) enum SessionState {
-    /// Not holding; the assignment (if any yet) names this holder.
-    Waiting(Option<crate::membership::HolderInfo>, i32),
+    /// Not holding; the assignment of `generation` (-1: none completed yet) names this holder.
+    Waiting {
+        holder: Option<crate::membership::HolderInfo>,
+        generation: i32,
+    },
     /// Holding with this token until `lease_end` unless renewed.
     Held(crate::membership::FencingToken, Instant),
     /// The hold (or the wait) is over; the string says why.
@@ -97,27 +97,6 @@ impl Net {
     }
 }
 
-/// Versions for the group APIs from what a broker negotiated.
-pub(crate) fn group_versions(conn: &Connection) -> Result<GroupVersions> {
-    let v = conn.versions();
-    let need = |api: ApiKey| {
-        v.get(api).ok_or_else(|| {
-            Error::Config(format!(
-                "broker {} does not offer {api:?}, which kafka-lock needs for group membership",
-                conn.peer()
-            ))
-        })
-    };
-    Ok(GroupVersions {
-        find_coordinator: need(ApiKey::FindCoordinator)?
-            .min(GroupVersions::LATEST.find_coordinator),
-        join_group: need(ApiKey::JoinGroup)?.min(GroupVersions::LATEST.join_group),
-        sync_group: need(ApiKey::SyncGroup)?.min(GroupVersions::LATEST.sync_group),
-        heartbeat: need(ApiKey::Heartbeat)?.min(GroupVersions::LATEST.heartbeat),
-        leave_group: need(ApiKey::LeaveGroup)?.min(GroupVersions::LATEST.leave_group),
-    })
-}
-
 /// Handle to a running session.
 pub(crate) struct SessionHandle {
     pub(crate) commands: mpsc::UnboundedSender<Command>,
@@ -141,7 +120,10 @@ pub(crate) fn spawn(
     events: Option<mpsc::UnboundedSender<Event>>,
 ) -> SessionHandle {
     let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
-    let (state_tx, state_rx) = watch::channel(SessionState::Waiting(None, -1));
+    let (state_tx, state_rx) = watch::channel(SessionState::Waiting {
+        holder: None,
+        generation: -1,
+    });
     let net = Arc::new(Net {
         bootstrap: params.bootstrap,
         conn: params.conn,
@@ -238,8 +220,11 @@ fn publish(state: &watch::Sender<SessionState>, e: &Event) {
             other => other.clone(),
         },
         Event::Waiting {
-            holder, position, ..
-        } => SessionState::Waiting(holder.clone(), *position),
+            holder, generation, ..
+        } => SessionState::Waiting {
+            holder: holder.clone(),
+            generation: *generation,
+        },
         Event::Lost { reason, .. } => SessionState::Ended(End::Lost(reason.clone())),
         Event::Released => SessionState::Ended(End::Released),
         Event::Failed(err) => match &*state.borrow() {
