@@ -10,36 +10,42 @@
 //!   ┌──────────► Discover ◄── the phase to resume is remembered, the lease keeps running)
 //!   │                │ FindCoordinator ok
 //!   │                ▼
+//!   │              Probe      ApiVersions to a coordinator not asked before (skipped otherwise)
+//!   │                │
+//!   │                ▼
 //!   │   ┌──────►   Join  ◄──────────────┐ MEMBER_ID_REQUIRED: take the id, rejoin at once
 //!   │   │            │ JoinGroup ok     │ UNKNOWN_MEMBER_ID: forget the id, rejoin at once
 //!   │   │            ▼                  │ REBALANCE_IN_PROGRESS / ILLEGAL_GENERATION: rejoin
 //!   │   │          Sync ────────────────┘
-//!   │   │            │ SyncGroup ok: assignment decides held / waiting
+//!   │   │            │ SyncGroup ok: the assignment decides holder (pending) / waiting
 //!   │   │            ▼
-//!   │   └─────── Stable (heartbeat every interval, one in flight)
-//!   │  REBALANCE_IN_PROGRESS
+//!   │   └─────── Stable (heartbeat every interval, one in flight; at once after an
+//!   │  REBALANCE_IN_PROGRESS    assignment naming us: its NONE starts or renews the hold)
 //!   │                │ leave command, or the lock was lost
 //!   │                ▼
 //!   └─────────────  Leave ── LeaveGroup answered or failed ──► Done
 //! ```
 //!
 //! # The lock on top of membership
-//! The member *holds* the lock from a SyncGroup answer whose assignment names it, until one of:
-//! the local lease runs out, the broker says the membership is gone (UNKNOWN_MEMBER_ID,
-//! ILLEGAL_GENERATION, FENCED_INSTANCE_ID), a later assignment names someone else, a rebalance
-//! starts in consumer-compatible (eager) mode, or the user releases it. Every one of those ends the
-//! hold *for good*: a held lock only ever starts from a SyncGroup answer of a new generation, so
-//! "a late success never revives the lock" holds by construction: no answer to an older request
-//! can turn a lost hold back into a held one. After a loss the machine leaves the group and stops,
+//! A SyncGroup answer whose assignment names the member makes the hold *pending*; the member
+//! *holds* the lock from the first Heartbeat answered NONE after it, until one of: the local lease
+//! runs out, the broker says the membership is gone (UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION,
+//! FENCED_INSTANCE_ID), a later assignment names someone else, a rebalance starts in
+//! consumer-compatible (eager) mode, or the user releases it. Every one of those ends the hold *for
+//! good*: a hold only ever starts from an assignment of a new generation, so "a late success never
+//! revives the lock" holds by construction. After a loss the machine leaves the group and stops,
 //! except for the eager surrender of consumer-compatible mode, where the member stays (as every
 //! consumer does) and may be assigned partition 0 again: a new acquisition with a new token.
 //!
 //! The lease ends at `send_time(last renewal) + min(session, rebalance timeout) − margin`, where a
-//! renewal is a Heartbeat, JoinGroup or SyncGroup answered NONE. Timing from when the request was
-//! *built* (never later than when it was sent) keeps the lease ahead of the broker, whose own
-//! session timer is re-armed only when the request *arrives*. The rebalance timeout is in the
-//! formula because a broker drops a member that does not rejoin within it once a rebalance starts.
-//! REBALANCE_IN_PROGRESS heartbeats do not renew: the rebalance may have started before them.
+//! renewal is a **Heartbeat answered NONE** and nothing else. Apache Kafka re-arms a member's
+//! session timer when such a Heartbeat *arrives*, which is after it was built here, so the lease
+//! ends before the broker can drop the member. A JoinGroup or SyncGroup answered NONE renews
+//! nothing: the broker answers a follower's rejoin of a STABLE group and a SyncGroup in STABLE at
+//! once, without re-arming the timer. The rebalance timeout is in the formula because a broker
+//! drops a member that does not rejoin within it once a rebalance starts. REBALANCE_IN_PROGRESS
+//! heartbeats do not renew: the rebalance may have started before them. docs/design.md cites the
+//! broker code each step relies on.
 //!
 //! # Connections
 //! [`Target`] tells the driver where a request goes: FindCoordinator to any broker, JoinGroup and

@@ -421,3 +421,56 @@ async fn a_cancelled_acquire_leaves_no_member_behind() {
     assert!(holder.is_held());
     holder.release().await.unwrap();
 }
+
+/// A single try in consumer-compatible mode ends at the first completed generation that gives
+/// partition 0 to someone else. Consumer assignments name no holder and no queue position, so
+/// only the generation tells the try that it is over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_acquire_in_consumer_mode_answers_at_the_first_generation() {
+    support::init_tracing();
+    let topic = support::unique_group("try-consumer");
+    support::create_topic(&support::broker().bootstrap(), &topic, 1);
+    // The range assignor gives partition 0 to the member id that sorts first; member ids start
+    // with the client id, so the holder keeps it.
+    let holder = opts(&topic)
+        .consumer_topic(&topic)
+        .client_id("a-holder")
+        .acquire(Some(REBALANCE_BOUND))
+        .await
+        .expect("acquire");
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    // When the machine reported the first completed generation, stamped as it arrives.
+    let waiting = tokio::spawn(async move {
+        while let Some(e) = rx.recv().await {
+            if matches!(e, LockEvent::Waiting { .. }) {
+                return Some(Instant::now());
+            }
+        }
+        None
+    });
+    let attempt = opts(&topic)
+        .consumer_topic(&topic)
+        .client_id("z-try")
+        .events(tx);
+    let got = tokio::time::timeout(REBALANCE_BOUND, attempt.try_acquire())
+        .await
+        .expect("a single try must end once a generation has completed")
+        .expect("try_acquire");
+    let returned = Instant::now();
+    assert!(
+        got.is_none(),
+        "partition 0 went to the member sorting first"
+    );
+    drop(attempt);
+    let waiting_at = waiting
+        .await
+        .unwrap()
+        .expect("the completed generation was reported");
+    // After that generation only the LeaveGroup remains, bounded by one request timeout.
+    assert!(
+        returned.duration_since(waiting_at) < Duration::from_secs(5),
+        "try_acquire returned {:?} after its generation completed",
+        returned.duration_since(waiting_at)
+    );
+    holder.release().await.unwrap();
+}
