@@ -231,16 +231,39 @@ async fn try_acquire_is_prompt_both_ways() {
         .unwrap()
         .expect("a free lock is taken");
     assert!(started.elapsed() < REBALANCE_BOUND);
-    let started = Instant::now();
-    let other = opts(&group).try_acquire().await.unwrap();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let waiting = first_waiting(rx);
+    let other = opts(&group).events(tx).try_acquire().await.unwrap();
+    let returned = Instant::now();
     assert!(other.is_none(), "a held lock is not taken");
+    // The try is over once the first generation completed without us; only the LeaveGroup is
+    // left, which is one request.
+    let waiting_at = waiting.await.unwrap().expect("the generation was reported");
     assert!(
-        started.elapsed() < REBALANCE_BOUND,
-        "try_acquire took {:?}",
-        started.elapsed()
+        returned.duration_since(waiting_at) < LEAVE_BOUND,
+        "try_acquire returned {:?} after its generation completed",
+        returned.duration_since(waiting_at)
     );
     assert!(got.is_held());
     got.release().await.unwrap();
+}
+
+/// How long leaving may take after the outcome is known: one LeaveGroup on loopback, with room
+/// for a loaded machine.
+const LEAVE_BOUND: Duration = Duration::from_secs(5);
+
+/// Resolves to when the first `Waiting` event arrived, stamped on arrival.
+fn first_waiting(
+    mut rx: mpsc::UnboundedReceiver<LockEvent>,
+) -> tokio::task::JoinHandle<Option<Instant>> {
+    tokio::spawn(async move {
+        while let Some(e) = rx.recv().await {
+            if matches!(e, LockEvent::Waiting { .. }) {
+                return Some(Instant::now());
+            }
+        }
+        None
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -438,16 +461,8 @@ async fn try_acquire_in_consumer_mode_answers_at_the_first_generation() {
         .acquire(Some(REBALANCE_BOUND))
         .await
         .expect("acquire");
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    // When the machine reported the first completed generation, stamped as it arrives.
-    let waiting = tokio::spawn(async move {
-        while let Some(e) = rx.recv().await {
-            if matches!(e, LockEvent::Waiting { .. }) {
-                return Some(Instant::now());
-            }
-        }
-        None
-    });
+    let (tx, rx) = mpsc::unbounded_channel();
+    let waiting = first_waiting(rx);
     let attempt = opts(&topic)
         .consumer_topic(&topic)
         .client_id("z-try")
@@ -466,9 +481,8 @@ async fn try_acquire_in_consumer_mode_answers_at_the_first_generation() {
         .await
         .unwrap()
         .expect("the completed generation was reported");
-    // After that generation only the LeaveGroup remains, bounded by one request timeout.
     assert!(
-        returned.duration_since(waiting_at) < Duration::from_secs(5),
+        returned.duration_since(waiting_at) < LEAVE_BOUND,
         "try_acquire returned {:?} after its generation completed",
         returned.duration_since(waiting_at)
     );
