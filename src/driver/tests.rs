@@ -1,8 +1,8 @@
 //! Connection and bootstrap tests against a scripted peer that plays the broker: it decodes request
 //! headers and bodies with kafka-protocol's broker-side decoders and writes responses byte by byte.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
@@ -17,6 +17,7 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::{decode_request_header_from_buffer, Decodable, Encodable, StrBytes};
 use tokio::io::{duplex, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream};
 use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
 
 use super::*;
 use crate::backoff::Backoff;
@@ -227,8 +228,7 @@ async fn pipelined_requests_are_answered_in_order() {
         received.push(peer.recv_as::<HeartbeatRequest>(ApiKey::Heartbeat).await);
     }
     let ids: Vec<i32> = received.iter().map(|(h, _)| h.correlation_id).collect();
-    let mut unique = ids.clone();
-    unique.dedup();
+    let unique: BTreeSet<i32> = ids.iter().copied().collect();
     assert_eq!(unique.len(), 3, "correlation ids must differ: {ids:?}");
 
     // Answer in order; each response echoes its request's generation so misrouting shows.
@@ -676,28 +676,66 @@ async fn dead_addr() -> String {
     addr.to_string()
 }
 
-/// A scripted broker on a loopback port that completes the handshake for every connection and
-/// counts them.
-async fn live_addr() -> (String, Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr").to_string();
-    let accepted = Arc::new(AtomicUsize::new(0));
-    let count = Arc::clone(&accepted);
-    let server = tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
-            };
-            count.fetch_add(1, Ordering::SeqCst);
-            tokio::spawn(async move {
-                let mut peer = Peer::new(stream);
-                peer.handshake(BROKER_APIS).await;
-                // Hold the connection open until the client goes away.
-                let _ = peer.read_frame().await;
-            });
+/// What one of [`Listeners`] does with a connection it accepts.
+#[derive(Debug, Clone, Copy)]
+enum Behaviour {
+    /// Closes it at once: the client's handshake fails.
+    Refuse,
+    /// Completes the handshake and keeps it open until the client goes away.
+    Serve,
+}
+
+/// Loopback listeners, one per [`Behaviour`], each logging its index for every connection it
+/// accepts, so a test sees which addresses were tried and in what order.
+struct Listeners {
+    addrs: Vec<String>,
+    log: Arc<Mutex<Vec<usize>>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Listeners {
+    async fn start(behaviours: &[Behaviour]) -> Listeners {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut addrs = Vec::new();
+        let mut tasks = Vec::new();
+        for (index, &behaviour) in behaviours.iter().enumerate() {
+            let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            addrs.push(listener.local_addr().expect("addr").to_string());
+            let log = Arc::clone(&log);
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    let Ok((stream, _)) = listener.accept().await else {
+                        return;
+                    };
+                    log.lock().expect("log").push(index);
+                    match behaviour {
+                        Behaviour::Refuse => drop(stream),
+                        Behaviour::Serve => {
+                            tokio::spawn(async move {
+                                let mut peer = Peer::new(stream);
+                                peer.handshake(BROKER_APIS).await;
+                                let _ = peer.read_frame().await;
+                            });
+                        }
+                    }
+                }
+            }));
         }
-    });
-    (addr, accepted, server)
+        Listeners { addrs, log, tasks }
+    }
+
+    /// Indices of the listeners that accepted a connection since the last call, in order.
+    fn take_accepted(&self) -> Vec<usize> {
+        std::mem::take(&mut *self.log.lock().expect("log"))
+    }
+}
+
+impl Drop for Listeners {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
 }
 
 fn fixed_backoff(draw: f64) -> Backoff {
@@ -715,56 +753,49 @@ fn quick_conn() -> ConnConfig {
 }
 
 #[tokio::test]
-async fn bootstrap_skips_a_dead_address() {
-    let dead = dead_addr().await;
-    let (live, accepted, server) = live_addr().await;
-    // A draw of 0 starts at the first entry, the dead one.
-    let mut backoff = fixed_backoff(0.0);
-    let conn = connect_any(
-        &[dead, live.clone()],
-        &quick_conn(),
-        &mut backoff,
-        &BootstrapConfig::default(),
-    )
-    .await
-    .expect("bootstrap");
-    assert_eq!(conn.peer(), live);
-    assert_eq!(accepted.load(Ordering::SeqCst), 1);
-    assert_eq!(
-        backoff.attempts(),
-        0,
-        "no pause needed within the first round"
-    );
-    server.abort();
+async fn bootstrap_tries_addresses_in_rotation_from_the_drawn_start() {
+    use Behaviour::{Refuse, Serve};
+    let brokers = Listeners::start(&[Refuse, Refuse, Serve, Refuse]).await;
+    // random_index maps a draw d over four entries to floor(4 d).
+    for (draw, want) in [
+        (0.0, vec![0, 1, 2]),
+        (0.3, vec![1, 2]),
+        (0.6, vec![2]),
+        (0.9, vec![3, 0, 1, 2]),
+    ] {
+        let mut backoff = fixed_backoff(draw);
+        let conn = connect_any(
+            &brokers.addrs,
+            &quick_conn(),
+            &mut backoff,
+            &BootstrapConfig::default(),
+        )
+        .await
+        .expect("bootstrap");
+        assert_eq!(conn.peer(), brokers.addrs[2]);
+        assert_eq!(brokers.take_accepted(), want, "draw {draw}");
+        assert_eq!(backoff.attempts(), 0, "no pause within the first round");
+    }
 }
 
 #[tokio::test]
-async fn bootstrap_start_index_comes_from_the_rng() {
-    let dead = dead_addr().await;
-    let (live, accepted, server) = live_addr().await;
-    // 0.99 over two entries starts at index 1: the live broker is tried first.
-    let mut backoff = fixed_backoff(0.99);
-    let conn = connect_any(
-        &[live.clone(), dead.clone()],
+async fn bootstrap_starts_every_round_at_the_same_address() {
+    use Behaviour::Refuse;
+    let brokers = Listeners::start(&[Refuse, Refuse, Refuse]).await;
+    let mut backoff = fixed_backoff(0.5);
+    let err = connect_any(
+        &brokers.addrs,
         &quick_conn(),
         &mut backoff,
-        &BootstrapConfig::default(),
+        &BootstrapConfig::default().with_max_rounds(2),
     )
     .await
-    .expect("bootstrap");
-    assert_eq!(conn.peer(), live);
-    // With a draw of 0 over [dead, live] the dead one goes first; both succeed in round one.
-    let mut backoff = fixed_backoff(0.0);
-    connect_any(
-        &[dead, live.clone()],
-        &quick_conn(),
-        &mut backoff,
-        &BootstrapConfig::default(),
-    )
-    .await
-    .expect("bootstrap");
-    assert_eq!(accepted.load(Ordering::SeqCst), 2);
-    server.abort();
+    .expect_err("every broker refuses");
+    assert!(
+        matches!(&err, Error::Bootstrap(e) if e.rounds == 2),
+        "{err:?}"
+    );
+    assert_eq!(brokers.take_accepted(), [1, 2, 0, 1, 2, 0]);
 }
 
 #[tokio::test]
