@@ -21,6 +21,10 @@
 //!   longer be trusted.
 //! - The reader and writer run independently, so a broker that stops reading while it still has
 //!   responses to send cannot deadlock us.
+//! - Each in-flight entry carries its deadline, and a third task (the expiry task) fails the
+//!   connection when one passes. The caller's own timer cannot do that alone: a caller that is
+//!   dropped takes its timer with it, and its entry would then wait forever on a broker that
+//!   never answers. The caller keeps a timer too, for the time its request waits to be queued.
 //!
 //! The failure semantics users see are documented on [`Connection`].
 
@@ -36,7 +40,8 @@ use kafka_protocol::messages::{ApiKey, ApiVersionsRequest};
 use kafka_protocol::protocol::StrBytes;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
+use tokio::time::Instant;
 use tracing::{debug, trace};
 
 use crate::error::{Error, KafkaCode, Result};
@@ -265,6 +270,12 @@ impl Connection {
         // The sender lives in `Shared`, which `self` keeps alive, so this cannot error.
         let _ = rx.wait_for(|closed| *closed).await;
     }
+
+    /// Requests registered and not yet answered or failed.
+    #[cfg(test)]
+    pub(crate) fn in_flight(&self) -> usize {
+        self.link.shared.lock().inflight.len()
+    }
 }
 
 /// Resolves `addr` and connects to the first resolved address that accepts.
@@ -359,6 +370,11 @@ struct Pending {
     correlation_id: i32,
     api_key: ApiKey,
     version: i16,
+    /// When the connection gives up on the response; `None` for a timeout beyond what `Instant`
+    /// can represent.
+    deadline: Option<Instant>,
+    /// The timeout `deadline` came from, for the error.
+    timeout: Duration,
     reply: oneshot::Sender<Result<Response>>,
 }
 
@@ -366,8 +382,11 @@ struct Pending {
 struct Shared {
     peer: String,
     state: Mutex<State>,
-    /// Flips to `true` once, when the connection fails; both tasks exit on it.
+    /// Flips to `true` once, when the connection fails; all three tasks exit on it.
     shutdown: watch::Sender<bool>,
+    /// Wakes the expiry task when a request is registered, so it can arm for an earlier
+    /// deadline.
+    registered: Notify,
 }
 
 #[derive(Default)]
@@ -422,11 +441,60 @@ impl Shared {
             state.failure = Some(Arc::clone(&reason));
             std::mem::take(&mut state.inflight)
         };
+        self.finish_failure(&reason, drained);
+    }
+
+    /// Answers what was in flight when the connection failed and stops the I/O tasks.
+    fn finish_failure(&self, reason: &Arc<Error>, drained: VecDeque<Pending>) {
         debug!(peer = %self.peer, error = %reason, in_flight = drained.len(), "connection closed");
         for p in drained {
-            let _ = p.reply.send(Err(Self::error_for(&reason)));
+            let _ = p.reply.send(Err(Self::error_for(reason)));
         }
         self.shutdown.send_replace(true);
+    }
+
+    /// The earliest deadline of an in-flight request.
+    fn next_deadline(&self) -> Option<Instant> {
+        self.lock().inflight.iter().filter_map(|p| p.deadline).min()
+    }
+
+    /// Fails the connection if an in-flight request is past its deadline, whether or not its
+    /// caller still waits: the broker may still answer it, and the stream would then be one
+    /// response ahead of the FIFO if the entry were simply dropped.
+    fn expire(&self, now: Instant) {
+        let (expired, own_error, reason, drained) = {
+            let mut state = self.lock();
+            if state.failure.is_some() {
+                return;
+            }
+            let due = state
+                .inflight
+                .iter()
+                .position(|p| p.deadline.is_some_and(|d| d <= now));
+            let Some(expired) = due.and_then(|i| state.inflight.remove(i)) else {
+                return;
+            };
+            let op = request_op(
+                expired.api_key,
+                expired.version,
+                &self.peer,
+                expired.correlation_id,
+            );
+            let after = expired.timeout;
+            let reason = Arc::new(Error::Timeout {
+                op: op.clone(),
+                after,
+            });
+            // Failed under the same lock that removed the entry, so the reader can never match
+            // the late response to the entry behind it.
+            state.failure = Some(Arc::clone(&reason));
+            let drained = std::mem::take(&mut state.inflight);
+            (expired, Error::Timeout { op, after }, reason, drained)
+        };
+        // Its caller, if still there, hears of its own timeout as such, exactly as when its own
+        // timer fires first; the others see the connection poisoned by it.
+        let _ = expired.reply.send(Err(own_error));
+        self.finish_failure(&reason, drained);
     }
 
     /// Registers `pending` as the newest in-flight request; answers it at once if the connection
@@ -439,7 +507,12 @@ impl Shared {
             let _ = pending.reply.send(Err(err));
             return false;
         }
+        let timed = pending.deadline.is_some();
         state.inflight.push_back(pending);
+        drop(state);
+        if timed {
+            self.registered.notify_one();
+        }
         true
     }
 
@@ -497,11 +570,13 @@ impl Link {
             peer: peer.to_owned(),
             state: Mutex::new(State::default()),
             shutdown,
+            registered: Notify::new(),
         });
         let (tx, rx) = mpsc::channel(WRITE_QUEUE);
         let (reader, writer) = tokio::io::split(stream);
         tokio::spawn(write_loop(writer, rx, Arc::clone(&shared)));
         tokio::spawn(read_loop(reader, Arc::clone(&shared), cfg.max_frame_size));
+        tokio::spawn(expire_loop(Arc::clone(&shared)));
         Link {
             peer: peer.to_owned(),
             client_id: cfg.client_id.clone(),
@@ -528,12 +603,16 @@ impl Link {
             &mut frame,
         )?;
         let (reply, rx) = oneshot::channel();
+        // `None` (a timeout too long for `Instant`) means no deadline rather than a panic.
+        let deadline = Instant::now().checked_add(timeout);
         let out = Outgoing {
             frame: frame.freeze(),
             pending: Pending {
                 correlation_id,
                 api_key,
                 version,
+                deadline,
+                timeout,
                 reply,
             },
         };
@@ -545,13 +624,16 @@ impl Link {
                 .map_err(|_| self.shared.current_error())?;
             rx.await.map_err(|_| self.shared.current_error())?
         };
-        match tokio::time::timeout(timeout, exchange).await {
+        // The expiry task enforces the same deadline once the request is registered; this timer
+        // also covers the wait for room in the writer's queue, before registration.
+        let result = match deadline {
+            Some(deadline) => tokio::time::timeout_at(deadline, exchange).await,
+            None => Ok(exchange.await),
+        };
+        match result {
             Ok(result) => result,
             Err(_) => {
-                let op = format!(
-                    "{api_key:?} v{version} request to {} (correlation id {correlation_id})",
-                    self.peer
-                );
+                let op = request_op(api_key, version, &self.peer, correlation_id);
                 self.shared.fail(Arc::new(Error::Timeout {
                     op: op.clone(),
                     after: timeout,
@@ -560,6 +642,11 @@ impl Link {
             }
         }
     }
+}
+
+/// Names a request in timeout errors.
+fn request_op(api_key: ApiKey, version: i16, peer: &str, correlation_id: i32) -> String {
+    format!("{api_key:?} v{version} request to {peer} (correlation id {correlation_id})")
 }
 
 impl Drop for Link {
@@ -674,5 +761,28 @@ where
             source: err,
         }));
         return;
+    }
+}
+
+/// Enforces in-flight deadlines (see the module docs for why not only in the caller).
+async fn expire_loop(shared: Arc<Shared>) {
+    let mut shutdown = shared.shutdown.subscribe();
+    loop {
+        // Answered entries leave no trace here, so this can wake for a deadline that no longer
+        // exists; `expire` then finds nothing due and the next turn re-arms.
+        let next = shared.next_deadline();
+        tokio::select! {
+            biased;
+            _ = shutdown.wait_for(|closed| *closed) => return,
+            () = shared.registered.notified() => {}
+            () = sleep_until(next) => shared.expire(Instant::now()),
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
     }
 }

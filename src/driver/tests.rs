@@ -666,6 +666,124 @@ async fn find_coordinator_round_trip() {
     }
 }
 
+// ---- deadlines owned by the connection ------------------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn abandoned_requests_expire_in_the_connection() {
+    let timeout = Duration::from_secs(1);
+    let cfg = ConnConfig::default().with_request_timeout(timeout);
+    let (conn, mut peer) = setup_with(cfg, 1 << 20).await;
+    let started = tokio::time::Instant::now();
+    let n = 100;
+    let callers: Vec<_> = (0..n)
+        .map(|generation| {
+            let conn = conn.clone();
+            tokio::spawn(async move { conn.request(heartbeat(generation)).await })
+        })
+        .collect();
+    // Each was written, hence registered, before the peer could read it.
+    for _ in 0..n {
+        peer.recv().await;
+    }
+    assert_eq!(conn.in_flight(), n as usize);
+    for caller in &callers {
+        caller.abort();
+    }
+    for caller in callers {
+        assert!(caller.await.expect_err("aborted").is_cancelled());
+    }
+    // Nobody waits any more and the peer never answers: only the connection can end this.
+    tokio::time::timeout(PROMPTLY, conn.closed())
+        .await
+        .expect("the connection must expire requests whose callers are gone");
+    assert!(
+        started.elapsed() >= timeout,
+        "expired early: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(conn.in_flight(), 0);
+    let later = conn.request(heartbeat(0)).await.expect_err("closed");
+    assert!(
+        matches!(poisoned_by(&later), Error::Timeout { .. }),
+        "{later:?}"
+    );
+    peer.expect_closed().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_request_expires_at_its_own_deadline() {
+    let timeout = Duration::from_secs(1);
+    let cfg = ConnConfig::default().with_request_timeout(timeout);
+    let (conn, mut peer) = setup_with(cfg, 64 * 1024).await;
+    let long_timeout = Duration::from_secs(60);
+    let started = tokio::time::Instant::now();
+    let short = tokio::spawn({
+        let conn = conn.clone();
+        async move { conn.request(heartbeat(1)).await }
+    });
+    let (short_header, _) = peer.recv().await;
+    let long = tokio::spawn({
+        let conn = conn.clone();
+        async move { conn.request_with_timeout(heartbeat(2), long_timeout).await }
+    });
+    peer.recv().await;
+    // Both are in flight, so the expiry task is armed for the short deadline when its answer
+    // arrives; that wake-up must not take the long request with it.
+    peer.reply(&short_header, &HeartbeatResponse::default())
+        .await;
+    short.await.expect("task").expect("answered in time");
+    let early = tokio::time::timeout(timeout * 5, conn.closed()).await;
+    assert!(early.is_err(), "closed at the answered request's deadline");
+    assert_eq!(conn.in_flight(), 1);
+    let err = tokio::time::timeout(long_timeout + PROMPTLY, long)
+        .await
+        .expect("the long request must expire")
+        .expect("task")
+        .expect_err("never answered");
+    match err {
+        Error::Timeout { after, .. } => assert_eq!(after, long_timeout),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert!(started.elapsed() >= long_timeout, "{:?}", started.elapsed());
+    assert_eq!(conn.in_flight(), 0);
+}
+
+#[tokio::test]
+async fn duration_max_timeouts_mean_no_timeout() {
+    let cfg = ConnConfig::default()
+        .with_connect_timeout(Duration::MAX)
+        .with_request_timeout(Duration::MAX);
+    let (conn, mut peer) = setup_with(cfg.clone(), 64 * 1024).await;
+    let (default, ()) = tokio::join!(conn.request(heartbeat(1)), async {
+        let (header, _) = peer.recv().await;
+        peer.reply(
+            &header,
+            &HeartbeatResponse::default().with_throttle_time_ms(1),
+        )
+        .await;
+    });
+    assert_eq!(heartbeat_throttle(default.expect("default timeout")), 1);
+    let (explicit, ()) = tokio::join!(
+        conn.request_with_timeout(heartbeat(2), Duration::MAX),
+        async {
+            let (header, _) = peer.recv().await;
+            peer.reply(
+                &header,
+                &HeartbeatResponse::default().with_throttle_time_ms(2),
+            )
+            .await;
+        }
+    );
+    assert_eq!(heartbeat_throttle(explicit.expect("explicit timeout")), 2);
+    assert!(!conn.is_closed());
+
+    let brokers = Listeners::start(&[Behaviour::Serve]).await;
+    let over_tcp = Connection::connect(&brokers.addrs[0], &cfg)
+        .await
+        .expect("connect with unbounded timeouts");
+    assert!(!over_tcp.is_closed());
+}
+
 // ---- bootstrap ------------------------------------------------------------------------------
 
 /// A loopback port with nothing listening on it.
