@@ -30,7 +30,6 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -39,10 +38,11 @@ use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, ApiVersionsRequest};
 use kafka_protocol::protocol::StrBytes;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tokio::time::Instant;
 use tracing::{debug, trace};
+
+use super::dial::Dialer;
 
 use crate::error::{Error, KafkaCode, Result};
 use crate::wire::codec::{decode_response_frame_bytes, encode_request, peek_correlation_id};
@@ -162,11 +162,26 @@ impl std::fmt::Debug for Connection {
 }
 
 impl Connection {
-    /// Connects to `addr` (`host:port`), trying each resolved address in turn, and negotiates API
-    /// versions. The whole setup is bounded by [`ConnConfig::connect_timeout`].
+    /// Connects to `addr` (`host:port`) and negotiates API versions. The whole setup is bounded
+    /// by [`ConnConfig::connect_timeout`].
+    ///
+    /// When the name resolves to several addresses they are raced (RFC 8305, "Happy Eyeballs"):
+    /// the next address is tried whenever the previous attempt failed or is still pending after
+    /// 250 ms (less if the connect timeout is too short to start them all), and the address that
+    /// worked is tried first next time. Name resolution runs on a thread of its own, so a
+    /// resolver that hangs delays neither this error nor the shutdown of the tokio runtime.
     pub async fn connect(addr: &str, cfg: &ConnConfig) -> Result<Connection> {
+        Self::connect_via(addr, cfg, Dialer::system()).await
+    }
+
+    /// [`Connection::connect`] with the resolver and address memory of `dialer`.
+    pub(crate) async fn connect_via(
+        addr: &str,
+        cfg: &ConnConfig,
+        dialer: &Dialer,
+    ) -> Result<Connection> {
         let setup = async {
-            let stream = connect_tcp(addr).await?;
+            let stream = dialer.connect(addr, cfg.connect_timeout).await?;
             Connection::from_stream(stream, addr, cfg).await
         };
         match tokio::time::timeout(cfg.connect_timeout, setup).await {
@@ -276,44 +291,6 @@ impl Connection {
     pub(crate) fn in_flight(&self) -> usize {
         self.link.shared.lock().inflight.len()
     }
-}
-
-/// Resolves `addr` and connects to the first resolved address that accepts.
-async fn connect_tcp(addr: &str) -> Result<TcpStream> {
-    let resolved: Vec<SocketAddr> = tokio::net::lookup_host(addr)
-        .await
-        .map_err(|e| Error::Io {
-            op: "resolve broker address",
-            source: io::Error::new(e.kind(), format!("{addr}: {e}")),
-        })?
-        .collect();
-    let mut last = None;
-    for sa in &resolved {
-        match TcpStream::connect(sa).await {
-            Ok(stream) => {
-                // Requests are small and latency-bound (heartbeats); Nagle would only delay them.
-                stream.set_nodelay(true).map_err(|e| Error::Io {
-                    op: "set TCP_NODELAY",
-                    source: e,
-                })?;
-                trace!(addr, %sa, "tcp connected");
-                return Ok(stream);
-            }
-            Err(e) => {
-                trace!(addr, %sa, error = %e, "tcp connect failed");
-                last = Some(io::Error::new(e.kind(), format!("{addr} ({sa}): {e}")));
-            }
-        }
-    }
-    Err(Error::Io {
-        op: "connect to broker",
-        source: last.unwrap_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("{addr} resolved to no address"),
-            )
-        }),
-    })
 }
 
 /// ApiVersions with the KIP-511 fallback, then per-API negotiation.

@@ -2,7 +2,9 @@
 //! headers and bodies with kafka-protocol's broker-side decoders and writes responses byte by byte.
 
 use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex};
+use std::io;
+use std::net::SocketAddr;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
@@ -16,9 +18,10 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::{decode_request_header_from_buffer, Decodable, Encodable, StrBytes};
 use tokio::io::{duplex, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::task::JoinHandle;
 
+use super::dial::{order, Dialer, MAX_PENDING_LOOKUPS};
 use super::*;
 use crate::backoff::Backoff;
 use crate::error::Error;
@@ -782,6 +785,167 @@ async fn duration_max_timeouts_mean_no_timeout() {
         .await
         .expect("connect with unbounded timeouts");
     assert!(!over_tcp.is_closed());
+}
+
+// ---- dialing --------------------------------------------------------------------------------
+
+/// How long a connect to a listener with room in its queue may take before the queue is taken
+/// for full. Loopback connects complete inside the connect call, so this is only reached when
+/// the SYN was dropped.
+const QUEUE_PROBE: Duration = Duration::from_secs(1);
+
+/// A loopback address that black-holes connection attempts, as a route that drops packets does:
+/// a listener that never accepts, with its accept queue full, so the kernel drops further SYNs
+/// (no RST) and a connect hangs until the caller gives up. Keep the returned value alive.
+async fn black_hole() -> (SocketAddr, (TcpListener, Vec<std::net::TcpStream>)) {
+    let socket = TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .expect("bind");
+    let listener = socket.listen(0).expect("listen");
+    let addr = listener.local_addr().expect("addr");
+    let fillers = tokio::task::spawn_blocking(move || {
+        let mut fillers = Vec::new();
+        for _ in 0..16 {
+            match std::net::TcpStream::connect_timeout(&addr, QUEUE_PROBE) {
+                Ok(stream) => fillers.push(stream),
+                // This attempt's SYN was dropped: the hole is real.
+                Err(e) if e.kind() == io::ErrorKind::TimedOut => return fillers,
+                Err(e) => panic!("filling the black hole's accept queue: {e}"),
+            }
+        }
+        panic!("a listener with backlog 0 kept accepting; cannot make a black hole here");
+    })
+    .await
+    .expect("filler task");
+    (addr, (listener, fillers))
+}
+
+#[tokio::test]
+async fn a_black_holed_first_address_does_not_hide_the_next_one() {
+    let (hole, _keep) = black_hole().await;
+    let brokers = Listeners::start(&[Behaviour::Serve]).await;
+    let live: SocketAddr = brokers.addrs[0].parse().expect("addr");
+    // What a dual-stack name whose IPv6 route drops packets looks like: the dead address first.
+    let dialer = Dialer::new(move |_| Ok(vec![hole, live]));
+    let cfg = ConnConfig::default().with_connect_timeout(Duration::from_secs(5));
+    let name = "dual-stack.test:9092";
+    let conn = Connection::connect_via(name, &cfg, &dialer)
+        .await
+        .expect("the live address must be reached within the connect timeout");
+    assert_eq!(conn.peer(), name);
+    assert_eq!(brokers.take_accepted(), [0]);
+    assert_eq!(dialer.preferred_for(name), Some(live));
+    // The memory of what worked is used: the next connection goes to the live address too.
+    Connection::connect_via(name, &cfg, &dialer)
+        .await
+        .expect("reconnect");
+    assert_eq!(brokers.take_accepted(), [0]);
+}
+
+#[test]
+fn candidates_alternate_families_and_what_worked_goes_first() {
+    let v6 = |port: u16| SocketAddr::from(([0, 0, 0, 0, 0, 0, 0, 1], port));
+    let v4 = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
+    let resolved = vec![v6(1), v6(2), v6(3), v4(4), v4(5), v6(1)];
+    assert_eq!(
+        order(resolved.clone(), None),
+        [v6(1), v4(4), v6(2), v4(5), v6(3)]
+    );
+    assert_eq!(
+        order(resolved.clone(), Some(v4(5))),
+        [v4(5), v6(1), v4(4), v6(2), v6(3)]
+    );
+    // A remembered address the name no longer resolves to is ignored.
+    assert_eq!(order(resolved, Some(v4(9)))[0], v6(1));
+    assert_eq!(order(vec![v4(1), v6(2)], None), [v4(1), v6(2)]);
+    assert!(order(Vec::new(), Some(v4(1))).is_empty());
+}
+
+/// A resolver that blocks until [`Gate::open`], as a system resolver waiting on a DNS server
+/// that never answers.
+#[derive(Clone, Default)]
+struct Gate(Arc<(Mutex<bool>, Condvar)>);
+
+impl Gate {
+    fn dialer(&self) -> Dialer {
+        let gate = self.clone();
+        Dialer::new(move |_| {
+            let (open, cv) = &*gate.0;
+            let mut open = open.lock().expect("gate");
+            while !*open {
+                open = cv.wait(open).expect("gate");
+            }
+            Err(io::Error::other("lookup released by the test"))
+        })
+    }
+
+    fn open(&self) {
+        let (open, cv) = &*self.0;
+        *open.lock().expect("gate") = true;
+        cv.notify_all();
+    }
+}
+
+#[test]
+fn a_hanging_name_lookup_holds_neither_the_error_nor_the_runtime() {
+    let gate = Gate::default();
+    let dialer = gate.dialer();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let connect_timeout = Duration::from_millis(300);
+    let cfg = ConnConfig::default().with_connect_timeout(connect_timeout);
+    let started = std::time::Instant::now();
+    let err = runtime
+        .block_on(Connection::connect_via("hangs.test:9092", &cfg, &dialer))
+        .expect_err("the lookup never answers");
+    let took = started.elapsed();
+    assert!(
+        matches!(&err, Error::Timeout { after, .. } if *after == connect_timeout),
+        "{err:?}"
+    );
+    assert!(took < connect_timeout + PROMPTLY, "reported after {took:?}");
+    assert_eq!(dialer.pending_lookups(), 1, "the lookup is still blocked");
+
+    // Dropping the runtime must not wait for the lookup, which is still blocked.
+    let (dropped_tx, dropped_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        drop(runtime);
+        let _ = dropped_tx.send(());
+    });
+    let dropped = dropped_rx.recv_timeout(PROMPTLY);
+    gate.open();
+    assert!(
+        dropped.is_ok(),
+        "dropping the runtime waited for the abandoned lookup"
+    );
+}
+
+// On the real clock: a paused one stops advancing while a blocking-pool task runs, which would
+// turn a regression to `spawn_blocking` into a hang instead of a failure.
+#[tokio::test]
+async fn abandoned_lookups_are_bounded() {
+    let gate = Gate::default();
+    let dialer = gate.dialer();
+    let give_up = Duration::from_millis(20);
+    for i in 0..MAX_PENDING_LOOKUPS {
+        let name = format!("hangs-{i}.test:9092");
+        let gave_up = tokio::time::timeout(give_up, dialer.connect(&name, give_up)).await;
+        assert!(gave_up.is_err(), "lookup {i} cannot have finished");
+    }
+    assert_eq!(dialer.pending_lookups(), MAX_PENDING_LOOKUPS);
+    let refused = tokio::time::timeout(PROMPTLY, dialer.connect("one-more.test:9092", give_up))
+        .await
+        .expect("refused at once, not started");
+    gate.open();
+    match refused {
+        Err(Error::Io { source, .. }) => {
+            assert_eq!(source.kind(), io::ErrorKind::WouldBlock, "{source}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
 }
 
 // ---- bootstrap ------------------------------------------------------------------------------
