@@ -21,6 +21,7 @@ use tokio::io::{duplex, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Dupl
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::task::JoinHandle;
 
+use super::bootstrap::rotate;
 use super::dial::{order, Dialer, MAX_PENDING_LOOKUPS};
 use super::*;
 use crate::backoff::Backoff;
@@ -1080,6 +1081,171 @@ async fn bootstrap_starts_every_round_at_the_same_address() {
     assert_eq!(brokers.take_accepted(), [1, 2, 0, 1, 2, 0]);
 }
 
+type Attempt =
+    std::pin::Pin<Box<dyn std::future::Future<Output = crate::error::Result<String>> + Send>>;
+
+/// Scripted bootstrap addresses for [`rotate`] on a paused clock: `hole-*` never answers,
+/// `refuse-*` fails at once, `flaky-*` fails the first time it is tried, anything else connects.
+/// Each call is logged.
+fn scripted(log: &Arc<Mutex<Vec<String>>>) -> impl FnMut(&str) -> Attempt {
+    let log = Arc::clone(log);
+    move |addr: &str| {
+        let tried_before = {
+            let mut log = log.lock().expect("log");
+            let seen = log.iter().any(|a| a == addr);
+            log.push(addr.to_owned());
+            seen
+        };
+        let refuse = addr.starts_with("refuse") || (addr.starts_with("flaky") && !tried_before);
+        let hole = addr.starts_with("hole");
+        let addr = addr.to_owned();
+        Box::pin(async move {
+            if hole {
+                std::future::pending::<()>().await;
+            }
+            if refuse {
+                return Err(Error::Io {
+                    op: "connect to broker",
+                    source: io::Error::from(io::ErrorKind::ConnectionRefused),
+                });
+            }
+            Ok(addr)
+        })
+    }
+}
+
+fn names(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| (*s).to_owned()).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn bootstrap_deadline_never_cuts_the_first_round_short() {
+    // Three black holes ahead of the live broker, and the deadline lock.rs uses: three connect
+    // timeouts, all spent on the holes by the time the live broker's turn comes.
+    let connect_timeout = Duration::from_secs(1);
+    let list = names(&["hole-a", "hole-b", "hole-c", "live"]);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let started = tokio::time::Instant::now();
+    let got = rotate(
+        &list,
+        connect_timeout,
+        &mut fixed_backoff(0.0),
+        &BootstrapConfig::default()
+            .with_deadline(connect_timeout * 3)
+            .with_max_rounds(3),
+        scripted(&log),
+    )
+    .await
+    .expect("the live broker is reached in the first round");
+    assert_eq!(got, "live");
+    assert_eq!(*log.lock().expect("log"), list);
+    // Each hole had its full connect timeout; none was cut short.
+    assert!(
+        started.elapsed() >= connect_timeout * 3,
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn bootstrap_deadline_bounds_the_later_rounds() {
+    let connect_timeout = Duration::from_secs(1);
+    let deadline = Duration::from_millis(2500);
+    let list = names(&["hole"]);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let started = tokio::time::Instant::now();
+    let err = rotate(
+        &list,
+        connect_timeout,
+        &mut Backoff::with_rng(
+            Duration::from_millis(100),
+            Duration::from_millis(100),
+            2.0,
+            0.0,
+            || 0.0,
+        ),
+        &BootstrapConfig::default()
+            .with_deadline(deadline)
+            .with_max_rounds(100),
+        scripted(&log),
+    )
+    .await
+    .expect_err("a black hole never connects");
+    // 0-1 s, pause, 1.1-2.1 s, pause, 2.2 s until the deadline cuts the third attempt.
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed >= deadline && elapsed < deadline + connect_timeout,
+        "{elapsed:?}"
+    );
+    let Error::Bootstrap(e) = &err else {
+        panic!("expected a bootstrap error, got {err:?}");
+    };
+    assert_eq!(e.rounds, 3);
+    assert_eq!(log.lock().expect("log").len(), 3);
+    match &e.attempts[0].error {
+        Error::Timeout { op, after } => {
+            assert!(op.contains("overall deadline"), "{op}");
+            assert!(*after < connect_timeout, "{after:?}");
+        }
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn bootstrap_takes_duration_max_anywhere() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let huge_backoff = || Backoff::with_rng(Duration::MAX, Duration::MAX, 2.0, 0.5, || 0.0);
+    // No bound anywhere: the pause is as long as tokio sleeps, then the second round connects.
+    let got = rotate(
+        &names(&["refuse-a", "flaky-b"]),
+        Duration::MAX,
+        &mut huge_backoff(),
+        &BootstrapConfig::default()
+            .with_deadline(Duration::MAX)
+            .with_max_rounds(2),
+        scripted(&log),
+    )
+    .await
+    .expect("connects in the second round");
+    assert_eq!(got, "flaky-b");
+    assert_eq!(log.lock().expect("log").len(), 4);
+    // A finite deadline with a pause no Instant can hold ends the rounds instead of panicking.
+    let err = rotate(
+        &names(&["refuse-a"]),
+        Duration::MAX,
+        &mut huge_backoff(),
+        &BootstrapConfig::default()
+            .with_deadline(Duration::from_secs(60))
+            .with_max_rounds(5),
+        scripted(&log),
+    )
+    .await
+    .expect_err("refused");
+    assert!(
+        matches!(&err, Error::Bootstrap(e) if e.rounds == 1),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn bootstrap_over_real_sockets_takes_duration_max() {
+    use Behaviour::{Refuse, Serve};
+    let brokers = Listeners::start(&[Refuse, Serve]).await;
+    let cfg = ConnConfig::default()
+        .with_connect_timeout(Duration::MAX)
+        .with_request_timeout(Duration::MAX);
+    let conn = connect_any(
+        &brokers.addrs,
+        &cfg,
+        &mut Backoff::with_rng(Duration::MAX, Duration::MAX, 2.0, 0.5, || 0.0),
+        &BootstrapConfig::default().with_deadline(Duration::MAX),
+    )
+    .await
+    .expect("bootstrap");
+    assert_eq!(conn.peer(), brokers.addrs[1]);
+    assert_eq!(brokers.take_accepted(), [0, 1]);
+}
+
 #[tokio::test]
 async fn bootstrap_failure_lists_every_address_and_its_error() {
     let a = dead_addr().await;
@@ -1121,7 +1287,8 @@ async fn bootstrap_respects_the_deadline() {
     let started = tokio::time::Instant::now();
     let err = connect_any(
         std::slice::from_ref(&silent),
-        &quick_conn(),
+        // The first attempt always gets the whole connect timeout; the deadline bounds the rest.
+        &ConnConfig::default().with_connect_timeout(Duration::from_millis(200)),
         &mut backoff,
         &BootstrapConfig::default()
             .with_deadline(Duration::from_millis(300))
