@@ -131,7 +131,9 @@ impl ConnConfig {
 /// connection fails, on [`Connection::close`], or when the last clone is dropped.
 ///
 /// Cancelling a request (dropping its future) is safe at any point: a request is either written
-/// whole or not at all, and a response nobody waits for any more is read and discarded.
+/// whole or not at all, and a response nobody waits for any more is read and discarded. Its
+/// timeout still stands: if the broker has not answered by then, the connection closes exactly
+/// as if the caller had waited.
 ///
 /// # Failure semantics
 /// The connection fails as a whole; it never recovers. Once failed, the socket is closed (both

@@ -779,6 +779,19 @@ async fn duration_max_timeouts_mean_no_timeout() {
         }
     );
     assert_eq!(heartbeat_throttle(explicit.expect("explicit timeout")), 2);
+    // Far in the future but still an Instant: a real deadline, which tokio's timer must take.
+    let (huge, ()) = tokio::join!(
+        conn.request_with_timeout(heartbeat(3), Duration::from_secs(u64::MAX / 4)),
+        async {
+            let (header, _) = peer.recv().await;
+            peer.reply(
+                &header,
+                &HeartbeatResponse::default().with_throttle_time_ms(3),
+            )
+            .await;
+        }
+    );
+    assert_eq!(heartbeat_throttle(huge.expect("huge timeout")), 3);
     assert!(!conn.is_closed());
 
     let brokers = Listeners::start(&[Behaviour::Serve]).await;
