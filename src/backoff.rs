@@ -266,6 +266,40 @@ mod tests {
     }
 
     #[test]
+    fn duration_max_settings_never_panic() {
+        let draws = [0.0, 0.5, 0.999_999, f64::NAN];
+        for (multiplier, jitter) in [(2.0, 0.0), (2.0, 0.5), (f64::MAX, 1.0), (1.0, 0.3)] {
+            for draw in draws {
+                let mut b = Backoff::with_rng(
+                    Duration::MAX,
+                    Duration::MAX,
+                    multiplier,
+                    jitter,
+                    move || draw,
+                );
+                for _ in 0..3 {
+                    let d = b.next_delay();
+                    // Jitter of at most one half keeps at least half of the base.
+                    if jitter <= 0.5 {
+                        assert!(d >= Duration::MAX / 2, "{d:?}");
+                    }
+                }
+                b.reset();
+                assert_eq!(b.attempts(), 0);
+            }
+        }
+        // A small start growing into an unbounded cap passes through every magnitude.
+        let mut b = Backoff::with_rng(Duration::from_nanos(1), Duration::MAX, 1e3, 0.5, || 0.5);
+        let mut previous = Duration::ZERO;
+        for _ in 0..20 {
+            let d = b.next_delay();
+            assert!(d >= previous, "{d:?} after {previous:?}");
+            previous = d;
+        }
+        assert!(previous > Duration::from_secs(1 << 40), "{previous:?}");
+    }
+
+    #[test]
     fn random_index_is_in_range() {
         let mut draws = [0.0, 0.5, 0.999_999, 1.0].into_iter().cycle();
         let mut b = Backoff::with_rng(ms(1), ms(2), 2.0, 0.0, move || draws.next().unwrap_or(0.0));

@@ -21,12 +21,15 @@
 //!   longer be trusted.
 //! - The reader and writer run independently, so a broker that stops reading while it still has
 //!   responses to send cannot deadlock us.
+//! - Each in-flight entry carries its deadline, and a third task (the expiry task) fails the
+//!   connection when one passes. The caller's own timer cannot do that alone: a caller that is
+//!   dropped takes its timer with it, and its entry would then wait forever on a broker that
+//!   never answers. The caller keeps a timer too, for the time its request waits to be queued.
 //!
 //! The failure semantics users see are documented on [`Connection`].
 
 use std::collections::VecDeque;
 use std::io;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -35,9 +38,11 @@ use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, ApiVersionsRequest};
 use kafka_protocol::protocol::StrBytes;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
+use tokio::time::Instant;
 use tracing::{debug, trace};
+
+use super::dial::Dialer;
 
 use crate::error::{Error, KafkaCode, Result};
 use crate::wire::codec::{decode_response_frame_bytes, encode_request, peek_correlation_id};
@@ -126,7 +131,9 @@ impl ConnConfig {
 /// connection fails, on [`Connection::close`], or when the last clone is dropped.
 ///
 /// Cancelling a request (dropping its future) is safe at any point: a request is either written
-/// whole or not at all, and a response nobody waits for any more is read and discarded.
+/// whole or not at all, and a response nobody waits for any more is read and discarded. Its
+/// timeout still stands: if the broker has not answered by then, the connection closes exactly
+/// as if the caller had waited.
 ///
 /// # Failure semantics
 /// The connection fails as a whole; it never recovers. Once failed, the socket is closed (both
@@ -157,11 +164,26 @@ impl std::fmt::Debug for Connection {
 }
 
 impl Connection {
-    /// Connects to `addr` (`host:port`), trying each resolved address in turn, and negotiates API
-    /// versions. The whole setup is bounded by [`ConnConfig::connect_timeout`].
+    /// Connects to `addr` (`host:port`) and negotiates API versions. The whole setup is bounded
+    /// by [`ConnConfig::connect_timeout`].
+    ///
+    /// When the name resolves to several addresses they are raced (RFC 8305, "Happy Eyeballs"):
+    /// the next address is tried whenever the previous attempt failed or is still pending after
+    /// 250 ms (less if the connect timeout is too short to start them all), and the address that
+    /// worked is tried first next time. Name resolution runs on a thread of its own, so a
+    /// resolver that hangs delays neither this error nor the shutdown of the tokio runtime.
     pub async fn connect(addr: &str, cfg: &ConnConfig) -> Result<Connection> {
+        Self::connect_via(addr, cfg, Dialer::system()).await
+    }
+
+    /// [`Connection::connect`] with the resolver and address memory of `dialer`.
+    pub(crate) async fn connect_via(
+        addr: &str,
+        cfg: &ConnConfig,
+        dialer: &Dialer,
+    ) -> Result<Connection> {
         let setup = async {
-            let stream = connect_tcp(addr).await?;
+            let stream = dialer.connect(addr, cfg.connect_timeout).await?;
             Connection::from_stream(stream, addr, cfg).await
         };
         match tokio::time::timeout(cfg.connect_timeout, setup).await {
@@ -265,44 +287,12 @@ impl Connection {
         // The sender lives in `Shared`, which `self` keeps alive, so this cannot error.
         let _ = rx.wait_for(|closed| *closed).await;
     }
-}
 
-/// Resolves `addr` and connects to the first resolved address that accepts.
-async fn connect_tcp(addr: &str) -> Result<TcpStream> {
-    let resolved: Vec<SocketAddr> = tokio::net::lookup_host(addr)
-        .await
-        .map_err(|e| Error::Io {
-            op: "resolve broker address",
-            source: io::Error::new(e.kind(), format!("{addr}: {e}")),
-        })?
-        .collect();
-    let mut last = None;
-    for sa in &resolved {
-        match TcpStream::connect(sa).await {
-            Ok(stream) => {
-                // Requests are small and latency-bound (heartbeats); Nagle would only delay them.
-                stream.set_nodelay(true).map_err(|e| Error::Io {
-                    op: "set TCP_NODELAY",
-                    source: e,
-                })?;
-                trace!(addr, %sa, "tcp connected");
-                return Ok(stream);
-            }
-            Err(e) => {
-                trace!(addr, %sa, error = %e, "tcp connect failed");
-                last = Some(io::Error::new(e.kind(), format!("{addr} ({sa}): {e}")));
-            }
-        }
+    /// Requests registered and not yet answered or failed.
+    #[cfg(test)]
+    pub(crate) fn in_flight(&self) -> usize {
+        self.link.shared.lock().inflight.len()
     }
-    Err(Error::Io {
-        op: "connect to broker",
-        source: last.unwrap_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("{addr} resolved to no address"),
-            )
-        }),
-    })
 }
 
 /// ApiVersions with the KIP-511 fallback, then per-API negotiation.
@@ -359,6 +349,11 @@ struct Pending {
     correlation_id: i32,
     api_key: ApiKey,
     version: i16,
+    /// When the connection gives up on the response; `None` for a timeout beyond what `Instant`
+    /// can represent.
+    deadline: Option<Instant>,
+    /// The timeout `deadline` came from, for the error.
+    timeout: Duration,
     reply: oneshot::Sender<Result<Response>>,
 }
 
@@ -366,8 +361,11 @@ struct Pending {
 struct Shared {
     peer: String,
     state: Mutex<State>,
-    /// Flips to `true` once, when the connection fails; both tasks exit on it.
+    /// Flips to `true` once, when the connection fails; all three tasks exit on it.
     shutdown: watch::Sender<bool>,
+    /// Wakes the expiry task when a request is registered, so it can arm for an earlier
+    /// deadline.
+    registered: Notify,
 }
 
 #[derive(Default)]
@@ -422,11 +420,60 @@ impl Shared {
             state.failure = Some(Arc::clone(&reason));
             std::mem::take(&mut state.inflight)
         };
+        self.finish_failure(&reason, drained);
+    }
+
+    /// Answers what was in flight when the connection failed and stops the I/O tasks.
+    fn finish_failure(&self, reason: &Arc<Error>, drained: VecDeque<Pending>) {
         debug!(peer = %self.peer, error = %reason, in_flight = drained.len(), "connection closed");
         for p in drained {
-            let _ = p.reply.send(Err(Self::error_for(&reason)));
+            let _ = p.reply.send(Err(Self::error_for(reason)));
         }
         self.shutdown.send_replace(true);
+    }
+
+    /// The earliest deadline of an in-flight request.
+    fn next_deadline(&self) -> Option<Instant> {
+        self.lock().inflight.iter().filter_map(|p| p.deadline).min()
+    }
+
+    /// Fails the connection if an in-flight request is past its deadline, whether or not its
+    /// caller still waits: the broker may still answer it, and the stream would then be one
+    /// response ahead of the FIFO if the entry were simply dropped.
+    fn expire(&self, now: Instant) {
+        let (expired, own_error, reason, drained) = {
+            let mut state = self.lock();
+            if state.failure.is_some() {
+                return;
+            }
+            let due = state
+                .inflight
+                .iter()
+                .position(|p| p.deadline.is_some_and(|d| d <= now));
+            let Some(expired) = due.and_then(|i| state.inflight.remove(i)) else {
+                return;
+            };
+            let op = request_op(
+                expired.api_key,
+                expired.version,
+                &self.peer,
+                expired.correlation_id,
+            );
+            let after = expired.timeout;
+            let reason = Arc::new(Error::Timeout {
+                op: op.clone(),
+                after,
+            });
+            // Failed under the same lock that removed the entry, so the reader can never match
+            // the late response to the entry behind it.
+            state.failure = Some(Arc::clone(&reason));
+            let drained = std::mem::take(&mut state.inflight);
+            (expired, Error::Timeout { op, after }, reason, drained)
+        };
+        // Its caller, if still there, hears of its own timeout as such, exactly as when its own
+        // timer fires first; the others see the connection poisoned by it.
+        let _ = expired.reply.send(Err(own_error));
+        self.finish_failure(&reason, drained);
     }
 
     /// Registers `pending` as the newest in-flight request; answers it at once if the connection
@@ -439,7 +486,12 @@ impl Shared {
             let _ = pending.reply.send(Err(err));
             return false;
         }
+        let timed = pending.deadline.is_some();
         state.inflight.push_back(pending);
+        drop(state);
+        if timed {
+            self.registered.notify_one();
+        }
         true
     }
 
@@ -497,11 +549,13 @@ impl Link {
             peer: peer.to_owned(),
             state: Mutex::new(State::default()),
             shutdown,
+            registered: Notify::new(),
         });
         let (tx, rx) = mpsc::channel(WRITE_QUEUE);
         let (reader, writer) = tokio::io::split(stream);
         tokio::spawn(write_loop(writer, rx, Arc::clone(&shared)));
         tokio::spawn(read_loop(reader, Arc::clone(&shared), cfg.max_frame_size));
+        tokio::spawn(expire_loop(Arc::clone(&shared)));
         Link {
             peer: peer.to_owned(),
             client_id: cfg.client_id.clone(),
@@ -528,12 +582,16 @@ impl Link {
             &mut frame,
         )?;
         let (reply, rx) = oneshot::channel();
+        // `None` (a timeout too long for `Instant`) means no deadline rather than a panic.
+        let deadline = Instant::now().checked_add(timeout);
         let out = Outgoing {
             frame: frame.freeze(),
             pending: Pending {
                 correlation_id,
                 api_key,
                 version,
+                deadline,
+                timeout,
                 reply,
             },
         };
@@ -545,13 +603,16 @@ impl Link {
                 .map_err(|_| self.shared.current_error())?;
             rx.await.map_err(|_| self.shared.current_error())?
         };
-        match tokio::time::timeout(timeout, exchange).await {
+        // The expiry task enforces the same deadline once the request is registered; this timer
+        // also covers the wait for room in the writer's queue, before registration.
+        let result = match deadline {
+            Some(deadline) => tokio::time::timeout_at(deadline, exchange).await,
+            None => Ok(exchange.await),
+        };
+        match result {
             Ok(result) => result,
             Err(_) => {
-                let op = format!(
-                    "{api_key:?} v{version} request to {} (correlation id {correlation_id})",
-                    self.peer
-                );
+                let op = request_op(api_key, version, &self.peer, correlation_id);
                 self.shared.fail(Arc::new(Error::Timeout {
                     op: op.clone(),
                     after: timeout,
@@ -560,6 +621,11 @@ impl Link {
             }
         }
     }
+}
+
+/// Names a request in timeout errors.
+fn request_op(api_key: ApiKey, version: i16, peer: &str, correlation_id: i32) -> String {
+    format!("{api_key:?} v{version} request to {peer} (correlation id {correlation_id})")
 }
 
 impl Drop for Link {
@@ -674,5 +740,28 @@ where
             source: err,
         }));
         return;
+    }
+}
+
+/// Enforces in-flight deadlines (see the module docs for why not only in the caller).
+async fn expire_loop(shared: Arc<Shared>) {
+    let mut shutdown = shared.shutdown.subscribe();
+    loop {
+        // Answered entries leave no trace here, so this can wake for a deadline that no longer
+        // exists; `expire` then finds nothing due and the next turn re-arms.
+        let next = shared.next_deadline();
+        tokio::select! {
+            biased;
+            _ = shutdown.wait_for(|closed| *closed) => return,
+            () = shared.registered.notified() => {}
+            () = sleep_until(next) => shared.expire(Instant::now()),
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
     }
 }

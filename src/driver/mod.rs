@@ -6,6 +6,7 @@
 //!   poisoning on desync (see its docs for the exact failure semantics).
 //! - [`connect_any`]: bootstrap over a list of `host:port` addresses with rotation and jittered
 //!   exponential backoff.
+//! - `dial`: name resolution off the runtime and Happy Eyeballs over the resolved addresses.
 //!
 //! # Transport boundary
 //! [`Connection::from_stream`] accepts any `AsyncRead + AsyncWrite + Send + Unpin` byte stream, so
@@ -15,6 +16,7 @@
 
 mod bootstrap;
 mod conn;
+mod dial;
 #[cfg(test)]
 mod tests;
 

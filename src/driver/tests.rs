@@ -1,8 +1,10 @@
 //! Connection and bootstrap tests against a scripted peer that plays the broker: it decodes request
 //! headers and bodies with kafka-protocol's broker-side decoders and writes responses byte by byte.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
@@ -16,8 +18,11 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::{decode_request_header_from_buffer, Decodable, Encodable, StrBytes};
 use tokio::io::{duplex, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
+use tokio::task::JoinHandle;
 
+use super::bootstrap::rotate;
+use super::dial::{order, Dialer, MAX_PENDING_LOOKUPS};
 use super::*;
 use crate::backoff::Backoff;
 use crate::error::Error;
@@ -227,8 +232,7 @@ async fn pipelined_requests_are_answered_in_order() {
         received.push(peer.recv_as::<HeartbeatRequest>(ApiKey::Heartbeat).await);
     }
     let ids: Vec<i32> = received.iter().map(|(h, _)| h.correlation_id).collect();
-    let mut unique = ids.clone();
-    unique.dedup();
+    let unique: BTreeSet<i32> = ids.iter().copied().collect();
     assert_eq!(unique.len(), 3, "correlation ids must differ: {ids:?}");
 
     // Answer in order; each response echoes its request's generation so misrouting shows.
@@ -666,6 +670,298 @@ async fn find_coordinator_round_trip() {
     }
 }
 
+// ---- deadlines owned by the connection ------------------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn abandoned_requests_expire_in_the_connection() {
+    let timeout = Duration::from_secs(1);
+    let cfg = ConnConfig::default().with_request_timeout(timeout);
+    let (conn, mut peer) = setup_with(cfg, 1 << 20).await;
+    let started = tokio::time::Instant::now();
+    let n = 100;
+    let callers: Vec<_> = (0..n)
+        .map(|generation| {
+            let conn = conn.clone();
+            tokio::spawn(async move { conn.request(heartbeat(generation)).await })
+        })
+        .collect();
+    // Each was written, hence registered, before the peer could read it.
+    for _ in 0..n {
+        peer.recv().await;
+    }
+    assert_eq!(conn.in_flight(), n as usize);
+    for caller in &callers {
+        caller.abort();
+    }
+    for caller in callers {
+        assert!(caller.await.expect_err("aborted").is_cancelled());
+    }
+    // Nobody waits any more and the peer never answers: only the connection can end this.
+    tokio::time::timeout(PROMPTLY, conn.closed())
+        .await
+        .expect("the connection must expire requests whose callers are gone");
+    assert!(
+        started.elapsed() >= timeout,
+        "expired early: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(conn.in_flight(), 0);
+    let later = conn.request(heartbeat(0)).await.expect_err("closed");
+    assert!(
+        matches!(poisoned_by(&later), Error::Timeout { .. }),
+        "{later:?}"
+    );
+    peer.expect_closed().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_request_expires_at_its_own_deadline() {
+    let timeout = Duration::from_secs(1);
+    let cfg = ConnConfig::default().with_request_timeout(timeout);
+    let (conn, mut peer) = setup_with(cfg, 64 * 1024).await;
+    let long_timeout = Duration::from_secs(60);
+    let started = tokio::time::Instant::now();
+    let short = tokio::spawn({
+        let conn = conn.clone();
+        async move { conn.request(heartbeat(1)).await }
+    });
+    let (short_header, _) = peer.recv().await;
+    let long = tokio::spawn({
+        let conn = conn.clone();
+        async move { conn.request_with_timeout(heartbeat(2), long_timeout).await }
+    });
+    peer.recv().await;
+    // Both are in flight, so the expiry task is armed for the short deadline when its answer
+    // arrives; that wake-up must not take the long request with it.
+    peer.reply(&short_header, &HeartbeatResponse::default())
+        .await;
+    short.await.expect("task").expect("answered in time");
+    let early = tokio::time::timeout(timeout * 5, conn.closed()).await;
+    assert!(early.is_err(), "closed at the answered request's deadline");
+    assert_eq!(conn.in_flight(), 1);
+    let err = tokio::time::timeout(long_timeout + PROMPTLY, long)
+        .await
+        .expect("the long request must expire")
+        .expect("task")
+        .expect_err("never answered");
+    match err {
+        Error::Timeout { after, .. } => assert_eq!(after, long_timeout),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert!(started.elapsed() >= long_timeout, "{:?}", started.elapsed());
+    assert_eq!(conn.in_flight(), 0);
+}
+
+#[tokio::test]
+async fn duration_max_timeouts_mean_no_timeout() {
+    let cfg = ConnConfig::default()
+        .with_connect_timeout(Duration::MAX)
+        .with_request_timeout(Duration::MAX);
+    let (conn, mut peer) = setup_with(cfg.clone(), 64 * 1024).await;
+    let (default, ()) = tokio::join!(conn.request(heartbeat(1)), async {
+        let (header, _) = peer.recv().await;
+        peer.reply(
+            &header,
+            &HeartbeatResponse::default().with_throttle_time_ms(1),
+        )
+        .await;
+    });
+    assert_eq!(heartbeat_throttle(default.expect("default timeout")), 1);
+    let (explicit, ()) = tokio::join!(
+        conn.request_with_timeout(heartbeat(2), Duration::MAX),
+        async {
+            let (header, _) = peer.recv().await;
+            peer.reply(
+                &header,
+                &HeartbeatResponse::default().with_throttle_time_ms(2),
+            )
+            .await;
+        }
+    );
+    assert_eq!(heartbeat_throttle(explicit.expect("explicit timeout")), 2);
+    // Far in the future but still an Instant: a real deadline, which tokio's timer must take.
+    let (huge, ()) = tokio::join!(
+        conn.request_with_timeout(heartbeat(3), Duration::from_secs(u64::MAX / 4)),
+        async {
+            let (header, _) = peer.recv().await;
+            peer.reply(
+                &header,
+                &HeartbeatResponse::default().with_throttle_time_ms(3),
+            )
+            .await;
+        }
+    );
+    assert_eq!(heartbeat_throttle(huge.expect("huge timeout")), 3);
+    assert!(!conn.is_closed());
+
+    let brokers = Listeners::start(&[Behaviour::Serve]).await;
+    let over_tcp = Connection::connect(&brokers.addrs[0], &cfg)
+        .await
+        .expect("connect with unbounded timeouts");
+    assert!(!over_tcp.is_closed());
+}
+
+// ---- dialing --------------------------------------------------------------------------------
+
+/// How long a connect to a listener with room in its queue may take before the queue is taken
+/// for full. Loopback connects complete inside the connect call, so this is only reached when
+/// the SYN was dropped.
+const QUEUE_PROBE: Duration = Duration::from_secs(1);
+
+/// A loopback address that black-holes connection attempts, as a route that drops packets does:
+/// a listener that never accepts, with its accept queue full, so the kernel drops further SYNs
+/// (no RST) and a connect hangs until the caller gives up. Keep the returned value alive.
+async fn black_hole() -> (SocketAddr, (TcpListener, Vec<std::net::TcpStream>)) {
+    let socket = TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .expect("bind");
+    let listener = socket.listen(0).expect("listen");
+    let addr = listener.local_addr().expect("addr");
+    let fillers = tokio::task::spawn_blocking(move || {
+        let mut fillers = Vec::new();
+        for _ in 0..16 {
+            match std::net::TcpStream::connect_timeout(&addr, QUEUE_PROBE) {
+                Ok(stream) => fillers.push(stream),
+                // This attempt's SYN was dropped: the hole is real.
+                Err(e) if e.kind() == io::ErrorKind::TimedOut => return fillers,
+                Err(e) => panic!("filling the black hole's accept queue: {e}"),
+            }
+        }
+        panic!("a listener with backlog 0 kept accepting; cannot make a black hole here");
+    })
+    .await
+    .expect("filler task");
+    (addr, (listener, fillers))
+}
+
+#[tokio::test]
+async fn a_black_holed_first_address_does_not_hide_the_next_one() {
+    let (hole, _keep) = black_hole().await;
+    let brokers = Listeners::start(&[Behaviour::Serve]).await;
+    let live: SocketAddr = brokers.addrs[0].parse().expect("addr");
+    // What a dual-stack name whose IPv6 route drops packets looks like: the dead address first.
+    let dialer = Dialer::new(move |_| Ok(vec![hole, live]));
+    let cfg = ConnConfig::default().with_connect_timeout(Duration::from_secs(5));
+    let name = "dual-stack.test:9092";
+    let conn = Connection::connect_via(name, &cfg, &dialer)
+        .await
+        .expect("the live address must be reached within the connect timeout");
+    assert_eq!(conn.peer(), name);
+    assert_eq!(brokers.take_accepted(), [0]);
+    assert_eq!(dialer.preferred_for(name), Some(live));
+    // The memory of what worked is used: the next connection goes to the live address too.
+    Connection::connect_via(name, &cfg, &dialer)
+        .await
+        .expect("reconnect");
+    assert_eq!(brokers.take_accepted(), [0]);
+}
+
+#[test]
+fn candidates_alternate_families_and_what_worked_goes_first() {
+    let v6 = |port: u16| SocketAddr::from(([0, 0, 0, 0, 0, 0, 0, 1], port));
+    let v4 = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
+    let resolved = vec![v6(1), v6(2), v6(3), v4(4), v4(5), v6(1)];
+    assert_eq!(
+        order(resolved.clone(), None),
+        [v6(1), v4(4), v6(2), v4(5), v6(3)]
+    );
+    assert_eq!(
+        order(resolved.clone(), Some(v4(5))),
+        [v4(5), v6(1), v4(4), v6(2), v6(3)]
+    );
+    // A remembered address the name no longer resolves to is ignored.
+    assert_eq!(order(resolved, Some(v4(9)))[0], v6(1));
+    assert_eq!(order(vec![v4(1), v6(2)], None), [v4(1), v6(2)]);
+    assert!(order(Vec::new(), Some(v4(1))).is_empty());
+}
+
+/// A resolver that blocks until [`Gate::open`], as a system resolver waiting on a DNS server
+/// that never answers.
+#[derive(Clone, Default)]
+struct Gate(Arc<(Mutex<bool>, Condvar)>);
+
+impl Gate {
+    fn dialer(&self) -> Dialer {
+        let gate = self.clone();
+        Dialer::new(move |_| {
+            let (open, cv) = &*gate.0;
+            let mut open = open.lock().expect("gate");
+            while !*open {
+                open = cv.wait(open).expect("gate");
+            }
+            Err(io::Error::other("lookup released by the test"))
+        })
+    }
+
+    fn open(&self) {
+        let (open, cv) = &*self.0;
+        *open.lock().expect("gate") = true;
+        cv.notify_all();
+    }
+}
+
+#[test]
+fn a_hanging_name_lookup_holds_neither_the_error_nor_the_runtime() {
+    let gate = Gate::default();
+    let dialer = gate.dialer();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let connect_timeout = Duration::from_millis(300);
+    let cfg = ConnConfig::default().with_connect_timeout(connect_timeout);
+    let started = std::time::Instant::now();
+    let err = runtime
+        .block_on(Connection::connect_via("hangs.test:9092", &cfg, &dialer))
+        .expect_err("the lookup never answers");
+    let took = started.elapsed();
+    assert!(
+        matches!(&err, Error::Timeout { after, .. } if *after == connect_timeout),
+        "{err:?}"
+    );
+    assert!(took < connect_timeout + PROMPTLY, "reported after {took:?}");
+    assert_eq!(dialer.pending_lookups(), 1, "the lookup is still blocked");
+
+    // Dropping the runtime must not wait for the lookup, which is still blocked.
+    let (dropped_tx, dropped_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        drop(runtime);
+        let _ = dropped_tx.send(());
+    });
+    let dropped = dropped_rx.recv_timeout(PROMPTLY);
+    gate.open();
+    assert!(
+        dropped.is_ok(),
+        "dropping the runtime waited for the abandoned lookup"
+    );
+}
+
+// On the real clock: a paused one stops advancing while a blocking-pool task runs, which would
+// turn a regression to `spawn_blocking` into a hang instead of a failure.
+#[tokio::test]
+async fn abandoned_lookups_are_bounded() {
+    let gate = Gate::default();
+    let dialer = gate.dialer();
+    let give_up = Duration::from_millis(20);
+    for i in 0..MAX_PENDING_LOOKUPS {
+        let name = format!("hangs-{i}.test:9092");
+        let gave_up = tokio::time::timeout(give_up, dialer.connect(&name, give_up)).await;
+        assert!(gave_up.is_err(), "lookup {i} cannot have finished");
+    }
+    assert_eq!(dialer.pending_lookups(), MAX_PENDING_LOOKUPS);
+    let refused = tokio::time::timeout(PROMPTLY, dialer.connect("one-more.test:9092", give_up))
+        .await
+        .expect("refused at once, not started");
+    gate.open();
+    match refused {
+        Err(Error::Io { source, .. }) => {
+            assert_eq!(source.kind(), io::ErrorKind::WouldBlock, "{source}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
 // ---- bootstrap ------------------------------------------------------------------------------
 
 /// A loopback port with nothing listening on it.
@@ -676,28 +972,66 @@ async fn dead_addr() -> String {
     addr.to_string()
 }
 
-/// A scripted broker on a loopback port that completes the handshake for every connection and
-/// counts them.
-async fn live_addr() -> (String, Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr").to_string();
-    let accepted = Arc::new(AtomicUsize::new(0));
-    let count = Arc::clone(&accepted);
-    let server = tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
-            };
-            count.fetch_add(1, Ordering::SeqCst);
-            tokio::spawn(async move {
-                let mut peer = Peer::new(stream);
-                peer.handshake(BROKER_APIS).await;
-                // Hold the connection open until the client goes away.
-                let _ = peer.read_frame().await;
-            });
+/// What one of [`Listeners`] does with a connection it accepts.
+#[derive(Debug, Clone, Copy)]
+enum Behaviour {
+    /// Closes it at once: the client's handshake fails.
+    Refuse,
+    /// Completes the handshake and keeps it open until the client goes away.
+    Serve,
+}
+
+/// Loopback listeners, one per [`Behaviour`], each logging its index for every connection it
+/// accepts, so a test sees which addresses were tried and in what order.
+struct Listeners {
+    addrs: Vec<String>,
+    log: Arc<Mutex<Vec<usize>>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Listeners {
+    async fn start(behaviours: &[Behaviour]) -> Listeners {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut addrs = Vec::new();
+        let mut tasks = Vec::new();
+        for (index, &behaviour) in behaviours.iter().enumerate() {
+            let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            addrs.push(listener.local_addr().expect("addr").to_string());
+            let log = Arc::clone(&log);
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    let Ok((stream, _)) = listener.accept().await else {
+                        return;
+                    };
+                    log.lock().expect("log").push(index);
+                    match behaviour {
+                        Behaviour::Refuse => drop(stream),
+                        Behaviour::Serve => {
+                            tokio::spawn(async move {
+                                let mut peer = Peer::new(stream);
+                                peer.handshake(BROKER_APIS).await;
+                                let _ = peer.read_frame().await;
+                            });
+                        }
+                    }
+                }
+            }));
         }
-    });
-    (addr, accepted, server)
+        Listeners { addrs, log, tasks }
+    }
+
+    /// Indices of the listeners that accepted a connection since the last call, in order.
+    fn take_accepted(&self) -> Vec<usize> {
+        std::mem::take(&mut *self.log.lock().expect("log"))
+    }
+}
+
+impl Drop for Listeners {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
 }
 
 fn fixed_backoff(draw: f64) -> Backoff {
@@ -715,56 +1049,214 @@ fn quick_conn() -> ConnConfig {
 }
 
 #[tokio::test]
-async fn bootstrap_skips_a_dead_address() {
-    let dead = dead_addr().await;
-    let (live, accepted, server) = live_addr().await;
-    // A draw of 0 starts at the first entry, the dead one.
-    let mut backoff = fixed_backoff(0.0);
-    let conn = connect_any(
-        &[dead, live.clone()],
-        &quick_conn(),
-        &mut backoff,
-        &BootstrapConfig::default(),
-    )
-    .await
-    .expect("bootstrap");
-    assert_eq!(conn.peer(), live);
-    assert_eq!(accepted.load(Ordering::SeqCst), 1);
-    assert_eq!(
-        backoff.attempts(),
-        0,
-        "no pause needed within the first round"
-    );
-    server.abort();
+async fn bootstrap_tries_addresses_in_rotation_from_the_drawn_start() {
+    use Behaviour::{Refuse, Serve};
+    let brokers = Listeners::start(&[Refuse, Refuse, Serve, Refuse]).await;
+    // random_index maps a draw d over four entries to floor(4 d).
+    for (draw, want) in [
+        (0.0, vec![0, 1, 2]),
+        (0.3, vec![1, 2]),
+        (0.6, vec![2]),
+        (0.9, vec![3, 0, 1, 2]),
+    ] {
+        let mut backoff = fixed_backoff(draw);
+        let conn = connect_any(
+            &brokers.addrs,
+            &quick_conn(),
+            &mut backoff,
+            &BootstrapConfig::default(),
+        )
+        .await
+        .expect("bootstrap");
+        assert_eq!(conn.peer(), brokers.addrs[2]);
+        assert_eq!(brokers.take_accepted(), want, "draw {draw}");
+        assert_eq!(backoff.attempts(), 0, "no pause within the first round");
+    }
 }
 
 #[tokio::test]
-async fn bootstrap_start_index_comes_from_the_rng() {
-    let dead = dead_addr().await;
-    let (live, accepted, server) = live_addr().await;
-    // 0.99 over two entries starts at index 1: the live broker is tried first.
-    let mut backoff = fixed_backoff(0.99);
+async fn bootstrap_starts_every_round_at_the_same_address() {
+    use Behaviour::Refuse;
+    let brokers = Listeners::start(&[Refuse, Refuse, Refuse]).await;
+    let mut backoff = fixed_backoff(0.5);
+    let err = connect_any(
+        &brokers.addrs,
+        &quick_conn(),
+        &mut backoff,
+        &BootstrapConfig::default().with_max_rounds(2),
+    )
+    .await
+    .expect_err("every broker refuses");
+    assert!(
+        matches!(&err, Error::Bootstrap(e) if e.rounds == 2),
+        "{err:?}"
+    );
+    assert_eq!(brokers.take_accepted(), [1, 2, 0, 1, 2, 0]);
+}
+
+type Attempt =
+    std::pin::Pin<Box<dyn std::future::Future<Output = crate::error::Result<String>> + Send>>;
+
+/// Scripted bootstrap addresses for [`rotate`] on a paused clock: `hole-*` never answers,
+/// `refuse-*` fails at once, `flaky-*` fails the first time it is tried, anything else connects.
+/// Each call is logged.
+fn scripted(log: &Arc<Mutex<Vec<String>>>) -> impl FnMut(&str) -> Attempt {
+    let log = Arc::clone(log);
+    move |addr: &str| {
+        let tried_before = {
+            let mut log = log.lock().expect("log");
+            let seen = log.iter().any(|a| a == addr);
+            log.push(addr.to_owned());
+            seen
+        };
+        let refuse = addr.starts_with("refuse") || (addr.starts_with("flaky") && !tried_before);
+        let hole = addr.starts_with("hole");
+        let addr = addr.to_owned();
+        Box::pin(async move {
+            if hole {
+                std::future::pending::<()>().await;
+            }
+            if refuse {
+                return Err(Error::Io {
+                    op: "connect to broker",
+                    source: io::Error::from(io::ErrorKind::ConnectionRefused),
+                });
+            }
+            Ok(addr)
+        })
+    }
+}
+
+fn names(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| (*s).to_owned()).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn bootstrap_deadline_never_cuts_the_first_round_short() {
+    // Three black holes ahead of the live broker, and the deadline lock.rs uses: three connect
+    // timeouts, all spent on the holes by the time the live broker's turn comes.
+    let connect_timeout = Duration::from_secs(1);
+    let list = names(&["hole-a", "hole-b", "hole-c", "live"]);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let started = tokio::time::Instant::now();
+    let got = rotate(
+        &list,
+        connect_timeout,
+        &mut fixed_backoff(0.0),
+        &BootstrapConfig::default()
+            .with_deadline(connect_timeout * 3)
+            .with_max_rounds(3),
+        scripted(&log),
+    )
+    .await
+    .expect("the live broker is reached in the first round");
+    assert_eq!(got, "live");
+    assert_eq!(*log.lock().expect("log"), list);
+    // Each hole had its full connect timeout; none was cut short.
+    assert!(
+        started.elapsed() >= connect_timeout * 3,
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn bootstrap_deadline_bounds_the_later_rounds() {
+    let connect_timeout = Duration::from_secs(1);
+    let deadline = Duration::from_millis(2500);
+    let list = names(&["hole"]);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let started = tokio::time::Instant::now();
+    let err = rotate(
+        &list,
+        connect_timeout,
+        &mut Backoff::with_rng(
+            Duration::from_millis(100),
+            Duration::from_millis(100),
+            2.0,
+            0.0,
+            || 0.0,
+        ),
+        &BootstrapConfig::default()
+            .with_deadline(deadline)
+            .with_max_rounds(100),
+        scripted(&log),
+    )
+    .await
+    .expect_err("a black hole never connects");
+    // 0-1 s, pause, 1.1-2.1 s, pause, 2.2 s until the deadline cuts the third attempt.
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed >= deadline && elapsed < deadline + connect_timeout,
+        "{elapsed:?}"
+    );
+    let Error::Bootstrap(e) = &err else {
+        panic!("expected a bootstrap error, got {err:?}");
+    };
+    assert_eq!(e.rounds, 3);
+    assert_eq!(log.lock().expect("log").len(), 3);
+    match &e.attempts[0].error {
+        Error::Timeout { op, after } => {
+            assert!(op.contains("overall deadline"), "{op}");
+            assert!(*after < connect_timeout, "{after:?}");
+        }
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn bootstrap_takes_duration_max_anywhere() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let huge_backoff = || Backoff::with_rng(Duration::MAX, Duration::MAX, 2.0, 0.5, || 0.0);
+    // No bound anywhere: the pause is as long as tokio sleeps, then the second round connects.
+    let got = rotate(
+        &names(&["refuse-a", "flaky-b"]),
+        Duration::MAX,
+        &mut huge_backoff(),
+        &BootstrapConfig::default()
+            .with_deadline(Duration::MAX)
+            .with_max_rounds(2),
+        scripted(&log),
+    )
+    .await
+    .expect("connects in the second round");
+    assert_eq!(got, "flaky-b");
+    assert_eq!(log.lock().expect("log").len(), 4);
+    // A finite deadline with a pause no Instant can hold ends the rounds instead of panicking.
+    let err = rotate(
+        &names(&["refuse-a"]),
+        Duration::MAX,
+        &mut huge_backoff(),
+        &BootstrapConfig::default()
+            .with_deadline(Duration::from_secs(60))
+            .with_max_rounds(5),
+        scripted(&log),
+    )
+    .await
+    .expect_err("refused");
+    assert!(
+        matches!(&err, Error::Bootstrap(e) if e.rounds == 1),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn bootstrap_over_real_sockets_takes_duration_max() {
+    use Behaviour::{Refuse, Serve};
+    let brokers = Listeners::start(&[Refuse, Serve]).await;
+    let cfg = ConnConfig::default()
+        .with_connect_timeout(Duration::MAX)
+        .with_request_timeout(Duration::MAX);
     let conn = connect_any(
-        &[live.clone(), dead.clone()],
-        &quick_conn(),
-        &mut backoff,
-        &BootstrapConfig::default(),
+        &brokers.addrs,
+        &cfg,
+        &mut Backoff::with_rng(Duration::MAX, Duration::MAX, 2.0, 0.5, || 0.0),
+        &BootstrapConfig::default().with_deadline(Duration::MAX),
     )
     .await
     .expect("bootstrap");
-    assert_eq!(conn.peer(), live);
-    // With a draw of 0 over [dead, live] the dead one goes first; both succeed in round one.
-    let mut backoff = fixed_backoff(0.0);
-    connect_any(
-        &[dead, live.clone()],
-        &quick_conn(),
-        &mut backoff,
-        &BootstrapConfig::default(),
-    )
-    .await
-    .expect("bootstrap");
-    assert_eq!(accepted.load(Ordering::SeqCst), 2);
-    server.abort();
+    assert_eq!(conn.peer(), brokers.addrs[1]);
+    assert_eq!(brokers.take_accepted(), [0, 1]);
 }
 
 #[tokio::test]
@@ -808,7 +1300,8 @@ async fn bootstrap_respects_the_deadline() {
     let started = tokio::time::Instant::now();
     let err = connect_any(
         std::slice::from_ref(&silent),
-        &quick_conn(),
+        // The first attempt always gets the whole connect timeout; the deadline bounds the rest.
+        &ConnConfig::default().with_connect_timeout(Duration::from_millis(200)),
         &mut backoff,
         &BootstrapConfig::default()
             .with_deadline(Duration::from_millis(300))

@@ -1,11 +1,12 @@
 //! The broker connection against the real broker (tansu): ApiVersions negotiation, Metadata and
 //! FindCoordinator round trips, pipelining, and bootstrap past a dead address.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kafka_lock::backoff::Backoff;
 use kafka_lock::driver::{connect_any, BootstrapConfig, ConnConfig, Connection};
-use kafka_lock::wire::{Request, Response};
+use kafka_lock::wire::Response;
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::{
     ApiKey, ApiVersionsRequest, FindCoordinatorRequest, MetadataRequest, TopicName,
@@ -141,18 +142,47 @@ async fn find_coordinator_round_trip() {
 #[tokio::test]
 async fn pipelined_requests_from_many_tasks() {
     let conn = connect().await;
+    let version = conn
+        .versions()
+        .get(ApiKey::FindCoordinator)
+        .expect("FindCoordinator negotiated");
+    // Only v4+ echoes the key, which is what tells two FindCoordinator answers apart.
+    assert!(version >= 4, "FindCoordinator v{version}");
+    let run = support::unique_group("wire-pipe");
     let tasks: Vec<_> = (0..32)
         .map(|i| {
             let conn = conn.clone();
+            // Every request names something of its own, and every answer echoes it: an answer
+            // handed to another caller of the same API shows as a wrong name.
+            let name = format!("{run}-{i}");
             tokio::spawn(async move {
-                let req: Request = if i % 2 == 0 {
-                    find_coordinator(&conn, &format!("wire-pipe-{i}")).into()
+                // In pairs, so answers of one API are both adjacent and interleaved in the FIFO.
+                if i % 4 < 2 {
+                    let resp = conn
+                        .request(find_coordinator(&conn, &name))
+                        .await
+                        .expect("FindCoordinator");
+                    let Response::FindCoordinator(r) = resp else {
+                        panic!("expected FindCoordinator, got {resp:?}");
+                    };
+                    let keys: Vec<&str> = r.coordinators.iter().map(|c| c.key.as_str()).collect();
+                    assert_eq!(keys, [name.as_str()]);
                 } else {
-                    MetadataRequest::default().with_topics(Some(vec![])).into()
-                };
-                let want = req.api_key();
-                let resp = conn.request(req).await.expect("request");
-                assert_eq!(resp.api_key(), want);
+                    let req = MetadataRequest::default()
+                        .with_allow_auto_topic_creation(false)
+                        .with_topics(Some(vec![MetadataRequestTopic::default()
+                            .with_name(Some(TopicName(StrBytes::from_string(name.clone()))))]));
+                    let resp = conn.request(req).await.expect("Metadata");
+                    let Response::Metadata(r) = resp else {
+                        panic!("expected Metadata, got {resp:?}");
+                    };
+                    let topics: Vec<Option<&str>> = r
+                        .topics
+                        .iter()
+                        .map(|t| t.name.as_ref().map(|n| n.as_str()))
+                        .collect();
+                    assert_eq!(topics, [Some(name.as_str())]);
+                }
             })
         })
         .collect();
@@ -162,35 +192,82 @@ async fn pipelined_requests_from_many_tasks() {
     assert!(!conn.is_closed());
 }
 
+/// Loopback listeners that close every connection they accept (a dead broker, as the handshake
+/// sees it), logging their index, so a test sees which were tried and in what order.
+async fn dead_brokers(n: usize) -> (Vec<String>, Arc<Mutex<Vec<usize>>>) {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut addrs = Vec::new();
+    for index in 0..n {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        addrs.push(listener.local_addr().expect("addr").to_string());
+        let log = Arc::clone(&log);
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                log.lock().expect("log").push(index);
+                drop(stream);
+            }
+        });
+    }
+    (addrs, log)
+}
+
 #[tokio::test]
 async fn bootstrap_connects_past_a_dead_address() {
     support::init_tracing();
     let live = support::broker().bootstrap();
-    let dead = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        listener.local_addr().expect("addr").to_string()
+    let (dead, tried) = dead_brokers(2).await;
+    let backoff = |draw: f64| {
+        Backoff::with_rng(
+            Duration::from_millis(10),
+            Duration::from_millis(100),
+            2.0,
+            0.5,
+            move || draw,
+        )
     };
-    // A draw of 0 starts the rotation at the first entry, so the dead address is really tried.
-    let mut backoff = Backoff::with_rng(
-        Duration::from_millis(10),
-        Duration::from_millis(100),
-        2.0,
-        0.5,
-        || 0.0,
-    );
-    let conn = connect_any(
-        &[dead, live.clone()],
-        &ConnConfig::default(),
-        &mut backoff,
-        &BootstrapConfig::default().with_deadline(Duration::from_secs(30)),
-    )
-    .await
-    .expect("bootstrap past the dead address");
-    assert_eq!(conn.peer(), live);
-    let (code, _, _) = coordinator(
-        conn.request(find_coordinator(&conn, "wire-bootstrap"))
-            .await
-            .expect("FindCoordinator"),
-    );
-    assert_eq!(code, 0);
+    // (list, draw, dead brokers tried before the live one): a draw d over three entries starts
+    // the rotation at floor(3 d).
+    let cases = [
+        (
+            vec![dead[0].clone(), dead[1].clone(), live.clone()],
+            0.0,
+            vec![0, 1],
+        ),
+        (
+            vec![dead[0].clone(), live.clone(), dead[1].clone()],
+            0.5,
+            vec![],
+        ),
+        (
+            vec![live.clone(), dead[0].clone(), dead[1].clone()],
+            0.5,
+            vec![0, 1],
+        ),
+        (
+            vec![dead[1].clone(), live.clone(), dead[0].clone()],
+            0.9,
+            vec![0, 1],
+        ),
+    ];
+    for (list, draw, want) in cases {
+        let conn = connect_any(
+            &list,
+            &ConnConfig::default(),
+            &mut backoff(draw),
+            &BootstrapConfig::default().with_deadline(Duration::from_secs(30)),
+        )
+        .await
+        .expect("bootstrap past the dead addresses");
+        assert_eq!(conn.peer(), live);
+        let got = std::mem::take(&mut *tried.lock().expect("log"));
+        assert_eq!(got, want, "list {list:?}, draw {draw}");
+        let (code, _, _) = coordinator(
+            conn.request(find_coordinator(&conn, "wire-bootstrap"))
+                .await
+                .expect("FindCoordinator"),
+        );
+        assert_eq!(code, 0);
+    }
 }
