@@ -381,7 +381,9 @@ impl LockOptions {
     /// SyncGroup, the LeaveGroup) plus a little for the task to report it.
     fn leave_bound(&self) -> Duration {
         let cfg = self.membership_config();
-        cfg.join_timeout() + cfg.request_timeout + Duration::from_secs(1)
+        cfg.join_timeout()
+            .saturating_add(cfg.request_timeout)
+            .saturating_add(Duration::from_secs(1))
     }
 
     fn conn_config(&self) -> ConnConfig {
@@ -393,10 +395,11 @@ impl LockOptions {
     }
 
     fn bootstrap_limits(&self) -> BootstrapConfig {
-        // Reaching the cluster at all is bounded by a few connect timeouts, so "cannot reach the
-        // cluster" is reported promptly instead of being folded into the acquire wait.
+        // Reaching the cluster at all is bounded, so "cannot reach the cluster" is reported
+        // promptly instead of being folded into the acquire wait: every listed broker gets one
+        // full connect timeout first, then later rounds share three connect timeouts.
         BootstrapConfig::default()
-            .with_deadline(self.connect_timeout * 3)
+            .with_deadline(self.connect_timeout.saturating_mul(3))
             .with_max_rounds(3)
     }
 

@@ -255,7 +255,7 @@ fn send(net: &Arc<Net>, t: Transmit, answers: mpsc::UnboundedSender<(u64, Result
         };
         // The connect and the request together stay within the transmit's timeout plus the
         // connect timeout, so the machine always hears back.
-        let bound = t.timeout + net.conn.connect_timeout;
+        let bound = t.timeout.saturating_add(net.conn.connect_timeout);
         let result = match tokio::time::timeout(bound, result).await {
             Ok(r) => r,
             Err(_) => Err(Error::Timeout {
