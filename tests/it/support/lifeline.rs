@@ -10,7 +10,8 @@
 //!
 //! The wrapper waits for the program and exits with its status, so a program that dies on its
 //! own is visible to [`Supervised::exited`]. It can also remove a directory once the program is
-//! gone, even when the handle of what used it, a static, is never dropped.
+//! gone: that is how a broker's scratch directory goes with the test process even when the
+//! broker's handle, a static, is never dropped (see `kafka::scratch`).
 
 use std::fs::{self, File};
 use std::io::{Read, Write};

@@ -12,9 +12,13 @@
 //!
 //! Tests that must stop or restart a broker use [`TestBroker::start_private`], which is stopped
 //! on drop.
+//!
+//! Apache Kafka itself (single node and three-node cluster), its admin tools and the seed
+//! design's Java lock peer live in [`kafka`].
 
 #![allow(dead_code)] // each test module uses a different subset of these helpers
 
+pub mod kafka;
 pub mod lifeline;
 mod selftest;
 
