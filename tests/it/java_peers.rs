@@ -1,11 +1,11 @@
 //! The seed design's lock, Java KafkaConsumers on a one-partition topic, on a real Apache Kafka
 //! broker: what kafka-lock is measured against and must share a lock with.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::support::kafka::admin::{create_topic, describe_group};
 use crate::support::kafka::kafka;
-use crate::support::kafka::peer::{PeerEventKind, SeedPeer, SeedPeerOptions};
+use crate::support::kafka::peer::{Assignors, PeerEventKind, SeedPeer, SeedPeerOptions};
 use crate::support::{mono_ns, unique_group};
 
 const BOUND: Duration = Duration::from_secs(60);
@@ -117,4 +117,54 @@ fn two_seed_peers_never_hold_at_once_and_hand_over_on_close() {
         }
     }
     b.quit(BOUND);
+}
+
+/// With cooperative-sticky only, a member that joins later does not take the lock, whatever its
+/// member id, and the holder is not even asked to give it back: the contrast with Java's
+/// default (range first), where every join revokes the lock for a moment and the smallest
+/// member id wins.
+#[test]
+fn cooperative_sticky_holder_keeps_the_lock_when_another_joins() {
+    let topic = new_lock_topic("java-sticky");
+    let sticky = |client_id: &str| SeedPeerOptions {
+        assignors: Assignors::CooperativeSticky,
+        ..fast_peer(&topic, client_id)
+    };
+    // "z-..." sorts after "a-...": range would hand the lock to the newcomer.
+    let mut holder = SeedPeer::start(&sticky("z-holder"));
+    holder.wait_for(PeerEventKind::Acquired, BOUND);
+    let mut newcomer = SeedPeer::start(&sticky("a-newcomer"));
+    newcomer.wait_for(PeerEventKind::Started, BOUND);
+
+    let deadline = Instant::now() + BOUND;
+    // Polling the group: the peers report no event for a join that leaves their partitions
+    // alone. Each describe is a JVM run of about two seconds, so the loop needs no pause.
+    let group = loop {
+        let group = describe_group(&kafka().bootstrap(), &topic).expect("describe");
+        if group.state == "Stable" && group.members.len() == 2 {
+            break group;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the newcomer never joined: {group:?}"
+        );
+    };
+    assert_eq!(group.protocol, "cooperative-sticky", "{group:?}");
+    let holding: Vec<&str> = group
+        .members
+        .iter()
+        .filter(|m| !m.partitions.is_empty())
+        .map(|m| m.client_id.as_str())
+        .collect();
+    assert_eq!(holding, ["z-holder"], "{group:?}");
+    let kinds: Vec<PeerEventKind> = holder.drain().iter().map(|e| e.kind).collect();
+    assert_eq!(
+        kinds,
+        [PeerEventKind::Started, PeerEventKind::Acquired],
+        "the holder was disturbed"
+    );
+
+    holder.quit(BOUND);
+    newcomer.wait_for(PeerEventKind::Acquired, BOUND);
+    newcomer.quit(BOUND);
 }

@@ -60,9 +60,11 @@ public class SeedLockPeer {
             props.put(ConsumerConfig.CLIENT_ID_CONFIG, opts.get("client-id"));
         }
         switch (opts.getOrDefault("assignors", "default")) {
-            // Java's own default, [RangeAssignor, CooperativeStickyAssignor]: left unset on purpose.
+            // Java's own default, [RangeAssignor, CooperativeStickyAssignor]: left unset on
+            // purpose, so the peer behaves as the seed design's consumers did.
             case "default" -> { }
-            case "cooperative-sticky" -> props.put(ConsumerConfig.PARTITION_ASSIGNMENT_STRATEGY_CONFIG,
+            case "cooperative-sticky" -> props.put(
+                    ConsumerConfig.PARTITION_ASSIGNMENT_STRATEGY_CONFIG,
                     CooperativeStickyAssignor.class.getName());
             default -> usage("--assignors must be default or cooperative-sticky");
         }

@@ -46,6 +46,58 @@ fn admin_helpers_create_describe_and_delete() {
     assert!(err.contains("GroupIdNotFoundException"), "{err}");
 }
 
+/// The two shared brokers differ in `group.initial.rebalance.delay.ms` (0 and 3000): the first
+/// member of a new group waits that long for its assignment.
+#[test]
+fn default_delay_broker_delays_the_first_join() {
+    let first_join = |broker: &KafkaCluster| {
+        let topic = unique_group("selftest-delay");
+        create_topic(&broker.bootstrap(), &topic, 1);
+        let mut p = peer::SeedPeer::start(&peer::SeedPeerOptions::new(&broker.bootstrap(), &topic));
+        let started = p.wait_for(peer::PeerEventKind::Started, Duration::from_secs(60));
+        let acquired = p.wait_for(peer::PeerEventKind::Acquired, Duration::from_secs(60));
+        p.quit(Duration::from_secs(30));
+        Duration::from_nanos((acquired.mono_ns - started.mono_ns) as u64)
+    };
+    let (delayed, immediate) = std::thread::scope(|s| {
+        let delayed = s.spawn(|| first_join(kafka_default_delay()));
+        let immediate = first_join(kafka());
+        (delayed.join().expect("delayed peer"), immediate)
+    });
+    eprintln!(
+        "first join to assignment: {delayed:?} with the 3000 ms delay, {immediate:?} without"
+    );
+    assert!(!std::ptr::eq(kafka(), kafka_default_delay()));
+    assert!(delayed >= Duration::from_secs(3), "{delayed:?}");
+    // Both include the same client start-up; only one includes the 3 s wait.
+    assert!(
+        immediate + Duration::from_secs(2) < delayed,
+        "{immediate:?} vs {delayed:?}"
+    );
+}
+
+#[test]
+fn missing_java_or_jars_name_the_install_script() {
+    let err = check_libs(Path::new("/nonexistent/kafka-lock/libs")).unwrap_err();
+    assert!(err.contains("scripts/install-test-deps.sh"), "{err}");
+    let empty = crate::support::kafka::scratch::ScratchDir::new("selftest-empty-libs");
+    let err = check_libs(empty.path()).unwrap_err();
+    assert!(
+        err.contains("kafka_2.13-") && err.contains("scripts/install-test-deps.sh"),
+        "{err}"
+    );
+}
+
+#[test]
+fn java_versions_parse() {
+    let v = |s| java_major_version(s);
+    assert_eq!(v("openjdk version \"17.0.15\" 2025-04-15"), Some(17));
+    assert_eq!(v("openjdk version \"25\" 2025-09-16"), Some(25));
+    assert_eq!(v("java version \"1.8.0_402\""), Some(8));
+    assert_eq!(v("openjdk version \"21-ea\" 2023-09-19"), Some(21));
+    assert_eq!(v("no version here"), None);
+}
+
 #[test]
 fn private_kafka_dies_with_sigkilled_test_process() {
     let (mut child, fields) =
