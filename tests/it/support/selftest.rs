@@ -13,7 +13,7 @@ const HOLD_ENV: &str = "KAFKA_LOCK_SELFTEST_HOLD";
 
 /// Waits up to `bound` for `cond`, polling: process exit has no portable notification for a
 /// process that is not our child.
-fn wait_until(bound: Duration, mut cond: impl FnMut() -> bool) -> bool {
+pub(super) fn wait_until(bound: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + bound;
     loop {
         if cond() {
@@ -26,7 +26,7 @@ fn wait_until(bound: Duration, mut cond: impl FnMut() -> bool) -> bool {
     }
 }
 
-fn refuses_connections(port: u16) -> bool {
+pub(super) fn refuses_connections(port: u16) -> bool {
     TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_secs(1)).is_err()
 }
 
@@ -97,16 +97,41 @@ fn private_broker_restarts_on_the_same_port_empty() {
 
 #[test]
 fn shared_broker_dies_with_sigkilled_test_process() {
+    let (mut child, fields) = spawn_holder("support::selftest::hold_shared_broker", HOLD_ENV);
+    let (port, pid): (u16, u32) = match fields[..] {
+        [ref port, ref pid, ..] => (port.parse().unwrap(), pid.parse().unwrap()),
+        _ => panic!("bad HOLDING line {fields:?}"),
+    };
+    assert!(pid_alive(pid));
+    probe_api_versions(([127, 0, 0, 1], port).into()).expect("the child's broker answers");
+
+    child.kill().expect("SIGKILL the child test process");
+    child.wait().expect("reap the child test process");
+
+    assert!(
+        wait_until(Duration::from_secs(10), || !pid_alive(pid)),
+        "tansu pid {pid} outlived its SIGKILLed test process"
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), || refuses_connections(port)),
+        "port {port} still accepts connections"
+    );
+}
+
+/// Runs the ignored test `test` of this binary in a child process with `env=1`, and returns the
+/// child and the whitespace-separated fields it printed after `HOLDING ` once it holds what it
+/// was asked to start. The child blocks until killed.
+pub(super) fn spawn_holder(test: &str, env: &str) -> (ChildGuard, Vec<String>) {
     let exe = std::env::current_exe().expect("test binary path");
     let child = Command::new(exe)
         .args([
-            "support::selftest::hold_shared_broker",
+            test,
             "--exact",
             "--ignored",
             "--nocapture",
             "--test-threads=1",
         ])
-        .env(HOLD_ENV, "1")
+        .env(env, "1")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -121,37 +146,24 @@ fn shared_broker_dies_with_sigkilled_test_process() {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
             // libtest prints the test name on the same line, so the marker is not at the start.
             if let Some((_, rest)) = line.split_once("HOLDING ") {
-                let mut fields = rest.split_whitespace().map(str::parse::<u32>);
-                if let (Some(Ok(port)), Some(Ok(pid))) = (fields.next(), fields.next()) {
-                    let _ = tx.send(Ok((port as u16, pid)));
-                    return;
-                }
+                let _ = tx.send(Ok(rest.split_whitespace().map(str::to_owned).collect()));
+                return;
             }
             transcript.push_str(&line);
             transcript.push('\n');
         }
         let _ = tx.send(Err(transcript));
     });
-    let (port, pid) = match rx.recv_timeout(Duration::from_secs(60)) {
-        Ok(Ok(holding)) => holding,
+    // Generous: the child may have to start a JVM broker on a busy machine.
+    match rx.recv_timeout(Duration::from_secs(240)) {
+        Ok(Ok(fields)) => (child, fields),
         Ok(Err(transcript)) => panic!(
-            "the child test process ended its output without reporting a broker \
-             (exit: {:?}); its stdout:\n{transcript}",
+            "the child test process ended its output without reporting (exit: {:?}); its \
+             stdout:\n{transcript}",
             child.wait()
         ),
-        Err(e) => panic!("no report from the child test process within 60 s ({e})"),
-    };
-    assert!(pid_alive(pid));
-    probe_api_versions(([127, 0, 0, 1], port).into()).expect("the child's broker answers");
-
-    child.kill().expect("SIGKILL the child test process");
-    child.wait().expect("reap the child test process");
-
-    assert!(
-        wait_until(Duration::from_secs(10), || !pid_alive(pid)),
-        "tansu pid {pid} outlived its SIGKILLed test process"
-    );
-    assert!(refuses_connections(port));
+        Err(e) => panic!("no report from the child test process within 240 s ({e})"),
+    }
 }
 
 /// The child half of `shared_broker_dies_with_sigkilled_test_process`: ignored because it only
