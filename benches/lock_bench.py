@@ -1,231 +1,466 @@
 #!/usr/bin/env python3
-"""Side-by-side lock benchmark: kafka-lock against the seed design (a librdkafka consumer whose
-assignment of partition 0 is the lock), on one tansu broker, with the same timeouts.
+"""Lock benchmark on Apache Kafka: kafka-lock side by side with the seed design on the Java
+KafkaConsumer (tests/java/SeedLockPeer.java) and on librdkafka (tests/interop/rdkafka_lock.py),
+same broker, same timeouts (session 6 s, heartbeat 1 s unless told otherwise).
 
-Scenarios, each repeated --reps times on a fresh group:
-  uncontended  spawn one contender; time until it holds the lock
-  handover     A holds, B waits; A releases; time from A's release to B holding
-  failover     A holds, B waits; SIGKILL A; time from the kill to B holding
-(A acts at a random moment 1-2 s after B started waiting, the same moments for every client.)
+Scenarios (each on fresh groups, --reps times, medians reported):
+  uncontended        process start -> holding, on a broker with group.initial.rebalance.delay.ms=0;
+                     for kafka-lock the CLI: process start -> the command started
+  uncontended-3s     the same on a broker with Kafka's default delay of 3000 ms
+  handover           A holds, B waits; at a random moment 1-2 s later A is asked to release;
+                     time from that request to B holding
+  failover           the same, but A is SIGKILLed; time from the kill to B holding
+  herd               kafka-lock only: --herd contenders start together and pass the lock one by one,
+                     each holding 1 s; handover gaps, members that dropped out, and the requests
+                     per second the coordinator received (counted by a proxy the broker advertises)
+  coordinator        kafka-lock only, 3-node cluster: SIGKILL of the lock group's coordinator while
+                     A holds and B waits; time from the kill until the new coordinator renewed A's
+                     lease, and whether A kept the lock
 
-Every time comes from CLOCK_MONOTONIC readings taken by the processes themselves (the contenders
-print JSON events with mono_ns) or by this script just before it acts, so they compare across
-processes. Usage (after scripts/install-test-deps.sh and
-`cargo build --release --example contender`):
+Every time comes from CLOCK_MONOTONIC readings by the processes themselves (their events carry it;
+Java's System.nanoTime is CLOCK_MONOTONIC on Linux) or by this script just before it acts.
 
-    python3 benches/lock_bench.py [--reps 3] [--session-ms 6000] [--heartbeat-ms 1000]
+    scripts/install-test-deps.sh
+    cargo build --release --features cli --bin kafka-lock --example contender
+    python3 benches/lock_bench.py [--reps 5] [--only uncontended,handover,...] [--json FILE]
+
+Only loopback addresses are used; every process it starts is stopped when it ends.
 """
 
 import argparse
+import asyncio
 import json
+import os
 import queue
 import random
 import signal
 import statistics
+import struct
 import subprocess
 import sys
-import threading
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
 
-from idle_bench import PYTHON, TANSU, Broker, mono_ns
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+from local_kafka import JAVA, LIBS, LocalKafka, free_ports  # noqa: E402
+
+KAFKA_LOCK = ROOT / "target/release/kafka-lock"
 CONTENDER = ROOT / "target/release/examples/contender"
+PYTHON = Path(os.environ.get("KAFKA_LOCK_PYTHON", ROOT / ".tools/venv/bin/python"))
 RDKAFKA = ROOT / "tests/interop/rdkafka_lock.py"
+JAVA_PEER = ROOT / "tests/java/SeedLockPeer.java"
 BOUND = 90.0
 
 
-def new_broker():
-    # The idle benchmark's broker launcher: loopback port, memory storage, stopped with us.
-    return Broker(tempfile.mkdtemp(prefix="kafka-lock-bench-"))
+def mono_ns():
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
 
 
-class Contender:
-    """A contender process printing JSON events on stdout; 'close' on stdin releases."""
+def die_with_parent():
+    try:
+        import ctypes
 
-    def __init__(self, argv):
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+def run_admin(bootstrap, *args):
+    subprocess.run([JAVA, "-cp", f"{LIBS}/*", str(ROOT / "tests/java/KafkaAdmin.java"),
+                    bootstrap, *args], check=True, capture_output=True, text=True)
+
+
+def create_topic(bootstrap, name):
+    run_admin(bootstrap, "create-topic", name, "1")
+
+
+class Proc:
+    """A process printing one event per line; events are parsed by `parse` into (name, mono_ns)."""
+
+    def __init__(self, argv, parse, stream="stdout", stdin=True):
         self.spawned_ns = mono_ns()
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True)
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
+            preexec_fn=die_with_parent)
+        self.parse = parse
         self.events = queue.Queue()
         self.log = []
-        threading.Thread(target=self._read, daemon=True).start()
+        src = self.proc.stdout if stream == "stdout" else self.proc.stderr
+        other = self.proc.stderr if stream == "stdout" else self.proc.stdout
+        threading.Thread(target=self._read, args=(src,), daemon=True).start()
+        threading.Thread(target=lambda: [None for _ in other], daemon=True).start()
 
-    def _read(self):
-        for line in self.proc.stdout:
-            try:
-                self.events.put(json.loads(line))
-            except ValueError:
-                pass
+    def _read(self, stream):
+        for line in stream:
+            ev = self.parse(line.strip())
+            if ev:
+                self.events.put(ev)
 
-    def wait(self, what, pred):
-        deadline = time.monotonic() + BOUND
+    def wait(self, names, bound=BOUND):
+        deadline = time.monotonic() + bound
         while True:
             try:
-                e = self.events.get(timeout=max(0.0, deadline - time.monotonic()))
+                ev = self.events.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                raise SystemExit(f"timed out waiting for {what}; saw {self.log}")
-            self.log.append(e)
-            if pred(e):
-                return e
+                raise SystemExit(f"timed out waiting for {names}; saw {self.log}")
+            self.log.append(ev)
+            if ev[0] in names:
+                return ev
 
-    def close(self):
-        self.proc.stdin.write("close\n")
-        self.proc.stdin.flush()
+    def send(self, line):
+        try:
+            self.proc.stdin.write(line + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass
 
     def kill(self):
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
 
+    def stop(self, release):
+        if self.proc.poll() is None:
+            self.send(release)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
 
-class KafkaLock:
-    name = "kafka-lock (native)"
 
-    def __init__(self, broker, session_ms, heartbeat_ms):
-        self.broker, self.session_ms, self.heartbeat_ms = broker, session_ms, heartbeat_ms
+def parse_json(line):
+    try:
+        e = json.loads(line)
+    except ValueError:
+        return None
+    return (e.get("event"), int(e.get("mono_ns", 0)), e)
 
-    def new_lock(self):
-        return "bench-" + uuid.uuid4().hex[:12]
 
-    def spawn(self, lock, _client_id):
-        return Contender([str(CONTENDER), self.broker.bootstrap, lock, "--session-ms", str(self.session_ms),
-                          "--heartbeat-ms", str(self.heartbeat_ms)])
+def parse_java(line):
+    parts = line.split()
+    if len(parts) >= 2 and parts[1].isdigit():
+        return (parts[0].lower(), int(parts[1]), parts)
+    return None
 
-    @staticmethod
-    def is_held(e):
-        return e["event"] == "acquired"
 
-    @staticmethod
-    def is_waiting(e):
-        return e["event"] == "waiting"
+class KafkaLockLib:
+    name = "kafka-lock (library)"
+    held, release = "acquired", "close"
 
-    @staticmethod
-    def is_released(e):
-        return e["event"] == "released"
+    def __init__(self, session_ms, heartbeat_ms):
+        self.session_ms, self.heartbeat_ms = session_ms, heartbeat_ms
 
-    def steady_after_waiter_joined(self, holder):
-        pass  # sticky: the holder keeps the lock through the waiter's join, nothing to wait for
+    def start(self, bootstrap, group, topic, client_id):
+        return Proc([str(CONTENDER), bootstrap, group, "--session-ms", str(self.session_ms),
+                     "--heartbeat-ms", str(self.heartbeat_ms)], parse_json)
+
+
+class KafkaLockCli:
+    """The product: `kafka-lock run`; holding = the command started."""
+    name = "kafka-lock (CLI)"
+    held, release = "child_started", ""
+
+    def __init__(self, session_ms, heartbeat_ms):
+        self.session_ms, self.heartbeat_ms = session_ms, heartbeat_ms
+
+    def start(self, bootstrap, group, topic, client_id):
+        return Proc([str(KAFKA_LOCK), "run", "--bootstrap", bootstrap, "--lock", group,
+                     "--session-timeout", f"{self.session_ms}ms",
+                     "--heartbeat-interval", f"{self.heartbeat_ms}ms", "--events", "json",
+                     "--", "true"], parse_json, stream="stderr", stdin=False)
+
+
+class JavaSeed:
+    name = "Java KafkaConsumer (seed design)"
+    held, release = "acquired", "quit"
+    classes = None
+
+    def __init__(self, session_ms, heartbeat_ms):
+        self.session_ms, self.heartbeat_ms = session_ms, heartbeat_ms
+        if JavaSeed.classes is None:
+            # Compiled once, as a user's application would be: the source launcher would add a
+            # compilation to every start.
+            JavaSeed.classes = tempfile.mkdtemp(prefix="kafka-lock-bench-java-")
+            subprocess.run(["javac", "-cp", f"{LIBS}/*", "-d", JavaSeed.classes, str(JAVA_PEER)],
+                           check=True)
+
+    def start(self, bootstrap, group, topic, client_id):
+        return Proc([JAVA, "-cp", f"{LIBS}/*:{JavaSeed.classes}",
+                     f"-Dlog4j2.configurationFile={ROOT / 'tests/java/log4j2.properties'}",
+                     "SeedLockPeer", "--bootstrap", bootstrap, "--group", group, "--topic", topic,
+                     "--client-id", client_id, "--session-timeout-ms", str(self.session_ms),
+                     "--heartbeat-interval-ms", str(self.heartbeat_ms)], parse_java)
+
+
+def parse_rdkafka(line):
+    ev = parse_json(line)
+    # Every member gets an `assigned` callback; only partition 0 is the lock.
+    if ev and ev[0] == "assigned" and 0 in ev[2].get("partitions", []):
+        return ("acquired", ev[1], ev[2])
+    return ev
 
 
 class Rdkafka:
     name = "librdkafka consumer (seed design)"
+    held, release = "acquired", "close"
 
-    def __init__(self, broker, session_ms, heartbeat_ms):
-        self.broker, self.session_ms, self.heartbeat_ms = broker, session_ms, heartbeat_ms
+    def __init__(self, session_ms, heartbeat_ms):
+        self.session_ms, self.heartbeat_ms = session_ms, heartbeat_ms
 
-    def new_lock(self):
-        topic = "bench-" + uuid.uuid4().hex[:12]
-        self.broker.create_topic(topic)
-        return topic
-
-    def spawn(self, lock, client_id):
-        return Contender([str(PYTHON), str(RDKAFKA), self.broker.bootstrap, lock, lock, client_id,
-                          str(self.session_ms), str(self.heartbeat_ms)])
-
-    @staticmethod
-    def is_held(e):
-        return e["event"] == "assigned" and e.get("partitions") == [0]
-
-    @staticmethod
-    def is_waiting(e):
-        return e["event"] == "assigned" and e.get("partitions") == []
-
-    @staticmethod
-    def is_released(e):
-        return e["event"] in ("revoked", "lost") and 0 in e.get("partitions", [])
-
-    def steady_after_waiter_joined(self, holder):
-        # Eager range: the holder gives partition 0 up for the waiter's join and, sorting first,
-        # gets it back.
-        holder.wait("reassignment", self.is_held)
+    def start(self, bootstrap, group, topic, client_id):
+        return Proc([str(PYTHON), str(RDKAFKA), bootstrap, group, topic, client_id,
+                     str(self.session_ms), str(self.heartbeat_ms)], parse_rdkafka)
 
 
-def uncontended(client, _rep):
-    lock = client.new_lock()
-    a = client.spawn(lock, "a")
+def needs_topic(client):
+    return not isinstance(client, (KafkaLockLib, KafkaLockCli))
+
+
+def fresh(kafka, client, tag):
+    group = f"bench-{tag}-{uuid.uuid4().hex[:8]}"
+    if needs_topic(client):
+        create_topic(kafka.bootstrap, group)
+    return group
+
+
+def uncontended(kafka, client, _rep):
+    group = fresh(kafka, client, "solo")
+    p = client.start(kafka.bootstrap, group, group, "a")
     try:
-        held = a.wait("hold", client.is_held)
-        return (held["mono_ns"] - a.spawned_ns) / 1e9
+        ev = p.wait({client.held})
+        return (ev[1] - p.spawned_ns) / 1e9
     finally:
-        a.close()
-        a.wait("close", lambda e: e["event"] == "closed")
-        a.kill()
+        p.stop(client.release) if client.release else p.kill()
 
 
-def two_contenders(client, rep):
-    lock = client.new_lock()
-    a = client.spawn(lock, "a")
-    a.wait("hold", client.is_held)
-    b = client.spawn(lock, "b")
-    b.wait("waiting", client.is_waiting)
-    client.steady_after_waiter_joined(a)
-    # Act at a random phase of the waiter's heartbeat cycle (the same delays for every client):
-    # acting right after the waiter synced would always catch it a full interval before its next
-    # heartbeat, which measures the schedule, not the client.
-    time.sleep(random.Random(rep).uniform(1.0, 2.0))
-    return a, b
-
-
-def handover(client, rep):
-    a, b = two_contenders(client, rep)
+def pair(kafka, client, rep, act):
+    group = fresh(kafka, client, "pair")
+    a = client.start(kafka.bootstrap, group, group, "a")
+    b = None
     try:
-        a.close()
-        released = a.wait("release", client.is_released)
-        held = b.wait("hold", client.is_held)
-        return (held["mono_ns"] - released["mono_ns"]) / 1e9
+        a.wait({client.held})
+        b = client.start(kafka.bootstrap, group, group, "b")
+        # B has joined and synced: for kafka-lock a waiting event; the seed clients say nothing
+        # while unassigned, so give B the time a join takes before the random moment.
+        if isinstance(client, KafkaLockLib):
+            b.wait({"waiting"})
+        else:
+            time.sleep(1.0)
+        time.sleep(random.Random(rep).uniform(1.0, 2.0))
+        at = mono_ns()
+        act(a)
+        ev = b.wait({client.held})
+        return (ev[1] - at) / 1e9
     finally:
-        a.kill()
-        b.close()
-        b.kill()
+        for p in (a, b):
+            if p:
+                p.stop(client.release)
 
 
-def failover(client, rep):
-    a, b = two_contenders(client, rep)
-    try:
-        killed = mono_ns()
-        a.proc.send_signal(signal.SIGKILL)
-        held = b.wait("hold", client.is_held)
-        return (held["mono_ns"] - killed) / 1e9
-    finally:
-        a.kill()
-        b.close()
-        b.kill()
+def handover(kafka, client, rep):
+    return pair(kafka, client, rep, lambda a: a.send(client.release))
+
+
+def failover(kafka, client, rep):
+    return pair(kafka, client, rep, lambda a: a.kill())
+
+
+# ---- herd: many waiters, requests counted at a proxy the broker advertises ------------------
+
+
+class CountingProxy:
+    """Forwards 127.0.0.1:port to the broker and counts the requests per API key."""
+
+    def __init__(self, port):
+        self.port, self.target = port, None
+        self.counts = {}
+        self.lock = threading.Lock()
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        asyncio.run_coroutine_threadsafe(self._serve(), self.loop).result()
+
+    async def _serve(self):
+        self.server = await asyncio.start_server(self._conn, "127.0.0.1", self.port)
+
+    async def _conn(self, r, w):
+        ur, uw = await asyncio.open_connection("127.0.0.1", self.target)
+
+        async def upstream():
+            buf = b""
+            while data := await r.read(65536):
+                uw.write(data)
+                buf += data
+                while len(buf) >= 6:
+                    size = struct.unpack(">i", buf[:4])[0]
+                    if len(buf) < 4 + size:
+                        break
+                    api = struct.unpack(">h", buf[4:6])[0]
+                    with self.lock:
+                        self.counts[api] = self.counts.get(api, 0) + 1
+                    buf = buf[4 + size:]
+            uw.close()
+
+        async def downstream():
+            while data := await ur.read(65536):
+                w.write(data)
+            w.close()
+
+        await asyncio.gather(upstream(), downstream(), return_exceptions=True)
+
+    def snapshot(self):
+        with self.lock:
+            return dict(self.counts)
+
+
+API_NAMES = {0: "Produce", 1: "Fetch", 3: "Metadata", 10: "FindCoordinator", 11: "JoinGroup",
+             12: "Heartbeat", 13: "LeaveGroup", 14: "SyncGroup", 15: "DescribeGroups",
+             18: "ApiVersions"}
+
+
+def herd(n, session_ms, heartbeat_ms):
+    proxy_port, = free_ports(1)
+    proxy = CountingProxy(proxy_port)
+    with LocalKafka(initial_delay_ms=0,
+                    extra={"advertised.listeners": f"PLAINTEXT://127.0.0.1:{proxy_port}"}) as kafka:
+        proxy.target = kafka.nodes[0].port
+        bootstrap = f"127.0.0.1:{proxy_port}"
+        client = KafkaLockLib(session_ms, heartbeat_ms)
+        group = f"bench-herd-{uuid.uuid4().hex[:8]}"
+        procs = [client.start(bootstrap, group, group, f"m{i}") for i in range(n)]
+        merged = queue.Queue()
+
+        def forward(i, p):
+            while True:
+                merged.put((i, p.events.get()))
+
+        for i, p in enumerate(procs):
+            threading.Thread(target=forward, args=(i, p), daemon=True).start()
+        before, t0 = proxy.snapshot(), mono_ns()
+        acquired, released, lost = {}, {}, []
+        gaps = []
+        deadline = time.monotonic() + BOUND * 10
+        holder = None
+        release_at = None
+        while len(released) < n and time.monotonic() < deadline:
+            if holder is not None and time.monotonic() >= release_at:
+                procs[holder].send("close")
+                holder = None
+            try:
+                i, ev = merged.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            if ev[0] == "acquired":
+                if i in acquired:
+                    lost.append(f"member {i} acquired twice")
+                acquired[i] = ev[1]
+                if released:
+                    gaps.append((ev[1] - max(released.values())) / 1e9)
+                holder, release_at = i, time.monotonic() + 1.0
+            elif ev[0] == "released":
+                released[i] = ev[1]
+            elif ev[0] == "lost":
+                lost.append(f"member {i} lost: {ev[2]}")
+        t1 = mono_ns()
+        after = proxy.snapshot()
+        for p in procs:
+            p.stop("close")
+        seconds = (t1 - t0) / 1e9
+        rates = {API_NAMES.get(k, str(k)): (after.get(k, 0) - before.get(k, 0)) / seconds
+                 for k in after}
+        return {
+            "members": n, "acquired": len(acquired), "dropped_or_lost": lost,
+            "handover_median_s": statistics.median(gaps) if gaps else None,
+            "handover_max_s": max(gaps) if gaps else None,
+            "seconds": seconds,
+            "requests_per_s": {k: round(v, 1) for k, v in sorted(rates.items())},
+            "requests_per_s_total": round(sum(rates.values()), 1),
+        }
+
+
+# ---- coordinator failover on three nodes ----------------------------------------------------
+
+
+def coordinator_failover(reps, session_ms, heartbeat_ms):
+    out = []
+    with LocalKafka(nodes=3, initial_delay_ms=0) as cluster:
+        client = KafkaLockLib(session_ms, heartbeat_ms)
+        for rep in range(reps):
+            group = f"bench-coord-{rep}-{uuid.uuid4().hex[:6]}"
+            a = client.start(cluster.bootstrap, group, group, "a")
+            a.wait({"acquired"})
+            b = client.start(cluster.bootstrap, group, group, "b")
+            b.wait({"waiting"})
+            a.wait({"renewed"})
+            victim = cluster.coordinator_of(group)
+            time.sleep(random.Random(rep).uniform(0.0, heartbeat_ms / 1000))
+            killed = mono_ns()
+            cluster.kill(victim)
+            ev = a.wait({"renewed", "lost"}, bound=session_ms / 1000 * 4)
+            kept = ev[0] == "renewed"
+            out.append({"confirmed_after_s": (ev[1] - killed) / 1e9 if kept else None,
+                        "kept": kept, "killed_node": victim})
+            for p in (a, b):
+                p.stop("close")
+            cluster.start_node(cluster.node(victim))
+            cluster.wait_ready()
+    return out
+
+
+def summary(samples):
+    return {"median": statistics.median(samples), "min": min(samples), "max": max(samples),
+            "runs": [round(s, 3) for s in samples]}
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--reps", type=int, default=3)
+    ap = argparse.ArgumentParser(description="kafka-lock vs the seed design on Apache Kafka")
+    ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--session-ms", type=int, default=6000)
     ap.add_argument("--heartbeat-ms", type=int, default=1000)
+    ap.add_argument("--herd", type=int, default=50)
+    ap.add_argument("--only", default="uncontended,uncontended-3s,handover,failover,herd,coordinator")
+    ap.add_argument("--json")
     args = ap.parse_args()
-    for p, how in [(TANSU, "scripts/install-test-deps.sh"), (PYTHON, "scripts/install-test-deps.sh"),
-                   (CONTENDER, "cargo build --release --example contender")]:
-        if not p.exists():
-            raise SystemExit(f"{p} is missing: run {how}")
-    broker = new_broker()
-    try:
-        clients = [KafkaLock(broker, args.session_ms, args.heartbeat_ms),
-                   Rdkafka(broker, args.session_ms, args.heartbeat_ms)]
-        rows = []
-        for scenario in (uncontended, handover, failover):
-            for client in clients:
-                times = [scenario(client, rep) for rep in range(args.reps)]
-                rows.append((scenario.__name__, client.name, times))
-                print(f"{scenario.__name__:12} {client.name:36} " + " ".join(f"{t:.3f}" for t in times),
-                      file=sys.stderr, flush=True)
-        print(f"\nsession {args.session_ms} ms, heartbeat {args.heartbeat_ms} ms, {args.reps} runs each, "
-              f"tansu on loopback\n")
-        print("| scenario | client | median (s) | min (s) | max (s) | runs (s) |")
-        print("|---|---|---|---|---|---|")
-        for scenario, name, times in rows:
-            print(f"| {scenario} | {name} | {statistics.median(times):.3f} | {min(times):.3f} | "
-                  f"{max(times):.3f} | {', '.join(f'{t:.3f}' for t in times)} |")
-    finally:
-        broker.stop()
+    only = set(args.only.split(","))
+    for f in (KAFKA_LOCK, CONTENDER):
+        if not f.exists():
+            raise SystemExit(f"{f} missing: cargo build --release --features cli --bin kafka-lock --example contender")
+    s, h = args.session_ms, args.heartbeat_ms
+    results = {"settings": {"session_ms": s, "heartbeat_ms": h, "reps": args.reps}}
+
+    def table(title, kafka, clients, scenario):
+        rows = {}
+        for c in clients:
+            runs = [scenario(kafka, c, rep) for rep in range(args.reps)]
+            rows[c.name] = summary(runs)
+            print(f"{title:<16} {c.name:<36} median {rows[c.name]['median']:.3f} s  runs {rows[c.name]['runs']}",
+                  flush=True)
+        results[title] = rows
+
+    seeds = [JavaSeed(s, h), Rdkafka(s, h)]
+    if only & {"uncontended", "handover", "failover"}:
+        with LocalKafka(initial_delay_ms=0) as kafka:
+            if "uncontended" in only:
+                table("uncontended", kafka, [KafkaLockCli(s, h), KafkaLockLib(s, h), *seeds], uncontended)
+            if "handover" in only:
+                table("handover", kafka, [KafkaLockLib(s, h), *seeds], handover)
+            if "failover" in only:
+                table("failover", kafka, [KafkaLockLib(s, h), *seeds], failover)
+    if "uncontended-3s" in only:
+        with LocalKafka(initial_delay_ms=3000) as kafka:
+            table("uncontended-3s", kafka, [KafkaLockCli(s, h), *seeds], uncontended)
+    if "herd" in only:
+        results["herd"] = herd(args.herd, s, h)
+        print("herd", json.dumps(results["herd"]), flush=True)
+    if "coordinator" in only:
+        results["coordinator"] = coordinator_failover(args.reps, s, h)
+        print("coordinator", json.dumps(results["coordinator"]), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

@@ -5,8 +5,9 @@
 //! contender BOOTSTRAP LOCK [--topic T] [--session-ms N] [--heartbeat-ms N]
 //! ```
 //!
-//! Prints one JSON object per line: `started`, `waiting`, `acquired`, `lost`, `released`, each with
-//! `mono_ns` (CLOCK_MONOTONIC). The stdin line `close` (or end of input) releases and exits.
+//! Prints one JSON object per line: `started`, `waiting`, `acquired`, `renewed` (a heartbeat moved
+//! the lease end), `lost`, `released`, `closed`, each with `mono_ns` (CLOCK_MONOTONIC). The stdin
+//! line `close` (or end of input) releases and exits.
 
 use std::time::Duration;
 
@@ -96,8 +97,17 @@ async fn main() {
         }
     };
     let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    let mut hold = guard.watch();
     loop {
         tokio::select! {
+            more = hold.changed() => {
+                if !more {
+                    break;
+                }
+                if hold.is_held() {
+                    emit("renewed", "");
+                }
+            }
             line = lines.next_line() => match line {
                 Ok(Some(l)) if l.trim() != "close" => continue,
                 _ => break,

@@ -134,6 +134,12 @@ fn broker_is_a_pinned_single_node_kraft_apache_kafka_4() {
         parts.len() == 3 && parts.iter().all(|p| p.parse::<u32>().is_ok()) && parts[0] == "4",
         "the image must be pinned to a 4.x.y release, not {image:?}"
     );
+    // The compose file shows users what the tests prove: the same broker release.
+    assert_eq!(
+        version,
+        tested_kafka_version(),
+        "docker-compose.yml runs Apache Kafka {version}, the tests run the version pinned in scripts/kafka/pom.xml"
+    );
 
     let env = environment(kafka);
     let roles = env
@@ -153,6 +159,18 @@ fn broker_is_a_pinned_single_node_kraft_apache_kafka_4() {
         Some("1"),
         "on one node the group coordinator's topic needs replication factor 1, or no group can form"
     );
+}
+
+/// The Apache Kafka release the integration tests run (`scripts/kafka/pom.xml`).
+fn tested_kafka_version() -> String {
+    let pom = read("scripts/kafka/pom.xml");
+    let at = pom
+        .find("<artifactId>kafka_2.13</artifactId>")
+        .expect("the pom fetches kafka_2.13");
+    let rest = &pom[at..];
+    let start = rest.find("<version>").expect("a version follows") + "<version>".len();
+    let end = rest[start..].find("</version>").expect("the version ends");
+    rest[start..start + end].trim().to_owned()
 }
 
 #[test]
