@@ -15,14 +15,47 @@ use std::time::{Duration, Instant};
 const MAX_QUEUED_BYTES: usize = 256 * 1024;
 const MAX_QUEUED_LINES: usize = 1024;
 
-#[derive(Default)]
+/// The lines waiting for the writer, bounded in count and bytes.
 struct Queue {
     lines: VecDeque<Vec<u8>>,
     bytes: usize,
+    max_lines: usize,
+    max_bytes: usize,
     /// The writer is inside a write(2) (which may never return).
     writing: bool,
     /// The writer thread is running.
     started: bool,
+}
+
+impl Queue {
+    fn new(max_lines: usize, max_bytes: usize) -> Queue {
+        Queue {
+            lines: VecDeque::new(),
+            bytes: 0,
+            max_lines,
+            max_bytes,
+            writing: false,
+            started: false,
+        }
+    }
+
+    /// Appends a line unless that would exceed a bound.
+    fn push(&mut self, bytes: &[u8]) -> bool {
+        if self.lines.len() >= self.max_lines
+            || self.bytes.saturating_add(bytes.len()) > self.max_bytes
+        {
+            return false;
+        }
+        self.bytes += bytes.len();
+        self.lines.push_back(bytes.to_vec());
+        true
+    }
+
+    fn pop(&mut self) -> Option<Vec<u8>> {
+        let line = self.lines.pop_front()?;
+        self.bytes -= line.len();
+        Some(line)
+    }
 }
 
 struct Shared {
@@ -37,7 +70,7 @@ struct Shared {
 fn shared() -> &'static Shared {
     static SHARED: OnceLock<Shared> = OnceLock::new();
     SHARED.get_or_init(|| Shared {
-        queue: Mutex::new(Queue::default()),
+        queue: Mutex::new(Queue::new(MAX_QUEUED_LINES, MAX_QUEUED_BYTES)),
         ready: Condvar::new(),
         drained: Condvar::new(),
         dropped: AtomicU64::new(0),
@@ -65,12 +98,10 @@ pub fn write(bytes: &[u8]) -> bool {
             return false;
         }
     }
-    if q.lines.len() >= MAX_QUEUED_LINES || q.bytes + bytes.len() > MAX_QUEUED_BYTES {
+    if !q.push(bytes) {
         s.dropped.fetch_add(1, Ordering::Relaxed);
         return false;
     }
-    q.bytes += bytes.len();
-    q.lines.push_back(bytes.to_vec());
     s.ready.notify_one();
     true
 }
@@ -87,8 +118,7 @@ fn writer() {
         let line = {
             let mut q = lock(s);
             loop {
-                if let Some(line) = q.lines.pop_front() {
-                    q.bytes -= line.len();
+                if let Some(line) = q.pop() {
                     q.writing = true;
                     break line;
                 }
@@ -144,5 +174,32 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogWriter {
 
     fn make_writer(&'a self) -> LogWriter {
         LogWriter
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_queue_refuses_lines_until_the_writer_takes_some() {
+        let mut q = Queue::new(3, 10);
+        assert!(q.push(b"abcd"));
+        assert!(q.push(b"efgh"));
+        assert!(!q.push(b"ijk"), "11 bytes is over the byte bound");
+        assert!(q.push(b"ij"));
+        assert!(!q.push(b""), "a fourth line is over the line bound");
+        assert_eq!(q.pop().as_deref(), Some(&b"abcd"[..]));
+        assert!(q.push(b"kl"));
+        let rest: Vec<Vec<u8>> = std::iter::from_fn(|| q.pop()).collect();
+        assert_eq!(rest, [b"efgh".to_vec(), b"ij".to_vec(), b"kl".to_vec()]);
+        assert_eq!(q.bytes, 0);
+    }
+
+    #[test]
+    fn a_line_larger_than_the_whole_queue_is_dropped_not_split() {
+        let mut q = Queue::new(8, 4);
+        assert!(!q.push(b"12345"));
+        assert!(q.lines.is_empty());
     }
 }

@@ -233,3 +233,23 @@ fn describe(h: &HolderInfo) -> String {
         None => format!("member {} (token {})", h.member_id, h.generation),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_carry_the_count_of_dropped_lines_once_there_are_any() {
+        let rep = Reporter::new("l", true);
+        // A line larger than the whole queue is always dropped, whatever else runs.
+        assert!(!output::write(&vec![b'x'; 4 << 20]));
+        let line = rep.event("acquired").finish();
+        let n: u64 = line
+            .split("\"dropped\":")
+            .nth(1)
+            .and_then(|rest| rest.trim_end_matches('}').split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no dropped count in {line}"));
+        assert!(n >= 1, "{line}");
+    }
+}

@@ -257,6 +257,11 @@ const CAUGHT: [i32; 6] = [
 
 struct Signals {
     streams: Vec<(i32, tokio::signal::unix::Signal)>,
+    /// Never read. Installing a SIGCHLD handler undoes an ignored SIGCHLD inherited from our
+    /// parent (SIG_IGN survives exec, a handler does not): with SIGCHLD ignored the kernel reaps
+    /// children on its own, and neither we nor the supervisor could wait for them or learn the
+    /// command's status.
+    _child: tokio::signal::unix::Signal,
 }
 
 impl Signals {
@@ -274,7 +279,16 @@ impl Signals {
             })?;
             streams.push((n, s));
         }
-        Ok(Signals { streams })
+        let child = signal(SignalKind::child()).map_err(|e| {
+            Failure::new(
+                exit::OSERR,
+                format!("cannot install a handler for SIGCHLD: {e}; this is a bug or a very unusual system"),
+            )
+        })?;
+        Ok(Signals {
+            streams,
+            _child: child,
+        })
     }
 
     /// The next signal's number. Cancel-safe.
@@ -502,10 +516,15 @@ impl Link {
                 Ok((_, 0)) => return Ok(None),
                 Ok((n, len)) if len > n => return Ok(Some(Err(ProtoError::TooLong(len)))),
                 Ok((n, _)) => return Ok(Some(FromSupervisor::parse(&buf[..n]))),
+                // ECONNRESET: the supervisor exited with one of our LEASE messages unread. It is
+                // reported once, before the datagrams still queued for us (GONE among them) and
+                // the end of file.
                 Err(e)
                     if matches!(
                         e.kind(),
-                        io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
+                        io::ErrorKind::Interrupted
+                            | io::ErrorKind::WouldBlock
+                            | io::ErrorKind::ConnectionReset
                     ) => {}
                 Err(e) => return Err(e),
             }

@@ -214,6 +214,12 @@ impl Supervisor {
                 ended = Some(exit.unwrap_or(ChildExit::Signal(Signal::KILL.as_raw())));
             }
         });
+        if ended.is_none() && !remain && child.is_some() && !self.child_ended {
+            // Gone without a status to read: only possible with SIGCHLD ignored, which K undoes
+            // before starting us. Treated as a death by SIGKILL rather than spinning on a pidfd
+            // that stays readable.
+            ended = Some(ChildExit::Signal(Signal::KILL.as_raw()));
+        }
         if let Some(exit) = ended {
             self.child_ended = true;
             self.child_pidfd = None;
