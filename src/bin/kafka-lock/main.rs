@@ -29,6 +29,10 @@ mod supervise;
 mod sys;
 mod tree;
 
+// The supervisor is made of Linux: child subreapers, pidfds, /proc, SOCK_SEQPACKET pairs.
+#[cfg(not(target_os = "linux"))]
+compile_error!("the kafka-lock CLI is built for Linux only; use the library elsewhere");
+
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
 use std::process::ExitCode;
@@ -46,8 +50,8 @@ the one at the start: a rebalance while holding (another member joining) moves i
 generation, reported as token_changed by --events json; a resource that accepts any token at least
 as high as the highest it has seen keeps accepting the first one.
 
-What stops the command (Linux). kafka-lock starts a supervisor process (itself, re-executed, in its
-own process group), which starts the command in a process group of its own. The supervisor owns the
+What stops the command. kafka-lock starts a supervisor process (itself, re-executed, in a process
+group of its own), which starts the command in a process group of its own. The supervisor owns the
 lease end, which kafka-lock moves forward at each renewal: at the lease end it sends SIGTERM to
 every process the command started, and SIGKILL after --kill-grace, unless the lease was renewed by
 then. Nothing that blocks or pauses kafka-lock itself (a stderr nobody reads, SIGSTOP) delays that.
@@ -55,23 +59,27 @@ The lease ends --lease-margin (at least --kill-grace) before the broker could gi
 anyone else, so the command is dead by then. The same stop (SIGTERM, then SIGKILL after the grace)
 happens at once when the lock is lost, when kafka-lock dies (even by SIGKILL), and, for whatever
 the command leaves running, when the command itself ends. 'Every process the command started' is
-its process group and every descendant that left it (setsid, double fork): both kafka-lock and the
-supervisor are child subreapers, so orphans come back to them. The lock is released only once all
-of them are gone. If the supervisor dies, kafka-lock stops everything the same way, then releases
-and exits 71.
+its process group and every descendant that left it (setsid, double fork): kafka-lock and the
+supervisor are both child subreapers, so orphans are re-parented to them, not to init. The lock is
+released only once all of them are gone. If the supervisor dies, kafka-lock stops everything the
+same way, then releases the lock and exits 71.
 
-What can escape: processes started through another service (systemd-run, at, cron, ssh, docker
-exec) or that double-fork below another child subreaper of their own; and, if kafka-lock and the
-supervisor are both SIGKILLed at once, everything the command started (the broker then gives the
-lock to someone else after the session timeout; the fencing token still tells them apart). On
-other systems than Linux the supervisor cannot run. Being in its own process group, the command
-cannot read from the terminal.
+What can escape: processes started through another service (systemd-run, at, ssh, docker exec),
+which are not the command's descendants; processes running as another user (sudo, setuid
+programs), which kafka-lock may not signal (it waits for them, but after a loss they run on
+without the lock); everything the command started, if kafka-lock and the supervisor are both
+SIGKILLed at once (the broker then gives the lock to another member after the session timeout;
+the fencing token still tells them apart); and the timing, if the supervisor itself is stopped or
+starved of CPU for longer than --lease-margin minus --kill-grace. kafka-lock is built for Linux
+only. Being in its own process group, the command cannot read from the terminal.
 
 Signals: SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1 and SIGUSR2 sent to kafka-lock are passed on to
 the command's process group while it runs, and the lock is released once everything it started is
 gone; while waiting for the lock they make kafka-lock leave the group and exit 128+N; during the
 final release they cut it short (the broker then frees the lock after the session timeout).
-SIGPIPE is ignored. Other signals have their default effect on kafka-lock alone.
+SIGPIPE is ignored (a stderr whose reader is gone shows as EPIPE, which kafka-lock survives).
+Other terminating signals end kafka-lock at once; the supervisor then stops the command as it does
+when kafka-lock is killed.
 
 Output: --events json lines, logs and the terminal status line go to stderr through a bounded
 buffer; if stderr is not read fast enough, lines are dropped rather than delaying the lock, events
@@ -268,9 +276,8 @@ async fn status(a: StatusArgs) -> Result<u8, Failure> {
         .target
         .connect_timeout
         .unwrap_or(kafka_lock::driver::DEFAULT_CONNECT_TIMEOUT);
-    let max = run::MAX_TIMEOUT;
-    run::in_range("--request-timeout", request, max, false, "")?;
-    run::in_range("--connect-timeout", connect, max, false, "")?;
+    run::in_range("--request-timeout", request, run::TIMEOUT_BOUND, false)?;
+    run::in_range("--connect-timeout", connect, run::TIMEOUT_BOUND, false)?;
     status::status(status::StatusConfig {
         bootstrap: a.target.bootstrap,
         lock: a.target.lock,

@@ -37,8 +37,7 @@ const MAX_DEFAULT_KILL_GRACE: Duration = Duration::from_secs(2);
 /// `lost` event can carry the lease end the session computed. Nothing waits on it: the
 /// supervisor was told to stop the command before.
 const LOSS_REPORT_BOUND: Duration = Duration::from_millis(500);
-/// Kafka's timeouts are int32 milliseconds; longer ones are refused (and would overflow clocks
-/// further down).
+/// The largest timeout Kafka's int32 milliseconds can carry.
 pub const MAX_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
 /// The longest `--wait`; without `--wait`, kafka-lock waits without limit.
 pub const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -76,33 +75,40 @@ pub struct Timing {
     pub wait: Option<Duration>,
 }
 
-/// Checks one duration flag's range: positive unless `zero_ok`, at most `max`.
-pub fn in_range(
-    flag: &str,
-    d: Duration,
-    max: Duration,
-    zero_ok: bool,
-    advice: &str,
-) -> Result<Duration, Failure> {
+/// A duration flag's upper bound, with how to say it.
+#[derive(Debug, Clone, Copy)]
+pub struct Bound {
+    pub max: Duration,
+    pub text: &'static str,
+}
+
+/// Kafka's timeouts are int32 milliseconds; longer ones are refused (and would overflow clocks
+/// further down).
+pub const TIMEOUT_BOUND: Bound = Bound {
+    max: MAX_TIMEOUT,
+    text: "2147483647ms (24 days 20 hours), Kafka's largest timeout",
+};
+const WAIT_BOUND: Bound = Bound {
+    max: MAX_WAIT,
+    text: "365 days; leave --wait out to wait without limit",
+};
+
+/// Checks one duration flag's range: positive unless `zero_ok`, at most `bound`.
+pub fn in_range(flag: &str, d: Duration, bound: Bound, zero_ok: bool) -> Result<Duration, Failure> {
     if d.is_zero() && !zero_ok {
         return Err(Failure::new(
             exit::CONFIG,
             format!("{flag} must be positive"),
         ));
     }
-    if d > max {
+    if d > bound.max {
         return Err(Failure::new(
             exit::CONFIG,
-            format!(
-                "{flag} is out of range: it must be at most {}{advice}",
-                sys::human(max)
-            ),
+            format!("{flag} is out of range: it must be at most {}", bound.text),
         ));
     }
     Ok(d)
 }
-
-const KAFKA_MAX: &str = " (Kafka's largest timeout, 2^31-1 ms)";
 
 impl Timing {
     /// Fills in defaults that follow the session and rebalance timeouts, so that setting only
@@ -120,27 +126,24 @@ impl Timing {
         let session = in_range(
             "--session-timeout",
             c.session_timeout.unwrap_or(DEFAULT_SESSION_TIMEOUT),
-            MAX_TIMEOUT,
+            TIMEOUT_BOUND,
             false,
-            KAFKA_MAX,
         )?;
         // A rebalance timeout shorter than the session shortens the lease; equal is the natural
         // default for a lock.
         let rebalance = in_range(
             "--rebalance-timeout",
             c.rebalance_timeout.unwrap_or(session),
-            MAX_TIMEOUT,
+            TIMEOUT_BOUND,
             false,
-            KAFKA_MAX,
         )?;
         let window = session.min(rebalance);
         let kill_grace = in_range(
             "--kill-grace",
             c.kill_grace
                 .unwrap_or(MAX_DEFAULT_KILL_GRACE.min(window / 5)),
-            MAX_TIMEOUT,
+            TIMEOUT_BOUND,
             true,
-            "",
         )?;
         if kill_grace >= window {
             return bad(format!(
@@ -158,9 +161,8 @@ impl Timing {
             "--lease-margin",
             c.lease_margin
                 .unwrap_or(DEFAULT_LEASE_MARGIN.min(window / 4).max(kill_grace)),
-            MAX_TIMEOUT,
+            TIMEOUT_BOUND,
             true,
-            "",
         )?;
         if margin < kill_grace {
             return bad(format!(
@@ -189,9 +191,8 @@ impl Timing {
                     .min(lease / 3)
                     .max(Duration::from_millis(1)),
             ),
-            MAX_TIMEOUT,
+            TIMEOUT_BOUND,
             false,
-            "",
         )?;
         if heartbeat.saturating_mul(2) > lease {
             return bad(format!(
@@ -207,26 +208,18 @@ impl Timing {
         let request = in_range(
             "--request-timeout",
             c.request_timeout.unwrap_or(DEFAULT_REQUEST_TIMEOUT),
-            MAX_TIMEOUT,
+            TIMEOUT_BOUND,
             false,
-            KAFKA_MAX,
         )?;
         let connect = in_range(
             "--connect-timeout",
             c.connect_timeout
                 .unwrap_or(kafka_lock::driver::DEFAULT_CONNECT_TIMEOUT),
-            MAX_TIMEOUT,
+            TIMEOUT_BOUND,
             false,
-            KAFKA_MAX,
         )?;
         let wait = match c.wait {
-            Some(w) => Some(in_range(
-                "--wait",
-                w,
-                MAX_WAIT,
-                true,
-                "; leave --wait out to wait without limit",
-            )?),
+            Some(w) => Some(in_range("--wait", w, WAIT_BOUND, true)?),
             None => None,
         };
         Ok(Timing {
