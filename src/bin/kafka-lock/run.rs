@@ -649,7 +649,10 @@ async fn hold(
                         rep.child_exited(child_end(e));
                     }
                     FromSupervisor::Gone => break Ending::Gone,
-                    FromSupervisor::Error(text) => sup_error = Some(text),
+                    FromSupervisor::Error(text) => {
+                        exit::print_line(&format!("the supervisor process reports: {text}"));
+                        sup_error = Some(text);
+                    }
                 },
                 Ok(Some(Err(e))) => {
                     link.kill();
