@@ -267,6 +267,16 @@ impl Run {
         }
     }
 
+    /// Writes to kafka-lock's stdin, which the command inherited.
+    fn write_stdin(&mut self, text: &str) {
+        use std::io::Write;
+        let stdin = self.stdin.as_mut().expect("stdin still open");
+        stdin
+            .write_all(text.as_bytes())
+            .and_then(|()| stdin.flush())
+            .expect("write to kafka-lock's stdin");
+    }
+
     /// Closes kafka-lock's stdin, which the command inherited.
     fn close_stdin(&mut self) {
         self.stdin.take();
@@ -1556,13 +1566,16 @@ fn a_stalled_stderr_never_lets_two_commands_run_at_once() {
         &broker.bootstrap(),
         &lock,
         &extra,
-        &sh("echo ready; head -c 300000 /dev/zero >&2 & exec sleep 600"),
+        // It fills the pipe only once the test has stopped reading it: zeros read before
+        // `child_started` would glue themselves to that event's line.
+        &sh("echo ready; read _; head -c 300000 /dev/zero >&2 & exec sleep 600"),
     )
     .env("KAFKA_LOCK_LOG", "debug")
     .stall_stderr_after("child_started")
     .spawn();
     let started = first.event("child_started", STEP);
     first.stdout_line("ready", STEP);
+    first.write_stdin("go\n");
     let command = started["child_pid"].as_u64().expect("child pid") as u32;
     let alive = Liveness::watch(command);
 
