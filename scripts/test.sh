@@ -31,6 +31,18 @@ if [[ -n "$offenders" ]]; then
 fi
 echo "ok: $(wc -l <<<"$deps") crates, none of them -sys or cc"
 
+step "no C in the CLI either: cargo tree -e normal,build --features cli"
+# linux-raw-sys is the one exception: Linux's kernel ABI (constants, structs) as Rust source for
+# rustix's raw system calls, with no build script and nothing to link.
+deps=$(cargo tree -e normal,build --features cli --prefix none --format '{p}' | awk '{print $1}' | sort -u)
+offenders=$(grep -E -- '(-sys$|^cc$)' <<<"$deps" | grep -vx 'linux-raw-sys' || true)
+if [[ -n "$offenders" ]]; then
+    echo "the CLI depends on C through: $offenders" >&2
+    cargo tree -e normal,build --features cli -i "$(head -n1 <<<"$offenders")" >&2 || true
+    exit 1
+fi
+echo "ok: $(wc -l <<<"$deps") crates, none of them cc or -sys but linux-raw-sys (no C)"
+
 step "cargo build --all-targets --all-features"
 cargo build --all-targets --all-features
 

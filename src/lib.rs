@@ -13,7 +13,7 @@
 //! - [`error`]: typed errors, Kafka error codes with retriable/fatal classification.
 //!
 //! # Feature flags
-//! - `cli`: builds the `kafka-lock` binary (clap, humantime, tracing-subscriber, libc). Off by
+//! - `cli`: builds the `kafka-lock` binary (clap, humantime, tracing-subscriber, rustix). Off by
 //!   default, so the library pulls in none of it. The library never depends on C.
 #![deny(rustdoc::broken_intra_doc_links)]
 

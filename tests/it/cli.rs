@@ -1,15 +1,25 @@
 //! The `kafka-lock` binary against the real broker: every exit status, the token in the
 //! command's environment, signal forwarding, mutual exclusion judged from kafka-lock's own
-//! `--events json` timestamps (CLOCK_MONOTONIC, one clock for every process), the command being
-//! stopped when a partition makes the lease run out, and `status`.
+//! `--events json` timestamps (CLOCK_MONOTONIC, one clock for every process), the command and
+//! everything it started being stopped when the lease runs out, when kafka-lock or its
+//! supervisor dies and when the command exits, output that cannot block the lock, and `status`.
+//! The supervisor process is also driven directly over its socket (`supervisor_*` tests).
 //!
-//! Every process is started through [`Run`], which kills kafka-lock and the command's whole
-//! process group when dropped, so a failing test leaves nothing running.
+//! Every kafka-lock is started through `setpriv --pdeathsig KILL`, so the kernel SIGKILLs it
+//! when the test's thread ends, however the test process ends (a failing test, an abort, a
+//! SIGKILL); its supervisor then stops the command's whole tree, which is the behaviour the
+//! tests below prove. [`Run`] also kills kafka-lock and the command's process group when dropped.
+//! A supervisor started directly holds the other end of a socket the test owns, which the
+//! kernel closes when the test process ends: that end of file makes it stop everything too.
 
 use std::collections::HashSet;
+use std::ffi::OsString;
 use std::io::{BufRead, BufReader};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -52,20 +62,35 @@ struct Run {
     /// Process groups of commands kafka-lock started, filled in by the stderr reader itself so
     /// they are known even if the test never reads that far.
     groups: Arc<Mutex<Vec<u32>>>,
+    /// Lets a stderr reader that was told to stall go on reading.
+    resume: Option<mpsc::Sender<()>>,
 }
 
 struct Spec {
-    args: Vec<String>,
+    args: Vec<OsString>,
     env: Vec<(String, String)>,
     bootstrap_env: bool,
+    /// Stop reading kafka-lock's stderr (keeping the pipe open) after this event, until
+    /// [`Run::resume_stderr`].
+    stall_after: Option<String>,
+}
+
+/// `kafka-lock` as the kernel's parent-death signal ties it to the calling test thread.
+fn kafka_lock() -> Command {
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--pdeathsig", "KILL", "--", BIN])
+        .env_remove("KAFKA_LOCK_LOG")
+        .env_remove("KAFKA_LOCK_BOOTSTRAP");
+    cmd
 }
 
 impl Spec {
-    fn new<S: AsRef<str>>(args: &[S]) -> Spec {
+    fn new<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Spec {
         Spec {
             args: args.iter().map(|s| s.as_ref().to_owned()).collect(),
             env: Vec::new(),
             bootstrap_env: false,
+            stall_after: None,
         }
     }
 
@@ -75,23 +100,24 @@ impl Spec {
         self
     }
 
+    fn stall_stderr_after(mut self, event: &str) -> Spec {
+        self.stall_after = Some(event.to_owned());
+        self
+    }
+
     fn spawn(self) -> Run {
-        let mut cmd = Command::new(BIN);
+        let mut cmd = kafka_lock();
         cmd.args(&self.args)
-            .env_remove("KAFKA_LOCK_LOG")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        if !self.bootstrap_env {
-            cmd.env_remove("KAFKA_LOCK_BOOTSTRAP");
-        }
         for (k, v) in &self.env {
             cmd.env(k, v);
         }
         let child = cmd
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {BIN}: {e}"));
-        Run::watch(child)
+            .unwrap_or_else(|e| panic!("cannot start {BIN} through setpriv: {e}"));
+        Run::watch(child, self.stall_after)
     }
 }
 
@@ -117,13 +143,14 @@ fn sh(script: &str) -> Vec<&str> {
 }
 
 impl Run {
-    fn watch(mut child: Child) -> Run {
+    fn watch(mut child: Child, stall_after: Option<String>) -> Run {
         let pid = child.id();
         let stdin = child.stdin.take();
         let err = child.stderr.take().expect("stderr was piped");
         let out = child.stdout.take().expect("stdout was piped");
         let groups = Arc::new(Mutex::new(Vec::new()));
         let (err_tx, stderr) = mpsc::channel();
+        let (resume, resumed) = mpsc::channel::<()>();
         let reader_groups = groups.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(err).lines() {
@@ -132,15 +159,21 @@ impl Run {
                     Ok(v) if v.is_object() => Line::Event(v),
                     _ => Line::Text(line),
                 };
+                let mut stall = false;
                 if let Line::Event(v) = &parsed {
                     if v["event"] == "child_started" {
                         if let Some(pgid) = v["child_pid"].as_u64() {
                             reader_groups.lock().unwrap().push(pgid as u32);
                         }
                     }
+                    stall = stall_after.as_deref().is_some_and(|e| v["event"] == e);
                 }
                 if err_tx.send(parsed).is_err() {
                     break;
+                }
+                if stall {
+                    // Keeps the pipe open without reading it; a dropped Run ends the wait.
+                    let _ = resumed.recv();
                 }
             }
         });
@@ -168,6 +201,13 @@ impl Run {
             stdout,
             seen: Vec::new(),
             groups,
+            resume: Some(resume),
+        }
+    }
+
+    fn resume_stderr(&mut self) {
+        if let Some(r) = &self.resume {
+            let _ = r.send(());
         }
     }
 
@@ -225,6 +265,16 @@ impl Run {
                 ),
             }
         }
+    }
+
+    /// Writes to kafka-lock's stdin, which the command inherited.
+    fn write_stdin(&mut self, text: &str) {
+        use std::io::Write;
+        let stdin = self.stdin.as_mut().expect("stdin still open");
+        stdin
+            .write_all(text.as_bytes())
+            .and_then(|()| stdin.flush())
+            .expect("write to kafka-lock's stdin");
     }
 
     /// Closes kafka-lock's stdin, which the command inherited.
@@ -345,18 +395,20 @@ fn lock_name(prefix: &str) -> String {
     support::unique_group(&format!("cli-{prefix}"))
 }
 
-/// Runs kafka-lock to completion with no stdin and returns (status, stderr lines).
-fn run_to_end<S: AsRef<str>>(args: &[S], within: Duration) -> (i32, Vec<String>, String) {
-    let mut cmd = Command::new(BIN);
+/// Runs kafka-lock to completion with no stdin and returns (status, stderr lines, stdout).
+fn run_to_end<S: AsRef<std::ffi::OsStr>>(
+    args: &[S],
+    within: Duration,
+) -> (i32, Vec<String>, String) {
+    let mut cmd = kafka_lock();
     cmd.args(args.iter().map(|a| a.as_ref()))
-        .env_remove("KAFKA_LOCK_BOOTSTRAP")
-        .env_remove("KAFKA_LOCK_LOG")
         .stdin(Stdio::null());
     let mut run = Run::watch(
         cmd.stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {BIN}: {e}")),
+        None,
     );
     let code = run.finish(within);
     let mut out = String::new();
@@ -369,6 +421,116 @@ fn run_to_end<S: AsRef<str>>(args: &[S], within: Duration) -> (i32, Vec<String>,
         Line::Text(t) => t.clone(),
     });
     (code, lines.collect(), out)
+}
+
+/// CLOCK_MONOTONIC now, in nanoseconds: the clock of kafka-lock's `mono_ns` event fields.
+fn mono_now() -> u64 {
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Samples whether a process (not a child of the test) still runs, from /proc, with the
+/// CLOCK_MONOTONIC reading of each sample: if the process was seen alive after another holder's
+/// `acquired` event, the two provably overlapped.
+struct Liveness {
+    pid: u32,
+    /// The start of the last sample that saw the process alive.
+    last_alive_ns: Arc<AtomicU64>,
+    /// The start of the last sample taken.
+    last_sample_ns: Arc<AtomicU64>,
+    gone: Arc<AtomicBool>,
+    done: Receiver<u64>,
+}
+
+impl Liveness {
+    fn watch(pid: u32) -> Liveness {
+        let last_alive_ns = Arc::new(AtomicU64::new(0));
+        let last_sample_ns = Arc::new(AtomicU64::new(0));
+        let gone = Arc::new(AtomicBool::new(false));
+        let (tx, done) = mpsc::channel();
+        let (alive, sample, g) = (last_alive_ns.clone(), last_sample_ns.clone(), gone.clone());
+        std::thread::spawn(move || loop {
+            let at = mono_now();
+            if !support::pid_alive(pid) {
+                g.store(true, Ordering::SeqCst);
+                sample.store(at, Ordering::SeqCst);
+                let _ = tx.send(at);
+                return;
+            }
+            alive.store(at, Ordering::SeqCst);
+            sample.store(at, Ordering::SeqCst);
+            // Sampling, not synchronisation: nothing announces the death of a process that is
+            // not our child.
+            std::thread::sleep(Duration::from_millis(5));
+            if Arc::strong_count(&alive) == 1 {
+                return;
+            }
+        });
+        Liveness {
+            pid,
+            last_alive_ns,
+            last_sample_ns,
+            gone,
+            done,
+        }
+    }
+
+    /// Waits until the process is gone; returns when that was first seen (CLOCK_MONOTONIC).
+    fn gone_within(&self, within: Duration) -> u64 {
+        self.done
+            .recv_timeout(within)
+            .unwrap_or_else(|_| panic!("process {} still runs after {within:?}", self.pid))
+    }
+
+    /// Whether the process was seen alive at or after `t_ns`, once a sample after `t_ns` exists.
+    fn seen_alive_after(&self, t_ns: u64) -> bool {
+        let deadline = Instant::now() + STEP;
+        while self.last_sample_ns.load(Ordering::SeqCst) <= t_ns
+            && !self.gone.load(Ordering::SeqCst)
+        {
+            assert!(Instant::now() < deadline, "the liveness sampler stalled");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.last_alive_ns.load(Ordering::SeqCst) >= t_ns
+    }
+
+    fn last_alive_ns(&self) -> u64 {
+        self.last_alive_ns.load(Ordering::SeqCst)
+    }
+
+    fn is_gone(&self) -> bool {
+        self.gone.load(Ordering::SeqCst) || !support::pid_alive(self.pid)
+    }
+}
+
+/// Waits for `child` to exit, at most `within`; SIGKILLs it and panics after that.
+fn wait_bounded(child: Child, within: Duration) -> ExitStatus {
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut child = child;
+        let _ = tx.send(child.wait());
+    });
+    match rx.recv_timeout(within) {
+        Ok(Ok(status)) => status,
+        other => {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+            panic!("process {pid} did not exit within {within:?}: {other:?}")
+        }
+    }
+}
+
+/// The state letter of a process in /proc (T: stopped).
+fn proc_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .next()?
+        .chars()
+        .next()
 }
 
 fn scratch_dir(name: &str) -> PathBuf {
@@ -773,19 +935,67 @@ fn a_command_that_ignores_sigterm_is_killed_after_the_grace() {
     assert!(run.failure_line().contains("SIGKILL after 1s 500ms"));
 }
 
+/// A shell script that leaves processes behind, then ends with `last`: one process in the
+/// command's process group, one that left it with setsid and was orphaned when the subshell
+/// that started it exited (so it is re-parented to the nearest child subreaper). setsid does
+/// not fork here (it is not a group leader), so `$!` is the orphan's pid. The script prints
+/// both pids before `ready`.
+fn leaves_processes(last: &str) -> String {
+    format!(
+        r#"sleep 300 & echo "group $!"
+(setsid sleep 300 & echo "orphan $!")
+echo ready; {last}"#
+    )
+}
+
+/// Reads the `group PID` and `orphan PID` lines of [`leaves_processes`] and its `ready`.
+fn left_behind(run: &mut Run) -> Vec<u32> {
+    let mut pids = Vec::new();
+    let mut ready = false;
+    let deadline = Instant::now() + STEP;
+    while pids.len() < 2 || !ready {
+        let line = run
+            .stdout
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .unwrap_or_else(|e| {
+                panic!(
+                    "the command did not print its pids ({e:?}): {}",
+                    run.transcript()
+                )
+            });
+        match line.split_once(' ') {
+            Some((_, pid)) => pids.push(pid.parse().expect("a pid")),
+            None => ready |= line == "ready",
+        }
+    }
+    pids
+}
+
+/// Old code: PR_SET_PDEATHSIG reached only the direct child; the sleep in its group and the
+/// orphan kept running after a SIGKILL of kafka-lock.
 #[test]
-fn killing_kafka_lock_kills_the_command() {
-    let lock = lock_name("pdeathsig");
+fn killing_kafka_lock_stops_everything_the_command_started() {
+    let lock = lock_name("sigkill");
     let mut run = run_cmd(
         &support::broker().bootstrap(),
         &lock,
-        QUICK,
-        &sh("echo ready; exec sleep 600"),
+        &["--session-timeout", "4s", "--kill-grace", "1s"],
+        &sh(&leaves_processes("exec sleep 600")),
     )
     .spawn();
-    run.stdout_line("ready", STEP);
+    let started = run.event("child_started", STEP);
+    let command = started["child_pid"].as_u64().expect("child pid") as u32;
+    let mut pids = left_behind(&mut run);
+    pids.push(command);
+    let watched: Vec<Liveness> = pids.iter().map(|p| Liveness::watch(*p)).collect();
+    let killed = Instant::now();
     run.signal("KILL");
-    // The command holds the other end of the stdout pipe: EOF means it is gone.
+    // The supervisor sees end of file at once and stops the tree: SIGTERM, SIGKILL after the 1 s
+    // grace. The bound adds a generous allowance for a loaded machine.
+    for w in &watched {
+        w.gone_within(Duration::from_secs(1) + Duration::from_secs(15));
+    }
+    // Everything that held the command's stdout is gone, the supervisor included.
     let deadline = Instant::now() + STEP;
     loop {
         match run
@@ -795,7 +1005,7 @@ fn killing_kafka_lock_kills_the_command() {
             Ok(_) => {}
             Err(RecvTimeoutError::Disconnected) => break,
             Err(RecvTimeoutError::Timeout) => {
-                panic!("the command outlived the SIGKILLed kafka-lock by {STEP:?}")
+                panic!("something still holds the command's stdout {:?} after kafka-lock was SIGKILLed", killed.elapsed())
             }
         }
     }
@@ -878,6 +1088,37 @@ fn invalid_or_rejected_settings_exit_78() {
             "--kill-grace",
         ),
         (vec!["--lease-margin", "20s"], "--lease-margin"),
+        // Issue: a margin shorter than the grace let the command outlive the lease by the
+        // difference (old code: accepted, the command ran and kafka-lock exited 0).
+        (
+            vec!["--kill-grace", "2s", "--lease-margin", "1s"],
+            "--lease-margin",
+        ),
+        (
+            vec!["--rebalance-timeout", "2s", "--kill-grace", "2s"],
+            "--kill-grace",
+        ),
+        // Issue: absurd durations overflowed an Instant and panicked (old code: exit 101 in a
+        // debug build, an abort in the release build).
+        (vec!["--wait", "300000000000y"], "--wait"),
+        (vec!["--wait", "99999999999999999999999y"], "--wait"),
+        (
+            vec!["--connect-timeout", "300000000000y"],
+            "--connect-timeout",
+        ),
+        (
+            vec!["--request-timeout", "300000000000y"],
+            "--request-timeout",
+        ),
+        (
+            vec!["--heartbeat-interval", "300000000000y"],
+            "--heartbeat-interval",
+        ),
+        (vec!["--kill-grace", "300000000000y"], "--kill-grace"),
+        (
+            vec!["--session-timeout", "300000000000y"],
+            "--session-timeout",
+        ),
     ];
     for (extra, flag) in cases {
         let mut args = vec!["run", "--bootstrap", &b, "--lock", &lock];
@@ -893,6 +1134,20 @@ fn invalid_or_rejected_settings_exit_78() {
         STEP,
     );
     assert_eq!(code, 78, "empty lock name: {stderr:?}");
+    let (code, stderr, _) = run_to_end(
+        &[
+            "status",
+            "--bootstrap",
+            &b,
+            "--lock",
+            &lock,
+            "--connect-timeout",
+            "300000000000y",
+        ],
+        STEP,
+    );
+    assert_eq!(code, 78, "{stderr:?}");
+    assert!(stderr[0].contains("--connect-timeout"), "{stderr:?}");
 
     // Consumer-compatible mode refuses topics that cannot be a lock.
     let wide = lock_name("wide-topic");
@@ -1215,4 +1470,635 @@ fn a_paused_holder_wakes_up_to_a_lost_lock_that_ended_before_the_next_holder_beg
     );
     next.close_stdin();
     assert_eq!(next.finish(STEP), 0, "{}", next.transcript());
+}
+
+/// Issue: after the command exited, the lock was released while what it had started kept
+/// running (old code: `sh -c 'sleep 300 & exit 0'` exited 0, released, and the sleep ran on).
+#[test]
+fn what_an_exited_command_left_running_is_stopped_before_the_release() {
+    let broker = support::broker();
+    let lock = lock_name("leftovers");
+    let mut run = run_cmd(
+        &broker.bootstrap(),
+        &lock,
+        QUICK,
+        &sh(&leaves_processes("exit 0")),
+    )
+    .spawn();
+    let pids = left_behind(&mut run);
+    run.event("released", STEP);
+    // `released` is printed only once the supervisor said every descendant was gone.
+    for pid in &pids {
+        assert!(
+            !support::pid_alive(*pid),
+            "process {pid} the command started still runs after the release:\n{}",
+            run.transcript()
+        );
+    }
+    assert_eq!(run.finish(STEP), 0, "{}", run.transcript());
+    let names: Vec<&str> = run
+        .events()
+        .iter()
+        .map(|v| v["event"].as_str().unwrap_or("?"))
+        .collect();
+    assert_eq!(
+        names,
+        ["acquired", "child_started", "child_exited", "released"]
+    );
+    let status = status_json(&broker.bootstrap(), &lock);
+    assert_eq!(member_count(&status), 0, "{status}");
+}
+
+/// If the supervisor dies, kafka-lock (a subreaper too) inherits the command's tree, stops it,
+/// then releases the lock and exits 71.
+#[test]
+fn a_dead_supervisor_is_replaced_by_kafka_lock_stopping_everything_then_releasing() {
+    let broker = support::broker();
+    let lock = lock_name("supervisor-dies");
+    let mut run = run_cmd(
+        &broker.bootstrap(),
+        &lock,
+        &["--session-timeout", "4s", "--kill-grace", "1s"],
+        &sh(&leaves_processes("exec sleep 600")),
+    )
+    .spawn();
+    let started = run.event("child_started", STEP);
+    let supervisor = started["supervisor_pid"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no supervisor_pid: {started}"));
+    let mut pids = left_behind(&mut run);
+    pids.push(started["child_pid"].as_u64().expect("child pid") as u32);
+    let ok = Command::new("kill")
+        .args(["-KILL", &supervisor.to_string()])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(ok, "kill -KILL {supervisor}");
+    assert_eq!(run.finish(STEP), 71, "{}", run.transcript());
+    for pid in &pids {
+        assert!(
+            !support::pid_alive(*pid),
+            "process {pid} outlived the supervisor and kafka-lock:\n{}",
+            run.transcript()
+        );
+    }
+    let line = run.failure_line();
+    assert!(line.contains("supervisor"), "{line}");
+    let status = status_json(&broker.bootstrap(), &lock);
+    assert_eq!(
+        member_count(&status),
+        0,
+        "the lock was not released: {status}"
+    );
+}
+
+/// Issue: events, logs and the status line were written with blocking writes on the runtime
+/// thread. With stderr a pipe nobody reads and the command filling it, kafka-lock blocked in
+/// write(), never heartbeated, never stopped its command, and the next member held the lock
+/// while that command still ran (old code: the Liveness assertion below fails).
+#[test]
+fn a_stalled_stderr_never_lets_two_commands_run_at_once() {
+    let broker = support::broker();
+    let lock = lock_name("stalled");
+    let mut extra = vec!["--label", "stalled"];
+    extra.extend(CONTENDED);
+    let mut first = run_cmd(
+        &broker.bootstrap(),
+        &lock,
+        &extra,
+        // It fills the pipe only once the test has stopped reading it: zeros read before
+        // `child_started` would glue themselves to that event's line.
+        &sh("echo ready; read _; head -c 300000 /dev/zero >&2 & exec sleep 600"),
+    )
+    .env("KAFKA_LOCK_LOG", "debug")
+    .stall_stderr_after("child_started")
+    .spawn();
+    let started = first.event("child_started", STEP);
+    first.stdout_line("ready", STEP);
+    first.write_stdin("go\n");
+    let command = started["child_pid"].as_u64().expect("child pid") as u32;
+    let alive = Liveness::watch(command);
+
+    let mut extra = vec!["--label", "next"];
+    extra.extend(CONTENDED);
+    let mut next = run_cmd(&broker.bootstrap(), &lock, &extra, &["true"]).spawn();
+    // A holder whose runtime is blocked loses its session 6 s (the session timeout) after its
+    // last heartbeat, and tansu hands the lock on when the next member joins or heartbeats:
+    // three session timeouts cover a join (parked up to half a session on tansu) and that on a
+    // loaded machine. A holder that still heartbeats keeps the lock all along.
+    let window_end = Instant::now() + Duration::from_secs(18);
+    let early = loop {
+        let left = window_end.saturating_duration_since(Instant::now());
+        match next.stderr.recv_timeout(left) {
+            Ok(line) => {
+                next.seen.push(line.clone());
+                if let Line::Event(v) = line {
+                    if v["event"] == "acquired" {
+                        break Some(v);
+                    }
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => break None,
+            Err(RecvTimeoutError::Disconnected) => panic!("{}", next.transcript()),
+        }
+    };
+    let acquired = match early {
+        Some(v) => v,
+        None => {
+            // The holder kept the lock while its stderr was stalled, through the rebalance the
+            // newcomer's join caused; end its command.
+            assert!(
+                !next.named("waiting").is_empty(),
+                "the next member never joined: {}",
+                next.transcript()
+            );
+            assert!(!alive.is_gone(), "the command ended on its own");
+            let ok = Command::new("kill")
+                .args(["-TERM", &command.to_string()])
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            assert!(ok);
+            next.event("acquired", STEP)
+        }
+    };
+    let acquired_at = mono(&acquired, "mono_ns");
+    assert!(
+        !alive.seen_alive_after(acquired_at),
+        "the stalled holder's command was alive at {} ns, after the next holder acquired at {acquired_at} ns",
+        alive.last_alive_ns()
+    );
+    assert_eq!(next.finish(STEP), 0, "{}", next.transcript());
+    // The stalled kafka-lock exits (its stderr still unread) with its command's status.
+    assert_eq!(first.finish(STEP), 128 + 15);
+    first.resume_stderr();
+}
+
+/// Issue: the runtime thread of kafka-lock itself stopped (SIGSTOP of kafka-lock alone) kept
+/// the command running. The supervisor must stop it at the lease end on its own; after SIGCONT
+/// kafka-lock reports the loss and exits 74 (old code: the command ran on while it was
+/// stopped).
+#[test]
+fn a_stopped_kafka_lock_cannot_keep_its_command_running_past_the_lease() {
+    let lock = lock_name("stopped");
+    let grace = Duration::from_millis(800);
+    let mut run = run_cmd(
+        &support::broker().bootstrap(),
+        &lock,
+        &["--session-timeout", "4s", "--kill-grace", "800ms"],
+        &sh("echo ready; exec sleep 600"),
+    )
+    .spawn();
+    let started = run.event("child_started", STEP);
+    run.stdout_line("ready", STEP);
+    let command = Liveness::watch(started["child_pid"].as_u64().expect("pid") as u32);
+    run.signal("STOP");
+    // The lease is at most the 4 s session timeout long; the bound adds the grace and a large
+    // allowance for a loaded machine.
+    let gone_at = command.gone_within(Duration::from_secs(4) + grace + Duration::from_secs(15));
+    assert_eq!(
+        proc_state(run.pid),
+        Some('T'),
+        "kafka-lock was not stopped while its command was stopped"
+    );
+    run.signal("CONT");
+    let lost = run.event("lost", STEP);
+    assert_eq!(lost["reason"], "lease_expired", "{lost}");
+    let lease_end = mono(&lost, "lease_end_mono_ns");
+    // The contract: SIGTERM at the lease end, SIGKILL by the lease end plus the grace.
+    assert!(
+        command.last_alive_ns() >= lease_end.saturating_sub(1_000_000_000),
+        "the command was stopped long before its lease ended"
+    );
+    let allowance = 3_000_000_000;
+    assert!(
+        gone_at <= lease_end + grace.as_nanos() as u64 + allowance,
+        "the command died {} ms after the lease end",
+        (gone_at - lease_end) / 1_000_000
+    );
+    assert_eq!(run.finish(STEP), 74, "{}", run.transcript());
+    assert_eq!(run.named("child_exited")[0]["signal"], 15);
+}
+
+/// Issue: SIGHUP killed kafka-lock (129) without passing it on or releasing. HUP, QUIT and
+/// USR1 are passed on to the command's group like TERM and INT; HUP while waiting leaves.
+#[test]
+fn hup_quit_and_usr1_are_forwarded_and_hup_while_waiting_leaves_the_group() {
+    let broker = support::broker();
+    for sig in ["HUP", "QUIT", "USR1"] {
+        let lock = lock_name(&format!("sig-{sig}"));
+        let script =
+            format!("trap 'echo got-{sig}; exit 5' {sig}; echo ready; while :; do sleep 1; done");
+        let mut run = run_cmd(&broker.bootstrap(), &lock, QUICK, &sh(&script)).spawn();
+        run.stdout_line("ready", STEP);
+        run.signal(sig);
+        run.stdout_line(&format!("got-{sig}"), STEP);
+        assert_eq!(run.finish(STEP), 5, "{sig}: {}", run.transcript());
+        assert_eq!(run.named("released").len(), 1, "{}", run.transcript());
+        let status = status_json(&broker.bootstrap(), &lock);
+        assert_eq!(member_count(&status), 0, "{sig}: still a member: {status}");
+    }
+
+    let lock = lock_name("sighup-wait");
+    let (mut holder, _) = start_holder(&broker.bootstrap(), &lock, "holder");
+    let mut waiter = run_cmd(&broker.bootstrap(), &lock, CONTENDED, &["true"]).spawn();
+    waiter.event("waiting", STEP);
+    waiter.signal("HUP");
+    assert_eq!(waiter.finish(STEP), 128 + 1, "{}", waiter.transcript());
+    assert!(waiter.failure_line().contains("SIGHUP"));
+    assert_eq!(member_count(&status_json(&broker.bootstrap(), &lock)), 1);
+    holder.close_stdin();
+    assert_eq!(holder.finish(STEP), 0, "{}", holder.transcript());
+}
+
+/// Issue: after the command ended, a release that could not reach the coordinator ignored
+/// SIGINT for as long as the LeaveGroup could take. A signal now cuts it short: kafka-lock
+/// exits at once with the command's status (old code: it exited only after the release's own
+/// bound, well past the 5 s allowed here).
+#[test]
+fn a_signal_during_the_final_release_cuts_it_short() {
+    let (proxy, _broker, mut run, _) = partitioned_holder(
+        &["--session-timeout", "20s", "--request-timeout", "15s"],
+        "echo ready; read _; exit 4",
+    );
+    proxy.blackhole();
+    run.close_stdin();
+    run.event("released", STEP);
+    let signalled = Instant::now();
+    run.signal("INT");
+    let code = run.finish(STEP);
+    let took = signalled.elapsed();
+    assert_eq!(code, 4, "{}", run.transcript());
+    assert!(
+        took < Duration::from_secs(5),
+        "kafka-lock took {took:?} to exit after SIGINT during the release"
+    );
+    let line = run.failure_line();
+    assert!(line.contains("cut short by SIGINT"), "{line}");
+}
+
+/// Issue: non-UTF-8 arguments with a usage error panicked (std::env::args).
+#[test]
+fn arguments_that_are_not_utf8_are_a_usage_error() {
+    use std::os::unix::ffi::OsStringExt;
+    let args: Vec<OsString> = vec![
+        "run".into(),
+        "--bootstrap".into(),
+        "127.0.0.1:9".into(),
+        "--lock".into(),
+        "x".into(),
+        OsString::from_vec(b"--b\xffgus".to_vec()),
+        "--".into(),
+        "true".into(),
+    ];
+    let (code, stderr, _) = run_to_end(&args, STEP);
+    assert_eq!(code, 64, "{stderr:?}");
+    assert_eq!(stderr.len(), 1, "{stderr:?}");
+    assert!(stderr[0].starts_with("kafka-lock: "), "{stderr:?}");
+    let (code, stderr, _) = run_to_end(&[OsString::from_vec(b"st\xfeatus".to_vec())], STEP);
+    assert_eq!(code, 64, "{stderr:?}");
+}
+
+/// Issue: eprintln!/println! panic on EPIPE, turning kafka-lock's status into an abort. The
+/// status must survive a stderr or stdout whose reader is gone, and a closed stderr.
+#[test]
+fn a_broken_or_closed_stderr_or_stdout_keeps_the_exit_status() {
+    let broker = support::broker();
+    let b = broker.bootstrap();
+    let run_with_broken = |args: &[&str], broken_stdout: bool| -> ExitStatus {
+        let mut cmd = kafka_lock();
+        cmd.args(args).stdin(Stdio::null());
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        // The reader goes away before kafka-lock writes anything.
+        drop(child.stderr.take());
+        if broken_stdout {
+            drop(child.stdout.take());
+        }
+        wait_bounded(child, STEP)
+    };
+    let code = |st: ExitStatus| {
+        st.code()
+            .unwrap_or_else(|| panic!("killed by signal {:?}", st.signal()))
+    };
+    assert_eq!(code(run_with_broken(&["run", "--bogus"], false)), 64);
+    assert_eq!(
+        code(run_with_broken(
+            &[
+                "run",
+                "--bootstrap",
+                &b,
+                "--lock",
+                "x",
+                "--session-timeout",
+                "0s",
+                "--",
+                "true"
+            ],
+            false
+        )),
+        78
+    );
+    let lock = lock_name("epipe");
+    let mut args = vec![
+        "run",
+        "--bootstrap",
+        &b,
+        "--lock",
+        &lock,
+        "--events",
+        "json",
+    ];
+    args.extend(QUICK);
+    args.extend([
+        "--", "sh", "-c",
+        // The command writes nothing: a write of its own would end it with SIGPIPE (141),
+        // which kafka-lock would faithfully pass on.
+        "exit 3",
+    ]);
+    assert_eq!(code(run_with_broken(&args, true)), 3);
+    assert_eq!(
+        code(run_with_broken(
+            &["status", "--bootstrap", &b, "--lock", &lock, "--json"],
+            true
+        )),
+        0
+    );
+
+    // A closed stderr (2>&-).
+    let closed = |args: &[&str]| -> i32 {
+        let status = Command::new("setpriv")
+            .args([
+                "--pdeathsig",
+                "KILL",
+                "--",
+                "sh",
+                "-c",
+                r#"exec "$0" "$@" 2>&-"#,
+                BIN,
+            ])
+            .args(args)
+            .env_remove("KAFKA_LOCK_BOOTSTRAP")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .status()
+            .expect("run sh");
+        status
+            .code()
+            .unwrap_or_else(|| panic!("killed: {status:?}"))
+    };
+    assert_eq!(closed(&["run", "--bogus"]), 64);
+    let lock = lock_name("closed-stderr");
+    let mut args = vec![
+        "run",
+        "--bootstrap",
+        &b,
+        "--lock",
+        &lock,
+        "--events",
+        "json",
+    ];
+    args.extend(QUICK);
+    args.extend(["--", "sh", "-c", "exit 3"]);
+    assert_eq!(closed(&args), 3);
+}
+
+/// The supervisor driven directly, as kafka-lock run drives it: the socket's other end is
+/// the test's. Dropping it closes that end, which makes the supervisor stop everything.
+struct Sup {
+    sock: Option<OwnedFd>,
+    child: Option<Child>,
+    stdout: Receiver<String>,
+}
+
+fn supervisor(grace: Duration, command: &[&str]) -> Sup {
+    use rustix::net::{AddressFamily, SocketFlags, SocketType};
+    let (ours, theirs) = rustix::net::socketpair(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .expect("socketpair");
+    // The supervisor's end goes in as stdin and is moved to descriptor 3 by the shell, so no
+    // other process the tests start (concurrently, from other threads) can inherit it.
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(r#"bin=$0; grace=$1; shift; exec "$bin" __supervise 3 "$grace" -- "$@" 3<&0 </dev/null"#)
+        .arg(BIN)
+        .arg(grace.as_nanos().to_string())
+        .args(command)
+        .stdin(Stdio::from(theirs))
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the supervisor");
+    let out = child.stdout.take().expect("piped");
+    let (tx, stdout) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    Sup {
+        sock: Some(ours),
+        child: Some(child),
+        stdout,
+    }
+}
+
+impl Sup {
+    fn send(&self, msg: &str) {
+        assert!(self.try_send(msg), "cannot send {msg:?} to the supervisor");
+    }
+
+    /// Sends unless the supervisor has closed its end (it exits right after GONE).
+    fn try_send(&self, msg: &str) -> bool {
+        let sock = self.sock.as_ref().expect("open");
+        rustix::net::send(sock, msg.as_bytes(), rustix::net::SendFlags::NOSIGNAL).is_ok()
+    }
+
+    /// The next message within `within`, or None if none came.
+    fn try_recv(&self, within: Duration) -> Option<String> {
+        use rustix::event::{PollFd, PollFlags, Timespec};
+        let sock = self.sock.as_ref().expect("open");
+        let ts = Timespec {
+            tv_sec: within.as_secs() as i64,
+            tv_nsec: within.subsec_nanos() as _,
+        };
+        let mut fds = [PollFd::new(sock, PollFlags::IN)];
+        if rustix::event::poll(&mut fds, Some(&ts)).expect("poll") == 0 {
+            return None;
+        }
+        let mut buf = [0u8; 512];
+        let (n, _) = loop {
+            match rustix::net::recv(sock.as_fd(), &mut buf[..], rustix::net::RecvFlags::empty()) {
+                // The supervisor exited with some of our LEASE messages unread: reported once,
+                // before what it sent us.
+                Err(rustix::io::Errno::CONNRESET) => {}
+                other => break other.expect("recv"),
+            }
+        };
+        assert!(n > 0, "the supervisor closed the socket");
+        Some(String::from_utf8_lossy(&buf[..n]).trim_end().to_owned())
+    }
+
+    fn recv(&self) -> String {
+        self.try_recv(STEP)
+            .unwrap_or_else(|| panic!("no message from the supervisor within {STEP:?}"))
+    }
+
+    /// Waits for the supervisor's exit status.
+    fn exit(&mut self) -> ExitStatus {
+        wait_bounded(self.child.take().expect("not waited for yet"), STEP)
+    }
+}
+
+impl Drop for Sup {
+    fn drop(&mut self) {
+        // End of file: the supervisor stops whatever still runs and exits on its own.
+        self.sock.take();
+        if let Some(child) = self.child.take() {
+            if !std::thread::panicking() {
+                wait_bounded(child, STEP);
+            }
+        }
+    }
+}
+
+/// Without any help from kafka-lock, the supervisor sends SIGTERM at the lease end and SIGKILL
+/// at the lease end plus the grace to a command that ignores SIGTERM (issue 7 item 8: the kill
+/// timer no longer waits on anything else).
+#[test]
+fn supervisor_kills_at_the_lease_end_plus_the_grace_on_its_own() {
+    let grace = Duration::from_millis(300);
+    let sup = supervisor(
+        grace,
+        &[
+            "sh",
+            "-c",
+            "trap '' TERM; echo ready; while :; do sleep 0.05; done",
+        ],
+    );
+    let end = mono_now() + 700_000_000;
+    sup.send(&format!("LEASE {end}"));
+    assert!(sup.recv().starts_with("PID "));
+    assert_eq!(sup.recv(), format!("EXPIRED {end}"));
+    assert_eq!(sup.recv(), "EXIT SIGNAL 9");
+    let killed_seen = mono_now();
+    assert_eq!(sup.recv(), "GONE");
+    let kill_at = end + grace.as_nanos() as u64;
+    assert!(
+        killed_seen >= kill_at,
+        "SIGKILL before the lease end plus the grace"
+    );
+    assert!(
+        killed_seen <= kill_at + 5_000_000_000,
+        "SIGKILL {} ms after the lease end plus the grace",
+        (killed_seen - kill_at) / 1_000_000
+    );
+}
+
+#[test]
+fn supervisor_keeps_a_command_whose_lease_is_renewed() {
+    let mut sup = supervisor(Duration::from_millis(200), &["sh", "-c", "sleep 2; exit 6"]);
+    let mut got = Vec::new();
+    while got.last().map(String::as_str) != Some("GONE") {
+        sup.try_send(&format!("LEASE {}", mono_now() + 2_000_000_000));
+        if let Some(m) = sup.try_recv(Duration::from_millis(100)) {
+            got.push(m);
+        }
+        assert!(got.len() < 10, "{got:?}");
+    }
+    assert_eq!(got.len(), 3, "{got:?}");
+    assert!(got[0].starts_with("PID "), "{got:?}");
+    assert_eq!(got[1..], ["EXIT CODE 6", "GONE"]);
+    assert!(sup.exit().success());
+}
+
+#[test]
+fn supervisor_stops_the_command_on_bad_input() {
+    let sup = supervisor(Duration::from_secs(1), &["sleep", "600"]);
+    sup.send(&format!("LEASE {}", mono_now() + 600_000_000_000));
+    assert!(sup.recv().starts_with("PID "));
+    sup.send("LEASE soon");
+    assert!(sup.recv().starts_with("ERROR "));
+    assert_eq!(sup.recv(), "EXIT SIGNAL 15");
+    assert_eq!(sup.recv(), "GONE");
+}
+
+#[test]
+fn supervisor_never_starts_a_command_on_a_lease_that_has_ended() {
+    let dir = scratch_dir("cli-sup-expired");
+    let marker = dir.join("ran");
+    let mut sup = supervisor(
+        Duration::from_secs(1),
+        &["touch", marker.to_str().expect("utf-8 path")],
+    );
+    sup.send("LEASE 1");
+    assert_eq!(sup.recv(), "EXPIRED 1");
+    assert_eq!(sup.recv(), "GONE");
+    assert!(sup.exit().success());
+    assert!(!marker.exists(), "the command ran");
+}
+
+#[test]
+fn supervisor_stops_everything_when_kafka_lock_goes_away() {
+    let mut sup = supervisor(
+        Duration::from_millis(500),
+        &["sh", "-c", &leaves_processes("exec sleep 600")],
+    );
+    sup.send(&format!("LEASE {}", mono_now() + 600_000_000_000));
+    let pid: u32 = sup.recv()["PID ".len()..].parse().expect("pid");
+    let mut pids = vec![pid];
+    let mut ready = false;
+    while pids.len() < 3 || !ready {
+        let line = sup.stdout.recv_timeout(STEP).expect("the command's output");
+        match line.split_once(' ') {
+            Some((_, p)) => pids.push(p.parse().expect("pid")),
+            None => ready |= line == "ready",
+        }
+    }
+    let watched: Vec<Liveness> = pids.iter().map(|p| Liveness::watch(*p)).collect();
+    sup.sock.take();
+    for w in &watched {
+        w.gone_within(Duration::from_millis(500) + Duration::from_secs(15));
+    }
+    assert!(sup.exit().success());
+}
+
+/// SIG_IGN for SIGCHLD survives exec: kafka-lock must undo it, or the kernel reaps the command
+/// before the supervisor can read its status.
+#[test]
+fn an_ignored_sigchld_does_not_lose_the_commands_status() {
+    let lock = lock_name("sigchld");
+    let mut args = vec![
+        "--pdeathsig",
+        "KILL",
+        "--",
+        // dash's trap '' CHLD does not set SIG_IGN; bash's does.
+        "bash",
+        "-c",
+        r#"trap '' CHLD; exec "$0" "$@""#,
+        BIN,
+        "run",
+        "--bootstrap",
+    ];
+    let b = support::broker().bootstrap();
+    args.extend([b.as_str(), "--lock", &lock]);
+    args.extend(QUICK);
+    args.extend(["--", "sh", "-c", "sleep 0.2; exit 3"]);
+    let child = Command::new("setpriv")
+        .args(&args)
+        .env_remove("KAFKA_LOCK_BOOTSTRAP")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start");
+    assert_eq!(wait_bounded(child, STEP).code(), Some(3));
 }

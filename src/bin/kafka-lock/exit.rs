@@ -6,7 +6,8 @@ use kafka_lock::{Error, KafkaCode};
 pub const USAGE: u8 = 64;
 /// EX_UNAVAILABLE: the cluster cannot be reached, or answered something invalid.
 pub const UNAVAILABLE: u8 = 69;
-/// EX_OSERR: the operating system refused something kafka-lock needs (signals, waiting).
+/// EX_OSERR: the operating system refused something kafka-lock needs (signals, waiting,
+/// starting its supervisor), or the supervisor process died.
 pub const OSERR: u8 = 71;
 /// EX_IOERR: the lock was lost while the command ran.
 pub const LOST: u8 = 74;
@@ -35,15 +36,21 @@ impl Failure {
         }
     }
 
-    /// Prints the line, always as exactly one line, whatever the error texts contain.
+    /// Queues the line for stderr, always as exactly one line, whatever the error texts
+    /// contain. Never blocks and never fails: a closed or stalled stderr loses the line, not
+    /// the exit status.
     pub fn print(&self) {
-        let one_line: String = self
-            .line
-            .chars()
-            .map(|c| if c.is_control() { ' ' } else { c })
-            .collect();
-        eprintln!("kafka-lock: {one_line}");
+        print_line(&self.line);
     }
+}
+
+/// Queues one line of kafka-lock's own for stderr ("kafka-lock: ..."), flattened to one line.
+pub fn print_line(line: &str) {
+    let one_line: String = line
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    crate::output::write(format!("kafka-lock: {one_line}\n").as_bytes());
 }
 
 /// Broker codes that mean "your settings are not acceptable here", not "the cluster is broken".

@@ -5,24 +5,36 @@
 //! kafka-lock status --bootstrap HOST:PORT[,...] --lock NAME [--json]
 //! ```
 //!
-//! It runs on a current-thread tokio runtime: one lock, one child and a few timers need no thread
-//! pool, a single thread keeps the footprint small, and it is what lets the child be tied to the
-//! process with PR_SET_PDEATHSIG (see `sys::die_with_parent`).
+//! `run` holds the lock on a current-thread tokio runtime (one lock and a few timers need no
+//! thread pool) and leaves the command to a supervisor process, the same binary re-executed in a
+//! hidden mode (`supervise.rs`), which owns the lease deadline and stops the command on its own.
+//! Everything written to stderr goes through a bounded queue to a writer thread (`output.rs`),
+//! so output never blocks the lock session.
 //!
 //! Exit statuses: the command's own (128+N when signal N ended it); 75 not acquired within
 //! `--wait`; 74 lost while the command ran; 69 cluster unreachable or answering nonsense; 78
-//! invalid setting or one the broker rejects; 64 usage; 126/127 the command cannot be run.
+//! invalid setting or one the broker rejects; 71 the system refused something kafka-lock needs,
+//! or its supervisor process died; 64 usage; 126/127 the command cannot be run.
 
 #![deny(unsafe_code)]
 
 mod exit;
 mod json;
+mod output;
+mod proto;
 mod report;
 mod run;
 mod status;
+mod supervise;
 mod sys;
+mod tree;
+
+// The supervisor is made of Linux: child subreapers, pidfds, /proc, SOCK_SEQPACKET pairs.
+#[cfg(not(target_os = "linux"))]
+compile_error!("the kafka-lock CLI is built for Linux only; use the library elsewhere");
 
 use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -32,22 +44,55 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::exit::Failure;
 
 const AFTER_RUN_HELP: &str = "\
-The command starts only once the lock is held, in its own process group, with KAFKA_LOCK_NAME,
-KAFKA_LOCK_TOKEN (the fencing token: the group generation, in decimal) and KAFKA_LOCK_MEMBER_ID in
-its environment. The token is the one at the start: a rebalance while holding (another member
-joining) moves it to a higher generation, reported as token_changed by --events json; a resource
-that accepts any token at least as high as the highest it has seen keeps accepting the first one.
-If the lock is lost while the command runs, its process group gets SIGTERM, then SIGKILL after
---kill-grace; no second command is started. SIGINT and SIGTERM sent to kafka-lock are passed on to
-the command; the lock is released once it has ended. If kafka-lock itself is killed, the command is
-killed with it (Linux). Being in its own process group, the command cannot read from the terminal.
+The command starts only once the lock is held, with KAFKA_LOCK_NAME, KAFKA_LOCK_TOKEN (the fencing
+token: the group generation, in decimal) and KAFKA_LOCK_MEMBER_ID in its environment. The token is
+the one at the start: a rebalance while holding (another member joining) moves it to a higher
+generation, reported as token_changed by --events json; a resource that accepts any token at least
+as high as the highest it has seen keeps accepting the first one.
+
+What stops the command. kafka-lock starts a supervisor process (itself, re-executed, in a process
+group of its own), which starts the command in a process group of its own. The supervisor owns the
+lease end, which kafka-lock moves forward at each renewal: at the lease end it sends SIGTERM to
+every process the command started, and SIGKILL after --kill-grace, unless the lease was renewed by
+then. Nothing that blocks or pauses kafka-lock itself (a stderr nobody reads, SIGSTOP) delays that.
+The lease ends --lease-margin (at least --kill-grace) before the broker could give the lock to
+anyone else, so the command is dead by then. The same stop (SIGTERM, then SIGKILL after the grace)
+happens at once when the lock is lost, when kafka-lock dies (even by SIGKILL), and, for whatever
+the command leaves running, when the command itself ends. 'Every process the command started' is
+its process group and every descendant that left it (setsid, double fork): kafka-lock and the
+supervisor are both child subreapers, so orphans are re-parented to them, not to init. The lock is
+released only once all of them are gone. If the supervisor dies, kafka-lock stops everything the
+same way, then releases the lock and exits 71.
+
+What can escape: processes started through another service (systemd-run, at, ssh, docker exec),
+which are not the command's descendants; processes running as another user (sudo, setuid
+programs), which kafka-lock may not signal (it waits for them, but after a loss they run on
+without the lock); everything the command started, if kafka-lock and the supervisor are both
+SIGKILLed at once (the broker then gives the lock to another member after the session timeout;
+the fencing token still tells them apart); and the timing, if the supervisor itself is stopped or
+starved of CPU for longer than --lease-margin minus --kill-grace. kafka-lock is built for Linux
+only. Being in its own process group, the command cannot read from the terminal.
+
+Signals: SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1 and SIGUSR2 sent to kafka-lock are passed on to
+the command's process group while it runs, and the lock is released once everything it started is
+gone; while waiting for the lock they make kafka-lock leave the group and exit 128+N; during the
+final release they cut it short (the broker then frees the lock after the session timeout).
+SIGPIPE is ignored (a stderr whose reader is gone shows as EPIPE, which kafka-lock survives).
+Other terminating signals end kafka-lock at once; the supervisor then stops the command as it does
+when kafka-lock is killed.
+
+Output: --events json lines, logs and the terminal status line go to stderr through a bounded
+buffer; if stderr is not read fast enough, lines are dropped rather than delaying the lock, events
+then carry a 'dropped' count, and the last line reports it.
 
 Exit status: the command's (128+N if signal N ended it); 75 not acquired within --wait; 74 lock
 lost while the command ran; 69 the cluster cannot be reached or answered something invalid; 78 a
-setting is invalid or the broker rejected it; 64 usage error; 126/127 the command cannot be run;
-128+N if signal N arrived while waiting for the lock.
+setting is invalid or the broker rejected it; 71 the system refused something kafka-lock needs or
+the supervisor died; 64 usage error; 126/127 the command cannot be run; 128+N if signal N arrived
+while waiting for the lock.
 
-Durations: 500ms, 10s, 2m, 1h30m. Set KAFKA_LOCK_LOG=debug for a log of the protocol on stderr.";
+Durations: 500ms, 10s, 2m, 1h30m; timeouts at most 24 days (Kafka's limit), --wait at most 365
+days. Set KAFKA_LOCK_LOG=debug for a log of the protocol on stderr.";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -121,12 +166,14 @@ struct RunArgs {
     rebalance_timeout: Option<Duration>,
     /// The lease ends this long before the broker could expire us: after the last renewal, the
     /// lock counts as held for the smaller of the session and rebalance timeouts minus this.
-    /// [default: the larger of the kill grace and min(1s, a quarter of the session timeout), so
-    /// the command is dead before the broker could give the lock away]
+    /// Must be at least --kill-grace, so the command is dead before the broker could give the
+    /// lock away. [default: the larger of the kill grace and min(1s, a quarter of the smaller of
+    /// the session and rebalance timeouts)]
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     lease_margin: Option<Duration>,
-    /// After a loss, time between SIGTERM and SIGKILL to the command; must be shorter than the
-    /// session timeout. [default: 2s, or a fifth of the session timeout if that is shorter]
+    /// Time between SIGTERM and SIGKILL when the command is stopped (lease end, loss, exit of
+    /// kafka-lock); at most --lease-margin. [default: 2s, or a fifth of the smaller of the
+    /// session and rebalance timeouts if that is shorter]
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     kill_grace: Option<Duration>,
     /// Who we are, shown to waiters and by `status`. [default: "<hostname> pid <pid>"]
@@ -155,15 +202,40 @@ struct StatusArgs {
     json: bool,
 }
 
+/// A duration too large to represent becomes `Duration::MAX`, which every range check refuses
+/// with exit status 78 (a setting out of range) rather than 64 (a malformed command line).
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s.trim())
-        .map_err(|e| format!("{e} (write durations like 500ms, 10s, 2m)"))
+    match humantime::parse_duration(s.trim()) {
+        Ok(d) => Ok(d),
+        Err(humantime::DurationError::NumberOverflow) => Ok(Duration::MAX),
+        Err(e) => Err(format!("{e} (write durations like 500ms, 10s, 2m)")),
+    }
 }
 
+/// How long kafka-lock waits at exit for stderr to take its last lines.
+const FLUSH_BOUND: Duration = Duration::from_secs(1);
+
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    // Not `args()`: that panics on an argument that is not UTF-8.
+    let argv: Vec<OsString> = std::env::args_os().collect();
+    if argv.get(1).is_some_and(|a| a == supervise::MODE) {
+        return supervise::main(argv);
+    }
+    let status = cli(argv);
+    let dropped = output::dropped();
+    if dropped > 0 {
+        exit::print_line(&format!(
+            "{dropped} lines of kafka-lock's output were dropped because stderr was not read fast enough"
+        ));
+    }
+    output::flush(FLUSH_BOUND);
+    ExitCode::from(status)
+}
+
+fn cli(argv: Vec<OsString>) -> u8 {
+    let cli = match Cli::try_parse_from(&argv) {
         Ok(cli) => cli,
-        Err(e) => return usage(e),
+        Err(e) => return usage(e, &argv),
     };
     init_log();
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -174,40 +246,47 @@ fn main() -> ExitCode {
         Err(e) => {
             let f = Failure::new(exit::OSERR, format!("cannot start the async runtime: {e}"));
             f.print();
-            return ExitCode::from(f.status);
+            return f.status;
         }
     };
     let result = runtime.block_on(async {
         match cli.command {
             Command::Run(a) => run::run(run_config(a)).await,
-            Command::Status(a) => {
-                status::status(status::StatusConfig {
-                    bootstrap: a.target.bootstrap,
-                    lock: a.target.lock,
-                    json: a.json,
-                    request_timeout: a
-                        .target
-                        .request_timeout
-                        .unwrap_or(kafka_lock::lock::DEFAULT_REQUEST_TIMEOUT),
-                    connect_timeout: a
-                        .target
-                        .connect_timeout
-                        .unwrap_or(kafka_lock::driver::DEFAULT_CONNECT_TIMEOUT),
-                    client_id: a.target.client_id,
-                })
-                .await
-            }
+            Command::Status(a) => status(a).await,
         }
     });
-    // Background tasks (a session still leaving after a bounded wait) end with the runtime.
-    drop(runtime);
+    // Background tasks (a session still leaving after a bounded or interrupted release) end with
+    // the runtime; a blocking task (a name lookup) must not hold the exit.
+    runtime.shutdown_timeout(Duration::from_millis(100));
     match result {
-        Ok(status) => ExitCode::from(status),
+        Ok(status) => status,
         Err(f) => {
             f.print();
-            ExitCode::from(f.status)
+            f.status
         }
     }
+}
+
+async fn status(a: StatusArgs) -> Result<u8, Failure> {
+    let request = a
+        .target
+        .request_timeout
+        .unwrap_or(kafka_lock::lock::DEFAULT_REQUEST_TIMEOUT);
+    let connect = a
+        .target
+        .connect_timeout
+        .unwrap_or(kafka_lock::driver::DEFAULT_CONNECT_TIMEOUT);
+    run::in_range("--request-timeout", request, run::TIMEOUT_BOUND, false)?;
+    run::in_range("--connect-timeout", connect, run::TIMEOUT_BOUND, false)?;
+    status::status(status::StatusConfig {
+        bootstrap: a.target.bootstrap,
+        lock: a.target.lock,
+        json: a.json,
+        request_timeout: request,
+        connect_timeout: connect,
+        client_id: a.target.client_id,
+    })
+    .await
 }
 
 fn run_config(a: RunArgs) -> run::RunConfig {
@@ -232,10 +311,11 @@ fn run_config(a: RunArgs) -> run::RunConfig {
 
 /// Help and version go to stdout with status 0; every other parse error is one line on stderr
 /// and status 64, like the rest of kafka-lock's own failures.
-fn usage(e: clap::Error) -> ExitCode {
+fn usage(e: clap::Error, argv: &[OsString]) -> u8 {
     if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+        // A closed stdout loses the text, not the status.
         let _ = e.print();
-        return ExitCode::SUCCESS;
+        return 0;
     }
     if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
         let f = Failure::new(
@@ -243,7 +323,7 @@ fn usage(e: clap::Error) -> ExitCode {
             "no subcommand given: use `kafka-lock run ... -- COMMAND` or `kafka-lock status ...`; see `kafka-lock --help`",
         );
         f.print();
-        return ExitCode::from(f.status);
+        return f.status;
     }
     let rendered = e.render().to_string();
     let mut parts = Vec::new();
@@ -263,13 +343,14 @@ fn usage(e: clap::Error) -> ExitCode {
         what = "invalid command line".to_owned();
     }
     let what = what.trim_end_matches(':').to_owned();
-    let help = match std::env::args().nth(1).as_deref() {
-        Some(sub @ ("run" | "status")) => format!("kafka-lock {sub} --help"),
-        _ => "kafka-lock --help".to_owned(),
+    let help = match argv.get(1).map(|a| a.as_bytes()) {
+        Some(b"run") => "kafka-lock run --help",
+        Some(b"status") => "kafka-lock status --help",
+        _ => "kafka-lock --help",
     };
     let f = Failure::new(exit::USAGE, format!("{what}; see `{help}`"));
     f.print();
-    ExitCode::from(f.status)
+    f.status
 }
 
 /// Logs only when asked: kafka-lock's stderr is shared with the command and, with
@@ -282,6 +363,51 @@ fn init_log() {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(output::LogWriter)
         .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn durations_too_large_to_represent_become_the_largest_one() {
+        assert_eq!(
+            parse_duration("300000000000y"),
+            Ok(Duration::from_secs(300_000_000_000 * 31_557_600))
+        );
+        assert_eq!(
+            parse_duration("99999999999999999999999y"),
+            Ok(Duration::MAX)
+        );
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn usage_errors_with_arguments_that_are_not_utf8_do_not_panic() {
+        use std::os::unix::ffi::OsStringExt;
+        let argv = vec![
+            OsString::from("kafka-lock"),
+            OsString::from_vec(b"r\xffn".to_vec()),
+            OsString::from_vec(b"--\xfe".to_vec()),
+        ];
+        let e = Cli::try_parse_from(&argv).expect_err("not a command line");
+        assert_eq!(usage(e, &argv), exit::USAGE);
+    }
+
+    proptest! {
+        #[test]
+        fn parse_duration_never_panics(s in "\\PC{0,40}") {
+            let _ = parse_duration(&s);
+        }
+
+        #[test]
+        fn parse_duration_of_numbers_and_units_never_panics(n in "[0-9]{1,30}", unit in "(ns|us|ms|s|m|h|d|w|M|y)") {
+            let _ = parse_duration(&format!("{n}{unit}"));
+        }
+    }
 }

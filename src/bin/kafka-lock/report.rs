@@ -1,14 +1,15 @@
 //! What `run` tells the person or program watching: `--events json` lines, or on a terminal a
-//! status line saying what the lock is waiting for.
+//! status line saying what the lock is waiting for. Everything goes through the non-blocking
+//! output queue (`output`): reporting never makes the lock session wait.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use kafka_lock::lock::HolderInfo;
 use kafka_lock::{FencingToken, LossReason};
 
 use crate::json::Obj;
-use crate::sys;
+use crate::{output, sys};
 
 /// How the child ended, for `child_exited`.
 #[derive(Debug, Clone, Copy)]
@@ -68,13 +69,19 @@ impl Reporter {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_millis() as i128)
             .unwrap_or(0);
-        Obj::new()
+        let obj = Obj::new()
             .str("event", name)
             .str("lock", &self.lock)
             .opt_str("member_id", self.member_id.as_deref())
             .opt_int("token", self.token)
             .int("unix_ms", unix_ms)
-            .int("mono_ns", sys::mono_ns())
+            .int("mono_ns", sys::mono_ns());
+        // Output lines lost to a full queue so far (a stderr read too slowly), on every event
+        // that gets through once there are any.
+        match output::dropped() {
+            0 => obj,
+            n => obj.int("dropped", n),
+        }
     }
 
     fn emit(&mut self, obj: Obj) {
@@ -83,14 +90,14 @@ impl Reporter {
             line.push('\n');
             // One write per line: the child shares this stderr, and a single write of a short
             // line is not interleaved with its output.
-            let _ = std::io::stderr().lock().write_all(line.as_bytes());
+            output::write(line.as_bytes());
         }
     }
 
     /// Ends the terminal status line so the next line starts on its own.
     pub fn close_line(&mut self) {
         if self.line_open {
-            let _ = std::io::stderr().lock().write_all(b"\n");
+            output::write(b"\n");
             self.line_open = false;
         }
     }
@@ -110,9 +117,7 @@ impl Reporter {
             text.to_owned()
         };
         // Carriage return and "erase line": the line is rewritten in place while waiting.
-        let _ = std::io::stderr()
-            .lock()
-            .write_all(format!("\r\x1b[2K{text}").as_bytes());
+        output::write(format!("\r\x1b[2K{text}").as_bytes());
         self.line_open = true;
     }
 
@@ -190,20 +195,21 @@ impl Reporter {
         self.emit(self.event("token_changed"));
     }
 
-    pub fn child_started(&mut self, pid: u32) {
-        let obj = self.event("child_started").int("child_pid", pid);
+    pub fn child_started(&mut self, pid: u32, supervisor_pid: u32) {
+        let obj = self
+            .event("child_started")
+            .int("child_pid", pid)
+            .int("supervisor_pid", supervisor_pid);
         self.emit(obj);
     }
 
-    pub fn lost(&mut self, reason: &LossReason, lease_end: Option<Instant>) {
-        let mut obj = self
+    /// `lease_end_ns`: when the lease ran out, on CLOCK_MONOTONIC.
+    pub fn lost(&mut self, reason: &LossReason, lease_end_ns: Option<u64>) {
+        let obj = self
             .event("lost")
             .str("reason", reason.as_str())
-            .str("detail", &reason.to_string());
-        obj = match lease_end {
-            Some(at) => obj.int("lease_end_mono_ns", sys::mono_ns_of(at)),
-            None => obj.null("lease_end_mono_ns"),
-        };
+            .str("detail", &reason.to_string())
+            .opt_int("lease_end_mono_ns", lease_end_ns);
         self.emit(obj);
     }
 
@@ -225,5 +231,25 @@ fn describe(h: &HolderInfo) -> String {
     match &h.label {
         Some(l) => format!("{l} (member {}, token {})", h.member_id, h.generation),
         None => format!("member {} (token {})", h.member_id, h.generation),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_carry_the_count_of_dropped_lines_once_there_are_any() {
+        let rep = Reporter::new("l", true);
+        // A line larger than the whole queue is always dropped, whatever else runs.
+        assert!(!output::write(&vec![b'x'; 4 << 20]));
+        let line = rep.event("acquired").finish();
+        let n: u64 = line
+            .split("\"dropped\":")
+            .nth(1)
+            .and_then(|rest| rest.trim_end_matches('}').split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no dropped count in {line}"));
+        assert!(n >= 1, "{line}");
     }
 }

@@ -1,28 +1,46 @@
-//! `kafka-lock run`: take the lock, run the command while holding it, stop the command if the
-//! lock is lost, release the lock when the command ends.
+//! `kafka-lock run`: take the lock, have the supervisor process run the command while the lock
+//! is held, release the lock once everything the command started is gone.
+//!
+//! This process (K) keeps the lock session, reports events and takes signals. It never stops
+//! the command itself while its supervisor (P, `supervise.rs`) lives: P owns the lease end, which
+//! K moves forward at each renewal, and stops the command there on its own. So nothing that can
+//! block or starve K (a stalled stderr, a busy runtime, a SIGSTOP of K alone) can keep the
+//! command running past the lease.
 
 use std::ffi::OsString;
-use std::os::unix::process::ExitStatusExt;
-use std::process::ExitStatus;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant};
 
 use kafka_lock::lock::{
     DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_LEASE_MARGIN, DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_SESSION_TIMEOUT,
 };
-use kafka_lock::{LockEvent, LockGuard, LockOptions, LossReason};
-use tokio::signal::unix::{signal, Signal, SignalKind};
+use kafka_lock::{FencingToken, LockEvent, LockGuard, LockOptions, LossReason};
+use rustix::io::{Errno, FdFlags};
+use rustix::net::{AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType};
+use rustix::process::Signal;
+use tokio::io::Interest;
+use tokio::net::UnixStream;
+use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
 use crate::exit::{self, Failure};
+use crate::proto::{ChildExit, FromSupervisor, ProtoError, ToSupervisor, MAX_MESSAGE};
 use crate::report::{ChildEnd, Reporter};
-use crate::sys;
+use crate::{supervise, sys, tree};
 
 /// The longest default grace between SIGTERM and SIGKILL.
 const MAX_DEFAULT_KILL_GRACE: Duration = Duration::from_secs(2);
-/// How long to wait for the session to report a loss it has already decided, so the `lost`
-/// event can carry the lease end it computed. The child is signalled before this wait.
+/// How long to wait for the session to report a loss the guard's own timer has seen, so the
+/// `lost` event can carry the lease end the session computed. Nothing waits on it: the
+/// supervisor was told to stop the command before.
 const LOSS_REPORT_BOUND: Duration = Duration::from_millis(500);
+/// The largest timeout Kafka's int32 milliseconds can carry.
+pub const MAX_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
+/// The longest `--wait`; without `--wait`, kafka-lock waits without limit.
+pub const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// Everything `run` was given, already parsed.
 #[derive(Debug, Clone)]
@@ -54,38 +72,109 @@ pub struct Timing {
     pub connect: Duration,
     pub margin: Duration,
     pub kill_grace: Duration,
+    pub wait: Option<Duration>,
+}
+
+/// A duration flag's upper bound, with how to say it.
+#[derive(Debug, Clone, Copy)]
+pub struct Bound {
+    pub max: Duration,
+    pub text: &'static str,
+}
+
+/// Kafka's timeouts are int32 milliseconds; longer ones are refused (and would overflow clocks
+/// further down).
+pub const TIMEOUT_BOUND: Bound = Bound {
+    max: MAX_TIMEOUT,
+    text: "2147483647ms (24 days 20 hours), Kafka's largest timeout",
+};
+const WAIT_BOUND: Bound = Bound {
+    max: MAX_WAIT,
+    text: "365 days; leave --wait out to wait without limit",
+};
+
+/// Checks one duration flag's range: positive unless `zero_ok`, at most `bound`.
+pub fn in_range(flag: &str, d: Duration, bound: Bound, zero_ok: bool) -> Result<Duration, Failure> {
+    if d.is_zero() && !zero_ok {
+        return Err(Failure::new(
+            exit::CONFIG,
+            format!("{flag} must be positive"),
+        ));
+    }
+    if d > bound.max {
+        return Err(Failure::new(
+            exit::CONFIG,
+            format!("{flag} is out of range: it must be at most {}", bound.text),
+        ));
+    }
+    Ok(d)
 }
 
 impl Timing {
-    /// Fills in defaults that follow the session timeout, so that setting only
+    /// Fills in defaults that follow the session and rebalance timeouts, so that setting only
     /// `--session-timeout` always gives a consistent set, and rejects inconsistent explicit ones
     /// with a message that names the flags involved.
+    ///
+    /// The command must be dead before the broker can give the lock to anyone else. The broker
+    /// can drop us no earlier than `min(session, rebalance)` after we sent the renewal that
+    /// re-armed its timer; the lease ends `margin` before that, the supervisor sends SIGTERM at
+    /// the lease end and SIGKILL `kill_grace` later. Hence `kill_grace <= margin <
+    /// min(session, rebalance)`, and the lease must be renewed (every heartbeat) at least twice
+    /// within it.
     pub fn resolve(c: &RunConfig) -> Result<Timing, Failure> {
         let bad = |m: String| Err(Failure::new(exit::CONFIG, m));
-        let session = c.session_timeout.unwrap_or(DEFAULT_SESSION_TIMEOUT);
-        if session.is_zero() {
-            return bad("--session-timeout must be positive".into());
-        }
-        // A rebalance timeout shorter than the session would shorten the lease; equal is the
-        // natural default for a lock.
-        let rebalance = c.rebalance_timeout.unwrap_or(session);
-        let kill_grace = c
-            .kill_grace
-            .unwrap_or(MAX_DEFAULT_KILL_GRACE.min(session / 5));
-        if kill_grace >= session {
+        let session = in_range(
+            "--session-timeout",
+            c.session_timeout.unwrap_or(DEFAULT_SESSION_TIMEOUT),
+            TIMEOUT_BOUND,
+            false,
+        )?;
+        // A rebalance timeout shorter than the session shortens the lease; equal is the natural
+        // default for a lock.
+        let rebalance = in_range(
+            "--rebalance-timeout",
+            c.rebalance_timeout.unwrap_or(session),
+            TIMEOUT_BOUND,
+            false,
+        )?;
+        let window = session.min(rebalance);
+        let kill_grace = in_range(
+            "--kill-grace",
+            c.kill_grace
+                .unwrap_or(MAX_DEFAULT_KILL_GRACE.min(window / 5)),
+            TIMEOUT_BOUND,
+            true,
+        )?;
+        if kill_grace >= window {
             return bad(format!(
-                "--kill-grace {} must be shorter than --session-timeout {}: after a loss the command \
-                 must be stopped before the broker can give the lock to another member",
+                "--kill-grace {} must be shorter than --session-timeout {} and --rebalance-timeout \
+                 {}: after a loss the command must be stopped before the broker can give the lock \
+                 to another member",
                 sys::human(kill_grace),
-                sys::human(session)
+                sys::human(session),
+                sys::human(rebalance)
             ));
         }
         // The command is SIGKILLed at the lease end plus the grace; a margin at least as long as
         // the grace makes that happen before the broker could give the lock to anyone else.
-        let margin = c
-            .lease_margin
-            .unwrap_or(DEFAULT_LEASE_MARGIN.min(session / 4).max(kill_grace));
-        let lease = session.min(rebalance).saturating_sub(margin);
+        let margin = in_range(
+            "--lease-margin",
+            c.lease_margin
+                .unwrap_or(DEFAULT_LEASE_MARGIN.min(window / 4).max(kill_grace)),
+            TIMEOUT_BOUND,
+            true,
+        )?;
+        if margin < kill_grace {
+            return bad(format!(
+                "--lease-margin {} is shorter than --kill-grace {}: the command is SIGKILLed at the \
+                 lease end plus the grace, but the broker may give the lock away at the lease end \
+                 plus the margin; raise --lease-margin to at least {} or lower --kill-grace",
+                sys::human(margin),
+                sys::human(kill_grace),
+                sys::human(kill_grace)
+            ));
+        }
+        let lease = window.saturating_sub(margin);
         if lease.is_zero() {
             return bad(format!(
                 "--lease-margin {} leaves no lease: it must be shorter than the smaller of \
@@ -95,13 +184,17 @@ impl Timing {
                 sys::human(rebalance)
             ));
         }
-        let heartbeat = c
-            .heartbeat_interval
-            .unwrap_or(DEFAULT_HEARTBEAT_INTERVAL.min(lease / 3));
-        if heartbeat.is_zero() {
-            return bad("--heartbeat-interval must be positive".into());
-        }
-        if heartbeat * 2 > lease {
+        let heartbeat = in_range(
+            "--heartbeat-interval",
+            c.heartbeat_interval.unwrap_or(
+                DEFAULT_HEARTBEAT_INTERVAL
+                    .min(lease / 3)
+                    .max(Duration::from_millis(1)),
+            ),
+            TIMEOUT_BOUND,
+            false,
+        )?;
+        if heartbeat.saturating_mul(2) > lease {
             return bad(format!(
                 "--heartbeat-interval {} is too long for a lease of {} (the smaller of \
                  --session-timeout and --rebalance-timeout, minus the {} lease margin): the lease must \
@@ -112,16 +205,23 @@ impl Timing {
                 sys::human(margin)
             ));
         }
-        let request = c.request_timeout.unwrap_or(DEFAULT_REQUEST_TIMEOUT);
-        if request.is_zero() {
-            return bad("--request-timeout must be positive".into());
-        }
-        let connect = c
-            .connect_timeout
-            .unwrap_or(kafka_lock::driver::DEFAULT_CONNECT_TIMEOUT);
-        if connect.is_zero() {
-            return bad("--connect-timeout must be positive".into());
-        }
+        let request = in_range(
+            "--request-timeout",
+            c.request_timeout.unwrap_or(DEFAULT_REQUEST_TIMEOUT),
+            TIMEOUT_BOUND,
+            false,
+        )?;
+        let connect = in_range(
+            "--connect-timeout",
+            c.connect_timeout
+                .unwrap_or(kafka_lock::driver::DEFAULT_CONNECT_TIMEOUT),
+            TIMEOUT_BOUND,
+            false,
+        )?;
+        let wait = match c.wait {
+            Some(w) => Some(in_range("--wait", w, WAIT_BOUND, true)?),
+            None => None,
+        };
         Ok(Timing {
             session,
             rebalance,
@@ -130,35 +230,71 @@ impl Timing {
             connect,
             margin,
             kill_grace,
+            wait,
         })
     }
 }
 
-/// SIGINT and SIGTERM, caught from the start so neither kills kafka-lock while it holds the lock.
+/// The terminating signals kafka-lock takes over, so none of them kills it while it holds the
+/// lock. While the command runs they are passed on to its process group; while waiting they
+/// make kafka-lock leave the group and exit 128+N; during the final release they cut it short.
+/// SIGPIPE stays ignored (Rust's default): kafka-lock sees EPIPE on a write instead.
+const CAUGHT: [i32; 6] = [
+    Signal::HUP.as_raw(),
+    Signal::INT.as_raw(),
+    Signal::QUIT.as_raw(),
+    Signal::TERM.as_raw(),
+    Signal::USR1.as_raw(),
+    Signal::USR2.as_raw(),
+];
+
 struct Signals {
-    int: Signal,
-    term: Signal,
+    streams: Vec<(i32, tokio::signal::unix::Signal)>,
+    /// Never read. Installing a SIGCHLD handler undoes an ignored SIGCHLD inherited from our
+    /// parent (SIG_IGN survives exec, a handler does not): with SIGCHLD ignored the kernel reaps
+    /// children on its own, and neither we nor the supervisor could wait for them or learn the
+    /// command's status.
+    _child: tokio::signal::unix::Signal,
 }
 
 impl Signals {
     fn new() -> Result<Signals, Failure> {
-        let install = |kind| {
-            signal(kind).map_err(|e| {
-                Failure::new(exit::OSERR, format!("cannot install a signal handler: {e}; this is a bug or a very unusual system"))
-            })
-        };
+        let mut streams = Vec::with_capacity(CAUGHT.len());
+        for n in CAUGHT {
+            let s = signal(SignalKind::from_raw(n)).map_err(|e| {
+                Failure::new(
+                    exit::OSERR,
+                    format!(
+                        "cannot install a handler for {}: {e}; this is a bug or a very unusual system",
+                        sys::signal_name(n)
+                    ),
+                )
+            })?;
+            streams.push((n, s));
+        }
+        let child = signal(SignalKind::child()).map_err(|e| {
+            Failure::new(
+                exit::OSERR,
+                format!("cannot install a handler for SIGCHLD: {e}; this is a bug or a very unusual system"),
+            )
+        })?;
         Ok(Signals {
-            int: install(SignalKind::interrupt())?,
-            term: install(SignalKind::terminate())?,
+            streams,
+            _child: child,
         })
     }
 
     /// The next signal's number. Cancel-safe.
     async fn recv(&mut self) -> i32 {
-        tokio::select! {
-            Some(()) = self.int.recv() => libc::SIGINT,
-            Some(()) = self.term.recv() => libc::SIGTERM,
-        }
+        std::future::poll_fn(|cx| {
+            for (n, s) in &mut self.streams {
+                if let std::task::Poll::Ready(Some(())) = s.poll_recv(cx) {
+                    return std::task::Poll::Ready(*n);
+                }
+            }
+            std::task::Poll::Pending
+        })
+        .await
     }
 }
 
@@ -190,12 +326,12 @@ pub async fn run(c: RunConfig) -> Result<u8, Failure> {
 
     // Waiting for the lock. `--wait 0` is one try: the first completed generation decides.
     let outcome = {
-        let once = c.wait == Some(Duration::ZERO);
+        let once = t.wait == Some(Duration::ZERO);
         let acquire = async {
             if once {
                 opts.try_acquire().await
             } else {
-                opts.acquire(c.wait).await.map(Some)
+                opts.acquire(t.wait).await.map(Some)
             }
         };
         tokio::pin!(acquire);
@@ -237,14 +373,22 @@ pub async fn run(c: RunConfig) -> Result<u8, Failure> {
             rep.close_line();
             // The acquire was dropped, which makes its session leave the group. The session's
             // event sender goes away when it has left; with ours dropped too, the channel closes
-            // exactly then (or at once if no session was started yet).
+            // exactly then (or at once if no session was started yet). A second signal stops
+            // waiting for that.
             drop(opts);
-            let bound = t.request + t.connect + Duration::from_secs(1);
-            let _ = tokio::time::timeout(bound, async { while rx.recv().await.is_some() {} }).await;
+            let bound = t.request.saturating_add(t.connect) + Duration::from_secs(1);
+            let left = async { while rx.recv().await.is_some() {} };
+            let how = tokio::select! {
+                r = tokio::time::timeout(bound, left) => match r {
+                    Ok(()) => "left the group",
+                    Err(_) => "the broker did not confirm the leave in time (it drops the member after the session timeout)",
+                },
+                _ = signals.recv() => "leaving the group was cut short by a second signal (the broker drops the member after the session timeout)",
+            };
             return Err(Failure::new(
                 128 + sig as u8,
                 format!(
-                    "interrupted by {} while waiting for lock {:?}; left the group without running the command",
+                    "interrupted by {} while waiting for lock {:?}; {how}; the command was not run",
                     sys::signal_name(sig),
                     c.lock
                 ),
@@ -270,7 +414,150 @@ fn waiting_event(rep: &mut Reporter, ev: LockEvent) {
     }
 }
 
-/// Runs the command under `guard` and returns its status, or 74 if the lock was lost meanwhile.
+/// K's end of the socket to the supervisor, and the supervisor's pid.
+struct Link {
+    /// A SOCK_SEQPACKET socket; tokio's UnixStream only provides the readiness, every read and
+    /// write is a rustix recv/send of one whole datagram.
+    sock: UnixStream,
+    pid: u32,
+}
+
+impl Link {
+    /// Starts the supervisor (this binary, re-executed) with the command to run.
+    fn spawn(c: &RunConfig, token: &FencingToken, grace: Duration) -> Result<Link, Failure> {
+        let oserr = |what: &str, e: &dyn std::fmt::Display| {
+            Failure::new(
+                exit::OSERR,
+                format!(
+                    "{what}: {e}; the command was not run and the lock is released (kafka-lock run \
+                     needs Linux with /proc mounted)"
+                ),
+            )
+        };
+        let exe = std::env::current_exe().map_err(|e| {
+            oserr(
+                "cannot find kafka-lock's own executable to start the supervisor process",
+                &e,
+            )
+        })?;
+        let (ours, theirs) = rustix::net::socketpair(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+            None,
+        )
+        .map_err(|e| oserr("cannot create a socket pair for the supervisor", &e))?;
+        // Only the supervisor may inherit this end: this process starts no other program, so
+        // clearing close-on-exec here, for the one spawn below, leaks it nowhere else (the
+        // supervisor sets it again at once, before starting the command).
+        rustix::io::fcntl_setfd(&theirs, FdFlags::empty())
+            .map_err(|e| oserr("cannot pass a socket to the supervisor", &e))?;
+        let argv = supervise::Args {
+            fd: theirs.as_raw_fd(),
+            grace_ns: sys::nanos(grace),
+            command: c.command.clone(),
+        }
+        .to_argv();
+        let mut cmd = std::process::Command::new(&exe);
+        cmd.args(argv)
+            .env("KAFKA_LOCK_NAME", &c.lock)
+            .env("KAFKA_LOCK_TOKEN", token.generation.to_string())
+            .env("KAFKA_LOCK_MEMBER_ID", &token.member_id)
+            // Its own process group: a signal to ours (a terminal's Ctrl-C, `kill -9 -PGID`)
+            // must not take the supervisor along with us.
+            .process_group(0);
+        let child = cmd.spawn().map_err(|e| {
+            oserr(
+                &format!("cannot start the supervisor process ({})", exe.display()),
+                &e,
+            )
+        })?;
+        drop(theirs);
+        let pid = child.id();
+        // Reaped with waitpid below, not through the std handle.
+        drop(child);
+        let sock = UnixStream::from_std(std::os::unix::net::UnixStream::from(ours))
+            .map_err(|e| oserr("cannot watch the supervisor's socket", &e))?;
+        Ok(Link { sock, pid })
+    }
+
+    /// Sends without waiting. A full socket (a stopped supervisor) drops the message: the
+    /// supervisor then keeps the older, earlier lease end, which is the safe side.
+    fn send(&self, msg: ToSupervisor) {
+        let _ = rustix::net::send(
+            &self.sock,
+            msg.encode().as_bytes(),
+            SendFlags::DONTWAIT | SendFlags::NOSIGNAL,
+        );
+    }
+
+    /// The next message; `None` at end of file (the supervisor has exited). Cancel-safe: a
+    /// datagram is only taken off the socket by a call that returns it.
+    async fn recv(&self) -> io::Result<Option<Result<FromSupervisor, ProtoError>>> {
+        let mut buf = [0u8; MAX_MESSAGE + 1];
+        loop {
+            self.sock.readable().await?;
+            let got = self.sock.try_io(Interest::READABLE, || {
+                rustix::net::recv(
+                    &self.sock,
+                    &mut buf[..],
+                    RecvFlags::DONTWAIT | RecvFlags::TRUNC,
+                )
+                .map_err(io::Error::from)
+            });
+            match got {
+                Ok((_, 0)) => return Ok(None),
+                Ok((n, len)) if len > n => return Ok(Some(Err(ProtoError::TooLong(len)))),
+                Ok((n, _)) => return Ok(Some(FromSupervisor::parse(&buf[..n]))),
+                // ECONNRESET: the supervisor exited with one of our LEASE messages unread. It is
+                // reported once, before the datagrams still queued for us (GONE among them) and
+                // the end of file.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::Interrupted
+                            | io::ErrorKind::WouldBlock
+                            | io::ErrorKind::ConnectionReset
+                    ) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// SIGKILLs a supervisor that broke the protocol. It is our unreaped child, so its pid is
+    /// still its own.
+    fn kill(&self) {
+        if let Some(p) = sys::pid(self.pid) {
+            let _ = rustix::process::kill_process(p, Signal::KILL);
+        }
+    }
+
+    /// Reaps the supervisor after it said GONE (it exits right after).
+    async fn reap(&self) {
+        let Some(p) = sys::pid(self.pid) else { return };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            match rustix::process::waitpid(Some(p), rustix::process::WaitOptions::NOHANG) {
+                Ok(None) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(2)).await
+                }
+                Err(Errno::INTR) => {}
+                _ => return,
+            }
+        }
+    }
+}
+
+/// How the hold ended, from the supervisor's side.
+enum Ending {
+    /// The supervisor said GONE.
+    Gone,
+    /// The supervisor is gone or broken without saying GONE; `why` says what happened.
+    SupervisorLost { why: String },
+}
+
+/// Runs the command under `guard` through the supervisor and returns its status, or 74 if the
+/// lock was lost meanwhile.
 async fn hold(
     c: &RunConfig,
     t: Timing,
@@ -280,170 +567,306 @@ async fn hold(
     mut rep: Reporter,
 ) -> Result<u8, Failure> {
     let token = guard.token();
-    if !guard.is_held() {
-        // The lease ran out between the grant and now (a paused process): starting the command
-        // would run it without the lock.
-        let _ = guard.release().await;
-        return Err(Failure::new(
-            exit::NOT_ACQUIRED,
-            format!(
-                "lock {:?} was granted but its lease ran out before the command could start (was \
-                 kafka-lock paused?); the command was not run; try again",
-                c.lock
-            ),
-        ));
-    }
-    let program = &c.command[0];
-    let mut cmd = tokio::process::Command::new(program);
-    cmd.args(&c.command[1..])
-        .env("KAFKA_LOCK_NAME", &c.lock)
-        .env("KAFKA_LOCK_TOKEN", token.generation.to_string())
-        .env("KAFKA_LOCK_MEMBER_ID", &token.member_id)
-        // Its own process group, so a loss stops everything it started, and a Ctrl-C on the
-        // terminal reaches it only through kafka-lock, which then releases the lock after it.
-        .process_group(0);
-    sys::die_with_parent(&mut cmd);
-    let mut child = match cmd.spawn() {
-        Ok(child) => child,
-        Err(e) => {
-            let status = if e.kind() == std::io::ErrorKind::NotFound {
-                exit::NOT_FOUND
-            } else {
-                exit::CANNOT_EXECUTE
-            };
-            rep.released();
-            let _ = guard.release().await;
+    let mut watch = guard.watch();
+    let lease_end = match watch.lease_end() {
+        Some(end) if end > Instant::now() => end,
+        _ => {
+            // The lease ran out between the grant and now (a paused process): starting the
+            // command would run it without the lock.
+            let _ = release(guard, &mut signals).await;
             return Err(Failure::new(
-                status,
+                exit::NOT_ACQUIRED,
                 format!(
-                    "cannot run {:?}: {e}; check the command name, its permissions and $PATH (the lock was \
-                     released without running it)",
-                    program
+                    "lock {:?} was granted but its lease ran out before the command could start (was \
+                     kafka-lock paused?); the command was not run; try again",
+                    c.lock
                 ),
             ));
         }
     };
-    let Some(pgid) = child.id() else {
+    // Should the supervisor die, the command and its descendants are re-parented here, where
+    // they can still be found and stopped before the lock is released.
+    if let Err(e) = sys::become_subreaper() {
+        let _ = release(guard, &mut signals).await;
         return Err(Failure::new(
             exit::OSERR,
-            "the command ended before its process id could be read; this is a bug",
+            format!("cannot become a child subreaper (PR_SET_CHILD_SUBREAPER, Linux 3.4+): {e}; the command was not run"),
         ));
+    }
+    let link = match Link::spawn(c, &token, t.kill_grace) {
+        Ok(link) => link,
+        Err(f) => {
+            let _ = release(guard, &mut signals).await;
+            return Err(f);
+        }
     };
-    rep.child_started(pgid);
+    let mut sent_lease = lease_end;
+    link.send(ToSupervisor::Lease {
+        end_ns: sys::mono_ns_of(lease_end),
+    });
 
+    let mut child: Option<u32> = None;
+    let mut end: Option<ChildExit> = None;
+    let mut spawn_errno: Option<i32> = None;
     let mut lost: Option<LossReason> = None;
-    let mut kill_at: Option<tokio::time::Instant> = None;
-    let mut killed = false;
-    let waited = loop {
+    let mut lost_reported = false;
+    let mut report_lost_by: Option<tokio::time::Instant> = None;
+    let mut watching = true;
+    let mut pending_signal: Option<i32> = None;
+    let mut sup_error: Option<String> = None;
+    let ending = loop {
         tokio::select! {
-            // The command's end first: if it ended, nothing else matters any more.
+            // The supervisor's news first: it is what actually happened to the command.
             biased;
-            st = child.wait() => break st,
+            msg = link.recv() => match msg {
+                Ok(Some(Ok(m))) => match m {
+                    FromSupervisor::Pid(pid) => {
+                        child = Some(pid);
+                        rep.child_started(pid, link.pid);
+                        if let Some(sig) = pending_signal.take() {
+                            link.send(ToSupervisor::Signal(sig));
+                        }
+                    }
+                    FromSupervisor::Failed { errno } => spawn_errno = Some(errno),
+                    FromSupervisor::Expired { lease_end_ns } => {
+                        if lost.is_none() {
+                            lost = Some(LossReason::LeaseExpired);
+                        }
+                        if !lost_reported {
+                            rep.lost(&LossReason::LeaseExpired, Some(lease_end_ns));
+                            lost_reported = true;
+                        }
+                    }
+                    FromSupervisor::Exit(e) => {
+                        // The lease may have run out in the same instant the command ended: then
+                        // it ran without the lock at the end, and that must not pass as success.
+                        if lost.is_none() && !watch.is_held() {
+                            lost = Some(LossReason::LeaseExpired);
+                            rep.lost(&LossReason::LeaseExpired, watch.lease_end().map(sys::mono_ns_of).or(Some(sys::mono_ns_of(sent_lease))));
+                            lost_reported = true;
+                        }
+                        end = Some(e);
+                        rep.child_exited(child_end(e));
+                    }
+                    FromSupervisor::Gone => break Ending::Gone,
+                    FromSupervisor::Error(text) => {
+                        exit::print_line(&format!("the supervisor process reports: {text}"));
+                        sup_error = Some(text);
+                    }
+                },
+                Ok(Some(Err(e))) => {
+                    link.kill();
+                    break Ending::SupervisorLost { why: format!("it sent {e}") };
+                }
+                Ok(None) => break Ending::SupervisorLost {
+                    why: sup_error.take().unwrap_or_else(|| "it exited unexpectedly".to_owned()),
+                },
+                Err(e) => {
+                    link.kill();
+                    break Ending::SupervisorLost { why: format!("its socket failed: {e}") };
+                }
+            },
             reason = guard.lost(), if lost.is_none() => {
-                stop(pgid, t.kill_grace, &mut kill_at, &mut killed);
-                let lease_end = loss_lease_end(&mut rx, &guard).await;
-                rep.lost(&reason, lease_end);
+                link.send(ToSupervisor::Stop);
                 lost = Some(reason);
+                report_lost_by = Some(tokio::time::Instant::now() + LOSS_REPORT_BOUND);
+            }
+            changed = watch.changed(), if watching && lost.is_none() => {
+                if !changed {
+                    watching = false;
+                } else if let Some(new_end) = watch.lease_end() {
+                    if new_end != sent_lease {
+                        sent_lease = new_end;
+                        link.send(ToSupervisor::Lease { end_ns: sys::mono_ns_of(new_end) });
+                    }
+                }
             }
             Some(ev) = rx.recv() => match ev {
-                LockEvent::Lost { reason, lease_end } if lost.is_none() => {
-                    stop(pgid, t.kill_grace, &mut kill_at, &mut killed);
-                    rep.lost(&reason, Some(lease_end));
-                    lost = Some(reason);
+                LockEvent::Lost { reason, lease_end } => {
+                    if lost.is_none() {
+                        link.send(ToSupervisor::Stop);
+                        lost = Some(reason.clone());
+                    }
+                    if !lost_reported {
+                        rep.lost(&reason, Some(sys::mono_ns_of(lease_end)));
+                        lost_reported = true;
+                    }
                 }
                 LockEvent::TokenChanged { token } if lost.is_none() => rep.token_changed(&token),
                 _ => {}
             },
-            _ = sleep_until(kill_at), if !killed => {
-                let _ = sys::kill_group(pgid, libc::SIGKILL);
-                killed = true;
+            _ = sleep_until(report_lost_by), if !lost_reported && lost.is_some() => {
+                report_lost_fallback(&mut rep, lost.as_ref(), &watch, sent_lease);
+                lost_reported = true;
             }
             sig = signals.recv() => {
-                // Passed on to the whole group; the lock is released once the command is gone.
-                let _ = sys::kill_group(pgid, sig);
+                // Passed on to the command's group; the lock is released once it is gone.
+                match (child, end) {
+                    (Some(_), None) => link.send(ToSupervisor::Signal(sig)),
+                    (None, None) => pending_signal = Some(sig),
+                    _ => {}
+                }
             }
         }
     };
-    let status = match waited {
-        Ok(status) => status,
-        Err(e) => {
-            let _ = sys::kill_group(pgid, libc::SIGKILL);
+    if let Some(reason) = &lost {
+        if !lost_reported {
+            // The session's own report may be queued already; it carries its lease end.
+            let mut lease_end_ns = None;
+            while let Ok(ev) = rx.try_recv() {
+                if let LockEvent::Lost { lease_end, .. } = ev {
+                    lease_end_ns = Some(sys::mono_ns_of(lease_end));
+                }
+            }
+            match lease_end_ns {
+                Some(ns) => rep.lost(reason, Some(ns)),
+                None => report_lost_fallback(&mut rep, Some(reason), &watch, sent_lease),
+            }
+        }
+    }
+
+    match ending {
+        Ending::Gone => link.reap().await,
+        Ending::SupervisorLost { why } => {
+            // Everything the supervisor started is re-parented here (we are a subreaper): stop
+            // it all the way the supervisor would have, then release.
+            let group = child.filter(|_| end.is_none());
+            let kill_by = sent_lease.checked_add(t.kill_grace);
+            let grace = t.kill_grace;
+            let reaped = tokio::task::spawn_blocking(move || {
+                let mut exits = Vec::new();
+                tree::stop_everything(group, grace, kill_by, |pid, e| exits.push((pid, e)));
+                exits
+            })
+            .await
+            .unwrap_or_default();
+            let how = reaped
+                .iter()
+                .find(|(pid, _)| *pid == link.pid)
+                .and_then(|(_, e)| *e)
+                .map(|e| match e {
+                    ChildExit::Code(c) => format!("status {c}"),
+                    ChildExit::Signal(s) => sys::signal_name(s),
+                })
+                .unwrap_or_else(|| "status unknown".to_owned());
+            if end.is_none() {
+                if let Some(e) = child
+                    .and_then(|pid| reaped.iter().find(|(p, _)| *p == pid).and_then(|(_, e)| *e))
+                {
+                    rep.child_exited(child_end(e));
+                }
+            }
+            let cut = release(guard, &mut signals).await;
             return Err(Failure::new(
                 exit::OSERR,
                 format!(
-                    "cannot wait for the command: {e}; it was killed, and the lock is released"
+                    "the supervisor process (pid {}) of lock {:?} failed: {why} ({how}); everything the \
+                     command started was stopped (SIGTERM, then SIGKILL after {}){}",
+                    link.pid,
+                    c.lock,
+                    sys::human(t.kill_grace),
+                    release_note(cut, t.session)
                 ),
             ));
         }
-    };
-    let end = child_end(status);
-    // The lease may have run out in the same instant the command ended: then it ran without the
-    // lock at the end, and that must not be reported as success.
-    if lost.is_none() && !guard.is_held() {
-        let reason = LossReason::LeaseExpired;
-        rep.lost(&reason, Some(guard.lease_end()));
-        lost = Some(reason);
     }
-    rep.child_exited(end);
+
+    if let Some(errno) = spawn_errno {
+        let e = io::Error::from_raw_os_error(errno);
+        let status = if e.kind() == io::ErrorKind::NotFound {
+            exit::NOT_FOUND
+        } else {
+            exit::CANNOT_EXECUTE
+        };
+        rep.released();
+        let cut = release(guard, &mut signals).await;
+        return Err(Failure::new(
+            status,
+            format!(
+                "cannot run {:?}: {e}; check the command name, its permissions and $PATH (the lock was \
+                 released without running it){}",
+                c.command[0],
+                release_note(cut, t.session)
+            ),
+        ));
+    }
+    let Some(end) = end.map(child_end) else {
+        // The supervisor never started the command: the lease had run out when it got it.
+        let cut = release(guard, &mut signals).await;
+        return Err(Failure::new(
+            exit::NOT_ACQUIRED,
+            format!(
+                "lock {:?} was granted but its lease ran out before the command could start (was \
+                 kafka-lock paused?); the command was not run; try again{}",
+                c.lock,
+                release_note(cut, t.session)
+            ),
+        ));
+    };
     match lost {
         None => {
             // The hold ends here, before the LeaveGroup goes out.
             rep.released();
-            let _ = guard.release().await;
+            if let Some(sig) = release(guard, &mut signals).await {
+                exit::print_line(&format!(
+                    "releasing lock {:?} was cut short by {}; the broker frees it after the session \
+                     timeout ({})",
+                    c.lock,
+                    sys::signal_name(sig),
+                    sys::human(t.session)
+                ));
+            }
             Ok(end.status)
         }
         Some(reason) => {
-            if !killed {
-                // Anything the command left behind in its group runs without the lock.
-                let _ = sys::kill_group(pgid, libc::SIGKILL);
-            }
-            let _ = guard.release().await;
+            let cut = release(guard, &mut signals).await;
             Err(Failure::new(
                 exit::LOST,
                 format!(
                     "lost lock {:?} while the command ran ({reason}); the command was stopped (SIGTERM, \
                      then SIGKILL after {}) and ended with status {}; check the network path to the \
-                     Kafka cluster, or raise --session-timeout if the host pauses for long",
+                     Kafka cluster, or raise --session-timeout if the host pauses for long{}",
                     c.lock,
                     sys::human(t.kill_grace),
-                    end.status
+                    end.status,
+                    release_note(cut, t.session)
                 ),
             ))
         }
     }
 }
 
-/// Sends SIGTERM to the command's group and arms the SIGKILL timer (at once for a zero grace).
-fn stop(pgid: u32, grace: Duration, kill_at: &mut Option<tokio::time::Instant>, killed: &mut bool) {
-    if grace.is_zero() {
-        let _ = sys::kill_group(pgid, libc::SIGKILL);
-        *killed = true;
-    } else {
-        let _ = sys::kill_group(pgid, libc::SIGTERM);
-        *kill_at = Some(tokio::time::Instant::now() + grace);
+/// A `lost` event without the session's lease end: the guard's last one, if it has run out.
+fn report_lost_fallback(
+    rep: &mut Reporter,
+    reason: Option<&LossReason>,
+    watch: &kafka_lock::lock::HoldWatch,
+    sent_lease: Instant,
+) {
+    let Some(reason) = reason else { return };
+    let last = watch.lease_end().unwrap_or(sent_lease);
+    let ns = (last <= Instant::now()).then(|| sys::mono_ns_of(last));
+    rep.lost(reason, ns);
+}
+
+/// Releases the lock (bounded by the library), unless one of the caught signals arrives first:
+/// then the broker frees the lock after the session timeout. Returns that signal.
+async fn release(guard: LockGuard, signals: &mut Signals) -> Option<i32> {
+    tokio::select! {
+        _ = guard.release() => None,
+        sig = signals.recv() => Some(sig),
     }
 }
 
-/// The lease end of a loss the guard reported: the session announces the same loss with the
-/// instant it computed; the guard only knows its last lease if it is still the current one.
-async fn loss_lease_end(
-    rx: &mut mpsc::UnboundedReceiver<LockEvent>,
-    guard: &LockGuard,
-) -> Option<Instant> {
-    let fallback = guard.lease_end();
-    let found = tokio::time::timeout(LOSS_REPORT_BOUND, async {
-        while let Some(ev) = rx.recv().await {
-            if let LockEvent::Lost { lease_end, .. } = ev {
-                return Some(lease_end);
-            }
-        }
-        None
-    })
-    .await;
-    match found {
-        Ok(Some(at)) => Some(at),
-        _ if fallback <= Instant::now() => Some(fallback),
-        _ => None,
+fn release_note(cut: Option<i32>, session: Duration) -> String {
+    match cut {
+        None => String::new(),
+        Some(sig) => format!(
+            "; releasing the lock was cut short by {}, the broker frees it after the session \
+             timeout ({})",
+            sys::signal_name(sig),
+            sys::human(session)
+        ),
     }
 }
 
@@ -454,18 +877,197 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
     }
 }
 
-fn child_end(status: ExitStatus) -> ChildEnd {
-    let code = status.code();
-    let signal = status.signal();
-    let status = match (code, signal) {
-        (Some(c), _) => (c & 0xff) as u8,
-        (None, Some(s)) => (128 + s).clamp(0, 255) as u8,
-        // Neither exited nor signalled cannot happen for a reaped child.
-        (None, None) => exit::OSERR,
-    };
-    ChildEnd {
-        code,
-        signal,
-        status,
+fn child_end(e: ChildExit) -> ChildEnd {
+    match e {
+        ChildExit::Code(c) => ChildEnd {
+            code: Some(c),
+            signal: None,
+            status: (c & 0xff) as u8,
+        },
+        ChildExit::Signal(s) => ChildEnd {
+            code: None,
+            signal: Some(s),
+            status: u8::try_from(128 + s).unwrap_or(255),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn config() -> RunConfig {
+        RunConfig {
+            bootstrap: "127.0.0.1:9092".into(),
+            lock: "l".into(),
+            topic: None,
+            wait: None,
+            session_timeout: None,
+            heartbeat_interval: None,
+            rebalance_timeout: None,
+            request_timeout: None,
+            connect_timeout: None,
+            lease_margin: None,
+            kill_grace: None,
+            label: None,
+            client_id: "kafka-lock".into(),
+            events_json: false,
+            command: vec!["true".into()],
+        }
+    }
+
+    fn refused(c: &RunConfig, flag: &str) {
+        match Timing::resolve(c) {
+            Ok(t) => panic!("accepted {t:?} for {c:?}"),
+            Err(f) => {
+                assert_eq!(f.status, exit::CONFIG, "{}", f.line);
+                assert!(f.line.contains(flag), "{flag} not named in: {}", f.line);
+                assert!(!f.line.contains('\n'), "{}", f.line);
+            }
+        }
+    }
+
+    const S: fn(u64) -> Option<Duration> = |s| Some(Duration::from_secs(s));
+    const MS: fn(u64) -> Option<Duration> = |ms| Some(Duration::from_millis(ms));
+
+    #[test]
+    fn a_lease_margin_shorter_than_the_kill_grace_is_refused() {
+        let mut c = config();
+        c.kill_grace = S(2);
+        c.lease_margin = MS(1500);
+        refused(&c, "--lease-margin");
+        c.lease_margin = S(2);
+        let t = Timing::resolve(&c).expect("margin equal to the grace");
+        assert_eq!(
+            (t.margin, t.kill_grace),
+            (Duration::from_secs(2), Duration::from_secs(2))
+        );
+        // Defaults never conflict: the margin follows the grace.
+        c.lease_margin = None;
+        c.kill_grace = S(3);
+        assert_eq!(Timing::resolve(&c).unwrap().margin, Duration::from_secs(3));
+    }
+
+    #[test]
+    fn the_grace_and_the_margin_must_fit_in_the_smaller_timeout() {
+        let mut c = config();
+        c.session_timeout = S(10);
+        c.rebalance_timeout = S(3);
+        c.kill_grace = S(3);
+        refused(&c, "--kill-grace");
+        c.kill_grace = S(1);
+        c.lease_margin = S(3);
+        refused(&c, "--lease-margin");
+        // A short rebalance timeout shortens the lease, and the defaults follow it.
+        c.kill_grace = None;
+        c.lease_margin = None;
+        let t = Timing::resolve(&c).unwrap();
+        assert!(
+            t.kill_grace <= t.margin && t.margin < Duration::from_secs(3),
+            "{t:?}"
+        );
+        assert!(
+            t.heartbeat * 2 <= Duration::from_secs(3) - t.margin,
+            "{t:?}"
+        );
+    }
+
+    #[test]
+    fn a_heartbeat_that_cannot_renew_the_lease_twice_is_refused() {
+        let mut c = config();
+        c.session_timeout = S(6);
+        c.heartbeat_interval = MS(2600);
+        refused(&c, "--heartbeat-interval");
+        c.heartbeat_interval = MS(2400);
+        assert!(Timing::resolve(&c).is_ok());
+    }
+
+    #[test]
+    fn absurd_durations_exit_78_naming_the_flag() {
+        type Set = fn(&mut RunConfig, Option<Duration>);
+        let flags: [(&str, Set); 8] = [
+            ("--wait", |c, d| c.wait = d),
+            ("--session-timeout", |c, d| c.session_timeout = d),
+            ("--rebalance-timeout", |c, d| c.rebalance_timeout = d),
+            ("--heartbeat-interval", |c, d| c.heartbeat_interval = d),
+            ("--request-timeout", |c, d| c.request_timeout = d),
+            ("--connect-timeout", |c, d| c.connect_timeout = d),
+            ("--lease-margin", |c, d| c.lease_margin = d),
+            ("--kill-grace", |c, d| c.kill_grace = d),
+        ];
+        for (flag, set) in flags {
+            for d in [
+                Duration::MAX,
+                Duration::from_secs(300_000_000_000 * 31_557_600),
+            ] {
+                let mut c = config();
+                set(&mut c, Some(d));
+                refused(&c, flag);
+            }
+        }
+        let mut c = config();
+        c.connect_timeout = Some(MAX_TIMEOUT);
+        assert!(
+            Timing::resolve(&c).is_ok(),
+            "the largest Kafka timeout is accepted"
+        );
+    }
+
+    fn duration() -> impl Strategy<Value = Option<Duration>> {
+        prop_oneof![
+            Just(None),
+            Just(Some(Duration::ZERO)),
+            Just(Some(Duration::MAX)),
+            (0u64..20_000).prop_map(|ms| Some(Duration::from_millis(ms))),
+            (0u64..=u64::MAX, 0u32..1_000_000_000).prop_map(|(s, n)| Some(Duration::new(s, n))),
+            (0u64..=(i32::MAX as u64) * 2).prop_map(|ms| Some(Duration::from_millis(ms))),
+        ]
+    }
+
+    proptest! {
+        /// Whatever the flags, resolve does not panic, and what it accepts keeps the command
+        /// inside the lease and cannot overflow a clock downstream.
+        #[test]
+        fn resolve_never_panics_and_what_it_accepts_is_safe(
+            wait in duration(), session in duration(), rebalance in duration(),
+            heartbeat in duration(), request in duration(), connect in duration(),
+            margin in duration(), grace in duration(),
+        ) {
+            let mut c = config();
+            c.wait = wait;
+            c.session_timeout = session;
+            c.rebalance_timeout = rebalance;
+            c.heartbeat_interval = heartbeat;
+            c.request_timeout = request;
+            c.connect_timeout = connect;
+            c.lease_margin = margin;
+            c.kill_grace = grace;
+            match Timing::resolve(&c) {
+                Err(f) => prop_assert_eq!(f.status, exit::CONFIG),
+                Ok(t) => {
+                    let window = t.session.min(t.rebalance);
+                    prop_assert!(t.kill_grace <= t.margin && t.margin < window, "{:?}", t);
+                    prop_assert!(!t.heartbeat.is_zero() && t.heartbeat * 2 <= window - t.margin, "{:?}", t);
+                    let now = Instant::now();
+                    for d in [t.session, t.rebalance, t.heartbeat, t.request, t.connect, t.margin, t.kill_grace] {
+                        prop_assert!(d <= MAX_TIMEOUT);
+                        prop_assert!(now.checked_add(d.saturating_mul(4)).is_some());
+                        prop_assert!(tokio::time::Instant::now().checked_add(d.saturating_mul(4)).is_some());
+                    }
+                    if let Some(w) = t.wait {
+                        prop_assert!(w <= MAX_WAIT && now.checked_add(w).is_some());
+                    }
+                    let opts = LockOptions::new(&c.bootstrap, c.lock.clone())
+                        .session_timeout(t.session)
+                        .rebalance_timeout(t.rebalance)
+                        .heartbeat_interval(t.heartbeat)
+                        .request_timeout(t.request)
+                        .connect_timeout(t.connect)
+                        .lease_margin(t.margin);
+                    prop_assert!(opts.validate().is_ok(), "{:?}", opts.validate());
+                }
+            }
+        }
     }
 }

@@ -1,143 +1,95 @@
-//! The few operating-system calls std does not offer: the raw CLOCK_MONOTONIC reading, signals to
-//! a process group, the host name, and tying the child's life to ours.
-//!
-//! This is the only module of the binary allowed to use `unsafe`; every block is a plain libc
-//! call on values we own.
-#![allow(unsafe_code)]
+//! The operating-system calls std does not offer, through rustix (raw Linux system calls, no C
+//! library bindings, no `unsafe` here): the CLOCK_MONOTONIC reading, signals, the child-subreaper
+//! flag, the host name and the terminal width.
 
 use std::io;
+use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
+use rustix::process::{Pid, Signal};
+
 /// CLOCK_MONOTONIC in nanoseconds: the clock `Instant` uses on Linux, and one that every process
-/// on the host shares, so event timestamps of two kafka-lock processes can be compared.
+/// on the host shares, so kafka-lock and its supervisor agree on a lease end, and event
+/// timestamps of two kafka-lock processes can be compared.
 pub fn mono_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    if rc != 0 {
-        return 0;
-    }
-    (ts.tv_sec as u64)
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    u64::try_from(ts.tv_sec)
+        .unwrap_or(0)
         .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
+        .saturating_add(u64::try_from(ts.tv_nsec).unwrap_or(0))
 }
 
 /// The CLOCK_MONOTONIC reading of `at`, an `Instant` in the past or the future.
 pub fn mono_ns_of(at: Instant) -> u64 {
     let (now_ns, now) = (mono_ns(), Instant::now());
     match now.checked_duration_since(at) {
-        Some(ago) => now_ns.saturating_sub(ago.as_nanos() as u64),
-        None => now_ns.saturating_add(at.duration_since(now).as_nanos() as u64),
+        Some(ago) => now_ns.saturating_sub(nanos(ago)),
+        None => now_ns.saturating_add(nanos(at.duration_since(now))),
     }
 }
 
+/// A duration in whole nanoseconds, saturating (u64 nanoseconds cover 584 years).
+pub fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// A process id from a number read off the wire or /proc; 0 and values beyond pid_t are not one.
+pub fn pid(n: u32) -> Option<Pid> {
+    i32::try_from(n).ok().and_then(Pid::from_raw)
+}
+
 /// Sends `signal` to every process in the process group `pgid`. A group that no longer exists is
-/// not an error: the processes we meant to stop are gone.
-pub fn kill_group(pgid: u32, signal: i32) -> io::Result<()> {
-    let Ok(pgid) = libc::pid_t::try_from(pgid) else {
+/// not an error: the processes we meant to reach are gone.
+pub fn kill_group(pgid: u32, signal: Signal) -> io::Result<()> {
+    // Group 1 would be init's; kill(-1) or kill(0) are never what is meant.
+    let Some(pgid) = pid(pgid).filter(|p| !p.is_init()) else {
         return Err(io::Error::from(io::ErrorKind::InvalidInput));
     };
-    if pgid <= 1 {
-        // kill(-1) would signal every process we may signal, and -0 our own group.
-        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    match rustix::process::kill_process_group(pgid, signal) {
+        Ok(()) | Err(rustix::io::Errno::SRCH) => Ok(()),
+        Err(e) => Err(e.into()),
     }
-    // SAFETY: kill has no memory-safety preconditions.
-    let rc = unsafe { libc::kill(-pgid, signal) };
-    if rc == 0 {
-        return Ok(());
-    }
-    let err = io::Error::last_os_error();
-    if err.raw_os_error() == Some(libc::ESRCH) {
-        Ok(())
-    } else {
-        Err(err)
-    }
+}
+
+/// Makes this process the reaper of its orphaned descendants (Linux PR_SET_CHILD_SUBREAPER):
+/// whatever the command starts and abandons is re-parented here instead of to init, so it can
+/// still be found, signalled and waited for.
+pub fn become_subreaper() -> io::Result<()> {
+    rustix::process::set_child_subreaper(Some(rustix::process::getpid())).map_err(Into::into)
 }
 
 /// The host name, or "localhost" if the system will not say.
 pub fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the pointer and length describe `buf`, which outlives the call.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc != 0 {
-        return "localhost".to_owned();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    match String::from_utf8_lossy(&buf[..end]).trim() {
+    let uname = rustix::system::uname();
+    match String::from_utf8_lossy(uname.nodename().to_bytes()).trim() {
         "" => "localhost".to_owned(),
         name => name.to_owned(),
     }
 }
 
-/// Makes the kernel SIGKILL the child when kafka-lock dies, however it dies (even SIGKILL, or the
-/// OOM killer): a command whose lock holder is gone must not keep running, because nobody renews
-/// the lease for it any more.
-///
-/// Linux's PR_SET_PDEATHSIG fires when the thread that forked the child exits; kafka-lock forks from
-/// its main thread (a current-thread runtime), which lives as long as the process.
-#[cfg(target_os = "linux")]
-pub fn die_with_parent(cmd: &mut tokio::process::Command) {
-    let parent = std::process::id() as libc::pid_t;
-    // SAFETY: the closure runs between fork and exec and calls only async-signal-safe functions
-    // (prctl, getppid, _exit); it allocates nothing and takes no locks.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::prctl(
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGKILL as libc::c_ulong,
-                0,
-                0,
-                0,
-            ) != 0
-            {
-                return Err(io::Error::last_os_error());
-            }
-            // The parent may have died between fork and prctl; then no signal will ever come.
-            if libc::getppid() != parent {
-                libc::_exit(128 + libc::SIGKILL);
-            }
-            Ok(())
-        });
-    }
-}
-
-/// Elsewhere the child outlives a killed kafka-lock; the lease and fencing token still hold.
-#[cfg(not(target_os = "linux"))]
-pub fn die_with_parent(_cmd: &mut tokio::process::Command) {}
-
 /// The width of the terminal on stderr, if it is one and says.
 pub fn terminal_width() -> Option<usize> {
-    let mut ws = libc::winsize {
-        ws_row: 0,
-        ws_col: 0,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
-    // SAFETY: TIOCGWINSZ writes one winsize into `ws`, which outlives the call.
-    let rc = unsafe { libc::ioctl(libc::STDERR_FILENO, libc::TIOCGWINSZ, &mut ws) };
-    (rc == 0 && ws.ws_col > 0).then_some(usize::from(ws.ws_col))
+    let ws = rustix::termios::tcgetwinsize(io::stderr().as_fd()).ok()?;
+    (ws.ws_col > 0).then_some(usize::from(ws.ws_col))
 }
 
 /// The signal's conventional name, for messages.
 pub fn signal_name(signal: i32) -> String {
-    let name = match signal {
-        libc::SIGHUP => "SIGHUP",
-        libc::SIGINT => "SIGINT",
-        libc::SIGQUIT => "SIGQUIT",
-        libc::SIGILL => "SIGILL",
-        libc::SIGABRT => "SIGABRT",
-        libc::SIGBUS => "SIGBUS",
-        libc::SIGFPE => "SIGFPE",
-        libc::SIGKILL => "SIGKILL",
-        libc::SIGUSR1 => "SIGUSR1",
-        libc::SIGSEGV => "SIGSEGV",
-        libc::SIGUSR2 => "SIGUSR2",
-        libc::SIGPIPE => "SIGPIPE",
-        libc::SIGALRM => "SIGALRM",
-        libc::SIGTERM => "SIGTERM",
+    let name = match Signal::from_named_raw(signal) {
+        Some(Signal::HUP) => "SIGHUP",
+        Some(Signal::INT) => "SIGINT",
+        Some(Signal::QUIT) => "SIGQUIT",
+        Some(Signal::ILL) => "SIGILL",
+        Some(Signal::ABORT) => "SIGABRT",
+        Some(Signal::BUS) => "SIGBUS",
+        Some(Signal::FPE) => "SIGFPE",
+        Some(Signal::KILL) => "SIGKILL",
+        Some(Signal::USR1) => "SIGUSR1",
+        Some(Signal::SEGV) => "SIGSEGV",
+        Some(Signal::USR2) => "SIGUSR2",
+        Some(Signal::PIPE) => "SIGPIPE",
+        Some(Signal::ALARM) => "SIGALRM",
+        Some(Signal::TERM) => "SIGTERM",
         _ => return format!("signal {signal}"),
     };
     name.to_owned()
@@ -146,5 +98,29 @@ pub fn signal_name(signal: i32) -> String {
 /// Formats a duration for people: "5s", "1m 30s", "250ms".
 pub fn human(d: Duration) -> String {
     // Whole milliseconds: humantime would otherwise print nanoseconds of timer noise.
-    humantime::format_duration(Duration::from_millis(d.as_millis() as u64)).to_string()
+    let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    humantime::format_duration(Duration::from_millis(ms)).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_monotonic_reading_of_an_instant_matches_the_clock() {
+        let now = Instant::now();
+        let a = mono_ns();
+        let b = mono_ns_of(now);
+        let c = mono_ns();
+        assert!(b <= c && a.abs_diff(b) < 1_000_000_000, "{a} {b} {c}");
+        let later = mono_ns_of(now + Duration::from_secs(5));
+        assert!(later.abs_diff(b + 5_000_000_000) < 1_000_000, "{b} {later}");
+    }
+
+    #[test]
+    fn group_zero_one_and_out_of_range_are_refused() {
+        for bad in [0, 1, u32::MAX] {
+            assert!(kill_group(bad, Signal::CONT).is_err(), "{bad}");
+        }
+    }
 }

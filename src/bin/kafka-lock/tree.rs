@@ -1,0 +1,270 @@
+//! Finding, signalling and reaping every process below this one.
+//!
+//! The supervisor (and `kafka-lock run` itself, should the supervisor die) is a child subreaper:
+//! a process its descendants abandon is re-parented to it, not to init. So "everything the
+//! command started" is exactly "every descendant of this process", which /proc lists, and it is
+//! all gone exactly when waitpid says there are no children left (ECHILD): a grandchild always
+//! has a living parent below us, or has been re-parented to us.
+
+use std::time::{Duration, Instant};
+
+use rustix::io::Errno;
+use rustix::process::{Pid, Signal, WaitOptions, WaitStatus};
+
+use crate::proto::ChildExit;
+use crate::sys;
+
+/// How often a stop looks again for processes that are still there: orphans that exit do not
+/// wake the supervisor, so it polls while (and only while) it is stopping a tree.
+pub const TICK: Duration = Duration::from_millis(10);
+
+/// The fields of /proc/<pid>/stat this module needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stat {
+    pub state: u8,
+    pub ppid: u32,
+    pub pgrp: u32,
+}
+
+/// Parses /proc/<pid>/stat. The command name in parentheses may hold anything, spaces and ')'
+/// included, so the fields are read after the last ')'.
+pub fn parse_stat(text: &str) -> Option<Stat> {
+    let (_, rest) = text.rsplit_once(')')?;
+    let mut fields = rest.split_ascii_whitespace();
+    let state = fields.next()?;
+    if state.len() != 1 {
+        return None;
+    }
+    let ppid = fields.next()?.parse().ok()?;
+    let pgrp = fields.next()?.parse().ok()?;
+    Some(Stat {
+        state: state.as_bytes()[0],
+        ppid,
+        pgrp,
+    })
+}
+
+fn read_stat(pid: u32) -> Option<Stat> {
+    parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// Every process on the host as (pid, stat). Processes that end during the walk are skipped.
+fn all_processes() -> Vec<(u32, Stat)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|entry| {
+        let name = entry.ok()?.file_name();
+        let pid: u32 = name.to_str()?.parse().ok()?;
+        Some((pid, read_stat(pid)?))
+    })
+    .collect()
+}
+
+/// The descendants of `root` in `procs`, parents before their children.
+pub fn descendants_in(root: u32, procs: &[(u32, Stat)]) -> Vec<(u32, Stat)> {
+    let mut found: Vec<(u32, Stat)> = Vec::new();
+    let mut frontier = vec![root];
+    // A pid is a child of exactly one parent, so no process is found twice; the bound guards
+    // against a /proc snapshot that is inconsistent (pids reused during the walk).
+    while let Some(parent) = frontier.pop() {
+        for (pid, stat) in procs {
+            if stat.ppid == parent && *pid != root && found.len() < procs.len() {
+                found.push((*pid, *stat));
+                frontier.push(*pid);
+            }
+        }
+    }
+    found
+}
+
+/// Sends `signal` to the process group `pgid` (if any) and to every descendant of this process
+/// outside that group (processes that called setsid or setpgid, or were re-parented to us).
+pub fn signal_tree(pgid: Option<u32>, signal: Signal) {
+    if let Some(g) = pgid {
+        let _ = sys::kill_group(g, signal);
+    }
+    let me = rustix::process::getpid().as_raw_nonzero().get() as u32;
+    for (pid, stat) in descendants_in(me, &all_processes()) {
+        if Some(stat.pgrp) == pgid {
+            continue;
+        }
+        signal_descendant(me, pid, stat.ppid, signal);
+    }
+}
+
+/// Signals `pid`, which /proc showed as a child of `ppid`, without hitting an unrelated process
+/// that took over the pid since. Our own children cannot be replaced: their pid stays theirs
+/// until we reap them, which this thread is not doing now. Deeper ones are pinned with a pidfd
+/// and checked again before the signal.
+fn signal_descendant(me: u32, pid: u32, ppid: u32, signal: Signal) {
+    let Some(p) = sys::pid(pid) else { return };
+    if ppid == me {
+        let _ = rustix::process::kill_process(p, signal);
+        return;
+    }
+    match rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()) {
+        Ok(fd) => {
+            if read_stat(pid).is_some_and(|s| s.ppid == ppid) {
+                let _ = rustix::process::pidfd_send_signal(&fd, signal);
+            }
+        }
+        // Kernels before 5.3: a plain kill, with the (tiny) pid-reuse race pidfds close.
+        Err(Errno::NOSYS) => {
+            let _ = rustix::process::kill_process(p, signal);
+        }
+        Err(_) => {}
+    }
+}
+
+/// How a reaped child ended.
+pub fn exit_of(status: WaitStatus) -> Option<ChildExit> {
+    if let Some(code) = status.exit_status() {
+        Some(ChildExit::Code(code))
+    } else {
+        status.terminating_signal().map(ChildExit::Signal)
+    }
+}
+
+/// Reaps every child that has ended, passing each to `on_exit`. Returns whether any child (living
+/// or not yet reaped) remains.
+pub fn reap(mut on_exit: impl FnMut(u32, Option<ChildExit>)) -> bool {
+    loop {
+        // wait(), i.e. waitpid(-1): rustix's waitpid(None) would be waitpid(0), our own group only.
+        match rustix::process::wait(WaitOptions::NOHANG) {
+            Ok(Some((pid, status))) => on_exit(raw(pid), exit_of(status)),
+            Ok(None) => return true,
+            Err(Errno::INTR) => {}
+            Err(Errno::CHILD) => return false,
+            // Nothing else is documented for a valid call; assume children remain and look
+            // again on the next tick rather than declare the tree gone.
+            Err(_) => return true,
+        }
+    }
+}
+
+pub fn raw(pid: Pid) -> u32 {
+    pid.as_raw_nonzero().get() as u32
+}
+
+/// Stops everything below this process, blocking: SIGTERM to the group `pgid` and every other
+/// descendant, then SIGKILL to whatever is left after `grace` (or at `kill_by`, if earlier),
+/// again and again until no child remains. Used by `kafka-lock run` when its supervisor is gone.
+pub fn stop_everything(
+    pgid: Option<u32>,
+    grace: Duration,
+    kill_by: Option<Instant>,
+    mut on_exit: impl FnMut(u32, Option<ChildExit>),
+) {
+    let now = Instant::now();
+    let mut kill_at = now.checked_add(grace).unwrap_or(now);
+    if let Some(by) = kill_by {
+        kill_at = kill_at.min(by.max(now));
+    }
+    if kill_at > now {
+        signal_tree(pgid, Signal::TERM);
+        loop {
+            if !reap(&mut on_exit) {
+                return;
+            }
+            let left = kill_at.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            std::thread::sleep(left.min(TICK));
+        }
+    }
+    loop {
+        signal_tree(pgid, Signal::KILL);
+        if !reap(&mut on_exit) {
+            return;
+        }
+        std::thread::sleep(TICK);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stat(ppid: u32, pgrp: u32) -> Stat {
+        Stat {
+            state: b'S',
+            ppid,
+            pgrp,
+        }
+    }
+
+    #[test]
+    fn stat_fields_are_read_after_the_last_parenthesis() {
+        let line = "4242 (sh) S 4000 4242 4242 34816 4242 4194560 117 0 0 0 0 0 0 0 20 0 1 0";
+        assert_eq!(
+            parse_stat(line),
+            Some(Stat {
+                state: b'S',
+                ppid: 4000,
+                pgrp: 4242
+            })
+        );
+        // A name with spaces and parentheses, as `prctl(PR_SET_NAME)` allows.
+        let tricky = "77 (a) b) 9 (c) Z 1 77 77 0 -1 0";
+        assert_eq!(
+            parse_stat(tricky),
+            Some(Stat {
+                state: b'Z',
+                ppid: 1,
+                pgrp: 77
+            })
+        );
+    }
+
+    #[test]
+    fn malformed_stat_lines_are_refused() {
+        for bad in [
+            "",
+            "12 sh S 1 1",
+            "12 (sh)",
+            "12 (sh) S",
+            "12 (sh) S x 1",
+            "12 (sh) S 1",
+            "12 (sh) SS 1 1",
+            "12 (sh) S -1 1",
+            "12 (sh) S 99999999999 1",
+        ] {
+            assert_eq!(parse_stat(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn descendants_are_found_at_every_depth_and_nothing_else() {
+        let procs = vec![
+            (1, stat(0, 1)),
+            (10, stat(1, 10)), // us
+            (11, stat(10, 11)),
+            (12, stat(11, 11)),
+            (13, stat(12, 13)), // left the group
+            (14, stat(10, 14)), // re-parented orphan
+            (20, stat(1, 20)),  // unrelated
+            (21, stat(20, 20)),
+        ];
+        let mut found: Vec<u32> = descendants_in(10, &procs).iter().map(|p| p.0).collect();
+        found.sort();
+        assert_eq!(found, [11, 12, 13, 14]);
+        assert!(descendants_in(21, &procs).is_empty());
+    }
+
+    #[test]
+    fn an_inconsistent_snapshot_cannot_loop_forever() {
+        // A cycle cannot exist in a real process tree, but a snapshot taken while pids are
+        // reused could show one.
+        let procs = vec![(5, stat(6, 5)), (6, stat(5, 6))];
+        assert!(descendants_in(5, &procs).len() <= procs.len());
+    }
+
+    #[test]
+    fn this_process_is_found_in_proc() {
+        let me = std::process::id();
+        let s = read_stat(me).expect("our own /proc stat");
+        assert_eq!(s.ppid, std::os::unix::process::parent_id());
+    }
+}
