@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
-# kafka-lock in one minute, on a throw-away local broker:
+# kafka-lock in one minute, on a throw-away local Apache Kafka broker:
 #
 #   1. contention  three `kafka-lock run` contenders ask for one lock; one job runs, the others say
 #                  whom they wait for
 #   2. status      `kafka-lock status` while someone holds the lock
 #   3. handover    the holder's job ends, the lock is released, the next contender acquires
-#   4. failover    the next holder's machine "crashes" (SIGKILL to kafka-lock and to its job) and,
-#                  about a session timeout later, the last contender acquires
+#   4. failover    the next holder's kafka-lock "crashes" (SIGKILL): its supervisor stops the job
+#                  at once, and about a session timeout later the last contender acquires
 #   5. tokens      the fencing tokens the jobs saw, in order: they strictly increase
 #
-# Needs only Rust, Python 3 with pip, and network access to crates.io and PyPI: it installs the
-# test broker (tansu) into .tools/ and builds the CLI first. Everything it starts listens on or
-# talks to 127.0.0.1 only, and everything it starts is stopped when it ends, also on Ctrl-C or
-# on an error.
+# The broker is Apache Kafka 4.1.2 (KRaft, one JVM on loopback, scripts/local_kafka.py) with its
+# default settings for groups, so the first acquisition shows what users of a stock cluster get:
+# group.initial.rebalance.delay.ms=3000 holds the first join of an empty group for 3 s.
+#
+# Needs only what the project's machines ship (Rust, a JDK 17+, Maven, Python 3 with pip) and
+# network access to crates.io, Maven Central and PyPI: it installs the broker jars into .tools/
+# and builds the CLI first. Everything it starts listens on or talks to 127.0.0.1 only, and
+# everything it starts is stopped when it ends, also on Ctrl-C or on an error.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -28,7 +32,7 @@ step() { printf '\n==> %s\n' "$*"; }
 die() { printf 'demo: ERROR: %s\n' "$*" >&2; exit 1; }
 
 workdir=$(mktemp -d "${TMPDIR:-/tmp}/kafka-lock-demo.XXXXXX")
-tansu_pid=""
+broker_pid=""
 orchestrator_pid=""
 
 cleanup() {
@@ -40,15 +44,14 @@ cleanup() {
         kill -TERM "$orchestrator_pid" 2>/dev/null || true
         wait "$orchestrator_pid" 2>/dev/null || true
     fi
-    if [[ -n "$tansu_pid" ]] && kill -0 "$tansu_pid" 2>/dev/null; then
-        # In-memory storage: nothing to flush, so no need to be gentle.
-        kill -KILL "$tansu_pid" 2>/dev/null || true
-        wait "$tansu_pid" 2>/dev/null || true
+    if [[ -n "$broker_pid" ]] && kill -0 "$broker_pid" 2>/dev/null; then
+        # The launcher SIGKILLs the broker's JVM (throw-away data) and removes its files.
+        kill -TERM "$broker_pid" 2>/dev/null || true
+        wait "$broker_pid" 2>/dev/null || true
     fi
-    # The broker's log helps only when something failed, not when someone pressed Ctrl-C.
-    if [[ $status -ne 0 && $status -ne 130 && $status -ne 143 && -s "$workdir/tansu.log" ]]; then
-        printf 'demo: the broker log was:\n' >&2
-        tail -n 20 "$workdir/tansu.log" | sed 's/^/    /' >&2
+    if [[ $status -ne 0 && $status -ne 130 && $status -ne 143 && -s "$workdir/broker.log" ]]; then
+        printf 'demo: the broker launcher said:\n' >&2
+        tail -n 20 "$workdir/broker.log" | sed 's/^/    /' >&2
     fi
     rm -rf "$workdir"
     exit "$status"
@@ -57,63 +60,29 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-step "Installing the test broker (tansu) into .tools/ (skipped when already there)"
+step "Installing the Apache Kafka broker jars into .tools/ (skipped when already there)"
 scripts/install-test-deps.sh 2>&1 | sed 's/^/    /'
 
 step "Building kafka-lock (cargo build --release --features cli; the first build takes a few minutes)"
 cargo build --quiet --release --features cli --bin kafka-lock
 kafka_lock="$repo/target/release/kafka-lock"
 [[ -x "$kafka_lock" ]] || die "the build did not produce $kafka_lock"
-tansu="${KAFKA_LOCK_TANSU:-$repo/.tools/bin/tansu}"
-[[ -x "$tansu" ]] || die "no tansu at $tansu; run scripts/install-test-deps.sh"
 
-free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
+step "Starting a private broker: Apache Kafka 4.1.2, one node, default group settings"
+# The launcher prints the bootstrap address once FindCoordinator works, and stops the broker
+# when its stdin closes (this script exits) or when it gets SIGTERM.
+coproc BROKER { exec python3 scripts/local_kafka.py --initial-delay-ms 3000 2>>"$workdir/broker.log"; }
+broker_pid=$BROKER_PID
+bootstrap=""
+while IFS= read -r -t 180 line <&"${BROKER[0]}"; do
+    case "$line" in
+        bootstrap=*) bootstrap=${line#bootstrap=} ;;
+        started_s=*) printf '    ready after %s s\n' "${line#started_s=}"; break ;;
+    esac
+done
+[[ -n "$bootstrap" ]] || die "the broker did not start"
+printf '    Apache Kafka (launcher pid %s) listens on %s\n' "$broker_pid" "$bootstrap"
 
-# Starts tansu on a free loopback port and waits until it accepts connections. Another process can
-# take the port between the probe and tansu's bind, so a broker that exits at once is retried.
-start_tansu() {
-    local attempt port deadline
-    for attempt in 1 2 3; do
-        port=$(free_port)
-        # tansu also reads its settings from these variables; a developer's shell must not point
-        # the demo broker elsewhere.
-        env -u CLUSTER_ID -u LISTENER_URL -u ADVERTISED_LISTENER_URL -u STORAGE_ENGINE \
-            -u SCHEMA_REGISTRY -u OTEL_EXPORTER_OTLP_ENDPOINT RUST_LOG=warn \
-            "$tansu" broker \
-            --listener-url "tcp://127.0.0.1:$port" \
-            --advertised-listener-url "tcp://127.0.0.1:$port" \
-            --storage-engine memory://tansu/ \
-            </dev/null >>"$workdir/tansu.log" 2>&1 &
-        tansu_pid=$!
-        deadline=$((SECONDS + 30))
-        while ((SECONDS < deadline)); do
-            if ! kill -0 "$tansu_pid" 2>/dev/null; then
-                wait "$tansu_pid" 2>/dev/null || true
-                tansu_pid=""
-                break
-            fi
-            # A TCP connect is enough: tansu accepts only once it can serve requests.
-            if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-                bootstrap="127.0.0.1:$port"
-                return 0
-            fi
-            sleep 0.05
-        done
-        [[ -n "$tansu_pid" ]] && die "tansu did not accept connections on 127.0.0.1:$port within 30 s"
-        printf '    (port %s was taken; attempt %s failed, trying another)\n' "$port" "$attempt"
-    done
-    die "tansu would not start; see the log below"
-}
-
-step "Starting a private broker: tansu, in-memory storage"
-start_tansu
-printf '    tansu (pid %s) listens on %s\n' "$tansu_pid" "$bootstrap"
-
-# The scenario itself reads three processes' event streams at once, which is Python's job. It runs
-# in the background so the traps above fire at once on Ctrl-C or SIGTERM; it restores its own
-# SIGINT handling, which bash turns off for background commands.
 python3 - "$kafka_lock" "$bootstrap" "$LOCK" "$SESSION" "$HEARTBEAT" "$KILL_GRACE" <<'PY' &
 import json
 import os
@@ -127,7 +96,7 @@ import time
 KAFKA_LOCK, BOOTSTRAP, LOCK, SESSION, HEARTBEAT, KILL_GRACE = sys.argv[1:7]
 NAMES = ["alice", "bob", "carol"]
 JOB = 'echo "job by $KAFKA_LOCK_MEMBER_ID holds token $KAFKA_LOCK_TOKEN"; sleep 8'
-PHASE_TIMEOUT = 40.0  # seconds; generous against a 6 s session and tansu's 3 s join delay
+PHASE_TIMEOUT = 40.0  # seconds; generous against a 6 s session and the broker's 3 s first-join delay
 CRASH_AFTER = 2.0  # seconds into the second holder's job
 
 stopping = False
@@ -201,6 +170,7 @@ class Contender:
         # Killed with SIGKILL (by the crash, or because it would not stop): its job may live on.
         self.killed = False
         self.exit_reported = False
+        self.started_ns = mono_ns()
 
     def start_readers(self):
         threading.Thread(target=self._read, args=(self.proc.stdout, "job"), daemon=True).start()
@@ -322,7 +292,7 @@ def stop_all():
             c.killed = True
             c.proc.kill()
             c.proc.wait()
-        # A job outlives its kafka-lock only if kafka-lock was killed; its group goes too.
+        # kafka-lock's supervisor stops the job of a killed kafka-lock; this only makes sure.
         if c.killed and c.child_pid:
             try:
                 os.killpg(c.child_pid, signal.SIGKILL)
@@ -339,7 +309,11 @@ def main():
         c.start_readers()
         say(c.name, f"started kafka-lock (pid {c.proc.pid})")
 
-    first, _ = wait_for(lambda c, n, e: n == "acquired", "the first holder")
+    first, got = wait_for(lambda c, n, e: n == "acquired", "the first holder")
+    note(f"the first acquisition took {(got['mono_ns'] - first.started_ns) / 1e9:.1f} s: the lock's "
+         f"group was empty, so Apache Kafka held the first join for group.initial.rebalance.delay.ms")
+    note("(3 s by default), and again for each member that arrived meanwhile, up to the rebalance")
+    note(f"timeout ({SESSION}); a lone contender on an empty group waits the 3 s once")
     others = [c for c in contenders if c is not first]
     # Let the other two report whom they wait for before asking `status`.
     deadline = time.monotonic() + 5
@@ -351,35 +325,39 @@ def main():
                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
     for line in (out.stdout + out.stderr).splitlines():
         print(f"    {line}")
-    if "does not report member assignments" in out.stdout:
-        note("(tansu's DescribeGroups carries no member assignments, so status cannot name the")
-        note(" holder here; Apache Kafka does report them)")
 
     step(f"3. Handover: {first.name}'s job ends, kafka-lock releases the lock, a waiter acquires")
     _, released = wait_for(lambda c, n, e: c is first and n == "released",
                            f"{first.name} to release the lock")
     second, acquired = wait_for(lambda c, n, e: n == "acquired", "the second holder")
-    note(f"handover took {(acquired['mono_ns'] - released['mono_ns']) / 1e9:.1f} s "
-         f"(tansu holds every JoinGroup for half the session timeout)")
+    note(f"handover took {(acquired['mono_ns'] - released['mono_ns']) * 1000 / 1e9:.0f} ms: the "
+         f"waiter first in line heartbeats every quarter interval, learns of the release and rejoins")
 
-    step(f"4. Crash: {second.name}'s machine dies mid-job (SIGKILL to kafka-lock and its job)")
+    step(f"4. Crash: {second.name}'s kafka-lock is killed mid-job (SIGKILL)")
     wait_for(lambda c, n, e: c is second and n == "child_started", f"{second.name}'s job")
     pump(CRASH_AFTER)
     crash_ns = mono_ns()
     second.crashed = True
     second.killed = True
     os.kill(second.proc.pid, signal.SIGKILL)
-    # The job runs in its own process group, so killing kafka-lock alone would leave it behind.
-    os.killpg(second.child_pid, signal.SIGKILL)
+    say(second.name, f"CRASH: killed kafka-lock (pid {second.proc.pid}), nothing else")
+    # The job is stopped by kafka-lock's supervisor process, which notices that kafka-lock is
+    # gone; the demo only watches it die.
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and os.path.exists(f"/proc/{second.child_pid}"):
+        pump(0.02)
+    if os.path.exists(f"/proc/{second.child_pid}"):
+        raise Failure(f"{second.name}'s job (pid {second.child_pid}) still runs 5 s after the crash")
+    gone_ns = mono_ns()
     for h in holders:
         if h[0] is second and h[3] is None:
-            h[3] = crash_ns
-    say(second.name, f"CRASH: killed kafka-lock (pid {second.proc.pid}) and the job's process "
-                     f"group ({second.child_pid})")
+            h[3] = gone_ns
+    say(second.name, f"its job (pid {second.child_pid}) was stopped by kafka-lock's supervisor "
+                     f"{(gone_ns - crash_ns) / 1e6:.0f} ms after the crash")
     note(f"nobody releases the lock now: the broker must notice that {second.name} went silent")
     third, acquired = wait_for(lambda c, n, e: n == "acquired", "the third holder")
     note(f"failover took {(acquired['mono_ns'] - crash_ns) / 1e9:.1f} s after the crash "
-         f"(session timeout {SESSION} + up to a heartbeat + tansu's join delay)")
+         f"(the broker drops a silent member after the session timeout, {SESSION}; then one rebalance)")
     wait_for(lambda c, n, e: c is third and n == "released", f"{third.name} to release the lock")
     for c in contenders:
         if not c.exit_reported:
