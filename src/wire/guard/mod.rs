@@ -66,18 +66,20 @@
 //! each), and [`UNKNOWN_TAG_COST`] for every unknown tagged field (each lands in a `BTreeMap`).
 //! A body whose total exceeds [`MAX_AMPLIFICATION`] × its length + [`AMPLIFICATION_SLACK`] is
 //! rejected. A test proves the ratio for every struct at every version is at most
-//! [`MAX_AMPLIFICATION`] / 2 (the worst is 32: an OffsetCommit or OffsetFetch v8–9 topic with an
-//! empty name and no partitions, then 31 for a DescribeGroups member whose strings are all empty),
-//! so only bodies padded with many unknown tagged fields can ever hit the budget. Because a
-//! body never exceeds the frame limit, a decoded response never occupies more than about
-//! 64 × the frame limit, and in practice far less.
+//! [`MAX_AMPLIFICATION`] / 2 (the worst is 32: an OffsetCommit or OffsetFetch v8–9, Produce
+//! v9–12 or Fetch v12 topic with an empty name and no partitions, then 31 for a DescribeGroups
+//! member whose strings are all empty), so only bodies padded with many unknown tagged fields can
+//! ever hit the budget. Because a body never exceeds the frame limit, a decoded response never
+//! occupies more than about 64 × the frame limit, and in practice far less.
 //!
 //! # What cannot be reached
 //!
-//! None of the responses we decode contains a record batch, so kafka-protocol's record decoder
-//! (which also pre-allocates from wire counts) and its decompressors are never called: the crate is
-//! built without any compression feature, and `src/records.rs` is not on any path from these
-//! decoders. The response header (v0/v1) is parsed here, not by kafka-protocol.
+//! kafka-protocol's record decoder (`src/records.rs`, which also pre-allocates from wire counts)
+//! and its decompressors are never called. Fetch responses carry record batches, but
+//! kafka-protocol's `FetchResponse` decoder takes them as one opaque byte field (`records`, a
+//! `BYTES` length and the bytes, counted and charged here like any byte field); the batches are
+//! read by [`records`](super::records), which has its own bounds. The crate is built without any
+//! compression feature. The response header (v0/v1) is parsed here, not by kafka-protocol.
 
 mod program;
 mod scanner;

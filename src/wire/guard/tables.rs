@@ -10,9 +10,9 @@
 use std::mem::size_of;
 
 use kafka_protocol::messages::{
-    api_versions_response, describe_groups_response, find_coordinator_response, heartbeat_response,
-    join_group_response, leave_group_response, metadata_response, offset_commit_response,
-    offset_fetch_response, sync_group_response, ApiKey,
+    api_versions_response, describe_groups_response, fetch_response, find_coordinator_response,
+    heartbeat_response, join_group_response, leave_group_response, metadata_response,
+    offset_commit_response, offset_fetch_response, produce_response, sync_group_response, ApiKey,
 };
 
 /// The wire type of a field. Nullability is not tracked: a null has the same layout as an empty
@@ -346,6 +346,99 @@ schema! {
     }
 }
 
+// Produce v13 and Fetch v13+ name topics by id instead of by name (KIP-516). The leader hints of
+// KIP-951 are tagged fields, decoded by kafka-protocol only from the version that introduced them.
+schema! {
+    static PRODUCE_RECORD_ERROR = produce_response::BatchIndexAndErrorMessage {
+        batch_index: Int32 [8..],
+        batch_index_error_message: Str [8..],
+    }
+    static PRODUCE_LEADER = produce_response::LeaderIdAndEpoch {
+        leader_id: Int32 [10..],
+        leader_epoch: Int32 [10..],
+    }
+    static PRODUCE_PARTITION = produce_response::PartitionProduceResponse {
+        index: Int32 [0..],
+        error_code: Int16 [0..],
+        base_offset: Int64 [0..],
+        log_append_time_ms: Int64 [0..],
+        log_start_offset: Int64 [5..],
+        record_errors: Array(PRODUCE_RECORD_ERROR) [8..],
+        error_message: Str [8..],
+    } tagged {
+        0 => current_leader: Struct(PRODUCE_LEADER) [10..],
+    }
+    static PRODUCE_TOPIC = produce_response::TopicProduceResponse {
+        name: Str [0..=12],
+        topic_id: Uuid [13..],
+        partition_responses: Array(PRODUCE_PARTITION) [0..],
+    }
+    static PRODUCE_NODE_ENDPOINT = produce_response::NodeEndpoint {
+        node_id: Int32 [10..],
+        host: Str [10..],
+        port: Int32 [10..],
+        rack: Str [10..],
+    }
+    static PRODUCE_RESPONSE = produce_response::ProduceResponse {
+        responses: Array(PRODUCE_TOPIC) [0..],
+        throttle_time_ms: Int32 [0..],
+    } tagged {
+        0 => node_endpoints: Array(PRODUCE_NODE_ENDPOINT) [10..],
+    }
+}
+
+schema! {
+    static FETCH_ABORTED_TRANSACTION = fetch_response::AbortedTransaction {
+        producer_id: Int64 [0..],
+        first_offset: Int64 [0..],
+    }
+    static FETCH_DIVERGING_EPOCH = fetch_response::EpochEndOffset {
+        epoch: Int32 [12..],
+        end_offset: Int64 [12..],
+    }
+    static FETCH_LEADER = fetch_response::LeaderIdAndEpoch {
+        leader_id: Int32 [12..],
+        leader_epoch: Int32 [12..],
+    }
+    static FETCH_SNAPSHOT_ID = fetch_response::SnapshotId {
+        end_offset: Int64 [0..],
+        epoch: Int32 [0..],
+    }
+    static FETCH_PARTITION = fetch_response::PartitionData {
+        partition_index: Int32 [0..],
+        error_code: Int16 [0..],
+        high_watermark: Int64 [0..],
+        last_stable_offset: Int64 [0..],
+        log_start_offset: Int64 [5..],
+        aborted_transactions: Array(FETCH_ABORTED_TRANSACTION) [0..],
+        preferred_read_replica: Int32 [11..],
+        records: Blob [0..],
+    } tagged {
+        0 => diverging_epoch: Struct(FETCH_DIVERGING_EPOCH) [12..],
+        1 => current_leader: Struct(FETCH_LEADER) [12..],
+        2 => snapshot_id: Struct(FETCH_SNAPSHOT_ID) [12..],
+    }
+    static FETCH_TOPIC = fetch_response::FetchableTopicResponse {
+        topic: Str [0..=12],
+        topic_id: Uuid [13..],
+        partitions: Array(FETCH_PARTITION) [0..],
+    }
+    static FETCH_NODE_ENDPOINT = fetch_response::NodeEndpoint {
+        node_id: Int32 [16..],
+        host: Str [16..],
+        port: Int32 [16..],
+        rack: Str [16..],
+    }
+    static FETCH_RESPONSE = fetch_response::FetchResponse {
+        throttle_time_ms: Int32 [0..],
+        error_code: Int16 [7..],
+        session_id: Int32 [7..],
+        responses: Array(FETCH_TOPIC) [0..],
+    } tagged {
+        0 => node_endpoints: Array(FETCH_NODE_ENDPOINT) [16..],
+    }
+}
+
 const fn message(
     api: ApiKey,
     (min, max): (i16, i16),
@@ -362,8 +455,9 @@ const fn message(
 }
 
 /// Every response the guard covers, with the versions its tables describe. These ranges are
-/// exactly kafka-protocol 0.18's for these messages.
-pub(crate) static MESSAGES: [MessageSchema; 10] = [
+/// exactly kafka-protocol 0.18's for these messages (and, for Produce and Fetch, exactly what
+/// Apache Kafka 4.1 advertises).
+pub(crate) static MESSAGES: [MessageSchema; 12] = [
     message(ApiKey::ApiVersions, (0, 4), 3, &API_VERSIONS_RESPONSE),
     message(ApiKey::Metadata, (0, 13), 9, &METADATA_RESPONSE),
     message(
@@ -379,6 +473,8 @@ pub(crate) static MESSAGES: [MessageSchema; 10] = [
     message(ApiKey::DescribeGroups, (0, 6), 5, &DESCRIBE_GROUPS_RESPONSE),
     message(ApiKey::OffsetCommit, (2, 10), 8, &OFFSET_COMMIT_RESPONSE),
     message(ApiKey::OffsetFetch, (1, 10), 6, &OFFSET_FETCH_RESPONSE),
+    message(ApiKey::Produce, (3, 13), 9, &PRODUCE_RESPONSE),
+    message(ApiKey::Fetch, (4, 18), 12, &FETCH_RESPONSE),
 ];
 
 /// [`MESSAGES`]' index per API key, for a lookup that costs one load on every decode.
