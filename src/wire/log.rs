@@ -357,3 +357,7 @@ pub fn fetched(
 #[cfg(test)]
 #[path = "log_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "log_golden.rs"]
+mod golden;
