@@ -328,7 +328,8 @@ fn malformation(batch: BytesMut) -> (usize, RecordMalformation) {
 }
 
 /// Huge claimed counts and lengths: refused before anything is reserved. Reserving for any of
-/// them (tens to hundreds of gigabytes) would abort this test process, so passing is the proof.
+/// them would take tens to hundreds of gigabytes, an allocation that fails (and aborts this test
+/// process) on any machine with less memory than that.
 #[test]
 fn huge_claimed_counts_are_refused_before_allocating() {
     let (at, reason) = malformation(handmade(i32::MAX, &[]));
