@@ -22,6 +22,10 @@ use kafka_lock::wire::codec::{
 };
 use kafka_lock::wire::frame::{decode_frame, frame_length, LENGTH_PREFIX_SIZE};
 use kafka_lock::wire::guard::{scan_response, AMPLIFICATION_SLACK, MAX_AMPLIFICATION};
+use kafka_lock::wire::records::{
+    self, encode_batch, BatchError, Header, NewRecord, Record, RecordBatch, RecordBatches,
+    MIN_HEADER_SIZE, MIN_RECORD_SIZE,
+};
 use kafka_lock::wire::versions::SUPPORTED;
 use kafka_protocol::messages::ApiKey;
 
@@ -33,6 +37,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("frame_decode", frame_decode),
     ("response_decode", response_decode),
     ("peer_bytes", peer_bytes),
+    ("record_batch_decode", record_batch_decode),
 ];
 
 /// The frame limits `frame_decode` picks from: the largest is the "small maximum" a fuzz run can
@@ -180,6 +185,14 @@ fn check_response(
         }
         (x, y) => panic!("{api:?} v{version}: slice gave {x:?}, Bytes gave {y:?}"),
     }
+    // The records of a Fetch answer are what the ledger reads next: they must be readable too.
+    if let Ok(Response::Fetch(f)) = a {
+        for p in f.responses.iter().flat_map(|t| &t.partitions) {
+            if let Some(data) = &p.records {
+                check_batches(data.clone());
+            }
+        }
+    }
 }
 
 fn check_guard(api: ApiKey, version: i16, body: &[u8], decoded: &Result<Response, DecodeError>) {
@@ -214,6 +227,136 @@ fn check_guard(api: ApiKey, version: i16, body: &[u8], decoded: &Result<Response
             }
         }
         _ => {}
+    }
+}
+
+/// Input: one control byte, then the bytes of a Fetch answer's `records` field, any number of
+/// record batches.
+///
+/// Control bit 0 set: every batch's CRC is made right before decoding (see [`fix_crcs`]), so
+/// mutations reach the record parser instead of stopping at the CRC check; clear: the bytes are
+/// decoded as they are, so the CRC check itself is fuzzed.
+///
+/// Decodes them with [`RecordBatches`] and checks what `wire::records` promises: records and
+/// headers no more numerous than the bytes can hold, keys and values shared with the input (no
+/// copies), decoded records within the module's amplification bound, and offsets not below their
+/// batch's base. Every batch decoded re-encodes, through our encoder, to a batch that decodes to
+/// the same records. Cutting the input short yields a prefix of the same items, never an error
+/// the whole input did not have: a cut batch only ends the iteration.
+pub fn record_batch_decode(data: &[u8]) {
+    let Some((&control, data)) = data.split_first() else {
+        return;
+    };
+    let mut data = BytesMut::from(data);
+    if control & 1 != 0 {
+        fix_crcs(&mut data);
+    }
+    let data = data.freeze();
+    let items = check_batches(data.clone());
+    for cut in [data.len().saturating_sub(1), data.len() / 2] {
+        let shorter = collect_batches(data.slice(..cut)).0;
+        assert!(shorter.len() <= items.len(), "a cut input yielded more items");
+        assert_eq!(&items[..shorter.len()], &shorter[..], "cut at {cut}");
+    }
+    for batch in items.iter().flatten() {
+        re_encode(batch);
+    }
+}
+
+/// Walks the batches the way the decoder does (base offset, length, then the batch) and writes
+/// into each complete one the CRC-32C of its bytes from the attributes on.
+pub fn fix_crcs(data: &mut [u8]) {
+    let mut pos = 0;
+    while let Some(prefix) = data.get(pos..pos + 12) {
+        let length = i32::from_be_bytes(prefix[8..12].try_into().expect("4 bytes"));
+        let Ok(length) = usize::try_from(length) else {
+            return;
+        };
+        let end = pos + 12 + length;
+        if length < 9 || end > data.len() {
+            return;
+        }
+        let crc = crc32c::crc32c(&data[pos + 21..end]);
+        data[pos + 17..pos + 21].copy_from_slice(&crc.to_be_bytes());
+        pos = end;
+    }
+}
+
+fn collect_batches(data: Bytes) -> (Vec<Result<RecordBatch, BatchError>>, RecordBatches) {
+    let mut it = RecordBatches::new(data);
+    let items: Vec<_> = it.by_ref().collect();
+    assert!(it.next().is_none(), "the iterator is fused");
+    (items, it)
+}
+
+/// Decodes `data` and checks the promises that hold for any input; returns the items.
+fn check_batches(data: Bytes) -> Vec<Result<RecordBatch, BatchError>> {
+    let (items, it) = collect_batches(data.clone());
+    let within = data.as_ptr_range();
+    let shared = |b: &Option<Bytes>| b.as_ref().is_none_or(|b| b.is_empty() || within.contains(&b.as_ptr()));
+    let mut heap = 0usize;
+    let mut records = 0usize;
+    for item in &items {
+        match item {
+            Ok(batch) => {
+                heap += batch.records.capacity() * std::mem::size_of::<Record>() + 32;
+                records += batch.records.len();
+                for r in &batch.records {
+                    assert!(r.offset >= batch.base_offset);
+                    assert!(shared(&r.key) && shared(&r.value), "a key or value was copied");
+                    assert!(r.headers.len() <= data.len() / MIN_HEADER_SIZE);
+                    if r.headers.capacity() > 0 {
+                        heap += r.headers.capacity() * std::mem::size_of::<Header>() + 32;
+                    }
+                    for h in &r.headers {
+                        assert!(shared(&h.value), "a header value was copied");
+                    }
+                }
+            }
+            Err(e) => {
+                let _ = e.to_string();
+            }
+        }
+    }
+    assert!(records <= data.len() / MIN_RECORD_SIZE);
+    assert!(
+        heap <= records::MAX_AMPLIFICATION * data.len() + 64,
+        "{heap} heap bytes for {} input bytes",
+        data.len()
+    );
+    if let Some(t) = it.truncated() {
+        assert!(t.at + t.available == data.len());
+        assert!(t.needed.is_none_or(|n| n > t.available));
+    }
+    items
+}
+
+/// Our encoder takes back what the decoder read: same timestamps, keys, values and headers.
+fn re_encode(batch: &RecordBatch) {
+    if batch.records.is_empty() {
+        return;
+    }
+    let new: Vec<NewRecord> = batch
+        .records
+        .iter()
+        .map(|r| NewRecord {
+            timestamp: r.timestamp,
+            key: r.key.clone(),
+            value: r.value.clone(),
+            headers: r.headers.clone(),
+        })
+        .collect();
+    let mut out = BytesMut::new();
+    encode_batch(&new, &mut out).expect("decoded records fit a batch");
+    let (again, it) = collect_batches(out.freeze());
+    let [Ok(again)] = &again[..] else {
+        panic!("our own batch did not decode: {again:?}")
+    };
+    assert_eq!(it.next_offset(), Some(new.len() as i64));
+    for ((a, b), i) in again.records.iter().zip(&batch.records).zip(0..) {
+        assert_eq!(a.offset, i);
+        assert_eq!((a.timestamp, &a.key, &a.value), (b.timestamp, &b.key, &b.value));
+        assert_eq!(a.headers, b.headers);
     }
 }
 

@@ -126,3 +126,181 @@ fn write_generated_seeds() {
         }
     }
 }
+
+/// Writes the `record_batch_decode` seeds (`seed-*`: batches from our encoder, whole, cut, with a
+/// bad CRC, compressed, control, and the records of the Fetch answers captured from Apache Kafka)
+/// and its hazards (`hazard-*` in `regressions/`: counts and lengths of 2^31 behind a valid CRC).
+/// Run by hand when the batch format code changes:
+/// `cargo test --lib fuzz_replay::write_record_batch_seeds -- --ignored`.
+#[test]
+#[ignore = "writes files; run by hand to refresh seeds"]
+fn write_record_batch_seeds() {
+    use crate::wire::codec::{decode_response, Response};
+    use crate::wire::records::{encode_batch, Header, NewRecord};
+    use bytes::{Bytes, BytesMut};
+    use kafka_protocol::messages::ApiKey;
+    use kafka_protocol::protocol::StrBytes;
+
+    fn batch(records: &[NewRecord], base_offset: i64) -> BytesMut {
+        let mut out = BytesMut::new();
+        encode_batch(records, &mut out).expect("encodes");
+        out[..8].copy_from_slice(&base_offset.to_be_bytes());
+        out
+    }
+    /// Sets attribute bits and makes the CRC right again, so decoding gets past it.
+    fn with_attributes(mut b: BytesMut, bits: u8) -> BytesMut {
+        b[22] |= bits;
+        fix_crc(&mut b);
+        b
+    }
+    fn fix_crc(b: &mut [u8]) {
+        let crc = crc32c::crc32c(&b[21..]);
+        b[17..21].copy_from_slice(&crc.to_be_bytes());
+    }
+    /// A valid header with `count` records and `records` as the records section.
+    fn handmade(count: i32, records: &[u8]) -> BytesMut {
+        let mut b = batch(&[NewRecord::default()], 0);
+        b.truncate(61);
+        b[57..61].copy_from_slice(&count.to_be_bytes());
+        b.extend_from_slice(records);
+        let len = (b.len() - 12) as i32;
+        b[8..12].copy_from_slice(&len.to_be_bytes());
+        fix_crc(&mut b);
+        b
+    }
+
+    let one = NewRecord {
+        timestamp: 1_764_547_200_000,
+        key: Some(Bytes::from_static(b"lock-a")),
+        value: Some(Bytes::from_static(b"ACQUIRED member=m-1 generation=1")),
+        headers: vec![Header {
+            key: StrBytes::from_static_str("kind"),
+            value: Some(Bytes::from_static(b"ACQUIRED")),
+        }],
+    };
+    let three = vec![
+        one.clone(),
+        NewRecord {
+            timestamp: 1_764_547_100_000,
+            ..NewRecord::default()
+        },
+        NewRecord {
+            timestamp: 1_764_547_300_000,
+            key: Some(Bytes::new()),
+            value: Some(Bytes::from(vec![b'x'; 200])),
+            headers: vec![
+                Header {
+                    key: StrBytes::from_static_str("k"),
+                    value: None,
+                },
+                Header {
+                    key: StrBytes::from_static_str("k"),
+                    value: Some(Bytes::new()),
+                },
+            ],
+        },
+    ];
+    let mut two_batches = batch(std::slice::from_ref(&one), 0);
+    two_batches.extend_from_slice(&batch(&three, 1));
+    let mut truncated = two_batches.clone();
+    truncated.truncate(two_batches.len() - 40);
+    let mut bad_crc = batch(&three, 5);
+    let last = bad_crc.len() - 1;
+    bad_crc[last] ^= 0x20;
+    let bad_crc_again = bad_crc.to_vec();
+    let mut magic_1 = batch(std::slice::from_ref(&one), 0);
+    magic_1[16] = 1;
+
+    let mut seeds: Vec<(String, Vec<u8>)> = vec![
+        (
+            "one-record".into(),
+            batch(std::slice::from_ref(&one), 0).to_vec(),
+        ),
+        ("three-records".into(), batch(&three, 41).to_vec()),
+        ("two-batches".into(), two_batches.to_vec()),
+        ("truncated".into(), truncated.to_vec()),
+        ("bad-crc".into(), bad_crc.to_vec()),
+        (
+            "gzip-header".into(),
+            with_attributes(batch(&three, 0), 1).to_vec(),
+        ),
+        (
+            "zstd-header".into(),
+            with_attributes(batch(&three, 0), 4).to_vec(),
+        ),
+        (
+            "control".into(),
+            with_attributes(batch(&[NewRecord::default()], 9), 0x30).to_vec(),
+        ),
+        (
+            "log-append-time".into(),
+            with_attributes(batch(&three, 0), 0x08).to_vec(),
+        ),
+        ("magic-1".into(), magic_1.to_vec()),
+    ];
+    // The records of every captured Fetch answer that has some.
+    let apache = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/frames/apache");
+    let mut files: Vec<_> = std::fs::read_dir(&apache)
+        .expect("testdata/frames/apache")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("fetch_v18_") && n.ends_with(".bin"))
+        .collect();
+    files.sort();
+    for file in files {
+        let body = std::fs::read(apache.join(&file)).expect("readable");
+        let Ok(Response::Fetch(resp)) = decode_response(ApiKey::Fetch, 18, &body) else {
+            panic!("{file} decodes");
+        };
+        for p in resp.responses.iter().flat_map(|t| &t.partitions) {
+            if let Some(records) = p.records.as_ref().filter(|r| !r.is_empty()) {
+                let name = file.trim_end_matches(".bin").replace('_', "-");
+                seeds.push((format!("apache-{name}"), records.to_vec()));
+            }
+        }
+    }
+    // The control byte of `record_batch_decode`: 0 decodes the bytes as they are, 1 fixes the
+    // CRCs first (one seed, so that the fuzzer starts with both).
+    let dir = fuzz_dir().join("corpus/record_batch_decode");
+    std::fs::create_dir_all(&dir).expect("corpus directory");
+    for (name, data) in seeds {
+        let input = [&[0u8][..], &data].concat();
+        std::fs::write(dir.join(format!("seed-{name}")), input).expect("seed written");
+    }
+    let fixed = [&[1u8][..], &bad_crc_again].concat();
+    std::fs::write(dir.join("seed-bad-crc-fixed"), fixed).expect("seed written");
+
+    // Counts and lengths of 2^31 - 1 behind a valid CRC: reserving for any of them would take
+    // tens of gigabytes.
+    let mut huge_batch = BytesMut::new();
+    huge_batch.extend_from_slice(&0i64.to_be_bytes());
+    huge_batch.extend_from_slice(&i32::MAX.to_be_bytes());
+    huge_batch.extend_from_slice(&[0, 0, 0, 0, 2, 0, 0, 0, 0]);
+    let mut negative = batch(&[one], 0);
+    negative[8..12].copy_from_slice(&(-2i32).to_be_bytes());
+    let hazards: [(&str, Vec<u8>); 5] = [
+        ("record-count", handmade(i32::MAX, &[0; 14]).to_vec()),
+        // One record: length 10, no key or value, then a header count of i32::MAX.
+        (
+            "header-count",
+            handmade(1, &[20, 0, 0, 0, 1, 1, 0xfe, 0xff, 0xff, 0xff, 0x0f]).to_vec(),
+        ),
+        // A record, then its key, claiming i32::MAX bytes.
+        (
+            "record-length",
+            handmade(1, &[0xfe, 0xff, 0xff, 0xff, 0x0f, 0, 0]).to_vec(),
+        ),
+        (
+            "key-length",
+            handmade(1, &[20, 0, 0, 0, 0xfe, 0xff, 0xff, 0xff, 0x0f, 1, 0]).to_vec(),
+        ),
+        ("batch-length", huge_batch.to_vec()),
+    ];
+    let dir = fuzz_dir().join("regressions/record_batch_decode");
+    std::fs::create_dir_all(&dir).expect("regressions directory");
+    for (name, data) in hazards {
+        let input = [&[0u8][..], &data].concat();
+        std::fs::write(dir.join(format!("hazard-{name}")), input).expect("hazard written");
+    }
+    let input = [&[0u8][..], &negative].concat();
+    std::fs::write(dir.join("hazard-negative-batch-length"), input).expect("hazard written");
+}

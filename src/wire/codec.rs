@@ -11,10 +11,11 @@ use std::error::Error as StdError;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{
     ApiKey, ApiVersionsRequest, ApiVersionsResponse, DescribeGroupsRequest, DescribeGroupsResponse,
-    FindCoordinatorRequest, FindCoordinatorResponse, HeartbeatRequest, HeartbeatResponse,
-    JoinGroupRequest, JoinGroupResponse, LeaveGroupRequest, LeaveGroupResponse, MetadataRequest,
-    MetadataResponse, OffsetCommitRequest, OffsetCommitResponse, OffsetFetchRequest,
-    OffsetFetchResponse, RequestHeader, SyncGroupRequest, SyncGroupResponse,
+    FetchRequest, FetchResponse, FindCoordinatorRequest, FindCoordinatorResponse, HeartbeatRequest,
+    HeartbeatResponse, JoinGroupRequest, JoinGroupResponse, LeaveGroupRequest, LeaveGroupResponse,
+    MetadataRequest, MetadataResponse, OffsetCommitRequest, OffsetCommitResponse,
+    OffsetFetchRequest, OffsetFetchResponse, ProduceRequest, ProduceResponse, RequestHeader,
+    SyncGroupRequest, SyncGroupResponse,
 };
 use kafka_protocol::protocol::buf::ByteBuf;
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
@@ -100,6 +101,8 @@ api_enums! {
     DescribeGroups(DescribeGroupsRequest, DescribeGroupsResponse),
     OffsetCommit(OffsetCommitRequest, OffsetCommitResponse),
     OffsetFetch(OffsetFetchRequest, OffsetFetchResponse),
+    Produce(ProduceRequest, ProduceResponse),
+    Fetch(FetchRequest, FetchResponse),
 }
 
 /// Why a response could not be decoded.

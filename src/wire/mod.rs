@@ -4,11 +4,15 @@
 //! - [`codec`]: request headers and bodies out, response headers and bodies in.
 //! - [`guard`]: the pre-scan that bounds the time and memory of every decode (design notes there).
 //! - [`versions`]: what we implement and the per-API version negotiation.
+//! - [`records`]: record batches (format v2): our encoder, and bounded decoding of fetched ones.
+//! - [`log`]: Produce and Fetch on one partition: the requests, and what their answers say.
 
 pub mod codec;
 pub mod coordinator;
 pub mod frame;
 pub mod guard;
+pub mod log;
+pub mod records;
 pub mod versions;
 
 pub use codec::{

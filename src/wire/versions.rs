@@ -20,7 +20,10 @@ use crate::error::KafkaCode;
 /// The versions kafka-lock implements, per API: `(api, min, max)`.
 ///
 /// These are all the versions kafka-protocol 0.18 has for these messages, and exactly the versions
-/// the [decoding guard](super::guard) has tables for (a test keeps the two equal).
+/// the [decoding guard](super::guard) has tables for (a test keeps the two equal). Produce and
+/// Fetch (for the ledger, see [`log`](super::log)) are optional: they are absent from the result
+/// of [`negotiate`] when the broker shares no version of them, and Produce starts at v3, the
+/// first with record batches (message format v2), which is also where Apache Kafka 4 starts.
 pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::ApiVersions, 0, 4),
     (ApiKey::Metadata, 0, 13),
@@ -32,6 +35,8 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DescribeGroups, 0, 6),
     (ApiKey::OffsetCommit, 2, 10),
     (ApiKey::OffsetFetch, 1, 10),
+    (ApiKey::Produce, 3, 13),
+    (ApiKey::Fetch, 4, 18),
 ];
 
 /// APIs without which kafka-lock cannot work; [`negotiate`] fails if the broker lacks one.
@@ -208,11 +213,14 @@ mod tests {
         )
     }
 
-    /// Kafka 4.0.0 removed JoinGroup v0-1 (restored in 4.0.1) and lists everything up to 4.1's
-    /// maxima; plus an API we do not implement.
+    /// Kafka 4.0.0: it removed JoinGroup v0-1 (restored in 4.0.1), lists Produce from v0 although
+    /// it refuses v0-2 (KAFKA-18659: librdkafka needs to see them), Produce up to v12 and Fetch up
+    /// to v17 (4.1 adds Produce v13 and Fetch v18); plus an API we do not implement.
     fn kafka_4_0() -> ApiVersionsResponse {
         broker(&[
-            (ApiKey::Produce, 3, 12),
+            (ApiKey::Produce, 0, 12),
+            (ApiKey::Fetch, 4, 17),
+            (ApiKey::ListOffsets, 1, 9),
             (ApiKey::Metadata, 0, 13),
             (ApiKey::OffsetCommit, 2, 9),
             (ApiKey::OffsetFetch, 1, 9),
@@ -248,7 +256,9 @@ mod tests {
         assert_eq!(n.get(ApiKey::OffsetCommit), Some(9));
         assert_eq!(n.get(ApiKey::Metadata), Some(13));
         assert_eq!(n.get(ApiKey::ApiVersions), Some(4));
-        assert_eq!(n.get(ApiKey::Produce), None);
+        assert_eq!(n.get(ApiKey::Produce), Some(12));
+        assert_eq!(n.get(ApiKey::Fetch), Some(17));
+        assert_eq!(n.get(ApiKey::ListOffsets), None);
         assert_eq!(n.iter().count(), SUPPORTED.len());
     }
 
@@ -278,6 +288,17 @@ mod tests {
         ]);
         let n = negotiate(&only_required).unwrap();
         assert_eq!(n.get(ApiKey::DescribeGroups), None);
+        assert_eq!(n.get(ApiKey::Produce), None);
+        assert_eq!(n.get(ApiKey::Fetch), None);
+        // Produce v0-2 (message format v0/v1) is not ours: an old broker's Produce is unusable.
+        let mut old = only_required.clone();
+        old.api_keys.push(
+            ApiVersion::default()
+                .with_api_key(ApiKey::Produce as i16)
+                .with_min_version(0)
+                .with_max_version(2),
+        );
+        assert_eq!(negotiate(&old).unwrap().get(ApiKey::Produce), None);
         assert_eq!(n.get(ApiKey::Heartbeat), Some(3));
     }
 
