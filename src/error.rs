@@ -196,6 +196,8 @@ impl KafkaCode {
     pub const GROUP_MAX_SIZE_REACHED: KafkaCode = KafkaCode(81);
     /// Another member registered the same group instance id.
     pub const FENCED_INSTANCE_ID: KafkaCode = KafkaCode(82);
+    /// The group does not exist (DescribeGroups v6+, DeleteGroups).
+    pub const GROUP_ID_NOT_FOUND: KafkaCode = KafkaCode(69);
 
     /// Wraps a raw code.
     pub const fn from_code(code: i16) -> Self {

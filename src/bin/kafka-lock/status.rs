@@ -139,6 +139,15 @@ async fn describe(c: &StatusConfig) -> Result<Report> {
             c.lock
         )));
     };
+    // Apache Kafka answers DescribeGroups v6+ for a group that does not exist (never used, or
+    // deleted while empty) with GROUP_ID_NOT_FOUND: a lock nobody holds or waits for, like the
+    // "Dead" state older versions report.
+    let mut group = group;
+    if group.error_code == KafkaCode::GROUP_ID_NOT_FOUND.0 {
+        group.error_code = 0;
+        group.group_state = StrBytes::from_static_str("Dead");
+        group.members.clear();
+    }
     if group.error_code != 0 {
         return Err(Error::broker(
             ApiKey::DescribeGroups,
