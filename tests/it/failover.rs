@@ -19,8 +19,11 @@ async fn sigkilled_holder_is_replaced_after_the_session_timeout() {
     let heartbeat = Duration::from_millis(500);
     let dir = TempDir::new();
     let pidfile = dir.0.join("child.pid");
+    // setpriv ties kafka-lock to this test's thread (PR_SET_PDEATHSIG): it dies with the test
+    // process however that ends, and its supervisor then stops the command.
     let mut holder = ChildGuard::new(
-        Command::new(env!("CARGO_BIN_EXE_kafka-lock"))
+        Command::new("setpriv")
+            .args(["--pdeathsig", "KILL", "--", env!("CARGO_BIN_EXE_kafka-lock")])
             .args([
                 "run",
                 "--bootstrap",
