@@ -101,7 +101,7 @@ async fn contenders_take_turns_with_increasing_tokens(broker: Broker) {
     }
     assert_eq!(resource.holders.lock().unwrap().len(), 4);
     // The same judged from the lock's own events rather than from the code that used it.
-    let held = holds.check();
+    let held = holds.check_when_ended(SLACK).await;
     assert_eq!(held.len(), 4, "{held:#?}");
     assert!(held.iter().all(|h| h.end.is_some() && h.lost.is_none()));
 }

@@ -120,6 +120,25 @@ impl Holds {
         holds
     }
 
+    /// [`Holds::check`], once every hold recorded so far has ended: a `Released` event can reach
+    /// the recorder just after `LockGuard::release` returned.
+    ///
+    /// # Panics
+    /// When a hold is still open after `bound`, or on a violation.
+    pub async fn check_when_ended(&self, bound: std::time::Duration) -> Vec<Hold> {
+        let deadline = Instant::now() + bound;
+        while self.holds().iter().any(|h| h.end.is_none()) {
+            assert!(
+                Instant::now() < deadline,
+                "a hold never ended: {:#?}",
+                self.holds()
+            );
+            // Polling the recorders' log: they run as tasks of their own.
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        self.check()
+    }
+
     /// Checks that no two holds overlap and that each hold's first generation is greater than
     /// every generation of every earlier hold; returns the holds.
     ///
@@ -165,4 +184,28 @@ pub fn instant_ns(t: Instant) -> i64 {
     } else {
         now_ns + (t - now).as_nanos() as i64
     }
+}
+
+#[test]
+fn the_checker_catches_overlaps_and_tokens_that_do_not_increase() {
+    let overlap = Holds::new();
+    overlap.add_external("a", 0, 10, Some(1));
+    overlap.add_external("b", 9, 20, Some(2));
+    assert!(std::panic::catch_unwind(|| overlap.check()).is_err());
+
+    let open = Holds::new();
+    open.add_external("a", 0, i64::MAX, Some(1));
+    open.add_external("b", 30, 40, Some(2));
+    assert!(std::panic::catch_unwind(|| open.check()).is_err());
+
+    let stale = Holds::new();
+    stale.add_external("a", 0, 10, Some(3));
+    stale.add_external("b", 10, 20, Some(3));
+    assert!(std::panic::catch_unwind(|| stale.check()).is_err());
+
+    let fine = Holds::new();
+    fine.add_external("a", 0, 10, Some(3));
+    fine.add_external("b", 10, 20, Some(4));
+    fine.add_external("c", 25, i64::MAX, None);
+    assert_eq!(fine.check().len(), 3);
 }

@@ -13,7 +13,7 @@ use kafka_lock::wire::Response;
 use kafka_protocol::messages::describe_groups_response::DescribedGroup;
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::{
-    ApiKey, DescribeGroupsRequest, GroupId, MetadataRequest, TopicName,
+    ApiKey, DescribeGroupsRequest, GroupId, HeartbeatRequest, MetadataRequest, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
 
@@ -111,9 +111,10 @@ pub async fn describe_group(addr: &str, group: &str) -> Result<DescribedGroup, S
     Ok(group)
 }
 
-/// Creates `name` with `partitions` partitions, replicated as the broker's
-/// `default.replication.factor` says, and waits until the broker at `addr` lists every
-/// partition with a leader (a lock's Metadata check must find it).
+/// Creates `name` with `partitions` partitions, replicated as the brokers'
+/// `default.replication.factor` says, and waits until every broker of `bootstrap`
+/// (`host:port[,host:port...]`) lists every partition with a leader (a lock's Metadata check,
+/// sent to any of them, must find it).
 ///
 /// CreateTopics is written by hand with kafka-protocol's codec over a plain socket: the crate's
 /// wire layer has no CreateTopics, and the Java Admin helper costs a JVM start (seconds of both
@@ -121,23 +122,30 @@ pub async fn describe_group(addr: &str, group: &str) -> Result<DescribedGroup, S
 ///
 /// # Panics
 /// When the broker refuses (the topic exists, say) or the partitions get no leader in time.
-pub fn create_topic(addr: &str, name: &str, partitions: i32) {
-    if let Err(e) = send_create_topics(addr, name, partitions) {
-        panic!("creating topic {name} ({partitions} partitions) at {addr}: {e}");
+pub fn create_topic(bootstrap: &str, name: &str, partitions: i32) {
+    let addrs: Vec<&str> = bootstrap.split(',').collect();
+    // Any broker forwards CreateTopics to the controller.
+    if let Err(e) = send_create_topics(addrs[0], name, partitions) {
+        panic!(
+            "creating topic {name} ({partitions} partitions) at {}: {e}",
+            addrs[0]
+        );
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let led = leaders(addr, name);
-        if matches!(&led, Ok(n) if *n == partitions as usize) {
-            return;
+    for addr in addrs {
+        loop {
+            let led = leaders(addr, name);
+            if matches!(&led, Ok(n) if *n == partitions as usize) {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "topic {name} at {addr}: partitions with a leader after 60 s: {led:?}"
+            );
+            // Polling: a broker learns of a new topic from the controller's metadata log, which
+            // a client cannot wait on.
+            std::thread::sleep(Duration::from_millis(20));
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "topic {name} at {addr}: partitions with a leader after 60 s: {led:?}"
-        );
-        // Polling: a broker learns of a new topic from the controller's metadata log, which a
-        // client cannot wait on.
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -232,6 +240,32 @@ fn send_create_topics(addr: &str, name: &str, partitions: i32) -> Result<(), Str
         )),
         None => Err("CreateTopics answered for no topic".into()),
     }
+}
+
+/// Whether `group`'s coordinator, found through `addr`, has loaded the group's
+/// `__consumer_offsets` partition: it answers a Heartbeat from a member nobody knows with
+/// UNKNOWN_MEMBER_ID. FindCoordinator names a node as soon as the metadata makes it the
+/// partition's leader; until its coordinator has loaded the partition, group requests get
+/// NOT_COORDINATOR or COORDINATOR_LOAD_IN_PROGRESS, and heartbeats NONE, blindly.
+pub fn coordinator_loaded(addr: &str, group: &str) -> Result<(), String> {
+    let (addr, group) = (addr.to_owned(), group.to_owned());
+    block_on(async move {
+        let conn = coordinator_connection(&addr, &group).await?;
+        let req = HeartbeatRequest::default()
+            .with_group_id(GroupId(StrBytes::from_string(group.clone())))
+            .with_generation_id(1)
+            .with_member_id(StrBytes::from_static_str("kafka-lock-tests-nobody"));
+        let resp = conn.request(req).await;
+        conn.close();
+        match resp {
+            Ok(Response::Heartbeat(r)) if r.error_code == 25 => Ok(()),
+            Ok(Response::Heartbeat(r)) => Err(format!(
+                "{group}'s coordinator answered a stranger's Heartbeat with {} (not loaded yet)",
+                r.error_code
+            )),
+            other => Err(format!("Heartbeat({group}): {other:?}")),
+        }
+    })
 }
 
 /// Connects with short bounds: callers poll, and a paused or dying broker must not hold them up.
