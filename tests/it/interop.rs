@@ -280,11 +280,13 @@ async fn kafka_lock_holds_then_hands_over_to_librdkafka(broker: Broker) {
         .expect("kafka-lock acquires a free lock");
 
     let mut py = PyConsumer::start(broker, &topic, &topic, "z-rdkafka");
-    // librdkafka joins; the eager rebalance gives partition 0 back to the member that sorts first.
+    // Alone, kafka-lock voted for cooperative-sticky and holds under it. librdkafka offers only
+    // range, so kafka-lock's rejoin, which offers only cooperative-sticky while it holds, is
+    // refused (INCONSISTENT_GROUP_PROTOCOL): it surrenders partition 0 and rejoins with every
+    // protocol; the eager range rebalance gives partition 0 back to the member that sorts first.
     py.wait_for("an assignment without partition 0", |e| {
         e.event == "assigned" && e.partitions.is_empty()
     });
-    // Eager: kafka-lock surrendered partition 0 for the rebalance and was assigned it again.
     let mut acquisitions = 0;
     while acquisitions < 2 {
         match tokio::time::timeout(BOUND, live.recv())
