@@ -30,12 +30,25 @@
 //! A SyncGroup answer whose assignment names the member makes the hold *pending*; the member
 //! *holds* the lock from the first Heartbeat answered NONE after it, until one of: the local lease
 //! runs out, the broker says the membership is gone (UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION,
-//! FENCED_INSTANCE_ID), a later assignment names someone else, a rebalance starts in
-//! consumer-compatible (eager) mode, or the user releases it. Every one of those ends the hold *for
-//! good*: a hold only ever starts from an assignment of a new generation, so "a late success never
-//! revives the lock" holds by construction. After a loss the machine leaves the group and stops,
-//! except for the eager surrender of consumer-compatible mode, where the member stays (as every
-//! consumer does) and may be assigned partition 0 again: a new acquisition with a new token.
+//! FENCED_INSTANCE_ID), a later assignment names someone else, a rebalance starts while the
+//! group runs an eager consumer protocol (`range`, `roundrobin`), or the user releases it. Every
+//! one of those ends the hold *for good*: a hold only ever starts from an assignment of a new
+//! generation, so "a late success never revives the lock" holds by construction. After a loss the
+//! machine leaves the group and stops, except for the eager surrender of consumer-compatible mode,
+//! where the member stays (as every consumer does) and may be assigned partition 0 again: a new
+//! acquisition with a new token.
+//!
+//! # Consumer-compatible mode: eager or cooperative
+//! The member offers `cooperative-sticky` first, then `range` and `roundrobin`; the broker picks
+//! one every member offers, by vote. Under an eager protocol the holder gives partition 0 up as
+//! soon as it hears of a rebalance. Under `cooperative-sticky` it keeps it, as a native holder
+//! does, because the next generation cannot hand it to anyone else while it is a member: it
+//! rejoins offering *only* `cooperative-sticky` with partition 0 in its owned partitions, so the
+//! next generation runs the cooperative protocol too, and the sticky assignment keeps a partition
+//! with its owner or withholds it for a generation. If the broker refuses that join
+//! (INCONSISTENT_GROUP_PROTOCOL: a member that cannot run cooperative-sticky has joined), no join
+//! phase can complete before this member rejoins, so it gives partition 0 up there and then and
+//! rejoins with every protocol, as an eager member.
 //!
 //! The lease ends at `send_time(last renewal) + min(session, rebalance timeout) − margin`, where a
 //! renewal is a **Heartbeat answered NONE** and nothing else. Apache Kafka re-arms a member's
@@ -79,7 +92,8 @@ pub enum Mode {
     /// kafka-lock's own protocol type: no topic, sticky then FIFO.
     Native,
     /// Protocol type "consumer" on a one-partition topic: holding partition 0 is holding the lock.
-    /// Eager: the holder surrenders as soon as a rebalance starts.
+    /// Cooperative (the holder keeps partition 0 through a rebalance) when every member offers
+    /// `cooperative-sticky`, else eager (it surrenders as soon as a rebalance starts).
     Consumer {
         /// The one-partition topic whose partition 0 is the lock.
         topic: String,
@@ -268,7 +282,8 @@ pub enum LossReason {
     Fenced(KafkaCode),
     /// A new assignment named another member.
     Reassigned,
-    /// Consumer-compatible (eager) mode: a rebalance started, so the partition was surrendered.
+    /// Consumer-compatible mode under an eager protocol: a rebalance started, so partition 0 was
+    /// surrendered.
     Revoked,
     /// A fatal error ended the membership.
     Fatal,
@@ -280,7 +295,9 @@ impl fmt::Display for LossReason {
             LossReason::LeaseExpired => f.write_str("the lease ran out before a renewal"),
             LossReason::Fenced(code) => write!(f, "the coordinator fenced this member ({code})"),
             LossReason::Reassigned => f.write_str("a new assignment named another member"),
-            LossReason::Revoked => f.write_str("a rebalance revoked partition 0 (eager mode)"),
+            LossReason::Revoked => {
+                f.write_str("partition 0 was given up for a rebalance (eager consumer protocol)")
+            }
             LossReason::Fatal => f.write_str("a fatal error ended the membership"),
         }
     }
@@ -412,6 +429,10 @@ pub struct Membership {
     leader: bool,
     /// The generation of our first completed join: our place in the FIFO queue.
     first_joined: i32,
+    /// The protocol the broker selected for the current generation.
+    protocol: Option<String>,
+    /// The JoinGroup in flight offered only `cooperative-sticky` (consumer mode, holding).
+    offered_cooperative_only: bool,
     hold: Option<Hold>,
     /// A SyncGroup answer named us, but no Heartbeat has yet proved that the broker's session
     /// timer for us was re-armed after it: the hold begins with that proof (see the module docs).
@@ -465,6 +486,8 @@ impl Membership {
             generation: -1,
             leader: false,
             first_joined: -1,
+            protocol: None,
+            offered_cooperative_only: false,
             hold: None,
             pending: None,
             leaving: false,
@@ -696,6 +719,17 @@ impl Membership {
         self.member_id.clear();
         self.generation = -1;
         self.leader = false;
+        self.protocol = None;
+    }
+
+    /// Consumer mode, and the current generation runs the cooperative protocol.
+    fn cooperative(&self) -> bool {
+        matches!(self.cfg.mode, Mode::Consumer { .. })
+            && self
+                .protocol
+                .as_deref()
+                .and_then(ConsumerStrategy::from_protocol_name)
+                .is_some_and(ConsumerStrategy::is_cooperative)
     }
 
     fn emit(&mut self, e: Event) {
@@ -804,16 +838,29 @@ impl Membership {
                 vec![p]
             }
             Mode::Consumer { topic } => {
+                let protocol = |s: ConsumerStrategy, metadata: Bytes| {
+                    let mut p = JoinGroupRequestProtocol::default();
+                    p.name = sb(s.protocol_name());
+                    p.metadata = metadata;
+                    p
+                };
+                // Only a hold kept under the cooperative protocol is claimed; an eager holder
+                // has already given partition 0 up by the time it rejoins.
+                let owns = self.hold.is_some() && self.cooperative();
+                let cooperative = protocol(
+                    ConsumerStrategy::CooperativeSticky,
+                    assign::cooperative_subscription(topic, owns, self.generation),
+                );
+                if owns {
+                    // See the module docs: the next generation must be cooperative too.
+                    return vec![cooperative];
+                }
                 let sub = assign::consumer_subscription(topic);
-                [ConsumerStrategy::Range, ConsumerStrategy::RoundRobin]
-                    .into_iter()
-                    .map(|s| {
-                        let mut p = JoinGroupRequestProtocol::default();
-                        p.name = sb(s.protocol_name());
-                        p.metadata = sub.clone();
-                        p
-                    })
-                    .collect()
+                vec![
+                    cooperative,
+                    protocol(ConsumerStrategy::Range, sub.clone()),
+                    protocol(ConsumerStrategy::RoundRobin, sub),
+                ]
             }
         }
     }
@@ -840,6 +887,8 @@ impl Membership {
         req.member_id = sb(&self.member_id);
         req.protocol_type = sb(self.protocol_type());
         req.protocols = self.metadata();
+        self.offered_cooperative_only =
+            matches!(self.cfg.mode, Mode::Consumer { .. }) && req.protocols.len() == 1;
         debug!(group = %self.cfg.group_id, member_id = %self.member_id, version = v, "JoinGroup");
         let id = self.push(target, req.into(), v, self.cfg.join_timeout());
         self.in_flight.join = Some(id);
@@ -1157,6 +1206,22 @@ impl Membership {
                 self.unknown_member(now);
                 return;
             }
+            23 if self.offered_cooperative_only && !self.leaving => {
+                // A member that cannot run cooperative-sticky is in the group, so the next
+                // generation will be eager: give partition 0 up now, as an eager member does
+                // before rejoining. Our rejoin is still outstanding, so the join phase cannot
+                // complete (and nobody can be given the partition) before we have let go.
+                info!(group = %self.cfg.group_id, member_id = %self.member_id,
+                      "the group cannot stay cooperative; partition 0 surrendered");
+                if let Some(hold) = self.hold.take() {
+                    self.emit(Event::Lost {
+                        reason: LossReason::Revoked,
+                        lease_end: hold.lease_end.min(now),
+                    });
+                }
+                self.rejoin(now, true);
+                return;
+            }
             _ if self.on_group_error(ApiKey::JoinGroup, code, Phase::Join, now) => {
                 if self.leaving && self.phase != Phase::Done {
                     self.begin_leave(now);
@@ -1178,6 +1243,7 @@ impl Membership {
         self.member_id = resp.member_id.to_string();
         self.generation = resp.generation_id;
         self.leader = resp.leader == resp.member_id;
+        self.protocol = resp.protocol_name.as_ref().map(|p| p.to_string());
         if self.first_joined < 0 {
             self.first_joined = self.generation;
         }
@@ -1428,7 +1494,7 @@ impl Membership {
                 info!(group = %self.cfg.group_id, member_id = %self.member_id, generation = self.generation,
                       "rebalance started");
                 if let Some(hold) = &self.hold {
-                    if matches!(self.cfg.mode, Mode::Consumer { .. }) {
+                    if matches!(self.cfg.mode, Mode::Consumer { .. }) && !self.cooperative() {
                         // Eager protocol: give partition 0 up before rejoining, as every consumer
                         // in the group does. The member stays and may be assigned it again, which
                         // is a new acquisition under a new generation.

@@ -468,7 +468,7 @@ fn rebalance_while_holding_consumer_mode_surrenders_first() {
         .iter()
         .map(|p| p.name.to_string())
         .collect();
-    assert_eq!(names, ["range", "roundrobin"]);
+    assert_eq!(names, ["cooperative-sticky", "range", "roundrobin"]);
     let mut r = JoinGroupResponse::default();
     r.generation_id = 2;
     r.member_id = s("m1");
@@ -494,8 +494,16 @@ fn rebalance_while_holding_consumer_mode_surrenders_first() {
     let ev = h.take_events();
     assert_eq!(lost(&ev), Some(LossReason::Revoked));
     assert!(h.m.token().is_none(), "surrendered before rejoining");
-    // The member stays (eager consumers rejoin) and only holds again if reassigned.
+    // The member stays (eager consumers rejoin) and only holds again if reassigned; having
+    // surrendered, it claims nothing and offers every protocol.
     let j = h.take(ApiKey::JoinGroup);
+    assert_eq!(join_request(&j).protocols.len(), 3);
+    let claim = crate::assign::decode_consumer_subscription_of(
+        &join_request(&j).protocols[0].metadata,
+        "lock-topic",
+    )
+    .unwrap();
+    assert!(!claim.owns_lock);
     let mut r = JoinGroupResponse::default();
     r.generation_id = 3;
     r.member_id = s("m1");
@@ -1232,4 +1240,210 @@ fn an_unreachable_coordinator_is_retried_with_a_growing_delay() {
     }
     let ms: Vec<u128> = gaps.iter().map(|d| d.as_millis()).collect();
     assert_eq!(ms, [0, 100, 200, 400, 800, 1000]);
+}
+
+// ---- consumer-compatible mode under cooperative-sticky -----------------------------------------
+
+const LOCK_TOPIC: &str = "lock-topic";
+
+fn consumer_mode() -> Mode {
+    Mode::Consumer {
+        topic: LOCK_TOPIC.into(),
+    }
+}
+
+/// A JoinGroup answer in consumer mode, `protocol` selected; the leader gets `members`.
+fn consumer_join(
+    member: &str,
+    generation: i32,
+    leader: &str,
+    protocol: &str,
+    members: &[(&str, Bytes)],
+) -> Response {
+    let mut r = JoinGroupResponse::default();
+    r.generation_id = generation;
+    r.member_id = s(member);
+    r.leader = s(leader);
+    r.protocol_type = Some(s("consumer"));
+    r.protocol_name = Some(s(protocol));
+    r.members = members
+        .iter()
+        .map(|(id, meta)| {
+            let mut m = JoinGroupResponseMember::default();
+            m.member_id = s(id);
+            m.metadata = meta.clone();
+            m
+        })
+        .collect();
+    Response::JoinGroup(r)
+}
+
+fn partition_zero() -> Bytes {
+    crate::assign::consumer_assignment(LOCK_TOPIC, &[0])
+}
+
+fn nothing() -> Bytes {
+    crate::assign::consumer_assignment(LOCK_TOPIC, &[])
+}
+
+/// The protocols a JoinGroup offers, and what its cooperative-sticky subscription claims.
+fn offered(t: &Transmit) -> (Vec<String>, crate::assign::ConsumerSubscription) {
+    let req = join_request(t);
+    let names = req.protocols.iter().map(|p| p.name.to_string()).collect();
+    let coop = req
+        .protocols
+        .iter()
+        .find(|p| p.name.as_str() == "cooperative-sticky")
+        .expect("cooperative-sticky is always offered");
+    let sub = crate::assign::decode_consumer_subscription_of(&coop.metadata, LOCK_TOPIC).unwrap();
+    (names, sub)
+}
+
+/// A consumer-mode machine holding partition 0 as "m1" in `generation`, `protocol` selected.
+fn consumer_holding(generation: i32, protocol: &str) -> H {
+    let mut h = H::new(consumer_mode());
+    h.find_ok();
+    let j = h.take(ApiKey::JoinGroup);
+    let (names, sub) = offered(&j);
+    assert_eq!(names, ["cooperative-sticky", "range", "roundrobin"]);
+    assert_eq!((sub.owns_lock, sub.generation), (false, -1));
+    h.reply(
+        j.id,
+        Ok(consumer_join("m1", generation, "other", protocol, &[])),
+    );
+    let sync = h.take(ApiKey::SyncGroup);
+    h.reply(sync.id, Ok(sync_ok(partition_zero())));
+    h.confirm();
+    assert!(h
+        .take_events()
+        .iter()
+        .any(|e| matches!(e, Event::Acquired { token, .. } if token.generation == generation)));
+    h
+}
+
+#[test]
+fn a_cooperative_holder_keeps_partition_zero_through_a_rebalance() {
+    let mut h = consumer_holding(4, "cooperative-sticky");
+    let lease_before = h.m.lease_end().unwrap();
+    h.advance(HB);
+    let beat = h.take(ApiKey::Heartbeat);
+    h.reply(beat.id, Ok(hb(27)));
+    let ev = h.take_events();
+    assert!(lost(&ev).is_none(), "{ev:?}");
+    assert!(ev.iter().any(|e| matches!(e, Event::RebalanceWhileHeld)));
+    assert!(h.m.token().is_some());
+    // It rejoins claiming partition 0, and offers nothing but cooperative-sticky, so the next
+    // generation cannot be an eager one that hands the partition to someone else.
+    let j = h.take(ApiKey::JoinGroup);
+    let (names, sub) = offered(&j);
+    assert_eq!(names, ["cooperative-sticky"]);
+    assert_eq!(sub.topics, [LOCK_TOPIC]);
+    assert_eq!((sub.owns_lock, sub.generation), (true, 4));
+    // REBALANCE_IN_PROGRESS renewed nothing.
+    assert_eq!(h.m.lease_end(), Some(lease_before));
+    h.reply(
+        j.id,
+        Ok(consumer_join("m1", 5, "other", "cooperative-sticky", &[])),
+    );
+    let sync = h.take(ApiKey::SyncGroup);
+    h.reply(sync.id, Ok(sync_ok(partition_zero())));
+    let ev = h.take_events();
+    assert!(
+        ev.iter()
+            .any(|e| matches!(e, Event::TokenChanged { token } if token.generation == 5)),
+        "{ev:?}"
+    );
+    // The heartbeat that follows at once renews the kept hold.
+    let beat = h.take(ApiKey::Heartbeat);
+    h.reply(beat.id, Ok(hb(0)));
+    assert!(h.m.lease_end().unwrap() > lease_before);
+    assert_eq!(h.m.token().unwrap().generation, 5);
+}
+
+#[test]
+fn an_eager_generation_still_surrenders_at_the_rebalance() {
+    let mut h = consumer_holding(2, "range");
+    h.advance(HB);
+    let beat = h.take(ApiKey::Heartbeat);
+    h.reply(beat.id, Ok(hb(27)));
+    assert_eq!(lost(&h.take_events()), Some(LossReason::Revoked));
+    let (names, sub) = offered(&h.take(ApiKey::JoinGroup));
+    assert_eq!(names.len(), 3);
+    assert!(!sub.owns_lock);
+}
+
+#[test]
+fn a_cooperative_holder_refused_by_an_eager_group_surrenders_and_rejoins_with_every_protocol() {
+    let mut h = consumer_holding(4, "cooperative-sticky");
+    h.advance(HB);
+    let beat = h.take(ApiKey::Heartbeat);
+    h.reply(beat.id, Ok(hb(27)));
+    let j = h.take(ApiKey::JoinGroup);
+    assert_eq!(offered(&j).0, ["cooperative-sticky"]);
+    // A member offering only range joined the rebalance first.
+    h.reply(j.id, Ok(join_err(23, "m1")));
+    let ev = h.take_events();
+    assert_eq!(lost(&ev), Some(LossReason::Revoked));
+    assert!(failure(&ev).is_none(), "not fatal: {ev:?}");
+    let j = h.take(ApiKey::JoinGroup);
+    let (names, sub) = offered(&j);
+    assert_eq!(names, ["cooperative-sticky", "range", "roundrobin"]);
+    assert!(!sub.owns_lock);
+    assert_eq!(
+        join_request(&j).member_id.as_str(),
+        "m1",
+        "still the same member"
+    );
+    // A second refusal is not a cooperative holder's any more: fatal, as before.
+    h.reply(j.id, Ok(join_err(23, "m1")));
+    assert_eq!(failed(&h.take_events()), Some(KafkaCode(23)));
+}
+
+#[test]
+fn a_cooperative_assignment_without_partition_zero_is_a_loss() {
+    let mut h = consumer_holding(4, "cooperative-sticky");
+    h.advance(HB);
+    let beat = h.take(ApiKey::Heartbeat);
+    h.reply(beat.id, Ok(hb(27)));
+    let j = h.take(ApiKey::JoinGroup);
+    h.reply(
+        j.id,
+        Ok(consumer_join("m1", 5, "other", "cooperative-sticky", &[])),
+    );
+    let sync = h.take(ApiKey::SyncGroup);
+    h.reply(sync.id, Ok(sync_ok(nothing())));
+    assert_eq!(lost(&h.take_events()), Some(LossReason::Reassigned));
+    assert!(h.m.token().is_none());
+    assert!(h.apis().contains(&ApiKey::LeaveGroup), "{:?}", h.apis());
+}
+
+#[test]
+fn a_cooperative_leader_keeps_partition_zero_with_its_owner() {
+    use crate::assign::cooperative_subscription;
+    let mut h = H::new(consumer_mode());
+    h.find_ok();
+    let j = h.take(ApiKey::JoinGroup);
+    // "a-new" sorts first (range would pick it); "z-java" owns the partition since generation 6.
+    let members = [
+        ("a-new", cooperative_subscription(LOCK_TOPIC, false, -1)),
+        ("m1", cooperative_subscription(LOCK_TOPIC, false, -1)),
+        ("z-java", cooperative_subscription(LOCK_TOPIC, true, 6)),
+    ];
+    h.reply(
+        j.id,
+        Ok(consumer_join("m1", 7, "m1", "cooperative-sticky", &members)),
+    );
+    let sync = h.take(ApiKey::SyncGroup);
+    let holders: Vec<&str> = sync_request(&sync)
+        .assignments
+        .iter()
+        .filter(|a| {
+            crate::assign::decode_consumer_assignment(&a.assignment)
+                .unwrap()
+                .iter()
+                .any(|(t, p)| t == LOCK_TOPIC && p.contains(&0))
+        })
+        .map(|a| a.member_id.as_str())
+        .collect();
+    assert_eq!(holders, ["z-java"]);
 }

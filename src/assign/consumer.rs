@@ -1,5 +1,5 @@
-//! Consumer-compatible mode: Kafka's consumer protocol bytes and the `range` / `roundrobin`
-//! assignors, restricted to a one-partition lock topic.
+//! Consumer-compatible mode: Kafka's consumer protocol bytes and the `cooperative-sticky`,
+//! `range` and `roundrobin` assignors, restricted to a one-partition lock topic.
 //!
 //! The layouts are ConsumerProtocolSubscription and ConsumerProtocolAssignment from Apache Kafka
 //! (`clients/src/main/resources/common/message/ConsumerProtocol*.json`): an i16 version followed by
@@ -17,13 +17,19 @@ use super::{truncate_utf8, PeerDataError};
 /// JoinGroup `protocol_type` of Kafka consumers.
 pub const CONSUMER_PROTOCOL_TYPE: &str = "consumer";
 
-/// Version of the ConsumerProtocolSubscription we write.
+/// Version of the ConsumerProtocolSubscription we write for `range` and `roundrobin`.
 ///
 /// Version 0 (topics, user data) is what librdkafka wrote for years and what every reader accepts:
 /// Java reads any version ≥ 0 (newer ones as its highest, since fields are only ever appended) and
 /// librdkafka reads 0 to 3. The fields of versions 1 to 3 (owned partitions, generation, rack)
-/// only serve the sticky and rack-aware assignors, which a one-partition eager lock does not use.
+/// only serve the sticky and rack-aware assignors; the eager ones ignore them.
 pub const CONSUMER_SUBSCRIPTION_VERSION: i16 = 0;
+
+/// Version of the ConsumerProtocolSubscription we write for `cooperative-sticky`: version 1 added
+/// the owned partitions (KIP-429) and version 2 the generation they date from (KIP-792), which
+/// the sticky assignor needs to keep partition 0 with its owner and to tell a current claim from a
+/// stale one. Version 3 adds only the rack.
+pub const COOPERATIVE_SUBSCRIPTION_VERSION: i16 = 2;
 
 /// Version of the ConsumerProtocolAssignment we write. Versions 0 to 3 share one layout; 0 is
 /// readable by every consumer ever released.
@@ -42,23 +48,29 @@ const MIN_STRING: usize = 2;
 const MIN_TOPIC_PARTITIONS: usize = MIN_STRING + 4;
 const PARTITION_ID: usize = 4;
 
-/// The consumer assignors kafka-lock can run as leader. On a one-partition topic they agree: both
-/// give partition 0 to the subscribed member that sorts first (see [`assign_consumer`]).
+/// The consumer assignors kafka-lock can run as leader (see [`assign_consumer`]). On a
+/// one-partition topic `range` and `roundrobin` agree: both give partition 0 to the subscribed
+/// member that sorts first. `cooperative-sticky` keeps it with the member that owns it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ConsumerStrategy {
-    /// Java's `RangeAssignor`, librdkafka's `range`.
+    /// Java's `RangeAssignor`, librdkafka's `range`. Eager.
     Range,
-    /// Java's `RoundRobinAssignor`, librdkafka's `roundrobin`.
+    /// Java's `RoundRobinAssignor`, librdkafka's `roundrobin`. Eager.
     RoundRobin,
+    /// Java's `CooperativeStickyAssignor`, librdkafka's `cooperative-sticky`: the cooperative
+    /// (incremental) protocol of KIP-429, in which members keep their partitions through a
+    /// rebalance.
+    CooperativeSticky,
 }
 
 impl ConsumerStrategy {
-    /// The JoinGroup protocol name: `"range"` or `"roundrobin"`.
+    /// The JoinGroup protocol name: `"range"`, `"roundrobin"` or `"cooperative-sticky"`.
     pub const fn protocol_name(self) -> &'static str {
         match self {
             ConsumerStrategy::Range => "range",
             ConsumerStrategy::RoundRobin => "roundrobin",
+            ConsumerStrategy::CooperativeSticky => "cooperative-sticky",
         }
     }
 
@@ -67,8 +79,15 @@ impl ConsumerStrategy {
         match name {
             "range" => Some(ConsumerStrategy::Range),
             "roundrobin" => Some(ConsumerStrategy::RoundRobin),
+            "cooperative-sticky" => Some(ConsumerStrategy::CooperativeSticky),
             _ => None,
         }
+    }
+
+    /// Whether members keep their partitions through a rebalance (the cooperative protocol)
+    /// rather than giving them all up when it starts (eager).
+    pub const fn is_cooperative(self) -> bool {
+        matches!(self, ConsumerStrategy::CooperativeSticky)
     }
 }
 
@@ -107,6 +126,33 @@ pub fn consumer_subscription(topic: &str) -> Bytes {
     buf.put_i32(1);
     put_kafka_string(&mut buf, topic);
     put_empty_user_data(&mut buf);
+    buf.freeze()
+}
+
+/// ConsumerProtocolSubscription v2 for the `cooperative-sticky` protocol: subscribed to `topic`,
+/// owning partition 0 of it if `owns_lock`, as of `generation` (the generation of the member's
+/// last completed join, -1 before any).
+///
+/// The user data repeats the generation as one i32, the format of Java's
+/// `CooperativeStickyAssignor` user data: consumers older than subscription version 2 (Kafka
+/// 2.4 to 2.8) read the generation of the owned partitions from there.
+pub fn cooperative_subscription(topic: &str, owns_lock: bool, generation: i32) -> Bytes {
+    let topic = truncate_utf8(topic, MAX_KAFKA_STRING);
+    let mut buf = BytesMut::with_capacity(2 + 2 * (4 + 2 + topic.len()) + 8 + 4 + 8 + 4);
+    buf.put_i16(COOPERATIVE_SUBSCRIPTION_VERSION);
+    buf.put_i32(1);
+    put_kafka_string(&mut buf, topic);
+    buf.put_i32(4);
+    buf.put_i32(generation);
+    if owns_lock {
+        buf.put_i32(1);
+        put_kafka_string(&mut buf, topic);
+        buf.put_i32(1);
+        buf.put_i32(0);
+    } else {
+        buf.put_i32(0);
+    }
+    buf.put_i32(generation);
     buf.freeze()
 }
 
@@ -161,6 +207,37 @@ fn skip_kafka_string(
 /// Every field of the declared version is checked; versions above 3 are read as 3 and bytes after
 /// the known fields are ignored, as Java's `ConsumerProtocol` does.
 pub fn decode_consumer_subscription(data: &[u8]) -> Result<Vec<String>, PeerDataError> {
+    decode_subscription(data, None).map(|s| s.topics)
+}
+
+/// A consumer's subscription as the `cooperative-sticky` assignor reads it for one lock topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerSubscription {
+    /// The topics the member subscribes to.
+    pub topics: Vec<String>,
+    /// Whether its owned partitions (version 1 and later) include partition 0 of the lock topic:
+    /// it holds the lock, or believes it does.
+    pub owns_lock: bool,
+    /// The generation its owned partitions date from, as Java's `CooperativeStickyAssignor`
+    /// reads it: the field of version 2 and later; before that the first four bytes of the user
+    /// data as an i32 (that assignor's user data format); -1 when neither is there.
+    pub generation: i32,
+}
+
+/// Decodes a ConsumerProtocolSubscription (any version ≥ 0) with what the cooperative-sticky
+/// assignor needs about `lock_topic`. Owned-partition topic names are compared as bytes, never
+/// interpreted.
+pub fn decode_consumer_subscription_of(
+    data: &[u8],
+    lock_topic: &str,
+) -> Result<ConsumerSubscription, PeerDataError> {
+    decode_subscription(data, Some(lock_topic))
+}
+
+fn decode_subscription(
+    data: &[u8],
+    lock_topic: Option<&str>,
+) -> Result<ConsumerSubscription, PeerDataError> {
     if data.is_empty() {
         return Err(PeerDataError::Empty {
             what: "consumer subscription",
@@ -174,22 +251,59 @@ pub fn decode_consumer_subscription(data: &[u8]) -> Result<Vec<String>, PeerData
     for _ in 0..count {
         topics.push(r.kafka_string("subscribed topic")?);
     }
-    r.skip_kafka_nullable_bytes("subscription user data")?;
+    let user_data = match r.i32("subscription user data")? {
+        -1 => &[][..],
+        n if n < 0 => {
+            return Err(PeerDataError::OutOfRange {
+                what: "subscription user data",
+                value: i64::from(n),
+            })
+        }
+        n => r.take(n as usize, "subscription user data")?,
+    };
+    let mut owns_lock = false;
     if version >= 1 {
         let owned = r.array_len(MIN_TOPIC_PARTITIONS, "owned partitions")?;
         for _ in 0..owned {
-            skip_kafka_string(&mut r, false, "owned partitions topic")?;
+            let name = take_kafka_string(&mut r, "owned partitions topic")?;
             let n = r.array_len(PARTITION_ID, "owned partition ids")?;
-            r.take(n * PARTITION_ID, "owned partition ids")?;
+            let ids = r.take(n * PARTITION_ID, "owned partition ids")?;
+            if lock_topic.is_some_and(|t| t.as_bytes() == name)
+                && ids.chunks_exact(PARTITION_ID).any(|id| id == [0; 4])
+            {
+                owns_lock = true;
+            }
         }
     }
-    if version >= 2 {
-        r.i32("subscription generation id")?;
-    }
+    let generation = if version >= 2 {
+        r.i32("subscription generation id")?
+    } else if let Some(g) = user_data.first_chunk::<4>() {
+        i32::from_be_bytes(*g)
+    } else {
+        -1
+    };
     if version >= 3 {
         skip_kafka_string(&mut r, true, "subscription rack id")?;
     }
-    Ok(topics)
+    Ok(ConsumerSubscription {
+        topics,
+        owns_lock,
+        generation,
+    })
+}
+
+/// A classic STRING's bytes, unchecked (see [`skip_kafka_string`]).
+fn take_kafka_string<'a>(
+    r: &mut Reader<'a>,
+    what: &'static str,
+) -> Result<&'a [u8], PeerDataError> {
+    match r.i16(what)? {
+        n if n < 0 => Err(PeerDataError::OutOfRange {
+            what,
+            value: i64::from(n),
+        }),
+        n => r.take(n as usize, what),
+    }
 }
 
 /// Decodes a ConsumerProtocolAssignment (any version ≥ 0) into `(topic, partitions)` pairs.
@@ -235,52 +349,70 @@ fn java_member_cmp(a: (&str, Option<&str>), b: (&str, Option<&str>)) -> Ordering
     }
 }
 
-/// The leader-side `range` / `roundrobin` assignor for a one-partition `topic`.
+/// The leader's assignor for a one-partition `topic`, as the group's selected `strategy` runs it.
 ///
 /// `members` is the leader's JoinGroup response as `(member_id, group_instance_id, metadata)`.
-/// Partition 0 goes to the first member, in Java's `MemberInfo` order, among those whose
-/// subscription decodes and includes `topic`: static members first by `group.instance.id`, then
-/// dynamic members by member id (UTF-16 order, as `String.compareTo`). With one partition Java's
-/// range assignor gives it to the first member of that order, and its round-robin assignor walks
-/// the same order from the start, skipping members not subscribed to the topic, so both name the
-/// same holder and `strategy` only matters for the protocol name.
+///
+/// **`range` and `roundrobin`**: partition 0 goes to the first member, in Java's `MemberInfo`
+/// order, among those whose subscription decodes and includes `topic`: static members first by
+/// `group.instance.id`, then dynamic members by member id (UTF-16 order, as `String.compareTo`).
+/// With one partition Java's range assignor gives it to the first member of that order, and its
+/// round-robin assignor walks the same order from the start, skipping members not subscribed to
+/// the topic, so both name the same holder.
+///
+/// **`cooperative-sticky`**: partition 0 stays with the member that owns it, i.e. claims it in
+/// its subscription's owned partitions with a generation higher than any other claim (the rule of
+/// Java's `AbstractStickyAssignor`), if that member is still subscribed. Otherwise it would go to
+/// the first member in Java's order, but the cooperative protocol first takes a partition away
+/// from whoever claims it: while any other member claims it, it goes to nobody in this
+/// generation, that member gives it up when it sees its assignment, and its rejoin starts the
+/// next generation (Java's `CooperativeStickyAssignor.adjustAssignment`). Two claims at the same
+/// highest generation cannot both be current; both are refused and the partition withheld.
 ///
 /// Known differences, documented in `docs/protocol.md`: Java's rack-aware range assignment (3.5+,
 /// when consumers set `client.rack`) may prefer a member in the partition's rack; a round-robin
-/// over several topics can shift who gets the lock topic; and librdkafka orders mixed
-/// static/dynamic groups differently. Only the leader's order counts in any one generation.
+/// over several topics can shift who gets the lock topic; librdkafka orders mixed static/dynamic
+/// groups differently; and Java's sticky assignor gives a partition nobody owns by balance, not
+/// by member order. Only the leader's choice counts in any one generation.
 pub fn assign_consumer(
     strategy: ConsumerStrategy,
     topic: &str,
     members: &[(String, Option<String>, Bytes)],
 ) -> ConsumerPlan {
-    let _ = strategy;
     let mut rejected = Vec::new();
-    let mut holder: Option<usize> = None;
-    for (i, (id, instance, metadata)) in members.iter().enumerate() {
-        let topics = match decode_consumer_subscription(metadata) {
-            Ok(t) => t,
+    let mut eligible = Vec::new();
+    // (member index, generation) of every member that claims partition 0.
+    let mut claims: Vec<(usize, i32)> = Vec::new();
+    for (i, (id, _, metadata)) in members.iter().enumerate() {
+        let sub = match decode_consumer_subscription_of(metadata, topic) {
+            Ok(s) => s,
             Err(e) => {
                 rejected.push((id.clone(), e));
                 continue;
             }
         };
-        if !topics.iter().any(|t| t == topic) {
-            continue;
+        if sub.owns_lock {
+            claims.push((i, sub.generation));
         }
-        let better = match holder {
-            None => true,
-            Some(h) => {
-                let (hid, hinst, _) = &members[h];
-                // Ties (impossible among real members) keep the first in input order.
-                java_member_cmp((id, instance.as_deref()), (hid, hinst.as_deref()))
-                    == Ordering::Less
-            }
-        };
-        if better {
-            holder = Some(i);
+        if sub.topics.iter().any(|t| t == topic) {
+            eligible.push(i);
         }
     }
+    let first = first_in_java_order(members, &eligible);
+    let holder = if strategy.is_cooperative() {
+        let newest = claims.iter().map(|&(_, g)| g).max();
+        let owners: Vec<usize> = claims
+            .iter()
+            .filter(|&&(_, g)| Some(g) == newest)
+            .map(|&(i, _)| i)
+            .collect();
+        match owners[..] {
+            [owner] if eligible.contains(&owner) => Some(owner),
+            _ => first.filter(|f| claims.iter().all(|(i, _)| i == f)),
+        }
+    } else {
+        first
+    };
 
     let assignments = members
         .iter()
@@ -296,6 +428,22 @@ pub fn assign_consumer(
         assignments,
         rejected,
     }
+}
+
+/// The first of `candidates` (indexes into `members`) in Java's `MemberInfo` order; ties
+/// (impossible among real members) keep the earlier index.
+fn first_in_java_order(
+    members: &[(String, Option<String>, Bytes)],
+    candidates: &[usize],
+) -> Option<usize> {
+    candidates.iter().copied().reduce(|best, i| {
+        let key = |j: usize| (members[j].0.as_str(), members[j].1.as_deref());
+        if java_member_cmp(key(i), key(best)) == Ordering::Less {
+            i
+        } else {
+            best
+        }
+    })
 }
 
 #[cfg(test)]
@@ -524,7 +672,11 @@ mod tests {
 
     #[test]
     fn strategy_names() {
-        for st in [ConsumerStrategy::Range, ConsumerStrategy::RoundRobin] {
+        for st in [
+            ConsumerStrategy::Range,
+            ConsumerStrategy::RoundRobin,
+            ConsumerStrategy::CooperativeSticky,
+        ] {
             assert_eq!(
                 ConsumerStrategy::from_protocol_name(st.protocol_name()),
                 Some(st)
@@ -534,8 +686,11 @@ mod tests {
         assert_eq!(ConsumerStrategy::RoundRobin.protocol_name(), "roundrobin");
         assert_eq!(
             ConsumerStrategy::from_protocol_name("cooperative-sticky"),
-            None
+            Some(ConsumerStrategy::CooperativeSticky)
         );
+        assert!(ConsumerStrategy::CooperativeSticky.is_cooperative());
+        assert!(!ConsumerStrategy::Range.is_cooperative());
+        assert_eq!(ConsumerStrategy::from_protocol_name("sticky"), None);
     }
 
     fn holds(plan: &ConsumerPlan, id: &str) -> bool {
@@ -620,6 +775,192 @@ mod tests {
         ];
         let plan = assign_consumer(ConsumerStrategy::Range, "lock", &members);
         assert_eq!(plan.holder.as_deref(), Some("\u{10000}"));
+    }
+
+    #[test]
+    fn cooperative_subscription_layout_and_kafka_protocol_agreement() {
+        let bytes = cooperative_subscription("lk", true, 7);
+        #[rustfmt::skip]
+        let want = [
+            0, 2,                                   // version 2
+            0, 0, 0, 1, 0, 2, b'l', b'k',           // topics ["lk"]
+            0, 0, 0, 4, 0, 0, 0, 7,                 // user data: generation 7 (i32)
+            0, 0, 0, 1, 0, 2, b'l', b'k', 0, 0, 0, 1, 0, 0, 0, 0, // owned [("lk", [0])]
+            0, 0, 0, 7,                             // generation id
+        ];
+        assert_eq!(&bytes[..], &want[..]);
+        let mut body = bytes.slice(2..);
+        let msg = ConsumerProtocolSubscription::decode(&mut body, 2).expect("decodes");
+        assert!(body.is_empty());
+        assert_eq!(msg.topics, vec![s("lk")]);
+        assert_eq!(msg.owned_partitions.len(), 1);
+        assert_eq!(msg.owned_partitions[0].topic, TopicName(s("lk")));
+        assert_eq!(msg.owned_partitions[0].partitions, vec![0]);
+        assert_eq!(msg.generation_id, 7);
+
+        let none = cooperative_subscription("lk", false, -1);
+        let mut body = none.slice(2..);
+        let msg = ConsumerProtocolSubscription::decode(&mut body, 2).expect("decodes");
+        assert!(msg.owned_partitions.is_empty());
+        assert_eq!(msg.generation_id, -1);
+        assert_eq!(
+            decode_consumer_subscription_of(&none, "lk"),
+            Ok(ConsumerSubscription {
+                topics: vec!["lk".into()],
+                owns_lock: false,
+                generation: -1
+            })
+        );
+    }
+
+    #[test]
+    fn claims_are_read_as_javas_sticky_assignor_reads_them() {
+        let owning = |topic: &str, partitions: Vec<i32>| {
+            ConsumerProtocolSubscription::default()
+                .with_topics(vec![s("lock")])
+                .with_owned_partitions(vec![cps::TopicPartition::default()
+                    .with_topic(TopicName(s(topic)))
+                    .with_partitions(partitions)])
+                .with_generation_id(9)
+                .with_user_data(Some(Bytes::from_static(&[0, 0, 0, 3])))
+        };
+        let read = |msg: &ConsumerProtocolSubscription, v| {
+            decode_consumer_subscription_of(&kp_subscription(msg, v), "lock").unwrap()
+        };
+        // v0 has no owned partitions; v1 takes the generation from the user data (Java's
+        // CooperativeStickyAssignor format); v2 and v3 from the field.
+        let claim = owning("lock", vec![2, 0]);
+        assert_eq!(
+            (read(&claim, 0).owns_lock, read(&claim, 0).generation),
+            (false, 3)
+        );
+        assert_eq!(
+            (read(&claim, 1).owns_lock, read(&claim, 1).generation),
+            (true, 3)
+        );
+        assert_eq!(
+            (read(&claim, 2).owns_lock, read(&claim, 2).generation),
+            (true, 9)
+        );
+        assert_eq!(
+            (read(&claim, 3).owns_lock, read(&claim, 3).generation),
+            (true, 9)
+        );
+        // Another partition of the topic, or partition 0 of another topic, is no claim.
+        assert!(!read(&owning("lock", vec![1]), 3).owns_lock);
+        assert!(!read(&owning("other", vec![0]), 3).owns_lock);
+        // Without user data a v1 claim has no generation.
+        let bare = owning("lock", vec![0]).with_user_data(None);
+        assert_eq!(read(&bare, 1).generation, -1);
+        assert_eq!(read(&bare, 1).topics, ["lock"]);
+    }
+
+    fn coop(owns: bool, generation: i32) -> Bytes {
+        cooperative_subscription("lock", owns, generation)
+    }
+
+    fn plan(strategy: ConsumerStrategy, members: &[(&str, Bytes)]) -> ConsumerPlan {
+        let members: Vec<_> = members
+            .iter()
+            .map(|(id, b)| (id.to_string(), None, b.clone()))
+            .collect();
+        assign_consumer(strategy, "lock", &members)
+    }
+
+    #[test]
+    fn cooperative_sticky_keeps_partition_zero_with_its_owner() {
+        let members = [("a", coop(false, -1)), ("z", coop(true, 4))];
+        let sticky = plan(ConsumerStrategy::CooperativeSticky, &members);
+        assert_eq!(sticky.holder.as_deref(), Some("z"));
+        assert!(holds(&sticky, "z") && !holds(&sticky, "a"));
+        // Range ignores ownership: the smallest member id.
+        assert_eq!(
+            plan(ConsumerStrategy::Range, &members).holder.as_deref(),
+            Some("a")
+        );
+        // Nobody owns it: the first member in Java's order.
+        let fresh = [("b", coop(false, 3)), ("a", coop(false, 3))];
+        assert_eq!(
+            plan(ConsumerStrategy::CooperativeSticky, &fresh)
+                .holder
+                .as_deref(),
+            Some("a")
+        );
+    }
+
+    #[test]
+    fn cooperative_sticky_believes_the_newest_claim_and_withholds_a_disputed_one() {
+        let stale = [
+            ("a", coop(true, 3)),
+            ("b", coop(true, 5)),
+            ("c", coop(false, 5)),
+        ];
+        assert_eq!(
+            plan(ConsumerStrategy::CooperativeSticky, &stale)
+                .holder
+                .as_deref(),
+            Some("b")
+        );
+        // Two claims from one generation cannot both be current: neither gets it, nor anyone.
+        let disputed = [
+            ("a", coop(true, 5)),
+            ("b", coop(true, 5)),
+            ("c", coop(false, 5)),
+        ];
+        let p = plan(ConsumerStrategy::CooperativeSticky, &disputed);
+        assert_eq!(p.holder, None);
+        assert!(p
+            .assignments
+            .iter()
+            .all(|(_, b)| decode_consumer_assignment(b) == Ok(vec![])));
+    }
+
+    #[test]
+    fn cooperative_sticky_withholds_the_partition_while_its_owner_must_give_it_up() {
+        // The owner no longer subscribes to the lock topic: it must revoke partition 0 before
+        // anyone else may have it, so this generation gives it to nobody.
+        let still_claiming = kp_subscription(
+            &ConsumerProtocolSubscription::default()
+                .with_topics(vec![s("other")])
+                .with_owned_partitions(vec![cps::TopicPartition::default()
+                    .with_topic(TopicName(s("lock")))
+                    .with_partitions(vec![0])])
+                .with_generation_id(8),
+            2,
+        );
+        let members = [("a", coop(false, 8)), ("z", still_claiming)];
+        let p = plan(ConsumerStrategy::CooperativeSticky, &members);
+        assert_eq!(p.holder, None, "withheld for one generation");
+        // The next generation, with the claim gone, gives it out.
+        let members = [
+            ("a", coop(false, 9)),
+            ("z", cooperative_subscription("other", false, 8)),
+        ];
+        assert_eq!(
+            plan(ConsumerStrategy::CooperativeSticky, &members)
+                .holder
+                .as_deref(),
+            Some("a")
+        );
+    }
+
+    #[test]
+    fn cooperative_sticky_reads_eager_subscriptions_as_owning_nothing() {
+        // A member whose metadata for this protocol is version 0 (no owned partitions).
+        let members = [
+            ("b", consumer_subscription("lock")),
+            ("a", consumer_subscription("lock")),
+        ];
+        assert_eq!(
+            plan(ConsumerStrategy::CooperativeSticky, &members)
+                .holder
+                .as_deref(),
+            Some("a")
+        );
+        let garbage = [("a", Bytes::from_static(b"\x00")), ("b", coop(true, 2))];
+        let p = plan(ConsumerStrategy::CooperativeSticky, &garbage);
+        assert_eq!(p.holder.as_deref(), Some("b"));
+        assert_eq!(p.rejected.len(), 1);
     }
 
     fn arb_subscription() -> impl Strategy<Value = (ConsumerProtocolSubscription, Vec<String>)> {

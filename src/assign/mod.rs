@@ -7,9 +7,10 @@
 //!   versioned binary formats ([`MemberMetadata`], [`NativeAssignment`]) and a sticky-then-FIFO
 //!   assignor ([`assign_native`]). No topic is needed; the group id is the lock's name.
 //! - **Consumer-compatible** ([`CONSUMER_PROTOCOL_TYPE`] `"consumer"`): Kafka's
-//!   ConsumerProtocolSubscription / ConsumerProtocolAssignment and the `range` / `roundrobin`
-//!   assignors on a one-partition topic ([`assign_consumer`]), so kafka-lock can share a lock with
-//!   Java and librdkafka consumers that treat "partition 0 assigned" as holding it.
+//!   ConsumerProtocolSubscription / ConsumerProtocolAssignment and the `cooperative-sticky`,
+//!   `range` and `roundrobin` assignors on a one-partition topic ([`assign_consumer`]), so
+//!   kafka-lock can share a lock with Java and librdkafka consumers that treat "partition 0
+//!   assigned" as holding it.
 //!
 //! The byte layouts, the assignor rules and the fencing token are specified in `docs/protocol.md`.
 //!
@@ -23,9 +24,10 @@ mod native;
 mod reader;
 
 pub use consumer::{
-    assign_consumer, consumer_assignment, consumer_subscription, decode_consumer_assignment,
-    decode_consumer_subscription, ConsumerPlan, ConsumerStrategy, CONSUMER_ASSIGNMENT_VERSION,
-    CONSUMER_PROTOCOL_TYPE, CONSUMER_SUBSCRIPTION_VERSION,
+    assign_consumer, consumer_assignment, consumer_subscription, cooperative_subscription,
+    decode_consumer_assignment, decode_consumer_subscription, decode_consumer_subscription_of,
+    ConsumerPlan, ConsumerStrategy, ConsumerSubscription, CONSUMER_ASSIGNMENT_VERSION,
+    CONSUMER_PROTOCOL_TYPE, CONSUMER_SUBSCRIPTION_VERSION, COOPERATIVE_SUBSCRIPTION_VERSION,
 };
 pub use native::{
     assign_native, Holder, MemberMetadata, NativeAssignment, NativePlan, MAX_LABEL_LEN,
@@ -130,6 +132,7 @@ pub fn fuzz_peer_bytes(data: &[u8]) {
     black_box(NativeAssignment::decode(data).ok());
     black_box(decode_consumer_subscription(data).ok());
     black_box(decode_consumer_assignment(data).ok());
+    black_box(decode_consumer_subscription_of(data, "t").ok());
 
     // The assignors must survive one hostile member among well-behaved ones.
     let good = MemberMetadata {
@@ -158,6 +161,15 @@ pub fn fuzz_peer_bytes(data: &[u8]) {
         ),
     ];
     black_box(assign_consumer(ConsumerStrategy::Range, "t", &members));
+    let members = [
+        ("a".to_owned(), None, cooperative_subscription("t", true, 3)),
+        ("b".to_owned(), None, bytes::Bytes::copy_from_slice(data)),
+    ];
+    black_box(assign_consumer(
+        ConsumerStrategy::CooperativeSticky,
+        "t",
+        &members,
+    ));
 }
 
 /// Appends `s` with a u16 length prefix, cut at a character boundary to at most `max` bytes.

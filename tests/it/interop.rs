@@ -1,20 +1,30 @@
 //! kafka-lock in consumer-compatible mode and a librdkafka consumer (Python confluent-kafka) in one
-//! group on a one-partition topic: while either holds partition 0, the other waits.
+//! group on a one-partition topic: while either holds partition 0, the other waits. On Apache
+//! Kafka both ways; one way on tansu too, whose coordinator picks the group's protocol from the
+//! first member instead of by vote.
 //!
-//! Range gives partition 0 to the member id that sorts first, and member ids start with the
-//! client id, so each test picks client ids that make the first holder sort first: that is the
-//! consumer protocol's rule, not ours (the native protocol is sticky instead).
+//! librdkafka offers only `range` here, so the group runs the eager range protocol and range gives
+//! partition 0 to the member id that sorts first; member ids start with the client id, so each
+//! test picks client ids that make the first holder sort first: that is the consumer protocol's
+//! rule, not ours (the native protocol is sticky instead).
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
+use std::io::{BufRead, BufReader};
+use std::process::Command;
 use std::sync::mpsc as std_mpsc;
 use std::time::Duration;
 
 use kafka_lock::{LockEvent, LockOptions};
 use tokio::sync::mpsc;
 
-use crate::support::{self, mono_ns, ChildGuard};
+use crate::support::brokers::{on_brokers, Broker};
+use crate::support::kafka::new_log_path;
+use crate::support::lifeline::{Output, Supervised};
+use crate::support::{self, log_tail, mono_ns};
 
+/// Bound on anything a librdkafka consumer waits for: its first join, and a rebalance, on tansu
+/// about 3 s each (parked joins); on Apache Kafka a heartbeat interval and a few round trips,
+/// plus, for a rebalance the eager protocol starts, every member's rejoin. The start of a Python
+/// interpreter with librdkafka comes on top.
 const BOUND: Duration = Duration::from_secs(60);
 
 /// One line the Python consumer printed.
@@ -57,33 +67,24 @@ fn parse(line: &str) -> Option<PyEvent> {
     })
 }
 
+/// A running librdkafka consumer; killed when dropped, and with the test process however it ends.
 struct PyConsumer {
-    child: ChildGuard,
+    process: Supervised,
     lines: std_mpsc::Receiver<PyEvent>,
     log: Vec<PyEvent>,
+    stderr: std::path::PathBuf,
 }
 
 impl PyConsumer {
-    fn start(group: &str, topic: &str, client_id: &str) -> PyConsumer {
+    fn start(broker: Broker, group: &str, topic: &str, client_id: &str) -> PyConsumer {
         let script = support::repo_root().join("tests/interop/rdkafka_lock.py");
-        let mut child = ChildGuard::new(
-            Command::new(support::python())
-                .arg(script)
-                .args([
-                    &support::broker().bootstrap(),
-                    group,
-                    topic,
-                    client_id,
-                    "6000",
-                    "500",
-                ])
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .expect("start the librdkafka consumer"),
-        );
-        let out = child.stdout.take().unwrap();
+        let mut cmd = Command::new(support::python());
+        cmd.arg(script)
+            .args([&broker.bootstrap(), group, topic, client_id, "6000", "500"]);
+        let stderr = new_log_path("rdkafka");
+        let (process, out) = Supervised::spawn(&cmd, Output::Piped { stderr: &stderr }, None)
+            .unwrap_or_else(|e| panic!("start the librdkafka consumer: {e}"));
+        let out = out.expect("stdout is piped");
         let (tx, rx) = std_mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(out).lines().map_while(Result::ok) {
@@ -93,9 +94,10 @@ impl PyConsumer {
             }
         });
         PyConsumer {
-            child,
+            process,
             lines: rx,
             log: Vec::new(),
+            stderr,
         }
     }
 
@@ -104,10 +106,13 @@ impl PyConsumer {
         let deadline = std::time::Instant::now() + BOUND;
         loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
-            let e = self
-                .lines
-                .recv_timeout(left)
-                .unwrap_or_else(|_| panic!("librdkafka consumer: no {what}; saw {:?}", self.log));
+            let e = self.lines.recv_timeout(left).unwrap_or_else(|_| {
+                panic!(
+                    "librdkafka consumer: no {what}; saw {:?}\n--- its stderr ---\n{}",
+                    self.log,
+                    log_tail(&self.stderr, 30)
+                )
+            });
             self.log.push(e.clone());
             if pred(&e) {
                 return e;
@@ -116,9 +121,9 @@ impl PyConsumer {
     }
 
     fn close(&mut self) {
-        let stdin = self.child.stdin.as_mut().unwrap();
-        writeln!(stdin, "close").unwrap();
-        stdin.flush().unwrap();
+        self.process
+            .send_line("close")
+            .expect("write to the librdkafka consumer");
     }
 
     /// Every interval during which librdkafka held partition 0, from its own callbacks.
@@ -175,8 +180,13 @@ fn assert_disjoint(a: &[(i64, i64)], b: &[(i64, i64)]) {
     }
 }
 
-fn options(topic: &str, client_id: &str, tx: mpsc::UnboundedSender<LockEvent>) -> LockOptions {
-    LockOptions::new(support::broker().bootstrap(), topic)
+fn options(
+    broker: Broker,
+    topic: &str,
+    client_id: &str,
+    tx: mpsc::UnboundedSender<LockEvent>,
+) -> LockOptions {
+    LockOptions::new(broker.bootstrap(), topic)
         .consumer_topic(topic)
         .client_id(client_id)
         .session_timeout(Duration::from_secs(6))
@@ -205,19 +215,19 @@ fn record(
     (task, live)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn librdkafka_holds_then_hands_over_to_kafka_lock() {
+on_brokers!(librdkafka_holds_then_hands_over_to_kafka_lock: apache, tansu);
+async fn librdkafka_holds_then_hands_over_to_kafka_lock(broker: Broker) {
     support::init_tracing();
     let topic = support::unique_group("interop-a");
-    support::create_topic(&support::broker().bootstrap(), &topic, 1);
-    let mut py = PyConsumer::start(&topic, &topic, "a-rdkafka");
+    broker.create_topic(&topic, 1);
+    let mut py = PyConsumer::start(broker, &topic, &topic, "a-rdkafka");
     py.wait_for("assignment of partition 0", |e| {
         e.event == "assigned" && e.partitions == [0]
     });
 
     let (tx, rx) = mpsc::unbounded_channel();
     let (recorder, mut wrx) = record(rx);
-    let opts = options(&topic, "kafka-lock", tx);
+    let opts = options(broker, &topic, "kafka-lock", tx);
     let acquire = tokio::spawn({
         let opts = opts.clone();
         async move { opts.acquire(Some(Duration::from_secs(90))).await }
@@ -256,25 +266,27 @@ async fn librdkafka_holds_then_hands_over_to_kafka_lock() {
     assert_disjoint(&py.held_intervals(), &our_intervals(&ours));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kafka_lock_holds_then_hands_over_to_librdkafka() {
+on_brokers!(kafka_lock_holds_then_hands_over_to_librdkafka: apache);
+async fn kafka_lock_holds_then_hands_over_to_librdkafka(broker: Broker) {
     support::init_tracing();
     let topic = support::unique_group("interop-b");
-    support::create_topic(&support::broker().bootstrap(), &topic, 1);
+    broker.create_topic(&topic, 1);
     let (tx, rx) = mpsc::unbounded_channel();
     let (recorder, mut live) = record(rx);
-    let opts = options(&topic, "a-kafka-lock", tx);
+    let opts = options(broker, &topic, "a-kafka-lock", tx);
     let guard = opts
         .acquire(Some(BOUND))
         .await
         .expect("kafka-lock acquires a free lock");
 
-    let mut py = PyConsumer::start(&topic, &topic, "z-rdkafka");
-    // librdkafka joins; the eager rebalance gives partition 0 back to the member that sorts first.
+    let mut py = PyConsumer::start(broker, &topic, &topic, "z-rdkafka");
+    // Alone, kafka-lock voted for cooperative-sticky and holds under it. librdkafka offers only
+    // range, so kafka-lock's rejoin, which offers only cooperative-sticky while it holds, is
+    // refused (INCONSISTENT_GROUP_PROTOCOL): it surrenders partition 0 and rejoins with every
+    // protocol; the eager range rebalance gives partition 0 back to the member that sorts first.
     py.wait_for("an assignment without partition 0", |e| {
         e.event == "assigned" && e.partitions.is_empty()
     });
-    // Eager: kafka-lock surrendered partition 0 for the rebalance and was assigned it again.
     let mut acquisitions = 0;
     while acquisitions < 2 {
         match tokio::time::timeout(BOUND, live.recv())

@@ -1,7 +1,9 @@
 //! Integration tests: one test binary, so every test shares one real broker (see `support`).
 
+mod apache;
 mod cli;
 mod compose;
+mod coordinator_failover;
 mod failover;
 mod fake_broker;
 mod golden;

@@ -18,6 +18,8 @@
 
 #![allow(dead_code)] // each test module uses a different subset of these helpers
 
+pub mod brokers;
+pub mod holds;
 pub mod kafka;
 pub mod lifeline;
 mod selftest;

@@ -5,7 +5,7 @@ use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use super::node::KafkaNode;
-use super::probe::{find_coordinator, group_on_partition, under_replicated};
+use super::probe::{coordinator_loaded, find_coordinator, group_on_partition, under_replicated};
 use super::scratch::ScratchDir;
 
 /// Bound on a cluster (or a restarted node) becoming ready. A node is usually ready in a few
@@ -211,7 +211,8 @@ impl KafkaCluster {
     }
 
     /// Polls each node until it answers FindCoordinator with no error for a group on every
-    /// `__consumer_offsets` partition: only then can any group be used through any node.
+    /// `__consumer_offsets` partition, and the coordinator it names has loaded that partition:
+    /// only then can any group be used through any node.
     fn wait_ready(&mut self, ids: &[i32]) -> Result<(), String> {
         let partitions = self.offsets_partitions();
         let probes: Vec<String> = (0..partitions)
@@ -230,10 +231,7 @@ impl KafkaCluster {
                     )));
                 }
                 let addr = node.addr();
-                match probes
-                    .iter()
-                    .try_for_each(|g| find_coordinator(&addr, g).map(|_| ()))
-                {
+                match probes.iter().try_for_each(|g| coordinator_loaded(&addr, g)) {
                     Ok(_) => node.mark_ready(),
                     Err(e) => {
                         last = e;
