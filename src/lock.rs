@@ -199,7 +199,9 @@ impl LockOptions {
 
     /// Consumer-compatible mode: protocol type "consumer" on `topic`, which must have exactly one
     /// partition; holding partition 0 is holding the lock. Shares the lock with Java or
-    /// librdkafka consumers in the same group. Eager: a rebalance ends the hold.
+    /// librdkafka consumers in the same group. kafka-lock offers cooperative-sticky, range and
+    /// roundrobin, in that order: under cooperative-sticky a holder keeps partition 0 through
+    /// rebalances; under an eager protocol (range, roundrobin) a rebalance ends the hold.
     pub fn consumer_topic(mut self, topic: impl Into<String>) -> Self {
         self.mode = Mode::Consumer {
             topic: topic.into(),

@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::proxy::Proxy;
+use crate::support;
 use crate::support::kafka::{KafkaCluster, KafkaOptions};
-use crate::support::{self, TestBroker};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kafka-lock");
 
@@ -726,7 +726,7 @@ const LEAVE: Duration = Duration::from_secs(5);
 fn wait_zero_answers_at_the_first_generation_in_consumer_mode() {
     let b = broker().bootstrap();
     let lock = lock_name("busy-consumer");
-    support::kafka::admin::create_topic(&b, &lock, 1);
+    support::kafka::probe::create_topic(&b, &lock, 1);
     // The range assignor gives partition 0 to the member id that sorts first; member ids start
     // with the client id, so the holder keeps it.
     let mut args = vec!["--topic", &lock, "--client-id", "a-holder"];
@@ -1203,7 +1203,7 @@ fn invalid_or_rejected_settings_exit_78() {
 
     // Consumer-compatible mode refuses topics that cannot be a lock.
     let wide = lock_name("wide-topic");
-    support::kafka::admin::create_topic(&b, &wide, 3);
+    support::kafka::probe::create_topic(&b, &wide, 3);
     let (code, stderr, _) = run_to_end(
         &[
             "run",
@@ -1271,7 +1271,7 @@ fn a_setting_the_broker_rejects_exits_78() {
     // lock) is refused with INCONSISTENT_GROUP_PROTOCOL.
     let lock = lock_name("protocol");
     let topic = lock_name("protocol-topic");
-    support::kafka::admin::create_topic(&b, &topic, 1);
+    support::kafka::probe::create_topic(&b, &topic, 1);
     let (mut holder, _) = start_holder(&b, &lock, "native holder");
     let mut args = vec!["run", "--bootstrap", &b, "--lock", &lock, "--topic", &topic];
     args.extend(CONTENDED);

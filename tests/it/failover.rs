@@ -23,7 +23,12 @@ async fn sigkilled_holder_is_replaced_after_the_session_timeout() {
     // process however that ends, and its supervisor then stops the command.
     let mut holder = ChildGuard::new(
         Command::new("setpriv")
-            .args(["--pdeathsig", "KILL", "--", env!("CARGO_BIN_EXE_kafka-lock")])
+            .args([
+                "--pdeathsig",
+                "KILL",
+                "--",
+                env!("CARGO_BIN_EXE_kafka-lock"),
+            ])
             .args([
                 "run",
                 "--bootstrap",

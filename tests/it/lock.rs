@@ -374,11 +374,6 @@ async fn consumer_mode_takes_partition_zero(broker: Broker) {
     guard.release().await.unwrap();
 }
 
-/// Member ids of `group` on the shared tansu broker (`failover.rs` waits on it).
-pub async fn group_members(group: &str) -> Vec<String> {
-    Broker::Tansu.members(group).await
-}
-
 on_brokers!(a_holder_keeps_the_lock_across_many_lease_lengths: apache, tansu);
 async fn a_holder_keeps_the_lock_across_many_lease_lengths(broker: Broker) {
     support::init_tracing();

@@ -5,7 +5,6 @@ mod cli;
 mod compose;
 mod coordinator_failover;
 mod failover;
-mod fake_broker;
 mod golden;
 mod interop;
 mod java_peers;

@@ -146,8 +146,10 @@ struct RunArgs {
     target: Target,
     /// Consumer-compatible mode: share the lock with Kafka consumers of group NAME on this
     /// topic, which must have exactly one partition (holding partition 0 is holding the lock).
-    /// Eager, like those consumers: any rebalance (another member joining) ends the hold, which
-    /// stops the command (status 74).
+    /// kafka-lock offers cooperative-sticky first, so a holder keeps partition 0 through
+    /// rebalances with members that speak it too (Java's default assignors do); if the group
+    /// settles on range or roundrobin (eager), any rebalance ends the hold, which stops the
+    /// command (status 74).
     #[arg(long, value_name = "TOPIC")]
     topic: Option<String>,
     /// Give up (status 75) if the lock is not held within this time; 0 makes one try.
