@@ -885,13 +885,17 @@ fn runs_on_one_lock_never_overlap_and_tokens_increase() {
 
 /// A holder behind a proxy that can cut it off from the broker: a private Apache Kafka advertises
 /// the proxy's address, so the coordinator connections pass through it too.
-fn partitioned_holder(extra: &[&str], script: &str) -> (Proxy, KafkaCluster, Run, Value) {
-    let proxy = Proxy::start();
-    let broker = KafkaCluster::start(KafkaOptions::single_node().property(
-        "advertised.listeners",
-        format!("PLAINTEXT://127.0.0.1:{}", proxy.port()),
-    ));
-    proxy.set_target(broker.nodes()[0].addr().parse().expect("a socket address"));
+fn partitioned_holder(extra: &[&str], script: &str) -> (Arc<Proxy>, KafkaCluster, Run, Value) {
+    let proxy = Arc::new(Proxy::start());
+    let forward = proxy.clone();
+    let broker = KafkaCluster::start(
+        KafkaOptions::single_node()
+            .property(
+                "advertised.listeners",
+                format!("PLAINTEXT://127.0.0.1:{}", proxy.port()),
+            )
+            .on_ports(move |ports| forward.set_target(([127, 0, 0, 1], ports[0]).into())),
+    );
     let lock = lock_name("partition");
     let mut run = run_cmd(&proxy.bootstrap(), &lock, extra, &sh(script)).spawn();
     let acquired = run.event("acquired", STEP);

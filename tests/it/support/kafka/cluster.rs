@@ -20,11 +20,23 @@ const FAILOVER_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What to start: how many nodes, the group settings a test depends on, and any extra broker
 /// properties.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct KafkaOptions {
     nodes: usize,
     initial_rebalance_delay: Duration,
     extra: Vec<(String, String)>,
+    /// Told each node's client port once they are chosen, before any node starts.
+    on_ports: Option<std::sync::Arc<dyn Fn(&[u16]) + Send + Sync>>,
+}
+
+impl std::fmt::Debug for KafkaOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaOptions")
+            .field("nodes", &self.nodes)
+            .field("initial_rebalance_delay", &self.initial_rebalance_delay)
+            .field("extra", &self.extra)
+            .finish_non_exhaustive()
+    }
 }
 
 impl KafkaOptions {
@@ -34,6 +46,7 @@ impl KafkaOptions {
             nodes: 1,
             initial_rebalance_delay: Duration::ZERO,
             extra: Vec::new(),
+            on_ports: None,
         }
     }
 
@@ -57,6 +70,14 @@ impl KafkaOptions {
     /// properties file).
     pub fn property(mut self, key: &str, value: impl ToString) -> KafkaOptions {
         self.extra.push((key.to_owned(), value.to_string()));
+        self
+    }
+
+    /// Calls `f` with every node's client port once they are chosen, before any node starts: a
+    /// proxy that a node advertises (`advertised.listeners`) must forward before the start-up
+    /// checks, which follow the advertised address, can pass.
+    pub fn on_ports(mut self, f: impl Fn(&[u16]) + Send + Sync + 'static) -> KafkaOptions {
+        self.on_ports = Some(std::sync::Arc::new(f));
         self
     }
 
@@ -181,6 +202,9 @@ impl KafkaCluster {
         let cluster_id = new_cluster_id();
         for node in &nodes {
             node.write_config(&voters, n, &options);
+        }
+        if let Some(f) = &options.on_ports {
+            f(&nodes.iter().map(|node| node.port()).collect::<Vec<_>>());
         }
         // One JVM each; in parallel, as the two cores allow.
         std::thread::scope(|s| {
