@@ -444,11 +444,16 @@ impl LockOptions {
             check_lock_topic(&first, topic).await?;
         }
         let versions = GroupVersions::fit(first.versions())?;
-        let machine = Membership::new(
+        let mut machine = Membership::new(
             self.membership_config(),
             versions,
             Backoff::new(self.retry_backoff, self.retry_backoff_max, 2.0, 0.5),
         );
+        if let Some((host, port)) = first.peer().rsplit_once(':') {
+            if let Ok(port) = port.parse() {
+                machine.versions_from(host.trim_start_matches('[').trim_end_matches(']'), port);
+            }
+        }
         let (ev_tx, mut ev_rx) = mpsc::unbounded_channel();
         let mut handle = session::spawn(
             &self.name,

@@ -539,6 +539,16 @@ impl Membership {
         self.versions = versions;
     }
 
+    /// The versions given to [`Membership::new`] were negotiated with the broker at
+    /// `host:port`: if FindCoordinator names that same address, there is nothing to ask it.
+    pub fn versions_from(&mut self, host: &str, port: i32) {
+        self.probed = Some(Broker {
+            node_id: -1,
+            host: host.to_owned(),
+            port,
+        });
+    }
+
     /// Next request to send.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         self.transmits.pop_front()
@@ -1051,7 +1061,12 @@ impl Membership {
                 // The backoff is not reset here: a coordinator that is named but cannot be
                 // reached would otherwise be looked up at the shortest delay forever. Only an
                 // answer from the coordinator itself resets it.
-                let known = self.probed.as_ref() == Some(&broker);
+                // Compared by address: the broker the starting versions came from is known by
+                // the address we dialled, not by a node id.
+                let known = self
+                    .probed
+                    .as_ref()
+                    .is_some_and(|p| p.host == broker.host && p.port == broker.port);
                 self.coordinator = Some(broker);
                 if known {
                     self.resume_after_discovery(now);

@@ -1447,3 +1447,20 @@ fn a_cooperative_leader_keeps_partition_zero_with_its_owner() {
         .collect();
     assert_eq!(holders, ["z-java"]);
 }
+
+/// The starting versions came from the broker that turns out to be the coordinator: nothing to
+/// ask it, the JoinGroup goes out at once.
+#[test]
+fn a_coordinator_at_the_bootstrap_address_is_not_asked_again() {
+    let mut h = H::new(Mode::Native);
+    h.m.versions_from("127.0.0.1", 9092);
+    let find = h.take(ApiKey::FindCoordinator);
+    h.reply(find.id, Ok(find_ok()));
+    assert_eq!(h.apis(), [ApiKey::JoinGroup]);
+    // Another address is asked.
+    let mut h = H::new(Mode::Native);
+    h.m.versions_from("127.0.0.1", 9093);
+    let find = h.take(ApiKey::FindCoordinator);
+    h.reply(find.id, Ok(find_ok()));
+    assert_eq!(h.apis(), [ApiKey::ApiVersions]);
+}
