@@ -242,6 +242,21 @@ fn publish(state: &watch::Sender<SessionState>, e: &Event) {
 }
 
 fn send(net: &Arc<Net>, t: Transmit, answers: mpsc::UnboundedSender<(u64, Result<Response>)>) {
+    if let Target::Coordinator {
+        broker,
+        lane: Lane::Join,
+    } = &t.target
+    {
+        // The first Heartbeat follows the SyncGroup at once, on the other lane: opening it now,
+        // while the JoinGroup is with the broker, keeps its connect off the acquisition's path.
+        let (net, control) = (
+            net.clone(),
+            Slot::Coordinator(broker.clone(), Lane::Control),
+        );
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(net.conn.connect_timeout, net.connection(&control)).await;
+        });
+    }
     let net = net.clone();
     tokio::spawn(async move {
         let slot = match &t.target {
