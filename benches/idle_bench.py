@@ -42,12 +42,13 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+TARGET = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
 TANSU = Path(os.environ.get("KAFKA_LOCK_TANSU", ROOT / ".tools/bin/tansu"))
 PYTHON = Path(os.environ.get("KAFKA_LOCK_PYTHON", ROOT / ".tools/venv/bin/python"))
 RDKAFKA = ROOT / "tests/interop/rdkafka_lock.py"
 BINARIES = {
-    "kafka-lock (static musl)": ROOT / "target/x86_64-unknown-linux-musl/release/kafka-lock",
-    "kafka-lock (glibc)": ROOT / "target/release/kafka-lock",
+    "kafka-lock (static musl)": TARGET / "x86_64-unknown-linux-musl/release/kafka-lock",
+    "kafka-lock (glibc)": TARGET / "release/kafka-lock",
 }
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 BOUND = 60.0  # seconds to wait for a holder to hold, or for anything else to happen

@@ -48,9 +48,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 from local_kafka import JAVA, LIBS, LocalKafka, free_ports  # noqa: E402
 
-KAFKA_LOCK = ROOT / "target/release/kafka-lock"
+TARGET = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+KAFKA_LOCK = TARGET / "release/kafka-lock"
 # Another build of the library contender can be measured in its place (e.g. an older commit's).
-CONTENDER = Path(os.environ.get("KAFKA_LOCK_CONTENDER", ROOT / "target/release/examples/contender"))
+CONTENDER = Path(os.environ.get("KAFKA_LOCK_CONTENDER", TARGET / "release/examples/contender"))
 PYTHON = Path(os.environ.get("KAFKA_LOCK_PYTHON", ROOT / ".tools/venv/bin/python"))
 RDKAFKA = ROOT / "tests/interop/rdkafka_lock.py"
 JAVA_PEER = ROOT / "tests/java/SeedLockPeer.java"

@@ -5,7 +5,7 @@
 #
 #   scripts/build-static.sh     then   scripts/check-static.sh
 #
-# Output: target/x86_64-unknown-linux-musl/release/kafka-lock. The release profile in Cargo.toml
+# Output: $CARGO_TARGET_DIR (default target/)/x86_64-unknown-linux-musl/release/kafka-lock. The release profile in Cargo.toml
 # (strip, LTO, opt-level "z", panic = "abort") keeps it small.
 set -euo pipefail
 
@@ -32,6 +32,6 @@ fi
 say "cargo build --release --target $TARGET --features cli --bin kafka-lock"
 cargo build --release --target "$TARGET" --features cli --bin kafka-lock
 
-bin="$repo/target/$TARGET/release/kafka-lock"
+bin="${CARGO_TARGET_DIR:-$repo/target}/$TARGET/release/kafka-lock"
 [[ -x "$bin" ]] || die "the build did not produce $bin"
 say "built $bin ($(stat -c %s "$bin") bytes)"

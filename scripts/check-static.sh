@@ -3,13 +3,13 @@
 # executable (no program interpreter, no shared libraries), stripped of symbols, within the size
 # budget, and working (it prints its version). Exits non-zero with one line per failed check.
 #
-#   scripts/check-static.sh [PATH]    (default: target/x86_64-unknown-linux-musl/release/kafka-lock)
+#   scripts/check-static.sh [PATH]    (default: ${CARGO_TARGET_DIR:-target}/x86_64-unknown-linux-musl/release/kafka-lock)
 #
 # Reads the ELF headers with Python's standard library, so it needs neither `file` nor `readelf`.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-bin=${1:-"$repo/target/x86_64-unknown-linux-musl/release/kafka-lock"}
+bin=${1:-"${CARGO_TARGET_DIR:-$repo/target}/x86_64-unknown-linux-musl/release/kafka-lock"}
 # The budget from the CLI's requirements: 5 MB (decimal megabytes).
 MAX_BYTES=${KAFKA_LOCK_MAX_BYTES:-5000000}
 PYTHON=${PYTHON:-python3}

@@ -65,7 +65,7 @@ scripts/install-test-deps.sh 2>&1 | sed 's/^/    /'
 
 step "Building kafka-lock (cargo build --release --features cli; the first build takes a few minutes)"
 cargo build --quiet --release --features cli --bin kafka-lock
-kafka_lock="$repo/target/release/kafka-lock"
+kafka_lock="${CARGO_TARGET_DIR:-$repo/target}/release/kafka-lock"
 [[ -x "$kafka_lock" ]] || die "the build did not produce $kafka_lock"
 
 step "Starting a private broker: Apache Kafka 4.1.2, one node, default group settings"
