@@ -43,8 +43,50 @@ if [[ -n "$offenders" ]]; then
 fi
 echo "ok: $(wc -l <<<"$deps") crates, none of them cc or -sys but linux-raw-sys (no C)"
 
+step "library users compile no CLI: cargo tree --no-default-features has no clap, rustix or log formatter"
+cli_only=$(cargo tree -e normal --no-default-features --prefix none --format '{p}' | awk '{print $1}' \
+    | grep -E -x 'clap|humantime|tracing-subscriber|rustix' || true)
+if [[ -n "$cli_only" ]]; then
+    echo "the library without default features still pulls in: $cli_only" >&2
+    exit 1
+fi
+echo "ok"
+
+step "what a published crate carries: cargo package --list"
+# No test-broker jars, captured frames or fuzz corpora; the licences and the docs.
+files=$(cargo package --list --allow-dirty 2>/dev/null)
+for must in README.md CHANGELOG.md LICENSE-MIT LICENSE-APACHE src/lib.rs; do
+    grep -qx "$must" <<<"$files" || { echo "the package lacks $must" >&2; exit 1; }
+done
+if grep -E '^(testdata|fuzz|\.tools)/' <<<"$files" >/dev/null; then
+    echo "the package carries test data: $(grep -E '^(testdata|fuzz|\.tools)/' <<<"$files" | head -3)" >&2
+    exit 1
+fi
+echo "ok: $(wc -l <<<"$files") files"
+
 step "cargo build --all-targets --all-features"
 cargo build --all-targets --all-features
+
+step "cargo clippy --all-targets --all-features -- -D warnings"
+cargo clippy --all-targets --all-features -- -D warnings
+
+step "cargo doc --no-deps (warnings are errors)"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --no-default-features --quiet
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --all-features --quiet
+
+msrv=$(sed -n 's/^rust-version = "\(.*\)"$/\1/p' Cargo.toml)
+step "the stated MSRV builds everything: cargo +$msrv check --locked --all-targets --all-features"
+# The toolchain is installed minimal (no docs, no clippy); its own target dir keeps it from
+# rebuilding the main one.
+if command -v rustup >/dev/null 2>&1; then
+    rustup toolchain install "$msrv" --profile minimal --no-self-update >/dev/null 2>&1 \
+        || { echo "cannot install Rust $msrv with rustup" >&2; exit 1; }
+    CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/msrv" cargo "+$msrv" check --locked --all-targets --all-features --quiet
+    echo "ok: Rust $msrv"
+else
+    echo "rustup not found: the MSRV check needs it to install Rust $msrv" >&2
+    exit 1
+fi
 
 step "static CLI binary: scripts/build-static.sh, scripts/check-static.sh"
 scripts/build-static.sh

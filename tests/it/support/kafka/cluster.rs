@@ -26,8 +26,10 @@ pub struct KafkaOptions {
     initial_rebalance_delay: Duration,
     extra: Vec<(String, String)>,
     /// Told each node's client port once they are chosen, before any node starts.
-    on_ports: Option<std::sync::Arc<dyn Fn(&[u16]) + Send + Sync>>,
+    on_ports: Option<PortsHook>,
 }
+
+type PortsHook = std::sync::Arc<dyn Fn(&[u16]) + Send + Sync>;
 
 impl std::fmt::Debug for KafkaOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
