@@ -28,4 +28,6 @@ pub mod membership;
 pub mod wire;
 
 pub use error::{Error, KafkaCode, Result};
-pub use lock::{FencingToken, HoldWatch, LockEvent, LockGuard, LockOptions, LockStats, LossReason};
+pub use lock::{
+    FencingToken, HoldWatch, LockEvent, LockGuard, LockOptions, LockStats, LossReason, Release,
+};

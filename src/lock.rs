@@ -50,6 +50,10 @@ pub const DEFAULT_LEASE_MARGIN: Duration = Duration::from_secs(1);
 pub const DEFAULT_RETRY_BACKOFF: Duration = Duration::from_millis(100);
 /// Default largest retry delay.
 pub const DEFAULT_RETRY_BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// Default bound on waiting for a LeaveGroup's answer (after a release, or when an acquire gives
+/// up): a healthy coordinator answers in milliseconds; past this the call returns and the
+/// session finishes leaving in the background.
+pub const DEFAULT_LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
 /// The longest any duration setting may be: Kafka's `i32` milliseconds (about 24.8 days).
 pub const MAX_SETTING: Duration = Duration::from_millis(i32::MAX as u64);
 
@@ -162,6 +166,7 @@ pub struct LockOptions {
     retry_backoff: Duration,
     retry_backoff_max: Duration,
     lease_margin: Duration,
+    leave_timeout: Duration,
     max_frame_size: usize,
     events: Option<mpsc::UnboundedSender<LockEvent>>,
     stats: Arc<Mutex<StatsInner>>,
@@ -191,6 +196,7 @@ impl LockOptions {
             retry_backoff: DEFAULT_RETRY_BACKOFF,
             retry_backoff_max: DEFAULT_RETRY_BACKOFF_MAX,
             lease_margin: DEFAULT_LEASE_MARGIN,
+            leave_timeout: DEFAULT_LEAVE_TIMEOUT,
             max_frame_size: crate::wire::DEFAULT_MAX_FRAME_SIZE,
             events: None,
             stats: Arc::default(),
@@ -265,6 +271,16 @@ impl LockOptions {
         self
     }
 
+    /// How long [`LockGuard::release`], and an acquire that gives up, wait for the coordinator to
+    /// confirm the LeaveGroup before returning (default [`DEFAULT_LEAVE_TIMEOUT`]). Leaving goes
+    /// on in the background after that; a member that never says goodbye is dropped by the
+    /// broker when its session times out. The hold itself always ends before the LeaveGroup is
+    /// sent.
+    pub fn leave_timeout(mut self, d: Duration) -> Self {
+        self.leave_timeout = d;
+        self
+    }
+
     /// Receive every [`LockEvent`] of locks taken with these options.
     pub fn events(mut self, tx: mpsc::UnboundedSender<LockEvent>) -> Self {
         self.events = Some(tx);
@@ -320,6 +336,7 @@ impl LockOptions {
             ("connect timeout", self.connect_timeout),
             ("retry backoff", self.retry_backoff),
             ("largest retry backoff", self.retry_backoff_max),
+            ("leave timeout", self.leave_timeout),
         ] {
             if d.as_millis() < 1 || d > MAX_SETTING {
                 return bad(format!(
@@ -379,15 +396,6 @@ impl LockOptions {
         }
     }
 
-    /// How long a leave may take: the machine's own bound (a parked JoinGroup, the leader's
-    /// SyncGroup, the LeaveGroup) plus a little for the task to report it.
-    fn leave_bound(&self) -> Duration {
-        let cfg = self.membership_config();
-        cfg.join_timeout()
-            .saturating_add(cfg.request_timeout)
-            .saturating_add(Duration::from_secs(1))
-    }
-
     fn conn_config(&self) -> ConnConfig {
         ConnConfig::default()
             .with_client_id(Some(self.client_id.clone()))
@@ -433,16 +441,38 @@ impl LockOptions {
         let deadline = wait.and_then(|w| tokio::time::Instant::now().checked_add(w));
         let conn_cfg = self.conn_config();
         let mut backoff = Backoff::new(self.retry_backoff, self.retry_backoff_max, 2.0, 0.5);
-        let first = connect_any(
-            &self.bootstrap,
-            &conn_cfg,
-            &mut backoff,
-            &self.bootstrap_limits(),
-        )
-        .await?;
-        if let Mode::Consumer { topic } = &self.mode {
-            check_lock_topic(&first, topic).await?;
-        }
+        let connect = async {
+            let first = connect_any(
+                &self.bootstrap,
+                &conn_cfg,
+                &mut backoff,
+                &self.bootstrap_limits(),
+            )
+            .await?;
+            if let Mode::Consumer { topic } = &self.mode {
+                check_lock_topic(&first, topic).await?;
+            }
+            Ok::<_, Error>(first)
+        };
+        // The wait bounds reaching the cluster too: a caller that gave 2 s gets its answer
+        // after 2 s, not after every bootstrap broker's connect timeout.
+        let first = match deadline {
+            Some(d) => match tokio::time::timeout_at(d, connect).await {
+                Ok(first) => first?,
+                Err(_) => {
+                    return if once {
+                        Ok(None)
+                    } else {
+                        Err(Error::NotAcquired {
+                            lock: self.name.clone(),
+                            waited: wait.unwrap_or_default(),
+                            holder: None,
+                        })
+                    }
+                }
+            },
+            None => connect.await?,
+        };
         let versions = GroupVersions::fit(first.versions())?;
         let mut machine = Membership::new(
             self.membership_config(),
@@ -507,7 +537,7 @@ impl LockOptions {
                         Some(LockEvent::Lost { reason, lease_end })
                     }
                     Event::Released => Some(LockEvent::Released),
-                    Event::Left => Some(LockEvent::Left),
+                    Event::Left { .. } => Some(LockEvent::Left),
                     Event::Failed(err) => {
                         tracing::warn!(lock = %name, error = %err, "lock session failed");
                         None
@@ -565,7 +595,7 @@ impl LockOptions {
                 lease_end,
                 member_id: member_rx,
                 released: false,
-                leave_bound: self.leave_bound(),
+                leave_timeout: self.leave_timeout,
             })),
             Ok(None) => {
                 let holder = match &*handle.state.borrow() {
@@ -574,7 +604,7 @@ impl LockOptions {
                     } => Some(describe_holder(h)),
                     _ => None,
                 };
-                leave(&mut handle, self.leave_bound()).await;
+                leave(&mut handle, self.leave_timeout).await;
                 if once {
                     Ok(None)
                 } else {
@@ -586,7 +616,7 @@ impl LockOptions {
                 }
             }
             Err(e) => {
-                leave(&mut handle, self.leave_bound()).await;
+                leave(&mut handle, self.leave_timeout).await;
                 Err(e)
             }
         }
@@ -613,23 +643,16 @@ fn unwrap_error(e: Arc<Error>) -> Error {
     })
 }
 
-/// Asks the session to leave and waits (bounded) until it has.
-async fn leave(handle: &mut SessionHandle, bound: Duration) {
+/// Asks the session to leave and waits at most `bound` for the coordinator's answer. The
+/// session goes on leaving in the background if the answer is late (within its own bound); a
+/// member that never says goodbye is dropped by the broker when its session times out.
+async fn leave(handle: &mut SessionHandle, bound: Duration) -> Release {
     let _ = handle.commands.send(Command::Leave);
-    let ended = async {
-        loop {
-            if matches!(
-                &*handle.state.borrow_and_update(),
-                SessionState::Ended(End::Left | End::Failed(_))
-            ) {
-                return;
-            }
-            if handle.state.changed().await.is_err() {
-                return;
-            }
-        }
-    };
-    let _ = tokio::time::timeout(bound, ended).await;
+    let confirmed = tokio::time::timeout(bound, handle.left.wait_for(Option::is_some)).await;
+    match confirmed {
+        Ok(Ok(left)) if *left == Some(true) => Release::Confirmed,
+        _ => Release::Unconfirmed,
+    }
 }
 
 /// Refuses topics that cannot serve as a lock: missing, or not exactly one partition (with four
@@ -694,7 +717,7 @@ pub struct LockGuard {
     lease_end: Instant,
     member_id: watch::Receiver<String>,
     released: bool,
-    leave_bound: Duration,
+    leave_timeout: Duration,
 }
 
 impl std::fmt::Debug for SessionHandle {
@@ -758,14 +781,27 @@ impl LockGuard {
         }
     }
 
-    /// Releases the lock and leaves the group, waiting for the broker's answer (bounded: a
-    /// coordinator that cannot be reached expires the member after its session timeout anyway).
-    /// The hold ends locally before the LeaveGroup is sent.
-    pub async fn release(mut self) -> Result<()> {
+    /// Releases the lock and leaves the group. The hold ends locally before the LeaveGroup is
+    /// sent; the call then waits for the coordinator's answer for at most the leave timeout
+    /// ([`LockOptions::leave_timeout`]) and says whether it came: [`Release::Unconfirmed`]
+    /// means the next holder may have to wait for this member's session to time out.
+    pub async fn release(mut self) -> Result<Release> {
         self.released = true;
-        leave(&mut self.handle, self.leave_bound).await;
-        Ok(())
+        Ok(leave(&mut self.handle, self.leave_timeout).await)
     }
+}
+
+/// How a [`LockGuard::release`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Release {
+    /// The coordinator answered the LeaveGroup: the group no longer has this member, and a
+    /// waiter can take the lock in the rebalance that follows.
+    Confirmed,
+    /// No answer within the leave timeout (the coordinator is unreachable or slow). The hold
+    /// ended anyway; the broker drops the member when its session times out, and only then can
+    /// a waiter take the lock.
+    Unconfirmed,
 }
 
 /// A view of a hold that can be cloned and sent to other tasks (see [`LockGuard::watch`]).
@@ -869,7 +905,6 @@ mod tests {
                 return Ok(());
             }
             let _ = opts.lease_length();
-            let _ = opts.leave_bound();
             let cfg = opts.membership_config();
             let _ = cfg.join_timeout();
             let mut m = Membership::new(

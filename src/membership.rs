@@ -368,8 +368,14 @@ pub enum Event {
         /// The decoder's complaint.
         error: String,
     },
-    /// The membership ended cleanly (LeaveGroup answered, failed, or was not needed).
-    Left,
+    /// The membership ended (LeaveGroup answered, failed, given up on, or not needed).
+    Left {
+        /// The coordinator has no member for us any more, as far as the machine knows: it
+        /// answered the LeaveGroup (NONE, or UNKNOWN_MEMBER_ID), or we never had a member id.
+        /// False when the LeaveGroup failed or was given up on: the broker then drops the member
+        /// when its session times out.
+        confirmed: bool,
+    },
     /// The membership ended on an error no retry can fix.
     Failed(std::sync::Arc<Error>),
 }
@@ -637,7 +643,7 @@ impl Membership {
         self.check_lease(now);
         if self.leave_deadline.is_some_and(|d| now >= d) {
             debug!(group = %self.cfg.group_id, "giving up on a clean leave");
-            self.finish();
+            self.finish(false);
         }
         let due = |t: Option<Instant>| t.is_none_or(|t| t <= now);
         match self.phase {
@@ -782,11 +788,11 @@ impl Membership {
         self.emit(Event::Failed(std::sync::Arc::new(error)));
     }
 
-    fn finish(&mut self) {
+    fn finish(&mut self, confirmed: bool) {
         if self.phase != Phase::Done {
             self.phase = Phase::Done;
-            info!(group = %self.cfg.group_id, member_id = %self.member_id, "left the group");
-            self.emit(Event::Left);
+            info!(group = %self.cfg.group_id, member_id = %self.member_id, confirmed, "left the group");
+            self.emit(Event::Left { confirmed });
         }
     }
 
@@ -812,7 +818,7 @@ impl Membership {
         }
         self.in_flight.heartbeat = None;
         if self.member_id.is_empty() {
-            self.finish();
+            self.finish(true);
         } else if self.coordinator.is_none() {
             self.phase = Phase::Discover;
             self.resume = Phase::Leave;
@@ -1545,7 +1551,7 @@ impl Membership {
     }
 
     fn on_leave(&mut self, result: Result<Response, Error>) {
-        match result {
+        let confirmed = match result {
             Ok(Response::LeaveGroup(r)) => {
                 let code = r.members.first().map_or(r.error_code, |m| {
                     if r.error_code != 0 {
@@ -1557,11 +1563,17 @@ impl Membership {
                 if code != 0 {
                     debug!(group = %self.cfg.group_id, code = %KafkaCode(code), "LeaveGroup answered an error");
                 }
+                // UNKNOWN_MEMBER_ID: the coordinator had already dropped us; the member is gone
+                // either way.
+                code == 0 || code == KafkaCode::UNKNOWN_MEMBER_ID.0
             }
-            Ok(_) => {}
-            Err(e) => debug!(group = %self.cfg.group_id, error = %e, "LeaveGroup failed"),
-        }
-        self.finish();
+            Ok(_) => false,
+            Err(e) => {
+                debug!(group = %self.cfg.group_id, error = %e, "LeaveGroup failed");
+                false
+            }
+        };
+        self.finish(confirmed);
     }
 }
 

@@ -753,7 +753,9 @@ fn leader_leaving_mid_rebalance_syncs_first_and_gives_the_lock_away() {
     h.reply(leave.id, Ok(leave_ok()));
     let ev = h.take_events();
     assert!(!ev.iter().any(|e| matches!(e, Event::Acquired { .. })));
-    assert!(ev.iter().any(|e| matches!(e, Event::Left)));
+    assert!(ev
+        .iter()
+        .any(|e| matches!(e, Event::Left { confirmed: true })));
 }
 
 #[test]
@@ -1463,4 +1465,54 @@ fn a_coordinator_at_the_bootstrap_address_is_not_asked_again() {
     let find = h.take(ApiKey::FindCoordinator);
     h.reply(find.id, Ok(find_ok()));
     assert_eq!(h.apis(), [ApiKey::ApiVersions]);
+}
+
+/// Whether a leave was confirmed is what `release()` reports: only an answer from the
+/// coordinator saying the member is gone confirms it.
+#[test]
+fn a_leave_is_confirmed_only_by_the_coordinators_answer() {
+    let left = |h: &H| {
+        h.events.iter().find_map(|e| match e {
+            Event::Left { confirmed } => Some(*confirmed),
+            _ => None,
+        })
+    };
+    let cases: Vec<(Result<Response, Error>, bool)> = vec![
+        (Ok(leave_ok()), true),
+        (Ok(leave_member_err(25)), true),
+        (Ok(leave_member_err(15)), false),
+        (Err(Error::Closed), false),
+    ];
+    for (answer, confirmed) in cases {
+        let mut h = H::holding(3);
+        h.m.handle_command(Command::Leave, h.now);
+        h.drain();
+        let leave = h.take(ApiKey::LeaveGroup);
+        h.reply(leave.id, answer);
+        assert_eq!(left(&h), Some(confirmed));
+    }
+    // A machine that never got a member id has nothing to leave.
+    let mut h = H::new(Mode::Native);
+    h.m.handle_command(Command::Leave, h.now);
+    h.drain();
+    assert_eq!(left(&h), Some(true));
+    // An unreachable coordinator: the machine gives up at its own deadline, unconfirmed.
+    let mut h = H::holding(3);
+    h.m.handle_command(Command::Leave, h.now);
+    h.drain();
+    let _unanswered = h.take(ApiKey::LeaveGroup);
+    h.advance(Duration::from_secs(60));
+    assert_eq!(left(&h), Some(false));
+}
+
+fn leave_member_err(code: i16) -> Response {
+    use kafka_protocol::messages::leave_group_response::MemberResponse;
+    let Response::LeaveGroup(mut r) = leave_ok() else {
+        unreachable!()
+    };
+    let mut m = MemberResponse::default();
+    m.member_id = s("m1");
+    m.error_code = code;
+    r.members = vec![m];
+    Response::LeaveGroup(r)
 }

@@ -101,6 +101,9 @@ impl Net {
 pub(crate) struct SessionHandle {
     pub(crate) commands: mpsc::UnboundedSender<Command>,
     pub(crate) state: watch::Receiver<SessionState>,
+    /// Set once the membership has ended: whether the coordinator confirmed that it has no
+    /// member for us any more (see [`Event::Left`]).
+    pub(crate) left: watch::Receiver<Option<bool>>,
 }
 
 pub(crate) struct SessionParams {
@@ -139,11 +142,13 @@ pub(crate) fn spawn(
             Arc::new(tokio::sync::Mutex::new(Some(params.first))),
         );
     }
+    let (left_tx, left_rx) = watch::channel(None);
     let span = tracing::info_span!("kafka_lock", group = %group);
-    tokio::spawn(run(machine, net, cmd_rx, state_tx, events).instrument(span));
+    tokio::spawn(run(machine, net, cmd_rx, state_tx, left_tx, events).instrument(span));
     SessionHandle {
         commands: cmd_tx,
         state: state_rx,
+        left: left_rx,
     }
 }
 
@@ -156,6 +161,7 @@ async fn run(
     net: Arc<Net>,
     mut commands: mpsc::UnboundedReceiver<Command>,
     state: watch::Sender<SessionState>,
+    left: watch::Sender<Option<bool>>,
     events: Option<mpsc::UnboundedSender<Event>>,
 ) {
     let (answers_tx, mut answers) = mpsc::unbounded_channel::<(u64, Result<Response>)>();
@@ -167,6 +173,9 @@ async fn run(
         }
         while let Some(e) = m.poll_event() {
             publish(&state, &e);
+            if let Event::Left { confirmed } = e {
+                left.send_replace(Some(confirmed));
+            }
             if let Some(tx) = &events {
                 let _ = tx.send(e);
             }
@@ -201,6 +210,14 @@ async fn run(
             Some((id, result)) = answers.recv() => m.handle_response(id, result, now()),
         }
     }
+    // A session that ended without leaving (a fatal error) left nothing confirmed.
+    left.send_if_modified(|l| {
+        let unset = l.is_none();
+        if unset {
+            *l = Some(false);
+        }
+        unset
+    });
     net.close_all();
     debug!("session ended");
 }
@@ -232,7 +249,7 @@ fn publish(state: &watch::Sender<SessionState>, e: &Event) {
             SessionState::Ended(End::Lost(..)) => return,
             _ => SessionState::Ended(End::Failed(err.clone())),
         },
-        Event::Left => match &*state.borrow() {
+        Event::Left { .. } => match &*state.borrow() {
             SessionState::Ended(_) => return,
             _ => SessionState::Ended(End::Left),
         },

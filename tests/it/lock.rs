@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kafka_lock::{Error, LockEvent, LockOptions};
+use kafka_lock::{Error, LockEvent, LockOptions, Release};
 use tokio::sync::mpsc;
 
 use crate::support;
@@ -482,4 +482,111 @@ async fn try_acquire_in_consumer_mode_answers_at_the_first_generation(broker: Br
         returned.duration_since(waiting_at)
     );
     holder.release().await.unwrap();
+}
+
+/// How long the tests below let a leave take: short, so that a call that waited longer shows.
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(1);
+
+on_brokers!(an_acquire_that_gives_up_returns_within_its_wait_and_the_leave_timeout: apache, tansu);
+/// `acquire(Some(wait))` returns within `wait + leave timeout` (plus scheduling slack), whatever
+/// the broker is doing with the waiter's JoinGroup at that moment (tansu parks every one for
+/// about half the session timeout, so there the wait ends in the middle of one).
+async fn an_acquire_that_gives_up_returns_within_its_wait_and_the_leave_timeout(broker: Broker) {
+    support::init_tracing();
+    let group = support::unique_group("bounded-wait");
+    let holder = opts(broker, &group)
+        .acquire(Some(broker.rebalance_bound(HEARTBEAT)))
+        .await
+        .unwrap();
+    for wait in [Duration::from_millis(500), Duration::from_secs(2)] {
+        let started = Instant::now();
+        let err = opts(broker, &group)
+            .leave_timeout(LEAVE_TIMEOUT)
+            .acquire(Some(wait))
+            .await
+            .unwrap_err();
+        let took = started.elapsed();
+        assert!(matches!(err, Error::NotAcquired { .. }), "{err}");
+        assert!(
+            took < wait + LEAVE_TIMEOUT + SLACK,
+            "acquire(Some({wait:?})) returned after {took:?}"
+        );
+    }
+    assert_eq!(holder.release().await.unwrap(), Release::Confirmed);
+}
+
+/// The wait bounds reaching the cluster too: a bootstrap broker that accepts connections and
+/// never answers (a listener nobody accepts on) holds the caller no longer than its wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_from_an_unanswering_cluster_returns_within_its_wait() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let bootstrap = silent.local_addr().unwrap().to_string();
+    let wait = Duration::from_secs(1);
+    let started = Instant::now();
+    let err = LockOptions::new(&bootstrap, support::unique_group("silent"))
+        .connect_timeout(Duration::from_secs(30))
+        .acquire(Some(wait))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::NotAcquired { .. }), "{err}");
+    assert!(
+        started.elapsed() < wait + SLACK,
+        "returned after {:?}",
+        started.elapsed()
+    );
+}
+
+on_brokers!(release_says_the_coordinator_confirmed_the_leave: apache, tansu);
+async fn release_says_the_coordinator_confirmed_the_leave(broker: Broker) {
+    support::init_tracing();
+    let group = support::unique_group("confirmed");
+    let guard = opts(broker, &group)
+        .leave_timeout(Duration::from_secs(10))
+        .acquire(Some(broker.rebalance_bound(HEARTBEAT)))
+        .await
+        .unwrap();
+    assert_eq!(guard.release().await.unwrap(), Release::Confirmed);
+    assert!(
+        broker.members(&group).await.is_empty(),
+        "the broker still lists a member after a confirmed leave"
+    );
+}
+
+/// A coordinator that stops answering: the release returns after the leave timeout, says the
+/// leave is unconfirmed, and the hold has ended anyway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_the_coordinator_never_answers_is_unconfirmed_and_bounded() {
+    use crate::proxy::Proxy;
+    use crate::support::kafka::{KafkaCluster, KafkaOptions};
+    support::init_tracing();
+    let proxy = Arc::new(Proxy::start());
+    let forward = proxy.clone();
+    let _kafka = KafkaCluster::start(
+        KafkaOptions::single_node()
+            .property(
+                "advertised.listeners",
+                format!("PLAINTEXT://127.0.0.1:{}", proxy.port()),
+            )
+            .on_ports(move |ports| forward.set_target(([127, 0, 0, 1], ports[0]).into())),
+    );
+    let guard = LockOptions::new(proxy.bootstrap(), support::unique_group("unconfirmed"))
+        .session_timeout(Duration::from_secs(6))
+        .heartbeat_interval(HEARTBEAT)
+        .leave_timeout(LEAVE_TIMEOUT)
+        .acquire(Some(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let watch = guard.watch();
+    proxy.blackhole();
+    let started = Instant::now();
+    assert_eq!(guard.release().await.unwrap(), Release::Unconfirmed);
+    assert!(
+        started.elapsed() < LEAVE_TIMEOUT + SLACK,
+        "release took {:?}",
+        started.elapsed()
+    );
+    assert!(
+        !watch.is_held(),
+        "the hold ends before the LeaveGroup goes out"
+    );
 }
