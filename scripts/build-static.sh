@@ -3,7 +3,7 @@
 # linked in, nothing is loaded at run time), for cron hosts of any distribution and FROM scratch
 # images (docker/Dockerfile).
 #
-#   scripts/build-static.sh     then   scripts/check-static.sh
+#   scripts/build-static.sh [x86_64|aarch64]   then   scripts/check-static.sh [x86_64|aarch64]
 #
 # Output: $CARGO_TARGET_DIR (default target/)/x86_64-unknown-linux-musl/release/kafka-lock. The release profile in Cargo.toml
 # (strip, LTO, opt-level "z", panic = "abort") keeps it small.
@@ -12,7 +12,14 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
 
-TARGET="x86_64-unknown-linux-musl"
+# x86_64 by default; `scripts/build-static.sh aarch64` builds the ARM64 binary (linked by
+# rust-lld, which rustup ships, so no cross C toolchain is needed either).
+case "${1:-x86_64}" in
+    x86_64) TARGET="x86_64-unknown-linux-musl" ;;
+    aarch64) TARGET="aarch64-unknown-linux-musl"
+             export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_MUSL_LINKER=rust-lld ;;
+    *) printf 'build-static: usage: scripts/build-static.sh [x86_64|aarch64]\n' >&2; exit 64 ;;
+esac
 
 say() { printf 'build-static: %s\n' "$*"; }
 die() { printf 'build-static: ERROR: %s\n' "$*" >&2; exit 1; }

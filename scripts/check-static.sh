@@ -3,13 +3,22 @@
 # executable (no program interpreter, no shared libraries), stripped of symbols, within the size
 # budget, and working (it prints its version). Exits non-zero with one line per failed check.
 #
-#   scripts/check-static.sh [PATH]    (default: ${CARGO_TARGET_DIR:-target}/x86_64-unknown-linux-musl/release/kafka-lock)
+#   scripts/check-static.sh [x86_64|aarch64|PATH]
+#       (default: ${CARGO_TARGET_DIR:-target}/x86_64-unknown-linux-musl/release/kafka-lock)
+#
+# An aarch64 binary is run through qemu-aarch64-static when it is installed (Debian's
+# qemu-user-static); without it the run is skipped and the script says so.
 #
 # Reads the ELF headers with Python's standard library, so it needs neither `file` nor `readelf`.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-bin=${1:-"${CARGO_TARGET_DIR:-$repo/target}/x86_64-unknown-linux-musl/release/kafka-lock"}
+target_dir=${CARGO_TARGET_DIR:-$repo/target}
+case "${1:-x86_64}" in
+    x86_64) bin="$target_dir/x86_64-unknown-linux-musl/release/kafka-lock" ;;
+    aarch64) bin="$target_dir/aarch64-unknown-linux-musl/release/kafka-lock" ;;
+    *) bin=$1 ;;
+esac
 # The budget from the CLI's requirements: 5 MB (decimal megabytes).
 MAX_BYTES=${KAFKA_LOCK_MAX_BYTES:-5000000}
 PYTHON=${PYTHON:-python3}
@@ -40,8 +49,15 @@ if data[4] != 2 or data[5] != 1:
     sys.exit(f"check-static: FAIL: {path} is not a 64-bit little-endian ELF file")
 (e_type, e_machine, _, _, e_phoff, e_shoff, _, _, e_phentsize, e_phnum, e_shentsize, e_shnum,
  e_shstrndx) = struct.unpack_from("<HHIQQQIHHHHHH", data, 16)
-if e_machine != 62:
-    fail(f"machine {e_machine} is not x86-64 (62)")
+MACHINES = {62: "x86-64", 183: "aarch64"}
+if e_machine not in MACHINES:
+    fail(f"machine {e_machine} is neither x86-64 (62) nor aarch64 (183)")
+# Another architecture runs under user-mode emulation, when the system has it.
+runner = []
+if e_machine == 183 and os.uname().machine != "aarch64":
+    import shutil
+    qemu = shutil.which("qemu-aarch64-static") or shutil.which("qemu-aarch64")
+    runner = [qemu] if qemu else None
 
 PT_DYNAMIC, PT_INTERP = 2, 3
 interp = None
@@ -106,20 +122,24 @@ except FileNotFoundError:
     pass
 
 # It must run: a static binary built against the wrong C library fails here, not in production.
-try:
-    out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
-    version = out.stdout.strip()
-    if out.returncode != 0 or not version.startswith("kafka-lock"):
-        fail(f"`{path} --version` failed (status {out.returncode}): {(out.stdout + out.stderr).strip()}")
-except OSError as e:
-    fail(f"cannot run {path}: {e}")
-    version = "?"
+version = "?"
+if runner is None:
+    print(f"check-static: not run: {path} is for aarch64 and no qemu-aarch64-static is installed",
+          file=sys.stderr)
+else:
+    try:
+        out = subprocess.run(runner + [path, "--version"], capture_output=True, text=True, timeout=60)
+        version = out.stdout.strip()
+        if out.returncode != 0 or not version.startswith("kafka-lock"):
+            fail(f"`{path} --version` failed (status {out.returncode}): {(out.stdout + out.stderr).strip()}")
+    except OSError as e:
+        fail(f"cannot run {path}: {e}")
 
 for f in failures:
     print(f"check-static: FAIL: {f}", file=sys.stderr)
 if failures:
     sys.exit(1)
 print(f"check-static: OK: {path}")
-print(f"check-static: {version}; {kind}, stripped, no shared libraries; "
+print(f"check-static: {version}; {MACHINES.get(e_machine)} {kind}, stripped, no shared libraries; "
       f"{size} bytes ({size / 1e6:.2f} MB, {size / 1048576:.2f} MiB) of a {max_bytes / 1e6:g} MB budget")
 PY

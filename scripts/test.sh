@@ -88,9 +88,12 @@ else
     exit 1
 fi
 
-step "static CLI binary: scripts/build-static.sh, scripts/check-static.sh"
-scripts/build-static.sh
-scripts/check-static.sh
+step "static CLI binaries: scripts/build-static.sh, scripts/check-static.sh (x86_64, aarch64)"
+scripts/build-static.sh x86_64
+scripts/check-static.sh x86_64
+# The ARM64 binary is built and checked too; it runs here only where qemu-user is installed.
+scripts/build-static.sh aarch64
+scripts/check-static.sh aarch64
 
 step "cargo test --all-features --no-fail-fast (timeout $TEST_TIMEOUT)"
 timeout --kill-after=30s "$TEST_TIMEOUT" cargo test --all-features --no-fail-fast
