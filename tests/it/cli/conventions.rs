@@ -503,8 +503,22 @@ fn the_last_event_says_whose_status_it_is_and_e_replaces_75() {
         seen.extend(names(&events));
     }
 
-    // The waiters' joins were rebalances the holder kept the lock through, under new tokens.
+    // The waiters' joins were rebalances the holder kept the lock through, under new tokens;
+    // the library counts each before it reports the new token.
     holder.event("token_changed", STEP);
+    let addr = holder.named("metrics_listening")[0]["address"]
+        .as_str()
+        .expect("address")
+        .to_owned();
+    let body = scrape(&addr);
+    let l = [("lock", lock.as_str())];
+    let rebalances = kafka_lock::metrics::REBALANCES_WHILE_HELD;
+    assert!(sample(&body, rebalances, &l) >= Some(1.0), "{body}");
+    assert_eq!(
+        sample(&body, kafka_lock::metrics::HELD, &l),
+        Some(1.0),
+        "{body}"
+    );
     holder.close_stdin();
     assert_eq!(holder.finish(STEP), 0, "{}", holder.transcript());
     let events = holder.events();
