@@ -43,9 +43,9 @@ if [[ -n "$offenders" ]]; then
 fi
 echo "ok: $(wc -l <<<"$deps") crates, none of them cc or -sys but linux-raw-sys (no C)"
 
-step "library users compile no CLI: cargo tree --no-default-features has no clap, rustix or log formatter"
+step "library users compile no CLI: cargo tree --no-default-features has no clap, rustix, log formatter or metrics"
 cli_only=$(cargo tree -e normal --no-default-features --prefix none --format '{p}' | awk '{print $1}' \
-    | grep -E -x 'clap|humantime|tracing-subscriber|rustix' || true)
+    | grep -E -x 'clap|clap_complete|clap_mangen|humantime|tracing-subscriber|rustix|metrics|metrics-exporter-prometheus' || true)
 if [[ -n "$cli_only" ]]; then
     echo "the library without default features still pulls in: $cli_only" >&2
     exit 1

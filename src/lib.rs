@@ -11,10 +11,15 @@
 //! - [`driver`]: the tokio side, the only place that owns sockets, tasks and clocks.
 //! - [`backoff`]: jittered exponential backoff with an injectable random source.
 //! - [`error`]: typed errors, Kafka error codes with retriable/fatal classification.
+//! - [`metrics`]: the names of the metrics reported through the `metrics` facade.
 //!
 //! # Feature flags
-//! - `cli`: builds the `kafka-lock` binary (clap, humantime, tracing-subscriber, rustix). Off by
-//!   default, so the library pulls in none of it. The library never depends on C.
+//! - `cli` (default): builds the `kafka-lock` binary (clap, humantime, tracing-subscriber, rustix,
+//!   the Prometheus exporter) and enables `metrics`. Library users turn default features off and
+//!   compile none of it. The library never depends on C.
+//! - `metrics`: reports acquisition latency, holds, hold lengths, rebalances while held and
+//!   losses through the [`metrics`](https://docs.rs/metrics) facade ([`crate::metrics`] names them).
+//!   On with `cli`, off for library users unless they ask; without it the code is not compiled.
 #![deny(rustdoc::broken_intra_doc_links)]
 
 pub mod assign;
@@ -25,6 +30,7 @@ pub mod error;
 mod fuzz_replay;
 pub mod lock;
 pub mod membership;
+pub mod metrics;
 pub mod wire;
 
 pub use error::{Error, KafkaCode, Result};

@@ -501,6 +501,7 @@ impl LockOptions {
         // Forward events to the user and into the stats for as long as the session runs.
         let (user_tx, stats, name) = (self.events.clone(), self.stats.clone(), self.name.clone());
         let (member_tx, member_rx) = watch::channel(String::new());
+        let mut metrics = crate::metrics::LockMetrics::new(&self.name);
         tokio::spawn(async move {
             while let Some(e) = ev_rx.recv().await {
                 let mut s = stats.lock().unwrap_or_else(|p| p.into_inner());
@@ -522,6 +523,7 @@ impl LockOptions {
                             s.latencies.pop_front();
                         }
                         s.latencies.push_back(started.elapsed());
+                        metrics.acquired(started.elapsed());
                         Some(LockEvent::Acquired {
                             member_id: token.member_id.clone(),
                             token,
@@ -530,13 +532,18 @@ impl LockOptions {
                     Event::TokenChanged { token } => Some(LockEvent::TokenChanged { token }),
                     Event::RebalanceWhileHeld => {
                         s.rebalances_while_held += 1;
+                        metrics.rebalance_while_held();
                         None
                     }
                     Event::Lost { reason, lease_end } => {
                         s.lost(reason.as_str());
+                        metrics.lost(reason.as_str());
                         Some(LockEvent::Lost { reason, lease_end })
                     }
-                    Event::Released => Some(LockEvent::Released),
+                    Event::Released => {
+                        metrics.released();
+                        Some(LockEvent::Released)
+                    }
                     Event::Left { .. } => Some(LockEvent::Left),
                     Event::Failed(err) => {
                         tracing::warn!(lock = %name, error = %err, "lock session failed");

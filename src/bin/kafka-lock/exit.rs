@@ -15,6 +15,12 @@ pub const LOST: u8 = 74;
 pub const NOT_ACQUIRED: u8 = 75;
 /// EX_CONFIG: a setting is invalid, or the broker rejected it.
 pub const CONFIG: u8 = 78;
+/// `status`: the lock is free (nobody holds it, including a group that does not exist). 3 and 4
+/// are the LSB init scripts' "not running" and "unknown", which status-checking scripts know.
+pub const STATUS_FREE: u8 = 3;
+/// `status`: whether anybody holds the lock cannot be told (the broker does not report member
+/// assignments, the group is between generations, or another application uses the group id).
+pub const STATUS_UNKNOWN: u8 = 4;
 /// The shell's status for a command that cannot be executed.
 pub const CANNOT_EXECUTE: u8 = 126;
 /// The shell's status for a command that does not exist.
@@ -51,6 +57,23 @@ pub fn print_line(line: &str) {
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect();
     crate::output::write(format!("kafka-lock: {one_line}\n").as_bytes());
+}
+
+/// The `kind` of a `failed` event: what kafka-lock's own status `status` means, stable even when
+/// --conflict-exit-code or --lost-exit-code replace the number.
+pub fn kind(status: u8) -> &'static str {
+    match status {
+        USAGE => "usage",
+        UNAVAILABLE => "unavailable",
+        OSERR => "system",
+        LOST => "lost",
+        NOT_ACQUIRED => "not_acquired",
+        CONFIG => "config",
+        CANNOT_EXECUTE => "cannot_execute",
+        NOT_FOUND => "not_found",
+        129..=192 => "interrupted",
+        _ => "other",
+    }
 }
 
 /// Broker codes that mean "your settings are not acceptable here", not "the cluster is broken".

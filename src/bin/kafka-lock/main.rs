@@ -3,7 +3,12 @@
 //! ```text
 //! kafka-lock run --bootstrap HOST:PORT[,...] --lock NAME [options] -- COMMAND [ARGS...]
 //! kafka-lock status --bootstrap HOST:PORT[,...] --lock NAME [--json]
+//! kafka-lock completions bash|zsh|fish|elvish|powershell     (hidden)
+//! kafka-lock manpage [run|status]                             (hidden)
 //! ```
+//!
+//! Every flag can also come from the environment: `--session-timeout` from
+//! `KAFKA_LOCK_SESSION_TIMEOUT` and so on (`environ.rs`; docs/cli.md).
 //!
 //! `run` holds the lock on a current-thread tokio runtime (one lock and a few timers need no
 //! thread pool) and leaves the command to a supervisor process, the same binary re-executed in a
@@ -14,16 +19,21 @@
 //! Exit statuses: the command's own (128+N when signal N ended it); 75 not acquired within
 //! `--wait`; 74 lost while the command ran; 69 cluster unreachable or answering nonsense; 78
 //! invalid setting or one the broker rejects; 71 the system refused something kafka-lock needs,
-//! or its supervisor process died; 64 usage; 126/127 the command cannot be run.
+//! or its supervisor process died; 64 usage; 126/127 the command cannot be run. `-E` and
+//! `--lost-exit-code` replace 75 and 74. `status`: 0 held, 3 free, 4 unknown, 69, 78, 64.
 
 #![deny(unsafe_code)]
 
+mod environ;
 mod exit;
+mod generate;
 mod json;
 mod output;
 mod proto;
 mod report;
 mod run;
+mod serve;
+mod sink;
 mod status;
 mod supervise;
 mod sys;
@@ -34,13 +44,16 @@ mod tree;
 compile_error!("the kafka-lock CLI is built for Linux only; use the library elsewhere");
 
 use std::ffi::OsString;
+use std::net::SocketAddr;
 use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::error::ErrorKind;
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
+use crate::environ::FromEnv;
 use crate::exit::Failure;
 
 const AFTER_RUN_HELP: &str = "\
@@ -83,16 +96,51 @@ when kafka-lock is killed.
 
 Output: --events json lines, logs and the terminal status line go to stderr through a bounded
 buffer; if stderr is not read fast enough, lines are dropped rather than delaying the lock, events
-then carry a 'dropped' count, and the last line reports it.
+then carry a 'dropped' count, and the last line reports it. --events-file PATH or --events-fd N
+send the events (JSON lines, as --events json) there instead, through a buffer of their own, so
+they never mix with the command's output; a FIFO nobody reads yet does not hold kafka-lock up.
+Every event carries its schema version (v, 1); kafka-lock's own failures are events too (failed),
+and the last event (exit) says whose exit status kafka-lock exits with: the command's or its own.
+The schema: docs/events.md.
 
-Exit status: the command's (128+N if signal N ended it); 75 not acquired within --wait; 74 lock
-lost while the command ran; 69 the cluster cannot be reached or answered something invalid; 78 a
-setting is invalid or the broker rejected it; 71 the system refused something kafka-lock needs or
-the supervisor died; 64 usage error; 126/127 the command cannot be run; 128+N if signal N arrived
-while waiting for the lock.
+Exit status: the command's (128+N if signal N ended it); 75 not acquired within --wait (or the
+status -E gives); 74 lock lost while the command ran (or --lost-exit-code); 69 the cluster cannot
+be reached or answered something invalid; 78 a setting is invalid or the broker rejected it
+(including an events target or metrics address that cannot be used); 71 the system refused
+something kafka-lock needs or the supervisor died; 64 usage error, or a nested kafka-lock run of
+the lock the calling command already holds (it would wait for itself forever); 126/127 the command
+cannot be run; 128+N if signal N arrived while waiting for the lock.
+
+Environment: every flag can also be set by a variable, --flag-name by KAFKA_LOCK_FLAG_NAME (for
+example KAFKA_LOCK_LOCK, KAFKA_LOCK_SESSION_TIMEOUT); a flag on the command line wins, and an
+empty variable counts as unset. The command inherits them like any other variable. The variables
+kafka-lock sets for the command (KAFKA_LOCK_NAME, KAFKA_LOCK_TOKEN, KAFKA_LOCK_MEMBER_ID) are never
+read as settings.
+
+Metrics: --metrics-listen 127.0.0.1:9464 serves the lock's metrics (acquisition latency, held,
+hold lengths, rebalances while held, losses by reason) in Prometheus text format at /metrics, from
+before the lock is requested until kafka-lock exits; port 0 picks a free port, which the
+metrics_listening event names. The names: docs/metrics.md.
 
 Durations: 500ms, 10s, 2m, 1h30m; timeouts at most 24 days (Kafka's limit), --wait at most 365
 days. Set KAFKA_LOCK_LOG=debug for a log of the protocol on stderr.";
+
+const AFTER_STATUS_HELP: &str = "\
+status reads the group with DescribeGroups and never joins it, so looking does not disturb the
+lock.
+
+Exit status, for scripts (3 and 4 are the LSB init scripts' 'not running' and 'unknown'):
+  0   the lock is held (the holder is shown)
+  3   the lock is free: nobody holds it (also a group that does not exist, or one whose members
+      were not given the lock yet)
+  4   unknown: the broker does not report member assignments (tansu, for one), the group is
+      between generations, or another application uses the group id
+  69  the cluster cannot be reached or answered something invalid
+  78  a setting is invalid or the broker rejected it
+  64  usage error
+
+Every flag can also be set by a variable, --flag-name by KAFKA_LOCK_FLAG_NAME (--json by
+KAFKA_LOCK_JSON=1).";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -107,13 +155,29 @@ struct Cli {
     command: Command,
 }
 
+// Built once per process: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run a command while holding the lock; stop it if the lock is lost.
     #[command(after_help = AFTER_RUN_HELP)]
     Run(RunArgs),
-    /// Show the lock's holder and waiters.
+    /// Show the lock's holder and waiters; the exit status says held (0), free (3) or unknown (4).
+    #[command(after_help = AFTER_STATUS_HELP)]
     Status(StatusArgs),
+    /// Print a shell completion script on stdout.
+    #[command(hide = true)]
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print a man page (roff) on stdout: kafka-lock(1), or kafka-lock-run(1) or
+    /// kafka-lock-status(1).
+    #[command(hide = true)]
+    Manpage {
+        /// The subcommand whose page to print; the main page without it.
+        page: Option<generate::Page>,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -182,9 +246,28 @@ struct RunArgs {
     #[arg(long, value_name = "TEXT")]
     label: Option<String>,
     /// Print one JSON object per line on stderr for waiting, acquired, token_changed,
-    /// child_started, lost, child_exited and released.
+    /// child_started, lost, child_exited, released, failed and exit (docs/events.md).
     #[arg(long, value_name = "FORMAT")]
     events: Option<EventsFormat>,
+    /// Write the events (as --events json) to this file instead of stderr: appended, created if
+    /// missing. A FIFO is fine: kafka-lock does not wait for its reader.
+    #[arg(long, value_name = "PATH", conflicts_with = "events_fd")]
+    events_file: Option<PathBuf>,
+    /// Write the events (as --events json) to this open file descriptor instead of stderr, e.g.
+    /// 3 with `3>>events.jsonl`; the command does not inherit it (unless it is 0, 1 or 2).
+    #[arg(long, value_name = "FD", value_parser = clap::value_parser!(i32).range(0..))]
+    events_fd: Option<i32>,
+    /// Exit with N instead of 75 when the lock is not acquired (as flock -E), to tell that
+    /// apart from the command's own statuses; 0 makes a busy lock a quiet success.
+    #[arg(short = 'E', long, value_name = "N")]
+    conflict_exit_code: Option<u8>,
+    /// Exit with N (1 to 255) instead of 74 when the lock is lost while the command runs.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..))]
+    lost_exit_code: Option<u8>,
+    /// Serve the lock's metrics in Prometheus text format at http://ADDRESS/metrics while
+    /// kafka-lock runs (e.g. 127.0.0.1:9464; port 0 picks a free one).
+    #[arg(long, value_name = "ADDRESS")]
+    metrics_listen: Option<SocketAddr>,
     /// The command to run while holding the lock, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<OsString>,
@@ -224,6 +307,14 @@ fn main() -> ExitCode {
         return supervise::main(argv);
     }
     let status = cli(argv);
+    if output::events_apart() {
+        let dropped = output::events_dropped();
+        if dropped > 0 {
+            exit::print_line(&format!(
+                "{dropped} events were dropped because their file or descriptor was not read fast enough"
+            ));
+        }
+    }
     let dropped = output::dropped();
     if dropped > 0 {
         exit::print_line(&format!(
@@ -235,10 +326,36 @@ fn main() -> ExitCode {
 }
 
 fn cli(argv: Vec<OsString>) -> u8 {
-    let cli = match Cli::try_parse_from(&argv) {
-        Ok(cli) => cli,
+    let (cli, from_env) = match environ::parse::<Cli>(&argv) {
+        Ok(parsed) => parsed,
         Err(e) => return usage(e, &argv),
     };
+    // Before anything else runs: a descriptor is taken while no other thread exists.
+    let done = match &cli.command {
+        Command::Run(a) => events_target(a).map(|t| {
+            if let Some(t) = t {
+                output::set_events(t);
+            }
+            None
+        }),
+        Command::Completions { shell } => Ok(Some(generate::print(&generate::completions(
+            *shell,
+            docs_command(),
+        )))),
+        Command::Manpage { page } => Ok(Some(
+            generate::manpage(*page, docs_command()).and_then(|text| generate::print(&text)),
+        )),
+        Command::Status(_) => Ok(None),
+    };
+    match done {
+        Ok(None) => {}
+        Ok(Some(Ok(status))) => return status,
+        Ok(Some(Err(f))) | Err(f) => {
+            let f = environ::annotate(f, &from_env);
+            f.print();
+            return f.status;
+        }
+    }
     init_log();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -253,8 +370,9 @@ fn cli(argv: Vec<OsString>) -> u8 {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Run(a) => run::run(run_config(a)).await,
-            Command::Status(a) => status(a).await,
+            Command::Run(a) => run::run(run_config(a, from_env)).await,
+            Command::Status(a) => status(a).await.map_err(|f| environ::annotate(f, &from_env)),
+            Command::Completions { .. } | Command::Manpage { .. } => Ok(0),
         }
     });
     // Background tasks (a session still leaving after a bounded or interrupted release) end with
@@ -291,7 +409,22 @@ async fn status(a: StatusArgs) -> Result<u8, Failure> {
     .await
 }
 
-fn run_config(a: RunArgs) -> run::RunConfig {
+/// The events' own target, if --events-file or --events-fd asks for one.
+fn events_target(a: &RunArgs) -> Result<Option<output::Target>, Failure> {
+    match (&a.events_file, a.events_fd) {
+        (Some(path), _) => sink::open_file(path).map(Some),
+        (None, Some(fd)) => sink::take_fd(fd).map(Some),
+        (None, None) => Ok(None),
+    }
+}
+
+/// The command line's definition for completions and man pages: with every flag's variable,
+/// but not the values they have here.
+fn docs_command() -> clap::Command {
+    environ::with_env(Cli::command(), true)
+}
+
+fn run_config(a: RunArgs, from_env: FromEnv) -> run::RunConfig {
     run::RunConfig {
         bootstrap: a.target.bootstrap,
         lock: a.target.lock,
@@ -306,7 +439,14 @@ fn run_config(a: RunArgs) -> run::RunConfig {
         kill_grace: a.kill_grace,
         label: a.label,
         client_id: a.target.client_id,
-        events_json: a.events == Some(EventsFormat::Json),
+        // --events-file and --events-fd imply it: JSON lines are the one format.
+        events_json: a.events == Some(EventsFormat::Json)
+            || a.events_file.is_some()
+            || a.events_fd.is_some(),
+        conflict_exit_code: a.conflict_exit_code,
+        lost_exit_code: a.lost_exit_code,
+        metrics_listen: a.metrics_listen,
+        from_env,
         command: a.command,
     }
 }
@@ -344,7 +484,10 @@ fn usage(e: clap::Error, argv: &[OsString]) -> u8 {
     if what.is_empty() {
         what = "invalid command line".to_owned();
     }
-    let what = what.trim_end_matches(':').to_owned();
+    let mut what = what.trim_end_matches(':').to_owned();
+    if let Some(note) = environ::usage_note(&e, argv) {
+        what.push_str(&format!(" ({note})"));
+    }
     let help = match argv.get(1).map(|a| a.as_bytes()) {
         Some(b"run") => "kafka-lock run --help",
         Some(b"status") => "kafka-lock status --help",
@@ -387,6 +530,53 @@ mod tests {
         );
         assert!(parse_duration("soon").is_err());
         assert!(parse_duration("").is_err());
+    }
+
+    /// Every flag of every subcommand has its variable, named after it, and none is one of the
+    /// variables kafka-lock sets for the command.
+    #[test]
+    fn every_flag_has_its_kafka_lock_variable() {
+        fn walk(cmd: &clap::Command, path: &str, found: &mut Vec<(String, String)>) {
+            for arg in cmd.get_arguments() {
+                let Some(long) = arg.get_long() else { continue };
+                if matches!(long, "help" | "version") {
+                    continue;
+                }
+                let env = arg
+                    .get_env()
+                    .unwrap_or_else(|| panic!("{path} --{long} has no variable"));
+                found.push((
+                    format!("{path} --{long}"),
+                    env.to_string_lossy().into_owned(),
+                ));
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), found);
+            }
+        }
+        let mut found = Vec::new();
+        walk(&docs_command(), "kafka-lock", &mut found);
+        for (flag, var) in &found {
+            let long = flag.rsplit_once("--").map(|(_, l)| l).unwrap_or_default();
+            assert_eq!(var, &environ::var_for(long), "{flag}");
+            assert!(
+                !environ::OUTPUTS.contains(&var.as_str()),
+                "{flag} reads {var}"
+            );
+        }
+        let vars: Vec<&str> = found.iter().map(|(_, v)| v.as_str()).collect();
+        for v in [
+            "KAFKA_LOCK_BOOTSTRAP",
+            "KAFKA_LOCK_LOCK",
+            "KAFKA_LOCK_SESSION_TIMEOUT",
+            "KAFKA_LOCK_EVENTS_FILE",
+            "KAFKA_LOCK_CONFLICT_EXIT_CODE",
+            "KAFKA_LOCK_METRICS_LISTEN",
+            "KAFKA_LOCK_JSON",
+            "KAFKA_LOCK_CLIENT_ID",
+        ] {
+            assert!(vars.contains(&v), "{v} missing from {vars:?}");
+        }
     }
 
     #[test]

@@ -2,10 +2,12 @@
 //! goes through one bounded queue to a dedicated writer thread. The runtime thread only ever
 //! appends to the queue: a stderr that nobody reads (a stalled pipe, a stopped terminal) blocks
 //! that thread, never the lock session. When the queue is full the line is dropped and counted;
-//! events carry the count (`dropped`) and the last line reports it.
+//! events carry the count (`dropped`) and the last line reports it. Events sent elsewhere
+//! (`--events-file`, `--events-fd`) get a second queue and writer thread of the same kind.
 
 use std::collections::VecDeque;
 use std::io::Write;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
@@ -58,100 +60,201 @@ impl Queue {
     }
 }
 
-struct Shared {
+/// Where a channel's writer thread writes.
+pub enum Target {
+    Stderr,
+    /// A file or descriptor kafka-lock opened or was given (`--events-file`, `--events-fd`).
+    File(std::fs::File),
+    /// A FIFO nobody reads yet: opening it for writing waits for a reader, so the writer thread
+    /// opens it, and lines queue (within the bounds) until then.
+    Fifo(PathBuf),
+}
+
+/// One bounded queue and the thread that drains it into its target.
+struct Channel {
     queue: Mutex<Queue>,
     /// Signalled when a line is queued.
     ready: Condvar,
     /// Signalled when the queue becomes empty and the writer idle.
     drained: Condvar,
     dropped: AtomicU64,
+    /// Taken by the writer thread when the first line starts it.
+    target: Mutex<Option<Target>>,
+    thread: &'static str,
 }
 
-fn shared() -> &'static Shared {
-    static SHARED: OnceLock<Shared> = OnceLock::new();
-    SHARED.get_or_init(|| Shared {
-        queue: Mutex::new(Queue::new(MAX_QUEUED_LINES, MAX_QUEUED_BYTES)),
-        ready: Condvar::new(),
-        drained: Condvar::new(),
-        dropped: AtomicU64::new(0),
-    })
+impl Channel {
+    fn new(target: Target, thread: &'static str) -> Channel {
+        Channel {
+            queue: Mutex::new(Queue::new(MAX_QUEUED_LINES, MAX_QUEUED_BYTES)),
+            ready: Condvar::new(),
+            drained: Condvar::new(),
+            dropped: AtomicU64::new(0),
+            target: Mutex::new(Some(target)),
+            thread,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        // Nothing panics while holding the lock; a poisoned queue is still a valid queue.
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&'static self, bytes: &[u8]) -> bool {
+        let mut q = self.lock();
+        if !q.started {
+            q.started = true;
+            let spawned = std::thread::Builder::new()
+                .name(self.thread.into())
+                .spawn(move || self.writer());
+            if spawned.is_err() {
+                q.started = false;
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+                return false;
+            }
+        }
+        if !q.push(bytes) {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        self.ready.notify_one();
+        true
+    }
+
+    fn writer(&self) {
+        let target = self.target.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let mut out: Option<Box<dyn Write>> = match target {
+            Some(Target::Stderr) => Some(Box::new(std::io::stderr())),
+            Some(Target::File(f)) => Some(Box::new(Blocking(f))),
+            // Blocks until a reader opens the FIFO; only this thread waits for it.
+            Some(Target::Fifo(path)) => std::fs::OpenOptions::new()
+                .append(true)
+                .open(path)
+                .ok()
+                .map(|f| Box::new(Blocking(f)) as Box<dyn Write>),
+            None => None,
+        };
+        loop {
+            let line = {
+                let mut q = self.lock();
+                loop {
+                    if let Some(line) = q.pop() {
+                        q.writing = true;
+                        break line;
+                    }
+                    q.writing = false;
+                    self.drained.notify_all();
+                    q = self.ready.wait(q).unwrap_or_else(|p| p.into_inner());
+                }
+            };
+            // A target that is closed or whose reader is gone (EPIPE: SIGPIPE is ignored in Rust
+            // programs) takes nothing more; kafka-lock goes on and keeps its exit status.
+            if let Some(w) = &mut out {
+                if w.write_all(&line).and_then(|()| w.flush()).is_err() {
+                    out = None;
+                }
+            }
+        }
+    }
+
+    fn flush(&self, deadline: Instant) {
+        let mut q = self.lock();
+        while q.started && (!q.lines.is_empty() || q.writing) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            q = self
+                .drained
+                .wait_timeout(q, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
 }
 
-fn lock(s: &Shared) -> MutexGuard<'_, Queue> {
-    // Nothing panics while holding the lock; a poisoned queue is still a valid queue.
-    s.queue.lock().unwrap_or_else(|p| p.into_inner())
+/// A file written with blocking writes, even if it was handed over in non-blocking mode (a
+/// descriptor's status flags belong to whoever else shares it, so they are not changed): the
+/// writer thread waits for room instead of giving up on EAGAIN.
+struct Blocking(std::fs::File);
+
+impl Write for Blocking {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        loop {
+            match self.0.write(buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    let mut fds = [rustix::event::PollFd::new(
+                        &self.0,
+                        rustix::event::PollFlags::OUT,
+                    )];
+                    match rustix::event::poll(&mut fds, None) {
+                        Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
+
+fn stderr_channel() -> &'static Channel {
+    static STDERR: OnceLock<Channel> = OnceLock::new();
+    STDERR.get_or_init(|| Channel::new(Target::Stderr, "stderr"))
+}
+
+static EVENTS: OnceLock<Channel> = OnceLock::new();
 
 /// Queues `bytes` for stderr without waiting. Returns false (and counts the line) when the queue
 /// is full or the writer thread cannot be started.
 pub fn write(bytes: &[u8]) -> bool {
-    let s = shared();
-    let mut q = lock(s);
-    if !q.started {
-        q.started = true;
-        let spawned = std::thread::Builder::new()
-            .name("stderr".into())
-            .spawn(writer);
-        if spawned.is_err() {
-            q.started = false;
-            s.dropped.fetch_add(1, Ordering::Relaxed);
-            return false;
-        }
-    }
-    if !q.push(bytes) {
-        s.dropped.fetch_add(1, Ordering::Relaxed);
-        return false;
-    }
-    s.ready.notify_one();
-    true
+    stderr_channel().write(bytes)
 }
 
 /// Lines dropped so far.
 pub fn dropped() -> u64 {
-    shared().dropped.load(Ordering::Relaxed)
+    stderr_channel().dropped.load(Ordering::Relaxed)
 }
 
-fn writer() {
-    let s = shared();
-    let mut broken = false;
-    loop {
-        let line = {
-            let mut q = lock(s);
-            loop {
-                if let Some(line) = q.pop() {
-                    q.writing = true;
-                    break line;
-                }
-                q.writing = false;
-                s.drained.notify_all();
-                q = s.ready.wait(q).unwrap_or_else(|p| p.into_inner());
-            }
-        };
-        // A stderr that is closed or whose reader is gone (EPIPE: SIGPIPE is ignored in Rust
-        // programs) takes nothing more; kafka-lock goes on and keeps its exit status.
-        if !broken && std::io::stderr().lock().write_all(&line).is_err() {
-            broken = true;
-        }
+/// Sends events to `target` through a queue and writer thread of their own, instead of stderr.
+/// Called once, before the first event.
+pub fn set_events(target: Target) {
+    let _ = EVENTS.set(Channel::new(target, "events"));
+}
+
+/// Whether events have a target of their own (not stderr).
+pub fn events_apart() -> bool {
+    EVENTS.get().is_some()
+}
+
+/// Queues one event line for the events target (stderr unless [`set_events`] chose another).
+pub fn event(bytes: &[u8]) -> bool {
+    match EVENTS.get() {
+        Some(ch) => ch.write(bytes),
+        None => write(bytes),
     }
 }
 
-/// Waits up to `bound` for everything queued to be written. kafka-lock calls this just before it
-/// exits: a stalled stderr delays the exit by `bound` at most.
+/// Event lines dropped so far, on whichever queue events go through.
+pub fn events_dropped() -> u64 {
+    match EVENTS.get() {
+        Some(ch) => ch.dropped.load(Ordering::Relaxed),
+        None => dropped(),
+    }
+}
+
+/// Waits up to `bound` for everything queued (events and stderr) to be written. kafka-lock calls
+/// this just before it exits: a stalled stderr or events reader delays the exit by `bound` at most.
 pub fn flush(bound: Duration) {
-    let s = shared();
     let deadline = Instant::now() + bound;
-    let mut q = lock(s);
-    while q.started && (!q.lines.is_empty() || q.writing) {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return;
-        }
-        q = s
-            .drained
-            .wait_timeout(q, left)
-            .unwrap_or_else(|p| p.into_inner())
-            .0;
+    if let Some(ch) = EVENTS.get() {
+        ch.flush(deadline);
     }
+    stderr_channel().flush(deadline);
 }
 
 /// A `tracing` writer into the queue: one log event is one write of a whole formatted line.

@@ -1,6 +1,8 @@
-//! What `run` tells the person or program watching: `--events json` lines, or on a terminal a
-//! status line saying what the lock is waiting for. Everything goes through the non-blocking
-//! output queue (`output`): reporting never makes the lock session wait.
+//! What `run` tells the person or program watching: `--events json` lines (on stderr, or on
+//! the target of `--events-file` / `--events-fd`), or on a terminal a status line saying what
+//! the lock is waiting for. Everything goes through the non-blocking output queues (`output`):
+//! reporting never makes the lock session wait. The events and their fields are documented in
+//! docs/events.md, which tests/it/cli.rs checks every event against.
 
 use std::io::IsTerminal;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -10,6 +12,19 @@ use kafka_lock::{FencingToken, LossReason};
 
 use crate::json::Obj;
 use crate::{output, sys};
+
+/// The version of the events' schema (docs/events.md), the `v` of every event. Adding events or
+/// fields keeps it; removing or renaming one, or changing what one means, raises it.
+pub const SCHEMA_VERSION: i32 = 1;
+
+/// Whose exit status kafka-lock exits with, for the final `exit` event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The command's own (128+N if signal N ended it).
+    Command,
+    /// kafka-lock's: it failed, was interrupted, or the command never ran.
+    KafkaLock,
+}
 
 /// How the child ended, for `child_exited`.
 #[derive(Debug, Clone, Copy)]
@@ -43,7 +58,8 @@ impl Reporter {
         Reporter {
             lock: lock.to_owned(),
             json,
-            tty: !json && std::io::stderr().is_terminal(),
+            // Events elsewhere leave stderr to people.
+            tty: (!json || output::events_apart()) && std::io::stderr().is_terminal(),
             member_id: None,
             token: None,
             line_open: false,
@@ -70,15 +86,16 @@ impl Reporter {
             .map(|d| d.as_millis() as i128)
             .unwrap_or(0);
         let obj = Obj::new()
+            .int("v", SCHEMA_VERSION)
             .str("event", name)
             .str("lock", &self.lock)
             .opt_str("member_id", self.member_id.as_deref())
             .opt_int("token", self.token)
             .int("unix_ms", unix_ms)
             .int("mono_ns", sys::mono_ns());
-        // Output lines lost to a full queue so far (a stderr read too slowly), on every event
+        // Lines lost to a full queue so far (events or stderr read too slowly), on every event
         // that gets through once there are any.
-        match output::dropped() {
+        match output::events_dropped() {
             0 => obj,
             n => obj.int("dropped", n),
         }
@@ -88,9 +105,9 @@ impl Reporter {
         if self.json {
             let mut line = obj.finish();
             line.push('\n');
-            // One write per line: the child shares this stderr, and a single write of a short
-            // line is not interleaved with its output.
-            output::write(line.as_bytes());
+            // One write per line: the child shares stderr, and a single write of a short line
+            // is not interleaved with its output.
+            output::event(line.as_bytes());
         }
     }
 
@@ -224,6 +241,37 @@ impl Reporter {
 
     pub fn released(&mut self) {
         self.emit(self.event("released"));
+    }
+
+    /// The metrics endpoint is up at `address`.
+    pub fn metrics_listening(&mut self, address: &str) {
+        let obj = self.event("metrics_listening").str("address", address);
+        self.emit(obj);
+    }
+
+    /// kafka-lock's own failure: the status it exits with, what it means (`kind`, which a
+    /// replaced status keeps) and the line it also prints on stderr.
+    pub fn failed(&mut self, status: u8, kind: &str, message: &str) {
+        self.close_line();
+        let obj = self
+            .event("failed")
+            .int("status", status)
+            .str("kind", kind)
+            .str("message", message);
+        self.emit(obj);
+    }
+
+    /// The last event: the status kafka-lock exits with, and whose it is.
+    pub fn exit(&mut self, status: u8, source: Source) {
+        let source = match source {
+            Source::Command => "command",
+            Source::KafkaLock => "kafka-lock",
+        };
+        let obj = self
+            .event("exit")
+            .int("status", status)
+            .str("source", source);
+        self.emit(obj);
     }
 }
 

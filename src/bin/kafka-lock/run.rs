@@ -9,6 +9,7 @@
 
 use std::ffi::OsString;
 use std::io;
+use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant};
@@ -26,10 +27,11 @@ use tokio::net::UnixStream;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
+use crate::environ::{self, FromEnv};
 use crate::exit::{self, Failure};
 use crate::proto::{ChildExit, FromSupervisor, ProtoError, ToSupervisor, MAX_MESSAGE};
-use crate::report::{ChildEnd, Reporter};
-use crate::{supervise, sys, tree};
+use crate::report::{ChildEnd, Reporter, Source};
+use crate::{serve, supervise, sys, tree};
 
 /// The longest default grace between SIGTERM and SIGKILL.
 const MAX_DEFAULT_KILL_GRACE: Duration = Duration::from_secs(2);
@@ -59,6 +61,13 @@ pub struct RunConfig {
     pub label: Option<String>,
     pub client_id: String,
     pub events_json: bool,
+    /// Replaces 75 (`-E`, `--conflict-exit-code`).
+    pub conflict_exit_code: Option<u8>,
+    /// Replaces 74 (`--lost-exit-code`).
+    pub lost_exit_code: Option<u8>,
+    pub metrics_listen: Option<SocketAddr>,
+    /// Flags set through their variables, named in failure lines.
+    pub from_env: FromEnv,
     pub command: Vec<OsString>,
 }
 
@@ -298,9 +307,40 @@ impl Signals {
     }
 }
 
-/// Runs `kafka-lock run`. `Ok` carries the command's status; `Err` kafka-lock's own failure.
+/// Runs `kafka-lock run`. `Ok` carries the command's status; `Err` kafka-lock's own failure,
+/// with the status --conflict-exit-code or --lost-exit-code chose. Either way the last event
+/// says which it is.
 pub async fn run(c: RunConfig) -> Result<u8, Failure> {
-    let t = Timing::resolve(&c)?;
+    let mut rep = Reporter::new(&c.lock, c.events_json);
+    let result = take_and_run(&c, &mut rep).await;
+    conclude(&c, &mut rep, result)
+}
+
+/// The `failed` and `exit` events, and the statuses that replace 75 and 74.
+fn conclude(c: &RunConfig, rep: &mut Reporter, result: Result<u8, Failure>) -> Result<u8, Failure> {
+    match result {
+        Ok(status) => {
+            rep.exit(status, Source::Command);
+            Ok(status)
+        }
+        Err(f) => {
+            let mut f = environ::annotate(f, &c.from_env);
+            let kind = exit::kind(f.status);
+            f.status = match f.status {
+                exit::NOT_ACQUIRED => c.conflict_exit_code.unwrap_or(f.status),
+                exit::LOST => c.lost_exit_code.unwrap_or(f.status),
+                other => other,
+            };
+            rep.failed(f.status, kind, &f.line);
+            rep.exit(f.status, Source::KafkaLock);
+            Err(f)
+        }
+    }
+}
+
+async fn take_and_run(c: &RunConfig, rep: &mut Reporter) -> Result<u8, Failure> {
+    environ::refuse_nested(&c.lock)?;
+    let t = Timing::resolve(c)?;
     let label = c
         .label
         .clone()
@@ -321,8 +361,11 @@ pub async fn run(c: RunConfig) -> Result<u8, Failure> {
     }
     opts.validate()
         .map_err(|e| exit::failure(&e, &c.lock, &c.bootstrap))?;
+    if let Some(addr) = c.metrics_listen {
+        let bound = serve::start(addr).await?;
+        rep.metrics_listening(&bound.to_string());
+    }
     let mut signals = Signals::new()?;
-    let mut rep = Reporter::new(&c.lock, c.events_json);
 
     // Waiting for the lock. `--wait 0` is one try: the first completed generation decides.
     let outcome = {
@@ -339,7 +382,7 @@ pub async fn run(c: RunConfig) -> Result<u8, Failure> {
         loop {
             tokio::select! {
                 res = &mut acquire => break Ok(res),
-                Some(ev) = rx.recv() => waiting_event(&mut rep, ev),
+                Some(ev) = rx.recv() => waiting_event(rep, ev),
                 sig = signals.recv() => break Err(sig),
                 _ = ticks.tick(), if rep.wants_ticks() => rep.tick(),
             }
@@ -349,7 +392,7 @@ pub async fn run(c: RunConfig) -> Result<u8, Failure> {
         Ok(Ok(Some(guard))) => guard,
         Ok(Ok(None)) => {
             while let Ok(ev) = rx.try_recv() {
-                waiting_event(&mut rep, ev);
+                waiting_event(rep, ev);
             }
             rep.close_line();
             let held_by = rep
@@ -397,10 +440,10 @@ pub async fn run(c: RunConfig) -> Result<u8, Failure> {
     };
     // Waiting events already forwarded belong before `acquired`; later ones are stale.
     while let Ok(ev) = rx.try_recv() {
-        waiting_event(&mut rep, ev);
+        waiting_event(rep, ev);
     }
     rep.acquired(&guard.token());
-    hold(&c, t, guard, rx, signals, rep).await
+    hold(c, t, guard, rx, signals, rep).await
 }
 
 fn waiting_event(rep: &mut Reporter, ev: LockEvent) {
@@ -564,7 +607,7 @@ async fn hold(
     guard: LockGuard,
     mut rx: mpsc::UnboundedReceiver<LockEvent>,
     mut signals: Signals,
-    mut rep: Reporter,
+    rep: &mut Reporter,
 ) -> Result<u8, Failure> {
     let token = guard.token();
     let mut watch = guard.watch();
@@ -696,7 +739,7 @@ async fn hold(
                 _ => {}
             },
             _ = sleep_until(report_lost_by), if !lost_reported && lost.is_some() => {
-                report_lost_fallback(&mut rep, lost.as_ref(), &watch, sent_lease);
+                report_lost_fallback(rep, lost.as_ref(), &watch, sent_lease);
                 lost_reported = true;
             }
             sig = signals.recv() => {
@@ -720,7 +763,7 @@ async fn hold(
             }
             match lease_end_ns {
                 Some(ns) => rep.lost(reason, Some(ns)),
-                None => report_lost_fallback(&mut rep, Some(reason), &watch, sent_lease),
+                None => report_lost_fallback(rep, Some(reason), &watch, sent_lease),
             }
         }
     }
@@ -913,6 +956,10 @@ mod tests {
             label: None,
             client_id: "kafka-lock".into(),
             events_json: false,
+            conflict_exit_code: None,
+            lost_exit_code: None,
+            metrics_listen: None,
+            from_env: FromEnv::default(),
             command: vec!["true".into()],
         }
     }

@@ -90,7 +90,16 @@ pub async fn status(c: StatusConfig) -> Result<u8, Failure> {
     // A closed stdout or one whose reader is gone loses the answer but not the exit status
     // (println! would panic, and the release build aborts on a panic).
     let _ = writeln!(std::io::stdout(), "{out}");
-    Ok(0)
+    Ok(exit_status(&report.holder))
+}
+
+/// What scripts branch on: 0 held, 3 free, 4 unknown (`status --help`).
+pub fn exit_status(holder: &HolderView) -> u8 {
+    match holder {
+        HolderView::Known { .. } => 0,
+        HolderView::Nobody => exit::STATUS_FREE,
+        HolderView::Unknown(_) => exit::STATUS_UNKNOWN,
+    }
 }
 
 async fn describe(c: &StatusConfig) -> Result<Report> {
@@ -485,6 +494,7 @@ mod tests {
         let ids: Vec<&str> = r.waiters.iter().map(|m| m.member_id.as_str()).collect();
         assert_eq!(ids, ["b", "c"]);
         assert!(to_text(&r).contains("holder: job a (member a, token 7)"));
+        assert_eq!(exit_status(&r.holder), 0);
         assert!(to_json(&r).contains(r#""holder":{"member_id":"a","label":"job a","token":7}"#));
     }
 
@@ -496,6 +506,14 @@ mod tests {
             matches!(r.holder, HolderView::Unknown(ref w) if w.contains("does not report member assignments"))
         );
         assert!(to_json(&r).contains(r#""holder_known":false"#));
+        assert_eq!(exit_status(&r.holder), exit::STATUS_UNKNOWN);
+    }
+
+    #[test]
+    fn a_group_without_members_or_holder_is_free() {
+        let r = analyse("l", "h:1", &group(Vec::new()));
+        assert_eq!(r.holder, HolderView::Nobody);
+        assert_eq!(exit_status(&r.holder), exit::STATUS_FREE);
     }
 
     #[test]
