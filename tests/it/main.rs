@@ -4,6 +4,7 @@ mod cli;
 mod compose;
 mod failover;
 mod fake_broker;
+mod fault;
 mod golden;
 mod interop;
 mod java_peers;
