@@ -10,5 +10,6 @@ mod interop;
 mod java_peers;
 mod lock;
 mod proxy;
+mod regressions;
 mod support;
 mod wire_broker;
