@@ -163,6 +163,13 @@ impl ProxySet {
         }
     }
 
+    /// Sets the fault on every proxy of the set: the contender cut off from the whole cluster.
+    pub fn set_all(&self, fault: Fault) {
+        for p in &self.proxies {
+            p.fault.send_replace(fault);
+        }
+    }
+
     pub fn stats(&self) -> &ProxyStats {
         &self.stats
     }

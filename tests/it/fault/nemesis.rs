@@ -68,10 +68,13 @@ pub enum Kind {
     SlowBroker,
     /// 20 to 50 contenders join the lock at once and leave within seconds.
     Herd,
+    /// A holder fault (pause, kill, or the holder cut off from every broker) during a fault of
+    /// the coordinator broker (kill, pause, controlled shutdown, or slowed down).
+    Mixed,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 10] = [
+    pub const ALL: [Kind; 11] = [
         Kind::PauseHolder,
         Kind::KillHolder,
         Kind::CutBlackhole,
@@ -82,6 +85,22 @@ impl Kind {
         Kind::BrokerTerm,
         Kind::SlowBroker,
         Kind::Herd,
+        Kind::Mixed,
+    ];
+
+    /// The holder faults a mixed episode draws from.
+    pub const HOLDER: [Kind; 4] = [
+        Kind::PauseHolder,
+        Kind::KillHolder,
+        Kind::CutBlackhole,
+        Kind::CutReset,
+    ];
+    /// The broker faults a mixed episode draws from.
+    pub const BROKER: [Kind; 4] = [
+        Kind::BrokerKill,
+        Kind::BrokerPause,
+        Kind::BrokerTerm,
+        Kind::SlowBroker,
     ];
 
     pub fn name(self) -> &'static str {
@@ -96,6 +115,7 @@ impl Kind {
             Kind::BrokerTerm => "broker-term",
             Kind::SlowBroker => "slow-broker",
             Kind::Herd => "herd",
+            Kind::Mixed => "mixed",
         }
     }
 }
@@ -125,6 +145,10 @@ pub struct Episode {
     pub herd: usize,
     /// Seed for choices made while the episode runs (which herd member waits how long).
     pub seed: u64,
+    /// Mixed episodes: the holder fault and the broker fault, each with its own length.
+    pub holder_fault: Kind,
+    pub broker_fault: Kind,
+    pub broker_length: Duration,
 }
 
 impl fmt::Display for Episode {
@@ -145,6 +169,15 @@ impl fmt::Display for Episode {
             Kind::KillHolder | Kind::BrokerKill | Kind::BrokerTerm => {
                 write!(f, ", down {:?}", self.length)
             }
+            Kind::Mixed => write!(
+                f,
+                ": {} ({:?}) during {} ({:?}, slowed {:?})",
+                self.holder_fault.name(),
+                self.length,
+                self.broker_fault.name(),
+                self.broker_length,
+                self.delay
+            ),
         }
     }
 }
@@ -165,6 +198,8 @@ pub fn schedule(seed: u64, episodes: usize, every_kind: bool) -> Vec<Episode> {
     kinds
         .into_iter()
         .map(|kind| {
+            let holder_fault = *rng.pick(&Kind::HOLDER);
+            let broker_fault = *rng.pick(&Kind::BROKER);
             let broker_wide = matches!(
                 kind,
                 Kind::BrokerKill | Kind::BrokerPause | Kind::BrokerTerm | Kind::SlowBroker
@@ -185,13 +220,16 @@ pub fn schedule(seed: u64, episodes: usize, every_kind: bool) -> Vec<Episode> {
                 Kind::SlowBroker => rng.millis(4000, 10_000),
                 Kind::BrokerKill | Kind::BrokerTerm => rng.millis(1000, 4000),
                 Kind::Herd => Duration::ZERO,
+                // The holder fault's length; a pause lasts the session timeout on top.
+                Kind::Mixed => rng.millis(2000, 10_000),
             };
             let delay = match kind {
                 Kind::CutDelay => rng.millis(300, 8000),
                 // Past the 5 s request timeout.
-                Kind::SlowBroker => rng.millis(5500, 8000),
+                Kind::SlowBroker | Kind::Mixed => rng.millis(5500, 8000),
                 _ => Duration::ZERO,
             };
+            let broker_length = rng.millis(1000, 8000);
             Episode {
                 kind,
                 target,
@@ -200,6 +238,9 @@ pub fn schedule(seed: u64, episodes: usize, every_kind: bool) -> Vec<Episode> {
                 delay,
                 herd: rng.range(20, 50) as usize,
                 seed: rng.next_u64(),
+                holder_fault,
+                broker_fault,
+                broker_length,
             }
         })
         .collect()

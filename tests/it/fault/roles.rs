@@ -160,7 +160,14 @@ async fn contender(
                         rep.write(token);
                     }
                 }
-                _ = tokio::time::sleep_until(until) => break None,
+                // After a pause both this and the loss can be ready at once, and select! picks
+                // either: a hold whose lease ran out meanwhile was lost, not released.
+                _ = tokio::time::sleep_until(until) => {
+                    if broken || guard.is_held() {
+                        break None;
+                    }
+                    break Some(mono_ns());
+                }
             }
         };
         if let Some(lost_at) = lost {
@@ -180,8 +187,10 @@ async fn contender(
             rep.event_at(Kind::Lost, lost_at, None, Some(said.unwrap_or(lease)));
             drop(guard);
         } else {
-            // Reported before the LeaveGroup: the hold ends here, where the writes stop.
-            rep.event(Kind::Released, None, None);
+            // Reported before the LeaveGroup: the hold ends here, where the writes stop, and
+            // never after the lease end.
+            let lease_end = (!broken).then(|| to_mono(guard.lease_end()));
+            rep.event(Kind::Released, None, lease_end);
             let _ = guard.release().await;
         }
         tokio::time::sleep(rng.millis(0, 800)).await;
