@@ -16,7 +16,7 @@ use kafka_protocol::protocol::StrBytes;
 use crate::fake_broker;
 
 /// A broker that goes away while a consumer-mode acquire checks the lock topic on it (in the
-/// fault suite, a controlled shutdown of one broker of three, seed 4242 episode 9) must not fail
+/// fault suite, a controlled shutdown of one broker of three; RELIABILITY.md) must not fail
 /// the acquire: the check is made again on a fresh connection and the acquire goes on waiting.
 /// Before the fix the acquire returned the connection error at once.
 #[tokio::test]
