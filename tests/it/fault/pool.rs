@@ -86,6 +86,7 @@ pub struct Env {
 }
 
 pub struct Pool {
+    janitor: Janitor,
     env: Arc<Env>,
     slots: Arc<Mutex<Vec<Slot>>>,
     stop: Arc<AtomicBool>,
@@ -131,6 +132,7 @@ impl Pool {
                 .expect("keeper thread")
         };
         Pool {
+            janitor: Janitor::start(),
             env,
             slots,
             stop,
@@ -219,12 +221,25 @@ impl Pool {
         done.is_some()
     }
 
-    /// SIGSTOPs contender `id`'s whole process tree; the pids, for [`resume`].
+    /// SIGSTOPs contender `id`'s whole process tree; the pids, for [`Pool::resume`].
     pub fn pause(&self, id: &str) -> Vec<u32> {
-        self.with_slot(id, |s| {
-            stop_tree(s.running.as_ref().expect("running").pid())
-        })
-        .unwrap_or_default()
+        let pids = self
+            .with_slot(id, |s| {
+                stop_tree(s.running.as_ref().expect("running").pid())
+            })
+            .unwrap_or_default();
+        // The root is the lifeline's to kill; a stopped descendant (the CLI's supervisor and
+        // job) would never see kafka-lock die, so the janitor kills it if the test does.
+        self.janitor.watch(pids.get(1..).unwrap_or_default());
+        pids
+    }
+
+    /// SIGCONTs what [`Pool::pause`] stopped, in the same order.
+    pub fn resume(&self, pids: &[u32]) {
+        for &pid in pids {
+            signal(pid, libc::SIGCONT);
+        }
+        self.janitor.watch(&[]);
     }
 
     pub fn stop(&mut self) {
@@ -256,10 +271,45 @@ impl Drop for Pool {
     }
 }
 
-/// SIGCONTs what [`Pool::pause`] stopped, in the same order.
-pub fn resume(pids: &[u32]) {
-    for &pid in pids {
-        signal(pid, libc::SIGCONT);
+/// Kills the processes a pause left stopped when the test process ends while they are: the
+/// lifeline kills each contender's own process, but a stopped CLI supervisor and job would wait
+/// for a SIGCONT that never comes. A shell reading the pids from a pipe this process holds: at
+/// end of input, however this process ended, it SIGKILLs the last list it was given (which a
+/// stopped process cannot dodge) and exits; an empty line means nothing is stopped.
+struct Janitor {
+    list: Mutex<Option<std::process::ChildStdin>>,
+    shell: Mutex<std::process::Child>,
+}
+
+const JANITOR: &str = r#"pids=; while IFS= read -r line; do pids=$line; done; [ -z "$pids" ] || kill -KILL $pids 2>/dev/null; exit 0"#;
+
+impl Janitor {
+    fn start() -> Janitor {
+        let mut shell = Command::new("sh")
+            .args(["-c", JANITOR])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start the pause janitor");
+        Janitor {
+            list: Mutex::new(shell.stdin.take()),
+            shell: Mutex::new(shell),
+        }
+    }
+
+    fn watch(&self, pids: &[u32]) {
+        let line: Vec<String> = pids.iter().map(u32::to_string).collect();
+        if let Some(w) = self.list.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            let _ = writeln!(w, "{}", line.join(" "));
+        }
+    }
+}
+
+impl Drop for Janitor {
+    fn drop(&mut self) {
+        drop(self.list.lock().unwrap_or_else(|p| p.into_inner()).take());
+        let _ = self.shell.lock().unwrap_or_else(|p| p.into_inner()).wait();
     }
 }
 
@@ -546,4 +596,34 @@ fn forward_cli_events(
             lease_end: v["lease_end_mono_ns"].as_i64(),
         });
     }
+}
+
+/// The janitor kills what it was last told is stopped once its pipe closes, as it does when the
+/// test process dies, and leaves alone what was resumed.
+#[test]
+fn the_janitor_kills_stopped_processes_when_its_pipe_closes() {
+    // Killed and reaped on drop, whatever happens below.
+    let spawn = || {
+        crate::support::ChildGuard::new(
+            Command::new("sleep")
+                .arg("600")
+                .spawn()
+                .expect("start sleep"),
+        )
+    };
+    let (mut stopped, resumed) = (spawn(), spawn());
+    let janitor = Janitor::start();
+    signal(resumed.id(), libc::SIGSTOP);
+    janitor.watch(&[resumed.id()]);
+    signal(resumed.id(), libc::SIGCONT);
+    janitor.watch(&[]);
+    signal(stopped.id(), libc::SIGSTOP);
+    janitor.watch(&[stopped.id()]);
+    drop(janitor);
+    let status = stopped.wait().expect("reap");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(libc::SIGKILL)
+    );
+    assert!(crate::support::pid_alive(resumed.id()));
 }

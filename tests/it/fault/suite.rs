@@ -325,7 +325,7 @@ impl Run {
                 if let Some(id) = &target {
                     let pids = self.pool.pause(id);
                     std::thread::sleep(SESSION + plan.length);
-                    pool::resume(&pids);
+                    self.pool.resume(&pids);
                     note = format!("{id} ({} processes) stopped", pids.len());
                 }
             }
@@ -394,7 +394,7 @@ impl Run {
                 let broker =
                     self.broker_fault(plan.broker_fault, node, plan.broker_length, plan.delay);
                 std::thread::sleep(heal_at.saturating_duration_since(Instant::now()));
-                pool::resume(&paused);
+                self.pool.resume(&paused);
                 if let (Some(id), true) = (&target, cut) {
                     self.pool.proxies_of(id, |p| p.set_all(Fault::Clear));
                 }
@@ -721,13 +721,13 @@ fn report(
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "# Fault suite report\n\nMode {}, seed {}, {} episodes in {:.0} min; Apache Kafka 4.1.2, \
+        "# Fault suite report\n\nMode {}, seed {}, {} episodes in {:.0} s; Apache Kafka 4.1.2, \
          three nodes; session timeout {:?}, heartbeat {:?}, lease margin: the library's and \
          the CLI's defaults.\n",
         if run.cfg.ci { "CI" } else { "long" },
         run.cfg.seed,
         run.records.len(),
-        took.as_secs_f64() / 60.0,
+        took.as_secs_f64(),
         SESSION,
         super::HEARTBEAT
     );
