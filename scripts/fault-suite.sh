@@ -3,8 +3,8 @@
 #
 #   scripts/fault-suite.sh [--long] [--seed N] [--episodes N]
 #
-# Without --long: the CI mode (every nemesis once, about two minutes), the same test that
-# scripts/test.sh runs. With --long: 200 episodes of nemeses drawn at random (about an hour),
+# Without --long: the CI mode (every nemesis once, about 130 s), the same test that
+# scripts/test.sh runs. With --long: 200 episodes of nemeses drawn at random (about 30 minutes),
 # the run behind RELIABILITY.md. A seed replays the same schedule of faults; without one the
 # run picks and prints a seed. Either mode fails on any overlapping hold or accepted stale
 # write, and if the checker does not catch a contender that ignores its loss. The report,
