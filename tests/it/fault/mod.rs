@@ -40,9 +40,9 @@ fn suite_ci() {
     suite::run(suite::Config::from_env(true));
 }
 
-/// The long mode (≥ 200 episodes by default, about an hour): `scripts/fault-suite.sh --long`.
+/// The long mode (200 episodes by default, about half an hour): `scripts/fault-suite.sh --long`.
 #[test]
-#[ignore = "an hour long; run by scripts/fault-suite.sh --long"]
+#[ignore = "half an hour long; run by scripts/fault-suite.sh --long"]
 fn suite_long() {
     crate::support::init_tracing();
     suite::run(suite::Config::from_env(false));
