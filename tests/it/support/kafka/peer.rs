@@ -213,6 +213,11 @@ impl SeedPeer {
         self.process.signal(signal);
     }
 
+    /// The JVM's exit status once it has ended (killed, or closed), without waiting.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.process.exited()
+    }
+
     /// The JVM's pid.
     pub fn pid(&self) -> u32 {
         self.process.pid()

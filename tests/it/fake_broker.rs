@@ -1,0 +1,132 @@
+//! A scripted coordinator on a loopback port, for Apache Kafka behaviour the test broker (tansu)
+//! cannot be made to show: it answers each request with whatever the test's closure returns.
+//!
+//! It speaks just enough of the protocol: ApiVersions (Apache 4.x's ranges for the APIs
+//! kafka-lock uses), FindCoordinator naming itself, and everything else through the closure.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::{BufMut, BytesMut};
+use kafka_protocol::messages::api_versions_response::{ApiVersion, ApiVersionsResponse};
+use kafka_protocol::messages::find_coordinator_response::{Coordinator, FindCoordinatorResponse};
+use kafka_protocol::messages::{ApiKey, BrokerId, RequestHeader, ResponseHeader};
+use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// What a scripted answer is: the encoded body for (api, version, request body bytes), or None to
+/// close the connection.
+pub type Script = dyn Fn(ApiKey, i16, &mut BytesMut) -> Option<BytesMut> + Send + Sync;
+
+/// A running fake; it stops when dropped (the runtime that owns it ends with the test).
+pub struct FakeBroker {
+    pub addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FakeBroker {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+const RANGES: &[(ApiKey, i16, i16)] = &[
+    (ApiKey::ApiVersions, 0, 4),
+    (ApiKey::Metadata, 0, 12),
+    (ApiKey::FindCoordinator, 0, 6),
+    (ApiKey::JoinGroup, 0, 9),
+    (ApiKey::SyncGroup, 0, 5),
+    (ApiKey::Heartbeat, 0, 4),
+    (ApiKey::LeaveGroup, 0, 5),
+    (ApiKey::DescribeGroups, 0, 5),
+    (ApiKey::OffsetCommit, 0, 9),
+    (ApiKey::OffsetFetch, 0, 9),
+];
+
+pub async fn start(script: Arc<Script>) -> FakeBroker {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((mut sock, _)) = listener.accept().await else {
+                return;
+            };
+            let script = script.clone();
+            tokio::spawn(async move {
+                loop {
+                    let mut len = [0u8; 4];
+                    if sock.read_exact(&mut len).await.is_err() {
+                        return;
+                    }
+                    let mut frame = vec![0u8; u32::from_be_bytes(len) as usize];
+                    if sock.read_exact(&mut frame).await.is_err() {
+                        return;
+                    }
+                    let mut buf = BytesMut::from(&frame[..]);
+                    let api = ApiKey::try_from(i16::from_be_bytes([buf[0], buf[1]])).unwrap();
+                    let version = i16::from_be_bytes([buf[2], buf[3]]);
+                    let header =
+                        RequestHeader::decode(&mut buf, api.request_header_version(version))
+                            .unwrap();
+                    let body = match api {
+                        ApiKey::ApiVersions => Some(api_versions(version)),
+                        ApiKey::FindCoordinator => Some(find_coordinator(addr, version)),
+                        _ => script(api, version, &mut buf),
+                    };
+                    let Some(body) = body else { return };
+                    let mut out = BytesMut::new();
+                    let mut rh = ResponseHeader::default();
+                    rh.correlation_id = header.correlation_id;
+                    rh.encode(&mut out, api.response_header_version(version))
+                        .unwrap();
+                    out.put_slice(&body);
+                    let mut framed = BytesMut::new();
+                    framed.put_u32(out.len() as u32);
+                    framed.put_slice(&out);
+                    if sock.write_all(&framed).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    FakeBroker { addr, task }
+}
+
+fn api_versions(version: i16) -> BytesMut {
+    let mut r = ApiVersionsResponse::default();
+    r.api_keys = RANGES
+        .iter()
+        .map(|(k, min, max)| {
+            let mut v = ApiVersion::default();
+            v.api_key = *k as i16;
+            v.min_version = *min;
+            v.max_version = *max;
+            v
+        })
+        .collect();
+    encode(&r, version)
+}
+
+fn find_coordinator(addr: SocketAddr, version: i16) -> BytesMut {
+    let mut r = FindCoordinatorResponse::default();
+    if version >= 4 {
+        let mut c = Coordinator::default();
+        c.node_id = BrokerId(1);
+        c.host = StrBytes::from_string(addr.ip().to_string());
+        c.port = addr.port() as i32;
+        r.coordinators = vec![c];
+    } else {
+        r.node_id = BrokerId(1);
+        r.host = StrBytes::from_string(addr.ip().to_string());
+        r.port = addr.port() as i32;
+    }
+    encode(&r, version)
+}
+
+pub fn encode<T: Encodable>(msg: &T, version: i16) -> BytesMut {
+    let mut out = BytesMut::new();
+    msg.encode(&mut out, version).unwrap();
+    out
+}

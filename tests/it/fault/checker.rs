@@ -1,0 +1,726 @@
+//! The checker: a fenced store every contender writes to while it holds the lock, the log of the
+//! contenders' own events, and the analysis of both.
+//!
+//! **The store** keeps, per lock, the highest token it has accepted, and accepts a write only if
+//! the writer's token is at least that. It records every write: writer, token, the writer's
+//! CLOCK_MONOTONIC reading when it sent the write, the store's own reading when it decided, and
+//! the decision. **The events** are what each contender says happened to it (waiting, acquired,
+//! renewed with the new lease end, token changed, lost with the lease end, released, gave up),
+//! stamped on CLOCK_MONOTONIC by the contender; the suite adds `killed` when it SIGKILLs one.
+//! CLOCK_MONOTONIC is one clock for every process on the host (`Instant` on Linux, Java's
+//! `System.nanoTime`), so every timestamp here compares directly.
+//!
+//! Processes reach the store over a line protocol on a loopback TCP port:
+//! `E <lock> <id> <kind> <mono_ns> <token|-> <lease_end_ns|->` (no answer) and
+//! `W <lock> <id> <token> <sent_ns>` (answered `A`, or `R <highest>`); contenders inside the test
+//! process call [`Checker::event`] and [`Checker::write`] directly.
+//!
+//! **The analysis** ([`analyse`]) turns each contender's events into hold intervals: from its
+//! `acquired` to the earlier of its loss or release report and the lease end that report
+//! carries, or, for a holder that never reports again (killed, or still holding when the run
+//! ends), the last lease end it reported. A contender that says nothing about a lease (the
+//! CLI's events carry none until a loss) is held to its kill or the run's end. Then:
+//! - **overlaps**: two holds of different contenders on one lock that intersect. A Java seed
+//!   client has no lease, so an overlap counts against kafka-lock only when the hold that began
+//!   first is kafka-lock's (its lease must end before anyone else can be given the lock);
+//!   the others are reported as not judged;
+//! - **stale writes accepted**: an accepted write whose token is lower than that of a hold by
+//!   another contender that had already begun when the store decided: the store let an old
+//!   holder through after a newer one was named;
+//! - **writes rejected**: fenced off by the store (expected from holders that were cut off);
+//! - **late writes**: sent while the writer was not holding by its own account (a figure, not a
+//!   failure: the fence exists for exactly these);
+//! - **acquisitions**, and the **longest time the lock was free while someone waited**.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+
+use crate::support::mono_ns;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Waiting,
+    Acquired,
+    Renewed,
+    Token,
+    Lost,
+    Released,
+    GaveUp,
+    Killed,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Waiting => "waiting",
+            Kind::Acquired => "acquired",
+            Kind::Renewed => "renewed",
+            Kind::Token => "token",
+            Kind::Lost => "lost",
+            Kind::Released => "released",
+            Kind::GaveUp => "gaveup",
+            Kind::Killed => "killed",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Kind> {
+        [
+            Kind::Waiting,
+            Kind::Acquired,
+            Kind::Renewed,
+            Kind::Token,
+            Kind::Lost,
+            Kind::Released,
+            Kind::GaveUp,
+            Kind::Killed,
+        ]
+        .into_iter()
+        .find(|k| k.name() == s)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    pub lock: String,
+    pub id: String,
+    pub kind: Kind,
+    pub mono: i64,
+    pub token: Option<i64>,
+    pub lease_end: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct WriteRec {
+    pub lock: String,
+    pub id: String,
+    pub token: i64,
+    pub sent: i64,
+    pub decided: i64,
+    pub accepted: bool,
+}
+
+#[derive(Debug, Default)]
+pub struct Log {
+    pub events: Vec<Event>,
+    pub writes: Vec<WriteRec>,
+    highest: HashMap<String, i64>,
+}
+
+impl Log {
+    /// The fenced write: accepted only if `token` is at least the highest accepted so far.
+    fn write(&mut self, lock: &str, id: &str, token: i64, sent: i64) -> Result<(), i64> {
+        let highest = self.highest.get(lock).copied();
+        let accepted = highest.is_none_or(|h| token >= h);
+        if accepted {
+            self.highest.insert(lock.to_owned(), token);
+        }
+        self.writes.push(WriteRec {
+            lock: lock.to_owned(),
+            id: id.to_owned(),
+            token,
+            sent,
+            decided: mono_ns(),
+            accepted,
+        });
+        if accepted {
+            Ok(())
+        } else {
+            Err(highest.unwrap_or(token))
+        }
+    }
+}
+
+/// Ids of contenders whose holds are not judged for overlaps (they have no lease).
+pub fn judged(id: &str) -> bool {
+    !id.starts_with("java")
+}
+
+/// The store and event log, with a loopback port for other processes.
+pub struct Checker {
+    log: Arc<Mutex<Log>>,
+    addr: SocketAddr,
+}
+
+impl Checker {
+    /// Starts serving on a free loopback port (a thread per connection: a handful of contender
+    /// processes, each with one connection).
+    pub fn start() -> Checker {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .unwrap_or_else(|e| panic!("checker cannot bind a loopback port: {e}"));
+        let addr = listener.local_addr().expect("bound");
+        let log: Arc<Mutex<Log>> = Arc::default();
+        let shared = log.clone();
+        // Detached: it only ever blocks in accept, and goes with the test process.
+        std::thread::Builder::new()
+            .name("fault-checker".into())
+            .spawn(move || {
+                for stream in listener.incoming().map_while(Result::ok) {
+                    let log = shared.clone();
+                    let _ = std::thread::Builder::new()
+                        .name("fault-checker-conn".into())
+                        .spawn(move || serve(stream, &log));
+                }
+            })
+            .expect("checker thread");
+        Checker { log, addr }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn event(&self, e: Event) {
+        self.lock().events.push(e);
+    }
+
+    pub fn write(&self, lock: &str, id: &str, token: i64, sent: i64) -> Result<(), i64> {
+        self.lock().write(lock, id, token, sent)
+    }
+
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, Log> {
+        self.log.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Acquisitions on `lock` after `since`, by contenders `pick` accepts.
+    pub fn acquired_since(&self, lock: &str, since: i64, pick: impl Fn(&str) -> bool) -> usize {
+        self.lock()
+            .events
+            .iter()
+            .filter(|e| e.lock == lock && e.kind == Kind::Acquired && e.mono > since && pick(&e.id))
+            .count()
+    }
+
+    /// The contenders that hold `lock` by their own latest report, latest acquisition first.
+    pub fn holders(&self, lock: &str) -> Vec<String> {
+        let log = self.lock();
+        let mut last: HashMap<&str, &Event> = HashMap::new();
+        for e in log.events.iter().filter(|e| e.lock == lock) {
+            if matches!(e.kind, Kind::Renewed | Kind::Token) {
+                continue;
+            }
+            match last.get(e.id.as_str()) {
+                Some(prev) if prev.mono > e.mono => {}
+                _ => {
+                    last.insert(&e.id, e);
+                }
+            }
+        }
+        let mut held: Vec<&Event> = last
+            .into_values()
+            .filter(|e| e.kind == Kind::Acquired)
+            .collect();
+        held.sort_by_key(|e| std::cmp::Reverse(e.mono));
+        held.into_iter().map(|e| e.id.clone()).collect()
+    }
+}
+
+fn serve(stream: TcpStream, log: &Mutex<Log>) {
+    let _ = stream.set_nodelay(true);
+    let Ok(mut out) = stream.try_clone() else {
+        return;
+    };
+    for line in BufReader::new(stream).lines().map_while(Result::ok) {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let num = |s: &str| s.parse::<i64>().ok();
+        match f.as_slice() {
+            ["E", lock, id, kind, mono, token, lease] => {
+                let (Some(kind), Some(mono)) = (Kind::parse(kind), num(mono)) else {
+                    continue;
+                };
+                log.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .events
+                    .push(Event {
+                        lock: (*lock).to_owned(),
+                        id: (*id).to_owned(),
+                        kind,
+                        mono,
+                        token: num(token),
+                        lease_end: num(lease),
+                    });
+            }
+            ["W", lock, id, token, sent] => {
+                let (Some(token), Some(sent)) = (num(token), num(sent)) else {
+                    continue;
+                };
+                let answer = match log
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .write(lock, id, token, sent)
+                {
+                    Ok(()) => "A\n".to_owned(),
+                    Err(h) => format!("R {h}\n"),
+                };
+                if out.write_all(answer.as_bytes()).is_err() {
+                    return;
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// A client of the checker's port, for contender processes.
+pub struct Reporter {
+    out: TcpStream,
+    answers: BufReader<TcpStream>,
+    lock: String,
+    id: String,
+}
+
+impl Reporter {
+    pub fn connect(addr: &str, lock: &str, id: &str) -> std::io::Result<Reporter> {
+        let out = TcpStream::connect(addr)?;
+        out.set_nodelay(true)?;
+        let answers = BufReader::new(out.try_clone()?);
+        Ok(Reporter {
+            out,
+            answers,
+            lock: lock.to_owned(),
+            id: id.to_owned(),
+        })
+    }
+
+    pub fn event(&mut self, kind: Kind, token: Option<i64>, lease_end: Option<i64>) {
+        self.event_at(kind, mono_ns(), token, lease_end);
+    }
+
+    /// An event that happened at `mono`, reported now.
+    pub fn event_at(&mut self, kind: Kind, mono: i64, token: Option<i64>, lease_end: Option<i64>) {
+        let opt = |v: Option<i64>| v.map_or("-".to_owned(), |v| v.to_string());
+        let line = format!(
+            "E {} {} {} {} {} {}\n",
+            self.lock,
+            self.id,
+            kind.name(),
+            mono,
+            opt(token),
+            opt(lease_end)
+        );
+        // The checker is the test process; if it is gone, so is the point of going on.
+        if self.out.write_all(line.as_bytes()).is_err() {
+            std::process::exit(70);
+        }
+    }
+
+    /// A fenced write; true if the store accepted it.
+    pub fn write(&mut self, token: i64) -> bool {
+        let line = format!("W {} {} {token} {}\n", self.lock, self.id, mono_ns());
+        let mut answer = String::new();
+        if self.out.write_all(line.as_bytes()).is_err()
+            || self.answers.read_line(&mut answer).unwrap_or(0) == 0
+        {
+            std::process::exit(70);
+        }
+        answer.starts_with('A')
+    }
+}
+
+/// One hold, as the analysis reconstructs it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hold {
+    pub lock: String,
+    pub id: String,
+    pub token: i64,
+    pub start: i64,
+    pub end: i64,
+    pub how: &'static str,
+}
+
+/// Two holds that intersect; `first` began first.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Overlap {
+    pub first: Hold,
+    pub second: Hold,
+    pub judged: bool,
+}
+
+impl Overlap {
+    pub fn start(&self) -> i64 {
+        self.second.start
+    }
+
+    pub fn length_ns(&self) -> i64 {
+        self.first.end.min(self.second.end) - self.second.start
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Analysis {
+    pub holds: Vec<Hold>,
+    pub overlaps: Vec<Overlap>,
+    pub stale_accepted: Vec<(WriteRec, Hold)>,
+    pub rejected: Vec<WriteRec>,
+    pub late: Vec<WriteRec>,
+    pub accepted: usize,
+    /// Maximal spans in which the lock had no holder and someone waited, per lock.
+    pub free_waiting: Vec<(String, i64, i64)>,
+}
+
+impl Analysis {
+    pub fn judged_overlaps(&self) -> impl Iterator<Item = &Overlap> {
+        self.overlaps.iter().filter(|o| o.judged)
+    }
+
+    /// Whether the run broke a safety property.
+    pub fn unsafe_(&self) -> bool {
+        self.judged_overlaps().next().is_some() || !self.stale_accepted.is_empty()
+    }
+
+    /// The first few violations, for a failure message.
+    pub fn violations(&self, max: usize) -> String {
+        let mut s = String::new();
+        for o in self.judged_overlaps().take(max) {
+            let _ = writeln!(
+                s,
+                "OVERLAP {:.3} s on {}: {} token {} [{}, {}] ({}) and {} token {} [{}, {}] ({})",
+                o.length_ns() as f64 / 1e9,
+                o.first.lock,
+                o.first.id,
+                o.first.token,
+                o.first.start,
+                o.first.end,
+                o.first.how,
+                o.second.id,
+                o.second.token,
+                o.second.start,
+                o.second.end,
+                o.second.how
+            );
+        }
+        for (w, h) in self.stale_accepted.iter().take(max) {
+            let _ = writeln!(
+                s,
+                "STALE WRITE ACCEPTED on {}: {} token {} sent {} decided {}, after {} began holding \
+                 token {} at {}",
+                w.lock, w.id, w.token, w.sent, w.decided, h.id, h.token, h.start
+            );
+        }
+        s
+    }
+}
+
+/// Reconstructs the holds and checks them and the writes; `end` closes what is still open.
+pub fn analyse(events: &[Event], writes: &[WriteRec], end: i64) -> Analysis {
+    let mut by_id: HashMap<(&str, &str), Vec<&Event>> = HashMap::new();
+    for e in events {
+        by_id.entry((&e.lock, &e.id)).or_default().push(e);
+    }
+    let mut holds = Vec::new();
+    let mut waits: Vec<(String, i64, i64)> = Vec::new();
+    for ((lock, id), mut evs) in by_id {
+        // One contender's events are sent in order, but the suite's own `killed` may arrive
+        // after the last words of the process it killed.
+        evs.sort_by_key(|e| e.mono);
+        let mut open: Option<(i64, i64, i64, Option<i64>)> = None; // start, first token, last token, lease end
+        let mut waiting: Option<i64> = None;
+        let close = |holds: &mut Vec<Hold>, o: (i64, i64, i64, Option<i64>), at: i64, how| {
+            holds.push(Hold {
+                lock: lock.to_owned(),
+                id: id.to_owned(),
+                token: o.1,
+                start: o.0,
+                end: at.max(o.0),
+                how,
+            });
+        };
+        for e in evs {
+            match e.kind {
+                Kind::Waiting => {
+                    waiting.get_or_insert(e.mono);
+                }
+                Kind::Acquired => {
+                    if let Some(w) = waiting.take() {
+                        waits.push((lock.to_owned(), w, e.mono));
+                    }
+                    if let Some(o) = open.take() {
+                        // A second acquisition without a word in between: the first hold ended
+                        // by the time the second began, at the latest.
+                        let at = o.3.map_or(e.mono, |l| l.min(e.mono));
+                        close(&mut holds, o, at, "superseded");
+                    }
+                    let t = e.token.unwrap_or(-1);
+                    open = Some((e.mono, t, t, e.lease_end));
+                }
+                Kind::Renewed => {
+                    if let (Some(o), Some(l)) = (open.as_mut(), e.lease_end) {
+                        o.3 = Some(o.3.map_or(l, |p| p.max(l)));
+                    }
+                }
+                Kind::Token => {
+                    if let (Some(o), Some(t)) = (open.as_mut(), e.token) {
+                        o.2 = t;
+                    }
+                }
+                Kind::Lost => {
+                    if let Some(o) = open.take() {
+                        let at = e.lease_end.map_or(e.mono, |l| l.min(e.mono));
+                        close(&mut holds, o, at, "lost");
+                    }
+                }
+                Kind::Released => {
+                    if let Some(o) = open.take() {
+                        let at = e.lease_end.map_or(e.mono, |l| l.min(e.mono));
+                        close(&mut holds, o, at, "released");
+                    }
+                }
+                Kind::GaveUp => {
+                    if let Some(w) = waiting.take() {
+                        waits.push((lock.to_owned(), w, e.mono));
+                    }
+                }
+                Kind::Killed => {
+                    if let Some(o) = open.take() {
+                        let at = o.3.map_or(e.mono, |l| l.min(e.mono));
+                        close(&mut holds, o, at, "killed");
+                    }
+                    if let Some(w) = waiting.take() {
+                        waits.push((lock.to_owned(), w, e.mono));
+                    }
+                }
+            }
+        }
+        if let Some(o) = open.take() {
+            let at = o.3.map_or(end, |l| l.min(end));
+            close(&mut holds, o, at, "open at the end");
+        }
+        if let Some(w) = waiting.take() {
+            waits.push((lock.to_owned(), w, end));
+        }
+    }
+    holds.sort_by(|a, b| (a.start, &a.id).cmp(&(b.start, &b.id)));
+
+    let mut overlaps = Vec::new();
+    for (i, a) in holds.iter().enumerate() {
+        for b in &holds[i + 1..] {
+            if b.start >= a.end {
+                // Sorted by start: every later hold begins after `a` ended too.
+                break;
+            }
+            if b.lock != a.lock || b.id == a.id || b.start >= a.end.min(b.end) {
+                continue;
+            }
+            overlaps.push(Overlap {
+                first: a.clone(),
+                second: b.clone(),
+                judged: judged(&a.id),
+            });
+        }
+    }
+
+    let mut analysis = Analysis {
+        holds,
+        overlaps,
+        ..Analysis::default()
+    };
+    for w in writes {
+        if !w.accepted {
+            analysis.rejected.push(w.clone());
+        } else {
+            analysis.accepted += 1;
+            if let Some(h) = analysis.holds.iter().find(|h| {
+                h.lock == w.lock && h.id != w.id && h.token > w.token && h.start <= w.decided
+            }) {
+                analysis.stale_accepted.push((w.clone(), h.clone()));
+            }
+        }
+        let own = analysis
+            .holds
+            .iter()
+            .any(|h| h.lock == w.lock && h.id == w.id && h.start <= w.sent && w.sent <= h.end);
+        if !own {
+            analysis.late.push(w.clone());
+        }
+    }
+    analysis.free_waiting = free_while_waiting(&analysis.holds, &waits);
+    analysis
+}
+
+/// Maximal spans, per lock, in which no hold was open and at least one wait was.
+fn free_while_waiting(holds: &[Hold], waits: &[(String, i64, i64)]) -> Vec<(String, i64, i64)> {
+    let mut locks: Vec<&str> = waits.iter().map(|w| w.0.as_str()).collect();
+    locks.sort_unstable();
+    locks.dedup();
+    let mut out = Vec::new();
+    for lock in locks {
+        // (time, holders delta, waiters delta); ends sort before starts at the same instant.
+        let mut points: Vec<(i64, i32, i32)> = Vec::new();
+        for h in holds.iter().filter(|h| h.lock == lock && h.end > h.start) {
+            points.push((h.start, 1, 0));
+            points.push((h.end, -1, 0));
+        }
+        for w in waits.iter().filter(|w| w.0 == lock && w.2 > w.1) {
+            points.push((w.1, 0, 1));
+            points.push((w.2, 0, -1));
+        }
+        points.sort_by_key(|p| (p.0, p.1 + p.2));
+        let (mut holders, mut waiters) = (0, 0);
+        let mut since: Option<i64> = None;
+        for (t, dh, dw) in points {
+            holders += dh;
+            waiters += dw;
+            let free = holders == 0 && waiters > 0;
+            match (free, since) {
+                (true, None) => since = Some(t),
+                (false, Some(s)) => {
+                    if t > s {
+                        out.push((lock.to_owned(), s, t));
+                    }
+                    since = None;
+                }
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(id: &str, kind: Kind, mono: i64, token: Option<i64>, lease: Option<i64>) -> Event {
+        Event {
+            lock: "L".into(),
+            id: id.into(),
+            kind,
+            mono,
+            token,
+            lease_end: lease,
+        }
+    }
+
+    fn wr(id: &str, token: i64, at: i64, accepted: bool) -> WriteRec {
+        WriteRec {
+            lock: "L".into(),
+            id: id.into(),
+            token,
+            sent: at,
+            decided: at,
+            accepted,
+        }
+    }
+
+    /// A hand-over done right: A loses at its lease end, B acquires later with a higher token;
+    /// A's writes before the loss are accepted, its late one is fenced off.
+    #[test]
+    fn a_clean_handover_passes() {
+        let events = [
+            ev("a", Kind::Waiting, 0, None, None),
+            ev("a", Kind::Acquired, 10, Some(1), Some(60)),
+            ev("b", Kind::Waiting, 20, None, None),
+            ev("a", Kind::Renewed, 40, None, Some(90)),
+            ev("a", Kind::Lost, 120, None, Some(90)),
+            ev("b", Kind::Acquired, 100, Some(2), Some(150)),
+            ev("b", Kind::Released, 130, None, None),
+        ];
+        let writes = [
+            wr("a", 1, 15, true),
+            wr("b", 2, 101, true),
+            wr("a", 1, 115, false),
+        ];
+        let a = analyse(&events, &writes, 200);
+        assert!(!a.unsafe_(), "{}", a.violations(5));
+        assert_eq!(a.holds.len(), 2);
+        assert_eq!((a.holds[0].start, a.holds[0].end), (10, 90));
+        assert_eq!(a.rejected.len(), 1);
+        assert_eq!(a.late.len(), 1);
+        // Free while A waited for the first hold, and from A's lease end (90) to B's
+        // acquisition (100) while B waited; after B's release nobody waited.
+        assert_eq!(
+            a.free_waiting,
+            vec![("L".to_owned(), 0, 10), ("L".to_owned(), 90, 100)]
+        );
+    }
+
+    /// A contender that ignores its loss and keeps writing is caught twice: its hold overlaps
+    /// the next holder's, and a write that lands before the next holder's first write is a
+    /// stale write the store let through.
+    #[test]
+    fn a_holder_that_ignores_its_loss_is_caught() {
+        let events = [
+            ev("a", Kind::Acquired, 10, Some(1), None),
+            ev("b", Kind::Acquired, 100, Some(2), Some(150)),
+            ev("a", Kind::Released, 300, None, None),
+            ev("b", Kind::Lost, 400, None, Some(150)),
+        ];
+        let writes = [
+            wr("a", 1, 15, true),
+            wr("a", 1, 105, true),
+            wr("b", 2, 110, true),
+            wr("a", 1, 120, false),
+        ];
+        let a = analyse(&events, &writes, 500);
+        assert!(a.unsafe_());
+        assert_eq!(a.judged_overlaps().count(), 1);
+        assert_eq!(a.stale_accepted.len(), 1);
+        assert_eq!(a.stale_accepted[0].0.sent, 105);
+        assert_eq!(a.rejected.len(), 1);
+    }
+
+    /// A killed holder's hold ends at its last known lease end, not at the kill: it may have
+    /// been killed long after it was cut off.
+    #[test]
+    fn a_killed_holder_holds_until_its_last_lease_end() {
+        let events = [
+            ev("a", Kind::Acquired, 10, Some(1), Some(50)),
+            ev("a", Kind::Renewed, 30, None, Some(70)),
+            ev("a", Kind::Killed, 200, None, None),
+            ev("b", Kind::Acquired, 80, Some(2), None),
+        ];
+        let a = analyse(&events, &[], 300);
+        assert!(!a.unsafe_(), "{}", a.violations(5));
+        let early = [ev("b", Kind::Acquired, 60, Some(2), None)];
+        let a = analyse(&[&events[..3], &early[..]].concat(), &[], 300);
+        assert_eq!(a.judged_overlaps().count(), 1);
+    }
+
+    /// A release reported late (the contender was paused past its lease) ends the hold at the
+    /// lease end the report carries, not at the report: the first long run flagged 20 overlaps
+    /// that were such late reports, not late holds.
+    #[test]
+    fn a_late_release_report_ends_at_its_lease_end() {
+        let events = [
+            ev("a", Kind::Acquired, 10, Some(1), Some(50)),
+            ev("b", Kind::Acquired, 60, Some(2), Some(110)),
+            ev("a", Kind::Released, 90, None, Some(50)),
+        ];
+        let a = analyse(&events, &[], 200);
+        assert!(!a.unsafe_(), "{}", a.violations(5));
+        assert_eq!(a.holds[0].end, 50);
+    }
+
+    /// The Java seed client has no lease: when it holds first and kafka-lock acquires while it
+    /// still believes it holds, that is the seed client's failing, not kafka-lock's. The other
+    /// way round counts.
+    #[test]
+    fn only_overlaps_that_kafka_lock_began_first_are_judged() {
+        let java_first = [
+            ev("java1", Kind::Acquired, 10, Some(1), None),
+            ev("lib1", Kind::Acquired, 50, Some(2), Some(90)),
+            ev("java1", Kind::Lost, 70, None, None),
+        ];
+        let a = analyse(&java_first, &[], 100);
+        assert_eq!(a.overlaps.len(), 1);
+        assert!(!a.unsafe_());
+        let lock_first = [
+            ev("lib1", Kind::Acquired, 10, Some(1), Some(90)),
+            ev("java1", Kind::Acquired, 50, Some(2), None),
+        ];
+        assert!(analyse(&lock_first, &[], 100).unsafe_());
+    }
+
+    #[test]
+    fn the_store_fences_lower_tokens_only() {
+        let mut log = Log::default();
+        assert!(log.write("L", "a", 3, 0).is_ok());
+        assert!(log.write("L", "a", 3, 0).is_ok());
+        assert_eq!(log.write("L", "b", 2, 0), Err(3));
+        assert!(log.write("M", "b", 2, 0).is_ok());
+        assert!(log.write("L", "b", 4, 0).is_ok());
+        assert_eq!(log.writes.iter().filter(|w| !w.accepted).count(), 1);
+    }
+}

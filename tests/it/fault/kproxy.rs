@@ -1,0 +1,514 @@
+//! A Kafka-aware loopback proxy: the network nemesis.
+//!
+//! A plain TCP proxy in front of the bootstrap address is bypassed as soon as the client asks
+//! for the coordinator, because brokers answer with their own advertised addresses. So each
+//! contender gets a [`ProxySet`]: one proxy per broker, and every Metadata and FindCoordinator
+//! answer that passes through is rewritten to name that contender's own proxies. All of one
+//! contender's traffic then stays on its proxies, and a fault set on them is a fault between
+//! that contender and that broker, and nobody else (only loopback addresses are used, a project
+//! rule, so network namespaces with private subnets are not an option).
+//!
+//! Requests are read as frames to learn the API key and version of each correlation id (the
+//! first eight bytes of a request header); answers to Metadata and FindCoordinator are decoded
+//! with kafka-lock's own codec and re-encoded with kafka-protocol's encoders. Everything else,
+//! including the Java client's Fetch and ListOffsets, passes through as opaque frames.
+//!
+//! Faults, per proxy and direction ("up" is client to broker):
+//! - [`Fault::Blackhole`]: stop forwarding but keep every socket open; frames already read are
+//!   held and delivered after the heal, as TCP would retransmit them across a partition that
+//!   healed before the peers gave up.
+//! - [`Fault::Reset`]: close every connection with an RST (zero linger), and reset new ones.
+//! - [`Fault::Delay`]: deliver each frame that long after it was read, in order.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use kafka_lock::wire::{decode_response_frame, Response};
+use kafka_protocol::messages::{ApiKey, ResponseHeader};
+use kafka_protocol::protocol::{Encodable, StrBytes};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::runtime::Handle;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+/// Larger than any frame a lock client or the Java consumer on an empty topic exchanges.
+const MAX_FRAME: usize = 64 << 20;
+
+/// Which way a fault applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dir {
+    /// Client to broker only.
+    Up,
+    /// Broker to client only.
+    Down,
+    Both,
+}
+
+impl Dir {
+    fn covers(self, d: Dir) -> bool {
+        self == Dir::Both || self == d
+    }
+}
+
+/// What a proxy does to the traffic through it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    Clear,
+    Blackhole(Dir),
+    Reset,
+    Delay(Duration, Dir),
+}
+
+impl Fault {
+    fn holds(self, d: Dir) -> bool {
+        matches!(self, Fault::Blackhole(x) if x.covers(d))
+    }
+
+    fn delay(self, d: Dir) -> Duration {
+        match self {
+            Fault::Delay(t, x) if x.covers(d) => t,
+            _ => Duration::ZERO,
+        }
+    }
+}
+
+/// Counters shared by the proxies of one set.
+#[derive(Debug, Default)]
+pub struct ProxyStats {
+    pub connections: AtomicU64,
+    pub rewritten: AtomicU64,
+    /// Answers that could not be rewritten and went through unchanged: the client may then
+    /// bypass the proxies, so a run reports them.
+    pub rewrite_failures: AtomicU64,
+    pub last_failure: Mutex<Option<String>>,
+}
+
+struct BrokerProxy {
+    node_id: i32,
+    port: u16,
+    fault: watch::Sender<Fault>,
+    accept: tokio::task::AbortHandle,
+}
+
+/// One contender's proxies, one per broker. Dropped, every listener and connection closes.
+pub struct ProxySet {
+    proxies: Vec<BrokerProxy>,
+    stats: Arc<ProxyStats>,
+}
+
+impl ProxySet {
+    /// A proxy on a free loopback port for each `(node id, address)` broker, on `rt`.
+    pub fn start(rt: &Handle, brokers: &[(i32, SocketAddr)]) -> ProxySet {
+        let listeners: Vec<std::net::TcpListener> = brokers
+            .iter()
+            .map(|_| {
+                let l = std::net::TcpListener::bind("127.0.0.1:0")
+                    .unwrap_or_else(|e| panic!("proxy cannot bind a loopback port: {e}"));
+                l.set_nonblocking(true).expect("non-blocking listener");
+                l
+            })
+            .collect();
+        let ports: Arc<HashMap<i32, u16>> = Arc::new(
+            brokers
+                .iter()
+                .zip(&listeners)
+                .map(|((id, _), l)| (*id, l.local_addr().expect("bound").port()))
+                .collect(),
+        );
+        let stats = Arc::new(ProxyStats::default());
+        let proxies = brokers
+            .iter()
+            .zip(listeners)
+            .map(|(&(node_id, target), listener)| {
+                let port = ports[&node_id];
+                let (fault, rx) = watch::channel(Fault::Clear);
+                let (ports, stats) = (ports.clone(), stats.clone());
+                let accept = rt
+                    .spawn(async move {
+                        let listener = TcpListener::from_std(listener).expect("register listener");
+                        accept_loop(listener, target, ports, rx, stats).await;
+                    })
+                    .abort_handle();
+                BrokerProxy {
+                    node_id,
+                    port,
+                    fault,
+                    accept,
+                }
+            })
+            .collect();
+        ProxySet { proxies, stats }
+    }
+
+    /// The proxies' addresses, for the contender's bootstrap list.
+    pub fn bootstrap(&self) -> String {
+        self.proxies
+            .iter()
+            .map(|p| format!("127.0.0.1:{}", p.port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Sets the fault on the proxy in front of broker `node_id`.
+    pub fn set(&self, node_id: i32, fault: Fault) {
+        for p in self.proxies.iter().filter(|p| p.node_id == node_id) {
+            p.fault.send_replace(fault);
+        }
+    }
+
+    /// Sets the fault on every proxy of the set: the contender cut off from the whole cluster.
+    pub fn set_all(&self, fault: Fault) {
+        for p in &self.proxies {
+            p.fault.send_replace(fault);
+        }
+    }
+
+    pub fn stats(&self) -> &ProxyStats {
+        &self.stats
+    }
+}
+
+impl Drop for ProxySet {
+    fn drop(&mut self) {
+        for p in &self.proxies {
+            // Connections watch the fault channel; a reset closes them before the sender goes.
+            p.fault.send_replace(Fault::Reset);
+            p.accept.abort();
+        }
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    target: SocketAddr,
+    ports: Arc<HashMap<i32, u16>>,
+    fault: watch::Receiver<Fault>,
+    stats: Arc<ProxyStats>,
+) {
+    loop {
+        let Ok((client, _)) = listener.accept().await else {
+            continue;
+        };
+        stats.connections.fetch_add(1, Ordering::Relaxed);
+        tokio::spawn(connection(
+            client,
+            target,
+            ports.clone(),
+            fault.clone(),
+            stats.clone(),
+        ));
+    }
+}
+
+/// Closes with an RST rather than a FIN, as a broker host that lost the connection would.
+fn reset(stream: &TcpStream) {
+    let _ = stream.set_zero_linger();
+}
+
+async fn connection(
+    client: TcpStream,
+    target: SocketAddr,
+    ports: Arc<HashMap<i32, u16>>,
+    mut fault: watch::Receiver<Fault>,
+    stats: Arc<ProxyStats>,
+) {
+    if *fault.borrow_and_update() == Fault::Reset {
+        reset(&client);
+        return;
+    }
+    let upstream = match TcpStream::connect(target).await {
+        Ok(s) => s,
+        Err(_) => {
+            // The broker is down: the client sees what it would see without the proxy.
+            reset(&client);
+            return;
+        }
+    };
+    let _ = client.set_nodelay(true);
+    let _ = upstream.set_nodelay(true);
+    let (cr, mut cw) = client.into_split();
+    let (ur, mut uw) = upstream.into_split();
+    // Correlation id -> (API, version) of the requests whose answers are rewritten.
+    let inflight: Arc<Mutex<HashMap<i32, (ApiKey, i16)>>> = Arc::default();
+    let (up_tx, up_rx) = mpsc::unbounded_channel();
+    let (down_tx, down_rx) = mpsc::unbounded_channel();
+    let requests = inflight.clone();
+    let up_read = pump_in(cr, Dir::Up, fault.clone(), up_tx, move |frame| {
+        note_request(&frame, &requests);
+        frame
+    });
+    let answers = inflight;
+    let down_read = pump_in(ur, Dir::Down, fault.clone(), down_tx, move |frame| {
+        rewrite_answer(frame, &answers, &ports, &stats)
+    });
+    let reset_now = async {
+        loop {
+            if *fault.borrow_and_update() == Fault::Reset {
+                return;
+            }
+            if fault.changed().await.is_err() {
+                return;
+            }
+        }
+    };
+    let was_reset = tokio::select! {
+        _ = up_read => false,
+        _ = down_read => false,
+        _ = pump_out(&mut uw, up_rx) => false,
+        _ = pump_out(&mut cw, down_rx) => false,
+        _ = reset_now => true,
+    };
+    if was_reset {
+        reset(cw.as_ref());
+        reset(uw.as_ref());
+    }
+}
+
+type Timed = (Bytes, Instant);
+
+/// Reads frames from one side and queues them, each with the time it is due at the other side.
+async fn pump_in(
+    mut from: OwnedReadHalf,
+    dir: Dir,
+    mut fault: watch::Receiver<Fault>,
+    to: mpsc::UnboundedSender<Timed>,
+    mut each: impl FnMut(Bytes) -> Bytes,
+) -> io::Result<()> {
+    loop {
+        wait_unheld(&mut fault, dir).await;
+        let Some(frame) = read_frame(&mut from).await? else {
+            return Ok(());
+        };
+        let read_at = Instant::now();
+        // A frame read just before a black-hole began is held with the rest.
+        wait_unheld(&mut fault, dir).await;
+        let due = read_at + fault.borrow().delay(dir);
+        if to.send((each(frame), due)).is_err() {
+            return Ok(());
+        }
+    }
+}
+
+async fn wait_unheld(fault: &mut watch::Receiver<Fault>, dir: Dir) {
+    while fault.borrow_and_update().holds(dir) {
+        if fault.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+async fn pump_out(to: &mut OwnedWriteHalf, mut from: mpsc::UnboundedReceiver<Timed>) {
+    while let Some((frame, due)) = from.recv().await {
+        tokio::time::sleep_until(due).await;
+        let len = (frame.len() as u32).to_be_bytes();
+        if to.write_all(&len).await.is_err() || to.write_all(&frame).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// One frame's body (without its length prefix), or `None` at a clean end of stream.
+async fn read_frame(from: &mut OwnedReadHalf) -> io::Result<Option<Bytes>> {
+    let mut len = [0u8; 4];
+    match from.read_exact(&mut len).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let len = i32::from_be_bytes(len);
+    if len < 0 || len as usize > MAX_FRAME {
+        return Err(io::Error::other(format!("frame length {len}")));
+    }
+    let mut body = BytesMut::zeroed(len as usize);
+    from.read_exact(&mut body).await?;
+    Ok(Some(body.freeze()))
+}
+
+fn note_request(frame: &[u8], inflight: &Mutex<HashMap<i32, (ApiKey, i16)>>) {
+    if frame.len() < 8 {
+        return;
+    }
+    let key = i16::from_be_bytes([frame[0], frame[1]]);
+    let version = i16::from_be_bytes([frame[2], frame[3]]);
+    let correlation = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
+    if let Ok(api @ (ApiKey::Metadata | ApiKey::FindCoordinator)) = ApiKey::try_from(key) {
+        inflight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(correlation, (api, version));
+    }
+}
+
+fn rewrite_answer(
+    frame: Bytes,
+    inflight: &Mutex<HashMap<i32, (ApiKey, i16)>>,
+    ports: &HashMap<i32, u16>,
+    stats: &ProxyStats,
+) -> Bytes {
+    let Some(correlation) = frame
+        .get(..4)
+        .map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    else {
+        return frame;
+    };
+    let Some((api, version)) = inflight
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&correlation)
+    else {
+        return frame;
+    };
+    match rewrite(&frame, api, version, correlation, ports) {
+        Ok(out) => {
+            stats.rewritten.fetch_add(1, Ordering::Relaxed);
+            out
+        }
+        Err(e) => {
+            stats.rewrite_failures.fetch_add(1, Ordering::Relaxed);
+            *stats.last_failure.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some(format!("{api:?} v{version}: {e}"));
+            frame
+        }
+    }
+}
+
+/// The answer with every broker address replaced by this set's proxy for that broker.
+pub fn rewrite(
+    frame: &[u8],
+    api: ApiKey,
+    version: i16,
+    correlation: i32,
+    ports: &HashMap<i32, u16>,
+) -> Result<Bytes, String> {
+    let answer =
+        decode_response_frame(frame, api, version, correlation).map_err(|e| e.to_string())?;
+    let mut out = BytesMut::new();
+    let mut header = ResponseHeader::default();
+    header.correlation_id = correlation;
+    header
+        .encode(&mut out, api.response_header_version(version))
+        .map_err(|e| e.to_string())?;
+    let proxy = |node: i32, host: &mut StrBytes, port: &mut i32| {
+        if let Some(p) = ports.get(&node) {
+            *host = StrBytes::from_static_str("127.0.0.1");
+            *port = i32::from(*p);
+        }
+    };
+    match answer {
+        Response::Metadata(mut m) => {
+            for b in &mut m.brokers {
+                proxy(b.node_id.0, &mut b.host, &mut b.port);
+            }
+            m.encode(&mut out, version).map_err(|e| e.to_string())?;
+        }
+        Response::FindCoordinator(mut f) => {
+            if f.error_code == 0 {
+                proxy(f.node_id.0, &mut f.host, &mut f.port);
+            }
+            for c in f.coordinators.iter_mut().filter(|c| c.error_code == 0) {
+                proxy(c.node_id.0, &mut c.host, &mut c.port);
+            }
+            f.encode(&mut out, version).map_err(|e| e.to_string())?;
+        }
+        other => return Err(format!("unexpected answer {:?}", other.api_key())),
+    }
+    Ok(out.freeze())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kafka_protocol::messages::find_coordinator_response::Coordinator;
+    use kafka_protocol::messages::metadata_response::MetadataResponseBroker;
+    use kafka_protocol::messages::{BrokerId, FindCoordinatorResponse, MetadataResponse};
+
+    fn frame_of(correlation: i32, api: ApiKey, version: i16, body: &impl Encodable) -> Vec<u8> {
+        let mut out = BytesMut::new();
+        let mut header = ResponseHeader::default();
+        header.correlation_id = correlation;
+        header
+            .encode(&mut out, api.response_header_version(version))
+            .unwrap();
+        body.encode(&mut out, version).unwrap();
+        out.to_vec()
+    }
+
+    fn ports() -> HashMap<i32, u16> {
+        HashMap::from([(1, 40001), (2, 40002)])
+    }
+
+    #[test]
+    fn metadata_brokers_are_renamed_to_the_sets_proxies() {
+        for version in [0i16, 1, 9, 12, 13] {
+            let mut m = MetadataResponse::default();
+            for (id, port) in [(1, 9092), (2, 9093), (7, 9099)] {
+                let mut b = MetadataResponseBroker::default();
+                b.node_id = BrokerId(id);
+                b.host = StrBytes::from_static_str("broker.example");
+                b.port = port;
+                m.brokers.push(b);
+            }
+            let frame = frame_of(42, ApiKey::Metadata, version, &m);
+            let out = rewrite(&frame, ApiKey::Metadata, version, 42, &ports()).unwrap();
+            let Response::Metadata(got) =
+                decode_response_frame(&out, ApiKey::Metadata, version, 42).unwrap()
+            else {
+                panic!("not Metadata");
+            };
+            let seen: Vec<(i32, &str, i32)> = got
+                .brokers
+                .iter()
+                .map(|b| (b.node_id.0, b.host.as_str(), b.port))
+                .collect();
+            // A broker the set has no proxy for keeps its address: nothing to send it to.
+            assert_eq!(
+                seen,
+                [
+                    (1, "127.0.0.1", 40001),
+                    (2, "127.0.0.1", 40002),
+                    (7, "broker.example", 9099)
+                ],
+                "v{version}"
+            );
+        }
+    }
+
+    #[test]
+    fn find_coordinator_answers_old_and_new_name_the_proxy() {
+        for version in [0i16, 3, 4, 6] {
+            let mut f = FindCoordinatorResponse::default();
+            if version < 4 {
+                f.node_id = BrokerId(2);
+                f.host = StrBytes::from_static_str("127.0.0.1");
+                f.port = 9093;
+            } else {
+                let mut c = Coordinator::default();
+                c.key = StrBytes::from_static_str("lock");
+                c.node_id = BrokerId(2);
+                c.host = StrBytes::from_static_str("127.0.0.1");
+                c.port = 9093;
+                f.coordinators.push(c);
+            }
+            let frame = frame_of(7, ApiKey::FindCoordinator, version, &f);
+            let out = rewrite(&frame, ApiKey::FindCoordinator, version, 7, &ports()).unwrap();
+            let Response::FindCoordinator(got) =
+                decode_response_frame(&out, ApiKey::FindCoordinator, version, 7).unwrap()
+            else {
+                panic!("not FindCoordinator");
+            };
+            let port = if version < 4 {
+                got.port
+            } else {
+                got.coordinators[0].port
+            };
+            assert_eq!(port, 40002, "v{version}");
+        }
+    }
+}

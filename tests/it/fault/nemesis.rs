@@ -1,0 +1,258 @@
+//! The nemeses and the seeded schedule: one seed gives the same sequence of faults, targets'
+//! locks and durations every time, so a failing run can be replayed with its seed.
+
+use std::fmt;
+use std::time::Duration;
+
+use super::kproxy::Dir;
+
+/// A small, fast PRNG (splitmix64): the schedule needs reproducibility, not cryptography.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `lo..=hi`.
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next_u64() % (hi - lo + 1)
+    }
+
+    pub fn millis(&mut self, lo: u64, hi: u64) -> Duration {
+        Duration::from_millis(self.range(lo, hi))
+    }
+
+    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.range(0, items.len() as u64 - 1) as usize]
+    }
+
+    pub fn shuffle<T>(&mut self, items: &mut [T]) {
+        for i in (1..items.len()).rev() {
+            let j = self.range(0, i as u64) as usize;
+            items.swap(i, j);
+        }
+    }
+}
+
+/// The kinds of fault, each reported on its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    /// SIGSTOP of the holder's process tree for longer than the session timeout, then SIGCONT.
+    PauseHolder,
+    /// SIGKILL of the holder (for the CLI: kafka-lock itself; its supervisor must stop the job).
+    KillHolder,
+    /// The holder's link to the coordinator black-holed, one or both ways.
+    CutBlackhole,
+    /// The holder's connections to the coordinator reset, and new ones refused.
+    CutReset,
+    /// Every frame between the holder and the coordinator delayed, one or both ways.
+    CutDelay,
+    /// SIGKILL of the coordinator broker, then a restart.
+    BrokerKill,
+    /// SIGSTOP of the coordinator broker for longer than the session timeout, then SIGCONT.
+    BrokerPause,
+    /// SIGTERM (controlled shutdown) of the coordinator broker, then a restart.
+    BrokerTerm,
+    /// Every proxied client's traffic with the coordinator broker delayed past the request
+    /// timeout.
+    SlowBroker,
+    /// 20 to 50 contenders join the lock at once and leave within seconds.
+    Herd,
+    /// A holder fault (pause, kill, or the holder cut off from every broker) during a fault of
+    /// the coordinator broker (kill, pause, controlled shutdown, or slowed down).
+    Mixed,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 11] = [
+        Kind::PauseHolder,
+        Kind::KillHolder,
+        Kind::CutBlackhole,
+        Kind::CutReset,
+        Kind::CutDelay,
+        Kind::BrokerKill,
+        Kind::BrokerPause,
+        Kind::BrokerTerm,
+        Kind::SlowBroker,
+        Kind::Herd,
+        Kind::Mixed,
+    ];
+
+    /// The holder faults a mixed episode draws from.
+    pub const HOLDER: [Kind; 4] = [
+        Kind::PauseHolder,
+        Kind::KillHolder,
+        Kind::CutBlackhole,
+        Kind::CutReset,
+    ];
+    /// The broker faults a mixed episode draws from.
+    pub const BROKER: [Kind; 4] = [
+        Kind::BrokerKill,
+        Kind::BrokerPause,
+        Kind::BrokerTerm,
+        Kind::SlowBroker,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::PauseHolder => "pause-holder",
+            Kind::KillHolder => "kill-holder",
+            Kind::CutBlackhole => "cut-blackhole",
+            Kind::CutReset => "cut-reset",
+            Kind::CutDelay => "cut-delay",
+            Kind::BrokerKill => "broker-kill",
+            Kind::BrokerPause => "broker-pause",
+            Kind::BrokerTerm => "broker-term",
+            Kind::SlowBroker => "slow-broker",
+            Kind::Herd => "herd",
+            Kind::Mixed => "mixed",
+        }
+    }
+}
+
+/// Which of the suite's locks an episode aims at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// The native lock: library and CLI contenders.
+    Native,
+    /// The consumer-compatible lock: library contenders in consumer mode and the Java seed
+    /// client.
+    Consumer,
+}
+
+/// One planned episode: everything random about it is drawn when the schedule is made.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Episode {
+    pub kind: Kind,
+    pub target: Target,
+    /// How long the fault lasts (pauses: on top of the session timeout).
+    pub length: Duration,
+    /// Cut and slow-broker directions.
+    pub dir: Dir,
+    /// Delay per frame for cut-delay and slow-broker.
+    pub delay: Duration,
+    /// Contenders in a herd.
+    pub herd: usize,
+    /// Seed for choices made while the episode runs (which herd member waits how long).
+    pub seed: u64,
+    /// Mixed episodes: the holder fault and the broker fault, each with its own length.
+    pub holder_fault: Kind,
+    pub broker_fault: Kind,
+    pub broker_length: Duration,
+}
+
+impl fmt::Display for Episode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} on {:?}", self.kind.name(), self.target)?;
+        match self.kind {
+            Kind::CutBlackhole => write!(f, ", {:?}, {:?}", self.dir, self.length),
+            Kind::CutReset => write!(f, ", {:?}", self.length),
+            Kind::CutDelay | Kind::SlowBroker => write!(
+                f,
+                ", {:?} each frame {:?}, for {:?}",
+                self.delay, self.dir, self.length
+            ),
+            Kind::Herd => write!(f, ", {} contenders", self.herd),
+            Kind::PauseHolder | Kind::BrokerPause => {
+                write!(f, ", session timeout + {:?}", self.length)
+            }
+            Kind::KillHolder | Kind::BrokerKill | Kind::BrokerTerm => {
+                write!(f, ", down {:?}", self.length)
+            }
+            Kind::Mixed => write!(
+                f,
+                ": {} ({:?}) during {} ({:?}, slowed {:?})",
+                self.holder_fault.name(),
+                self.length,
+                self.broker_fault.name(),
+                self.broker_length,
+                self.delay
+            ),
+        }
+    }
+}
+
+/// The schedule for `seed`: in CI mode (`every_kind`), each kind once in a seeded order and
+/// then, past ten episodes, kinds at random; otherwise kinds at random from the start.
+pub fn schedule(seed: u64, episodes: usize, every_kind: bool) -> Vec<Episode> {
+    let mut rng = Rng::new(seed);
+    let mut kinds: Vec<Kind> = Vec::new();
+    if every_kind {
+        kinds.extend(Kind::ALL);
+        rng.shuffle(&mut kinds);
+    }
+    while kinds.len() < episodes {
+        kinds.push(*rng.pick(&Kind::ALL));
+    }
+    kinds.truncate(episodes.max(if every_kind { Kind::ALL.len() } else { 0 }));
+    kinds
+        .into_iter()
+        .map(|kind| {
+            let holder_fault = *rng.pick(&Kind::HOLDER);
+            let broker_fault = *rng.pick(&Kind::BROKER);
+            let broker_wide = matches!(
+                kind,
+                Kind::BrokerKill | Kind::BrokerPause | Kind::BrokerTerm | Kind::SlowBroker
+            );
+            let target = if broker_wide || rng.range(0, 2) > 0 {
+                Target::Native
+            } else {
+                Target::Consumer
+            };
+            let dir = match kind {
+                Kind::CutReset | Kind::SlowBroker => Dir::Both,
+                _ => *rng.pick(&[Dir::Up, Dir::Down, Dir::Both]),
+            };
+            let length = match kind {
+                Kind::PauseHolder | Kind::BrokerPause => rng.millis(500, 3000),
+                Kind::KillHolder => Duration::ZERO,
+                Kind::CutBlackhole | Kind::CutReset | Kind::CutDelay => rng.millis(2000, 10_000),
+                Kind::SlowBroker => rng.millis(4000, 10_000),
+                Kind::BrokerKill | Kind::BrokerTerm => rng.millis(1000, 4000),
+                Kind::Herd => Duration::ZERO,
+                // The holder fault's length; a pause lasts the session timeout on top.
+                Kind::Mixed => rng.millis(2000, 10_000),
+            };
+            let delay = match kind {
+                Kind::CutDelay => rng.millis(300, 8000),
+                // Past the 5 s request timeout.
+                Kind::SlowBroker | Kind::Mixed => rng.millis(5500, 8000),
+                _ => Duration::ZERO,
+            };
+            let broker_length = rng.millis(1000, 8000);
+            Episode {
+                kind,
+                target,
+                length,
+                dir,
+                delay,
+                herd: rng.range(20, 50) as usize,
+                seed: rng.next_u64(),
+                holder_fault,
+                broker_fault,
+                broker_length,
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn a_seed_replays_the_same_schedule_and_ci_mode_has_every_kind() {
+    assert_eq!(schedule(7, 30, false), schedule(7, 30, false));
+    assert_ne!(schedule(7, 30, false), schedule(8, 30, false));
+    let ci = schedule(99, 3, true);
+    assert_eq!(ci.len(), Kind::ALL.len());
+    for kind in Kind::ALL {
+        assert!(ci.iter().any(|e| e.kind == kind), "{kind:?} missing");
+    }
+}

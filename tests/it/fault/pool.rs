@@ -1,0 +1,629 @@
+//! The contenders of a run: a fixed set of slots, each kept filled with a running contender
+//! process by a keeper thread (a CLI contender exits after every job, a killed one is
+//! replaced). Every process runs under the lifeline wrapper, so none outlives the test process,
+//! and dropping the pool kills them all.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::checker::{Checker, Event, Kind};
+use super::kproxy::ProxySet;
+use super::nemesis::Rng;
+use super::roles::role_args;
+use super::{HEARTBEAT, SESSION};
+use crate::support::kafka::peer::{PeerEventKind, SeedPeer, SeedPeerOptions};
+use crate::support::lifeline::{Output, Supervised};
+use crate::support::mono_ns;
+
+/// What runs in a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// A library contender process (`roles` `lib`), native or consumer-compatible mode.
+    Lib,
+    /// `kafka-lock run` with the `writer` job.
+    Cli,
+    /// The Java seed client (`SeedLockPeer`), consumer mode only.
+    Java,
+}
+
+pub struct SlotSpec {
+    pub name: String,
+    pub role: Role,
+    pub lock: String,
+    pub topic: Option<String>,
+}
+
+enum Running {
+    Proc {
+        id: String,
+        process: Supervised,
+    },
+    Java {
+        id: String,
+        peer: Box<SeedPeer>,
+        forwarded: usize,
+        holding: bool,
+    },
+}
+
+impl Running {
+    fn id(&self) -> &str {
+        match self {
+            Running::Proc { id, .. } | Running::Java { id, .. } => id,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        match self {
+            Running::Proc { process, .. } => process.pid(),
+            Running::Java { peer, .. } => peer.pid(),
+        }
+    }
+}
+
+struct Slot {
+    spec: SlotSpec,
+    proxies: Option<ProxySet>,
+    generation: u32,
+    running: Option<Running>,
+    respawn_at: Instant,
+}
+
+/// What every spawn needs.
+pub struct Env {
+    pub checker: Arc<Checker>,
+    /// The cluster's own addresses, for contenders without proxies (Java, the herd).
+    pub bootstrap: String,
+    pub logs: PathBuf,
+    pub exe: PathBuf,
+    pub kafka_lock: PathBuf,
+}
+
+pub struct Pool {
+    janitor: Janitor,
+    env: Arc<Env>,
+    slots: Arc<Mutex<Vec<Slot>>>,
+    stop: Arc<AtomicBool>,
+    keeper: Option<JoinHandle<()>>,
+}
+
+impl Pool {
+    /// Starts a contender in every slot; library and CLI slots get a proxy set each from
+    /// `proxies`.
+    pub fn start(
+        env: Env,
+        specs: Vec<SlotSpec>,
+        mut proxies: impl FnMut() -> ProxySet,
+        seed: u64,
+    ) -> Pool {
+        let slots: Vec<Slot> = specs
+            .into_iter()
+            .map(|spec| Slot {
+                proxies: (spec.role != Role::Java).then(&mut proxies),
+                spec,
+                generation: 0,
+                running: None,
+                respawn_at: Instant::now(),
+            })
+            .collect();
+        let env = Arc::new(env);
+        let slots = Arc::new(Mutex::new(slots));
+        let stop = Arc::new(AtomicBool::new(false));
+        let keeper = {
+            let (env, slots, stop) = (env.clone(), slots.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("fault-keeper".into())
+                .spawn(move || {
+                    let mut rng = Rng::new(seed);
+                    while !stop.load(Ordering::SeqCst) {
+                        for slot in slots.lock().unwrap_or_else(|p| p.into_inner()).iter_mut() {
+                            keep(&env, slot, &mut rng);
+                        }
+                        // Polling: exits and the Java peer's events have no common wait.
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                })
+                .expect("keeper thread")
+        };
+        Pool {
+            janitor: Janitor::start(),
+            env,
+            slots,
+            stop,
+            keeper: Some(keeper),
+        }
+    }
+
+    pub fn env(&self) -> &Env {
+        &self.env
+    }
+
+    fn with_slot<T>(&self, id: &str, f: impl FnOnce(&mut Slot) -> T) -> Option<T> {
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        slots
+            .iter_mut()
+            .find(|s| s.running.as_ref().is_some_and(|r| r.id() == id))
+            .map(f)
+    }
+
+    /// Whether `id` is a running contender of this pool, and its role.
+    pub fn role_of(&self, id: &str) -> Option<Role> {
+        self.with_slot(id, |s| s.spec.role)
+    }
+
+    /// The ids of the running contenders on `lock` that have proxies.
+    pub fn proxied(&self, lock: &str) -> Vec<String> {
+        let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        slots
+            .iter()
+            .filter(|s| s.spec.lock == lock && s.proxies.is_some())
+            .filter_map(|s| s.running.as_ref().map(|r| r.id().to_owned()))
+            .collect()
+    }
+
+    /// Runs `f` on the proxies of contender `id`'s slot.
+    pub fn proxies_of(&self, id: &str, f: impl FnOnce(&ProxySet)) -> bool {
+        self.with_slot(id, |s| s.proxies.as_ref().map(f).is_some())
+            .unwrap_or(false)
+    }
+
+    /// Runs `f` on every slot's proxies.
+    pub fn all_proxies(&self, mut f: impl FnMut(&ProxySet)) {
+        for s in self.slots.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            if let Some(p) = &s.proxies {
+                f(p);
+            }
+        }
+    }
+
+    /// Rewrite failures summed over every proxy set, with the last message.
+    pub fn rewrite_failures(&self) -> (u64, u64, Option<String>) {
+        let (mut ok, mut failed, mut last) = (0, 0, None);
+        self.all_proxies(|p| {
+            ok += p.stats().rewritten.load(Ordering::Relaxed);
+            failed += p.stats().rewrite_failures.load(Ordering::Relaxed);
+            if let Some(m) = p
+                .stats()
+                .last_failure
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+            {
+                last = Some(m);
+            }
+        });
+        (ok, failed, last)
+    }
+
+    /// SIGKILLs contender `id` (for the CLI, kafka-lock itself: its supervisor must then stop
+    /// the job) and records the kill.
+    pub fn kill(&self, id: &str) -> bool {
+        let done = self.with_slot(id, |s| {
+            signal(s.running.as_ref().expect("running").pid(), libc::SIGKILL);
+            s.spec.lock.clone()
+        });
+        if let Some(lock) = &done {
+            self.env.checker.event(Event {
+                lock: lock.clone(),
+                id: id.to_owned(),
+                kind: Kind::Killed,
+                mono: mono_ns(),
+                token: None,
+                lease_end: None,
+            });
+        }
+        done.is_some()
+    }
+
+    /// SIGSTOPs contender `id`'s whole process tree; the pids, for [`Pool::resume`].
+    pub fn pause(&self, id: &str) -> Vec<u32> {
+        let pids = self
+            .with_slot(id, |s| {
+                stop_tree(s.running.as_ref().expect("running").pid())
+            })
+            .unwrap_or_default();
+        // The root is the lifeline's to kill; a stopped descendant (the CLI's supervisor and
+        // job) would never see kafka-lock die, so the janitor kills it if the test does.
+        self.janitor.watch(pids.get(1..).unwrap_or_default());
+        pids
+    }
+
+    /// SIGCONTs what [`Pool::pause`] stopped, in the same order.
+    pub fn resume(&self, pids: &[u32]) {
+        for &pid in pids {
+            signal(pid, libc::SIGCONT);
+        }
+        self.janitor.watch(&[]);
+    }
+
+    pub fn stop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(k) = self.keeper.take() {
+            let _ = k.join();
+        }
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        for slot in slots.iter_mut() {
+            if let Some(r) = slot.running.take() {
+                let id = r.id().to_owned();
+                drop(r);
+                self.env.checker.event(Event {
+                    lock: slot.spec.lock.clone(),
+                    id,
+                    kind: Kind::Killed,
+                    mono: mono_ns(),
+                    token: None,
+                    lease_end: None,
+                });
+            }
+        }
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Kills the processes a pause left stopped when the test process ends while they are: the
+/// lifeline kills each contender's own process, but a stopped CLI supervisor and job would wait
+/// for a SIGCONT that never comes. A shell reading the pids from a pipe this process holds: at
+/// end of input, however this process ended, it SIGKILLs the last list it was given (which a
+/// stopped process cannot dodge) and exits; an empty line means nothing is stopped.
+struct Janitor {
+    list: Mutex<Option<std::process::ChildStdin>>,
+    shell: Mutex<std::process::Child>,
+}
+
+const JANITOR: &str = r#"pids=; while IFS= read -r line; do pids=$line; done; [ -z "$pids" ] || kill -KILL $pids 2>/dev/null; exit 0"#;
+
+impl Janitor {
+    fn start() -> Janitor {
+        let mut shell = Command::new("sh")
+            .args(["-c", JANITOR])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start the pause janitor");
+        Janitor {
+            list: Mutex::new(shell.stdin.take()),
+            shell: Mutex::new(shell),
+        }
+    }
+
+    fn watch(&self, pids: &[u32]) {
+        let line: Vec<String> = pids.iter().map(u32::to_string).collect();
+        if let Some(w) = self.list.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            let _ = writeln!(w, "{}", line.join(" "));
+        }
+    }
+}
+
+impl Drop for Janitor {
+    fn drop(&mut self) {
+        drop(self.list.lock().unwrap_or_else(|p| p.into_inner()).take());
+        let _ = self.shell.lock().unwrap_or_else(|p| p.into_inner()).wait();
+    }
+}
+
+fn signal(pid: u32, sig: i32) {
+    // SAFETY: kill(2) with plain integers; no memory is shared.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::kill(pid as libc::pid_t, sig);
+    }
+}
+
+/// Stops `root` and every descendant, top down, until a pass finds nothing new: a process
+/// that was starting a child when its parent stopped is caught on the next pass.
+fn stop_tree(root: u32) -> Vec<u32> {
+    let mut stopped: Vec<u32> = Vec::new();
+    for _ in 0..5 {
+        let fresh: Vec<u32> = descendants(root)
+            .into_iter()
+            .filter(|p| !stopped.contains(p))
+            .collect();
+        if fresh.is_empty() {
+            break;
+        }
+        for pid in fresh {
+            signal(pid, libc::SIGSTOP);
+            stopped.push(pid);
+        }
+    }
+    stopped
+}
+
+/// `root` and its descendants, parents before children, from /proc.
+fn descendants(root: u32) -> Vec<u32> {
+    let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for entry in dir.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            // The parent is the second field after the parenthesised command name.
+            if let Some(ppid) = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<u32>().ok())
+            {
+                children.entry(ppid).or_default().push(pid);
+            }
+        }
+    }
+    let mut out = vec![root];
+    let mut i = 0;
+    while i < out.len() {
+        if let Some(kids) = children.get(&out[i]) {
+            out.extend(kids);
+        }
+        i += 1;
+    }
+    out
+}
+
+fn keep(env: &Env, slot: &mut Slot, rng: &mut Rng) {
+    let exited = match &mut slot.running {
+        None => {
+            if Instant::now() >= slot.respawn_at {
+                slot.generation += 1;
+                let id = format!("{}.{}", slot.spec.name, slot.generation);
+                match spawn(env, slot, &id, rng) {
+                    Ok(r) => slot.running = Some(r),
+                    Err(e) => {
+                        eprintln!("fault suite: cannot start {id}: {e}");
+                        slot.respawn_at = Instant::now() + Duration::from_secs(1);
+                    }
+                }
+            }
+            return;
+        }
+        Some(Running::Proc { process, .. }) => process.exited().is_some(),
+        Some(Running::Java {
+            id,
+            peer,
+            forwarded,
+            holding,
+        }) => {
+            let events = peer.drain();
+            for e in &events[*forwarded..] {
+                let (kinds, token): (&[Kind], _) = match e.kind {
+                    PeerEventKind::Started => (&[Kind::Waiting], None),
+                    PeerEventKind::Acquired => {
+                        *holding = true;
+                        (&[Kind::Acquired], e.generation)
+                    }
+                    PeerEventKind::Revoked => {
+                        *holding = false;
+                        (&[Kind::Released, Kind::Waiting], None)
+                    }
+                    PeerEventKind::Lost => {
+                        *holding = false;
+                        (&[Kind::Lost, Kind::Waiting], None)
+                    }
+                    PeerEventKind::Closed if *holding => (&[Kind::Released], None),
+                    _ => (&[], None),
+                };
+                for &kind in kinds {
+                    env.checker.event(Event {
+                        lock: slot.spec.lock.clone(),
+                        id: id.clone(),
+                        kind,
+                        mono: e.mono_ns,
+                        token: token.map(i64::from),
+                        lease_end: None,
+                    });
+                }
+            }
+            *forwarded = events.len();
+            peer.exited().is_some()
+        }
+    };
+    if exited {
+        let r = slot.running.take().expect("running");
+        // Closes a wait that never ended in a hold (a CLI run that gave up during a broker
+        // fault); ignored after a hold's own end.
+        env.checker.event(Event {
+            lock: slot.spec.lock.clone(),
+            id: r.id().to_owned(),
+            kind: Kind::GaveUp,
+            mono: mono_ns(),
+            token: None,
+            lease_end: None,
+        });
+        slot.respawn_at = Instant::now() + rng.millis(100, 600);
+    }
+}
+
+fn spawn(env: &Env, slot: &Slot, id: &str, rng: &mut Rng) -> Result<Running, String> {
+    let spec = &slot.spec;
+    let log = env.logs.join(format!("{id}.log"));
+    match spec.role {
+        Role::Lib => {
+            let bootstrap = slot.proxies.as_ref().expect("proxies").bootstrap();
+            let cmd = lib_command(
+                env,
+                id,
+                &spec.lock,
+                &bootstrap,
+                spec.topic.as_deref(),
+                false,
+                rng.next_u64(),
+            );
+            let (process, _) = Supervised::spawn(&cmd, Output::Log(&log), None)?;
+            Ok(Running::Proc {
+                id: id.to_owned(),
+                process,
+            })
+        }
+        Role::Cli => {
+            let bootstrap = slot.proxies.as_ref().expect("proxies").bootstrap();
+            let secs = |d: Duration| format!("{}ms", d.as_millis());
+            let mut cmd = Command::new("sh");
+            // kafka-lock prints its events on stderr; one pipe carries them and the job's output.
+            cmd.args(["-c", "exec \"$@\" 2>&1", "sh"])
+                .arg(&env.kafka_lock)
+                .args(["run", "--bootstrap", &bootstrap, "--lock", &spec.lock])
+                .args(["--session-timeout", &secs(SESSION)])
+                .args(["--rebalance-timeout", &secs(SESSION)])
+                .args(["--heartbeat-interval", &secs(HEARTBEAT)])
+                .args(["--events", "json", "--label", id, "--"])
+                .arg(&env.exe)
+                .args(role_args())
+                .env("FAULT_ROLE", "writer")
+                .env("FAULT_CHECKER", env.checker.addr().to_string())
+                .env("FAULT_LOCK", &spec.lock)
+                .env("FAULT_ID", id)
+                .env("FAULT_HOLD_MS", rng.range(300, 3000).to_string());
+            env.checker.event(Event {
+                lock: spec.lock.clone(),
+                id: id.to_owned(),
+                kind: Kind::Waiting,
+                mono: mono_ns(),
+                token: None,
+                lease_end: None,
+            });
+            let (process, stdout) = Supervised::spawn(&cmd, Output::Piped { stderr: &log }, None)?;
+            let stdout = stdout.expect("piped");
+            let (checker, lock, who) = (env.checker.clone(), spec.lock.clone(), id.to_owned());
+            std::thread::spawn(move || forward_cli_events(stdout, &log, &checker, &lock, &who));
+            Ok(Running::Proc {
+                id: id.to_owned(),
+                process,
+            })
+        }
+        Role::Java => {
+            let topic = spec
+                .topic
+                .clone()
+                .expect("a Java peer needs the lock topic");
+            let options = SeedPeerOptions {
+                group: spec.lock.clone(),
+                // Range gives partition 0 to the member id that sorts first: kafka-lock's
+                // members ("kafka-lock-...") sort before this one, so the Java client holds
+                // when no kafka-lock contender is in the group, and the lock changes hands
+                // between the two kinds.
+                client_id: Some(format!("zz-seed-{}", id.replace('.', "-"))),
+                session_timeout: SESSION,
+                heartbeat_interval: HEARTBEAT,
+                ..SeedPeerOptions::new(&env.bootstrap, &topic)
+            };
+            Ok(Running::Java {
+                id: id.to_owned(),
+                peer: Box::new(SeedPeer::start(&options)),
+                forwarded: 0,
+                holding: false,
+            })
+        }
+    }
+}
+
+/// The command line of a library contender process.
+pub fn lib_command(
+    env: &Env,
+    id: &str,
+    lock: &str,
+    bootstrap: &str,
+    topic: Option<&str>,
+    broken: bool,
+    seed: u64,
+) -> Command {
+    let mut cmd = Command::new(&env.exe);
+    cmd.args(role_args())
+        .env("FAULT_ROLE", if broken { "broken" } else { "lib" })
+        .env("FAULT_CHECKER", env.checker.addr().to_string())
+        .env("FAULT_LOCK", lock)
+        .env("FAULT_ID", id)
+        .env("FAULT_BOOTSTRAP", bootstrap)
+        .env("FAULT_SEED", seed.to_string());
+    if let Some(t) = topic {
+        cmd.env("FAULT_TOPIC", t);
+    }
+    cmd
+}
+
+/// Copies kafka-lock's output into its log and turns its `--events json` lines into events.
+fn forward_cli_events(
+    stdout: std::process::ChildStdout,
+    log: &Path,
+    checker: &Checker,
+    lock: &str,
+    id: &str,
+) {
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .ok();
+    for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+        if let Some(f) = file.as_mut() {
+            let _ = writeln!(f, "{line}");
+        }
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
+        let kind = match v["event"].as_str() {
+            Some("acquired") => Kind::Acquired,
+            Some("token_changed") => Kind::Token,
+            Some("lost") => Kind::Lost,
+            Some("released") => Kind::Released,
+            _ => continue,
+        };
+        let Some(mono) = v["mono_ns"].as_i64() else {
+            continue;
+        };
+        checker.event(Event {
+            lock: lock.to_owned(),
+            id: id.to_owned(),
+            kind,
+            mono,
+            token: v["token"].as_i64(),
+            lease_end: v["lease_end_mono_ns"].as_i64(),
+        });
+    }
+}
+
+/// The janitor kills what it was last told is stopped once its pipe closes, as it does when the
+/// test process dies, and leaves alone what was resumed.
+#[test]
+fn the_janitor_kills_stopped_processes_when_its_pipe_closes() {
+    // Killed and reaped on drop, whatever happens below.
+    let spawn = || {
+        crate::support::ChildGuard::new(
+            Command::new("sleep")
+                .arg("600")
+                .spawn()
+                .expect("start sleep"),
+        )
+    };
+    let (mut stopped, resumed) = (spawn(), spawn());
+    let janitor = Janitor::start();
+    signal(resumed.id(), libc::SIGSTOP);
+    janitor.watch(&[resumed.id()]);
+    signal(resumed.id(), libc::SIGCONT);
+    janitor.watch(&[]);
+    signal(stopped.id(), libc::SIGSTOP);
+    janitor.watch(&[stopped.id()]);
+    drop(janitor);
+    let status = stopped.wait().expect("reap");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(libc::SIGKILL)
+    );
+    assert!(crate::support::pid_alive(resumed.id()));
+}

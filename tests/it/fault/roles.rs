@@ -1,0 +1,198 @@
+//! The contender processes of the fault suite. They are this test binary run again with one
+//! ignored test selected and `FAULT_ROLE` set, so they need no build of their own and share the
+//! checker's client code:
+//!
+//! - `lib`: a library contender. It waits for the lock, writes its token to the store at once
+//!   (the claim that fences every older holder off), then every 200 ms while
+//!   [`kafka_lock::LockGuard::is_held`], holds for a random 0.3 to 3 s, reports and releases, and
+//!   starts over. A loss is reported with the lease end the library gives with it. With
+//!   `FAULT_TOPIC` it takes the lock in consumer-compatible mode.
+//! - `broken`: the same, but it ignores the loss: it keeps writing every 20 ms and keeps
+//!   believing it holds until it releases after 20 s. The suite must catch it.
+//! - `writer`: the job the CLI contenders run under `kafka-lock run`: it writes
+//!   `$KAFKA_LOCK_TOKEN` to the store at once and every 200 ms for `FAULT_HOLD_MS`, then exits.
+//!   It never looks at the lock: stopping it in time is the CLI supervisor's job.
+
+use std::time::{Duration, Instant};
+
+use kafka_lock::{LockEvent, LockOptions};
+
+use super::checker::{Kind, Reporter};
+use super::nemesis::Rng;
+use super::{HEARTBEAT, SESSION};
+use crate::support::mono_ns;
+
+/// The test that is the role entry point, for the command line of a role process.
+pub const ROLE_TEST: &str = "fault::roles::role";
+
+/// The arguments that make this test binary run [`role`] alone.
+pub fn role_args() -> [&'static str; 6] {
+    [
+        ROLE_TEST,
+        "--exact",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+        "--quiet",
+    ]
+}
+
+#[test]
+#[ignore = "a child process of the fault suite (FAULT_ROLE set), not a test of its own"]
+fn role() {
+    let Ok(role) = std::env::var("FAULT_ROLE") else {
+        return;
+    };
+    let env = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set"));
+    let mut reporter =
+        Reporter::connect(&env("FAULT_CHECKER"), &env("FAULT_LOCK"), &env("FAULT_ID"))
+            .unwrap_or_else(|e| panic!("cannot reach the checker: {e}"));
+    match role.as_str() {
+        "lib" | "broken" => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(contender(
+                &mut reporter,
+                role == "broken",
+                &env("FAULT_BOOTSTRAP"),
+                &env("FAULT_LOCK"),
+                std::env::var("FAULT_TOPIC").ok(),
+                env("FAULT_SEED").parse().expect("FAULT_SEED"),
+            ));
+        }
+        "writer" => {
+            let token: i64 = env("KAFKA_LOCK_TOKEN").parse().expect("KAFKA_LOCK_TOKEN");
+            let hold = Duration::from_millis(env("FAULT_HOLD_MS").parse().expect("FAULT_HOLD_MS"));
+            let until = Instant::now() + hold;
+            reporter.write(token);
+            while Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(200));
+                reporter.write(token);
+            }
+        }
+        other => panic!("unknown FAULT_ROLE {other}"),
+    }
+}
+
+/// `Instant` is CLOCK_MONOTONIC on Linux, but opaque: carried over through the current reading.
+pub fn to_mono(at: Instant) -> i64 {
+    let (now, mono) = (Instant::now(), mono_ns());
+    if at >= now {
+        mono + (at - now).as_nanos() as i64
+    } else {
+        mono - (now - at).as_nanos() as i64
+    }
+}
+
+/// The settings every library contender of the suite uses.
+pub fn options(bootstrap: &str, lock: &str, topic: Option<&str>) -> LockOptions {
+    let o = LockOptions::new(bootstrap, lock)
+        .session_timeout(SESSION)
+        .rebalance_timeout(SESSION)
+        .heartbeat_interval(HEARTBEAT);
+    match topic {
+        Some(t) => o.consumer_topic(t),
+        None => o,
+    }
+}
+
+async fn contender(
+    rep: &mut Reporter,
+    broken: bool,
+    bootstrap: &str,
+    lock: &str,
+    topic: Option<String>,
+    seed: u64,
+) {
+    let mut rng = Rng::new(seed);
+    loop {
+        let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+        let opts = options(bootstrap, lock, topic.as_deref()).events(tx);
+        rep.event(Kind::Waiting, None, None);
+        let guard = match opts.acquire(None).await {
+            Ok(g) => g,
+            Err(e) => {
+                eprintln!("acquire failed: {e}");
+                rep.event(Kind::GaveUp, None, None);
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+        };
+        let mut token = i64::from(guard.token().generation);
+        let mut lease = to_mono(guard.lease_end());
+        // The broken contender believes it holds until it says otherwise: no lease end.
+        rep.event(Kind::Acquired, Some(token), (!broken).then_some(lease));
+        if broken || guard.is_held() {
+            rep.write(token);
+        }
+        let hold_for = if broken {
+            Duration::from_secs(20)
+        } else {
+            rng.millis(300, 3000)
+        };
+        let until = tokio::time::Instant::now() + hold_for;
+        let mut tick = tokio::time::interval(Duration::from_millis(if broken { 20 } else { 200 }));
+        let mut hold = guard.watch();
+        let mut watching = true;
+        let lost = loop {
+            tokio::select! {
+                // The writes stop here, so the hold ends here (or at the lease end, if earlier).
+                _ = guard.lost(), if !broken => break Some(mono_ns()),
+                more = hold.changed(), if watching => {
+                    watching = more;
+                    if let Some(end) = hold.lease_end() {
+                        let end = to_mono(end);
+                        if end > lease && !broken {
+                            lease = end;
+                            rep.event(Kind::Renewed, None, Some(lease));
+                        }
+                    }
+                    let now = i64::from(guard.token().generation);
+                    if now != token {
+                        token = now;
+                        rep.event(Kind::Token, Some(token), None);
+                    }
+                }
+                _ = tick.tick() => {
+                    if broken || guard.is_held() {
+                        rep.write(token);
+                    }
+                }
+                // After a pause both this and the loss can be ready at once, and select! picks
+                // either: a hold whose lease ran out meanwhile was lost, not released.
+                _ = tokio::time::sleep_until(until) => {
+                    if broken || guard.is_held() {
+                        break None;
+                    }
+                    break Some(mono_ns());
+                }
+            }
+        };
+        if let Some(lost_at) = lost {
+            // The library gives the lease end with the loss; the watch may have missed the last
+            // renewal before the hold ended.
+            let said = tokio::time::timeout(Duration::from_secs(2), async {
+                while let Some(e) = events.recv().await {
+                    if let LockEvent::Lost { lease_end, .. } = e {
+                        return Some(to_mono(lease_end));
+                    }
+                }
+                None
+            })
+            .await
+            .ok()
+            .flatten();
+            rep.event_at(Kind::Lost, lost_at, None, Some(said.unwrap_or(lease)));
+            drop(guard);
+        } else {
+            // Reported before the LeaveGroup: the hold ends here, where the writes stop, and
+            // never after the lease end.
+            let lease_end = (!broken).then(|| to_mono(guard.lease_end()));
+            rep.event(Kind::Released, None, lease_end);
+            let _ = guard.release().await;
+        }
+        tokio::time::sleep(rng.millis(0, 800)).await;
+    }
+}

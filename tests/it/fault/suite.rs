@@ -1,0 +1,885 @@
+//! One run of the fault suite: a three-node Apache Kafka cluster, two locks with their
+//! contenders, the checker's self-test, then the seeded episodes, then the analysis and the
+//! report.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::checker::{self, analyse, judged, Analysis, Checker, Event, Kind as Ev};
+use super::kproxy::{Fault, ProxySet};
+use super::nemesis::{schedule, Episode, Kind, Rng, Target};
+use super::pool::{self, Env, Pool, Role, SlotSpec};
+use super::roles::{options, to_mono};
+use super::SESSION;
+use crate::support::kafka::admin::create_topic;
+use crate::support::kafka::{KafkaCluster, KafkaOptions};
+use crate::support::lifeline::{Output, Supervised};
+use crate::support::{mono_ns, repo_root, unique_group};
+
+/// Bound on a lock having a holder to aim a fault at.
+const HOLDER_BOUND: Duration = Duration::from_secs(60);
+/// Bound on the lock being acquired again after a fault healed. Generous: a restarted broker
+/// and a cluster catching up take several seconds on two busy cores, and this is about
+/// liveness, which the suite reports but does not fail on.
+const RECOVERY_BOUND: Duration = Duration::from_secs(120);
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub seed: u64,
+    pub episodes: usize,
+    pub ci: bool,
+}
+
+impl Config {
+    /// From `KAFKA_LOCK_FAULT_SEED` (else from the clock, printed so it can be replayed) and
+    /// `KAFKA_LOCK_FAULT_EPISODES` (else one of each kind in CI mode, 200 in the long mode).
+    pub fn from_env(ci: bool) -> Config {
+        let seed = std::env::var("KAFKA_LOCK_FAULT_SEED")
+            .ok()
+            .map(|s| s.parse().expect("KAFKA_LOCK_FAULT_SEED must be a number"))
+            .unwrap_or_else(|| (mono_ns() as u64) % 1_000_000);
+        let episodes = std::env::var("KAFKA_LOCK_FAULT_EPISODES")
+            .ok()
+            .map(|s| {
+                s.parse()
+                    .expect("KAFKA_LOCK_FAULT_EPISODES must be a number")
+            })
+            .unwrap_or(if ci { Kind::ALL.len() } else { 200 });
+        Config { seed, episodes, ci }
+    }
+}
+
+/// What happened in one episode.
+#[derive(Debug, Clone)]
+struct Record {
+    n: usize,
+    plan: Episode,
+    lock: String,
+    target: Option<String>,
+    note: String,
+    start: i64,
+    healed: i64,
+    end: i64,
+    recovered: Option<Duration>,
+}
+
+struct Run {
+    cfg: Config,
+    out: PathBuf,
+    cluster: KafkaCluster,
+    rt: tokio::runtime::Runtime,
+    checker: Arc<Checker>,
+    pool: Pool,
+    native: String,
+    consumer: String,
+    records: Vec<Record>,
+}
+
+pub fn run(cfg: Config) {
+    let mode = if cfg.ci { "ci" } else { "long" };
+    let out = repo_root().join("target/fault-suite").join(format!(
+        "{mode}-seed{}-{}",
+        cfg.seed,
+        unique_group("run")
+    ));
+    let logs = out.join("logs");
+    std::fs::create_dir_all(&logs).expect("create the run's directory");
+    let plan = schedule(cfg.seed, cfg.episodes, cfg.ci);
+    println!(
+        "fault suite ({mode}): seed {}, {} episodes; replay with KAFKA_LOCK_FAULT_SEED={} \
+         KAFKA_LOCK_FAULT_EPISODES={}; files in {}",
+        cfg.seed,
+        plan.len(),
+        cfg.seed,
+        cfg.episodes,
+        out.display()
+    );
+    let began = Instant::now();
+
+    let cluster = KafkaCluster::start(KafkaOptions::three_nodes());
+    let native = unique_group("fault-native");
+    let consumer = unique_group("fault-consumer");
+    create_topic(&cluster.bootstrap(), &consumer, 1);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let checker = Arc::new(Checker::start());
+    let brokers: Vec<(i32, SocketAddr)> = cluster
+        .nodes()
+        .iter()
+        .map(|n| (n.id(), n.addr().parse().expect("node address")))
+        .collect();
+    let env = Env {
+        checker: checker.clone(),
+        bootstrap: cluster.bootstrap(),
+        logs: logs.clone(),
+        exe: std::env::current_exe().expect("the test binary"),
+        kafka_lock: PathBuf::from(env!("CARGO_BIN_EXE_kafka-lock")),
+    };
+    let spec = |name: &str, role, lock: &str, topic: Option<&str>| SlotSpec {
+        name: name.to_owned(),
+        role,
+        lock: lock.to_owned(),
+        topic: topic.map(str::to_owned),
+    };
+    let specs = vec![
+        spec("lib1", Role::Lib, &native, None),
+        spec("lib2", Role::Lib, &native, None),
+        spec("lib3", Role::Lib, &native, None),
+        spec("cli1", Role::Cli, &native, None),
+        spec("cli2", Role::Cli, &native, None),
+        spec("clib1", Role::Lib, &consumer, Some(&consumer)),
+        spec("clib2", Role::Lib, &consumer, Some(&consumer)),
+        spec("java1", Role::Java, &consumer, Some(&consumer)),
+    ];
+    let handle = rt.handle().clone();
+    let pool = Pool::start(
+        env,
+        specs,
+        || ProxySet::start(&handle, &brokers),
+        cfg.seed ^ 0x5eed,
+    );
+    let mut run = Run {
+        cfg,
+        out,
+        cluster,
+        rt,
+        checker,
+        pool,
+        native,
+        consumer,
+        records: Vec::new(),
+    };
+    let selfcheck = run.self_check();
+    run.warm_up();
+    let started = mono_ns();
+    for (n, episode) in plan.into_iter().enumerate() {
+        let record = run.episode(n + 1, episode);
+        println!(
+            "[{:>5.0}s] episode {:>3} {}: {}{}",
+            began.elapsed().as_secs_f64(),
+            record.n,
+            record.plan,
+            record.note,
+            match record.recovered {
+                Some(d) => format!(", acquired again {:.1} s after the heal", d.as_secs_f64()),
+                None => ", NOT acquired again in time".to_owned(),
+            }
+        );
+        run.records.push(record);
+    }
+    run.pool.stop();
+    let finished = mono_ns();
+    run.finish(started, finished, &selfcheck, began.elapsed());
+}
+
+/// What the checker's self-test found.
+struct SelfCheck {
+    lock: String,
+    analysis: Analysis,
+}
+
+impl Run {
+    fn lock_of(&self, t: Target) -> &str {
+        match t {
+            Target::Native => &self.native,
+            Target::Consumer => &self.consumer,
+        }
+    }
+
+    /// Proves on the real cluster that the suite can fail: a contender that ignores its loss is
+    /// paused past the session timeout while an honest one waits; the honest one takes over,
+    /// the broken one goes on writing, and the checker must report the overlap.
+    fn self_check(&mut self) -> SelfCheck {
+        let lock = unique_group("fault-selfcheck");
+        let env = self.pool.env();
+        let bootstrap = self.cluster.bootstrap();
+        let start = |id: &str, broken: bool, seed: u64| {
+            let cmd = pool::lib_command(env, id, &lock, &bootstrap, None, broken, seed);
+            let log = env.logs.join(format!("{id}.log"));
+            Supervised::spawn(&cmd, Output::Log(&log), None)
+                .unwrap_or_else(|e| panic!("cannot start {id}: {e}"))
+                .0
+        };
+        let mut broken = start("broken.1", true, 1);
+        self.wait_for(HOLDER_BOUND, "the broken contender to acquire", |c| {
+            c.acquired_since(&lock, 0, |id| id == "broken.1") > 0
+        });
+        let mut honest = start("honest.1", false, 2);
+        let paused_at = mono_ns();
+        broken.signal(libc::SIGSTOP);
+        std::thread::sleep(SESSION + Duration::from_secs(2));
+        broken.signal(libc::SIGCONT);
+        self.wait_for(HOLDER_BOUND, "the honest contender to take over", |c| {
+            c.acquired_since(&lock, paused_at, |id| id == "honest.1") > 0
+        });
+        self.wait_for(
+            Duration::from_secs(20),
+            "a fenced write from the broken one",
+            |c| {
+                c.lock()
+                    .writes
+                    .iter()
+                    .any(|w| w.lock == lock && w.id == "broken.1" && !w.accepted)
+            },
+        );
+        for (id, p) in [("broken.1", &mut broken), ("honest.1", &mut honest)] {
+            p.stop(Duration::from_secs(10));
+            self.checker.event(Event {
+                lock: lock.clone(),
+                id: id.to_owned(),
+                kind: Ev::Killed,
+                mono: mono_ns(),
+                token: None,
+                lease_end: None,
+            });
+        }
+        let log = self.checker.lock();
+        let events: Vec<_> = log
+            .events
+            .iter()
+            .filter(|e| e.lock == lock)
+            .cloned()
+            .collect();
+        let writes: Vec<_> = log
+            .writes
+            .iter()
+            .filter(|w| w.lock == lock)
+            .cloned()
+            .collect();
+        drop(log);
+        let analysis = analyse(&events, &writes, mono_ns());
+        println!(
+            "self-check (a contender that ignores its loss): {} overlap(s), {} stale write(s) \
+             accepted, {} write(s) fenced off",
+            analysis.judged_overlaps().count(),
+            analysis.stale_accepted.len(),
+            analysis.rejected.len()
+        );
+        SelfCheck { lock, analysis }
+    }
+
+    /// Waits until every path has taken its lock once: the suite proves nothing otherwise.
+    fn warm_up(&self) {
+        for (lock, prefix) in [
+            (&self.native, "lib"),
+            (&self.native, "cli"),
+            (&self.consumer, "clib"),
+        ] {
+            self.wait_for(
+                Duration::from_secs(120),
+                &format!("a {prefix} contender to acquire {lock}"),
+                |c| c.acquired_since(lock, 0, |id| id.starts_with(prefix)) > 0,
+            );
+        }
+    }
+
+    /// Polls the checker: the events arrive from other processes, with nothing to wait on.
+    fn wait_for(&self, bound: Duration, what: &str, done: impl Fn(&Checker) -> bool) {
+        let deadline = Instant::now() + bound;
+        while !done(&self.checker) {
+            assert!(
+                Instant::now() < deadline,
+                "fault suite: no {what} within {bound:?}; files in {}",
+                self.out.display()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The latest holder of `lock` that is a running contender, waiting up to `bound`.
+    fn holder(&self, lock: &str, bound: Duration) -> Option<String> {
+        let deadline = Instant::now() + bound;
+        loop {
+            if let Some(id) = self
+                .checker
+                .holders(lock)
+                .into_iter()
+                .find(|id| self.pool.role_of(id).is_some())
+            {
+                return Some(id);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn episode(&mut self, n: usize, plan: Episode) -> Record {
+        let lock = self.lock_of(plan.target).to_owned();
+        let mut rng = Rng::new(plan.seed);
+        let mut target = None;
+        let mut note = String::new();
+        let start;
+        match plan.kind {
+            Kind::PauseHolder => {
+                target = self.holder(&lock, HOLDER_BOUND);
+                start = mono_ns();
+                if let Some(id) = &target {
+                    let pids = self.pool.pause(id);
+                    std::thread::sleep(SESSION + plan.length);
+                    self.pool.resume(&pids);
+                    note = format!("{id} ({} processes) stopped", pids.len());
+                }
+            }
+            Kind::KillHolder => {
+                target = self.holder(&lock, HOLDER_BOUND);
+                start = mono_ns();
+                if let Some(id) = &target {
+                    self.pool.kill(id);
+                    note = format!("{id} killed");
+                }
+            }
+            Kind::CutBlackhole | Kind::CutReset | Kind::CutDelay => {
+                target = self.cut_target(&lock, &mut rng);
+                let coordinator = self.cluster.coordinator(&lock);
+                let fault = match plan.kind {
+                    Kind::CutBlackhole => Fault::Blackhole(plan.dir),
+                    Kind::CutReset => Fault::Reset,
+                    _ => Fault::Delay(plan.delay, plan.dir),
+                };
+                start = mono_ns();
+                if let Some(id) = &target {
+                    self.pool.proxies_of(id, |p| p.set(coordinator, fault));
+                    std::thread::sleep(plan.length);
+                    self.pool
+                        .proxies_of(id, |p| p.set(coordinator, Fault::Clear));
+                    note = format!("{id} cut from coordinator node {coordinator}");
+                }
+            }
+            Kind::BrokerKill | Kind::BrokerPause | Kind::BrokerTerm | Kind::SlowBroker => {
+                let node = self.cluster.coordinator(&lock);
+                start = mono_ns();
+                note = self.broker_fault(plan.kind, node, plan.length, plan.delay);
+                target = Some(format!("node {node}"));
+            }
+            Kind::Mixed => {
+                let cut = matches!(plan.holder_fault, Kind::CutBlackhole | Kind::CutReset);
+                target = if cut {
+                    self.cut_target(&lock, &mut rng)
+                } else {
+                    self.holder(&lock, HOLDER_BOUND)
+                };
+                let node = self.cluster.coordinator(&lock);
+                start = mono_ns();
+                let heal_at = Instant::now()
+                    + match plan.holder_fault {
+                        Kind::PauseHolder => SESSION + plan.length,
+                        Kind::KillHolder => Duration::ZERO,
+                        _ => plan.length,
+                    };
+                let mut paused = Vec::new();
+                if let Some(id) = &target {
+                    match plan.holder_fault {
+                        Kind::PauseHolder => paused = self.pool.pause(id),
+                        Kind::KillHolder => {
+                            self.pool.kill(id);
+                        }
+                        Kind::CutBlackhole => {
+                            self.pool
+                                .proxies_of(id, |p| p.set_all(Fault::Blackhole(plan.dir)));
+                        }
+                        _ => {
+                            self.pool.proxies_of(id, |p| p.set_all(Fault::Reset));
+                        }
+                    }
+                }
+                let broker =
+                    self.broker_fault(plan.broker_fault, node, plan.broker_length, plan.delay);
+                std::thread::sleep(heal_at.saturating_duration_since(Instant::now()));
+                self.pool.resume(&paused);
+                if let (Some(id), true) = (&target, cut) {
+                    self.pool.proxies_of(id, |p| p.set_all(Fault::Clear));
+                }
+                if let Some(id) = &target {
+                    note = format!("{id}: {} during {broker}", plan.holder_fault.name());
+                }
+            }
+            Kind::Herd => {
+                start = mono_ns();
+                let acquired = self.herd(n, &plan, &lock, &mut rng);
+                note = format!("{} joined at once, {acquired} acquired", plan.herd);
+            }
+        }
+        if target.is_none() && plan.kind != Kind::Herd {
+            note = "no holder to aim at: nothing done".into();
+        }
+        let healed = mono_ns();
+        let heal_instant = Instant::now();
+        let deadline = heal_instant + RECOVERY_BOUND;
+        let recovered = loop {
+            if self.checker.acquired_since(&lock, healed, judged) > 0 {
+                break Some(heal_instant.elapsed());
+            }
+            if Instant::now() >= deadline {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        Record {
+            n,
+            plan,
+            lock,
+            target,
+            note,
+            start,
+            healed,
+            end: mono_ns(),
+            recovered,
+        }
+    }
+
+    /// The holder if it has proxies (the Java client connects directly), else any contender of
+    /// the lock that has.
+    fn cut_target(&self, lock: &str, rng: &mut Rng) -> Option<String> {
+        self.holder(lock, HOLDER_BOUND)
+            .filter(|id| self.pool.role_of(id) != Some(Role::Java))
+            .or_else(|| {
+                let ids = self.pool.proxied(lock);
+                (!ids.is_empty()).then(|| rng.pick(&ids).clone())
+            })
+    }
+
+    /// Kills, pauses, shuts down or slows broker `node` for `length` (a pause: the session
+    /// timeout on top), then brings it back to full strength. Returns what was done.
+    fn broker_fault(&mut self, kind: Kind, node: i32, length: Duration, delay: Duration) -> String {
+        match kind {
+            Kind::BrokerKill => {
+                self.cluster.kill(node);
+                std::thread::sleep(length);
+                self.cluster.restart(node);
+                format!("node {node} killed")
+            }
+            Kind::BrokerPause => {
+                self.cluster.pause(node);
+                std::thread::sleep(SESSION + length);
+                self.cluster.resume(node);
+                self.cluster.wait_for_full_isr();
+                format!("node {node} paused")
+            }
+            Kind::BrokerTerm => {
+                let took = self.cluster.terminate(node, Duration::from_secs(120));
+                std::thread::sleep(length);
+                self.cluster.restart(node);
+                format!(
+                    "node {node} shut down (controlled shutdown took {:.1} s)",
+                    took.as_secs_f64()
+                )
+            }
+            _ => {
+                let fault = Fault::Delay(delay, super::kproxy::Dir::Both);
+                self.pool.all_proxies(|p| p.set(node, fault));
+                std::thread::sleep(length);
+                self.pool.all_proxies(|p| p.set(node, Fault::Clear));
+                format!("node {node} slowed for every proxied contender")
+            }
+        }
+    }
+
+    /// 20 to 50 contenders in this process join at once, each waiting 1 to 6 s; whoever gets
+    /// the lock writes, holds 200 ms and releases. Returns how many acquired.
+    fn herd(&self, n: usize, plan: &Episode, lock: &str, rng: &mut Rng) -> usize {
+        let topic = (lock == self.consumer).then(|| self.consumer.clone());
+        let bootstrap = self.cluster.bootstrap();
+        let members: Vec<(String, Duration)> = (0..plan.herd)
+            .map(|i| (format!("herd{n}.{i}"), rng.millis(1000, 6000)))
+            .collect();
+        self.rt.block_on(async {
+            let mut tasks = tokio::task::JoinSet::new();
+            for (id, wait) in members {
+                let (checker, lock, topic, bootstrap) = (
+                    self.checker.clone(),
+                    lock.to_owned(),
+                    topic.clone(),
+                    bootstrap.clone(),
+                );
+                tasks.spawn(async move {
+                    herd_member(&checker, &bootstrap, &lock, topic.as_deref(), &id, wait).await
+                });
+            }
+            let mut acquired = 0;
+            while let Some(r) = tasks.join_next().await {
+                acquired += usize::from(r.unwrap_or(false));
+            }
+            acquired
+        })
+    }
+
+    fn finish(self, started: i64, finished: i64, selfcheck: &SelfCheck, took: Duration) {
+        let log = self.checker.lock();
+        let events: Vec<_> = log
+            .events
+            .iter()
+            .filter(|e| e.lock != selfcheck.lock)
+            .cloned()
+            .collect();
+        let writes: Vec<_> = log
+            .writes
+            .iter()
+            .filter(|w| w.lock != selfcheck.lock)
+            .cloned()
+            .collect();
+        dump(&self.out, &log.events, &log.writes, &self.records);
+        drop(log);
+        let analysis = analyse(&events, &writes, finished);
+        let (rewritten, rewrite_failures, last_failure) = self.pool.rewrite_failures();
+        let report = report(
+            &self, &analysis, selfcheck, started, finished, took, rewritten,
+        );
+        std::fs::write(self.out.join("report.md"), &report).expect("write the report");
+        println!("{report}");
+
+        let mut failures = Vec::new();
+        if analysis.unsafe_() {
+            failures.push(format!(
+                "SAFETY VIOLATED (seed {}):\n{}",
+                self.cfg.seed,
+                analysis.violations(10)
+            ));
+        }
+        if !selfcheck.analysis.unsafe_() {
+            failures.push(
+                "the checker did not catch the contender that ignores its loss: the suite \
+                 cannot fail, so its passing means nothing"
+                    .into(),
+            );
+        }
+        if self.cfg.ci {
+            for kind in Kind::ALL {
+                let ran = self
+                    .records
+                    .iter()
+                    .any(|r| r.plan.kind == kind && (r.target.is_some() || kind == Kind::Herd));
+                if !ran {
+                    failures.push(format!("{} never found a target", kind.name()));
+                }
+            }
+        }
+        if rewrite_failures > 0 {
+            failures.push(format!(
+                "{rewrite_failures} broker answers could not be rewritten (last: {last_failure:?}): \
+                 contenders may have bypassed their proxies"
+            ));
+        }
+        assert!(
+            failures.is_empty(),
+            "{}\nreplay: KAFKA_LOCK_FAULT_SEED={} KAFKA_LOCK_FAULT_EPISODES={}; events, writes \
+             and every process's log in {}",
+            failures.join("\n"),
+            self.cfg.seed,
+            self.cfg.episodes,
+            self.out.display()
+        );
+    }
+}
+
+async fn herd_member(
+    checker: &Checker,
+    bootstrap: &str,
+    lock: &str,
+    topic: Option<&str>,
+    id: &str,
+    wait: Duration,
+) -> bool {
+    let ev = |kind, token: Option<i64>, lease_end: Option<i64>| Event {
+        lock: lock.to_owned(),
+        id: id.to_owned(),
+        kind,
+        mono: mono_ns(),
+        token,
+        lease_end,
+    };
+    let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+    checker.event(ev(Ev::Waiting, None, None));
+    let guard = match options(bootstrap, lock, topic)
+        .events(tx)
+        .acquire(Some(wait))
+        .await
+    {
+        Ok(g) => g,
+        Err(_) => {
+            checker.event(ev(Ev::GaveUp, None, None));
+            return false;
+        }
+    };
+    let token = i64::from(guard.token().generation);
+    checker.event(ev(
+        Ev::Acquired,
+        Some(token),
+        Some(to_mono(guard.lease_end())),
+    ));
+    if guard.is_held() {
+        checker.write(lock, id, token, mono_ns()).ok();
+    }
+    let lost = tokio::select! {
+        _ = guard.lost() => Some(mono_ns()),
+        // A starved runtime can wake this after the lease ran out: that hold was lost.
+        _ = tokio::time::sleep(Duration::from_millis(200)) => {
+            (!guard.is_held()).then(mono_ns)
+        }
+    };
+    if let Some(lost_at) = lost {
+        let said = tokio::time::timeout(Duration::from_secs(2), async {
+            while let Some(e) = events.recv().await {
+                if let kafka_lock::LockEvent::Lost { lease_end, .. } = e {
+                    return Some(to_mono(lease_end));
+                }
+            }
+            None
+        })
+        .await
+        .ok()
+        .flatten();
+        checker.event(Event {
+            mono: lost_at,
+            ..ev(Ev::Lost, None, said)
+        });
+    } else {
+        checker.write(lock, id, token, mono_ns()).ok();
+        checker.event(ev(Ev::Released, None, Some(to_mono(guard.lease_end()))));
+        let _ = guard.release().await;
+    }
+    true
+}
+
+/// Figures for one group of episodes (or the time between them).
+#[derive(Debug, Default, Clone)]
+struct Figures {
+    episodes: usize,
+    recovered: usize,
+    worst_recovery: Duration,
+    acquisitions: usize,
+    overlaps: usize,
+    unjudged: usize,
+    stale: usize,
+    rejected: usize,
+    late: usize,
+    free_native: i64,
+    free_consumer: i64,
+}
+
+fn figures_in(a: &Analysis, windows: &[(i64, i64)], native: &str) -> Figures {
+    let inside = |t: i64| windows.iter().any(|&(s, e)| s <= t && t < e);
+    let mut f = Figures {
+        acquisitions: a
+            .holds
+            .iter()
+            .filter(|h| judged(&h.id) && inside(h.start))
+            .count(),
+        overlaps: a.judged_overlaps().filter(|o| inside(o.start())).count(),
+        unjudged: a
+            .overlaps
+            .iter()
+            .filter(|o| !o.judged && inside(o.start()))
+            .count(),
+        stale: a
+            .stale_accepted
+            .iter()
+            .filter(|(w, _)| inside(w.decided))
+            .count(),
+        rejected: a.rejected.iter().filter(|w| inside(w.decided)).count(),
+        late: a.late.iter().filter(|w| inside(w.decided)).count(),
+        ..Figures::default()
+    };
+    for (lock, s, e) in &a.free_waiting {
+        for &(ws, we) in windows {
+            let len = (*e).min(we) - (*s).max(ws);
+            if len > 0 {
+                let slot = if lock == native {
+                    &mut f.free_native
+                } else {
+                    &mut f.free_consumer
+                };
+                *slot = (*slot).max(len);
+            }
+        }
+    }
+    f
+}
+
+fn report(
+    run: &Run,
+    a: &Analysis,
+    selfcheck: &SelfCheck,
+    started: i64,
+    finished: i64,
+    took: Duration,
+    rewritten: u64,
+) -> String {
+    let mut by_kind: BTreeMap<Kind, Vec<&Record>> = BTreeMap::new();
+    for r in &run.records {
+        by_kind.entry(r.plan.kind).or_default().push(r);
+    }
+    let ms = |ns: i64| format!("{:.1}", ns as f64 / 1e9);
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "# Fault suite report\n\nMode {}, seed {}, {} episodes in {:.0} s; Apache Kafka 4.1.2, \
+         three nodes; session timeout {:?}, heartbeat {:?}, lease margin: the library's and \
+         the CLI's defaults.\n",
+        if run.cfg.ci { "CI" } else { "long" },
+        run.cfg.seed,
+        run.records.len(),
+        took.as_secs_f64(),
+        SESSION,
+        super::HEARTBEAT
+    );
+    let _ = writeln!(
+        s,
+        "| nemesis | episodes | recovered | worst recovery s | acquisitions | overlaps | stale \
+         writes accepted | writes fenced off | late writes | longest free while waiting s \
+         (native / consumer) | overlaps not judged (Java held first) |\n|---|---|---|---|---|---|---|---|---|---|---|"
+    );
+    let mut row = |name: &str, f: &Figures| {
+        let _ = writeln!(
+            s,
+            "| {name} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {} |",
+            f.episodes,
+            f.recovered,
+            if f.episodes == 0 {
+                "-".to_owned()
+            } else {
+                format!("{:.1}", f.worst_recovery.as_secs_f64())
+            },
+            f.acquisitions,
+            f.overlaps,
+            f.stale,
+            f.rejected,
+            f.late,
+            ms(f.free_native),
+            ms(f.free_consumer),
+            f.unjudged
+        );
+    };
+    for (kind, records) in &by_kind {
+        let windows: Vec<(i64, i64)> = records.iter().map(|r| (r.start, r.end)).collect();
+        let mut f = figures_in(a, &windows, &run.native);
+        f.episodes = records.len();
+        f.recovered = records.iter().filter(|r| r.recovered.is_some()).count();
+        f.worst_recovery = records
+            .iter()
+            .filter_map(|r| r.recovered)
+            .max()
+            .unwrap_or_default();
+        row(kind.name(), &f);
+    }
+    // The whole run, the few seconds between episodes (finding a holder to aim at) included.
+    let mut all = figures_in(a, &[(started, finished + 1)], &run.native);
+    all.episodes = run.records.len();
+    all.recovered = run.records.iter().filter(|r| r.recovered.is_some()).count();
+    all.worst_recovery = run
+        .records
+        .iter()
+        .filter_map(|r| r.recovered)
+        .max()
+        .unwrap_or_default();
+    row("**all**", &all);
+
+    let _ = writeln!(
+        s,
+        "\nOverlaps count only where a kafka-lock contender held first: the Java seed client has \
+         no lease, so a hold of its that outlives its membership is its own failing.\n\nWrites: \
+         {} accepted, {} fenced off. Holds by path: {}. Proxied broker answers rewritten: \
+         {rewritten}.\n",
+        a.accepted,
+        a.rejected.len(),
+        path_counts(a)
+    );
+    let _ = writeln!(
+        s,
+        "Checker self-test (a contender that ignores its loss, paused past the session \
+         timeout): {} overlap(s), {} stale write(s) accepted, {} write(s) fenced off: {}.\n",
+        selfcheck.analysis.judged_overlaps().count(),
+        selfcheck.analysis.stale_accepted.len(),
+        selfcheck.analysis.rejected.len(),
+        if selfcheck.analysis.unsafe_() {
+            "caught"
+        } else {
+            "NOT CAUGHT"
+        }
+    );
+    if a.unsafe_() {
+        let _ = writeln!(s, "## Violations\n\n```\n{}```\n", a.violations(20));
+    }
+    let unrecovered: Vec<String> = run
+        .records
+        .iter()
+        .filter(|r| r.recovered.is_none())
+        .map(|r| format!("episode {} ({})", r.n, r.plan))
+        .collect();
+    if !unrecovered.is_empty() {
+        let _ = writeln!(
+            s,
+            "Not acquired again within {RECOVERY_BOUND:?} of the heal: {}.\n",
+            unrecovered.join(", ")
+        );
+    }
+    s
+}
+
+fn path_counts(a: &Analysis) -> String {
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for h in &a.holds {
+        let path =
+            h.id.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
+        *counts.entry(path.to_owned()).or_default() += 1;
+    }
+    counts
+        .iter()
+        .map(|(p, n)| format!("{p} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Everything the analysis saw, as tab-separated files beside the report.
+fn dump(out: &std::path::Path, events: &[Event], writes: &[checker::WriteRec], records: &[Record]) {
+    let mut e = String::from("mono_ns\tlock\tid\tevent\ttoken\tlease_end_ns\n");
+    for v in events {
+        let _ = writeln!(
+            e,
+            "{}\t{}\t{}\t{}\t{}\t{}",
+            v.mono,
+            v.lock,
+            v.id,
+            v.kind.name(),
+            v.token.map_or("-".into(), |t| t.to_string()),
+            v.lease_end.map_or("-".into(), |t| t.to_string())
+        );
+    }
+    let mut w = String::from("decided_ns\tsent_ns\tlock\tid\ttoken\taccepted\n");
+    for x in writes {
+        let _ = writeln!(
+            w,
+            "{}\t{}\t{}\t{}\t{}\t{}",
+            x.decided, x.sent, x.lock, x.id, x.token, x.accepted
+        );
+    }
+    let mut r =
+        String::from("n\tstart_ns\thealed_ns\tend_ns\tepisode\tlock\ttarget\tnote\trecovered_s\n");
+    for x in records {
+        let _ = writeln!(
+            r,
+            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+            x.n,
+            x.start,
+            x.healed,
+            x.end,
+            x.plan,
+            x.lock,
+            x.target.as_deref().unwrap_or("-"),
+            x.note,
+            x.recovered
+                .map_or("-".into(), |d| format!("{:.2}", d.as_secs_f64()))
+        );
+    }
+    for (name, text) in [("events.tsv", e), ("writes.tsv", w), ("episodes.tsv", r)] {
+        let _ = std::fs::write(out.join(name), text);
+    }
+}
