@@ -381,6 +381,7 @@ fn member_id_required_then_success() {
     assert_eq!(
         token,
         Some(FencingToken {
+            ledger_offset: None,
             generation: 1,
             member_id: "m1-uuid".into()
         })
