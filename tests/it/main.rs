@@ -7,6 +7,7 @@ mod fake_broker;
 mod golden;
 mod interop;
 mod java_peers;
+mod ledger;
 mod lock;
 mod proxy;
 mod support;

@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! kafka-lock run --bootstrap HOST:PORT[,...] --lock NAME [options] -- COMMAND [ARGS...]
-//! kafka-lock status --bootstrap HOST:PORT[,...] --lock NAME [--json]
+//! kafka-lock status --bootstrap HOST:PORT[,...] --lock NAME [--ledger-topic T] [--json]
+//! kafka-lock history --bootstrap HOST:PORT[,...] --lock NAME --ledger-topic T [--since S] [--json]
 //! ```
 //!
 //! `run` holds the lock on a current-thread tokio runtime (one lock and a few timers need no
@@ -19,6 +20,7 @@
 #![deny(unsafe_code)]
 
 mod exit;
+mod history;
 mod json;
 mod output;
 mod proto;
@@ -45,10 +47,20 @@ use crate::exit::Failure;
 
 const AFTER_RUN_HELP: &str = "\
 The command starts only once the lock is held, with KAFKA_LOCK_NAME, KAFKA_LOCK_TOKEN (the fencing
-token: the group generation, in decimal) and KAFKA_LOCK_MEMBER_ID in its environment. The token is
-the one at the start: a rebalance while holding (another member joining) moves it to a higher
-generation, reported as token_changed by --events json; a resource that accepts any token at least
-as high as the highest it has seen keeps accepting the first one.
+token, in decimal), KAFKA_LOCK_GENERATION and KAFKA_LOCK_MEMBER_ID in its environment. With
+--ledger-topic the token is the offset of this hold's ACQUIRED record in the ledger: it never goes
+backwards, whatever happens to the group. Without one it is the group generation, which starts
+again at 1 when the group is deleted (by an administrator, or by the broker 0-10 minutes after it
+was left empty with no committed offsets). A rebalance while holding (another member joining)
+moves the generation on, reported as token_changed by --events json; the ledger token stays.
+
+Checkpoint (needs --ledger-topic): KAFKA_LOCK_CHECKPOINT holds the lock's last checkpoint, if it
+has one, and KAFKA_LOCK_CHECKPOINT_FILE names a file (in a directory of kafka-lock's own) that the
+command may write. If the command exits 0 and the file exists, kafka-lock stores its content
+(UTF-8, at most --checkpoint-max-bytes) as the new checkpoint before it releases the lock: an
+OffsetCommit carrying the hold's generation and member id, which the broker rejects if this holder
+is no longer the current one. A rejected or failed commit is status 74; content that is too long
+or not UTF-8 is status 78. Either way the lock's checkpoint stays the previous one.
 
 What stops the command. kafka-lock starts a supervisor process (itself, re-executed, in a process
 group of its own), which starts the command in a process group of its own. The supervisor owns the
@@ -86,7 +98,7 @@ buffer; if stderr is not read fast enough, lines are dropped rather than delayin
 then carry a 'dropped' count, and the last line reports it.
 
 Exit status: the command's (128+N if signal N ended it); 75 not acquired within --wait; 74 lock
-lost while the command ran; 69 the cluster cannot be reached or answered something invalid; 78 a
+lost while the command ran, or its checkpoint not stored; 69 the cluster cannot be reached or answered something invalid; 78 a
 setting is invalid or the broker rejected it; 71 the system refused something kafka-lock needs or
 the supervisor died; 64 usage error; 126/127 the command cannot be run; 128+N if signal N arrived
 while waiting for the lock.
@@ -112,8 +124,11 @@ enum Command {
     /// Run a command while holding the lock; stop it if the lock is lost.
     #[command(after_help = AFTER_RUN_HELP)]
     Run(RunArgs),
-    /// Show the lock's holder and waiters.
+    /// Show the lock's holder and waiters (and, with a ledger, its last holder and checkpoint).
     Status(StatusArgs),
+    /// Show who held the lock, when, for how long, and how each hold ended (needs a ledger).
+    #[command(after_help = history::AFTER_HELP)]
+    History(HistoryArgs),
 }
 
 #[derive(Debug, Args)]
@@ -138,6 +153,11 @@ struct Target {
     /// Client id in request headers and member ids.
     #[arg(long, value_name = "ID", default_value = "kafka-lock", hide = true)]
     client_id: String,
+    /// The lock's ledger: a topic with exactly one partition (shared by any number of locks)
+    /// whose record offsets are the fencing tokens, and where the lock's history and a copy of
+    /// its checkpoint are kept. kafka-lock never creates it; see `kafka-lock history --help`.
+    #[arg(long, env = "KAFKA_LOCK_LEDGER_TOPIC", value_name = "TOPIC")]
+    ledger_topic: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -179,8 +199,12 @@ struct RunArgs {
     /// Who we are, shown to waiters and by `status`. [default: "<hostname> pid <pid>"]
     #[arg(long, value_name = "TEXT")]
     label: Option<String>,
+    /// The longest checkpoint the command may write, in bytes: the brokers'
+    /// offset.metadata.max.bytes, which is 4096 unless they are configured otherwise.
+    #[arg(long, value_name = "BYTES", default_value_t = kafka_lock::lock::DEFAULT_CHECKPOINT_MAX_BYTES)]
+    checkpoint_max_bytes: usize,
     /// Print one JSON object per line on stderr for waiting, acquired, token_changed,
-    /// child_started, lost, child_exited and released.
+    /// child_started, lost, child_exited, checkpoint and released.
     #[arg(long, value_name = "FORMAT")]
     events: Option<EventsFormat>,
     /// The command to run while holding the lock, after `--`.
@@ -197,6 +221,19 @@ enum EventsFormat {
 struct StatusArgs {
     #[command(flatten)]
     target: Target,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct HistoryArgs {
+    #[command(flatten)]
+    target: Target,
+    /// Only holds that were running at this time or later: a duration before now (24h, 7d) or
+    /// a time (2026-11-30T02:00:00Z, 2026-11-30 02:00:00 in UTC).
+    #[arg(long, value_name = "DURATION|TIME")]
+    since: Option<String>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -253,6 +290,7 @@ fn cli(argv: Vec<OsString>) -> u8 {
         match cli.command {
             Command::Run(a) => run::run(run_config(a)).await,
             Command::Status(a) => status(a).await,
+            Command::History(a) => history(a).await,
         }
     });
     // Background tasks (a session still leaving after a bounded or interrupted release) end with
@@ -285,6 +323,41 @@ async fn status(a: StatusArgs) -> Result<u8, Failure> {
         request_timeout: request,
         connect_timeout: connect,
         client_id: a.target.client_id,
+        ledger_topic: a.target.ledger_topic,
+    })
+    .await
+}
+
+async fn history(a: HistoryArgs) -> Result<u8, Failure> {
+    let request = a
+        .target
+        .request_timeout
+        .unwrap_or(kafka_lock::lock::DEFAULT_REQUEST_TIMEOUT);
+    let connect = a
+        .target
+        .connect_timeout
+        .unwrap_or(kafka_lock::driver::DEFAULT_CONNECT_TIMEOUT);
+    run::in_range("--request-timeout", request, run::TIMEOUT_BOUND, false)?;
+    run::in_range("--connect-timeout", connect, run::TIMEOUT_BOUND, false)?;
+    let Some(ledger_topic) = a.target.ledger_topic else {
+        return Err(Failure::new(
+            exit::USAGE,
+            "history is read from the lock's ledger: give --ledger-topic (or $KAFKA_LOCK_LEDGER_TOPIC); see `kafka-lock history --help`",
+        ));
+    };
+    let since = match &a.since {
+        Some(s) => Some(history::parse_since(s, std::time::SystemTime::now())?),
+        None => None,
+    };
+    history::history(history::HistoryConfig {
+        bootstrap: a.target.bootstrap,
+        lock: a.target.lock,
+        ledger_topic,
+        since,
+        json: a.json,
+        request_timeout: request,
+        connect_timeout: connect,
+        client_id: a.target.client_id,
     })
     .await
 }
@@ -304,6 +377,8 @@ fn run_config(a: RunArgs) -> run::RunConfig {
         kill_grace: a.kill_grace,
         label: a.label,
         client_id: a.target.client_id,
+        ledger_topic: a.target.ledger_topic,
+        checkpoint_max_bytes: a.checkpoint_max_bytes,
         events_json: a.events == Some(EventsFormat::Json),
         command: a.command,
     }
@@ -346,6 +421,7 @@ fn usage(e: clap::Error, argv: &[OsString]) -> u8 {
     let help = match argv.get(1).map(|a| a.as_bytes()) {
         Some(b"run") => "kafka-lock run --help",
         Some(b"status") => "kafka-lock status --help",
+        Some(b"history") => "kafka-lock history --help",
         _ => "kafka-lock --help",
     };
     let f = Failure::new(exit::USAGE, format!("{what}; see `{help}`"));
