@@ -37,7 +37,9 @@
 //! - **Waiters long-poll** the partition from its end with one parked Fetch at a time (at most
 //!   [`LedgerConfig::poll_wait`], at most [`LedgerConfig::poll_max_bytes`]), keep only this lock's
 //!   records (by key), and on a RELEASED or LOST record ask the membership to heartbeat at once.
-//!   The heartbeat, not the record, decides: a record proves nothing about the group.
+//!   The heartbeat, not the record, decides: a record proves nothing about the group. Once the
+//!   poll has found its starting point it heartbeats once too: a release recorded before that
+//!   point is not in any Fetch from it.
 //! - **Checkpoints** are OffsetCommits on the lock's group for the ledger partition, with the
 //!   hold's generation and member id, so the broker rejects a holder that is no longer current.
 //!   An accepted one is copied into the ledger (a CHECKPOINT record), which outlives the group.
@@ -1336,6 +1338,11 @@ impl Ledger {
         };
         match outcome {
             Ok(next) => {
+                if at.is_none() {
+                    // A release recorded before this position was found is not in any Fetch
+                    // from here; a heartbeat now catches it (the group is still rebalancing).
+                    self.commands.push_back(Command::HeartbeatNow);
+                }
                 self.poll_backoff.reset();
                 self.poll = Poll::At(next);
                 self.poll_retry_at = None;

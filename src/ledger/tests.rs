@@ -653,6 +653,9 @@ fn a_waiter_long_polls_from_the_end_and_heartbeats_on_this_locks_release() {
             .with_partition_index(0)
             .with_offset(10)])]);
     r.answer(t.id, Ok((Response::ListOffsets(end), 9)));
+    // A release recorded before the poll's starting point would be missed: one heartbeat now.
+    assert_eq!(r.commands, [Command::HeartbeatNow]);
+    r.commands.clear();
     let t = r.last().clone();
     let Op::Fetch {
         offset, options, ..
