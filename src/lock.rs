@@ -925,8 +925,9 @@ impl LockGuard {
         &self.name
     }
 
-    /// The current fencing token. In native mode a rebalance while holding moves it to the new
-    /// generation (always greater).
+    /// The current fencing token: with a ledger, the offset of this hold's ACQUIRED record
+    /// (see [`FencingToken`]). In native mode a rebalance while holding moves its generation on
+    /// (the token only grows); the ledger offset stays.
     pub fn token(&self) -> FencingToken {
         match &*self.handle.state.borrow() {
             SessionState::Held(t, _) => t.clone(),

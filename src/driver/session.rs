@@ -165,6 +165,17 @@ pub(crate) fn spawn(
             Arc::new(tokio::sync::Mutex::new(Some(params.first))),
         );
     }
+    // The ACQUIRED record is on the acquisition's critical path: its connection is opened now,
+    // while the membership joins.
+    if let Some(p) = params.ledger.as_ref().and_then(Ledger::partition) {
+        let (net, slot) = (
+            net.clone(),
+            Slot::Leader(p.leader.clone(), LeaderLane::Append),
+        );
+        tokio::spawn(async move {
+            let _ = net.connection(&slot).await;
+        });
+    }
     let span = tracing::info_span!("kafka_lock", group = %group);
     tokio::spawn(
         run(

@@ -9,17 +9,15 @@
 //! next needs to be woken. Like the membership machine it never reads a clock or touches a socket.
 //!
 //! ```text
-//!                 membership: Acquired
-//!     Waiting ─────────────────────────────► Appending ── ACQUIRED acknowledged, lease running ──► Held
-//!   (long-polls the ledger;                    │   (Produce acks=all; nothing published yet)         │
-//!    RELEASED/LOST of this lock                │                                                      │
-//!    → HeartbeatNow)                           │ acknowledged after the lease end, or not within      │ membership: Released / Lost
-//!                                              │ the append deadline: Lost(ledger) + Leave            │
-//!                                              ▼                                                      ▼
-//!                                            Ending ◄──────────────────────────────────────────── Ending
-//!                                              │ membership Left/Failed: append RELEASED or LOST (once), then
-//!                                              ▼ publish Left/Failed
-//!                                             Over
+//!   Waiting ── membership Acquired ──► Appending ── ACQUIRED acknowledged, lease running ──► Held
+//!   (long-polls the ledger; a            │  (Produce acks=all; nothing published yet)         │
+//!    RELEASED/LOST of this lock          │ acknowledged after the lease end, or not           │
+//!    → HeartbeatNow)                     │ within the deadline: Lost(ledger) + Leave          │
+//!                                        ▼                                       membership   │
+//!                                      Ending ◄────────────────────────── Released / Lost ────┘
+//!                                        │ membership Left/Failed: RELEASED or LOST appended
+//!                                        ▼ (once, when the offset is known), then Left/Failed
+//!                                       Over                           published
 //! ```
 //!
 //! # The decisions
@@ -1107,9 +1105,15 @@ impl Ledger {
             }
             if let Poll::At(at) = self.poll {
                 if self.in_flight.poll.is_none() && due(self.poll_retry_at) {
+                    // ListOffsets is answered at once, so it goes on the append lane, which it
+                    // opens for the ACQUIRED record this waiter may append later.
+                    let lane = match at {
+                        None => LeaderLane::Append,
+                        Some(_) => LeaderLane::Poll,
+                    };
                     let target = Target::Leader {
                         broker: p.leader.clone(),
-                        lane: LeaderLane::Poll,
+                        lane,
                     };
                     let (op, timeout) = match at {
                         None => (

@@ -637,7 +637,7 @@ fn a_waiter_long_polls_from_the_end_and_heartbeats_on_this_locks_release() {
         t.target,
         Target::Leader {
             broker: broker(1),
-            lane: LeaderLane::Poll
+            lane: LeaderLane::Append
         }
     );
     assert!(matches!(
@@ -666,6 +666,14 @@ fn a_waiter_long_polls_from_the_end_and_heartbeats_on_this_locks_release() {
     assert_eq!(*offset, 10);
     assert_eq!(options.max_wait, DEFAULT_POLL_WAIT);
     assert_eq!(options.max_bytes, DEFAULT_POLL_MAX_BYTES);
+    assert_eq!(
+        t.target,
+        Target::Leader {
+            broker: broker(1),
+            lane: LeaderLane::Poll
+        },
+        "nothing may queue behind a parked Fetch"
+    );
     assert!(
         t.timeout > DEFAULT_POLL_WAIT,
         "the parked Fetch outlives its wait"
@@ -1151,4 +1159,26 @@ proptest::proptest! {
     fn decoding_never_panics(data in proptest::collection::vec(proptest::num::u8::ANY, 0..256)) {
         fuzz_ledger_bytes(&data);
     }
+}
+
+/// The example in docs/protocol.md ("The ledger").
+#[test]
+fn the_documented_example_decodes() {
+    let bytes = [
+        0x01, 0x02, 0x00, 0x00, 0x01, 0xa3, 0x18, 0x5c, 0x50, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+        0x00, 0x00, 0x07, 0x00, 0x00, 0x00, 0x03, 0x00, 0x03, 0x6d, 0x2d, 0x31, 0xff, 0xff, 0x00,
+        0x01, 0x68, 0x00, 0x00, 0x00, 0x2a, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05, 0xdc,
+    ];
+    let want = LedgerRecord {
+        unix_ms: 1_800_000_000_000,
+        hold: 7,
+        generation: 3,
+        member_id: "m-1".into(),
+        label: None,
+        host: Some("h".into()),
+        pid: Some(42),
+        kind: RecordKind::Released { held_ms: 1500 },
+    };
+    assert_eq!(LedgerRecord::decode(&bytes), Ok(want.clone()));
+    assert_eq!(&want.encode()[..], &bytes[..]);
 }

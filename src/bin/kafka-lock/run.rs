@@ -584,6 +584,15 @@ async fn hold(
 ) -> Result<u8, Failure> {
     let token = guard.token();
     let mut watch = guard.watch();
+    // The last checkpoint, and a place for the command to leave the next one; read before the
+    // lease end is taken, since reading may take a while (the ledger's copy is read in full).
+    let checkpoint = match CheckpointDir::prepare(c, &guard).await {
+        Ok(dir) => dir,
+        Err(f) => {
+            let _ = release(guard, &mut signals).await;
+            return Err(f);
+        }
+    };
     let lease_end = match watch.lease_end() {
         Some(end) if end > Instant::now() => end,
         _ => {
@@ -609,14 +618,6 @@ async fn hold(
             format!("cannot become a child subreaper (PR_SET_CHILD_SUBREAPER, Linux 3.4+): {e}; the command was not run"),
         ));
     }
-    // The last checkpoint, and a place for the command to leave the next one.
-    let checkpoint = match CheckpointDir::prepare(c, &guard).await {
-        Ok(dir) => dir,
-        Err(f) => {
-            let _ = release(guard, &mut signals).await;
-            return Err(f);
-        }
-    };
     let env = checkpoint
         .as_ref()
         .map(CheckpointDir::env)
