@@ -95,13 +95,17 @@ pub async fn history(c: HistoryConfig) -> Result<u8, Failure> {
     Ok(0)
 }
 
-/// A wall-clock time as RFC 3339 UTC with milliseconds.
+/// The first millisecond of the year 10000, which RFC 3339 cannot write (humantime's formatter
+/// fails there, and `to_string` would panic): a record's time comes from another process.
+const YEAR_10000_MS: u64 = 253_402_300_800_000;
+
+/// A wall-clock time as RFC 3339 UTC with milliseconds, or the raw number when it has none.
 pub fn time(unix_ms: i64) -> String {
     match u64::try_from(unix_ms) {
-        Ok(ms) => {
+        Ok(ms) if ms < YEAR_10000_MS => {
             humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
         }
-        Err(_) => format!("{unix_ms} ms before 1970"),
+        _ => format!("{unix_ms} ms since 1970"),
     }
 }
 
@@ -265,6 +269,15 @@ mod tests {
         );
         let f = parse_since("yesterday", now).unwrap_err();
         assert_eq!(f.status, exit::USAGE);
+    }
+
+    #[test]
+    fn any_time_a_record_carries_can_be_printed() {
+        assert_eq!(time(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(time(253_402_300_799_999), "9999-12-31T23:59:59.999Z");
+        assert_eq!(time(253_402_300_800_000), "253402300800000 ms since 1970");
+        assert_eq!(time(i64::MAX), format!("{} ms since 1970", i64::MAX));
+        assert_eq!(time(-5), "-5 ms since 1970");
     }
 
     #[test]
