@@ -16,6 +16,12 @@ Scenarios (each on fresh groups, --reps times, medians reported):
   coordinator        kafka-lock only, 3-node cluster: SIGKILL of the lock group's coordinator while
                      A holds and B waits; time from the kill until the new coordinator renewed A's
                      lease, and whether A kept the lock
+  ledger-acquire     kafka-lock only: acquire() called -> holding, uncontended, without a ledger
+                     and with one (the ACQUIRED append, acks=all, is the difference)
+  ledger-handover    kafka-lock only: A holds, N waiters (--waiters, default 1,50) wait; at a random
+                     moment 1-2 s after all are waiting A releases; time from that request to the
+                     first waiter holding. Without a ledger, with a ledger and push (waiters
+                     long-poll it), with a ledger and no push
 
 Every time comes from CLOCK_MONOTONIC readings by the processes themselves (their events carry it;
 Java's System.nanoTime is CLOCK_MONOTONIC on Linux) or by this script just before it acts.
@@ -162,6 +168,20 @@ class KafkaLockLib:
                      "--heartbeat-ms", str(self.heartbeat_ms)], parse_json)
 
 
+class KafkaLockLedger(KafkaLockLib):
+    """The library contender with a ledger topic; `push` turns the waiters' long poll on or off."""
+
+    def __init__(self, session_ms, heartbeat_ms, ledger, push):
+        super().__init__(session_ms, heartbeat_ms)
+        self.ledger, self.push = ledger, push
+        self.name = f"kafka-lock (ledger, push {'on' if push else 'off'})"
+
+    def start(self, bootstrap, group, topic, client_id):
+        return Proc([str(CONTENDER), bootstrap, group, "--session-ms", str(self.session_ms),
+                     "--heartbeat-ms", str(self.heartbeat_ms), "--ledger-topic", self.ledger,
+                     "--push", "on" if self.push else "off"], parse_json)
+
+
 class KafkaLockCli:
     """The product: `kafka-lock run`; holding = the command started."""
     name = "kafka-lock (CLI)"
@@ -217,6 +237,60 @@ class Rdkafka:
     def start(self, bootstrap, group, topic, client_id):
         return Proc([str(PYTHON), str(RDKAFKA), bootstrap, group, topic, client_id,
                      str(self.session_ms), str(self.heartbeat_ms)], parse_rdkafka)
+
+
+def acquire_cost(kafka, client, _rep):
+    """acquire() called (the contender's `started`) -> holding, in the contender's own clock."""
+    group = fresh(kafka, client, "cost")
+    p = client.start(kafka.bootstrap, group, group, "a")
+    try:
+        started = p.wait({"started"})
+        ev = p.wait({client.held})
+        return (ev[1] - started[1]) / 1e9
+    finally:
+        p.stop(client.release)
+
+
+def handover_n(kafka, client, rep, n):
+    """A holds, n waiters wait; A releases at a random moment; time to the first new holder."""
+    group = fresh(kafka, client, f"h{n}")
+    a = client.start(kafka.bootstrap, group, group, "a")
+    waiters = []
+    try:
+        a.wait({client.held})
+        merged = queue.Queue()
+        for i in range(n):
+            w = client.start(kafka.bootstrap, group, group, f"w{i}")
+            waiters.append(w)
+
+            def forward(i=i, w=w):
+                while True:
+                    merged.put((i, w.events.get()))
+
+            threading.Thread(target=forward, daemon=True).start()
+        waiting = set()
+        deadline = time.monotonic() + BOUND * 4
+        while len(waiting) < n:
+            i, ev = merged.get(timeout=max(0.0, deadline - time.monotonic()))
+            if ev[0] == "waiting":
+                waiting.add(i)
+        time.sleep(random.Random(rep).uniform(1.0, 2.0))
+        while not merged.empty():
+            merged.get_nowait()
+        at = mono_ns()
+        a.send(client.release)
+        while True:
+            i, ev = merged.get(timeout=BOUND)
+            if ev[0] == client.held:
+                return (ev[1] - at) / 1e9
+    finally:
+        # A waiter reads its stdin only once it holds, so asking each to close would pass the
+        # lock down the whole queue first; the group is thrown away anyway.
+        for p in [a, *waiters]:
+            if p.proc.poll() is None:
+                p.proc.kill()
+        for p in [a, *waiters]:
+            p.proc.wait()
 
 
 def needs_topic(client):
@@ -424,7 +498,9 @@ def main():
     ap.add_argument("--session-ms", type=int, default=6000)
     ap.add_argument("--heartbeat-ms", type=int, default=1000)
     ap.add_argument("--herd", type=int, default=50)
-    ap.add_argument("--only", default="uncontended,uncontended-3s,handover,failover,herd,coordinator")
+    ap.add_argument("--waiters", default="1,50", help="ledger-handover: waiter counts")
+    ap.add_argument("--only", default="uncontended,uncontended-3s,handover,failover,herd,coordinator,"
+                    "ledger-acquire,ledger-handover")
     ap.add_argument("--json")
     args = ap.parse_args()
     only = set(args.only.split(","))
@@ -443,6 +519,22 @@ def main():
                   flush=True)
         results[title] = rows
 
+    def interleaved(title, kafka, clients, scenario, reps):
+        """Like `table`, but one untimed run per client first (the broker's JIT, the leader's
+        connections) and the clients taking turns, so a change of load hits them alike."""
+        for c in clients:
+            scenario(kafka, c, -1)
+        runs = {c.name: [] for c in clients}
+        for rep in range(reps):
+            for c in clients:
+                runs[c.name].append(scenario(kafka, c, rep))
+        rows = {}
+        for c in clients:
+            rows[c.name] = summary(runs[c.name])
+            print(f"{title:<18} {c.name:<36} median {rows[c.name]['median'] * 1000:.1f} ms  runs "
+                  f"{[round(x * 1000, 1) for x in runs[c.name]]}", flush=True)
+        results[title] = rows
+
     seeds = [JavaSeed(s, h), Rdkafka(s, h)]
     if only & {"uncontended", "handover", "failover"}:
         with LocalKafka(initial_delay_ms=0) as kafka:
@@ -455,6 +547,18 @@ def main():
     if "uncontended-3s" in only:
         with LocalKafka(initial_delay_ms=3000) as kafka:
             table("uncontended-3s", kafka, [KafkaLockCli(s, h), *seeds], uncontended)
+    if only & {"ledger-acquire", "ledger-handover"}:
+        with LocalKafka(initial_delay_ms=0) as kafka:
+            ledger = f"bench-ledger-{uuid.uuid4().hex[:8]}"
+            create_topic(kafka.bootstrap, ledger)
+            lib = KafkaLockLib(s, h)
+            on, off = KafkaLockLedger(s, h, ledger, True), KafkaLockLedger(s, h, ledger, False)
+            if "ledger-acquire" in only:
+                interleaved("ledger-acquire", kafka, [lib, on], acquire_cost, args.reps * 4)
+            if "ledger-handover" in only:
+                for n in [int(x) for x in args.waiters.split(",")]:
+                    interleaved(f"ledger-handover-{n}", kafka, [lib, on, off],
+                                lambda k, c, rep, n=n: handover_n(k, c, rep, n), args.reps)
     if "herd" in only:
         results["herd"] = herd(args.herd, s, h)
         print("herd", json.dumps(results["herd"]), flush=True)

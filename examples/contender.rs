@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! contender BOOTSTRAP LOCK [--topic T] [--session-ms N] [--heartbeat-ms N]
+//!           [--ledger-topic T] [--push on|off]
 //! ```
 //!
 //! Prints one JSON object per line: `started`, `waiting`, `acquired`, `renewed` (a heartbeat moved
@@ -47,7 +48,8 @@ async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.len() < 2 {
         eprintln!(
-            "usage: contender BOOTSTRAP LOCK [--topic T] [--session-ms N] [--heartbeat-ms N]"
+            "usage: contender BOOTSTRAP LOCK [--topic T] [--session-ms N] [--heartbeat-ms N] \
+             [--ledger-topic T] [--push on|off]"
         );
         std::process::exit(64);
     }
@@ -63,6 +65,8 @@ async fn main() {
             "--topic" => opts.consumer_topic(value),
             "--session-ms" => opts.session_timeout(ms()).rebalance_timeout(ms()),
             "--heartbeat-ms" => opts.heartbeat_interval(ms()),
+            "--ledger-topic" => opts.ledger_topic(value),
+            "--push" => opts.ledger_push(value == "on"),
             other => {
                 eprintln!("unknown flag {other}");
                 std::process::exit(64)
@@ -77,9 +81,14 @@ async fn main() {
                 LockEvent::Waiting { position, .. } => {
                     emit("waiting", &format!(", \"position\": {position}"))
                 }
-                LockEvent::Acquired { token, .. } => {
-                    emit("acquired", &format!(", \"token\": {}", token.generation))
-                }
+                LockEvent::Acquired { token, .. } => emit(
+                    "acquired",
+                    &format!(
+                        ", \"token\": {}, \"generation\": {}",
+                        token.value(),
+                        token.generation
+                    ),
+                ),
                 LockEvent::Lost { reason, .. } => {
                     emit("lost", &format!(", \"reason\": \"{}\"", reason.as_str()))
                 }

@@ -368,6 +368,9 @@ fn re_encode(batch: &RecordBatch) {
 /// the rules of `docs/protocol.md`.
 pub fn peer_bytes(data: &[u8]) {
     fuzz_peer_bytes(data);
+    // Ledger records are written by other members too: decoded strictly, re-encoded exactly, and
+    // folded into a history, which must keep its holds in token order.
+    kafka_lock::ledger::fuzz_ledger_bytes(data);
 
     if let Ok(md) = MemberMetadata::decode(data) {
         if data[3] == 0 {

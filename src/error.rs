@@ -123,6 +123,10 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+
+    /// The ledger topic cannot serve, or a checkpoint cannot be stored.
+    #[error(transparent)]
+    Ledger(#[from] crate::ledger::LedgerError),
 }
 
 impl Error {
@@ -147,7 +151,8 @@ impl Error {
             | Error::Protocol(_)
             | Error::UnsupportedApi { .. }
             | Error::NotAcquired { .. }
-            | Error::Lost { .. } => false,
+            | Error::Lost { .. }
+            | Error::Ledger(_) => false,
         }
     }
 

@@ -304,3 +304,74 @@ fn write_record_batch_seeds() {
     let input = [&[0u8][..], &negative].concat();
     std::fs::write(dir.join("hazard-negative-batch-length"), input).expect("hazard written");
 }
+
+/// Writes the ledger-record seeds of `peer_bytes` (`seed-ledger-*`: one record of each kind from
+/// our encoder) and its hazards (`hazard-ledger-*` in `regressions/`: lengths far beyond the
+/// bytes that follow). Run by hand when the record format changes:
+/// `cargo test --lib fuzz_replay::write_ledger_seeds -- --ignored`.
+#[test]
+#[ignore = "writes files; run by hand to refresh seeds"]
+fn write_ledger_seeds() {
+    use crate::ledger::{LedgerRecord, RecordKind};
+    let record = |kind, hold| LedgerRecord {
+        unix_ms: 1_800_000_000_000,
+        hold,
+        generation: 3,
+        member_id: "kafka-lock-0f0e".into(),
+        label: Some("job".into()),
+        host: Some("host".into()),
+        pid: Some(42),
+        kind,
+    };
+    let seeds = [
+        (
+            "acquired",
+            record(RecordKind::Acquired { lease_ms: 9000 }, -1),
+        ),
+        (
+            "released",
+            record(RecordKind::Released { held_ms: 1500 }, 7),
+        ),
+        (
+            "lost",
+            record(
+                RecordKind::Lost {
+                    held_ms: 3,
+                    reason: "fenced".into(),
+                    detail: "UNKNOWN_MEMBER_ID".into(),
+                },
+                7,
+            ),
+        ),
+        (
+            "checkpoint",
+            record(
+                RecordKind::Checkpoint {
+                    value: "2026-11-29".into(),
+                },
+                7,
+            ),
+        ),
+    ];
+    let corpus = fuzz_dir().join("corpus/peer_bytes");
+    for (name, r) in &seeds {
+        std::fs::write(corpus.join(format!("seed-ledger-{name}")), r.encode()).expect("seed");
+    }
+    // A stream of records, zero-separated as `fuzz_ledger_bytes` cuts them: the history fold.
+    let mut stream = Vec::new();
+    for (_, r) in &seeds {
+        stream.extend_from_slice(&r.encode());
+        stream.push(0);
+    }
+    std::fs::write(corpus.join("seed-ledger-stream"), stream).expect("seed");
+    let regressions = fuzz_dir().join("regressions/peer_bytes");
+    let good = seeds[1].1.encode();
+    // The member id's length field claims 32767 bytes; five follow.
+    let mut member = good[..22].to_vec();
+    member.extend_from_slice(&[0x7f, 0xff, b'a', b'b', b'c', b'd', b'e']);
+    std::fs::write(regressions.join("hazard-ledger-member-id-length"), member).expect("hazard");
+    // A label length just below the "none" marker: over the bound, refused before any read.
+    let mut label = good[..22].to_vec();
+    label.extend_from_slice(&[0, 1, b'm', 0xff, 0xfe]);
+    std::fs::write(regressions.join("hazard-ledger-label-length"), label).expect("hazard");
+}

@@ -6,6 +6,8 @@
 //! # Layout
 //! - [`lock`]: the public API (options, guard, events, stats).
 //! - [`membership`]: the sans-I/O group membership state machine and the lease (diagram inside).
+//! - [`ledger`]: the sans-I/O ledger (tokens that never go backwards, history, checkpoints, the
+//!   waiters' long poll) and its record format.
 //! - [`assign`]: member metadata and assignment bytes, the sticky-FIFO and consumer assignors.
 //! - [`wire`]: sans-I/O framing, codecs with bounded decoding, version negotiation (no tokio).
 //! - [`driver`]: the tokio side, the only place that owns sockets, tasks and clocks.
@@ -28,12 +30,15 @@ pub mod driver;
 pub mod error;
 #[cfg(test)]
 mod fuzz_replay;
+pub mod ledger;
 pub mod lock;
 pub mod membership;
 pub mod metrics;
 pub mod wire;
 
 pub use error::{Error, KafkaCode, Result};
+pub use ledger::{History, Hold, HoldEnd, LedgerError};
 pub use lock::{
-    FencingToken, HoldWatch, LockEvent, LockGuard, LockOptions, LockStats, LossReason, Release,
+    Checkpoint, CheckpointSource, FencingToken, HoldWatch, LockEvent, LockGuard, LockOptions,
+    LockStats, LossReason, Release,
 };

@@ -11,6 +11,23 @@
 //! # Ok(()) }
 //! ```
 //!
+//! With a ledger topic ([`LockOptions::ledger_topic`]) the token is the offset of the hold's
+//! record in the ledger, which never goes backwards, and the lock has a history
+//! ([`LockOptions::history`]) and a broker-fenced checkpoint ([`LockGuard::checkpoint`]):
+//!
+//! ```no_run
+//! # async fn run() -> kafka_lock::Result<()> {
+//! use std::time::Duration;
+//! let lock = kafka_lock::LockOptions::new("127.0.0.1:9092", "nightly-report")
+//!     .ledger_topic("kafka-lock-ledger");
+//! let guard = lock.acquire(Some(Duration::from_secs(60))).await?;
+//! let resume_from = guard.last_checkpoint().await?.map(|c| c.value);
+//! // ... work, fencing writes with guard.token() ...
+//! guard.checkpoint("processed up to 2026-11-29").await?; // rejected by the broker if stale
+//! guard.release().await?;
+//! # let _ = resume_from; Ok(()) }
+//! ```
+//!
 //! While a [`LockGuard`] lives, a background task heartbeats for it; user code never blocks
 //! renewals. [`LockGuard::is_held`] reads the local lease on the monotonic clock directly, so it
 //! turns false on time even if that task is starved. [`LockGuard::lost`] resolves when the hold
@@ -26,13 +43,39 @@ use kafka_protocol::protocol::StrBytes;
 use tokio::sync::{mpsc, watch};
 
 use crate::backoff::Backoff;
-use crate::driver::session::{self, End, SessionHandle, SessionParams, SessionState};
+use crate::driver::ledger::Reach;
+use crate::driver::session::{
+    self, End, SessionCommand, SessionHandle, SessionParams, SessionState,
+};
 use crate::driver::{connect_any, BootstrapConfig, ConnConfig, Connection};
 use crate::error::{Error, KafkaCode, Result};
+use crate::ledger::{History, Ledger, LedgerConfig, LedgerError};
 use crate::membership::{Command, Event, GroupVersions, Membership, MembershipConfig, Mode};
 use crate::wire::Response;
 
+pub use crate::ledger::{DEFAULT_CHECKPOINT_MAX_BYTES, DEFAULT_POLL_MAX_BYTES, DEFAULT_POLL_WAIT};
 pub use crate::membership::{FencingToken, HolderInfo, LossReason};
+
+/// A lock's last checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// The value the holder stored.
+    pub value: String,
+    /// The token of the hold that stored it.
+    pub token: i64,
+    /// Where it was read: the lock's group (its committed offset metadata, the fenced original),
+    /// or the ledger's copy, when the group no longer has it (deleted, or its offsets expired).
+    pub source: CheckpointSource,
+}
+
+/// Where a [`Checkpoint`] was read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckpointSource {
+    /// The lock's group: what the broker accepted from the current holder of that hold.
+    Group,
+    /// The ledger's CHECKPOINT record (the group no longer has one).
+    Ledger,
+}
 
 /// Default session timeout: long enough to ride out a broker hiccup, short enough that a crashed
 /// holder is replaced within seconds (Apache Kafka's minimum is 6 s by default).
@@ -168,6 +211,9 @@ pub struct LockOptions {
     lease_margin: Duration,
     leave_timeout: Duration,
     max_frame_size: usize,
+    ledger_topic: Option<String>,
+    ledger_push: bool,
+    checkpoint_max_bytes: usize,
     events: Option<mpsc::UnboundedSender<LockEvent>>,
     stats: Arc<Mutex<StatsInner>>,
 }
@@ -198,9 +244,54 @@ impl LockOptions {
             lease_margin: DEFAULT_LEASE_MARGIN,
             leave_timeout: DEFAULT_LEAVE_TIMEOUT,
             max_frame_size: crate::wire::DEFAULT_MAX_FRAME_SIZE,
+            ledger_topic: None,
+            ledger_push: true,
+            checkpoint_max_bytes: DEFAULT_CHECKPOINT_MAX_BYTES,
             events: None,
             stats: Arc::default(),
         }
+    }
+
+    /// Uses `topic`, a topic with exactly one partition that kafka-lock never creates, as the
+    /// lock's ledger (one topic can serve many locks; records are keyed by the lock's name):
+    ///
+    /// - a hold begins only once its ACQUIRED record is durable there (acks=all) and acknowledged
+    ///   before the lease ends, and the [`FencingToken`] is that record's offset: it never goes
+    ///   backwards, not even when the group is deleted (`docs/design.md`);
+    /// - RELEASED and LOST records follow, so [`LockOptions::history`] can tell who held the
+    ///   lock, when, for how long, and how it ended;
+    /// - waiters long-poll the ledger and learn of a release at once (see
+    ///   [`LockOptions::ledger_push`]);
+    /// - the holder can store a broker-fenced checkpoint ([`LockGuard::checkpoint`]).
+    ///
+    /// A topic that does not exist, or has more or fewer than one partition, is refused
+    /// ([`LedgerError`]). Give it replication factor 3, `min.insync.replicas=2`,
+    /// `unclean.leader.election.enable=false`, `cleanup.policy=delete` with a retention as long as
+    /// the history should reach back, and `compression.type=producer`.
+    pub fn ledger_topic(mut self, topic: impl Into<String>) -> Self {
+        self.ledger_topic = Some(topic.into());
+        self
+    }
+
+    /// Whether waiters long-poll the ledger to learn of a release at once (default true): one
+    /// parked Fetch per waiter at a time, for at most [`DEFAULT_POLL_WAIT`] and
+    /// [`DEFAULT_POLL_MAX_BYTES`]. Without it a waiter learns of a release at its next heartbeat.
+    pub fn ledger_push(mut self, push: bool) -> Self {
+        self.ledger_push = push;
+        self
+    }
+
+    /// The longest checkpoint accepted, checked before anything is sent (default 4096 bytes,
+    /// the broker's default `offset.metadata.max.bytes`; raise both together). The broker counts
+    /// UTF-16 units, which are never more than the UTF-8 bytes counted here.
+    pub fn checkpoint_max_bytes(mut self, max: usize) -> Self {
+        self.checkpoint_max_bytes = max;
+        self
+    }
+
+    /// The ledger topic, if the lock has one.
+    pub fn ledger(&self) -> Option<&str> {
+        self.ledger_topic.as_deref()
     }
 
     /// Consumer-compatible mode: protocol type "consumer" on `topic`, which must have exactly one
@@ -378,7 +469,112 @@ impl LockOptions {
                 return bad("consumer-compatible mode needs a topic name".into());
             }
         }
+        if let Some(topic) = &self.ledger_topic {
+            if topic.is_empty()
+                || topic.len() > 249
+                || topic == "."
+                || topic == ".."
+                || !topic
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+            {
+                return bad(format!(
+                    "ledger topic {topic:?} is not a valid Kafka topic name (1 to 249 of a-z, A-Z, 0-9, '.', '_', '-')"
+                ));
+            }
+        }
+        if self.checkpoint_max_bytes == 0
+            || self.checkpoint_max_bytes > crate::ledger::MAX_CHECKPOINT
+        {
+            return bad(format!(
+                "the checkpoint limit {} is out of range: 1 to {} bytes",
+                self.checkpoint_max_bytes,
+                crate::ledger::MAX_CHECKPOINT
+            ));
+        }
         Ok(())
+    }
+
+    /// The lock's history from its ledger: every hold still retained there, oldest first, with
+    /// how it ended. Reads the whole retained partition (about 100 bytes per record of every
+    /// lock sharing the topic); needs no membership, so it never disturbs the lock.
+    pub async fn history(&self) -> Result<History> {
+        self.validate()?;
+        let topic = self.ledger_required()?;
+        crate::driver::ledger::read_history(&self.reach(), &self.name, topic).await
+    }
+
+    /// The lock's last checkpoint: the one its group has committed, or, when the group no longer
+    /// has one (deleted, or its offsets expired 7 days after it emptied), the last one the ledger
+    /// recorded. Needs no membership.
+    pub async fn last_checkpoint(&self) -> Result<Option<Checkpoint>> {
+        if let Some(c) = self.committed_checkpoint().await? {
+            return Ok(Some(c));
+        }
+        let topic = self.ledger_required()?;
+        let history = crate::driver::ledger::read_history(&self.reach(), &self.name, topic).await?;
+        Ok(history
+            .last_checkpoint()
+            .map(|(value, token, _)| Checkpoint {
+                value: value.to_owned(),
+                token,
+                source: CheckpointSource::Ledger,
+            }))
+    }
+
+    /// The checkpoint the lock's group has committed for the ledger partition, if any (no
+    /// fallback to the ledger's copy; see [`LockOptions::last_checkpoint`]).
+    pub async fn committed_checkpoint(&self) -> Result<Option<Checkpoint>> {
+        self.validate()?;
+        let topic = self.ledger_required()?;
+        let committed =
+            crate::driver::ledger::read_committed(&self.reach(), &self.name, topic).await?;
+        Ok(committed.map(|(token, value)| Checkpoint {
+            value,
+            token,
+            source: CheckpointSource::Group,
+        }))
+    }
+
+    fn ledger_required(&self) -> Result<&str> {
+        self.ledger_topic.as_deref().ok_or_else(|| {
+            LedgerError::NoLedger {
+                lock: self.name.clone(),
+            }
+            .into()
+        })
+    }
+
+    fn reach(&self) -> Reach {
+        Reach {
+            bootstrap: self.bootstrap.clone(),
+            conn: self.conn_config(),
+            limits: self.bootstrap_limits(),
+            retry_backoff: self.retry_backoff,
+            retry_backoff_max: self.retry_backoff_max,
+        }
+    }
+
+    fn ledger_config(&self, topic: &str) -> LedgerConfig {
+        let lease = self.lease_length();
+        LedgerConfig {
+            lock: self.name.clone(),
+            topic: topic.to_owned(),
+            label: self.label.clone(),
+            host: host_name(),
+            pid: Some(std::process::id()),
+            lease_length: lease,
+            request_timeout: self.request_timeout,
+            // The lease already bounds the append while it is not renewed; this bounds it while
+            // heartbeats keep renewing a hold that the ledger cannot confirm.
+            append_deadline: self.request_timeout.max(lease),
+            push: self.ledger_push,
+            poll_wait: DEFAULT_POLL_WAIT,
+            poll_max_bytes: DEFAULT_POLL_MAX_BYTES,
+            checkpoint_max_bytes: self.checkpoint_max_bytes,
+            retry_backoff: self.retry_backoff,
+            retry_backoff_max: self.retry_backoff_max,
+        }
     }
 
     fn membership_config(&self) -> MembershipConfig {
@@ -491,6 +687,19 @@ impl LockOptions {
             },
             None => connect.await?,
         };
+        let ledger = match &self.ledger_topic {
+            Some(topic) => {
+                let partition =
+                    crate::driver::ledger::check_ledger_topic(&first, topic, self.request_timeout)
+                        .await?;
+                Some(Ledger::new(
+                    self.ledger_config(topic),
+                    partition,
+                    Backoff::new(self.retry_backoff, self.retry_backoff_max, 2.0, 0.5),
+                ))
+            }
+            None => None,
+        };
         let versions = GroupVersions::fit(first.versions())?;
         let mut machine = Membership::new(
             self.membership_config(),
@@ -513,6 +722,7 @@ impl LockOptions {
                 retry_backoff: self.retry_backoff,
                 retry_backoff_max: self.retry_backoff_max,
                 first,
+                ledger,
             },
             Some(ev_tx),
         );
@@ -614,6 +824,10 @@ impl LockOptions {
         };
         match outcome {
             Ok(Some((token, lease_end))) => Ok(Some(LockGuard {
+                options: Box::new(LockOptions {
+                    events: None,
+                    ..self.clone()
+                }),
                 name: self.name.clone(),
                 handle,
                 token,
@@ -672,12 +886,19 @@ fn unwrap_error(e: Arc<Error>) -> Error {
 /// session goes on leaving in the background if the answer is late (within its own bound); a
 /// member that never says goodbye is dropped by the broker when its session times out.
 async fn leave(handle: &mut SessionHandle, bound: Duration) -> Release {
-    let _ = handle.commands.send(Command::Leave);
+    let _ = handle.commands.send(Command::Leave.into());
     let confirmed = tokio::time::timeout(bound, handle.left.wait_for(Option::is_some)).await;
     match confirmed {
         Ok(Ok(left)) if *left == Some(true) => Release::Confirmed,
         _ => Release::Unconfirmed,
     }
+}
+
+/// This host's name, for the ledger's records (Linux; elsewhere none).
+fn host_name() -> Option<String> {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").ok()?;
+    let name = name.trim();
+    (!name.is_empty()).then(|| name.to_owned())
 }
 
 /// Refuses topics that cannot serve as a lock: missing, or not exactly one partition (with four
@@ -736,6 +957,8 @@ async fn check_lock_topic(conn: &Connection, topic: &str) -> Result<()> {
 /// [`LockGuard::release`], which waits for the LeaveGroup.
 #[derive(Debug)]
 pub struct LockGuard {
+    /// The options it was taken with (without the event sender), for reads of its own.
+    options: Box<LockOptions>,
     name: String,
     handle: SessionHandle,
     token: FencingToken,
@@ -757,8 +980,9 @@ impl LockGuard {
         &self.name
     }
 
-    /// The current fencing token. In native mode a rebalance while holding moves it to the new
-    /// generation (always greater).
+    /// The current fencing token: with a ledger, the offset of this hold's ACQUIRED record
+    /// (see [`FencingToken`]). In native mode a rebalance while holding moves its generation on
+    /// (the token only grows); the ledger offset stays.
     pub fn token(&self) -> FencingToken {
         match &*self.handle.state.borrow() {
             SessionState::Held(t, _) => t.clone(),
@@ -806,10 +1030,49 @@ impl LockGuard {
         }
     }
 
+    /// Stores `value` as the lock's checkpoint: an OffsetCommit on the lock's group for the
+    /// ledger partition, carrying the hold's generation and member id, so the broker itself
+    /// rejects it ([`Error::Broker`] with ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID or
+    /// FENCED_INSTANCE_ID) if this holder is no longer the current one. Once accepted it is also
+    /// recorded in the ledger, which outlives the group. A value longer than
+    /// [`LockOptions::checkpoint_max_bytes`] is refused before anything is sent.
+    pub async fn checkpoint(&self, value: impl Into<String>) -> Result<()> {
+        let value = value.into();
+        self.options.ledger_required()?;
+        let max = self.options.checkpoint_max_bytes;
+        if value.len() > max {
+            return Err(LedgerError::CheckpointTooLarge {
+                len: value.len(),
+                max,
+            }
+            .into());
+        }
+        if !self.is_held() {
+            return Err(LedgerError::NotHeld {
+                lock: self.name.clone(),
+            }
+            .into());
+        }
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.handle
+            .commands
+            .send(SessionCommand::Checkpoint { value, reply })
+            .map_err(|_| Error::Closed)?;
+        answer.await.map_err(|_| Error::Closed)?
+    }
+
+    /// The lock's last checkpoint, as [`LockOptions::last_checkpoint`] reads it: taken right
+    /// after acquiring, it is the previous holders' last one.
+    pub async fn last_checkpoint(&self) -> Result<Option<Checkpoint>> {
+        self.options.last_checkpoint().await
+    }
+
     /// Releases the lock and leaves the group. The hold ends locally before the LeaveGroup is
-    /// sent; the call then waits for the coordinator's answer for at most the leave timeout
-    /// ([`LockOptions::leave_timeout`]) and says whether it came: [`Release::Unconfirmed`]
-    /// means the next holder may have to wait for this member's session to time out.
+    /// sent; the call then waits for the coordinator's answer (and, with a ledger, for the
+    /// RELEASED record appended after it) for at most the leave timeout
+    /// ([`LockOptions::leave_timeout`]) and says whether the leave was confirmed:
+    /// [`Release::Unconfirmed`] means the next holder may have to wait for this member's
+    /// session to time out.
     pub async fn release(mut self) -> Result<Release> {
         self.released = true;
         Ok(leave(&mut self.handle, self.leave_timeout).await)
@@ -888,7 +1151,7 @@ impl Drop for LockGuard {
     fn drop(&mut self) {
         if !self.released {
             // The session task leaves the group on its own once it gets this.
-            let _ = self.handle.commands.send(Command::Leave);
+            let _ = self.handle.commands.send(Command::Leave.into());
         }
     }
 }

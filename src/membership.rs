@@ -243,21 +243,52 @@ pub struct Transmit {
 
 /// The proof of holding the lock, to hand to the protected resource.
 ///
-/// Tokens compare by generation first: every later holder of the same lock gets a strictly greater
-/// generation (see `docs/protocol.md` for the known limits: a group deleted while empty restarts
-/// at generation 0, and a static-member replacement keeps the generation, which is why the member
-/// id is part of the token).
+/// **With a ledger** (`LockOptions::ledger_topic`) the token is [`ledger_offset`]: the offset of
+/// the hold's ACQUIRED record in the ledger's one partition. Every later holder's is strictly
+/// greater, across group deletion, coordinator failover and broker restarts (the argument is in
+/// `docs/design.md`); it stays the same for the whole hold.
+///
+/// **Without one** it is the group generation, with the member id beside it: every later holder
+/// gets a greater generation *within one life of the group*. A group that is deleted (by an
+/// administrator, or by the broker 0–10 minutes after it is left empty with no committed offsets)
+/// starts again at generation 1, and a static-member replacement keeps the generation, which is
+/// why the member id is part of the token (`docs/protocol.md`).
+///
+/// # Ordering
+///
+/// `Ord` compares [`ledger_offset`] first (`None` sorts before every offset), then
+/// [`generation`], then [`member_id`]. So among the tokens of one lock taken with the same ledger,
+/// a later holder's token is greater; within one hold the offset stays and the generation can only
+/// grow (a native-mode holder keeps the lock through a rebalance), so a guard's token never
+/// decreases. Tokens taken without a ledger compare by generation, with its limits. Do not mix
+/// the two for one resource: a generation-only token sorts below every ledger token.
+///
+/// [`ledger_offset`]: Self::ledger_offset
+/// [`generation`]: Self::generation
+/// [`member_id`]: Self::member_id
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct FencingToken {
-    /// The group generation in which the assignment was made.
+    /// The offset of the hold's ACQUIRED record in the ledger, when the lock uses one.
+    pub ledger_offset: Option<i64>,
+    /// The group generation in which the assignment was made (a native-mode holder that keeps
+    /// the lock through a rebalance moves to the new generation).
     pub generation: i32,
     /// The member the assignment named.
     pub member_id: String,
 }
 
+impl FencingToken {
+    /// The number to hand to a resource: the ledger offset when there is one, else the
+    /// generation. It is what the token displays as, and the CLI's `KAFKA_LOCK_TOKEN`.
+    pub fn value(&self) -> i64 {
+        self.ledger_offset
+            .unwrap_or_else(|| i64::from(self.generation))
+    }
+}
+
 impl fmt::Display for FencingToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.generation)
+        write!(f, "{}", self.value())
     }
 }
 
@@ -287,6 +318,9 @@ pub enum LossReason {
     Revoked,
     /// A fatal error ended the membership.
     Fatal,
+    /// The ledger did not acknowledge the hold's ACQUIRED record before the lease ended (or
+    /// within its deadline): the hold never began.
+    Ledger,
 }
 
 impl fmt::Display for LossReason {
@@ -299,6 +333,9 @@ impl fmt::Display for LossReason {
                 f.write_str("partition 0 was given up for a rebalance (eager consumer protocol)")
             }
             LossReason::Fatal => f.write_str("a fatal error ended the membership"),
+            LossReason::Ledger => f.write_str(
+                "the ledger did not acknowledge the ACQUIRED record before the lease ended",
+            ),
         }
     }
 }
@@ -312,6 +349,7 @@ impl LossReason {
             LossReason::Reassigned => "reassigned",
             LossReason::Revoked => "revoked",
             LossReason::Fatal => "fatal",
+            LossReason::Ledger => "ledger",
         }
     }
 }
@@ -385,6 +423,9 @@ pub enum Event {
 pub enum Command {
     /// Release the lock if held and leave the group.
     Leave,
+    /// Heartbeat now rather than at the next interval (after the one in flight, if any): someone
+    /// has news (the ledger showed a release) that only the coordinator's answer can confirm.
+    HeartbeatNow,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -452,6 +493,8 @@ pub struct Membership {
     /// We wait first in line for a held lock (native mode): heartbeats are how a waiter learns
     /// that the holder let go, so this one member heartbeats faster (see `heartbeat_period`).
     next_in_line: bool,
+    /// A `HeartbeatNow` came while a heartbeat was in flight: send the next one at once.
+    heartbeat_again: bool,
     in_flight: InFlight,
     /// When the current phase may send its next request (backoff).
     retry_at: Option<Instant>,
@@ -500,6 +543,7 @@ impl Membership {
             leave_deadline: None,
             last_waiting: None,
             next_in_line: false,
+            heartbeat_again: false,
             in_flight: InFlight::default(),
             retry_at: None,
             next_heartbeat: None,
@@ -595,6 +639,14 @@ impl Membership {
         self.check_lease(now);
         match cmd {
             Command::Leave => self.begin_leave(now),
+            Command::HeartbeatNow => {
+                if self.in_flight.heartbeat.is_some() {
+                    // It may have been sent before the news: one more goes out once it is answered.
+                    self.heartbeat_again = true;
+                } else if self.phase == Phase::Stable {
+                    self.next_heartbeat = Some(now);
+                }
+            }
         }
         self.drive(now);
     }
@@ -620,6 +672,9 @@ impl Membership {
         } else if matches!(self.in_flight.heartbeat, Some((i, _, _)) if i == id) {
             let (_, sent, generation) = self.in_flight.heartbeat.take().expect("matched above");
             self.on_heartbeat(result, sent, generation, now);
+            if std::mem::take(&mut self.heartbeat_again) && self.phase == Phase::Stable {
+                self.next_heartbeat = Some(now);
+            }
         } else if self.in_flight.leave == Some(id) {
             self.in_flight.leave = None;
             self.on_leave(result);
@@ -957,6 +1012,7 @@ impl Membership {
         let id = self.push(target, req.into(), v, self.cfg.request_timeout);
         self.in_flight.heartbeat = Some((id, now, self.generation));
         self.next_heartbeat = Some(now + self.heartbeat_period());
+        self.heartbeat_again = false;
     }
 
     /// A waiter learns of a release only from its next heartbeat (REBALANCE_IN_PROGRESS), so
@@ -1378,6 +1434,7 @@ impl Membership {
         self.next_in_line = !ours && self.hold.is_none() && holder.is_some() && position == 1;
         if ours {
             let token = FencingToken {
+                ledger_offset: None,
                 generation: self.generation,
                 member_id: self.member_id.clone(),
             };

@@ -381,6 +381,7 @@ fn member_id_required_then_success() {
     assert_eq!(
         token,
         Some(FencingToken {
+            ledger_offset: None,
             generation: 1,
             member_id: "m1-uuid".into()
         })
@@ -1515,4 +1516,43 @@ fn leave_member_err(code: i16) -> Response {
     m.error_code = code;
     r.members = vec![m];
     Response::LeaveGroup(r)
+}
+
+/// The ledger's news of a release reaches a waiter as `HeartbeatNow`: a heartbeat at once, or,
+/// with one in flight (sent before the news), another as soon as it is answered; the answer, not
+/// the news, decides.
+#[test]
+fn heartbeat_now_heartbeats_at_once_or_right_after_the_one_in_flight() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let sync = h.join_as("w1", 3, false, &[]);
+    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("other"), 3, 2))));
+    h.advance(Duration::from_millis(10));
+    assert!(h.sent.is_empty(), "{:?}", h.apis());
+    let now = h.now;
+    h.m.handle_command(Command::HeartbeatNow, now);
+    h.drain();
+    let beat = h.take(ApiKey::Heartbeat);
+
+    // News while that one is in the air: it may predate the release.
+    h.m.handle_command(Command::HeartbeatNow, now);
+    h.drain();
+    assert!(h.sent.is_empty(), "one heartbeat in flight at a time");
+    h.reply(beat.id, Ok(hb(0)));
+    let again = h.take(ApiKey::Heartbeat);
+    // This one finds the rebalance: the waiter rejoins at once.
+    h.reply(again.id, Ok(hb(27)));
+    h.take(ApiKey::JoinGroup);
+    // The nudge is spent: the next heartbeat keeps the interval.
+    let mut h2 = H::new(Mode::Native);
+    h2.find_ok();
+    let sync = h2.join_as("w1", 3, false, &[]);
+    h2.reply(sync.id, Ok(sync_ok(native_assignment(Some("other"), 3, 2))));
+    let now = h2.now;
+    h2.m.handle_command(Command::HeartbeatNow, now);
+    h2.drain();
+    let beat = h2.take(ApiKey::Heartbeat);
+    h2.reply(beat.id, Ok(hb(0)));
+    h2.advance(HB - Duration::from_millis(1));
+    assert!(h2.sent.is_empty(), "{:?}", h2.apis());
 }

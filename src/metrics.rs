@@ -35,7 +35,14 @@ pub const LOCK_LABEL: &str = "lock";
 /// The label with the loss reason, on [`LOSSES`].
 pub const REASON_LABEL: &str = "reason";
 /// Every value of the `reason` label: [`crate::LossReason::as_str`] of each reason.
-pub const LOSS_REASONS: [&str; 5] = ["lease_expired", "fenced", "reassigned", "revoked", "fatal"];
+pub const LOSS_REASONS: [&str; 6] = [
+    "lease_expired",
+    "fenced",
+    "reassigned",
+    "revoked",
+    "fatal",
+    "ledger",
+];
 
 pub(crate) use imp::LockMetrics;
 
@@ -174,6 +181,7 @@ mod tests {
             LossReason::Reassigned,
             LossReason::Revoked,
             LossReason::Fatal,
+            LossReason::Ledger,
         ];
         // A new reason must be added to this list and to LOSS_REASONS alike: the match fails to
         // compile first.
@@ -183,7 +191,8 @@ mod tests {
                 | LossReason::Fenced(_)
                 | LossReason::Reassigned
                 | LossReason::Revoked
-                | LossReason::Fatal => {}
+                | LossReason::Fatal
+                | LossReason::Ledger => {}
             }
             assert!(LOSS_REASONS.contains(&r.as_str()), "{}", r.as_str());
         }

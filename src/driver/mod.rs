@@ -22,4 +22,5 @@ mod tests;
 
 pub use bootstrap::{connect_any, BootstrapAttempt, BootstrapConfig, BootstrapError};
 pub use conn::{ConnConfig, Connection, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT};
+pub(crate) mod ledger;
 pub(crate) mod session;

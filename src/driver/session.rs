@@ -1,5 +1,8 @@
-//! The one task that runs a [`Membership`]: it owns the broker connections and the clock, feeds
-//! the machine answers, commands and time, and publishes what the machine says.
+//! The one task that runs a [`Membership`], and the lock's [`Ledger`] when it has one: it owns the
+//! broker connections and the clock, feeds the machines answers, commands and time, and publishes
+//! what they say. With a ledger, the membership's events go through the ledger machine, which
+//! holds back the hold until its ACQUIRED record is acknowledged and may ask the membership to
+//! heartbeat or leave.
 //!
 //! Requests are sent from short-lived tasks so that connecting to a broker (which can take the
 //! whole connect timeout) never delays the machine's timers: the lease must end on time even when
@@ -7,15 +10,16 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, warn, Instrument};
 
 use super::bootstrap::{connect_any, BootstrapConfig};
 use super::conn::{ConnConfig, Connection};
 use crate::backoff::Backoff;
 use crate::error::{Error, Result};
+use crate::ledger::{self, LeaderLane, Ledger, LedgerError, MemberView, Now};
 use crate::membership::{Broker, Command, Event, Lane, Membership, Target, Transmit};
 use crate::wire::Response;
 
@@ -57,6 +61,8 @@ struct Net {
 enum Slot {
     Bootstrap,
     Coordinator(Broker, Lane),
+    /// The ledger partition's leader, on one of its two lanes.
+    Leader(Broker, LeaderLane),
 }
 
 impl Net {
@@ -77,7 +83,7 @@ impl Net {
                     Backoff::new(self.retry_backoff, self.retry_backoff_max, 2.0, 0.5);
                 connect_any(&self.bootstrap, &self.conn, &mut backoff, &self.limits).await?
             }
-            Slot::Coordinator(broker, _) => {
+            Slot::Coordinator(broker, _) | Slot::Leader(broker, _) => {
                 Connection::connect(&format!("{}:{}", broker.host, broker.port), &self.conn).await?
             }
         };
@@ -97,9 +103,27 @@ impl Net {
     }
 }
 
+/// What the lock's owner can ask of the session.
+#[derive(Debug)]
+pub(crate) enum SessionCommand {
+    /// A command for the membership machine.
+    Member(Command),
+    /// Store a checkpoint, fenced (needs a ledger); the outcome goes to `reply`.
+    Checkpoint {
+        value: String,
+        reply: oneshot::Sender<Result<()>>,
+    },
+}
+
+impl From<Command> for SessionCommand {
+    fn from(c: Command) -> Self {
+        SessionCommand::Member(c)
+    }
+}
+
 /// Handle to a running session.
 pub(crate) struct SessionHandle {
-    pub(crate) commands: mpsc::UnboundedSender<Command>,
+    pub(crate) commands: mpsc::UnboundedSender<SessionCommand>,
     pub(crate) state: watch::Receiver<SessionState>,
     /// Set once the membership has ended: whether the coordinator confirmed that it has no
     /// member for us any more (see [`Event::Left`]).
@@ -113,6 +137,16 @@ pub(crate) struct SessionParams {
     pub(crate) retry_backoff: Duration,
     pub(crate) retry_backoff_max: Duration,
     pub(crate) first: Connection,
+    /// The lock's ledger machine, if it has a ledger.
+    pub(crate) ledger: Option<Ledger>,
+}
+
+/// Where the session task publishes: the hold's state for guards, the end of the membership
+/// for leaves, and every event for whoever listens.
+struct Outputs {
+    state: watch::Sender<SessionState>,
+    left: watch::Sender<Option<bool>>,
+    events: Option<mpsc::UnboundedSender<Event>>,
 }
 
 /// Starts the driver task for `machine`.
@@ -142,9 +176,34 @@ pub(crate) fn spawn(
             Arc::new(tokio::sync::Mutex::new(Some(params.first))),
         );
     }
+    // The ACQUIRED record is on the acquisition's critical path: its connection is opened now,
+    // while the membership joins.
+    if let Some(p) = params.ledger.as_ref().and_then(Ledger::partition) {
+        let (net, slot) = (
+            net.clone(),
+            Slot::Leader(p.leader.clone(), LeaderLane::Append),
+        );
+        tokio::spawn(async move {
+            let _ = net.connection(&slot).await;
+        });
+    }
     let (left_tx, left_rx) = watch::channel(None);
     let span = tracing::info_span!("kafka_lock", group = %group);
-    tokio::spawn(run(machine, net, cmd_rx, state_tx, left_tx, events).instrument(span));
+    tokio::spawn(
+        run(
+            machine,
+            params.ledger,
+            group.to_owned(),
+            net,
+            cmd_rx,
+            Outputs {
+                state: state_tx,
+                left: left_tx,
+                events,
+            },
+        )
+        .instrument(span),
+    );
     SessionHandle {
         commands: cmd_tx,
         state: state_rx,
@@ -156,28 +215,93 @@ fn now() -> Instant {
     tokio::time::Instant::now().into_std()
 }
 
+fn clock() -> Now {
+    let unix_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    Now {
+        mono: now(),
+        unix_ms,
+    }
+}
+
+/// What the ledger machine needs to know of the membership machine.
+fn view(m: &Membership) -> MemberView {
+    MemberView {
+        holding: m.token().is_some(),
+        lease_end: m.lease_end(),
+        coordinator: m.coordinator().cloned(),
+        generation: m.generation(),
+        member_id: m.member_id().to_owned(),
+    }
+}
+
+/// Which machine a request came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    Member,
+    Ledger,
+}
+
+type Answer = (Source, u64, Result<(Response, i16)>);
+
 async fn run(
     mut m: Membership,
+    mut ledger: Option<Ledger>,
+    lock: String,
     net: Arc<Net>,
-    mut commands: mpsc::UnboundedReceiver<Command>,
-    state: watch::Sender<SessionState>,
-    left: watch::Sender<Option<bool>>,
-    events: Option<mpsc::UnboundedSender<Event>>,
+    mut commands: mpsc::UnboundedReceiver<SessionCommand>,
+    outputs: Outputs,
 ) {
-    let (answers_tx, mut answers) = mpsc::unbounded_channel::<(u64, Result<Response>)>();
+    let Outputs {
+        state,
+        left,
+        events,
+    } = outputs;
+    let (answers_tx, mut answers) = mpsc::unbounded_channel::<Answer>();
     let mut commands_open = true;
+    let mut replies: HashMap<u64, oneshot::Sender<Result<()>>> = HashMap::new();
+    let mut next_ticket = 0u64;
+    let out = |e: Event| {
+        publish(&state, &e);
+        if let Event::Left { confirmed } = e {
+            left.send_replace(Some(confirmed));
+        }
+        if let Some(tx) = &events {
+            let _ = tx.send(e);
+        }
+    };
     m.handle_timeout(now());
     loop {
         while let Some(t) = m.poll_transmit() {
             send(&net, t, answers_tx.clone());
         }
         while let Some(e) = m.poll_event() {
-            publish(&state, &e);
-            if let Event::Left { confirmed } = e {
-                left.send_replace(Some(confirmed));
+            match &mut ledger {
+                Some(l) => l.on_membership(e, &view(&m), clock()),
+                None => out(e),
             }
-            if let Some(tx) = &events {
-                let _ = tx.send(e);
+        }
+        if let Some(l) = &mut ledger {
+            while let Some(t) = l.poll_transmit() {
+                send_ledger(&net, t, answers_tx.clone());
+            }
+            while let Some(e) = l.poll_event() {
+                out(e);
+            }
+            while let Some((ticket, result)) = l.poll_checkpoint() {
+                if let Some(reply) = replies.remove(&ticket) {
+                    let _ = reply.send(result);
+                }
+            }
+            let mut nudged = false;
+            while let Some(c) = l.poll_command() {
+                m.handle_command(c, now());
+                nudged = true;
+            }
+            if nudged {
+                // What the membership did about it is flushed before anything else happens.
+                continue;
             }
         }
         // Renewals emit no event; without this the guard would time the lease from the
@@ -191,23 +315,46 @@ async fn run(
                 _ => false,
             });
         }
-        if m.is_done() {
+        if m.is_done() && ledger.as_ref().is_none_or(Ledger::is_done) {
             break;
         }
-        let deadline = m.poll_timeout().map(tokio::time::Instant::from_std);
+        let deadline = earliest(
+            m.poll_timeout(),
+            ledger.as_ref().and_then(Ledger::poll_timeout),
+        )
+        .map(tokio::time::Instant::from_std);
         tokio::select! {
             biased;
             // Timers first: an expired lease must be reported before any answer is considered.
-            _ = sleep_until(deadline) => m.handle_timeout(now()),
+            _ = sleep_until(deadline) => {
+                m.handle_timeout(now());
+                if let Some(l) = &mut ledger {
+                    l.handle_timeout(&view(&m), clock());
+                }
+            }
             cmd = commands.recv(), if commands_open => match cmd {
-                Some(c) => m.handle_command(c, now()),
+                Some(SessionCommand::Member(c)) => m.handle_command(c, now()),
+                Some(SessionCommand::Checkpoint { value, reply }) => match &mut ledger {
+                    Some(l) => {
+                        next_ticket += 1;
+                        replies.insert(next_ticket, reply);
+                        l.checkpoint(next_ticket, value, &view(&m), clock());
+                    }
+                    None => {
+                        let _ = reply.send(Err(LedgerError::NoLedger { lock: lock.clone() }.into()));
+                    }
+                },
                 // Every handle is gone: nobody can use the lock any more, so leave.
                 None => {
                     commands_open = false;
                     m.handle_command(Command::Leave, now());
                 }
             },
-            Some((id, result)) = answers.recv() => m.handle_response(id, result, now()),
+            Some((source, id, result)) = answers.recv() => match (source, &mut ledger) {
+                (Source::Member, _) => m.handle_response(id, result.map(|(r, _)| r), now()),
+                (Source::Ledger, Some(l)) => l.handle_response(id, result, &view(&m), clock()),
+                (Source::Ledger, None) => {}
+            },
         }
     }
     // A session that ended without leaving (a fatal error) left nothing confirmed.
@@ -220,6 +367,13 @@ async fn run(
     });
     net.close_all();
     debug!("session ended");
+}
+
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {
@@ -258,7 +412,7 @@ fn publish(state: &watch::Sender<SessionState>, e: &Event) {
     state.send_replace(next);
 }
 
-fn send(net: &Arc<Net>, t: Transmit, answers: mpsc::UnboundedSender<(u64, Result<Response>)>) {
+fn send(net: &Arc<Net>, t: Transmit, answers: mpsc::UnboundedSender<Answer>) {
     if let Target::Coordinator {
         broker,
         lane: Lane::Join,
@@ -281,9 +435,10 @@ fn send(net: &Arc<Net>, t: Transmit, answers: mpsc::UnboundedSender<(u64, Result
             Target::Coordinator { broker, lane } => Slot::Coordinator(broker.clone(), *lane),
         };
         let api = t.request.api_key();
+        let version = t.version;
         let result = async {
             let conn = net.connection(&slot).await?;
-            conn.request_at(t.request, t.version, t.timeout).await
+            conn.request_at(t.request, version, t.timeout).await
         };
         // The connect and the request together stay within the transmit's timeout plus the
         // connect timeout, so the machine always hears back.
@@ -298,6 +453,36 @@ fn send(net: &Arc<Net>, t: Transmit, answers: mpsc::UnboundedSender<(u64, Result
         if let Err(e) = &result {
             warn!(?api, error = %e, "request failed");
         }
-        let _ = answers.send((t.id, result));
+        let _ = answers.send((Source::Member, t.id, result.map(|r| (r, version))));
+    });
+}
+
+/// Sends a ledger request, built for the versions the connection it goes out on negotiated.
+fn send_ledger(net: &Arc<Net>, t: ledger::Transmit, answers: mpsc::UnboundedSender<Answer>) {
+    let net = net.clone();
+    tokio::spawn(async move {
+        let slot = match &t.target {
+            ledger::Target::Any => Slot::Bootstrap,
+            ledger::Target::Leader { broker, lane } => Slot::Leader(broker.clone(), *lane),
+            ledger::Target::Coordinator(broker) => Slot::Coordinator(broker.clone(), Lane::Control),
+        };
+        let result = async {
+            let conn = net.connection(&slot).await?;
+            let (request, version) = ledger::build(&t.op, conn.versions())?;
+            let response = conn.request_at(request, version, t.timeout).await?;
+            Ok((response, version))
+        };
+        let bound = t.timeout.saturating_add(net.conn.connect_timeout);
+        let result = match tokio::time::timeout(bound, result).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::Timeout {
+                op: t.op.name().into(),
+                after: bound,
+            }),
+        };
+        if let Err(e) = &result {
+            debug!(op = t.op.name(), error = %e, "ledger request failed");
+        }
+        let _ = answers.send((Source::Ledger, t.id, result));
     });
 }

@@ -13,9 +13,9 @@ use kafka_protocol::messages::{
     ApiKey, ApiVersionsRequest, ApiVersionsResponse, DescribeGroupsRequest, DescribeGroupsResponse,
     FetchRequest, FetchResponse, FindCoordinatorRequest, FindCoordinatorResponse, HeartbeatRequest,
     HeartbeatResponse, JoinGroupRequest, JoinGroupResponse, LeaveGroupRequest, LeaveGroupResponse,
-    MetadataRequest, MetadataResponse, OffsetCommitRequest, OffsetCommitResponse,
-    OffsetFetchRequest, OffsetFetchResponse, ProduceRequest, ProduceResponse, RequestHeader,
-    SyncGroupRequest, SyncGroupResponse,
+    ListOffsetsRequest, ListOffsetsResponse, MetadataRequest, MetadataResponse,
+    OffsetCommitRequest, OffsetCommitResponse, OffsetFetchRequest, OffsetFetchResponse,
+    ProduceRequest, ProduceResponse, RequestHeader, SyncGroupRequest, SyncGroupResponse,
 };
 use kafka_protocol::protocol::buf::ByteBuf;
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
@@ -103,6 +103,7 @@ api_enums! {
     OffsetFetch(OffsetFetchRequest, OffsetFetchResponse),
     Produce(ProduceRequest, ProduceResponse),
     Fetch(FetchRequest, FetchResponse),
+    ListOffsets(ListOffsetsRequest, ListOffsetsResponse),
 }
 
 /// Why a response could not be decoded.

@@ -1,16 +1,17 @@
-//! Produce and Fetch on one partition of one topic: the requests that append a record batch
-//! (acks=all) and that read or long-poll a partition, and what to take from their answers.
+//! Produce, Fetch and ListOffsets on one partition of one topic: the requests that append a
+//! record batch (acks=all), that read or long-poll a partition and that find where it begins
+//! and ends, and what to take from their answers.
 //!
 //! Sans-I/O like the rest of `wire`: build a request here for the version the connection
 //! negotiated, send it with [`encode_request`](super::codec::encode_request), decode the answer
 //! with [`decode_response_frame`](super::codec::decode_response_frame) (which passes the
-//! [guard](super::guard)), then read it with [`produced`] or [`fetched`]. The batches of a fetched
+//! [guard](super::guard)), then read it with [`produced`], [`fetched`] or [`listed`]. The batches of a fetched
 //! partition are read by [`records::RecordBatches`](super::records::RecordBatches).
 //!
 //! # Versions
 //!
-//! Produce v3–13 and Fetch v4–18 (all that kafka-protocol 0.18 and Apache Kafka 4.1 have in
-//! common). Produce v13 and Fetch v13+ name the topic by its id instead of its name (KIP-516): the
+//! Produce v3–13, Fetch v4–18 and ListOffsets v1–10 (all that kafka-protocol 0.18 and Apache
+//! Kafka 4.1 have in common). Produce v13 and Fetch v13+ name the topic by its id instead of its name (KIP-516): the
 //! [`TopicPartition`] must then carry the id, which Metadata v10+ reports.
 //!
 //! # Sizes
@@ -29,9 +30,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
-    ApiKey, FetchRequest, FetchResponse, ProduceRequest, ProduceResponse,
+    ApiKey, BrokerId, FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse,
+    ProduceRequest, ProduceResponse,
 };
 use kafka_protocol::protocol::StrBytes;
 pub use uuid::Uuid;
@@ -352,6 +355,74 @@ pub fn fetched(
             .collect(),
         records: partition.records.clone().unwrap_or_default(),
     })
+}
+
+/// Which offset a ListOffsets request asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OffsetSpec {
+    /// The partition's first offset (the log start: retention moves it forward).
+    Earliest,
+    /// The offset the next record will get, as far as the isolation level lets a reader see:
+    /// the high watermark (read uncommitted) or the last stable offset (read committed).
+    Latest,
+}
+
+impl OffsetSpec {
+    /// The timestamp the protocol uses for it.
+    fn timestamp(self) -> i64 {
+        match self {
+            OffsetSpec::Earliest => -2,
+            OffsetSpec::Latest => -1,
+        }
+    }
+}
+
+/// A ListOffsets request asking for `spec` of `tp`, shaped for `version` (1–10). It names the
+/// topic by name at every version; the leader epoch is not checked (-1). v1 has no isolation
+/// level (it reads uncommitted), and only v10 carries `timeout` (for tiered storage reads).
+pub fn list_offsets_request(
+    tp: &TopicPartition,
+    spec: OffsetSpec,
+    isolation: Isolation,
+    timeout: Duration,
+    version: i16,
+) -> ListOffsetsRequest {
+    let isolation = match isolation {
+        Isolation::ReadCommitted if version >= 2 => 1,
+        _ => 0,
+    };
+    let timeout = if version >= 10 { millis(timeout) } else { 0 };
+    ListOffsetsRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_isolation_level(isolation)
+        .with_timeout_ms(timeout)
+        .with_topics(vec![ListOffsetsTopic::default()
+            .with_name(tp.topic.clone().into())
+            .with_partitions(vec![ListOffsetsPartition::default()
+                .with_partition_index(tp.partition)
+                .with_current_leader_epoch(-1)
+                .with_timestamp(spec.timestamp())])])
+}
+
+/// The offset a ListOffsets answer gives for `tp`. A partition error is [`LogError::Broker`]
+/// (NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_OR_PARTITION, OFFSET_NOT_AVAILABLE...).
+pub fn listed(resp: &ListOffsetsResponse, tp: &TopicPartition) -> Result<i64, LogError> {
+    let api = ApiKey::ListOffsets;
+    let partition = resp
+        .topics
+        .iter()
+        .filter(|t| t.name.0 == tp.topic)
+        .flat_map(|t| &t.partitions)
+        .find(|p| p.partition_index == tp.partition)
+        .ok_or_else(|| LogError::missing(api, tp))?;
+    if partition.error_code != 0 {
+        return Err(LogError::Broker {
+            api,
+            code: KafkaCode(partition.error_code),
+            message: None,
+        });
+    }
+    Ok(partition.offset)
 }
 
 #[cfg(test)]

@@ -292,3 +292,54 @@ fn fetch_answers_give_the_batches_or_the_broker_error() {
     ));
     assert!(fetched(&fetch_answer(PartitionData::default()), &other_id, 12).is_ok());
 }
+
+#[test]
+fn list_offsets_requests_ask_for_one_partition_at_every_version() {
+    use kafka_protocol::messages::list_offsets_response::{
+        ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
+    };
+    for version in 1..=10 {
+        for (spec, ts) in [(OffsetSpec::Earliest, -2), (OffsetSpec::Latest, -1)] {
+            let req = list_offsets_request(
+                &tp(),
+                spec,
+                Isolation::ReadCommitted,
+                Duration::from_secs(2),
+                version,
+            );
+            let got: ListOffsetsRequest = through_the_wire(req.into(), version);
+            assert_eq!(got.replica_id.0, -1);
+            let [t] = &got.topics[..] else {
+                panic!("v{version}: {got:?}")
+            };
+            assert_eq!(t.name.0.as_str(), "ledger");
+            let [p] = &t.partitions[..] else {
+                panic!("v{version}")
+            };
+            assert_eq!((p.partition_index, p.timestamp), (0, ts), "v{version}");
+            assert_eq!(got.isolation_level, i8::from(version >= 2), "v{version}");
+            assert_eq!(got.timeout_ms, if version >= 10 { 2000 } else { 0 });
+        }
+    }
+    let answer = |code: i16, offset: i64| {
+        ListOffsetsResponse::default().with_topics(vec![ListOffsetsTopicResponse::default()
+            .with_name(StrBytes::from_static_str("ledger").into())
+            .with_partitions(vec![ListOffsetsPartitionResponse::default()
+                .with_partition_index(0)
+                .with_error_code(code)
+                .with_offset(offset)])])
+    };
+    assert_eq!(listed(&answer(0, 42), &tp()), Ok(42));
+    assert!(matches!(
+        listed(&answer(6, -1), &tp()),
+        Err(LogError::Broker {
+            code: KafkaCode(6),
+            ..
+        })
+    ));
+    let other = TopicPartition::new("other", 0);
+    assert!(matches!(
+        listed(&answer(0, 42), &other),
+        Err(LogError::Missing { .. })
+    ));
+}

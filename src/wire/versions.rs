@@ -20,10 +20,11 @@ use crate::error::KafkaCode;
 /// The versions kafka-lock implements, per API: `(api, min, max)`.
 ///
 /// These are all the versions kafka-protocol 0.18 has for these messages, and exactly the versions
-/// the [decoding guard](super::guard) has tables for (a test keeps the two equal). Produce and
-/// Fetch (for the ledger, see [`log`](super::log)) are optional: they are absent from the result
-/// of [`negotiate`] when the broker shares no version of them, and Produce starts at v3, the
-/// first with record batches (message format v2), which is also where Apache Kafka 4 starts.
+/// the [decoding guard](super::guard) has tables for (a test keeps the two equal). Produce,
+/// Fetch and ListOffsets (for the ledger, see [`log`](super::log)) are optional: they are absent
+/// from the result of [`negotiate`] when the broker shares no version of them, and Produce starts
+/// at v3, the first with record batches (message format v2), which is also where Apache Kafka 4
+/// starts. ListOffsets starts at v1, kafka-protocol's first and Apache Kafka 4's (KIP-896).
 pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::ApiVersions, 0, 4),
     (ApiKey::Metadata, 0, 13),
@@ -37,6 +38,7 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::OffsetFetch, 1, 10),
     (ApiKey::Produce, 3, 13),
     (ApiKey::Fetch, 4, 18),
+    (ApiKey::ListOffsets, 1, 10),
 ];
 
 /// APIs without which kafka-lock cannot work; [`negotiate`] fails if the broker lacks one.
@@ -258,7 +260,7 @@ mod tests {
         assert_eq!(n.get(ApiKey::ApiVersions), Some(4));
         assert_eq!(n.get(ApiKey::Produce), Some(12));
         assert_eq!(n.get(ApiKey::Fetch), Some(17));
-        assert_eq!(n.get(ApiKey::ListOffsets), None);
+        assert_eq!(n.get(ApiKey::ListOffsets), Some(9));
         assert_eq!(n.iter().count(), SUPPORTED.len());
     }
 
@@ -290,6 +292,7 @@ mod tests {
         assert_eq!(n.get(ApiKey::DescribeGroups), None);
         assert_eq!(n.get(ApiKey::Produce), None);
         assert_eq!(n.get(ApiKey::Fetch), None);
+        assert_eq!(n.get(ApiKey::ListOffsets), None);
         // Produce v0-2 (message format v0/v1) is not ours: an old broker's Produce is unusable.
         let mut old = only_required.clone();
         old.api_keys.push(

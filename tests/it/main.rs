@@ -10,6 +10,7 @@ mod fault;
 mod golden;
 mod interop;
 mod java_peers;
+mod ledger;
 mod lock;
 mod proxy;
 mod regressions;

@@ -2,9 +2,10 @@
 //!
 //! ```text
 //! kafka-lock run --bootstrap HOST:PORT[,...] --lock NAME [options] -- COMMAND [ARGS...]
-//! kafka-lock status --bootstrap HOST:PORT[,...] --lock NAME [--json]
+//! kafka-lock status --bootstrap HOST:PORT[,...] --lock NAME [--ledger-topic T] [--json]
+//! kafka-lock history --bootstrap HOST:PORT[,...] --lock NAME --ledger-topic T [--since S] [--json]
 //! kafka-lock completions bash|zsh|fish|elvish|powershell     (hidden)
-//! kafka-lock manpage [run|status]                             (hidden)
+//! kafka-lock manpage [run|status|history]                     (hidden)
 //! ```
 //!
 //! Every flag can also come from the environment: `--session-timeout` from
@@ -27,6 +28,7 @@
 mod environ;
 mod exit;
 mod generate;
+mod history;
 mod json;
 mod output;
 mod proto;
@@ -58,10 +60,20 @@ use crate::exit::Failure;
 
 const AFTER_RUN_HELP: &str = "\
 The command starts only once the lock is held, with KAFKA_LOCK_NAME, KAFKA_LOCK_TOKEN (the fencing
-token: the group generation, in decimal) and KAFKA_LOCK_MEMBER_ID in its environment. The token is
-the one at the start: a rebalance while holding (another member joining) moves it to a higher
-generation, reported as token_changed by --events json; a resource that accepts any token at least
-as high as the highest it has seen keeps accepting the first one.
+token, in decimal), KAFKA_LOCK_GENERATION and KAFKA_LOCK_MEMBER_ID in its environment. With
+--ledger-topic the token is the offset of this hold's ACQUIRED record in the ledger: it never goes
+backwards, whatever happens to the group. Without one it is the group generation, which starts
+again at 1 when the group is deleted (by an administrator, or by the broker 0-10 minutes after it
+was left empty with no committed offsets). A rebalance while holding (another member joining)
+moves the generation on, reported as token_changed by --events json; the ledger token stays.
+
+Checkpoint (needs --ledger-topic): KAFKA_LOCK_CHECKPOINT holds the lock's last checkpoint, if it
+has one, and KAFKA_LOCK_CHECKPOINT_FILE names a file (in a directory of kafka-lock's own) that the
+command may write. If the command exits 0 and the file exists, kafka-lock stores its content
+(UTF-8, at most --checkpoint-max-bytes) as the new checkpoint before it releases the lock: an
+OffsetCommit carrying the hold's generation and member id, which the broker rejects if this holder
+is no longer the current one. A rejected or failed commit is status 74; content that is too long
+or not UTF-8 is status 78. Either way the lock's checkpoint stays the previous one.
 
 What stops the command. kafka-lock starts a supervisor process (itself, re-executed, in a process
 group of its own), which starts the command in a process group of its own. The supervisor owns the
@@ -104,18 +116,19 @@ and the last event (exit) says whose exit status kafka-lock exits with: the comm
 The schema: docs/events.md.
 
 Exit status: the command's (128+N if signal N ended it); 75 not acquired within --wait (or the
-status -E gives); 74 lock lost while the command ran (or --lost-exit-code); 69 the cluster cannot
-be reached or answered something invalid; 78 a setting is invalid or the broker rejected it
-(including an events target or metrics address that cannot be used); 71 the system refused
-something kafka-lock needs or the supervisor died; 64 usage error, or a nested kafka-lock run of
-the lock the calling command already holds (it would wait for itself forever); 126/127 the command
-cannot be run; 128+N if signal N arrived while waiting for the lock.
+status -E gives); 74 lock lost while the command ran, or its checkpoint not stored (or
+--lost-exit-code); 69 the cluster cannot be reached or answered something invalid; 78 a setting is
+invalid or the broker rejected it (including an events target or metrics address that cannot be
+used); 71 the system refused something kafka-lock needs or the supervisor died; 64 usage error, or
+a nested kafka-lock run of the lock the calling command already holds (it would wait for itself
+forever); 126/127 the command cannot be run; 128+N if signal N arrived while waiting for the lock.
 
 Environment: every flag can also be set by a variable, --flag-name by KAFKA_LOCK_FLAG_NAME (for
 example KAFKA_LOCK_LOCK, KAFKA_LOCK_SESSION_TIMEOUT); a flag on the command line wins, and an
 empty variable counts as unset. The command inherits them like any other variable. The variables
-kafka-lock sets for the command (KAFKA_LOCK_NAME, KAFKA_LOCK_TOKEN, KAFKA_LOCK_MEMBER_ID) are never
-read as settings.
+kafka-lock sets for the command (KAFKA_LOCK_NAME, KAFKA_LOCK_TOKEN, KAFKA_LOCK_GENERATION,
+KAFKA_LOCK_MEMBER_ID, KAFKA_LOCK_CHECKPOINT, KAFKA_LOCK_CHECKPOINT_FILE) are never read as
+settings.
 
 Metrics: --metrics-listen 127.0.0.1:9464 serves the lock's metrics (acquisition latency, held,
 hold lengths, rebalances while held, losses by reason) in Prometheus text format at /metrics, from
@@ -162,9 +175,13 @@ enum Command {
     /// Run a command while holding the lock; stop it if the lock is lost.
     #[command(after_help = AFTER_RUN_HELP)]
     Run(RunArgs),
-    /// Show the lock's holder and waiters; the exit status says held (0), free (3) or unknown (4).
+    /// Show the lock's holder and waiters (and, with a ledger, its last holder and checkpoint);
+    /// the exit status says held (0), free (3) or unknown (4).
     #[command(after_help = AFTER_STATUS_HELP)]
     Status(StatusArgs),
+    /// Show who held the lock, when, for how long, and how each hold ended (needs a ledger).
+    #[command(after_help = history::AFTER_HELP)]
+    History(HistoryArgs),
     /// Print a shell completion script on stdout.
     #[command(hide = true)]
     Completions {
@@ -202,6 +219,11 @@ struct Target {
     /// Client id in request headers and member ids.
     #[arg(long, value_name = "ID", default_value = "kafka-lock", hide = true)]
     client_id: String,
+    /// The lock's ledger: a topic with exactly one partition (shared by any number of locks)
+    /// whose record offsets are the fencing tokens, and where the lock's history and a copy of
+    /// its checkpoint are kept. kafka-lock never creates it; see `kafka-lock history --help`.
+    #[arg(long, env = "KAFKA_LOCK_LEDGER_TOPIC", value_name = "TOPIC")]
+    ledger_topic: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -245,8 +267,12 @@ struct RunArgs {
     /// Who we are, shown to waiters and by `status`. [default: "<hostname> pid <pid>"]
     #[arg(long, value_name = "TEXT")]
     label: Option<String>,
+    /// The longest checkpoint the command may write, in bytes: the brokers'
+    /// offset.metadata.max.bytes, which is 4096 unless they are configured otherwise.
+    #[arg(long, value_name = "BYTES", default_value_t = kafka_lock::lock::DEFAULT_CHECKPOINT_MAX_BYTES)]
+    checkpoint_max_bytes: usize,
     /// Print one JSON object per line on stderr for waiting, acquired, token_changed,
-    /// child_started, lost, child_exited, released, failed and exit (docs/events.md).
+    /// child_started, lost, child_exited, checkpoint, released, failed and exit (docs/events.md).
     #[arg(long, value_name = "FORMAT")]
     events: Option<EventsFormat>,
     /// Write the events (as --events json) to this file instead of stderr: appended, created if
@@ -282,6 +308,19 @@ enum EventsFormat {
 struct StatusArgs {
     #[command(flatten)]
     target: Target,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct HistoryArgs {
+    #[command(flatten)]
+    target: Target,
+    /// Only holds that were running at this time or later: a duration before now (24h, 7d) or
+    /// a time (2026-11-30T02:00:00Z, 2026-11-30 02:00:00 in UTC).
+    #[arg(long, value_name = "DURATION|TIME")]
+    since: Option<String>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -345,7 +384,7 @@ fn cli(argv: Vec<OsString>) -> u8 {
         Command::Manpage { page } => Ok(Some(
             generate::manpage(*page, docs_command()).and_then(|text| generate::print(&text)),
         )),
-        Command::Status(_) => Ok(None),
+        Command::Status(_) | Command::History(_) => Ok(None),
     };
     match done {
         Ok(None) => {}
@@ -372,6 +411,9 @@ fn cli(argv: Vec<OsString>) -> u8 {
         match cli.command {
             Command::Run(a) => run::run(run_config(a, from_env)).await,
             Command::Status(a) => status(a).await.map_err(|f| environ::annotate(f, &from_env)),
+            Command::History(a) => history(a)
+                .await
+                .map_err(|f| environ::annotate(f, &from_env)),
             Command::Completions { .. } | Command::Manpage { .. } => Ok(0),
         }
     });
@@ -401,6 +443,41 @@ async fn status(a: StatusArgs) -> Result<u8, Failure> {
     status::status(status::StatusConfig {
         bootstrap: a.target.bootstrap,
         lock: a.target.lock,
+        json: a.json,
+        request_timeout: request,
+        connect_timeout: connect,
+        client_id: a.target.client_id,
+        ledger_topic: a.target.ledger_topic,
+    })
+    .await
+}
+
+async fn history(a: HistoryArgs) -> Result<u8, Failure> {
+    let request = a
+        .target
+        .request_timeout
+        .unwrap_or(kafka_lock::lock::DEFAULT_REQUEST_TIMEOUT);
+    let connect = a
+        .target
+        .connect_timeout
+        .unwrap_or(kafka_lock::driver::DEFAULT_CONNECT_TIMEOUT);
+    run::in_range("--request-timeout", request, run::TIMEOUT_BOUND, false)?;
+    run::in_range("--connect-timeout", connect, run::TIMEOUT_BOUND, false)?;
+    let Some(ledger_topic) = a.target.ledger_topic else {
+        return Err(Failure::new(
+            exit::USAGE,
+            "history is read from the lock's ledger: give --ledger-topic (or $KAFKA_LOCK_LEDGER_TOPIC); see `kafka-lock history --help`",
+        ));
+    };
+    let since = match &a.since {
+        Some(s) => Some(history::parse_since(s, std::time::SystemTime::now())?),
+        None => None,
+    };
+    history::history(history::HistoryConfig {
+        bootstrap: a.target.bootstrap,
+        lock: a.target.lock,
+        ledger_topic,
+        since,
         json: a.json,
         request_timeout: request,
         connect_timeout: connect,
@@ -439,6 +516,8 @@ fn run_config(a: RunArgs, from_env: FromEnv) -> run::RunConfig {
         kill_grace: a.kill_grace,
         label: a.label,
         client_id: a.target.client_id,
+        ledger_topic: a.target.ledger_topic,
+        checkpoint_max_bytes: a.checkpoint_max_bytes,
         // --events-file and --events-fd imply it: JSON lines are the one format.
         events_json: a.events == Some(EventsFormat::Json)
             || a.events_file.is_some()
@@ -491,6 +570,7 @@ fn usage(e: clap::Error, argv: &[OsString]) -> u8 {
     let help = match argv.get(1).map(|a| a.as_bytes()) {
         Some(b"run") => "kafka-lock run --help",
         Some(b"status") => "kafka-lock status --help",
+        Some(b"history") => "kafka-lock history --help",
         _ => "kafka-lock --help",
     };
     let f = Failure::new(exit::USAGE, format!("{what}; see `{help}`"));

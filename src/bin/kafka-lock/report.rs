@@ -43,7 +43,9 @@ pub struct Reporter {
     /// A person is watching stderr (and did not ask for JSON).
     tty: bool,
     member_id: Option<String>,
-    token: Option<i32>,
+    /// The token's value (the ledger offset with a ledger, else the generation).
+    token: Option<i64>,
+    generation: Option<i32>,
     /// A status line without a newline is on screen.
     line_open: bool,
     started: Instant,
@@ -62,6 +64,7 @@ impl Reporter {
             tty: (!json || output::events_apart()) && std::io::stderr().is_terminal(),
             member_id: None,
             token: None,
+            generation: None,
             line_open: false,
             started: Instant::now(),
             holder: None,
@@ -91,6 +94,7 @@ impl Reporter {
             .str("lock", &self.lock)
             .opt_str("member_id", self.member_id.as_deref())
             .opt_int("token", self.token)
+            .opt_int("generation", self.generation)
             .int("unix_ms", unix_ms)
             .int("mono_ns", sys::mono_ns());
         // Lines lost to a full queue so far (events or stderr read too slowly), on every event
@@ -193,14 +197,15 @@ impl Reporter {
 
     pub fn acquired(&mut self, token: &FencingToken) {
         self.member_id = Some(token.member_id.clone());
-        self.token = Some(token.generation);
+        self.token = Some(token.value());
+        self.generation = Some(token.generation);
         self.emit(self.event("acquired"));
         if self.tty && self.seen_waiting {
             let text = format!(
                 "kafka-lock: acquired lock {:?} after {} (token {})",
                 self.lock,
                 sys::human(self.started.elapsed()),
-                token.generation
+                token
             );
             self.status_line(&text);
             self.close_line();
@@ -208,7 +213,8 @@ impl Reporter {
     }
 
     pub fn token_changed(&mut self, token: &FencingToken) {
-        self.token = Some(token.generation);
+        self.token = Some(token.value());
+        self.generation = Some(token.generation);
         self.emit(self.event("token_changed"));
     }
 
@@ -236,6 +242,12 @@ impl Reporter {
             .opt_int("exit_code", end.code)
             .opt_int("signal", end.signal)
             .int("status", end.status);
+        self.emit(obj);
+    }
+
+    /// The command's checkpoint was stored.
+    pub fn checkpoint(&mut self, value: &str) {
+        let obj = self.event("checkpoint").int("bytes", value.len() as u64);
         self.emit(obj);
     }
 

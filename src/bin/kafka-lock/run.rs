@@ -11,6 +11,7 @@ use std::ffi::OsString;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant};
 
@@ -60,6 +61,8 @@ pub struct RunConfig {
     pub kill_grace: Option<Duration>,
     pub label: Option<String>,
     pub client_id: String,
+    pub ledger_topic: Option<String>,
+    pub checkpoint_max_bytes: usize,
     pub events_json: bool,
     /// Replaces 75 (`-E`, `--conflict-exit-code`).
     pub conflict_exit_code: Option<u8>,
@@ -359,6 +362,11 @@ async fn take_and_run(c: &RunConfig, rep: &mut Reporter) -> Result<u8, Failure> 
     if let Some(topic) = &c.topic {
         opts = opts.consumer_topic(topic.clone());
     }
+    if let Some(ledger) = &c.ledger_topic {
+        opts = opts
+            .ledger_topic(ledger.clone())
+            .checkpoint_max_bytes(c.checkpoint_max_bytes);
+    }
     opts.validate()
         .map_err(|e| exit::failure(&e, &c.lock, &c.bootstrap))?;
     if let Some(addr) = c.metrics_listen {
@@ -466,8 +474,14 @@ struct Link {
 }
 
 impl Link {
-    /// Starts the supervisor (this binary, re-executed) with the command to run.
-    fn spawn(c: &RunConfig, token: &FencingToken, grace: Duration) -> Result<Link, Failure> {
+    /// Starts the supervisor (this binary, re-executed) with the command to run; `env` is added
+    /// to the command's environment.
+    fn spawn(
+        c: &RunConfig,
+        token: &FencingToken,
+        env: &[(&str, OsString)],
+        grace: Duration,
+    ) -> Result<Link, Failure> {
         let oserr = |what: &str, e: &dyn std::fmt::Display| {
             Failure::new(
                 exit::OSERR,
@@ -504,8 +518,10 @@ impl Link {
         let mut cmd = std::process::Command::new(&exe);
         cmd.args(argv)
             .env("KAFKA_LOCK_NAME", &c.lock)
-            .env("KAFKA_LOCK_TOKEN", token.generation.to_string())
+            .env("KAFKA_LOCK_TOKEN", token.value().to_string())
+            .env("KAFKA_LOCK_GENERATION", token.generation.to_string())
             .env("KAFKA_LOCK_MEMBER_ID", &token.member_id)
+            .envs(env.iter().map(|(k, v)| (*k, v)))
             // Its own process group: a signal to ours (a terminal's Ctrl-C, `kill -9 -PGID`)
             // must not take the supervisor along with us.
             .process_group(0);
@@ -611,6 +627,15 @@ async fn hold(
 ) -> Result<u8, Failure> {
     let token = guard.token();
     let mut watch = guard.watch();
+    // The last checkpoint, and a place for the command to leave the next one; read before the
+    // lease end is taken, since reading may take a while (the ledger's copy is read in full).
+    let checkpoint = match CheckpointDir::prepare(c, &guard).await {
+        Ok(dir) => dir,
+        Err(f) => {
+            let _ = release(guard, &mut signals).await;
+            return Err(f);
+        }
+    };
     let lease_end = match watch.lease_end() {
         Some(end) if end > Instant::now() => end,
         _ => {
@@ -636,7 +661,11 @@ async fn hold(
             format!("cannot become a child subreaper (PR_SET_CHILD_SUBREAPER, Linux 3.4+): {e}; the command was not run"),
         ));
     }
-    let link = match Link::spawn(c, &token, t.kill_grace) {
+    let env = checkpoint
+        .as_ref()
+        .map(CheckpointDir::env)
+        .unwrap_or_default();
+    let link = match Link::spawn(c, &token, &env, t.kill_grace) {
         Ok(link) => link,
         Err(f) => {
             let _ = release(guard, &mut signals).await;
@@ -846,6 +875,17 @@ async fn hold(
             ),
         ));
     };
+    // A command that succeeded may leave a checkpoint; it is stored, fenced, before the lock
+    // goes: the next holder must see it, and a holder that is no longer current must not write.
+    if let (None, 0, Some(dir)) = (&lost, end.status, &checkpoint) {
+        if let Some(f) = dir.commit(&guard, rep).await {
+            let cut = release(guard, &mut signals).await;
+            return Err(Failure::new(
+                f.status,
+                format!("{}{}", f.line, release_note(cut, t.session)),
+            ));
+        }
+    }
     match lost {
         None => {
             // The hold ends here, before the LeaveGroup goes out.
@@ -876,6 +916,159 @@ async fn hold(
                 ),
             ))
         }
+    }
+}
+
+/// The checkpoint hand-over with the command: `KAFKA_LOCK_CHECKPOINT` (the last one) in, and the
+/// file named by `KAFKA_LOCK_CHECKPOINT_FILE` out, in a directory only this user can enter, removed
+/// when the run ends.
+struct CheckpointDir {
+    dir: std::path::PathBuf,
+    last: Option<String>,
+    max: usize,
+    lock: String,
+}
+
+impl CheckpointDir {
+    /// Reads the last checkpoint and makes the directory; `None` without a ledger. A checkpoint
+    /// that cannot be read stops the run (status 69) rather than let the command believe there
+    /// is none.
+    async fn prepare(c: &RunConfig, guard: &LockGuard) -> Result<Option<CheckpointDir>, Failure> {
+        if c.ledger_topic.is_none() {
+            return Ok(None);
+        }
+        let last = guard.last_checkpoint().await.map_err(|e| {
+            let f = exit::failure(&e, &c.lock, &c.bootstrap);
+            Failure::new(
+                f.status,
+                format!(
+                    "cannot read the last checkpoint of lock {:?}, so the command was not run                      and the lock is released: {}",
+                    c.lock, f.line
+                ),
+            )
+        })?;
+        let dir = std::env::temp_dir().join(format!(
+            "kafka-lock-{}-{}",
+            std::process::id(),
+            sys::mono_ns()
+        ));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| {
+                Failure::new(
+                    exit::OSERR,
+                    format!(
+                        "cannot create {} for the command's checkpoint: {e}; the command was not                          run and the lock is released (set TMPDIR to a writable directory)",
+                        dir.display()
+                    ),
+                )
+            })?;
+        Ok(Some(CheckpointDir {
+            dir,
+            last: last.map(|c| c.value),
+            max: c.checkpoint_max_bytes,
+            lock: c.lock.clone(),
+        }))
+    }
+
+    fn file(&self) -> std::path::PathBuf {
+        self.dir.join("checkpoint")
+    }
+
+    fn env(&self) -> Vec<(&'static str, OsString)> {
+        let mut env = vec![("KAFKA_LOCK_CHECKPOINT_FILE", self.file().into_os_string())];
+        if let Some(last) = &self.last {
+            env.push(("KAFKA_LOCK_CHECKPOINT", OsString::from(last)));
+        }
+        env
+    }
+
+    /// Stores the file's content, if the command wrote one; the failure to report otherwise.
+    async fn commit(&self, guard: &LockGuard, rep: &mut Reporter) -> Option<Failure> {
+        use std::io::Read;
+        let file = match std::fs::File::open(self.file()) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
+            Err(e) => {
+                return Some(Failure::new(
+                    exit::LOST,
+                    format!(
+                        "the command exited 0 but its checkpoint file {} cannot be read ({e});                          lock {:?} keeps its previous checkpoint",
+                        self.file().display(),
+                        self.lock
+                    ),
+                ))
+            }
+        };
+        // One byte more than allowed is enough to tell that it is too long.
+        let mut bytes = Vec::new();
+        if let Err(e) = file
+            .take(
+                u64::try_from(self.max)
+                    .unwrap_or(u64::MAX)
+                    .saturating_add(1),
+            )
+            .read_to_end(&mut bytes)
+        {
+            return Some(Failure::new(
+                exit::LOST,
+                format!("the command exited 0 but its checkpoint cannot be read ({e}); lock {:?} keeps its previous checkpoint", self.lock),
+            ));
+        }
+        if bytes.len() > self.max {
+            return Some(Failure::new(
+                exit::CONFIG,
+                format!(
+                    "the command's checkpoint is more than {} bytes (--checkpoint-max-bytes, the                      brokers' offset.metadata.max.bytes); it was not stored and lock {:?} keeps                      its previous checkpoint",
+                    self.max, self.lock
+                ),
+            ));
+        }
+        let Ok(value) = String::from_utf8(bytes) else {
+            return Some(Failure::new(
+                exit::CONFIG,
+                format!(
+                    "the command's checkpoint is not UTF-8 text; it was not stored and lock {:?}                      keeps its previous checkpoint",
+                    self.lock
+                ),
+            ));
+        };
+        match guard.checkpoint(value.clone()).await {
+            Ok(()) => {
+                rep.checkpoint(&value);
+                None
+            }
+            Err(e) => {
+                let status = match &e {
+                    kafka_lock::Error::Ledger(kafka_lock::LedgerError::CheckpointTooLarge {
+                        ..
+                    }) => exit::CONFIG,
+                    _ => exit::LOST,
+                };
+                let why = match &e {
+                    kafka_lock::Error::Broker { code, .. }
+                        if matches!(code.code(), 22 | 25 | 82) =>
+                    {
+                        "the broker rejected it because this holder is no longer the lock's current                          holder (its generation or member id is stale)"
+                    }
+                    _ => "it could not be stored",
+                };
+                Some(Failure::new(
+                    status,
+                    format!(
+                        "the command exited 0 but its checkpoint was not stored: {why} ({e});                          lock {:?} keeps its previous checkpoint",
+                        self.lock
+                    ),
+                ))
+            }
+        }
+    }
+}
+
+impl Drop for CheckpointDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -955,6 +1148,8 @@ mod tests {
             kill_grace: None,
             label: None,
             client_id: "kafka-lock".into(),
+            ledger_topic: None,
+            checkpoint_max_bytes: 4096,
             events_json: false,
             conflict_exit_code: None,
             lost_exit_code: None,

@@ -1,6 +1,7 @@
 //! `kafka-lock status`: who holds a lock and who waits, read from the group coordinator with
 //! DescribeGroups and the members' own metadata and assignment bytes. It never joins the group,
-//! so looking does not disturb the lock.
+//! so looking does not disturb the lock. With a ledger it also shows the last hold and the last
+//! checkpoint, which outlive the group.
 
 use std::io::Write;
 use std::time::Duration;
@@ -13,17 +14,120 @@ use kafka_lock::backoff::Backoff;
 use kafka_lock::driver::{connect_any, BootstrapConfig, ConnConfig, Connection};
 use kafka_lock::wire::coordinator::{find_coordinator_request, found_coordinator};
 use kafka_lock::wire::Response;
-use kafka_lock::{Error, KafkaCode, LockOptions, Result};
+use kafka_lock::{
+    Checkpoint, CheckpointSource, Error, Hold, HoldEnd, KafkaCode, LockOptions, Result,
+};
 use kafka_protocol::messages::describe_groups_request::DescribeGroupsRequest;
 use kafka_protocol::messages::describe_groups_response::DescribedGroup;
 use kafka_protocol::messages::{ApiKey, GroupId};
 use kafka_protocol::protocol::StrBytes;
 
 use crate::exit::{self, Failure};
+use crate::history;
 use crate::json::{self, Obj};
 
 /// FindCoordinator answers worth asking again (the coordinator is moving or loading).
 const COORDINATOR_RETRIES: u32 = 5;
+async fn ledger_view(opts: &LockOptions, topic: &str) -> Result<LedgerView> {
+    let history = opts.history().await?;
+    let checkpoint = match opts.committed_checkpoint().await? {
+        Some(c) => Some(c),
+        None => history
+            .last_checkpoint()
+            .map(|(value, token, _)| Checkpoint {
+                value: value.to_owned(),
+                token,
+                source: CheckpointSource::Ledger,
+            }),
+    };
+    Ok(LedgerView {
+        topic: topic.to_owned(),
+        last_hold: history.last_hold().cloned(),
+        checkpoint,
+    })
+}
+
+fn ledger_text(l: &LedgerView) -> String {
+    let hold = match &l.last_hold {
+        Some(h) => {
+            let began = h
+                .acquired_unix_ms
+                .map(|t| format!(", began {}", history::time(t)))
+                .unwrap_or_default();
+            let end = match &h.end {
+                HoldEnd::Released { unix_ms, .. } => {
+                    format!("released at {}", history::time(*unix_ms))
+                }
+                HoldEnd::Lost {
+                    unix_ms, reason, ..
+                } => {
+                    format!("lost ({reason}) at {}", history::time(*unix_ms))
+                }
+                HoldEnd::Open => "no end record yet (still holding, or died)".to_owned(),
+                other => other.name().to_owned(),
+            };
+            let who = match &h.label {
+                Some(l) => format!("{l} (member {})", h.member_id),
+                None => format!("member {}", h.member_id),
+            };
+            format!("token {} by {who}{began}, {end}", h.token)
+        }
+        None => "none recorded".to_owned(),
+    };
+    let checkpoint = match &l.checkpoint {
+        Some(c) => format!(
+            "{:?} (stored during token {}; read from the {})",
+            c.value,
+            c.token,
+            match c.source {
+                CheckpointSource::Group => "group",
+                CheckpointSource::Ledger => "ledger, the group no longer has it",
+            }
+        ),
+        None => "none".to_owned(),
+    };
+    format!(
+        "ledger {:?}: last hold: {hold}\ncheckpoint: {checkpoint}",
+        l.topic
+    )
+}
+
+fn ledger_json(l: &LedgerView) -> String {
+    let hold = l.last_hold.as_ref().map(|h| {
+        Obj::new()
+            .int("token", h.token)
+            .int("generation", h.generation)
+            .str("member_id", &h.member_id)
+            .opt_str("label", h.label.as_deref())
+            .opt_int("acquired_unix_ms", h.acquired_unix_ms)
+            .str("end", h.end.name())
+            .opt_int("ended_unix_ms", h.end.unix_ms())
+            .finish()
+    });
+    let checkpoint = l.checkpoint.as_ref().map(|c| {
+        Obj::new()
+            .str("value", &c.value)
+            .int("token", c.token)
+            .str(
+                "source",
+                match c.source {
+                    CheckpointSource::Group => "group",
+                    CheckpointSource::Ledger => "ledger",
+                },
+            )
+            .finish()
+    });
+    let mut o = Obj::new().str("topic", &l.topic);
+    o = match hold {
+        Some(h) => o.raw("last_hold", &h),
+        None => o.null("last_hold"),
+    };
+    o = match checkpoint {
+        Some(c) => o.raw("checkpoint", &c),
+        None => o.null("checkpoint"),
+    };
+    o.finish()
+}
 
 #[derive(Debug, Clone)]
 pub struct StatusConfig {
@@ -33,6 +137,15 @@ pub struct StatusConfig {
     pub request_timeout: Duration,
     pub connect_timeout: Duration,
     pub client_id: String,
+    pub ledger_topic: Option<String>,
+}
+
+/// What the ledger says about the lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerView {
+    pub topic: String,
+    pub last_hold: Option<Hold>,
+    pub checkpoint: Option<Checkpoint>,
 }
 
 /// One member as the coordinator describes it.
@@ -74,18 +187,39 @@ pub struct Report {
 }
 
 pub async fn status(c: StatusConfig) -> Result<u8, Failure> {
-    LockOptions::new(&c.bootstrap, c.lock.clone())
+    let mut opts = LockOptions::new(&c.bootstrap, c.lock.clone())
+        .client_id(c.client_id.clone())
         .request_timeout(c.request_timeout)
-        .connect_timeout(c.connect_timeout)
-        .validate()
+        .connect_timeout(c.connect_timeout);
+    if let Some(t) = &c.ledger_topic {
+        opts = opts.ledger_topic(t.clone());
+    }
+    opts.validate()
         .map_err(|e| exit::failure(&e, &c.lock, &c.bootstrap))?;
     let report = describe(&c)
         .await
         .map_err(|e| exit::failure(&e, &c.lock, &c.bootstrap))?;
-    let out = if c.json {
-        to_json(&report)
-    } else {
-        to_text(&report)
+    let ledger = match &c.ledger_topic {
+        Some(topic) => Some(
+            ledger_view(&opts, topic)
+                .await
+                .map_err(|e| exit::failure(&e, &c.lock, &c.bootstrap))?,
+        ),
+        None => None,
+    };
+    let out = match (c.json, &ledger) {
+        (false, None) => to_text(&report),
+        (true, None) => to_json(&report),
+        (false, Some(l)) => format!("{}\n{}", to_text(&report), ledger_text(l)),
+        (true, Some(l)) => {
+            // The same object, one key more.
+            let base = to_json(&report);
+            format!(
+                "{},\"ledger\":{}}}",
+                base.strip_suffix('}').unwrap_or(&base),
+                ledger_json(l)
+            )
+        }
     };
     // A closed stdout or one whose reader is gone loses the answer but not the exit status
     // (println! would panic, and the release build aborts on a panic).
@@ -150,7 +284,7 @@ async fn describe(c: &StatusConfig) -> Result<Report> {
     };
     // Apache Kafka answers DescribeGroups v6+ for a group that does not exist (never used, or
     // deleted while empty) with GROUP_ID_NOT_FOUND: a lock nobody holds or waits for, like the
-    // "Dead" state older versions report.
+    // "Dead" state older versions report (with a ledger, its story is told from there).
     let mut group = group;
     if group.error_code == KafkaCode::GROUP_ID_NOT_FOUND.0 {
         group.error_code = 0;

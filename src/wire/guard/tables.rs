@@ -11,8 +11,9 @@ use std::mem::size_of;
 
 use kafka_protocol::messages::{
     api_versions_response, describe_groups_response, fetch_response, find_coordinator_response,
-    heartbeat_response, join_group_response, leave_group_response, metadata_response,
-    offset_commit_response, offset_fetch_response, produce_response, sync_group_response, ApiKey,
+    heartbeat_response, join_group_response, leave_group_response, list_offsets_response,
+    metadata_response, offset_commit_response, offset_fetch_response, produce_response,
+    sync_group_response, ApiKey,
 };
 
 /// The wire type of a field. Nullability is not tracked: a null has the same layout as an empty
@@ -439,6 +440,26 @@ schema! {
     }
 }
 
+// ListOffsets finds a partition's first or next offset (the ledger's readers start there); v1 is
+// kafka-protocol's first version and Apache Kafka 4's (KIP-896 removed v0).
+schema! {
+    static LIST_OFFSETS_PARTITION = list_offsets_response::ListOffsetsPartitionResponse {
+        partition_index: Int32 [0..],
+        error_code: Int16 [0..],
+        timestamp: Int64 [0..],
+        offset: Int64 [0..],
+        leader_epoch: Int32 [4..],
+    }
+    static LIST_OFFSETS_TOPIC = list_offsets_response::ListOffsetsTopicResponse {
+        name: Str [0..],
+        partitions: Array(LIST_OFFSETS_PARTITION) [0..],
+    }
+    static LIST_OFFSETS_RESPONSE = list_offsets_response::ListOffsetsResponse {
+        throttle_time_ms: Int32 [2..],
+        topics: Array(LIST_OFFSETS_TOPIC) [0..],
+    }
+}
+
 const fn message(
     api: ApiKey,
     (min, max): (i16, i16),
@@ -457,7 +478,7 @@ const fn message(
 /// Every response the guard covers, with the versions its tables describe. These ranges are
 /// exactly kafka-protocol 0.18's for these messages (and, for Produce and Fetch, exactly what
 /// Apache Kafka 4.1 advertises).
-pub(crate) static MESSAGES: [MessageSchema; 12] = [
+pub(crate) static MESSAGES: [MessageSchema; 13] = [
     message(ApiKey::ApiVersions, (0, 4), 3, &API_VERSIONS_RESPONSE),
     message(ApiKey::Metadata, (0, 13), 9, &METADATA_RESPONSE),
     message(
@@ -475,6 +496,7 @@ pub(crate) static MESSAGES: [MessageSchema; 12] = [
     message(ApiKey::OffsetFetch, (1, 10), 6, &OFFSET_FETCH_RESPONSE),
     message(ApiKey::Produce, (3, 13), 9, &PRODUCE_RESPONSE),
     message(ApiKey::Fetch, (4, 18), 12, &FETCH_RESPONSE),
+    message(ApiKey::ListOffsets, (1, 10), 6, &LIST_OFFSETS_RESPONSE),
 ];
 
 /// [`MESSAGES`]' index per API key, for a lookup that costs one load on every decode.

@@ -4,8 +4,9 @@ use super::*;
 use bytes::Buf;
 use kafka_protocol::messages::{
     ApiVersionsResponse, DescribeGroupsResponse, FetchResponse, FindCoordinatorResponse,
-    HeartbeatResponse, JoinGroupResponse, LeaveGroupResponse, MetadataResponse,
-    OffsetCommitResponse, OffsetFetchResponse, ProduceResponse, SyncGroupResponse,
+    HeartbeatResponse, JoinGroupResponse, LeaveGroupResponse, ListOffsetsResponse,
+    MetadataResponse, OffsetCommitResponse, OffsetFetchResponse, ProduceResponse,
+    SyncGroupResponse,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, Message};
 use proptest::prelude::*;
@@ -179,6 +180,7 @@ macro_rules! by_response_type {
             ApiKey::OffsetFetch => $f::<OffsetFetchResponse>($($arg),*),
             ApiKey::Produce => $f::<ProduceResponse>($($arg),*),
             ApiKey::Fetch => $f::<FetchResponse>($($arg),*),
+            ApiKey::ListOffsets => $f::<ListOffsetsResponse>($($arg),*),
             other => panic!("{other:?} has no table"),
         }
     };

@@ -1,0 +1,332 @@
+//! The ledger's one-shot reads, outside any lock session: the topic check before a session
+//! starts, the whole history of a lock, and the committed checkpoint. Each is a short sequence of
+//! requests on connections of its own; the sans-I/O parts (building requests, reading answers,
+//! folding the history) are in [`crate::ledger`].
+
+use std::time::Duration;
+
+use tracing::debug;
+
+use super::bootstrap::{connect_any, BootstrapConfig};
+use super::conn::{ConnConfig, Connection};
+use crate::backoff::Backoff;
+use crate::error::{Error, Result};
+use crate::ledger::{self, fold, History, LedgerError, Op, Partition};
+use crate::wire::coordinator::{find_coordinator_request, found_coordinator};
+use crate::wire::log::{
+    fetched, listed, FetchOptions, Isolation, LogError, OffsetSpec, TopicPartition,
+};
+use crate::wire::records::BatchError;
+use crate::wire::Response;
+use kafka_protocol::messages::ApiKey;
+
+/// How often a read starts again after the leader moved or the coordinator was not ready.
+const ATTEMPTS: u32 = 5;
+/// Record bytes per Fetch when reading a history: well inside the 1 MiB frame limit.
+const READ_BYTES: i32 = 512 * 1024;
+
+/// Where the cluster is and how to talk to it.
+#[derive(Debug, Clone)]
+pub(crate) struct Reach {
+    pub(crate) bootstrap: Vec<String>,
+    pub(crate) conn: ConnConfig,
+    pub(crate) limits: BootstrapConfig,
+    pub(crate) retry_backoff: Duration,
+    pub(crate) retry_backoff_max: Duration,
+}
+
+impl Reach {
+    fn backoff(&self) -> Backoff {
+        Backoff::new(self.retry_backoff, self.retry_backoff_max, 2.0, 0.5)
+    }
+
+    pub(crate) async fn connect_any(&self) -> Result<Connection> {
+        connect_any(
+            &self.bootstrap,
+            &self.conn,
+            &mut self.backoff(),
+            &self.limits,
+        )
+        .await
+    }
+}
+
+async fn call(conn: &Connection, op: &Op, timeout: Duration) -> Result<(Response, i16)> {
+    let (req, v) = ledger::build(op, conn.versions())?;
+    let resp = conn.request_at(req, v, timeout).await?;
+    Ok((resp, v))
+}
+
+/// Metadata for the ledger topic: it must exist and have exactly one partition. `Ok(None)`: it
+/// does, but the partition has no leader right now.
+pub(crate) async fn check_ledger_topic(
+    conn: &Connection,
+    topic: &str,
+    timeout: Duration,
+) -> Result<Option<Partition>> {
+    for api in [ApiKey::Produce, ApiKey::Fetch, ApiKey::ListOffsets] {
+        if conn.versions().get(api).is_none() {
+            return Err(LedgerError::Unsupported { api }.into());
+        }
+    }
+    let op = Op::Metadata {
+        topic: topic.to_owned(),
+    };
+    match call(conn, &op, timeout).await? {
+        (Response::Metadata(r), _) => ledger::ledger_partition(&r, topic),
+        (other, _) => Err(Error::Protocol(format!(
+            "expected Metadata, got {:?}",
+            other.api_key()
+        ))),
+    }
+}
+
+/// The ledger partition's leader, asked of `first` until it names one.
+async fn find_leader(first: &Connection, reach: &Reach, topic: &str) -> Result<Partition> {
+    let mut backoff = reach.backoff();
+    for _ in 0..ATTEMPTS {
+        if let Some(p) = check_ledger_topic(first, topic, reach.conn.request_timeout).await? {
+            return Ok(p);
+        }
+        tokio::time::sleep(backoff.next_delay()).await;
+    }
+    Err(Error::Broker {
+        api: ApiKey::Metadata,
+        code: crate::KafkaCode(5),
+        message: Some(format!("the ledger topic {topic:?} has no leader")),
+    })
+}
+
+/// A connection to `p`'s leader: `first` itself when it is that broker.
+async fn leader_conn(first: &Connection, reach: &Reach, p: &Partition) -> Result<Connection> {
+    let addr = format!("{}:{}", p.leader.host, p.leader.port);
+    if first.peer() == addr {
+        return Ok(first.clone());
+    }
+    Connection::connect(&addr, &reach.conn).await
+}
+
+fn log_err(api: ApiKey, e: LogError) -> Error {
+    match e {
+        LogError::Broker { code, message, .. } => Error::Broker { api, code, message },
+        other => Error::Protocol(other.to_string()),
+    }
+}
+
+/// Reads `lock`'s records from the whole retained ledger and folds them into its history.
+pub(crate) async fn read_history(reach: &Reach, lock: &str, topic: &str) -> Result<History> {
+    let first = reach.connect_any().await?;
+    let mut backoff = reach.backoff();
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match read_history_once(&first, reach, lock, topic).await {
+            Ok(h) => {
+                first.close();
+                return Ok(h);
+            }
+            // The leader moved or a connection broke: look it up again and start over.
+            Err(e) if e.is_retriable() && attempt < ATTEMPTS => {
+                debug!(%lock, error = %e, "reading the ledger failed; starting over");
+                tokio::time::sleep(backoff.next_delay()).await;
+            }
+            Err(e) => {
+                first.close();
+                return Err(e);
+            }
+        }
+    }
+}
+
+async fn read_history_once(
+    first: &Connection,
+    reach: &Reach,
+    lock: &str,
+    topic: &str,
+) -> Result<History> {
+    let p = find_leader(first, reach, topic).await?;
+    let conn = leader_conn(first, reach, &p).await?;
+    let tp = TopicPartition::new(topic, 0).with_topic_id(p.topic_id);
+    let timeout = reach.conn.request_timeout;
+    let offset_of = |spec| {
+        let op = Op::ListOffsets {
+            tp: tp.clone(),
+            spec,
+        };
+        let conn = conn.clone();
+        let tp = tp.clone();
+        async move {
+            match call(&conn, &op, timeout).await? {
+                (Response::ListOffsets(r), _) => {
+                    listed(&r, &tp).map_err(|e| log_err(ApiKey::ListOffsets, e))
+                }
+                (other, _) => Err(Error::Protocol(format!(
+                    "expected ListOffsets, got {:?}",
+                    other.api_key()
+                ))),
+            }
+        }
+    };
+    let start = offset_of(OffsetSpec::Earliest).await?;
+    let end = offset_of(OffsetSpec::Latest).await?;
+    let key = lock.as_bytes();
+    let mut values: Vec<(i64, Option<bytes::Bytes>)> = Vec::new();
+    let mut unreadable = Vec::new();
+    let mut at = start;
+    while at < end {
+        let op = Op::Fetch {
+            tp: tp.clone(),
+            offset: at,
+            options: FetchOptions {
+                max_wait: Duration::ZERO,
+                min_bytes: 1,
+                max_bytes: READ_BYTES,
+                isolation: Isolation::ReadCommitted,
+            },
+        };
+        let f = match call(&conn, &op, timeout).await? {
+            (Response::Fetch(r), v) => {
+                fetched(&r, &tp, v).map_err(|e| log_err(ApiKey::Fetch, e))?
+            }
+            (other, _) => {
+                return Err(Error::Protocol(format!(
+                    "expected Fetch, got {:?}",
+                    other.api_key()
+                )))
+            }
+        };
+        let mut batches = f.batches();
+        let mut next = at;
+        for batch in batches.by_ref() {
+            match batch {
+                Ok(b) => {
+                    for r in b.records {
+                        if r.offset >= at && r.offset < end && r.key.as_deref() == Some(key) {
+                            values.push((r.offset, r.value));
+                        }
+                    }
+                }
+                Err(BatchError::Compressed {
+                    base_offset,
+                    last_offset,
+                    ..
+                }) => {
+                    unreadable.push(ledger::Unreadable {
+                        offset: base_offset,
+                        error: "a compressed batch (the topic's compression.type must be \
+                                producer or uncompressed for kafka-lock to read it)"
+                            .into(),
+                    });
+                    next = next.max(last_offset.saturating_add(1));
+                }
+                Err(e) => {
+                    unreadable.push(ledger::Unreadable {
+                        offset: next,
+                        error: e.to_string(),
+                    });
+                    next = next.max(f.high_watermark.min(end));
+                }
+            }
+        }
+        if let Some(n) = batches.next_offset() {
+            next = next.max(n);
+        }
+        if next <= at {
+            // Nothing readable here (a gap left by aborted transactions or a batch cut at the
+            // size limit that cannot grow): what is left is beyond reach of this read.
+            if let Some(t) = batches.truncated() {
+                unreadable.push(ledger::Unreadable {
+                    offset: at,
+                    error: format!(
+                        "a batch larger than {READ_BYTES} bytes ({:?} needed); it is skipped",
+                        t.needed
+                    ),
+                });
+            }
+            break;
+        }
+        at = next;
+    }
+    if conn.peer() != first.peer() {
+        conn.close();
+    }
+    let mut h = fold(values.iter().map(|(o, v)| (*o, v.as_deref())), start, end);
+    h.unreadable.extend(unreadable);
+    h.unreadable.sort_by_key(|u| u.offset);
+    Ok(h)
+}
+
+/// The group coordinator of `group`, asked of `conn`.
+async fn coordinator(conn: &Connection, group: &str, reach: &Reach) -> Result<String> {
+    let version = conn
+        .versions()
+        .get(ApiKey::FindCoordinator)
+        .ok_or(Error::UnsupportedApi {
+            api: ApiKey::FindCoordinator,
+        })?
+        .min(4);
+    let mut backoff = reach.backoff();
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let req = find_coordinator_request(group, version);
+        let r = match conn
+            .request_at(req, version, reach.conn.request_timeout)
+            .await?
+        {
+            Response::FindCoordinator(r) => r,
+            other => {
+                return Err(Error::Protocol(format!(
+                    "expected FindCoordinator, got {:?}",
+                    other.api_key()
+                )))
+            }
+        };
+        match found_coordinator(&r) {
+            Ok(c) => return Ok(format!("{}:{}", c.host, c.port)),
+            Err(e) if e.is_retriable() && attempt < ATTEMPTS => {
+                tokio::time::sleep(backoff.next_delay()).await
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// What `lock`'s group has committed for the ledger partition: `(the committing hold's token,
+/// the checkpoint)`, or `None` (never committed, or the group is gone).
+pub(crate) async fn read_committed(
+    reach: &Reach,
+    lock: &str,
+    topic: &str,
+) -> Result<Option<(i64, String)>> {
+    let first = reach.connect_any().await?;
+    let result = async {
+        let mut backoff = reach.backoff();
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let addr = coordinator(&first, lock, reach).await?;
+            let conn = if addr == first.peer() {
+                first.clone()
+            } else {
+                Connection::connect(&addr, &reach.conn).await?
+            };
+            let (req, v) = ledger::offset_fetch_request(lock, topic, conn.versions())?;
+            let answer = conn.request_at(req, v, reach.conn.request_timeout).await;
+            if conn.peer() != first.peer() {
+                conn.close();
+            }
+            match answer.and_then(|r| ledger::offset_fetched(&r, topic)) {
+                Ok(found) => return Ok(found),
+                // NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS...: ask again.
+                Err(e) if e.is_retriable() && attempt < ATTEMPTS => {
+                    tokio::time::sleep(backoff.next_delay()).await
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    .await;
+    first.close();
+    result
+}

@@ -1,0 +1,1591 @@
+//! The ledger, sans-I/O: a one-partition topic whose record offsets are fencing tokens that never
+//! go backwards, a lock's history, a broker-fenced checkpoint, and the waiters' long poll.
+//!
+//! The membership machine ([`crate::membership`]) decides who holds the lock; this machine sits
+//! between it and the lock's users when the lock has a ledger. It is fed the membership's events
+//! and a [`MemberView`] of its state, and the answers to the requests it asked for; it hands back
+//! requests ([`Transmit`]), the events the users see ([`Event`], the membership's own type),
+//! commands for the membership machine ([`Command`]), the outcome of checkpoints, and when it
+//! next needs to be woken. Like the membership machine it never reads a clock or touches a socket.
+//!
+//! ```text
+//!   Waiting ── membership Acquired ──► Appending ── ACQUIRED acknowledged, lease running ──► Held
+//!   (long-polls the ledger; a            │  (Produce acks=all; nothing published yet)         │
+//!    RELEASED/LOST of this lock          │ acknowledged after the lease end, or not           │
+//!    → HeartbeatNow)                     │ within the deadline: Lost(ledger) + Leave          │
+//!                                        ▼                                       membership   │
+//!                                      Ending ◄────────────────────────── Released / Lost ────┘
+//!                                        │ membership Left/Failed: RELEASED or LOST appended
+//!                                        ▼ (once, when the offset is known), then Left/Failed
+//!                                       Over                           published
+//! ```
+//!
+//! # The decisions
+//!
+//! - **A hold begins only when its ACQUIRED record is durable and acknowledged before the lease
+//!   ends.** The membership's `Acquired` is held back; the record is appended with acks=all; when
+//!   the answer arrives the machine asks the [`MemberView`] whether the lease still runs *now*. If
+//!   it does, the hold begins with the record's offset as the token; if not, the record names no
+//!   hold, the users are told the lock was lost ([`LossReason::Ledger`]) and the membership is
+//!   asked to leave.
+//! - **End records come after the membership has ended** (LeaveGroup answered or given up), so a
+//!   waiter that reads RELEASED and heartbeats finds the rebalance already begun. A failure to
+//!   write one is logged, never fatal; the users' `Left` waits for it, bounded by the request
+//!   timeout, so a process that exits after `release()` has written it.
+//! - **Waiters long-poll** the partition from its end with one parked Fetch at a time (at most
+//!   [`LedgerConfig::poll_wait`], at most [`LedgerConfig::poll_max_bytes`]), keep only this lock's
+//!   records (by key), and on a RELEASED or LOST record ask the membership to heartbeat at once.
+//!   The heartbeat, not the record, decides: a record proves nothing about the group. Once the
+//!   poll has found its starting point it heartbeats once too: a release recorded before that
+//!   point is not in any Fetch from it.
+//! - **Checkpoints** are OffsetCommits on the lock's group for the ledger partition, with the
+//!   hold's generation and member id, so the broker rejects a holder that is no longer current.
+//!   An accepted one is copied into the ledger (a CHECKPOINT record), which outlives the group.
+//!
+//! Appends go out one at a time on one connection, in order. The partition's leader is found
+//! with Metadata and looked up again after NOT_LEADER_OR_FOLLOWER and similar answers or a
+//! transport failure.
+
+mod history;
+mod record;
+#[cfg(test)]
+mod tests;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::messages::metadata_request::{MetadataRequest, MetadataRequestTopic};
+use kafka_protocol::messages::offset_commit_request::{
+    OffsetCommitRequest, OffsetCommitRequestPartition, OffsetCommitRequestTopic,
+};
+use kafka_protocol::messages::offset_fetch_request::{
+    OffsetFetchRequest, OffsetFetchRequestGroup, OffsetFetchRequestTopic, OffsetFetchRequestTopics,
+};
+use kafka_protocol::messages::{ApiKey, GroupId, MetadataResponse, TopicName};
+use kafka_protocol::protocol::StrBytes;
+use tracing::{debug, info, warn};
+
+pub use history::{fold, History, Hold, HoldEnd, Unreadable};
+pub use record::{
+    LedgerRecord, RecordError, RecordKind, MAX_CHECKPOINT, MAX_HOST, MAX_LABEL, MAX_MEMBER_ID,
+    MAX_REASON, RECORD_VERSION,
+};
+
+use crate::backoff::Backoff;
+use crate::error::{Error, KafkaCode};
+use crate::membership::{Broker, Command, Event, FencingToken, LossReason};
+use crate::wire::log::{
+    fetch_request, fetched, list_offsets_request, listed, produce_request, produced, FetchOptions,
+    Isolation, LogError, OffsetSpec, TopicPartition, Uuid, TOPIC_ID_VERSION,
+};
+use crate::wire::records::{encode_batch, BatchError, NewRecord, RecordBatches};
+use crate::wire::versions::NegotiatedVersions;
+use crate::wire::{Request, Response};
+
+/// Kafka's default `offset.metadata.max.bytes`: the longest checkpoint a broker accepts unless
+/// configured otherwise.
+pub const DEFAULT_CHECKPOINT_MAX_BYTES: usize = 4096;
+/// How long a waiter's Fetch may stay parked at the broker by default.
+pub const DEFAULT_POLL_WAIT: Duration = Duration::from_secs(5);
+/// The most record bytes a waiter's Fetch asks for by default: a ledger record is about 100
+/// bytes, so this is hundreds of records of every lock sharing the topic.
+pub const DEFAULT_POLL_MAX_BYTES: i32 = 64 * 1024;
+/// Highest OffsetCommit and OffsetFetch versions kafka-protocol 0.18 can *encode* (its response
+/// decoders go one further).
+const OFFSET_REQUEST_MAX_VERSION: i16 = 9;
+
+/// Why the ledger cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LedgerError {
+    /// The ledger topic does not exist. kafka-lock never creates it: a typo must not start a new
+    /// ledger, whose offsets would start again at 0.
+    #[error(
+        "ledger topic {topic:?} does not exist; create it once with exactly one partition, e.g. \
+         kafka-topics.sh --create --topic {topic} --partitions 1 --replication-factor 3 \
+         --config min.insync.replicas=2 --config unclean.leader.election.enable=false \
+         --config cleanup.policy=delete --config compression.type=producer (docs/design.md, \
+         \"The ledger\")"
+    )]
+    TopicMissing {
+        /// The topic.
+        topic: String,
+    },
+    /// The ledger topic has more or fewer than one partition: offsets of different partitions
+    /// are unrelated, so they cannot be one token sequence.
+    #[error(
+        "ledger topic {topic:?} has {partitions} partitions; a ledger must have exactly one, \
+         because offsets of different partitions are unrelated and could not be one sequence of \
+         tokens; use a topic with one partition"
+    )]
+    NotOnePartition {
+        /// The topic.
+        topic: String,
+        /// How many it has.
+        partitions: usize,
+    },
+    /// A checkpoint longer than the limit.
+    #[error(
+        "checkpoint is {len} bytes; the limit is {max} (the broker's offset.metadata.max.bytes, \
+         4096 by default; raise both together if the broker allows more)"
+    )]
+    CheckpointTooLarge {
+        /// Its length in bytes (UTF-8).
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A checkpoint was asked of a lock without a ledger.
+    #[error("checkpoints are stored beside the ledger; set a ledger topic for lock {lock:?}")]
+    NoLedger {
+        /// The lock.
+        lock: String,
+    },
+    /// A checkpoint was asked when the lock is not held (any more).
+    #[error("lock {lock:?} is not held, so no checkpoint can be stored under it")]
+    NotHeld {
+        /// The lock.
+        lock: String,
+    },
+    /// The broker does not offer an API the ledger needs.
+    #[error("the broker offers no version of {api:?}, which the ledger needs; use Apache Kafka 2.8 or newer")]
+    Unsupported {
+        /// The API.
+        api: ApiKey,
+    },
+}
+
+/// What the machine needs up front.
+#[derive(Debug, Clone)]
+pub struct LedgerConfig {
+    /// The lock's name: the group id and every record's key.
+    pub lock: String,
+    /// The ledger topic (one partition).
+    pub topic: String,
+    /// Our label, written into every record.
+    pub label: Option<String>,
+    /// Our host name, written into every record.
+    pub host: Option<String>,
+    /// Our process id, written into every record.
+    pub pid: Option<u32>,
+    /// The lease a renewal buys, recorded in ACQUIRED records.
+    pub lease_length: Duration,
+    /// Bound on each request (a parked Fetch gets `poll_wait` on top).
+    pub request_timeout: Duration,
+    /// How long the ACQUIRED append may take in all, retries included, before the machine gives
+    /// up on the hold (the lease still bounds it first).
+    pub append_deadline: Duration,
+    /// Whether waiters long-poll the ledger to learn of a release at once.
+    pub push: bool,
+    /// How long a waiter's Fetch may stay parked at the broker.
+    pub poll_wait: Duration,
+    /// The most record bytes one Fetch may return.
+    pub poll_max_bytes: i32,
+    /// The longest checkpoint accepted (checked before anything is sent).
+    pub checkpoint_max_bytes: usize,
+    /// First retry delay.
+    pub retry_backoff: Duration,
+    /// Largest retry delay.
+    pub retry_backoff_max: Duration,
+}
+
+/// The ledger partition: where it is and what it is called on the wire.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Partition {
+    /// Its leader.
+    pub leader: Broker,
+    /// The topic's id (nil when Metadata was older than v10).
+    pub topic_id: Uuid,
+}
+
+/// The membership machine's state as the ledger needs to see it; the driver builds it afresh
+/// each time it calls in.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MemberView {
+    /// The membership machine holds the lock (its lease has not run out).
+    pub holding: bool,
+    /// Its lease end while holding.
+    pub lease_end: Option<Instant>,
+    /// The group coordinator, when known.
+    pub coordinator: Option<Broker>,
+    /// The current generation (-1 before a join).
+    pub generation: i32,
+    /// Our member id ("" before a join).
+    pub member_id: String,
+}
+
+/// The time, both ways: the monotonic clock decides, the wall clock is written into records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Now {
+    /// The monotonic clock.
+    pub mono: Instant,
+    /// Milliseconds since the Unix epoch.
+    pub unix_ms: i64,
+}
+
+/// Which connection to the partition leader a request uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LeaderLane {
+    /// Produce and ListOffsets: answered at once.
+    Append,
+    /// The waiters' parked Fetch: a broker answers one connection's requests in order, so
+    /// nothing else may queue behind it.
+    Poll,
+}
+
+/// Where a request goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// Any bootstrap broker (Metadata).
+    Any,
+    /// The partition's leader.
+    Leader {
+        /// The leader.
+        broker: Broker,
+        /// The connection.
+        lane: LeaderLane,
+    },
+    /// The group coordinator's control lane (OffsetCommit): the same connection as heartbeats.
+    Coordinator(Broker),
+}
+
+/// What a request does; [`build`] makes the wire request for the versions a connection offers.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Op {
+    /// Metadata for the ledger topic.
+    Metadata {
+        /// The topic.
+        topic: String,
+    },
+    /// The partition's first or next offset.
+    ListOffsets {
+        /// The partition.
+        tp: TopicPartition,
+        /// Which.
+        spec: OffsetSpec,
+    },
+    /// Append one batch (acks=all).
+    Produce {
+        /// The partition.
+        tp: TopicPartition,
+        /// The encoded batch.
+        batch: Bytes,
+        /// How long the broker may wait for the replicas.
+        timeout: Duration,
+    },
+    /// Read from `offset`, parked up to `options.max_wait`.
+    Fetch {
+        /// The partition.
+        tp: TopicPartition,
+        /// Where to start.
+        offset: i64,
+        /// Wait and size.
+        options: FetchOptions,
+    },
+    /// Store a checkpoint, fenced by generation and member id.
+    Commit {
+        /// The lock's group.
+        group: String,
+        /// The hold's generation.
+        generation: i32,
+        /// Our member id.
+        member_id: String,
+        /// The partition.
+        tp: TopicPartition,
+        /// The committed offset: the hold's token.
+        offset: i64,
+        /// The checkpoint.
+        metadata: String,
+    },
+}
+
+impl Op {
+    /// The request's API name, for logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Metadata { .. } => "Metadata",
+            Op::ListOffsets { .. } => "ListOffsets",
+            Op::Produce { .. } => "Produce",
+            Op::Fetch { .. } => "Fetch",
+            Op::Commit { .. } => "OffsetCommit",
+        }
+    }
+}
+
+/// One request for the driver. Answer it with [`Ledger::handle_response`], the same id and the
+/// version [`build`] chose.
+#[derive(Debug, Clone)]
+pub struct Transmit {
+    /// Identifies the answer.
+    pub id: u64,
+    /// Where it goes.
+    pub target: Target,
+    /// What it does.
+    pub op: Op,
+    /// Give up on the answer after this long.
+    pub timeout: Duration,
+}
+
+/// The wire request for `op` at the highest version both `versions` and kafka-lock offer.
+pub fn build(op: &Op, versions: &NegotiatedVersions) -> Result<(Request, i16), Error> {
+    let need = |api: ApiKey| {
+        versions
+            .get(api)
+            .ok_or(Error::Ledger(LedgerError::Unsupported { api }))
+    };
+    // Requests that name topics by id need the id, which only Metadata v10+ gives.
+    let by_id = |tp: &TopicPartition, v: i16| {
+        if tp.topic_id.is_nil() {
+            v.min(TOPIC_ID_VERSION - 1)
+        } else {
+            v
+        }
+    };
+    let log = |e: LogError| Error::Protocol(e.to_string());
+    Ok(match op {
+        Op::Metadata { topic } => {
+            let v = need(ApiKey::Metadata)?;
+            let mut t = MetadataRequestTopic::default();
+            t.name = Some(TopicName(StrBytes::from_string(topic.clone())));
+            let mut req = MetadataRequest::default();
+            req.topics = Some(vec![t]);
+            if v >= 4 {
+                // A ledger is never created by accident: a typo must not start a new token
+                // sequence at 0, and a broker's default partition count may not be one.
+                req.allow_auto_topic_creation = false;
+            }
+            (req.into(), v)
+        }
+        Op::ListOffsets { tp, spec } => {
+            let v = need(ApiKey::ListOffsets)?;
+            let req = list_offsets_request(
+                tp,
+                *spec,
+                Isolation::ReadCommitted,
+                Duration::from_secs(5),
+                v,
+            );
+            (req.into(), v)
+        }
+        Op::Produce { tp, batch, timeout } => {
+            let v = by_id(tp, need(ApiKey::Produce)?);
+            let req = produce_request(tp, batch.clone(), *timeout, v).map_err(log)?;
+            (req.into(), v)
+        }
+        Op::Fetch {
+            tp,
+            offset,
+            options,
+        } => {
+            let v = by_id(tp, need(ApiKey::Fetch)?);
+            let req = fetch_request(tp, *offset, options, v).map_err(log)?;
+            (req.into(), v)
+        }
+        Op::Commit {
+            group,
+            generation,
+            member_id,
+            tp,
+            offset,
+            metadata,
+        } => {
+            let v = need(ApiKey::OffsetCommit)?.min(OFFSET_REQUEST_MAX_VERSION);
+            let mut p = OffsetCommitRequestPartition::default();
+            p.partition_index = tp.partition;
+            p.committed_offset = *offset;
+            p.committed_metadata = Some(StrBytes::from_string(metadata.clone()));
+            let mut t = OffsetCommitRequestTopic::default();
+            t.name = TopicName(tp.topic.clone());
+            t.partitions = vec![p];
+            let mut req = OffsetCommitRequest::default();
+            req.group_id = GroupId(StrBytes::from_string(group.clone()));
+            req.generation_id_or_member_epoch = *generation;
+            req.member_id = StrBytes::from_string(member_id.clone());
+            req.topics = vec![t];
+            (req.into(), v)
+        }
+    })
+}
+
+/// An OffsetFetch for the ledger partition's committed offset in `group`, at the highest version
+/// `versions` allows (for reading checkpoints; no membership needed).
+pub fn offset_fetch_request(
+    group: &str,
+    topic: &str,
+    versions: &NegotiatedVersions,
+) -> Result<(Request, i16), Error> {
+    let v = versions
+        .get(ApiKey::OffsetFetch)
+        .ok_or(Error::UnsupportedApi {
+            api: ApiKey::OffsetFetch,
+        })?
+        .min(OFFSET_REQUEST_MAX_VERSION);
+    let topic = TopicName(StrBytes::from_string(topic.to_owned()));
+    let mut req = OffsetFetchRequest::default();
+    if v >= 8 {
+        let mut t = OffsetFetchRequestTopics::default();
+        t.name = topic;
+        t.partition_indexes = vec![0];
+        let mut g = OffsetFetchRequestGroup::default();
+        g.group_id = GroupId(StrBytes::from_string(group.to_owned()));
+        g.topics = Some(vec![t]);
+        req.groups = vec![g];
+    } else {
+        let mut t = OffsetFetchRequestTopic::default();
+        t.name = topic;
+        t.partition_indexes = vec![0];
+        req.group_id = GroupId(StrBytes::from_string(group.to_owned()));
+        req.topics = Some(vec![t]);
+    }
+    Ok((req.into(), v))
+}
+
+/// What an OffsetFetch answer says is committed for partition 0 of `topic`: `(offset, metadata)`,
+/// or `None` when nothing is (no commit, or the group is gone).
+pub fn offset_fetched(resp: &Response, topic: &str) -> Result<Option<(i64, String)>, Error> {
+    let Response::OffsetFetch(r) = resp else {
+        return Err(Error::Protocol(format!(
+            "expected OffsetFetch, got {:?}",
+            resp.api_key()
+        )));
+    };
+    let broker = |code: i16| Error::broker(ApiKey::OffsetFetch, KafkaCode(code), None);
+    let found = if r.groups.is_empty() {
+        if r.error_code != 0 {
+            return Err(broker(r.error_code));
+        }
+        r.topics
+            .iter()
+            .filter(|t| t.name.0.as_str() == topic)
+            .flat_map(|t| &t.partitions)
+            .find(|p| p.partition_index == 0)
+            .map(|p| (p.error_code, p.committed_offset, p.metadata.clone()))
+    } else {
+        let g = &r.groups[0];
+        if g.error_code != 0 {
+            return Err(broker(g.error_code));
+        }
+        g.topics
+            .iter()
+            .filter(|t| t.name.0.as_str() == topic)
+            .flat_map(|t| &t.partitions)
+            .find(|p| p.partition_index == 0)
+            .map(|p| (p.error_code, p.committed_offset, p.metadata.clone()))
+    };
+    match found {
+        None => Ok(None),
+        Some((code, _, _)) if code != 0 => Err(broker(code)),
+        Some((_, offset, _)) if offset < 0 => Ok(None),
+        Some((_, offset, metadata)) => Ok(Some((
+            offset,
+            metadata.map(|m| m.to_string()).unwrap_or_default(),
+        ))),
+    }
+}
+
+/// What a Metadata answer says about the ledger topic: its leader and id, or why it cannot serve.
+/// `Ok(None)`: the topic is there but has no leader right now (an election); ask again.
+pub fn ledger_partition(resp: &MetadataResponse, topic: &str) -> Result<Option<Partition>, Error> {
+    let Some(t) = resp
+        .topics
+        .iter()
+        .find(|t| t.name.as_ref().map(|n| n.0.as_str()) == Some(topic))
+    else {
+        return Err(LedgerError::TopicMissing {
+            topic: topic.to_owned(),
+        }
+        .into());
+    };
+    match t.error_code {
+        0 => {}
+        3 => {
+            return Err(LedgerError::TopicMissing {
+                topic: topic.to_owned(),
+            }
+            .into())
+        }
+        5 => return Ok(None),
+        code => return Err(Error::broker(ApiKey::Metadata, KafkaCode(code), None)),
+    }
+    if t.partitions.len() != 1 {
+        return Err(LedgerError::NotOnePartition {
+            topic: topic.to_owned(),
+            partitions: t.partitions.len(),
+        }
+        .into());
+    }
+    let p = &t.partitions[0];
+    if p.partition_index != 0 {
+        return Err(Error::Protocol(format!(
+            "Metadata names partition {} as the only partition of {topic:?}",
+            p.partition_index
+        )));
+    }
+    if p.error_code != 0 || p.leader_id.0 < 0 {
+        return Ok(None);
+    }
+    let Some(b) = resp.brokers.iter().find(|b| b.node_id == p.leader_id) else {
+        return Ok(None);
+    };
+    Ok(Some(Partition {
+        leader: Broker {
+            node_id: b.node_id.0,
+            host: b.host.to_string(),
+            port: b.port,
+        },
+        topic_id: t.topic_id,
+    }))
+}
+
+/// How a hold (or a try at one) ended, for its end record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum EndKind {
+    Released,
+    Lost(LossReason, String),
+    /// The hold never began for the users (the acquire was abandoned before the record was
+    /// acknowledged): a LOST record says the offset names no hold.
+    Abandoned,
+}
+
+#[derive(Debug, Clone)]
+enum HoldState {
+    /// Not holding; waiters long-poll.
+    Waiting,
+    /// The membership holds; the ACQUIRED record is on its way.
+    Appending {
+        token: FencingToken,
+        since: Instant,
+        deadline: Instant,
+    },
+    /// The hold, with its token.
+    Held { token: FencingToken, since: Instant },
+    /// The hold (or the try) is over; the end record goes out once the membership has ended.
+    Ending {
+        token: FencingToken,
+        since: Option<Instant>,
+        ended: Instant,
+        end: EndKind,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Purpose {
+    Acquired,
+    End,
+    Checkpoint,
+}
+
+#[derive(Debug, Clone)]
+struct Append {
+    purpose: Purpose,
+    batch: Bytes,
+    /// Given up on after this (and logged), except ACQUIRED, which has the hold's deadline.
+    deadline: Instant,
+}
+
+#[derive(Debug)]
+struct CheckpointOp {
+    ticket: u64,
+    value: String,
+    deadline: Instant,
+    last_error: Option<Error>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Poll {
+    /// Not polling (holding, leaving, or push is off).
+    Off,
+    /// Polling from this offset; `None`: ask for the partition's end first.
+    At(Option<i64>),
+}
+
+#[derive(Debug, Default)]
+struct InFlight {
+    metadata: Option<u64>,
+    append: Option<u64>,
+    /// The ListOffsets or Fetch of the long poll.
+    poll: Option<u64>,
+    commit: Option<u64>,
+}
+
+/// The ledger machine. See the [module docs](self).
+pub struct Ledger {
+    cfg: LedgerConfig,
+    partition: Option<Partition>,
+    hold: HoldState,
+    appends: VecDeque<Append>,
+    poll: Poll,
+    poll_retry_at: Option<Instant>,
+    poll_backoff: Backoff,
+    metadata_retry_at: Option<Instant>,
+    append_retry_at: Option<Instant>,
+    backoff: Backoff,
+    checkpoints: VecDeque<CheckpointOp>,
+    checkpoint_retry_at: Option<Instant>,
+    /// The membership has ended (Left or Failed seen); its event waits in `terminal` until the
+    /// end record is settled.
+    member_done: bool,
+    terminal: Option<Event>,
+    /// The users were told the hold began.
+    published_hold: bool,
+    in_flight: InFlight,
+    next_id: u64,
+    transmits: VecDeque<Transmit>,
+    events: VecDeque<Event>,
+    commands: VecDeque<Command>,
+    checkpoint_results: VecDeque<(u64, Result<(), Error>)>,
+    /// The last compressed batch reported, so a waiter warns once per batch, not per poll.
+    warned_at: Option<i64>,
+}
+
+impl std::fmt::Debug for Ledger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ledger")
+            .field("lock", &self.cfg.lock)
+            .field("topic", &self.cfg.topic)
+            .field("hold", &self.hold)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Ledger {
+    /// A machine for `cfg`; `partition` when the caller already looked it up.
+    pub fn new(cfg: LedgerConfig, partition: Option<Partition>, backoff: Backoff) -> Self {
+        let poll_backoff = Backoff::new(
+            cfg.retry_backoff,
+            cfg.poll_wait.max(cfg.retry_backoff),
+            2.0,
+            0.5,
+        );
+        Ledger {
+            cfg,
+            partition,
+            hold: HoldState::Waiting,
+            appends: VecDeque::new(),
+            poll: Poll::Off,
+            poll_retry_at: None,
+            poll_backoff,
+            metadata_retry_at: None,
+            append_retry_at: None,
+            backoff,
+            checkpoints: VecDeque::new(),
+            checkpoint_retry_at: None,
+            member_done: false,
+            terminal: None,
+            published_hold: false,
+            in_flight: InFlight::default(),
+            next_id: 1,
+            transmits: VecDeque::new(),
+            events: VecDeque::new(),
+            commands: VecDeque::new(),
+            checkpoint_results: VecDeque::new(),
+            warned_at: None,
+        }
+    }
+
+    /// The token of the current hold, once it began.
+    pub fn token(&self) -> Option<&FencingToken> {
+        match &self.hold {
+            HoldState::Held { token, .. } => Some(token),
+            _ => None,
+        }
+    }
+
+    /// The ledger partition as last looked up.
+    pub fn partition(&self) -> Option<&Partition> {
+        self.partition.as_ref()
+    }
+
+    /// Next request to send.
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.transmits.pop_front()
+    }
+
+    /// Next event for the users.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// Next command for the membership machine.
+    pub fn poll_command(&mut self) -> Option<Command> {
+        self.commands.pop_front()
+    }
+
+    /// Next finished checkpoint: the ticket given to [`Ledger::checkpoint`] and its outcome.
+    pub fn poll_checkpoint(&mut self) -> Option<(u64, Result<(), Error>)> {
+        self.checkpoint_results.pop_front()
+    }
+
+    /// True once the membership has ended and everything the ledger had to write is settled.
+    pub fn is_done(&self) -> bool {
+        self.member_done
+            && self.terminal.is_none()
+            && self.appends.is_empty()
+            && self.in_flight.append.is_none()
+            && self.checkpoints.is_empty()
+    }
+
+    /// When to call [`Ledger::handle_timeout`] next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let mut at: Option<Instant> = None;
+        let mut consider = |t: Option<Instant>| {
+            if let Some(t) = t {
+                at = Some(at.map_or(t, |a| a.min(t)));
+            }
+        };
+        if let HoldState::Appending { deadline, .. } = &self.hold {
+            consider(Some(*deadline));
+        }
+        if self.in_flight.metadata.is_none() && self.partition.is_none() && self.wants_leader() {
+            consider(self.metadata_retry_at);
+        }
+        // Retry times count only where `drive` can act on them; one it cannot act on would be
+        // due forever and wake the driver in a loop.
+        if self.in_flight.append.is_none() && !self.appends.is_empty() {
+            if self.partition.is_some() {
+                consider(self.append_retry_at);
+            }
+            consider(self.appends.front().map(|a| a.deadline));
+        }
+        if self.in_flight.poll.is_none()
+            && matches!(self.poll, Poll::At(_))
+            && self.partition.is_some()
+        {
+            consider(self.poll_retry_at);
+        }
+        if self.in_flight.commit.is_none() && !self.checkpoints.is_empty() {
+            consider(self.checkpoint_retry_at);
+            consider(self.checkpoints.front().map(|c| c.deadline));
+        }
+        at
+    }
+
+    /// Time passed.
+    pub fn handle_timeout(&mut self, view: &MemberView, now: Now) {
+        self.drive(view, now);
+    }
+
+    /// Stores `value` as the lock's checkpoint, fenced; the outcome comes from
+    /// [`Ledger::poll_checkpoint`] with `ticket`.
+    pub fn checkpoint(&mut self, ticket: u64, value: String, view: &MemberView, now: Now) {
+        if value.len() > self.cfg.checkpoint_max_bytes.min(MAX_CHECKPOINT) {
+            let max = self.cfg.checkpoint_max_bytes.min(MAX_CHECKPOINT);
+            self.checkpoint_results.push_back((
+                ticket,
+                Err(LedgerError::CheckpointTooLarge {
+                    len: value.len(),
+                    max,
+                }
+                .into()),
+            ));
+            return;
+        }
+        self.checkpoints.push_back(CheckpointOp {
+            ticket,
+            value,
+            deadline: now.mono + self.cfg.request_timeout.saturating_mul(2),
+            last_error: None,
+        });
+        self.drive(view, now);
+    }
+
+    /// An event of the membership machine. `view` is its state after the event.
+    pub fn on_membership(&mut self, e: Event, view: &MemberView, now: Now) {
+        match e {
+            Event::Acquired { token, .. } => {
+                if matches!(self.hold, HoldState::Waiting) {
+                    debug!(lock = %self.cfg.lock, generation = token.generation,
+                           "assigned; appending ACQUIRED to the ledger before the hold begins");
+                    self.poll = Poll::Off;
+                    let batch = self.record_batch(
+                        &token,
+                        -1,
+                        RecordKind::Acquired {
+                            lease_ms: millis32(self.cfg.lease_length),
+                        },
+                        now,
+                    );
+                    let deadline = now.mono + self.cfg.append_deadline;
+                    self.appends.push_front(Append {
+                        purpose: Purpose::Acquired,
+                        batch,
+                        deadline,
+                    });
+                    self.hold = HoldState::Appending {
+                        token,
+                        since: now.mono,
+                        deadline,
+                    };
+                    self.published_hold = false;
+                }
+            }
+            Event::TokenChanged { token } => match &mut self.hold {
+                HoldState::Appending { token: t, .. } => t.generation = token.generation,
+                HoldState::Held { token: t, .. } => {
+                    t.generation = token.generation;
+                    let token = t.clone();
+                    self.events.push_back(Event::TokenChanged { token });
+                }
+                _ => {}
+            },
+            Event::RebalanceWhileHeld => {
+                if self.published_hold {
+                    self.events.push_back(Event::RebalanceWhileHeld);
+                }
+            }
+            Event::Lost { reason, lease_end } => {
+                let live = matches!(
+                    self.hold,
+                    HoldState::Appending { .. } | HoldState::Held { .. }
+                );
+                let detail = reason.to_string();
+                self.end(
+                    EndKind::Lost(reason.clone(), detail),
+                    lease_end.min(now.mono),
+                    now,
+                );
+                if reason == LossReason::Revoked {
+                    // Eager consumer mode: the member stays and may be assigned the lock again,
+                    // which is a new hold with a record of its own; this one ends now.
+                    self.queue_end_record(true, now);
+                    self.hold = HoldState::Waiting;
+                }
+                if live {
+                    self.events.push_back(Event::Lost { reason, lease_end });
+                }
+            }
+            Event::Released => {
+                let live = matches!(
+                    self.hold,
+                    HoldState::Appending { .. } | HoldState::Held { .. }
+                );
+                if self.published_hold && live {
+                    self.end(EndKind::Released, now.mono, now);
+                    self.events.push_back(Event::Released);
+                } else {
+                    self.end(EndKind::Abandoned, now.mono, now);
+                }
+            }
+            Event::Waiting { .. } => {
+                if self.cfg.push
+                    && matches!(self.hold, HoldState::Waiting)
+                    && self.poll == Poll::Off
+                {
+                    self.poll = Poll::At(None);
+                }
+                self.events.push_back(e);
+            }
+            Event::Left { .. } | Event::Failed(_) => {
+                self.member_done = true;
+                self.poll = Poll::Off;
+                self.queue_end_record(false, now);
+                self.terminal = Some(e);
+            }
+            other => self.events.push_back(other),
+        }
+        self.drive(view, now);
+    }
+
+    /// The answer (or failure) for transmit `id`, with the version the request was built for.
+    pub fn handle_response(
+        &mut self,
+        id: u64,
+        result: Result<(Response, i16), Error>,
+        view: &MemberView,
+        now: Now,
+    ) {
+        if self.in_flight.metadata == Some(id) {
+            self.in_flight.metadata = None;
+            self.on_metadata(result, now);
+        } else if self.in_flight.append == Some(id) {
+            self.in_flight.append = None;
+            self.on_append(result, view, now);
+        } else if self.in_flight.poll == Some(id) {
+            self.in_flight.poll = None;
+            self.on_poll(result, now);
+        } else if self.in_flight.commit == Some(id) {
+            self.in_flight.commit = None;
+            self.on_commit(result, view, now);
+        } else {
+            debug!(lock = %self.cfg.lock, id, "ignoring a ledger answer nobody waits for");
+        }
+        self.drive(view, now);
+    }
+
+    // ---- transitions -------------------------------------------------------------------------
+
+    /// The hold, or the try at one, is over for `end`; it lasted until `ended`.
+    fn end(&mut self, end: EndKind, ended: Instant, _now: Now) {
+        self.poll = Poll::Off;
+        let (token, since) = match &self.hold {
+            HoldState::Appending { token, .. } => (token.clone(), None),
+            HoldState::Held { token, since } => (token.clone(), Some(*since)),
+            HoldState::Waiting | HoldState::Ending { .. } => return,
+        };
+        self.hold = HoldState::Ending {
+            token,
+            since,
+            ended,
+            end,
+        };
+        // An ACQUIRED record not yet sent names no hold: it is not sent at all.
+        if self.in_flight.append.is_none() {
+            self.appends.retain(|a| a.purpose != Purpose::Acquired);
+        }
+        // Checkpoints need the hold.
+        while let Some(op) = self.checkpoints.pop_front() {
+            self.checkpoint_results.push_back((
+                op.ticket,
+                Err(LedgerError::NotHeld {
+                    lock: self.cfg.lock.clone(),
+                }
+                .into()),
+            ));
+        }
+    }
+
+    /// Once the membership has ended (or `now_anyway`), the end record of a hold whose ACQUIRED
+    /// offset is known.
+    fn queue_end_record(&mut self, now_anyway: bool, now: Now) {
+        if !(self.member_done || now_anyway) || self.in_flight.append.is_some() {
+            return;
+        }
+        let HoldState::Ending {
+            token,
+            since,
+            ended,
+            end,
+        } = &self.hold
+        else {
+            return;
+        };
+        let Some(offset) = token.ledger_offset else {
+            return;
+        };
+        let held_ms = since.map_or(0, |s| ended.saturating_duration_since(s).as_millis() as u64);
+        let kind = match end {
+            EndKind::Released => RecordKind::Released { held_ms },
+            EndKind::Lost(reason, detail) => RecordKind::Lost {
+                held_ms,
+                reason: reason.as_str().to_owned(),
+                detail: detail.clone(),
+            },
+            EndKind::Abandoned => RecordKind::Lost {
+                held_ms: 0,
+                reason: LossReason::Ledger.as_str().to_owned(),
+                detail: "the acquire was abandoned before the ACQUIRED record was acknowledged; \
+                         this offset names no hold"
+                    .to_owned(),
+            },
+        };
+        let token = token.clone();
+        let batch = self.record_batch(&token, offset, kind, now);
+        self.appends.push_back(Append {
+            purpose: Purpose::End,
+            batch,
+            deadline: now.mono + self.cfg.request_timeout,
+        });
+        // Written once: the state keeps the offset, but the record is queued now.
+        if let HoldState::Ending { token, .. } = &mut self.hold {
+            token.ledger_offset = None;
+        }
+    }
+
+    fn record_batch(&self, token: &FencingToken, hold: i64, kind: RecordKind, now: Now) -> Bytes {
+        let value = LedgerRecord {
+            unix_ms: now.unix_ms,
+            hold,
+            generation: token.generation,
+            member_id: token.member_id.clone(),
+            label: self.cfg.label.clone(),
+            host: self.cfg.host.clone(),
+            pid: self.cfg.pid,
+            kind,
+        }
+        .encode();
+        let record = NewRecord {
+            timestamp: now.unix_ms,
+            key: Some(Bytes::copy_from_slice(self.cfg.lock.as_bytes())),
+            value: Some(value),
+            headers: Vec::new(),
+        };
+        let mut out = BytesMut::new();
+        // One small record always fits the format's 32-bit lengths.
+        encode_batch(&[record], &mut out).expect("a ledger record is far below the batch limits");
+        out.freeze()
+    }
+
+    fn tp(&self) -> TopicPartition {
+        let tp = TopicPartition::new(self.cfg.topic.clone(), 0);
+        match &self.partition {
+            Some(p) => tp.with_topic_id(p.topic_id),
+            None => tp,
+        }
+    }
+
+    fn wants_leader(&self) -> bool {
+        !self.appends.is_empty() || matches!(self.poll, Poll::At(_))
+    }
+
+    fn push(&mut self, target: Target, op: Op, timeout: Duration) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.transmits.push_back(Transmit {
+            id,
+            target,
+            op,
+            timeout,
+        });
+        id
+    }
+
+    fn forget_leader(&mut self, now: Now) {
+        if self.partition.take().is_some() {
+            info!(lock = %self.cfg.lock, topic = %self.cfg.topic, "ledger leader changed or unreachable; looking it up again");
+        }
+        self.metadata_retry_at = Some(now.mono + self.backoff.next_delay());
+    }
+
+    fn drive(&mut self, view: &MemberView, now: Now) {
+        let due = |t: Option<Instant>| t.is_none_or(|t| t <= now.mono);
+        // An ACQUIRED append that did not make it in time: the hold never begins.
+        if let HoldState::Appending { deadline, .. } = &self.hold {
+            if now.mono >= *deadline {
+                warn!(lock = %self.cfg.lock, topic = %self.cfg.topic,
+                      "the ledger did not acknowledge the ACQUIRED record in time; giving the lock up");
+                self.give_up_hold(view, now);
+            }
+        }
+        // Appends that ran out of time are dropped (an end or checkpoint record is best effort).
+        while let Some(a) = self.appends.front() {
+            if self.in_flight.append.is_none()
+                && a.purpose != Purpose::Acquired
+                && now.mono >= a.deadline
+            {
+                warn!(lock = %self.cfg.lock, topic = %self.cfg.topic, purpose = ?a.purpose,
+                      "could not append a record to the ledger in time; it is missing from the history");
+                self.appends.pop_front();
+            } else {
+                break;
+            }
+        }
+        if self.partition.is_none()
+            && self.wants_leader()
+            && self.in_flight.metadata.is_none()
+            && due(self.metadata_retry_at)
+        {
+            let id = self.push(
+                Target::Any,
+                Op::Metadata {
+                    topic: self.cfg.topic.clone(),
+                },
+                self.cfg.request_timeout,
+            );
+            self.in_flight.metadata = Some(id);
+            self.metadata_retry_at = None;
+        }
+        if let Some(p) = self.partition.clone() {
+            if self.in_flight.append.is_none() && due(self.append_retry_at) {
+                if let Some(a) = self.appends.front() {
+                    let op = Op::Produce {
+                        tp: self.tp(),
+                        batch: a.batch.clone(),
+                        timeout: self.cfg.request_timeout,
+                    };
+                    let target = Target::Leader {
+                        broker: p.leader.clone(),
+                        lane: LeaderLane::Append,
+                    };
+                    let id = self.push(target, op, self.cfg.request_timeout);
+                    self.in_flight.append = Some(id);
+                    self.append_retry_at = None;
+                }
+            }
+            if let Poll::At(at) = self.poll {
+                if self.in_flight.poll.is_none() && due(self.poll_retry_at) {
+                    // ListOffsets is answered at once, so it goes on the append lane, which it
+                    // opens for the ACQUIRED record this waiter may append later.
+                    let lane = match at {
+                        None => LeaderLane::Append,
+                        Some(_) => LeaderLane::Poll,
+                    };
+                    let target = Target::Leader {
+                        broker: p.leader.clone(),
+                        lane,
+                    };
+                    let (op, timeout) = match at {
+                        None => (
+                            Op::ListOffsets {
+                                tp: self.tp(),
+                                spec: OffsetSpec::Latest,
+                            },
+                            self.cfg.request_timeout,
+                        ),
+                        Some(offset) => (
+                            Op::Fetch {
+                                tp: self.tp(),
+                                offset,
+                                options: FetchOptions {
+                                    max_wait: self.cfg.poll_wait,
+                                    min_bytes: 1,
+                                    max_bytes: self.cfg.poll_max_bytes,
+                                    isolation: Isolation::ReadCommitted,
+                                },
+                            },
+                            self.cfg.poll_wait + self.cfg.request_timeout,
+                        ),
+                    };
+                    let id = self.push(target, op, timeout);
+                    self.in_flight.poll = Some(id);
+                    self.poll_retry_at = None;
+                }
+            }
+        }
+        self.drive_checkpoints(view, now);
+        self.settle(now);
+    }
+
+    /// Publishes the membership's last event once nothing of the hold is left to write.
+    fn settle(&mut self, now: Now) {
+        if self.terminal.is_none() {
+            return;
+        }
+        self.queue_end_record(false, now);
+        let end_pending = self.in_flight.append.is_some()
+            || self.appends.iter().any(|a| a.purpose == Purpose::End);
+        if !end_pending {
+            if let Some(e) = self.terminal.take() {
+                self.events.push_back(e);
+            }
+        }
+    }
+
+    /// The ACQUIRED record will not make it (deadline, or acknowledged after the lease end, or a
+    /// fatal error): tell the users the lock is lost, and the membership to leave.
+    fn give_up_hold(&mut self, view: &MemberView, now: Now) {
+        let HoldState::Appending { .. } = self.hold else {
+            return;
+        };
+        let lease_end = view.lease_end.unwrap_or(now.mono).min(now.mono);
+        self.end(
+            EndKind::Lost(
+                LossReason::Ledger,
+                "the ACQUIRED record was not acknowledged before the lease ended; this offset names no hold"
+                    .to_owned(),
+            ),
+            now.mono,
+            now,
+        );
+        self.events.push_back(Event::Lost {
+            reason: LossReason::Ledger,
+            lease_end,
+        });
+        self.commands.push_back(Command::Leave);
+    }
+
+    fn fail_hold(&mut self, error: Error, now: Now) {
+        let HoldState::Appending { .. } = self.hold else {
+            return;
+        };
+        warn!(lock = %self.cfg.lock, topic = %self.cfg.topic, %error, "the ledger refused the ACQUIRED record; giving the lock up");
+        self.end(
+            EndKind::Lost(LossReason::Fatal, error.to_string()),
+            now.mono,
+            now,
+        );
+        self.events.push_back(Event::Failed(Arc::new(error)));
+        self.commands.push_back(Command::Leave);
+    }
+
+    // ---- answers -----------------------------------------------------------------------------
+
+    fn on_metadata(&mut self, result: Result<(Response, i16), Error>, now: Now) {
+        let found = match result {
+            Ok((Response::Metadata(r), _)) => ledger_partition(&r, &self.cfg.topic),
+            Ok((other, _)) => Err(Error::Protocol(format!(
+                "expected Metadata, got {:?}",
+                other.api_key()
+            ))),
+            Err(e) => Err(e),
+        };
+        match found {
+            Ok(Some(p)) => {
+                debug!(lock = %self.cfg.lock, topic = %self.cfg.topic, leader = %p.leader, "ledger leader found");
+                self.partition = Some(p);
+                self.metadata_retry_at = None;
+            }
+            Ok(None) => self.metadata_retry_at = Some(now.mono + self.backoff.next_delay()),
+            Err(e @ Error::Ledger(_)) => {
+                // The topic is gone or was given other partitions: no hold can begin on it, and
+                // waiters fall back to their heartbeats.
+                warn!(lock = %self.cfg.lock, error = %e, "the ledger topic cannot serve");
+                self.poll = Poll::Off;
+                self.fail_hold(e, now);
+                self.metadata_retry_at = Some(now.mono + self.cfg.poll_wait);
+            }
+            Err(e) => {
+                debug!(lock = %self.cfg.lock, error = %e, "Metadata for the ledger failed");
+                self.metadata_retry_at = Some(now.mono + self.backoff.next_delay());
+            }
+        }
+    }
+
+    fn on_append(&mut self, result: Result<(Response, i16), Error>, view: &MemberView, now: Now) {
+        let Some(front) = self.appends.front() else {
+            return;
+        };
+        let purpose = front.purpose;
+        let outcome = match result {
+            Ok((Response::Produce(r), v)) => produced(&r, &self.tp(), v).map_err(|e| match e {
+                LogError::Broker { api, code, message } => Error::Broker { api, code, message },
+                other => Error::Protocol(other.to_string()),
+            }),
+            Ok((other, _)) => Err(Error::Protocol(format!(
+                "expected Produce, got {:?}",
+                other.api_key()
+            ))),
+            Err(e) => Err(e),
+        };
+        match outcome {
+            Ok(appended) => {
+                self.backoff.reset();
+                self.appends.pop_front();
+                if purpose == Purpose::Acquired {
+                    self.acquired_at(appended.base_offset, view, now);
+                }
+            }
+            Err(e) => {
+                let leader_gone = match &e {
+                    Error::Broker { code, .. } => {
+                        matches!(code.0, 3 | 5 | 6 | 56 | 74 | 75 | 100 | 103)
+                    }
+                    other => other.is_retriable(),
+                };
+                if e.is_retriable() {
+                    debug!(lock = %self.cfg.lock, error = %e, ?purpose, "ledger append failed; retrying");
+                    if leader_gone {
+                        // The lookup waits out the backoff; the append goes as soon as it answers.
+                        self.forget_leader(now);
+                        self.append_retry_at = None;
+                    } else {
+                        self.append_retry_at = Some(now.mono + self.backoff.next_delay());
+                    }
+                } else if purpose == Purpose::Acquired {
+                    self.appends.pop_front();
+                    self.fail_hold(e, now);
+                } else {
+                    warn!(lock = %self.cfg.lock, error = %e, ?purpose,
+                          "the ledger refused a record; it is missing from the history");
+                    self.appends.pop_front();
+                }
+            }
+        }
+        // The end record waited for this answer, which told the offset (or that there is none).
+        self.queue_end_record(false, now);
+    }
+
+    /// The ACQUIRED record is durable at `offset`.
+    fn acquired_at(&mut self, offset: i64, view: &MemberView, now: Now) {
+        match &mut self.hold {
+            HoldState::Appending { token, since, .. } => {
+                let mut token = token.clone();
+                token.ledger_offset = Some(offset);
+                let lease_end = view.lease_end.filter(|end| view.holding && now.mono < *end);
+                match lease_end {
+                    Some(lease_end) => {
+                        info!(lock = %self.cfg.lock, token = offset, generation = token.generation,
+                              "lock acquired; the ledger token is the ACQUIRED record's offset");
+                        let since = *since;
+                        self.hold = HoldState::Held {
+                            token: token.clone(),
+                            since,
+                        };
+                        self.published_hold = true;
+                        self.events.push_back(Event::Acquired { token, lease_end });
+                    }
+                    None => {
+                        warn!(lock = %self.cfg.lock, offset,
+                              "the ACQUIRED record was acknowledged after the lease ended; it names no hold");
+                        if let HoldState::Appending { token: t, .. } = &mut self.hold {
+                            t.ledger_offset = Some(offset);
+                        }
+                        self.give_up_hold(view, now);
+                    }
+                }
+            }
+            // The try ended while the record was on its way; the end record will name it.
+            HoldState::Ending { token, .. } => token.ledger_offset = Some(offset),
+            _ => {}
+        }
+    }
+
+    fn on_poll(&mut self, result: Result<(Response, i16), Error>, now: Now) {
+        let Poll::At(at) = self.poll else {
+            return;
+        };
+        let tp = self.tp();
+        let outcome: Result<Option<i64>, Error> = match (at, result) {
+            (None, Ok((Response::ListOffsets(r), _))) => listed(&r, &tp)
+                .map(Some)
+                .map_err(|e| log_error(ApiKey::ListOffsets, e)),
+            (Some(offset), Ok((Response::Fetch(r), v))) => match fetched(&r, &tp, v) {
+                Ok(f) => Ok(Some(self.read_polled(offset, &f))),
+                Err(e) => Err(log_error(ApiKey::Fetch, e)),
+            },
+            (_, Ok((other, _))) => Err(Error::Protocol(format!(
+                "unexpected {:?} answer to the ledger's long poll",
+                other.api_key()
+            ))),
+            (_, Err(e)) => Err(e),
+        };
+        match outcome {
+            Ok(next) => {
+                if at.is_none() {
+                    // A release recorded before this position was found is not in any Fetch
+                    // from here; a heartbeat now catches it (the group is still rebalancing).
+                    self.commands.push_back(Command::HeartbeatNow);
+                }
+                self.poll_backoff.reset();
+                self.poll = Poll::At(next);
+                self.poll_retry_at = None;
+            }
+            Err(e) => {
+                debug!(lock = %self.cfg.lock, error = %e, "ledger long poll failed");
+                match &e {
+                    Error::Broker { code, .. } if code.0 == 1 => self.poll = Poll::At(None),
+                    Error::Broker { code, .. } if matches!(code.0, 3 | 5 | 6 | 74 | 75 | 100) => {
+                        self.forget_leader(now)
+                    }
+                    other if other.is_retriable() => self.forget_leader(now),
+                    _ => {}
+                }
+                self.poll_retry_at = Some(now.mono + self.poll_backoff.next_delay());
+            }
+        }
+    }
+
+    /// Reads one long-poll answer from `offset`; returns where the next one starts.
+    fn read_polled(&mut self, offset: i64, f: &crate::wire::log::Fetched) -> i64 {
+        let mut batches: RecordBatches = f.batches();
+        let mut next = offset;
+        let mut news = false;
+        for batch in batches.by_ref() {
+            match batch {
+                Ok(b) => {
+                    for r in &b.records {
+                        if r.offset < offset || r.key.as_deref() != Some(self.cfg.lock.as_bytes()) {
+                            continue;
+                        }
+                        let ended = r
+                            .value
+                            .as_deref()
+                            .map(LedgerRecord::decode)
+                            .is_some_and(|d| {
+                                matches!(
+                                    d,
+                                    Ok(LedgerRecord {
+                                        kind: RecordKind::Released { .. } | RecordKind::Lost { .. },
+                                        ..
+                                    })
+                                )
+                            });
+                        news |= ended;
+                    }
+                }
+                Err(BatchError::Compressed {
+                    base_offset,
+                    last_offset,
+                    ..
+                }) => {
+                    if self.warned_at != Some(base_offset) {
+                        warn!(lock = %self.cfg.lock, topic = %self.cfg.topic, base_offset,
+                              "a compressed batch in the ledger cannot be read; set the topic's compression.type to producer");
+                        self.warned_at = Some(base_offset);
+                    }
+                    next = next.max(last_offset.saturating_add(1));
+                }
+                Err(e) => {
+                    // What cannot be read cannot be waited on: go on from the end.
+                    warn!(lock = %self.cfg.lock, topic = %self.cfg.topic, error = %e, "unreadable ledger batch skipped");
+                    next = next.max(f.high_watermark);
+                }
+            }
+        }
+        if let Some(n) = batches.next_offset() {
+            next = next.max(n);
+        }
+        if news {
+            debug!(lock = %self.cfg.lock, "the ledger shows the hold ended; heartbeating now");
+            self.commands.push_back(Command::HeartbeatNow);
+        }
+        next
+    }
+
+    fn drive_checkpoints(&mut self, view: &MemberView, now: Now) {
+        if self.in_flight.commit.is_some() {
+            return;
+        }
+        let Some(op) = self.checkpoints.front() else {
+            return;
+        };
+        if now.mono >= op.deadline {
+            let op = self.checkpoints.pop_front().expect("front exists");
+            let error = op.last_error.unwrap_or(Error::Timeout {
+                op: "storing the checkpoint (OffsetCommit)".into(),
+                after: self.cfg.request_timeout.saturating_mul(2),
+            });
+            self.checkpoint_results.push_back((op.ticket, Err(error)));
+            return;
+        }
+        if self.checkpoint_retry_at.is_some_and(|t| t > now.mono) {
+            return;
+        }
+        let HoldState::Held { token, .. } = &self.hold else {
+            // Still appending: the checkpoint waits for the hold to begin.
+            if matches!(self.hold, HoldState::Appending { .. }) {
+                return;
+            }
+            let op = self.checkpoints.pop_front().expect("front exists");
+            self.checkpoint_results.push_back((
+                op.ticket,
+                Err(LedgerError::NotHeld {
+                    lock: self.cfg.lock.clone(),
+                }
+                .into()),
+            ));
+            return;
+        };
+        let Some(coordinator) = view.coordinator.clone().filter(|_| view.holding) else {
+            // The membership is finding the coordinator again; try shortly.
+            self.checkpoint_retry_at = Some(now.mono + self.backoff.next_delay());
+            return;
+        };
+        let op = Op::Commit {
+            group: self.cfg.lock.clone(),
+            generation: view.generation,
+            member_id: view.member_id.clone(),
+            tp: self.tp(),
+            offset: token.ledger_offset.unwrap_or(0),
+            metadata: op.value.clone(),
+        };
+        let id = self.push(
+            Target::Coordinator(coordinator),
+            op,
+            self.cfg.request_timeout,
+        );
+        self.in_flight.commit = Some(id);
+        self.checkpoint_retry_at = None;
+    }
+
+    fn on_commit(&mut self, result: Result<(Response, i16), Error>, view: &MemberView, now: Now) {
+        let code = match result {
+            Ok((Response::OffsetCommit(r), _)) => Ok(r
+                .topics
+                .iter()
+                .flat_map(|t| &t.partitions)
+                .find(|p| p.partition_index == 0)
+                .map_or(-1, |p| p.error_code)),
+            Ok((other, _)) => Err(Error::Protocol(format!(
+                "expected OffsetCommit, got {:?}",
+                other.api_key()
+            ))),
+            Err(e) => Err(e),
+        };
+        let Some(op) = self.checkpoints.front_mut() else {
+            return;
+        };
+        let error = match code {
+            Ok(0) => None,
+            Ok(-1) => Some(Error::Protocol(
+                "the OffsetCommit answer has no entry for the ledger partition".into(),
+            )),
+            Ok(c) => Some(Error::broker(ApiKey::OffsetCommit, KafkaCode(c), None)),
+            Err(e) => Some(e),
+        };
+        match error {
+            None => {
+                let op = self.checkpoints.pop_front().expect("front exists");
+                info!(lock = %self.cfg.lock, "checkpoint stored");
+                if let HoldState::Held { token, .. } = &self.hold {
+                    let token = token.clone();
+                    let batch = self.record_batch(
+                        &token,
+                        token.ledger_offset.unwrap_or(0),
+                        RecordKind::Checkpoint {
+                            value: op.value.clone(),
+                        },
+                        now,
+                    );
+                    self.appends.push_back(Append {
+                        purpose: Purpose::Checkpoint,
+                        batch,
+                        deadline: now.mono + self.cfg.request_timeout,
+                    });
+                }
+                self.checkpoint_results.push_back((op.ticket, Ok(())));
+            }
+            Some(e) => {
+                let fenced =
+                    matches!(&e, Error::Broker { code, .. } if matches!(code.0, 22 | 25 | 82));
+                let retry = match &e {
+                    // REBALANCE_IN_PROGRESS: the generation is completing; the holder keeps the
+                    // lock through it (native mode) and the next try carries the new generation.
+                    Error::Broker { code, .. } => matches!(code.0, 7 | 14 | 15 | 16 | 27),
+                    other => other.is_retriable(),
+                };
+                if retry {
+                    debug!(lock = %self.cfg.lock, error = %e, "checkpoint not stored yet; retrying");
+                    op.last_error = Some(e);
+                    self.checkpoint_retry_at = Some(now.mono + self.backoff.next_delay());
+                } else {
+                    let op = self.checkpoints.pop_front().expect("front exists");
+                    if fenced {
+                        warn!(lock = %self.cfg.lock, error = %e, generation = view.generation,
+                              "the broker rejected the checkpoint: this member is no longer the current holder");
+                        // The coordinator says our membership is gone; its next answer ends the hold.
+                        self.commands.push_back(Command::HeartbeatNow);
+                    }
+                    self.checkpoint_results.push_back((op.ticket, Err(e)));
+                }
+            }
+        }
+    }
+}
+
+fn log_error(api: ApiKey, e: LogError) -> Error {
+    match e {
+        LogError::Broker { code, message, .. } => Error::Broker { api, code, message },
+        other => Error::Protocol(other.to_string()),
+    }
+}
+
+fn millis32(d: Duration) -> u32 {
+    u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
+}
+
+/// Decodes `data` as a ledger record and folds histories from it; the fuzz entry point (via the
+/// `peer_bytes` target: ledger records come from other members). Asserts what the decoder
+/// promises: whatever decodes re-encodes to the same bytes.
+pub fn fuzz_ledger_bytes(data: &[u8]) {
+    if let Ok(r) = LedgerRecord::decode(data) {
+        assert_eq!(
+            &r.encode()[..],
+            data,
+            "a decoded record re-encodes differently"
+        );
+    }
+    // Cut the input into records at each zero byte, as a stream of one lock's values.
+    let values: Vec<(i64, Option<&[u8]>)> = data
+        .split(|b| *b == 0)
+        .enumerate()
+        .map(|(i, v)| (i as i64, (!v.is_empty()).then_some(v)))
+        .collect();
+    let h = fold(values.iter().copied(), 0, values.len() as i64);
+    for w in h.holds.windows(2) {
+        assert!(w[0].token < w[1].token, "holds out of token order");
+    }
+    let _ = h.since(i64::MIN);
+    let _ = h.last_checkpoint();
+}

@@ -1,0 +1,1184 @@
+//! Scripted tests of the ledger machine (a manual clock, hand-built broker answers), of the
+//! record format and of the history fold.
+
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::list_offsets_response::{
+    ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
+};
+use kafka_protocol::messages::metadata_response::{
+    MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
+};
+use kafka_protocol::messages::offset_commit_response::{
+    OffsetCommitResponsePartition, OffsetCommitResponseTopic,
+};
+use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
+use kafka_protocol::messages::{
+    BrokerId, FetchResponse, ListOffsetsResponse, MetadataResponse, OffsetCommitResponse,
+    ProduceResponse,
+};
+
+use super::*;
+
+const LOCK: &str = "nightly";
+const TOPIC: &str = "ledger";
+const LEASE: Duration = Duration::from_secs(9);
+const REQUEST: Duration = Duration::from_secs(5);
+
+fn config() -> LedgerConfig {
+    LedgerConfig {
+        lock: LOCK.into(),
+        topic: TOPIC.into(),
+        label: Some("job a".into()),
+        host: Some("host-a".into()),
+        pid: Some(4242),
+        lease_length: LEASE,
+        request_timeout: REQUEST,
+        append_deadline: REQUEST * 2,
+        push: true,
+        poll_wait: DEFAULT_POLL_WAIT,
+        poll_max_bytes: DEFAULT_POLL_MAX_BYTES,
+        checkpoint_max_bytes: DEFAULT_CHECKPOINT_MAX_BYTES,
+        retry_backoff: Duration::from_millis(100),
+        retry_backoff_max: Duration::from_secs(1),
+    }
+}
+
+fn broker(id: i32) -> Broker {
+    Broker {
+        node_id: id,
+        host: "127.0.0.1".into(),
+        port: 9090 + id,
+    }
+}
+
+fn token(generation: i32) -> FencingToken {
+    FencingToken {
+        ledger_offset: None,
+        generation,
+        member_id: "m-1".into(),
+    }
+}
+
+/// A machine, a manual clock, a membership it pretends to be, and everything the machine said.
+struct Rig {
+    l: Ledger,
+    now: Instant,
+    unix_ms: i64,
+    view: MemberView,
+    sent: Vec<Transmit>,
+    events: Vec<Event>,
+    commands: Vec<Command>,
+    checkpoints: Vec<(u64, Result<(), Error>)>,
+}
+
+impl Rig {
+    fn new() -> Rig {
+        Rig::with(config())
+    }
+
+    fn with(cfg: LedgerConfig) -> Rig {
+        let backoff = Backoff::with_rng(cfg.retry_backoff, cfg.retry_backoff_max, 2.0, 0.0, || 0.0);
+        let partition = Partition {
+            leader: broker(1),
+            topic_id: Uuid::nil(),
+        };
+        Rig {
+            l: Ledger::new(cfg, Some(partition), backoff),
+            now: Instant::now(),
+            unix_ms: 1_800_000_000_000,
+            view: MemberView {
+                holding: false,
+                lease_end: None,
+                coordinator: Some(broker(2)),
+                generation: 3,
+                member_id: "m-1".into(),
+            },
+            sent: Vec::new(),
+            events: Vec::new(),
+            commands: Vec::new(),
+            checkpoints: Vec::new(),
+        }
+    }
+
+    fn t(&self) -> Now {
+        Now {
+            mono: self.now,
+            unix_ms: self.unix_ms,
+        }
+    }
+
+    fn drain(&mut self) {
+        while let Some(t) = self.l.poll_transmit() {
+            self.sent.push(t);
+        }
+        while let Some(e) = self.l.poll_event() {
+            self.events.push(e);
+        }
+        while let Some(c) = self.l.poll_command() {
+            self.commands.push(c);
+        }
+        while let Some(c) = self.l.poll_checkpoint() {
+            self.checkpoints.push(c);
+        }
+    }
+
+    fn member(&mut self, e: Event) {
+        let (view, now) = (self.view.clone(), self.t());
+        self.l.on_membership(e, &view, now);
+        self.drain();
+    }
+
+    fn answer(&mut self, id: u64, r: Result<(Response, i16), Error>) {
+        let (view, now) = (self.view.clone(), self.t());
+        self.l.handle_response(id, r, &view, now);
+        self.drain();
+    }
+
+    fn advance(&mut self, d: Duration) {
+        let end = self.now + d;
+        let mut wakes = 0;
+        while let Some(t) = self.l.poll_timeout() {
+            if t > end {
+                break;
+            }
+            wakes += 1;
+            assert!(
+                wakes < 1000,
+                "the machine asks to be woken in a loop at {t:?}"
+            );
+            self.now = self.now.max(t);
+            let (view, now) = (self.view.clone(), self.t());
+            self.l.handle_timeout(&view, now);
+            self.drain();
+        }
+        self.now = end;
+        self.unix_ms += d.as_millis() as i64;
+    }
+
+    fn last(&self) -> &Transmit {
+        self.sent.last().expect("something was sent")
+    }
+
+    /// The membership's hold begins; the lease runs from now.
+    fn membership_acquires(&mut self, generation: i32) {
+        self.view.holding = true;
+        self.view.generation = generation;
+        self.view.lease_end = Some(self.now + LEASE);
+        let lease_end = self.now + LEASE;
+        self.member(Event::Acquired {
+            token: token(generation),
+            lease_end,
+        });
+    }
+
+    /// The membership has left the group.
+    fn membership_leaves(&mut self) {
+        self.view = MemberView::default();
+        self.member(Event::Left { confirmed: true });
+    }
+
+    fn holding_at(&mut self, offset: i64) {
+        self.membership_acquires(3);
+        let id = self.last().id;
+        self.answer(id, produced_at(offset));
+        assert!(
+            matches!(self.events.last(), Some(Event::Acquired { .. })),
+            "{:?}",
+            self.events
+        );
+    }
+}
+
+fn produce_answer(code: i16, offset: i64) -> Result<(Response, i16), Error> {
+    let resp = ProduceResponse::default().with_responses(vec![TopicProduceResponse::default()
+        .with_name(StrBytes::from_static_str(TOPIC).into())
+        .with_partition_responses(vec![PartitionProduceResponse::default()
+            .with_index(0)
+            .with_error_code(code)
+            .with_base_offset(offset)])]);
+    Ok((Response::Produce(resp), 12))
+}
+
+fn produced_at(offset: i64) -> Result<(Response, i16), Error> {
+    produce_answer(0, offset)
+}
+
+/// The ledger record a Produce transmit carries.
+fn appended(t: &Transmit) -> LedgerRecord {
+    let Op::Produce { batch, .. } = &t.op else {
+        panic!("not a Produce: {t:?}")
+    };
+    let mut it = RecordBatches::new(batch.clone());
+    let b = it.next().expect("one batch").expect("readable");
+    assert_eq!(b.records.len(), 1);
+    assert_eq!(b.records[0].key.as_deref(), Some(LOCK.as_bytes()));
+    LedgerRecord::decode(b.records[0].value.as_deref().expect("a value")).expect("decodes")
+}
+
+fn record(kind: RecordKind, hold: i64) -> LedgerRecord {
+    LedgerRecord {
+        unix_ms: 1_800_000_000_000,
+        hold,
+        generation: 3,
+        member_id: "m-2".into(),
+        label: None,
+        host: None,
+        pid: None,
+        kind,
+    }
+}
+
+fn batch_of(records: &[(&str, LedgerRecord)]) -> Bytes {
+    let recs: Vec<NewRecord> = records
+        .iter()
+        .map(|(key, r)| NewRecord {
+            timestamp: r.unix_ms,
+            key: Some(Bytes::copy_from_slice(key.as_bytes())),
+            value: Some(r.encode()),
+            headers: Vec::new(),
+        })
+        .collect();
+    let mut out = BytesMut::new();
+    encode_batch(&recs, &mut out).unwrap();
+    out.freeze()
+}
+
+/// A Fetch answer whose batch starts at `base`.
+fn fetch_answer(base: i64, records: &[(&str, LedgerRecord)]) -> Result<(Response, i16), Error> {
+    let mut bytes = BytesMut::from(&batch_of(records)[..]);
+    bytes[..8].copy_from_slice(&base.to_be_bytes());
+    // The base offset is outside the CRC, so the batch stays valid.
+    let hw = base + records.len() as i64;
+    let resp = FetchResponse::default().with_responses(vec![FetchableTopicResponse::default()
+        .with_topic(StrBytes::from_static_str(TOPIC).into())
+        .with_partitions(vec![PartitionData::default()
+            .with_partition_index(0)
+            .with_high_watermark(hw)
+            .with_records(Some(bytes.freeze()))])]);
+    Ok((Response::Fetch(resp), 12))
+}
+
+fn commit_answer(code: i16) -> Result<(Response, i16), Error> {
+    let resp =
+        OffsetCommitResponse::default().with_topics(vec![OffsetCommitResponseTopic::default()
+            .with_name(StrBytes::from_static_str(TOPIC).into())
+            .with_partitions(vec![OffsetCommitResponsePartition::default()
+                .with_partition_index(0)
+                .with_error_code(code)])]);
+    Ok((Response::OffsetCommit(resp), 9))
+}
+
+// ---- the hold -----------------------------------------------------------------------------------
+
+#[test]
+fn a_hold_begins_only_once_the_acquired_record_is_acknowledged() {
+    let mut r = Rig::new();
+    r.membership_acquires(3);
+    assert!(
+        r.events.is_empty(),
+        "nothing is published before the ack: {:?}",
+        r.events
+    );
+    let t = r.last().clone();
+    assert_eq!(
+        t.target,
+        Target::Leader {
+            broker: broker(1),
+            lane: LeaderLane::Append
+        }
+    );
+    let rec = appended(&t);
+    assert_eq!(rec.kind, RecordKind::Acquired { lease_ms: 9000 });
+    assert_eq!(
+        (rec.hold, rec.generation, rec.member_id.as_str()),
+        (-1, 3, "m-1")
+    );
+    assert_eq!(
+        (rec.label.as_deref(), rec.host.as_deref(), rec.pid),
+        (Some("job a"), Some("host-a"), Some(4242))
+    );
+    assert_eq!(rec.unix_ms, r.unix_ms);
+
+    r.advance(Duration::from_millis(30));
+    r.answer(t.id, produced_at(42));
+    let [Event::Acquired { token, lease_end }] = &r.events[..] else {
+        panic!("{:?}", r.events)
+    };
+    assert_eq!(token.ledger_offset, Some(42));
+    assert_eq!(token.generation, 3);
+    assert_eq!(token.value(), 42);
+    assert_eq!(Some(*lease_end), r.view.lease_end);
+    assert_eq!(r.l.token().map(|t| t.value()), Some(42));
+}
+
+#[test]
+fn an_ack_after_the_lease_end_is_a_loss_and_its_record_is_marked() {
+    let mut r = Rig::new();
+    r.membership_acquires(3);
+    let t = r.last().clone();
+    // The membership's lease ran out while the Produce was in the air (a paused process, a slow
+    // broker): the answer names an offset, but no hold.
+    r.advance(LEASE);
+    r.view.holding = false;
+    r.answer(t.id, produced_at(42));
+    assert!(
+        !r.events.iter().any(|e| matches!(e, Event::Acquired { .. })),
+        "{:?}",
+        r.events
+    );
+    assert!(matches!(
+        r.events.last(),
+        Some(Event::Lost {
+            reason: LossReason::Ledger,
+            ..
+        })
+    ));
+    assert_eq!(r.commands, [Command::Leave]);
+    // The membership releases what it still thinks it holds, and leaves: no second event.
+    let before = r.events.len();
+    r.member(Event::Released);
+    assert_eq!(r.events.len(), before, "{:?}", r.events);
+    r.membership_leaves();
+    assert_eq!(r.events.len(), before, "Left waits for the LOST record");
+    let t = r.last().clone();
+    let rec = appended(&t);
+    assert_eq!(rec.hold, 42);
+    let RecordKind::Lost { reason, .. } = &rec.kind else {
+        panic!("{rec:?}")
+    };
+    assert_eq!(reason, "ledger");
+    r.answer(t.id, produced_at(43));
+    assert!(matches!(r.events.last(), Some(Event::Left { .. })));
+    assert!(r.l.is_done());
+}
+
+#[test]
+fn an_ack_just_before_the_lease_end_is_a_hold() {
+    let mut r = Rig::new();
+    r.membership_acquires(3);
+    let t = r.last().clone();
+    r.advance(LEASE - Duration::from_millis(1));
+    r.answer(t.id, produced_at(7));
+    assert!(matches!(r.events.last(), Some(Event::Acquired { .. })));
+}
+
+#[test]
+fn retriable_append_failures_are_retried_until_the_deadline_then_the_hold_is_given_up() {
+    let mut r = Rig::new();
+    r.membership_acquires(3);
+    // NOT_ENOUGH_REPLICAS: the leader is fine, the ISR is short.
+    for _ in 0..3 {
+        let id = r.last().id;
+        r.answer(id, produce_answer(19, -1));
+        let n = r.sent.len();
+        r.advance(Duration::from_secs(1));
+        assert_eq!(r.sent.len(), n + 1, "retried after the backoff");
+        // The membership keeps renewing meanwhile.
+        r.view.lease_end = Some(r.now + LEASE);
+    }
+    assert!(r.events.is_empty());
+    r.advance(REQUEST * 2);
+    assert!(
+        matches!(
+            r.events.last(),
+            Some(Event::Lost {
+                reason: LossReason::Ledger,
+                ..
+            })
+        ),
+        "{:?}",
+        r.events
+    );
+    assert!(r.commands.contains(&Command::Leave));
+}
+
+#[test]
+fn a_new_leader_is_looked_up_after_not_leader_or_follower() {
+    let mut r = Rig::new();
+    r.membership_acquires(3);
+    let id = r.last().id;
+    r.answer(id, produce_answer(6, -1));
+    r.advance(Duration::from_millis(100));
+    let meta = r.last().clone();
+    assert_eq!(meta.target, Target::Any);
+    assert!(matches!(meta.op, Op::Metadata { .. }));
+    let resp = MetadataResponse::default()
+        .with_brokers(vec![MetadataResponseBroker::default()
+            .with_node_id(BrokerId(3))
+            .with_host(StrBytes::from_static_str("127.0.0.1"))
+            .with_port(9093)])
+        .with_topics(vec![MetadataResponseTopic::default()
+            .with_name(Some(StrBytes::from_static_str(TOPIC).into()))
+            .with_partitions(vec![MetadataResponsePartition::default()
+                .with_partition_index(0)
+                .with_leader_id(BrokerId(3))])]);
+    r.answer(meta.id, Ok((Response::Metadata(resp), 12)));
+    let again = r.last().clone();
+    assert_eq!(
+        again.target,
+        Target::Leader {
+            broker: broker(3),
+            lane: LeaderLane::Append
+        }
+    );
+    r.answer(again.id, produced_at(5));
+    assert!(matches!(r.events.last(), Some(Event::Acquired { .. })));
+}
+
+#[test]
+fn a_ledger_topic_with_two_partitions_is_refused() {
+    let resp = MetadataResponse::default().with_topics(vec![MetadataResponseTopic::default()
+        .with_name(Some(StrBytes::from_static_str(TOPIC).into()))
+        .with_partitions(vec![
+            MetadataResponsePartition::default().with_partition_index(0),
+            MetadataResponsePartition::default().with_partition_index(1),
+        ])]);
+    let err = ledger_partition(&resp, TOPIC).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Ledger(LedgerError::NotOnePartition { partitions: 2, .. })
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("exactly one"), "{err}");
+    let missing = MetadataResponse::default();
+    assert!(matches!(
+        ledger_partition(&missing, TOPIC),
+        Err(Error::Ledger(LedgerError::TopicMissing { .. }))
+    ));
+}
+
+#[test]
+fn a_refused_acquired_record_fails_the_acquisition() {
+    let mut r = Rig::new();
+    r.membership_acquires(3);
+    let id = r.last().id;
+    // TOPIC_AUTHORIZATION_FAILED: no retry helps.
+    r.answer(id, produce_answer(29, -1));
+    assert!(
+        matches!(r.events.last(), Some(Event::Failed(e)) if matches!(**e, Error::Broker { code: KafkaCode(29), .. })),
+        "{:?}",
+        r.events
+    );
+    assert_eq!(r.commands, [Command::Leave]);
+}
+
+#[test]
+fn released_is_appended_after_the_leave_and_left_waits_for_it() {
+    let mut r = Rig::new();
+    r.holding_at(42);
+    r.advance(Duration::from_millis(1500));
+    let sent = r.sent.len();
+    r.member(Event::Released);
+    assert!(matches!(r.events.last(), Some(Event::Released)));
+    assert_eq!(
+        r.sent.len(),
+        sent,
+        "nothing is written before the LeaveGroup is answered"
+    );
+    r.advance(Duration::from_millis(3));
+    r.membership_leaves();
+    assert!(
+        !matches!(r.events.last(), Some(Event::Left { .. })),
+        "{:?}",
+        r.events
+    );
+    let t = r.last().clone();
+    let rec = appended(&t);
+    assert_eq!(rec.hold, 42);
+    assert_eq!(rec.kind, RecordKind::Released { held_ms: 1500 });
+    assert!(!r.l.is_done());
+    r.answer(t.id, produced_at(50));
+    assert!(matches!(r.events.last(), Some(Event::Left { .. })));
+    assert!(r.l.is_done());
+}
+
+#[test]
+fn a_failed_end_record_is_logged_not_fatal() {
+    let mut r = Rig::new();
+    r.holding_at(42);
+    r.member(Event::Released);
+    r.membership_leaves();
+    let id = r.last().id;
+    // MESSAGE_TOO_LARGE: not retriable.
+    r.answer(id, produce_answer(10, -1));
+    assert!(matches!(r.events.last(), Some(Event::Left { .. })));
+    assert!(r.l.is_done());
+    // A broker that never answers: the record is given up after the request timeout.
+    let mut r = Rig::new();
+    r.holding_at(42);
+    r.member(Event::Released);
+    r.membership_leaves();
+    let id = r.last().id;
+    r.answer(
+        id,
+        Err(Error::Timeout {
+            op: "Produce".into(),
+            after: REQUEST,
+        }),
+    );
+    r.advance(REQUEST);
+    assert!(
+        matches!(r.events.last(), Some(Event::Left { .. })),
+        "{:?}",
+        r.events
+    );
+}
+
+#[test]
+fn a_loss_while_held_is_published_at_once_and_recorded_after_the_leave() {
+    let mut r = Rig::new();
+    r.holding_at(42);
+    r.advance(Duration::from_secs(4));
+    let lease_end = r.now - Duration::from_secs(1);
+    r.view.holding = false;
+    r.member(Event::Lost {
+        reason: LossReason::LeaseExpired,
+        lease_end,
+    });
+    assert!(matches!(
+        r.events.last(),
+        Some(Event::Lost {
+            reason: LossReason::LeaseExpired,
+            ..
+        })
+    ));
+    r.membership_leaves();
+    let rec = appended(r.last());
+    let RecordKind::Lost {
+        held_ms, reason, ..
+    } = &rec.kind
+    else {
+        panic!("{rec:?}")
+    };
+    // Held until the lease end, not until the loss was noticed.
+    assert_eq!((*held_ms, reason.as_str()), (3000, "lease_expired"));
+}
+
+#[test]
+fn a_loss_while_appending_is_published_and_the_late_offset_still_recorded() {
+    let mut r = Rig::new();
+    r.membership_acquires(3);
+    let t = r.last().clone();
+    r.view.holding = false;
+    let lease_end = r.now;
+    r.member(Event::Lost {
+        reason: LossReason::Fenced(KafkaCode(25)),
+        lease_end,
+    });
+    assert!(matches!(r.events.last(), Some(Event::Lost { .. })));
+    r.membership_leaves();
+    // The ACQUIRED answer decides whether there is an offset to name.
+    r.answer(t.id, produced_at(9));
+    assert!(!r.events.iter().any(|e| matches!(e, Event::Acquired { .. })));
+    let rec = appended(r.last());
+    assert_eq!(rec.hold, 9);
+}
+
+#[test]
+fn an_abandoned_acquire_never_publishes_a_hold() {
+    let mut r = Rig::new();
+    r.membership_acquires(3);
+    let t = r.last().clone();
+    // The caller gave up (acquire's wait ended): the membership releases and leaves.
+    r.member(Event::Released);
+    r.membership_leaves();
+    r.answer(t.id, produced_at(11));
+    assert!(
+        r.events
+            .iter()
+            .all(|e| !matches!(e, Event::Acquired { .. } | Event::Released)),
+        "{:?}",
+        r.events
+    );
+    let rec = appended(r.last());
+    assert_eq!(rec.hold, 11);
+    assert!(matches!(rec.kind, RecordKind::Lost { .. }));
+}
+
+#[test]
+fn a_token_change_keeps_the_ledger_offset() {
+    let mut r = Rig::new();
+    r.holding_at(42);
+    r.member(Event::TokenChanged { token: token(4) });
+    let Some(Event::TokenChanged { token }) = r.events.last() else {
+        panic!("{:?}", r.events)
+    };
+    assert_eq!((token.ledger_offset, token.generation), (Some(42), 4));
+    assert!(
+        *token
+            > r.l
+                .token()
+                .cloned()
+                .map(|mut t| {
+                    t.generation = 3;
+                    t
+                })
+                .unwrap()
+    );
+}
+
+// ---- the waiters' long poll ---------------------------------------------------------------------
+
+#[test]
+fn a_waiter_long_polls_from_the_end_and_heartbeats_on_this_locks_release() {
+    let mut r = Rig::new();
+    r.member(Event::Waiting {
+        holder: None,
+        position: 1,
+        generation: 3,
+    });
+    let t = r.last().clone();
+    assert_eq!(
+        t.target,
+        Target::Leader {
+            broker: broker(1),
+            lane: LeaderLane::Append
+        }
+    );
+    assert!(matches!(
+        t.op,
+        Op::ListOffsets {
+            spec: OffsetSpec::Latest,
+            ..
+        }
+    ));
+    let end = ListOffsetsResponse::default().with_topics(vec![ListOffsetsTopicResponse::default()
+        .with_name(StrBytes::from_static_str(TOPIC).into())
+        .with_partitions(vec![ListOffsetsPartitionResponse::default()
+            .with_partition_index(0)
+            .with_offset(10)])]);
+    r.answer(t.id, Ok((Response::ListOffsets(end), 9)));
+    // A release recorded before the poll's starting point would be missed: one heartbeat now.
+    assert_eq!(r.commands, [Command::HeartbeatNow]);
+    r.commands.clear();
+    let t = r.last().clone();
+    let Op::Fetch {
+        offset, options, ..
+    } = &t.op
+    else {
+        panic!("{t:?}")
+    };
+    assert_eq!(*offset, 10);
+    assert_eq!(options.max_wait, DEFAULT_POLL_WAIT);
+    assert_eq!(options.max_bytes, DEFAULT_POLL_MAX_BYTES);
+    assert_eq!(
+        t.target,
+        Target::Leader {
+            broker: broker(1),
+            lane: LeaderLane::Poll
+        },
+        "nothing may queue behind a parked Fetch"
+    );
+    assert!(
+        t.timeout > DEFAULT_POLL_WAIT,
+        "the parked Fetch outlives its wait"
+    );
+
+    // Another lock's release and this lock's acquisition are no news.
+    r.answer(
+        t.id,
+        fetch_answer(
+            10,
+            &[
+                ("other-lock", record(RecordKind::Released { held_ms: 1 }, 3)),
+                (LOCK, record(RecordKind::Acquired { lease_ms: 1 }, -1)),
+            ],
+        ),
+    );
+    assert!(r.commands.is_empty(), "{:?}", r.commands);
+    let t = r.last().clone();
+    assert!(matches!(t.op, Op::Fetch { offset: 12, .. }), "{t:?}");
+
+    r.answer(
+        t.id,
+        fetch_answer(
+            12,
+            &[(LOCK, record(RecordKind::Released { held_ms: 1 }, 11))],
+        ),
+    );
+    assert_eq!(r.commands, [Command::HeartbeatNow]);
+    assert!(matches!(r.last().op, Op::Fetch { offset: 13, .. }));
+
+    // Holding ends the poll; a late answer changes nothing.
+    let t = r.last().clone();
+    r.membership_acquires(4);
+    let n = r.commands.len();
+    r.answer(
+        t.id,
+        fetch_answer(
+            13,
+            &[(LOCK, record(RecordKind::Released { held_ms: 1 }, 11))],
+        ),
+    );
+    assert_eq!(r.commands.len(), n);
+}
+
+#[test]
+fn without_push_a_waiter_does_not_poll() {
+    let mut r = Rig::with(LedgerConfig {
+        push: false,
+        ..config()
+    });
+    r.member(Event::Waiting {
+        holder: None,
+        position: 1,
+        generation: 3,
+    });
+    assert!(r.sent.is_empty(), "{:?}", r.sent);
+}
+
+#[test]
+fn a_poll_past_the_end_starts_again_from_the_end() {
+    let mut r = Rig::new();
+    r.member(Event::Waiting {
+        holder: None,
+        position: 1,
+        generation: 3,
+    });
+    let t = r.last().clone();
+    let end = ListOffsetsResponse::default().with_topics(vec![ListOffsetsTopicResponse::default()
+        .with_name(StrBytes::from_static_str(TOPIC).into())
+        .with_partitions(vec![ListOffsetsPartitionResponse::default()
+            .with_partition_index(0)
+            .with_offset(10)])]);
+    r.answer(t.id, Ok((Response::ListOffsets(end), 9)));
+    let t = r.last().clone();
+    let resp = FetchResponse::default().with_responses(vec![FetchableTopicResponse::default()
+        .with_topic(StrBytes::from_static_str(TOPIC).into())
+        .with_partitions(vec![PartitionData::default()
+            .with_partition_index(0)
+            .with_error_code(1)])]);
+    r.answer(t.id, Ok((Response::Fetch(resp), 12)));
+    r.advance(Duration::from_secs(1));
+    assert!(
+        matches!(r.last().op, Op::ListOffsets { .. }),
+        "{:?}",
+        r.last()
+    );
+}
+
+// ---- checkpoints --------------------------------------------------------------------------------
+
+#[test]
+fn a_checkpoint_is_a_fenced_commit_then_a_ledger_record() {
+    let mut r = Rig::new();
+    r.holding_at(42);
+    r.view.generation = 5;
+    let (view, now) = (r.view.clone(), r.t());
+    r.l.checkpoint(1, "up to 2026-11-29".into(), &view, now);
+    r.drain();
+    let t = r.last().clone();
+    assert_eq!(t.target, Target::Coordinator(broker(2)));
+    let Op::Commit {
+        group,
+        generation,
+        member_id,
+        offset,
+        metadata,
+        ..
+    } = &t.op
+    else {
+        panic!("{t:?}")
+    };
+    assert_eq!(
+        (
+            group.as_str(),
+            *generation,
+            member_id.as_str(),
+            *offset,
+            metadata.as_str()
+        ),
+        (LOCK, 5, "m-1", 42, "up to 2026-11-29")
+    );
+    r.answer(t.id, commit_answer(0));
+    assert!(
+        matches!(r.checkpoints[..], [(1, Ok(()))]),
+        "{:?}",
+        r.checkpoints
+    );
+    let rec = appended(r.last());
+    assert_eq!(
+        (rec.hold, rec.kind),
+        (
+            42,
+            RecordKind::Checkpoint {
+                value: "up to 2026-11-29".into()
+            }
+        )
+    );
+}
+
+#[test]
+fn a_fenced_checkpoint_is_an_error_and_the_membership_heartbeats() {
+    for code in [22, 25, 82] {
+        let mut r = Rig::new();
+        r.holding_at(42);
+        let (view, now) = (r.view.clone(), r.t());
+        r.l.checkpoint(1, "v".into(), &view, now);
+        r.drain();
+        let t = r.last().clone();
+        let sent = r.sent.len();
+        r.answer(t.id, commit_answer(code));
+        let [(1, Err(Error::Broker { code: c, .. }))] = &r.checkpoints[..] else {
+            panic!("{:?}", r.checkpoints)
+        };
+        assert_eq!(c.0, code);
+        assert_eq!(r.commands, [Command::HeartbeatNow]);
+        assert_eq!(
+            r.sent.len(),
+            sent,
+            "no ledger record for a rejected checkpoint"
+        );
+    }
+}
+
+#[test]
+fn a_checkpoint_during_a_rebalance_is_retried_with_the_new_generation() {
+    let mut r = Rig::new();
+    r.holding_at(42);
+    let (view, now) = (r.view.clone(), r.t());
+    r.l.checkpoint(1, "v".into(), &view, now);
+    r.drain();
+    let t = r.last().clone();
+    r.answer(t.id, commit_answer(27));
+    assert!(r.checkpoints.is_empty());
+    r.view.generation = 4;
+    r.advance(Duration::from_millis(100));
+    let t = r.last().clone();
+    assert!(matches!(t.op, Op::Commit { generation: 4, .. }), "{t:?}");
+    r.answer(t.id, commit_answer(0));
+    assert!(matches!(r.checkpoints[..], [(1, Ok(()))]));
+}
+
+#[test]
+fn checkpoints_are_refused_locally_when_too_large_or_not_held() {
+    let mut r = Rig::new();
+    r.holding_at(42);
+    let (view, now) = (r.view.clone(), r.t());
+    let sent = r.sent.len();
+    r.l.checkpoint(1, "x".repeat(4097), &view, now);
+    r.l.checkpoint(2, "x".repeat(4096), &view, now);
+    r.drain();
+    assert!(
+        matches!(
+            r.checkpoints[..],
+            [(
+                1,
+                Err(Error::Ledger(LedgerError::CheckpointTooLarge {
+                    len: 4097,
+                    max: 4096
+                }))
+            )]
+        ),
+        "{:?}",
+        r.checkpoints
+    );
+    assert_eq!(
+        r.sent.len(),
+        sent + 1,
+        "only the one within the limit is sent"
+    );
+
+    let mut r = Rig::new();
+    let (view, now) = (r.view.clone(), r.t());
+    r.l.checkpoint(1, "v".into(), &view, now);
+    r.drain();
+    assert!(matches!(
+        r.checkpoints[..],
+        [(1, Err(Error::Ledger(LedgerError::NotHeld { .. })))]
+    ));
+}
+
+#[test]
+fn a_pending_checkpoint_fails_when_the_hold_ends() {
+    let mut r = Rig::new();
+    r.holding_at(42);
+    let (view, now) = (r.view.clone(), r.t());
+    r.l.checkpoint(1, "v".into(), &view, now);
+    r.drain();
+    let t = r.last().clone();
+    r.answer(t.id, commit_answer(27));
+    r.view.holding = false;
+    let lease_end = r.now;
+    r.member(Event::Lost {
+        reason: LossReason::LeaseExpired,
+        lease_end,
+    });
+    assert!(matches!(
+        r.checkpoints[..],
+        [(1, Err(Error::Ledger(LedgerError::NotHeld { .. })))]
+    ));
+}
+
+// ---- the token's order ----------------------------------------------------------------------------
+
+#[test]
+fn ledger_offsets_order_tokens_before_generations() {
+    let t = |offset: Option<i64>, generation: i32, member: &str| FencingToken {
+        ledger_offset: offset,
+        generation,
+        member_id: member.into(),
+    };
+    // After a group deletion the generation starts again at 1; the offset does not.
+    assert!(t(Some(10), 1, "b") > t(Some(9), 7, "a"));
+    // Within one hold, a rebalance raises the generation and keeps the offset.
+    assert!(t(Some(9), 8, "a") > t(Some(9), 7, "a"));
+    // Without a ledger the generation decides.
+    assert!(t(None, 8, "a") > t(None, 7, "b"));
+    assert!(t(None, 100, "a") < t(Some(0), 1, "a"));
+    assert_eq!(t(Some(10), 1, "b").to_string(), "10");
+    assert_eq!(t(None, 7, "b").to_string(), "7");
+}
+
+// ---- the record format --------------------------------------------------------------------------
+
+#[test]
+fn records_round_trip_every_kind() {
+    for (kind, hold) in [
+        (RecordKind::Acquired { lease_ms: 9000 }, -1),
+        (RecordKind::Released { held_ms: 12 }, 4),
+        (
+            RecordKind::Lost {
+                held_ms: 3,
+                reason: "fenced".into(),
+                detail: "UNKNOWN_MEMBER_ID".into(),
+            },
+            4,
+        ),
+        (
+            RecordKind::Checkpoint {
+                value: "2026-11-29 ✓".into(),
+            },
+            4,
+        ),
+    ] {
+        let rec = LedgerRecord {
+            unix_ms: 1_800_000_000_123,
+            hold,
+            generation: 7,
+            member_id: "kafka-lock-0f0e".into(),
+            label: Some("job".into()),
+            host: None,
+            pid: Some(1),
+            kind,
+        };
+        let bytes = rec.encode();
+        assert_eq!(bytes[0], RECORD_VERSION);
+        assert_eq!(LedgerRecord::decode(&bytes), Ok(rec));
+    }
+}
+
+#[test]
+fn bad_records_are_typed_errors() {
+    let good = record(RecordKind::Released { held_ms: 1 }, 4).encode();
+    let with = |at: usize, b: u8| {
+        let mut v = good.to_vec();
+        v[at] = b;
+        v
+    };
+    assert!(matches!(
+        LedgerRecord::decode(&[]),
+        Err(RecordError::Truncated { .. })
+    ));
+    assert_eq!(
+        LedgerRecord::decode(&with(0, 2)),
+        Err(RecordError::UnsupportedVersion(2))
+    );
+    assert_eq!(
+        LedgerRecord::decode(&with(1, 9)),
+        Err(RecordError::UnknownKind(9))
+    );
+    let mut long = good.to_vec();
+    long.push(0);
+    assert_eq!(
+        LedgerRecord::decode(&long),
+        Err(RecordError::TrailingBytes { len: 1 })
+    );
+    for cut in 0..good.len() {
+        assert!(
+            LedgerRecord::decode(&good[..cut]).is_err(),
+            "a record cut at {cut} decoded"
+        );
+    }
+    // An end record must name its hold; an ACQUIRED record must not.
+    let no_hold = record(RecordKind::Released { held_ms: 1 }, -1).encode();
+    assert!(matches!(
+        LedgerRecord::decode(&no_hold),
+        Err(RecordError::OutOfRange { .. })
+    ));
+    let acquired_with_hold = record(RecordKind::Acquired { lease_ms: 1 }, 3).encode();
+    assert!(matches!(
+        LedgerRecord::decode(&acquired_with_hold),
+        Err(RecordError::OutOfRange { .. })
+    ));
+    // A label longer than its bound is refused before its bytes are looked at.
+    let mut v = good[..22].to_vec();
+    v.extend_from_slice(&[0, 1, b'm']); // member id "m"
+    v.extend_from_slice(&[0x7f, 0xfe]); // label of 32766 bytes
+    assert!(matches!(
+        LedgerRecord::decode(&v),
+        Err(RecordError::TooLong {
+            what: "the label",
+            ..
+        })
+    ));
+    let mut v = good[..22].to_vec();
+    v.extend_from_slice(&[0, 1, 0xff]);
+    assert!(matches!(
+        LedgerRecord::decode(&v),
+        Err(RecordError::InvalidUtf8 { .. })
+    ));
+}
+
+#[test]
+fn over_long_text_is_cut_when_encoding() {
+    let mut rec = record(RecordKind::Acquired { lease_ms: 1 }, -1);
+    rec.label = Some("é".repeat(300));
+    let back = LedgerRecord::decode(&rec.encode()).unwrap();
+    assert!(back.label.as_ref().unwrap().len() <= MAX_LABEL);
+}
+
+// ---- history --------------------------------------------------------------------------------------
+
+fn rec(member: &str, generation: i32, unix_ms: i64, kind: RecordKind, hold: i64) -> Bytes {
+    LedgerRecord {
+        unix_ms,
+        hold,
+        generation,
+        member_id: member.into(),
+        label: None,
+        host: Some("h".into()),
+        pid: Some(1),
+        kind,
+    }
+    .encode()
+}
+
+#[test]
+fn history_tells_how_each_hold_ended() {
+    let acq = RecordKind::Acquired { lease_ms: 9000 };
+    let values: Vec<(i64, Bytes)> = vec![
+        (3, rec("a", 1, 1_000, acq.clone(), -1)),
+        (
+            4,
+            rec(
+                "a",
+                1,
+                1_500,
+                RecordKind::Checkpoint { value: "c1".into() },
+                3,
+            ),
+        ),
+        (
+            5,
+            rec("a", 1, 2_000, RecordKind::Released { held_ms: 1000 }, 3),
+        ),
+        // b was SIGKILLed: no end record, and c took over later.
+        (7, rec("b", 2, 3_000, acq.clone(), -1)),
+        // c's first append was retried; the second one is the hold.
+        (9, rec("c", 1, 20_000, acq.clone(), -1)),
+        (10, rec("c", 1, 20_050, acq.clone(), -1)),
+        (
+            11,
+            rec(
+                "c",
+                1,
+                25_000,
+                RecordKind::Lost {
+                    held_ms: 4950,
+                    reason: "lease_expired".into(),
+                    detail: "paused".into(),
+                },
+                10,
+            ),
+        ),
+        // A second end record for one hold changes nothing.
+        (
+            12,
+            rec("c", 1, 26_000, RecordKind::Released { held_ms: 1 }, 10),
+        ),
+        (13, Bytes::from_static(b"\x09garbage")),
+        (14, rec("d", 2, 30_000, acq, -1)),
+    ];
+    let h = fold(values.iter().map(|(o, v)| (*o, Some(&v[..]))), 3, 15);
+    let ends: Vec<(i64, &str)> = h.holds.iter().map(|x| (x.token, x.end.name())).collect();
+    assert_eq!(
+        ends,
+        [
+            (3, "released"),
+            (7, "silent"),
+            (9, "retried"),
+            (10, "lost"),
+            (14, "open")
+        ]
+    );
+    assert_eq!(h.holds[0].checkpoint, Some(("c1".into(), 1_500)));
+    assert_eq!(
+        h.holds[1].end,
+        HoldEnd::Silent {
+            next_token: 9,
+            before_unix_ms: Some(20_000)
+        }
+    );
+    assert_eq!(h.unreadable.len(), 1);
+    assert_eq!(h.unreadable[0].offset, 13);
+    assert_eq!(h.last_checkpoint(), Some(("c1", 3, 1_500)));
+    assert_eq!(h.last_hold().map(|x| x.token), Some(14));
+    let since: Vec<i64> = h.since(21_000).iter().map(|x| x.token).collect();
+    assert_eq!(since, [10, 14]);
+}
+
+#[test]
+fn history_keeps_holds_whose_acquired_record_is_gone() {
+    let values = [(
+        20,
+        rec("a", 4, 5_000, RecordKind::Released { held_ms: 10 }, 12),
+    )];
+    let h = fold(values.iter().map(|(o, v)| (*o, Some(&v[..]))), 20, 21);
+    assert_eq!(h.holds.len(), 1);
+    assert_eq!(h.holds[0].token, 12);
+    assert_eq!(h.holds[0].acquired_unix_ms, None);
+    assert!(matches!(h.holds[0].end, HoldEnd::Released { .. }));
+}
+
+#[test]
+fn fuzz_entry_survives_edge_inputs() {
+    let good = rec("a", 1, 1, RecordKind::Released { held_ms: 1 }, 3);
+    for input in [&b""[..], &[0u8; 64][..], &[1u8; 64][..], &good[..]] {
+        fuzz_ledger_bytes(input);
+    }
+}
+
+proptest::proptest! {
+    #[test]
+    fn decoding_never_panics(data in proptest::collection::vec(proptest::num::u8::ANY, 0..256)) {
+        fuzz_ledger_bytes(&data);
+    }
+}
+
+/// The example in docs/protocol.md ("The ledger").
+#[test]
+fn the_documented_example_decodes() {
+    let bytes = [
+        0x01, 0x02, 0x00, 0x00, 0x01, 0xa3, 0x18, 0x5c, 0x50, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+        0x00, 0x00, 0x07, 0x00, 0x00, 0x00, 0x03, 0x00, 0x03, 0x6d, 0x2d, 0x31, 0xff, 0xff, 0x00,
+        0x01, 0x68, 0x00, 0x00, 0x00, 0x2a, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05, 0xdc,
+    ];
+    let want = LedgerRecord {
+        unix_ms: 1_800_000_000_000,
+        hold: 7,
+        generation: 3,
+        member_id: "m-1".into(),
+        label: None,
+        host: Some("h".into()),
+        pid: Some(42),
+        kind: RecordKind::Released { held_ms: 1500 },
+    };
+    assert_eq!(LedgerRecord::decode(&bytes), Ok(want.clone()));
+    assert_eq!(&want.encode()[..], &bytes[..]);
+}

@@ -1,0 +1,609 @@
+//! The ledger on Apache Kafka: tokens that keep increasing across group deletion and coordinator
+//! failover, a checkpoint the broker fences, history that tells the truth after crashes, the
+//! refusal of a ledger topic with two partitions, and the waiters' push.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kafka_lock::driver::{ConnConfig, Connection};
+use kafka_lock::ledger::LedgerError;
+use kafka_lock::wire::coordinator::{find_coordinator_request, found_coordinator};
+use kafka_lock::wire::Response;
+use kafka_lock::{CheckpointSource, Error, FencingToken, HoldEnd, LockEvent, LockOptions};
+use kafka_protocol::messages::leave_group_request::{LeaveGroupRequest, MemberIdentity};
+use kafka_protocol::messages::{ApiKey, GroupId};
+use kafka_protocol::protocol::StrBytes;
+use tokio::sync::mpsc;
+
+use crate::support::kafka::admin::{create_topic, delete_group};
+use crate::support::kafka::{kafka, KafkaCluster, KafkaOptions};
+use crate::support::{self, ChildGuard};
+
+/// Anything that involves a rebalance or a broker's answer, generously.
+const BOUND: Duration = Duration::from_secs(60);
+
+/// Apache's minimum session, a short heartbeat: a crashed holder is replaced within seconds.
+fn opts(bootstrap: &str, group: &str, ledger: &str) -> LockOptions {
+    LockOptions::new(bootstrap, group)
+        .session_timeout(Duration::from_secs(6))
+        .rebalance_timeout(Duration::from_secs(6))
+        .heartbeat_interval(Duration::from_millis(500))
+        .lease_margin(Duration::from_secs(1))
+        .ledger_topic(ledger)
+}
+
+fn new_ledger(bootstrap: &str, prefix: &str) -> String {
+    let topic = support::unique_group(prefix);
+    create_topic(bootstrap, &topic, 1);
+    topic
+}
+
+async fn hold_once(o: &LockOptions) -> FencingToken {
+    let guard = o.acquire(Some(BOUND)).await.expect("acquire");
+    let token = guard.token();
+    assert!(guard.is_held());
+    guard.release().await.expect("release");
+    token
+}
+
+/// The generation restarts at 1 when the group is deleted; the ledger token does not. Breaks if
+/// the token were the generation, or if the ledger offset were not what `Ord` compares first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_keep_increasing_across_a_group_deletion() {
+    support::init_tracing();
+    let bootstrap = kafka().bootstrap();
+    let ledger = new_ledger(&bootstrap, "ledger-del");
+    let group = support::unique_group("ledger-del-lock");
+    let o = opts(&bootstrap, &group, &ledger);
+
+    let t1 = hold_once(&o).await;
+    let t2 = hold_once(&o).await;
+    assert!(t1.ledger_offset.is_some(), "{t1:?}");
+    assert!(t2 > t1, "{t1:?} then {t2:?}");
+    assert!(t2.generation > t1.generation, "{t1:?} then {t2:?}");
+
+    // The group is empty after the release; an administrator deletes it (the broker does the same
+    // on its own 0-10 minutes after it empties, when it has no committed offsets).
+    delete_group(&bootstrap, &group).expect("delete the empty group");
+    let t3 = hold_once(&o).await;
+    assert!(
+        t3.generation <= t1.generation,
+        "the group was not deleted: generation {} after {} and {}",
+        t3.generation,
+        t1.generation,
+        t2.generation
+    );
+    assert!(
+        t3 > t2,
+        "the token went backwards across the deletion: {t2:?} then {t3:?}"
+    );
+    assert!(t3.ledger_offset > t2.ledger_offset);
+
+    // Every hold is in the history, released, in token order.
+    let h = o.history().await.expect("history");
+    let got: Vec<(i64, &str)> = h.holds.iter().map(|x| (x.token, x.end.name())).collect();
+    let want: Vec<(i64, &str)> = [&t1, &t2, &t3]
+        .iter()
+        .map(|t| (t.value(), "released"))
+        .collect();
+    assert_eq!(got, want);
+}
+
+/// A ledger topic with two partitions could hand out unrelated offsets: it is refused before
+/// the lock is joined, and so is a topic that does not exist.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_topic_with_two_partitions_is_refused() {
+    support::init_tracing();
+    let bootstrap = kafka().bootstrap();
+    let two = support::unique_group("ledger-two");
+    create_topic(&bootstrap, &two, 2);
+    let group = support::unique_group("ledger-two-lock");
+    let err = opts(&bootstrap, &group, &two)
+        .acquire(Some(BOUND))
+        .await
+        .expect_err("a two-partition ledger must be refused");
+    assert!(
+        matches!(
+            err,
+            Error::Ledger(LedgerError::NotOnePartition { partitions: 2, .. })
+        ),
+        "{err}"
+    );
+    let missing = support::unique_group("ledger-missing");
+    let err = opts(&bootstrap, &group, &missing)
+        .acquire(Some(BOUND))
+        .await
+        .expect_err("a missing ledger must be refused");
+    assert!(
+        matches!(err, Error::Ledger(LedgerError::TopicMissing { .. })),
+        "{err}"
+    );
+    assert!(err.to_string().contains("--partitions 1"), "{err}");
+}
+
+/// Removes `member` from `group` at once, as an administrator can (a LeaveGroup naming it): the
+/// member is gone at the broker while the process still believes it holds the lock.
+async fn remove_member(bootstrap: &str, group: &str, member: &str) {
+    let first = Connection::connect(bootstrap.split(',').next().unwrap(), &ConnConfig::default())
+        .await
+        .expect("connect");
+    let v = first
+        .versions()
+        .get(ApiKey::FindCoordinator)
+        .unwrap()
+        .min(4);
+    let Response::FindCoordinator(r) = first
+        .request_at(find_coordinator_request(group, v), v, BOUND)
+        .await
+        .expect("FindCoordinator")
+    else {
+        panic!("not a FindCoordinator answer")
+    };
+    let c = found_coordinator(&r).expect("a coordinator");
+    let conn = Connection::connect(&format!("{}:{}", c.host, c.port), &ConnConfig::default())
+        .await
+        .expect("connect to the coordinator");
+    let mut m = MemberIdentity::default();
+    m.member_id = StrBytes::from_string(member.to_owned());
+    m.reason = Some(StrBytes::from_static_str(
+        "test: an administrator removes the holder",
+    ));
+    let mut req = LeaveGroupRequest::default();
+    req.group_id = GroupId(StrBytes::from_string(group.to_owned()));
+    req.members = vec![m];
+    let v = conn.versions().get(ApiKey::LeaveGroup).unwrap();
+    assert!(v >= 3, "LeaveGroup v{v} cannot name a member");
+    let Response::LeaveGroup(r) = conn.request_at(req, v, BOUND).await.expect("LeaveGroup") else {
+        panic!("not a LeaveGroup answer")
+    };
+    assert_eq!(r.error_code, 0, "{r:?}");
+    assert_eq!(r.members[0].error_code, 0, "{r:?}");
+}
+
+/// A holder the broker no longer knows still believes it holds (until its next heartbeat), and
+/// its checkpoint carries its generation and member id, so the broker itself rejects it. Breaks
+/// if the commit went out without them (generation -1 and no member id are accepted by an empty
+/// group) or if the library did not wait for the broker's verdict.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_holders_checkpoint_is_rejected_by_the_broker() {
+    support::init_tracing();
+    let bootstrap = kafka().bootstrap();
+    let ledger = new_ledger(&bootstrap, "ledger-stale");
+    let group = support::unique_group("ledger-stale-lock");
+    // Long heartbeats: once removed, the holder hears of it only seconds later.
+    let o = LockOptions::new(&bootstrap, &group)
+        .session_timeout(Duration::from_secs(10))
+        .rebalance_timeout(Duration::from_secs(10))
+        .heartbeat_interval(Duration::from_secs(4))
+        .lease_margin(Duration::from_secs(1))
+        .ledger_topic(&ledger);
+    let mut rejected = None;
+    for _ in 0..3 {
+        let guard = o.acquire(Some(BOUND)).await.expect("acquire");
+        guard
+            .checkpoint("first")
+            .await
+            .expect("the current holder's checkpoint is stored");
+        // Just after a renewal, the next heartbeat is a whole interval away.
+        let mut w = guard.watch();
+        assert!(w.changed().await, "a renewal");
+        remove_member(&bootstrap, &group, &guard.member_id()).await;
+        assert!(
+            guard.is_held(),
+            "the removed holder still believes it holds"
+        );
+        match guard.checkpoint("stale").await {
+            Err(Error::Broker {
+                api: ApiKey::OffsetCommit,
+                code,
+                ..
+            }) => {
+                rejected = Some(code);
+                break;
+            }
+            // Its heartbeat won the race and it learned first: try again.
+            Err(Error::Ledger(LedgerError::NotHeld { .. })) => continue,
+            other => panic!("a stale checkpoint was not rejected: {other:?}"),
+        }
+    }
+    let code = rejected.expect("the broker rejected a stale holder's checkpoint");
+    assert!(
+        matches!(code.code(), 22 | 25),
+        "rejected with {code}, not ILLEGAL_GENERATION or UNKNOWN_MEMBER_ID"
+    );
+    let c = o
+        .last_checkpoint()
+        .await
+        .expect("read the checkpoint")
+        .expect("a checkpoint");
+    assert_eq!(
+        (c.value.as_str(), c.source),
+        ("first", CheckpointSource::Group)
+    );
+}
+
+/// With the ledger's push, waiters learn of a release from their parked Fetch, not from their
+/// next heartbeat. The second waiter's heartbeats are 14 s apart here, and Apache completes the
+/// rebalance only once every member has rejoined, so without the push the handover takes about
+/// 12 s or more; with it, milliseconds (BENCHMARKS.md). Breaks if the Fetch did not wake the
+/// waiters (wrong key filter, the poll started from the wrong place, no heartbeat on RELEASED).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_learn_of_a_release_from_the_ledger_at_once() {
+    support::init_tracing();
+    let bootstrap = kafka().bootstrap();
+    let ledger = new_ledger(&bootstrap, "ledger-push");
+    let group = support::unique_group("ledger-push-lock");
+    let slow = |label: &str| {
+        LockOptions::new(&bootstrap, &group)
+            .session_timeout(Duration::from_secs(30))
+            .rebalance_timeout(Duration::from_secs(30))
+            .heartbeat_interval(Duration::from_secs(14))
+            .lease_margin(Duration::from_secs(1))
+            .ledger_topic(&ledger)
+            .label(label)
+    };
+    // The holder heartbeats often, so the waiters' joins complete quickly.
+    let holder = slow("holder")
+        .heartbeat_interval(Duration::from_millis(500))
+        .acquire(Some(BOUND))
+        .await
+        .expect("the holder acquires");
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (done_tx, mut done) = mpsc::unbounded_channel();
+    for name in ["b", "c"] {
+        let (o, tx, done_tx) = (slow(name), tx.clone(), done_tx.clone());
+        tokio::spawn(async move {
+            let (etx, mut erx) = mpsc::unbounded_channel();
+            let o = o.events(etx);
+            let forward = tokio::spawn(async move {
+                while let Some(e) = erx.recv().await {
+                    let _ = tx.send(e);
+                }
+            });
+            let guard = o.acquire(Some(Duration::from_secs(120))).await;
+            forward.abort();
+            let _ = done_tx.send(guard);
+        });
+        // Each waiter is in the queue before the next one joins.
+        let want = if name == "b" { 1 } else { 2 };
+        loop {
+            match tokio::time::timeout(BOUND, rx.recv())
+                .await
+                .expect("waiting")
+            {
+                Some(LockEvent::Waiting {
+                    holder: Some(h),
+                    position,
+                    ..
+                }) if h.label.as_deref() == Some("holder") && position == want => break,
+                Some(_) => {}
+                None => panic!("events ended"),
+            }
+        }
+    }
+    // The waiters find where their long polls start with one request each; three of the
+    // holder's renewals later (1.5 s) they are long done, so the release reaches them through a
+    // parked Fetch. The handover needs both: Apache completes the rebalance only once every
+    // member has rejoined, and the second waiter's next heartbeat is 14 s away.
+    let mut renewals = holder.watch();
+    for _ in 0..3 {
+        assert!(renewals.changed().await, "the holder renews");
+    }
+    let released = Instant::now();
+    holder.release().await.expect("release");
+    let first = tokio::time::timeout(BOUND, done.recv())
+        .await
+        .expect("a waiter acquires in time")
+        .expect("a waiter's outcome")
+        .expect("a waiter acquires");
+    let took = released.elapsed();
+    eprintln!("handover through the ledger took {took:?}");
+    assert!(
+        took < Duration::from_secs(3),
+        "the handover took {took:?}: the waiters waited for their heartbeats"
+    );
+    let first_token = first.token();
+    first.release().await.expect("release");
+    let last = tokio::time::timeout(BOUND, done.recv())
+        .await
+        .expect("the last waiter acquires in time")
+        .expect("its outcome")
+        .expect("the last waiter acquires");
+    assert!(last.token() > first_token);
+    last.release().await.expect("release");
+}
+
+fn kafka_lock() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kafka-lock"));
+    cmd.env_remove("KAFKA_LOCK_LOG")
+        .env_remove("KAFKA_LOCK_LEDGER_TOPIC")
+        .stdin(Stdio::null());
+    cmd
+}
+
+/// `kafka-lock run` under the tests' usual timeouts, with the ledger.
+fn run_cmd(bootstrap: &str, group: &str, ledger: &str, script: &str) -> Command {
+    let mut cmd = kafka_lock();
+    cmd.args(["run", "--bootstrap", bootstrap, "--lock", group])
+        .args(["--ledger-topic", ledger])
+        .args(["--session-timeout", "6s", "--heartbeat-interval", "500ms"])
+        .args(["--wait", "60s", "--", "sh", "-c", script]);
+    cmd
+}
+
+/// Runs a short-lived `kafka-lock` to its end (bounded), returning status, stdout and stderr.
+fn run_to_end(mut cmd: Command) -> (i32, String, String) {
+    let child = ChildGuard::new(
+        cmd.stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start kafka-lock"),
+    );
+    let (tx, rx) = std::sync::mpsc::channel();
+    let child = child.into_inner();
+    let pid = child.id();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let out = match rx.recv_timeout(Duration::from_secs(120)) {
+        Ok(out) => out.expect("kafka-lock's output"),
+        Err(_) => {
+            // SAFETY: kill(2) on our own child's pid, which is not reaped yet (the waiting
+            // thread has not returned).
+            #[allow(unsafe_code)]
+            unsafe {
+                libc::kill(pid as i32, libc::SIGKILL);
+            }
+            panic!("kafka-lock did not finish within 120 s");
+        }
+    };
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The command finds the last checkpoint in its environment and leaves the next one in a file;
+/// kafka-lock stores it only when the command exits 0, and refuses one that is too long. The
+/// token in the environment is the ledger offset. After the group is deleted, `status` still
+/// shows the last hold and the checkpoint (from the ledger's copy).
+#[test]
+fn the_command_hands_its_checkpoint_to_the_next_holder() {
+    support::init_tracing();
+    let bootstrap = kafka().bootstrap();
+    let ledger = new_ledger(&bootstrap, "ledger-cli");
+    let group = support::unique_group("ledger-cli-lock");
+    let dir = std::env::temp_dir().join(support::unique_group("ledger-cli-out"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let _cleanup = RemoveDir(dir.clone());
+    let step = |n: u32, write: &str, exit: i32| {
+        let script = format!(
+            "printf '%s %s' \"$KAFKA_LOCK_TOKEN\" \"${{KAFKA_LOCK_CHECKPOINT-none}}\" > {out}; \
+             {write}; exit {exit}",
+            out = dir.join(format!("seen{n}")).display()
+        );
+        let (status, _, stderr) = run_to_end(run_cmd(&bootstrap, &group, &ledger, &script));
+        let seen = std::fs::read_to_string(dir.join(format!("seen{n}"))).unwrap_or_default();
+        let (token, checkpoint) = seen.split_once(' ').unwrap_or(("", ""));
+        (
+            status,
+            token.parse::<i64>().unwrap_or(-1),
+            checkpoint.to_owned(),
+            stderr,
+        )
+    };
+    let (s1, t1, c1, e1) = step(1, "printf v1 > \"$KAFKA_LOCK_CHECKPOINT_FILE\"", 0);
+    assert_eq!((s1, c1.as_str()), (0, "none"), "{e1}");
+    let (s2, t2, c2, e2) = step(2, "printf v2 > \"$KAFKA_LOCK_CHECKPOINT_FILE\"", 0);
+    assert_eq!((s2, c2.as_str()), (0, "v1"), "{e2}");
+    assert!(t2 > t1 && t1 >= 0, "tokens {t1} then {t2}");
+    // A failed command's checkpoint is not stored.
+    let (s3, _, c3, e3) = step(3, "printf v3 > \"$KAFKA_LOCK_CHECKPOINT_FILE\"", 3);
+    assert_eq!((s3, c3.as_str()), (3, "v2"), "{e3}");
+    // One longer than the limit is refused locally: status 78, the checkpoint stays.
+    let (s4, _, c4, e4) = step(
+        4,
+        "head -c 5000 /dev/zero | tr '\\0' x > \"$KAFKA_LOCK_CHECKPOINT_FILE\"",
+        0,
+    );
+    assert_eq!((s4, c4.as_str()), (78, "v2"), "{e4}");
+    assert!(e4.contains("more than 4096 bytes"), "{e4}");
+    let (s5, t5, c5, e5) = step(5, "true", 0);
+    assert_eq!((s5, c5.as_str()), (0, "v2"), "{e5}");
+
+    // The group is gone; the ledger is not.
+    delete_group(&bootstrap, &group).expect("delete the empty group");
+    let mut status = kafka_lock();
+    status
+        .args(["status", "--bootstrap", &bootstrap, "--lock", &group])
+        .args(["--ledger-topic", &ledger, "--json"]);
+    let (code, out, err) = run_to_end(status);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect(&out);
+    assert_eq!(v["state"], "Dead", "{out}");
+    assert_eq!(v["ledger"]["last_hold"]["token"], t5, "{out}");
+    assert_eq!(v["ledger"]["last_hold"]["end"], "released", "{out}");
+    assert_eq!(v["ledger"]["checkpoint"]["value"], "v2", "{out}");
+    assert_eq!(v["ledger"]["checkpoint"]["source"], "ledger", "{out}");
+}
+
+/// A directory removed when dropped, even when the test fails.
+struct RemoveDir(std::path::PathBuf);
+
+impl Drop for RemoveDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A holder SIGKILLed while it holds writes no end record; the history says so (its hold ended
+/// without a word before the next one began) and does not invent a release. Breaks if a record
+/// were written on the holder's behalf, or if the fold paired the next holder's RELEASED with
+/// the dead holder's hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_after_a_crash_tells_the_truth() {
+    support::init_tracing();
+    let bootstrap = kafka().bootstrap();
+    let ledger = new_ledger(&bootstrap, "ledger-crash");
+    let group = support::unique_group("ledger-crash-lock");
+    let mut holder_cmd = kafka_lock();
+    holder_cmd
+        .args(["run", "--bootstrap", &bootstrap, "--lock", &group])
+        .args(["--ledger-topic", &ledger, "--label", "doomed"])
+        .args(["--session-timeout", "6s", "--heartbeat-interval", "500ms"])
+        .args(["--events", "json", "--", "sleep", "600"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut holder = ChildGuard::new(holder_cmd.spawn().expect("start kafka-lock run"));
+    let stderr = holder.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let acquired = loop {
+        let line = rx.recv_timeout(BOUND).expect("the holder process acquires");
+        if line.contains("\"event\":\"child_started\"") {
+            break line;
+        }
+    };
+    let v: serde_json::Value = serde_json::from_str(&acquired).unwrap();
+    let dead_token = v["token"].as_i64().expect("a token");
+    // kafka-lock and, through its supervisor, the command: no goodbye to anyone.
+    holder.kill().expect("SIGKILL the holder");
+    let _ = holder.wait();
+
+    let next = opts(&bootstrap, &group, &ledger);
+    let t2 = hold_once(&next).await;
+    assert!(t2.value() > dead_token, "{dead_token} then {t2:?}");
+
+    let h = next.history().await.expect("history");
+    assert_eq!(h.holds.len(), 2, "{h:?}");
+    assert_eq!(h.holds[0].token, dead_token);
+    assert_eq!(h.holds[0].label.as_deref(), Some("doomed"));
+    assert_eq!(
+        h.holds[0].end,
+        HoldEnd::Silent {
+            next_token: t2.value(),
+            before_unix_ms: h.holds[1].acquired_unix_ms
+        }
+    );
+    assert!(matches!(h.holds[1].end, HoldEnd::Released { .. }));
+
+    // The CLI tells the same.
+    let mut history = kafka_lock();
+    history
+        .args(["history", "--bootstrap", &bootstrap, "--lock", &group])
+        .args(["--ledger-topic", &ledger, "--json"]);
+    let (code, out, err) = run_to_end(history);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect(&out);
+    let ends: Vec<(i64, String)> = v["holds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| {
+            (
+                h["token"].as_i64().unwrap(),
+                h["end"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ends,
+        [
+            (dead_token, "silent".to_owned()),
+            (t2.value(), "released".to_owned())
+        ]
+    );
+    let mut text = kafka_lock();
+    text.args(["history", "--bootstrap", &bootstrap, "--lock", &group])
+        .args(["--ledger-topic", &ledger]);
+    let (code, out, err) = run_to_end(text);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(&format!("ended without a word before token {}", t2.value())),
+        "{out}"
+    );
+}
+
+/// Metadata's leader for partition 0 of `topic`, asked of any live node of the cluster.
+async fn ledger_leader(cluster: &KafkaCluster, topic: &str) -> i32 {
+    use kafka_protocol::messages::metadata_request::{MetadataRequest, MetadataRequestTopic};
+    use kafka_protocol::messages::TopicName;
+    for node in cluster.nodes().iter().filter(|n| n.is_live()) {
+        let Ok(conn) = Connection::connect(&node.addr(), &ConnConfig::default()).await else {
+            continue;
+        };
+        let mut t = MetadataRequestTopic::default();
+        t.name = Some(TopicName(StrBytes::from_string(topic.to_owned())));
+        let mut req = MetadataRequest::default();
+        req.topics = Some(vec![t]);
+        if let Ok(Response::Metadata(r)) = conn.request(req).await {
+            if let Some(p) = r.topics.first().and_then(|t| t.partitions.first()) {
+                if p.leader_id.0 >= 0 {
+                    return p.leader_id.0;
+                }
+            }
+        }
+    }
+    panic!("no live node names a leader for {topic}")
+}
+
+/// Coordinator failover and the loss of the ledger's leader on three nodes: every new holder's
+/// token is still greater than every earlier one's, and no hold is missing from the history.
+/// Breaks if the ledger machine did not look the leader up again (the next hold never begins).
+#[test]
+fn tokens_keep_increasing_across_coordinator_and_ledger_leader_failover() {
+    support::init_tracing();
+    let mut cluster = KafkaCluster::start(KafkaOptions::three_nodes());
+    let bootstrap = cluster.bootstrap();
+    let ledger = support::unique_group("ledger-failover");
+    create_topic(&bootstrap, &ledger, 1);
+    cluster.wait_for_full_isr();
+    let group = support::unique_group("ledger-failover-lock");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let o = opts(&bootstrap, &group, &ledger);
+    let mut tokens = Vec::new();
+
+    // A holds while its coordinator dies.
+    let a = rt.block_on(o.acquire(Some(BOUND))).expect("A acquires");
+    tokens.push(a.token());
+    let coordinator = cluster.coordinator(&group);
+    cluster.kill(coordinator);
+    cluster.wait_for_new_coordinator(&group, coordinator);
+    // Kept through the failover or lost: either way it ends here.
+    rt.block_on(a.release()).expect("release");
+    tokens.push(rt.block_on(hold_once(&o)));
+    cluster.restart(coordinator);
+    cluster.wait_for_full_isr();
+
+    // The ledger's leader dies: the next ACQUIRED record goes to its successor.
+    let leader = rt.block_on(ledger_leader(&cluster, &ledger));
+    cluster.kill(leader);
+    tokens.push(rt.block_on(hold_once(&o)));
+    cluster.restart(leader);
+    cluster.wait_for_full_isr();
+    tokens.push(rt.block_on(hold_once(&o)));
+
+    for w in tokens.windows(2) {
+        assert!(w[1] > w[0], "{:?} then {:?}", w[0], w[1]);
+        assert!(w[1].ledger_offset > w[0].ledger_offset);
+    }
+    let h = rt.block_on(o.history()).expect("history");
+    let held: Vec<i64> = h
+        .holds
+        .iter()
+        .filter(|x| !matches!(x.end, HoldEnd::Retried { .. }))
+        .map(|x| x.token)
+        .collect();
+    let want: Vec<i64> = tokens.iter().map(FencingToken::value).collect();
+    assert_eq!(held, want, "{h:?}");
+}
