@@ -17,7 +17,7 @@ use kafka_lock::{
 use kafka_protocol::messages::heartbeat_request::HeartbeatRequest;
 use kafka_protocol::messages::join_group_request::{JoinGroupRequest, JoinGroupRequestProtocol};
 use kafka_protocol::messages::sync_group_request::SyncGroupRequest;
-use kafka_protocol::messages::GroupId;
+use kafka_protocol::messages::{ApiKey, GroupId};
 use kafka_protocol::protocol::StrBytes;
 use tokio::sync::{mpsc, oneshot};
 
@@ -437,4 +437,205 @@ async fn an_observer_of_an_unreachable_cluster_fails_at_once() {
         .expect("an answer")
         .unwrap_err();
     assert!(e.is_retriable(), "{e}");
+}
+
+/// A candidate for the benchmark: resigns when told, campaigns again after a loss.
+fn bench_candidate(
+    o: LockOptions,
+    label: &'static str,
+    wins: mpsc::UnboundedSender<(&'static str, FencingToken, Instant)>,
+) -> (mpsc::UnboundedSender<()>, tokio::task::JoinHandle<()>) {
+    let (resign_tx, mut resign) = mpsc::unbounded_channel::<()>();
+    let mut election = Election::new(o.label(label)).min_term(Duration::ZERO);
+    let task = tokio::spawn(async move {
+        loop {
+            let leader = election.campaign().await.expect("campaign");
+            let _ = wins.send((label, leader.token(), Instant::now()));
+            tokio::select! {
+                r = resign.recv() => {
+                    if r.is_none() {
+                        return;
+                    }
+                    let _ = leader.release().await;
+                }
+                _ = leader.lost() => {}
+            }
+        }
+    });
+    (resign_tx, task)
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn summary(xs: &[f64]) -> String {
+    if xs.is_empty() {
+        return "no samples".into();
+    }
+    let mut v = xs.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    format!(
+        "n={} min={:.0} median={:.0} max={:.0} ms",
+        v.len(),
+        v[0],
+        v[v.len() / 2],
+        v[v.len() - 1]
+    )
+}
+
+/// Leader failover (graceful resign, and a leader cut off from the network as a crashed host
+/// is) and observer lag and load, in both modes. Each observer and candidate talks through
+/// proxies of its own that count its requests. BENCHMARKS.md has the numbers and the command:
+/// `cargo test --all-features --test it -- --ignored --nocapture election::bench`
+/// (`KAFKA_LOCK_BENCH_ROUNDS`, default 6: three resigns and three crashes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a benchmark; run explicitly (BENCHMARKS.md)"]
+async fn bench_failover_and_observer_lag() {
+    use crate::fault::kproxy::{Dir, Fault, ProxySet};
+    use std::net::SocketAddr;
+    init_tracing();
+    let rounds: usize = std::env::var("KAFKA_LOCK_BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(6);
+    let cluster = kafka();
+    let bootstrap = cluster.bootstrap();
+    let ledger = unique_group("bench-ledger");
+    create_topic(&bootstrap, &ledger, 1);
+    let group = unique_group("bench-elect");
+    let brokers: Vec<(i32, SocketAddr)> = cluster
+        .nodes()
+        .iter()
+        .map(|n| (n.id(), n.addr().parse().unwrap()))
+        .collect();
+    let handle = tokio::runtime::Handle::current();
+    let on = |p: &ProxySet| {
+        LockOptions::new(p.bootstrap(), &group)
+            .session_timeout(Duration::from_secs(6))
+            .rebalance_timeout(Duration::from_secs(6))
+            .heartbeat_interval(HEARTBEAT)
+            .lease_margin(Duration::from_secs(1))
+            .ledger_topic(&ledger)
+    };
+
+    let started = Instant::now();
+    let mut observers = Vec::new();
+    for (name, interval, ledger_mode) in [
+        ("describe, 1s interval", Duration::from_secs(1), false),
+        ("describe, 100ms interval", MIN_OBSERVE_INTERVAL, false),
+        ("ledger", Duration::from_secs(1), true),
+    ] {
+        let proxies = ProxySet::start(&handle, &brokers);
+        let mut o = on(&proxies).observer().interval(interval);
+        if !ledger_mode {
+            o = o.via_describe();
+        }
+        let (rx, task) = observe(o);
+        observers.push((name, proxies, rx, task, Vec::<f64>::new()));
+    }
+    let (wins_tx, mut wins) = mpsc::unbounded_channel();
+    let mut candidates = Vec::new();
+    for label in ["a", "b"] {
+        let proxies = ProxySet::start(&handle, &brokers);
+        let (resign, task) = bench_candidate(on(&proxies), label, wins_tx.clone());
+        candidates.push((label, proxies, resign, task));
+    }
+    let mut resign_failover = Vec::new();
+    let mut crash_failover = Vec::new();
+    let mut win = tokio::time::timeout(HANDOVER, wins.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    for round in 0..=rounds {
+        let (label, token, won_at) = win.clone();
+        for (name, _, rx, _, lags) in &mut observers {
+            let (at, _) = loop {
+                let (at, l) = next_report(rx).await;
+                if l.leader
+                    .as_ref()
+                    .is_some_and(|x| x.member_id == token.member_id)
+                {
+                    break (at, l);
+                }
+            };
+            let lag = if at >= won_at {
+                ms(at - won_at)
+            } else {
+                -ms(won_at - at)
+            };
+            lags.push(lag);
+            tracing::info!(%name, %label, lag_ms = lag, "observed");
+        }
+        if round == rounds {
+            break;
+        }
+        let (_, proxies, resign, _) = candidates.iter().find(|c| c.0 == label).unwrap();
+        let crash = round % 2 == 1;
+        let t0 = Instant::now();
+        if crash {
+            proxies.set_all(Fault::Blackhole(Dir::Both));
+        } else {
+            resign.send(()).unwrap();
+        }
+        win = tokio::time::timeout(HANDOVER, wins.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_ne!(win.0, label);
+        assert!(win.1 > token);
+        let failover = ms(win.2 - t0);
+        if crash {
+            crash_failover.push(failover);
+            proxies.set_all(Fault::Clear);
+        } else {
+            resign_failover.push(failover);
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    // The cost of watching a lock where nothing happens: requests over an idle window.
+    let snapshot = |observers: &Vec<(&str, ProxySet, _, _, Vec<f64>)>| -> Vec<u64> {
+        observers
+            .iter()
+            .map(|o| o.1.stats().requests.lock().unwrap().values().sum())
+            .collect()
+    };
+    let during: Vec<std::collections::HashMap<i16, u64>> = observers
+        .iter()
+        .map(|o| o.1.stats().requests.lock().unwrap().clone())
+        .collect();
+    let idle_before = snapshot(&observers);
+    let idle = Duration::from_secs(20);
+    tokio::time::sleep(idle).await;
+    let idle_after = snapshot(&observers);
+    println!("election benchmark: {rounds} handovers in {elapsed:.1} s, session timeout 6 s, heartbeat 500 ms");
+    println!(
+        "failover after a resign:             {}",
+        summary(&resign_failover)
+    );
+    println!(
+        "failover after the leader is cut off: {}",
+        summary(&crash_failover)
+    );
+    for (i, (name, _, _, task, lags)) in observers.iter().enumerate() {
+        task.abort();
+        println!(
+            "observer {name}: idle {:.2} requests/s",
+            (idle_after[i] - idle_before[i]) as f64 / idle.as_secs_f64()
+        );
+        let counts = &during[i];
+        let total: u64 = counts.values().sum();
+        let per_s = |k: ApiKey| *counts.get(&(k as i16)).unwrap_or(&0) as f64 / elapsed;
+        println!(
+            "observer {name}: lag {} ; {:.2} requests/s ({:.2} DescribeGroups/s, {:.2} Fetch/s, {total} requests in all)",
+            summary(lags),
+            total as f64 / elapsed,
+            per_s(ApiKey::DescribeGroups),
+            per_s(ApiKey::Fetch),
+        );
+    }
+    for (_, _, resign, task) in candidates {
+        drop(resign);
+        task.abort();
+    }
 }
