@@ -243,3 +243,43 @@ fn elect_and_observe_refuse_nonsense() {
     );
     assert_eq!(code, 64, "{stderr:?}");
 }
+
+/// Failover between `kafka-lock elect` processes: the leader SIGKILLed, and the leader stopped
+/// with SIGTERM (a graceful resign), until the other candidate's `acquired` event, on the one
+/// CLOCK_MONOTONIC of the host. BENCHMARKS.md has the numbers and the command:
+/// `cargo test --all-features --test it -- --ignored --nocapture cli::election::bench`.
+#[test]
+#[ignore = "a benchmark; run explicitly (BENCHMARKS.md)"]
+fn bench_elect_failover() {
+    let b = broker().bootstrap();
+    let rounds = 3;
+    for how in ["KILL", "TERM"] {
+        let mut times = Vec::new();
+        for _ in 0..rounds {
+            let lock = lock_name("elect-bench");
+            let mut extra = vec!["--label", "first"];
+            extra.extend(CONTENDED);
+            let mut first = elect_cmd(&b, &lock, &extra, &sh("cat >/dev/null")).spawn();
+            first.event("child_started", STEP);
+            let mut extra = vec!["--label", "second"];
+            extra.extend(CONTENDED);
+            let mut second = elect_cmd(&b, &lock, &extra, &sh("cat >/dev/null")).spawn();
+            second.event("waiting", STEP);
+            let t0 = mono_now();
+            first.signal(how);
+            let acquired = second.event("acquired", STEP);
+            times.push((mono(&acquired, "mono_ns") - t0) as f64 / 1e6);
+            second.signal("TERM");
+            assert_eq!(second.finish(STEP), 0, "{}", second.transcript());
+            if how == "TERM" {
+                assert_eq!(first.finish(STEP), 0, "{}", first.transcript());
+            }
+        }
+        times.sort_by(|a, b| a.total_cmp(b));
+        println!(
+            "elect failover after SIG{how} of the leader (session 6s, heartbeat 500ms): runs {:?} ms, median {:.0} ms",
+            times.iter().map(|t| t.round()).collect::<Vec<_>>(),
+            times[times.len() / 2]
+        );
+    }
+}
