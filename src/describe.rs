@@ -173,7 +173,9 @@ impl LockDescription {
 /// Reads holders and queue out of a DescribeGroups answer for `lock`, got from `coordinator`.
 ///
 /// Total over any bytes: a member whose metadata or assignment does not decode is listed with
-/// [`LockMember::undecodable`] set and is never a holder.
+/// [`LockMember::undecodable`] set and is never a holder. Hidden: users call
+/// [`LockOptions::describe`](crate::LockOptions::describe); the CLI's tests print its results.
+#[doc(hidden)]
 pub fn analyse(lock: &str, coordinator: &str, g: &DescribedGroup) -> LockDescription {
     let protocol_type = g.protocol_type.to_string();
     let protocol = match protocol_type.as_str() {

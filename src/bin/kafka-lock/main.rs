@@ -7,7 +7,7 @@
 //! kafka-lock elect --bootstrap HOST:PORT[,...] --lock NAME [run's options] -- COMMAND [ARGS...]
 //! kafka-lock observe --bootstrap HOST:PORT[,...] --lock NAME [--ledger-topic T] [--json]
 //! kafka-lock completions bash|zsh|fish|elvish|powershell     (hidden)
-//! kafka-lock manpage [run|status|history]                     (hidden)
+//! kafka-lock manpage [run|status|elect|observe]               (hidden)
 //! ```
 //!
 //! Every flag can also come from the environment: `--session-timeout` from
@@ -232,8 +232,8 @@ enum Command {
         /// The shell.
         shell: clap_complete::Shell,
     },
-    /// Print a man page (roff) on stdout: kafka-lock(1), or kafka-lock-run(1) or
-    /// kafka-lock-status(1).
+    /// Print a man page (roff) on stdout: kafka-lock(1), or kafka-lock-run(1),
+    /// kafka-lock-status(1), kafka-lock-elect(1) or kafka-lock-observe(1).
     #[command(hide = true)]
     Manpage {
         /// The subcommand whose page to print; the main page without it.
