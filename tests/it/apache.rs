@@ -21,7 +21,7 @@ use kafka_protocol::messages::join_group_request::{JoinGroupRequest, JoinGroupRe
 use kafka_protocol::messages::join_group_response::JoinGroupResponse;
 use kafka_protocol::messages::sync_group_request::{SyncGroupRequest, SyncGroupRequestAssignment};
 use kafka_protocol::messages::sync_group_response::SyncGroupResponse;
-use kafka_protocol::messages::{ApiKey, GroupId};
+use kafka_protocol::messages::GroupId;
 use kafka_protocol::protocol::StrBytes;
 use tokio::sync::mpsc;
 
@@ -240,7 +240,7 @@ async fn a_session_timeout_outside_the_brokers_bounds_is_refused_naming_the_sett
         assert!(
             matches!(
                 &err,
-                Error::Broker { api: ApiKey::JoinGroup, code, .. }
+                Error::Broker { api: kafka_lock::Api::JoinGroup, code, .. }
                     if *code == KafkaCode::INVALID_SESSION_TIMEOUT
             ),
             "session {session:?}: {err:?}"

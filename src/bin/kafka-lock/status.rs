@@ -34,11 +34,7 @@ async fn ledger_view(opts: &LockOptions, topic: &str) -> Result<LedgerView> {
         Some(c) => Some(c),
         None => history
             .last_checkpoint()
-            .map(|(value, token, _)| Checkpoint {
-                value: value.to_owned(),
-                token,
-                source: CheckpointSource::Ledger,
-            }),
+            .map(|(value, token, _)| Checkpoint::new(value, token, CheckpointSource::Ledger)),
     };
     Ok(LedgerView {
         topic: topic.to_owned(),
@@ -82,6 +78,7 @@ fn ledger_text(l: &LedgerView) -> String {
             match c.source {
                 CheckpointSource::Group => "group",
                 CheckpointSource::Ledger => "ledger, the group no longer has it",
+                _ => "place this version does not name",
             }
         ),
         None => "none".to_owned(),
@@ -113,6 +110,7 @@ fn ledger_json(l: &LedgerView) -> String {
                 match c.source {
                     CheckpointSource::Group => "group",
                     CheckpointSource::Ledger => "ledger",
+                    _ => "unknown",
                 },
             )
             .finish()
