@@ -64,6 +64,9 @@ if grep -E '^(testdata|fuzz|\.tools)/' <<<"$files" >/dev/null; then
 fi
 echo "ok: $(wc -l <<<"$files") files"
 
+step "the examples build for library users: cargo build --examples --no-default-features"
+cargo build --examples --no-default-features
+
 step "cargo build --all-targets --all-features"
 cargo build --all-targets --all-features
 
