@@ -15,7 +15,9 @@ use kafka_lock::{LockOptions, Release};
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let bootstrap = args.next().unwrap_or_else(|| "127.0.0.1:9092".to_owned());
-    let name = args.next().unwrap_or_else(|| "kafka-lock-example".to_owned());
+    let name = args
+        .next()
+        .unwrap_or_else(|| "kafka-lock-example".to_owned());
 
     // Wait up to 30 s for the lock; Error::NotAcquired if someone else keeps it that long.
     let guard = LockOptions::new(&bootstrap, &name)

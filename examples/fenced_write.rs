@@ -52,7 +52,9 @@ impl FencedStore {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let bootstrap = args.next().unwrap_or_else(|| "127.0.0.1:9092".to_owned());
-    let name = args.next().unwrap_or_else(|| "kafka-lock-fenced-example".to_owned());
+    let name = args
+        .next()
+        .unwrap_or_else(|| "kafka-lock-fenced-example".to_owned());
     let mut options = LockOptions::new(&bootstrap, &name);
     if let Some(topic) = args.next() {
         options = options.ledger_topic(topic);

@@ -40,7 +40,9 @@ async fn worker(watch: HoldWatch, mut stop: oneshot::Receiver<()>) -> &'static s
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let bootstrap = args.next().unwrap_or_else(|| "127.0.0.1:9092".to_owned());
-    let name = args.next().unwrap_or_else(|| "kafka-lock-shutdown-example".to_owned());
+    let name = args
+        .next()
+        .unwrap_or_else(|| "kafka-lock-shutdown-example".to_owned());
 
     let guard = LockOptions::new(&bootstrap, &name)
         // How long release() waits for the coordinator to confirm the leave.
