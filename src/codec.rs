@@ -31,7 +31,7 @@ use kafka_protocol::messages::ApiKey;
 use crate::api::Api;
 use crate::wire;
 
-pub use crate::wire::codec::{DecodeError, EncodeError};
+pub use crate::wire::codec::{BoxError, DecodeError, EncodeError};
 pub use crate::wire::frame::{
     frame_length, FrameError, DEFAULT_MAX_FRAME_SIZE, LENGTH_PREFIX_SIZE,
 };
