@@ -1055,7 +1055,6 @@ impl LockGuard {
     /// A cloneable, `Send` view of this hold that other tasks can keep and await: the lease end
     /// as renewals move it, and the loss. It never keeps the lock alive: dropping the guard
     /// still releases it.
-    #[must_use]
     pub fn watch(&self) -> HoldWatch {
         HoldWatch {
             rx: self.handle.state.clone(),
