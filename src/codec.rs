@@ -20,9 +20,11 @@
 //! // A Heartbeat v0 body: error code 0.
 //! assert!(check_response(Api::Heartbeat, 0, &[0, 0]).is_ok());
 //! // One byte short.
+//! assert!(check_response(Api::Heartbeat, 0, &[0]).is_err());
+//! // One byte too many.
 //! assert!(matches!(
-//!     check_response(Api::Heartbeat, 0, &[0]),
-//!     Err(DecodeError::Malformed { api: Api::Heartbeat, .. })
+//!     check_response(Api::Heartbeat, 0, &[0, 0, 0]),
+//!     Err(DecodeError::TrailingBytes { api: Api::Heartbeat, left: 1, .. })
 //! ));
 //! ```
 
