@@ -59,6 +59,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(topic) = args.next() {
         options = options.ledger_topic(topic);
     }
+    let kept = run(options).await?;
+    println!("the store holds {kept:?}");
+    Ok(())
+}
+
+/// Two holders one after the other, the first with a late write; returns what the store holds.
+/// (The integration tests run this against their brokers.)
+pub async fn run(options: LockOptions) -> Result<String, Box<dyn std::error::Error>> {
     let wait = Some(Duration::from_secs(30));
     let store = FencedStore::default();
 
@@ -81,10 +89,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok(()) => return Err("the store accepted a write from a former holder".into()),
         Err(why) => println!("the late write was refused: {why}"),
     }
-    println!(
-        "the store holds {:?}",
-        store.state.lock().unwrap().value.as_str()
-    );
     second.release().await?;
-    Ok(())
+    let kept = store.state.lock().unwrap().value.clone();
+    Ok(kept)
 }

@@ -8,9 +8,10 @@
 //! The worker gets a [`HoldWatch`]: cloneable and `Send`, it lets a spawned task see the lease and
 //! await the loss without owning the guard. The guard stays with `main`, which releases it.
 
+use std::future::Future;
 use std::time::Duration;
 
-use kafka_lock::{HoldWatch, LockOptions};
+use kafka_lock::{HoldWatch, LockOptions, Release};
 use tokio::sync::oneshot;
 
 /// Works in small steps until told to stop or until the lock is lost, and says which.
@@ -43,8 +44,24 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let name = args
         .next()
         .unwrap_or_else(|| "kafka-lock-shutdown-example".to_owned());
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+        println!("Ctrl-C: stopping the worker");
+    };
+    let (ended, release) = run(&bootstrap, &name, ctrl_c).await?;
+    println!("worker ended: {ended}; released: {release:?}");
+    Ok(())
+}
 
-    let guard = LockOptions::new(&bootstrap, &name)
+/// Holds the lock and runs the worker until `shutdown` resolves or the lock is lost, then
+/// releases. Returns how the worker ended and how the release did. (The integration tests run
+/// this against their brokers.)
+pub async fn run(
+    bootstrap: &str,
+    name: &str,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(&'static str, Release), Box<dyn std::error::Error>> {
+    let guard = LockOptions::new(bootstrap, name)
         // How long release() waits for the coordinator to confirm the leave.
         .leave_timeout(Duration::from_secs(2))
         .acquire(None)
@@ -57,19 +74,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (stop, stopped) = oneshot::channel();
     let mut work = tokio::spawn(worker(guard.watch(), stopped));
     let ended = tokio::select! {
-        r = tokio::signal::ctrl_c() => {
-            r?;
-            println!("Ctrl-C: stopping the worker");
+        () = shutdown => {
             let _ = stop.send(());
             work.await?
         }
         r = &mut work => r?,
     };
-    println!("worker ended: {ended}");
 
     // Within the leave timeout whatever the coordinator does; the hold itself has ended before
     // the LeaveGroup is even sent.
     let release = guard.release().await?;
-    println!("released: {release:?}");
-    Ok(())
+    Ok((ended, release))
 }
