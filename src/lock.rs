@@ -671,6 +671,11 @@ impl LockOptions {
 
     /// Waits up to `wait` (forever if `None`) for the lock.
     ///
+    /// Bounded: reaching the cluster counts against `wait`, and a waiter that gives up then
+    /// waits at most the leave timeout ([`LockOptions::leave_timeout`], default 2 s) for the
+    /// coordinator to confirm that it left, so the call returns within `wait` plus the leave
+    /// timeout, plus scheduling delays. An unconfirmed leave finishes in the background.
+    ///
     /// Errors: [`Error::NotAcquired`] when the wait ends (the group is left before returning),
     /// [`Error::Config`] for invalid settings, connection errors when the cluster cannot be
     /// reached, and [`Error::Broker`] when the broker rejects the settings.
@@ -685,7 +690,8 @@ impl LockOptions {
     }
 
     /// Takes the lock only if the first completed generation gives it to us; otherwise leaves
-    /// the group and returns `Ok(None)`.
+    /// the group (waiting at most the leave timeout for the coordinator to confirm it) and
+    /// returns `Ok(None)`. The CLI's `--wait 0`.
     pub async fn try_acquire(&self) -> Result<Option<LockGuard>> {
         self.acquire_inner(None, true).await
     }
