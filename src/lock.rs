@@ -991,6 +991,16 @@ async fn check_lock_topic(conn: &Connection, topic: &str) -> Result<()> {
 
 /// A held lock. Dropping it releases the lock in the background (best effort); prefer
 /// [`LockGuard::release`], which waits for the LeaveGroup.
+///
+/// A guard dropped as soon as it is taken is a mistake the compiler points out:
+///
+/// ```compile_fail
+/// #![deny(unused_must_use)]
+/// async fn work(opts: kafka_lock::LockOptions) -> kafka_lock::Result<()> {
+///     opts.acquire(None).await?; // unused `LockGuard` that must be used
+///     Ok(())
+/// }
+/// ```
 #[derive(Debug)]
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct LockGuard {
