@@ -12,6 +12,7 @@
 //! - [`wire`]: sans-I/O framing, codecs with bounded decoding, version negotiation (no tokio).
 //! - [`driver`]: the tokio side, the only place that owns sockets, tasks and clocks.
 //! - [`backoff`]: jittered exponential backoff with an injectable random source.
+//! - [`config`]: client settings in Kafka's vocabulary (`client.properties`, librdkafka names).
 //! - [`error`]: typed errors, Kafka error codes with retriable/fatal classification.
 //! - [`metrics`]: the names of the metrics reported through the `metrics` facade.
 //!
@@ -26,6 +27,7 @@
 
 pub mod assign;
 pub mod backoff;
+pub mod config;
 pub mod driver;
 pub mod error;
 #[cfg(test)]

@@ -218,18 +218,21 @@ pub struct LockOptions {
     stats: Arc<Mutex<StatsInner>>,
 }
 
+fn split_bootstrap(bootstrap: &str) -> Vec<String> {
+    bootstrap
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
 impl LockOptions {
     /// A lock named `name` (the group id) on the cluster reachable at `bootstrap`
     /// (`host:port[,host:port...]`), with defaults suited to locks.
     pub fn new(bootstrap: impl AsRef<str>, name: impl Into<String>) -> Self {
         LockOptions {
-            bootstrap: bootstrap
-                .as_ref()
-                .split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(str::to_owned)
-                .collect(),
+            bootstrap: split_bootstrap(bootstrap.as_ref()),
             name: name.into(),
             mode: Mode::Native,
             label: None,
@@ -354,6 +357,18 @@ impl LockOptions {
         self.retry_backoff = initial;
         self.retry_backoff_max = max;
         self
+    }
+
+    /// Replaces the bootstrap list (`host:port[,host:port...]`); for settings read from
+    /// `bootstrap.servers`.
+    pub(crate) fn set_bootstrap(mut self, bootstrap: &str) -> Self {
+        self.bootstrap = split_bootstrap(bootstrap);
+        self
+    }
+
+    /// The retry backoff bounds (initial, largest).
+    pub(crate) fn retry_backoff_bounds(&self) -> (Duration, Duration) {
+        (self.retry_backoff, self.retry_backoff_max)
     }
 
     /// Lease safety margin.
