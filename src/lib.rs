@@ -14,15 +14,20 @@
 //! - [`backoff`]: jittered exponential backoff with an injectable random source.
 //! - [`config`]: client settings in Kafka's vocabulary (`client.properties`, librdkafka names).
 //! - [`error`]: typed errors, Kafka error codes with retriable/fatal classification.
+//! - [`security`]: TLS and SASL settings in Kafka's vocabulary, and their errors.
 //! - [`metrics`]: the names of the metrics reported through the `metrics` facade.
 //!
 //! # Feature flags
 //! - `cli` (default): builds the `kafka-lock` binary (clap, humantime, tracing-subscriber, rustix,
 //!   the Prometheus exporter) and enables `metrics`. Library users turn default features off and
-//!   compile none of it. The library never depends on C.
+//!   compile none of it. Without `tls` the library never depends on C.
 //! - `metrics`: reports acquisition latency, holds, hold lengths, rebalances while held and
 //!   losses through the [`metrics`](https://docs.rs/metrics) facade ([`crate::metrics`] names them).
 //!   On with `cli`, off for library users unless they ask; without it the code is not compiled.
+//! - `tls`: TLS to the brokers (`security.protocol` SSL and SASL_SSL) with rustls, tokio-rustls
+//!   and the `ring` crypto provider, and Mozilla's roots (webpki-roots). On with `cli`. ring
+//!   contains C and assembly: this feature is the only way C enters the build. SASL (PLAIN,
+//!   SCRAM) needs no feature and is pure Rust.
 #![deny(rustdoc::broken_intra_doc_links)]
 
 pub mod assign;
@@ -36,6 +41,7 @@ pub mod ledger;
 pub mod lock;
 pub mod membership;
 pub mod metrics;
+pub mod security;
 pub mod wire;
 
 pub use error::{Error, KafkaCode, Result};
@@ -43,4 +49,7 @@ pub use ledger::{History, Hold, HoldEnd, LedgerError};
 pub use lock::{
     Checkpoint, CheckpointSource, FencingToken, HoldWatch, LockEvent, LockGuard, LockOptions,
     LockStats, LossReason, Release,
+};
+pub use security::{
+    AuthFailure, Sasl, SaslMechanism, Secret, Security, SecurityError, SecurityProtocol, Tls,
 };

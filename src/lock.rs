@@ -51,6 +51,7 @@ use crate::driver::{connect_any, BootstrapConfig, ConnConfig, Connection};
 use crate::error::{Error, KafkaCode, Result};
 use crate::ledger::{History, Ledger, LedgerConfig, LedgerError};
 use crate::membership::{Command, Event, GroupVersions, Membership, MembershipConfig, Mode};
+use crate::security::Security;
 use crate::wire::Response;
 
 pub use crate::ledger::{DEFAULT_CHECKPOINT_MAX_BYTES, DEFAULT_POLL_MAX_BYTES, DEFAULT_POLL_WAIT};
@@ -211,6 +212,7 @@ pub struct LockOptions {
     lease_margin: Duration,
     leave_timeout: Duration,
     max_frame_size: usize,
+    security: Security,
     ledger_topic: Option<String>,
     ledger_push: bool,
     checkpoint_max_bytes: usize,
@@ -247,6 +249,7 @@ impl LockOptions {
             lease_margin: DEFAULT_LEASE_MARGIN,
             leave_timeout: DEFAULT_LEAVE_TIMEOUT,
             max_frame_size: crate::wire::DEFAULT_MAX_FRAME_SIZE,
+            security: Security::default(),
             ledger_topic: None,
             ledger_push: true,
             checkpoint_max_bytes: DEFAULT_CHECKPOINT_MAX_BYTES,
@@ -352,6 +355,18 @@ impl LockOptions {
         self
     }
 
+    /// How connections are secured (TLS, SASL): see [`crate::security`]. Default: plaintext.
+    /// Checked by [`LockOptions::validate`].
+    pub fn security(mut self, security: Security) -> Self {
+        self.security = security;
+        self
+    }
+
+    /// The security settings.
+    pub fn security_settings(&self) -> &Security {
+        &self.security
+    }
+
     /// Retry backoff bounds.
     pub fn retry_backoff(mut self, initial: Duration, max: Duration) -> Self {
         self.retry_backoff = initial;
@@ -414,6 +429,7 @@ impl LockOptions {
     /// Checks the settings locally, before any broker sees them.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Config(m));
+        self.security.validate()?;
         if self.bootstrap.is_empty() {
             return bad("no bootstrap broker given; pass host:port[,host:port...]".into());
         }
@@ -613,6 +629,7 @@ impl LockOptions {
             .with_connect_timeout(self.connect_timeout)
             .with_request_timeout(self.request_timeout)
             .with_max_frame_size(self.max_frame_size)
+            .with_security(self.security.clone())
     }
 
     fn bootstrap_limits(&self) -> BootstrapConfig {

@@ -45,6 +45,7 @@ use tracing::{debug, trace};
 use super::dial::Dialer;
 
 use crate::error::{Error, KafkaCode, Result};
+use crate::security::Security;
 use crate::wire::codec::{decode_response_frame_bytes, encode_request, peek_correlation_id};
 use crate::wire::frame::decode_frame;
 use crate::wire::versions::{api_versions_fallback, negotiate, NegotiatedVersions};
@@ -85,6 +86,8 @@ pub struct ConnConfig {
     /// Largest response frame accepted; a longer length prefix poisons the connection before any
     /// of the frame is buffered. Default: [`DEFAULT_MAX_FRAME_SIZE`].
     pub max_frame_size: usize,
+    /// TLS and SASL (`security.protocol` and friends). Default: plaintext.
+    pub security: Security,
 }
 
 impl Default for ConnConfig {
@@ -94,6 +97,7 @@ impl Default for ConnConfig {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             max_frame_size: DEFAULT_MAX_FRAME_SIZE,
+            security: Security::default(),
         }
     }
 }
@@ -120,6 +124,12 @@ impl ConnConfig {
     /// Sets [`ConnConfig::max_frame_size`].
     pub fn with_max_frame_size(mut self, max: usize) -> Self {
         self.max_frame_size = max;
+        self
+    }
+
+    /// Sets [`ConnConfig::security`].
+    pub fn with_security(mut self, security: Security) -> Self {
+        self.security = security;
         self
     }
 }
