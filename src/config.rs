@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::lock::LockOptions;
+use crate::security::{Pem, Sasl, SaslMechanism, Secret, Security, SecurityProtocol, Tls};
 
 /// A settings error: the key it concerns is always named; the value only when the key is not a
 /// secret.
@@ -502,6 +503,12 @@ pub const ACCEPTED_KEYS: &[&str] = &[
     "ssl.ca.location",
     "ssl.certificate.location",
     "ssl.key.location",
+    "ssl.ca.pem",
+    "ssl.certificate.pem",
+    "ssl.key.pem",
+    "ssl.truststore.certificates",
+    "ssl.keystore.certificate.chain",
+    "ssl.keystore.key",
     "ssl.truststore.location",
     "ssl.truststore.type",
     "ssl.keystore.location",
@@ -609,30 +616,6 @@ const REFUSED: &[(&str, &str)] = &[
          (openssl pkey -in KEY -out PLAIN.pem) kept readable only by its owner",
     ),
     (
-        "ssl.truststore.certificates",
-        "give the CA certificates in a PEM file with ssl.ca.location",
-    ),
-    (
-        "ssl.keystore.certificate.chain",
-        "give the certificate chain in a PEM file with ssl.certificate.location",
-    ),
-    (
-        "ssl.keystore.key",
-        "give the private key in a PEM file with ssl.key.location",
-    ),
-    (
-        "ssl.ca.pem",
-        "give the CA certificates in a PEM file with ssl.ca.location",
-    ),
-    (
-        "ssl.certificate.pem",
-        "give the certificate in a PEM file with ssl.certificate.location",
-    ),
-    (
-        "ssl.key.pem",
-        "give the private key in a PEM file with ssl.key.location",
-    ),
-    (
         "ssl.engine.factory.class",
         "kafka-lock's TLS is rustls; Java classes cannot be loaded",
     ),
@@ -722,83 +705,6 @@ pub fn suggest(key: &str) -> Option<&'static str> {
 // Settings
 // ---------------------------------------------------------------------------------------------
 
-/// `security.protocol`: how connections are made.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Protocol {
-    /// TCP, no authentication (Kafka's default).
-    Plaintext,
-    /// TLS; the client authenticates with a certificate if one is given.
-    Ssl,
-    /// SASL over TCP: credentials cross the network unencrypted (PLAIN shows the password).
-    SaslPlaintext,
-    /// SASL over TLS.
-    SaslSsl,
-}
-
-impl Protocol {
-    fn parse(s: &str) -> Option<Protocol> {
-        Some(match s.to_ascii_uppercase().as_str() {
-            "PLAINTEXT" => Protocol::Plaintext,
-            "SSL" => Protocol::Ssl,
-            "SASL_PLAINTEXT" => Protocol::SaslPlaintext,
-            "SASL_SSL" => Protocol::SaslSsl,
-            _ => return None,
-        })
-    }
-
-    /// Kafka's name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Protocol::Plaintext => "PLAINTEXT",
-            Protocol::Ssl => "SSL",
-            Protocol::SaslPlaintext => "SASL_PLAINTEXT",
-            Protocol::SaslSsl => "SASL_SSL",
-        }
-    }
-
-    /// Whether connections are TLS.
-    pub fn tls(self) -> bool {
-        matches!(self, Protocol::Ssl | Protocol::SaslSsl)
-    }
-
-    /// Whether connections authenticate with SASL.
-    pub fn sasl(self) -> bool {
-        matches!(self, Protocol::SaslPlaintext | Protocol::SaslSsl)
-    }
-}
-
-/// `sasl.mechanism`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mechanism {
-    /// PLAIN (RFC 4616): the password is sent as is, so only over TLS.
-    Plain,
-    /// SCRAM-SHA-256 (RFC 7677).
-    ScramSha256,
-    /// SCRAM-SHA-512.
-    ScramSha512,
-}
-
-impl Mechanism {
-    /// The mechanism's name on the wire.
-    pub fn name(self) -> &'static str {
-        match self {
-            Mechanism::Plain => "PLAIN",
-            Mechanism::ScramSha256 => "SCRAM-SHA-256",
-            Mechanism::ScramSha512 => "SCRAM-SHA-512",
-        }
-    }
-}
-
-/// A secret string: its `Debug` and `Display` never show it.
-#[derive(Clone, PartialEq, Eq)]
-struct Hidden(String);
-
-impl fmt::Debug for Hidden {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("\"<redacted>\"")
-    }
-}
-
 /// One setting with where it came from.
 #[derive(Debug, Clone)]
 struct Set<T> {
@@ -834,15 +740,14 @@ pub struct Timeouts {
 pub struct ClientConfig {
     bootstrap: Option<Set<String>>,
     client_id: Option<Set<String>>,
-    protocol: Option<Set<Protocol>>,
-    mechanism: Option<Set<Mechanism>>,
+    protocol: Option<Set<SecurityProtocol>>,
+    mechanism: Option<Set<SaslMechanism>>,
     username: Option<Set<String>>,
-    password: Option<Set<Hidden>>,
+    password: Option<Set<Secret>>,
     jaas: Option<Set<Jaas>>,
-    ca: Option<Set<PathBuf>>,
-    ca_probe: Option<Set<()>>,
-    certificate: Option<Set<PathBuf>>,
-    key: Option<Set<PathBuf>>,
+    ca: Option<Set<Pem>>,
+    certificate: Option<Set<Pem>>,
+    key: Option<Set<Pem>>,
     truststore: Option<Set<PathBuf>>,
     truststore_type: Option<Set<String>>,
     keystore: Option<Set<PathBuf>>,
@@ -850,59 +755,6 @@ pub struct ClientConfig {
     verify_hostname: Option<Set<bool>>,
     timeouts: BTreeMap<&'static str, Set<Duration>>,
     ignored: Vec<(String, String)>,
-}
-
-/// The security settings [`ClientConfig`] resolves to, checked for consistency.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Security {
-    /// `security.protocol`.
-    pub protocol: Protocol,
-    /// SASL, for SASL_PLAINTEXT and SASL_SSL.
-    pub sasl: Option<Sasl>,
-    /// TLS, for SSL and SASL_SSL.
-    pub tls: Option<Tls>,
-}
-
-/// SASL credentials.
-#[derive(Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Sasl {
-    /// The mechanism.
-    pub mechanism: Mechanism,
-    /// The user name.
-    pub username: String,
-    password: Hidden,
-}
-
-impl Sasl {
-    /// The password. Keep it out of logs; `Debug` never shows it.
-    pub fn password(&self) -> &str {
-        &self.password.0
-    }
-}
-
-impl fmt::Debug for Sasl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Sasl")
-            .field("mechanism", &self.mechanism)
-            .field("username", &self.username)
-            .field("password", &self.password)
-            .finish()
-    }
-}
-
-/// TLS settings.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Tls {
-    /// PEM file of the CA certificates to trust; the system's roots when `None`.
-    pub ca: Option<PathBuf>,
-    /// PEM files of the client's certificate (chain) and private key, for mutual TLS.
-    pub client: Option<(PathBuf, PathBuf)>,
-    /// Whether the broker's certificate must name the host connected to (on unless
-    /// `ssl.endpoint.identification.algorithm` is empty).
-    pub verify_hostname: bool,
 }
 
 impl ClientConfig {
@@ -970,8 +822,9 @@ impl ClientConfig {
             }
             "client.id" => self.client_id = Some(at(value.to_owned())),
             "security.protocol" => {
-                let p = Protocol::parse(value.trim())
-                    .ok_or_else(|| bad("PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL"))?;
+                let p: SecurityProtocol = value
+                    .parse()
+                    .map_err(|_| bad("PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL"))?;
                 self.protocol = Some(Set {
                     value: p,
                     origin: o(),
@@ -979,9 +832,9 @@ impl ClientConfig {
             }
             "sasl.mechanism" | "sasl.mechanisms" => {
                 let m = match value.trim() {
-                    "PLAIN" => Mechanism::Plain,
-                    "SCRAM-SHA-256" => Mechanism::ScramSha256,
-                    "SCRAM-SHA-512" => Mechanism::ScramSha512,
+                    "PLAIN" => SaslMechanism::Plain,
+                    "SCRAM-SHA-256" => SaslMechanism::ScramSha256,
+                    "SCRAM-SHA-512" => SaslMechanism::ScramSha512,
                     "GSSAPI" => return Err(bad("PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; Kerberos (GSSAPI) is not supported")),
                     "OAUTHBEARER" | "AWS_MSK_IAM" => return Err(bad("PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; token mechanisms are not supported by kafka-lock's settings yet")),
                     other => {
@@ -1003,7 +856,7 @@ impl ClientConfig {
             "sasl.username" => self.username = Some(at(value.to_owned())),
             "sasl.password" => {
                 self.password = Some(Set {
-                    value: Hidden(value.to_owned()),
+                    value: Secret::new(value),
                     origin: o(),
                 })
             }
@@ -1017,29 +870,44 @@ impl ClientConfig {
                 });
             }
             "ssl.ca.location" => {
-                if value.trim() == "probe" {
-                    self.ca = None;
-                    self.ca_probe = Some(Set {
-                        value: (),
-                        origin: o(),
-                    });
+                // librdkafka's "probe" looks for the system's CA store; the bundled roots are
+                // kafka-lock's equivalent, and its default.
+                self.ca = if value.trim() == "probe" {
+                    None
                 } else {
-                    self.ca = Some(Set {
-                        value: path(value).ok_or_else(|| bad("a PEM file of CA certificates"))?,
+                    Some(Set {
+                        value: Pem::File(path(value).ok_or_else(|| bad("a PEM file of CA certificates"))?),
                         origin: o(),
-                    });
-                    self.ca_probe = None;
-                }
+                    })
+                };
+            }
+            "ssl.ca.pem" | "ssl.truststore.certificates" => {
+                self.ca = Some(Set {
+                    value: Pem::Inline(Secret::new(pem(value).ok_or_else(|| bad("PEM text of CA certificates"))?)),
+                    origin: o(),
+                })
             }
             "ssl.certificate.location" => {
                 self.certificate = Some(Set {
-                    value: path(value).ok_or_else(|| bad("a PEM file of the client's certificate"))?,
+                    value: Pem::File(path(value).ok_or_else(|| bad("a PEM file of the client's certificate"))?),
+                    origin: o(),
+                })
+            }
+            "ssl.certificate.pem" | "ssl.keystore.certificate.chain" => {
+                self.certificate = Some(Set {
+                    value: Pem::Inline(Secret::new(pem(value).ok_or_else(|| bad("PEM text of the client's certificate"))?)),
                     origin: o(),
                 })
             }
             "ssl.key.location" => {
                 self.key = Some(Set {
-                    value: path(value).ok_or_else(|| bad("a PEM file of the client's private key"))?,
+                    value: Pem::File(path(value).ok_or_else(|| bad("a PEM file of the client's private key"))?),
+                    origin: o(),
+                })
+            }
+            "ssl.key.pem" | "ssl.keystore.key" => {
+                self.key = Some(Set {
+                    value: Pem::Inline(Secret::new(pem(value).ok_or_else(|| bad("PEM text of the client's private key"))?)),
                     origin: o(),
                 })
             }
@@ -1204,7 +1072,7 @@ impl ClientConfig {
         let protocol = self
             .protocol
             .as_ref()
-            .map_or(Protocol::Plaintext, |p| p.value);
+            .map_or(SecurityProtocol::Plaintext, |p| p.value);
         let protocol_from = self
             .protocol
             .as_ref()
@@ -1265,9 +1133,9 @@ impl ClientConfig {
         .filter_map(|(k, o)| o.map(|o| (k, o)))
         .collect();
 
-        if !protocol.sasl() {
+        if !protocol.uses_sasl() {
             if let Some((k, o)) = sasl_given.first() {
-                let want = if protocol.tls() {
+                let want = if protocol.uses_tls() {
                     "SASL_SSL"
                 } else {
                     "SASL_SSL (or SASL_PLAINTEXT)"
@@ -1275,13 +1143,13 @@ impl ClientConfig {
                 return conflict(format!(
                     "{k} is set ({o}) but security.protocol is {} ({protocol_from}), which does not \
                      authenticate with SASL; set security.protocol={want}",
-                    protocol.name()
+                    protocol.as_str()
                 ));
             }
         }
-        if !protocol.tls() {
+        if !protocol.uses_tls() {
             if let Some((k, o)) = tls_given.first() {
-                let want = if protocol.sasl() {
+                let want = if protocol.uses_sasl() {
                     "SASL_SSL"
                 } else {
                     "SSL (or SASL_SSL)"
@@ -1289,26 +1157,29 @@ impl ClientConfig {
                 return conflict(format!(
                     "{k} is set ({o}) but security.protocol is {} ({protocol_from}), which does not \
                      use TLS; set security.protocol={want}",
-                    protocol.name()
+                    protocol.as_str()
                 ));
             }
         }
 
-        let sasl = if protocol.sasl() {
+        let sasl = if protocol.uses_sasl() {
             Some(self.sasl()?)
         } else {
             None
         };
-        let tls = if protocol.tls() {
+        let tls = if protocol.uses_tls() {
             Some(self.tls()?)
         } else {
             None
         };
-        Ok(Security {
-            protocol,
-            sasl,
-            tls,
-        })
+        let mut security = Security::new(protocol);
+        if let Some(t) = tls {
+            security = security.with_tls(t);
+        }
+        if let Some(s) = sasl {
+            security = security.with_sasl(s);
+        }
+        Ok(security)
     }
 
     fn sasl(&self) -> Result<Sasl, ConfigError> {
@@ -1324,7 +1195,7 @@ impl ClientConfig {
         match (&self.jaas, &self.username, &self.password) {
             (Some(jaas), None, None) => {
                 let expected = match m {
-                    Mechanism::Plain => "org.apache.kafka.common.security.plain.PlainLoginModule",
+                    SaslMechanism::Plain => "org.apache.kafka.common.security.plain.PlainLoginModule",
                     _ => "org.apache.kafka.common.security.scram.ScramLoginModule",
                 };
                 if jaas.value.module != expected {
@@ -1333,9 +1204,9 @@ impl ClientConfig {
                          {} takes {expected}",
                         jaas.origin,
                         jaas.value.module,
-                        m.name(),
+                        m.as_str(),
                         mechanism.origin,
-                        m.name()
+                        m.as_str()
                     ));
                 }
                 let mut username = None;
@@ -1344,7 +1215,7 @@ impl ClientConfig {
                     match k.as_str() {
                         "username" => username = Some(v.clone()),
                         "password" => password = Some(v.clone()),
-                        "tokenauth" if m != Mechanism::Plain => {
+                        "tokenauth" if m != SaslMechanism::Plain => {
                             if v.eq_ignore_ascii_case("true") {
                                 return conflict(format!(
                                     "sasl.jaas.config ({}) asks for delegation-token authentication \
@@ -1364,11 +1235,9 @@ impl ClientConfig {
                     }
                 }
                 match (username, password) {
-                    (Some(username), Some(password)) => Ok(Sasl {
-                        mechanism: m,
-                        username,
-                        password: Hidden(password),
-                    }),
+                    (Some(username), Some(password)) => {
+                        Ok(Sasl::new(m, username, Secret::new(password)))
+                    }
                     (None, _) => conflict(format!(
                         "sasl.jaas.config ({}) has no username option",
                         jaas.origin
@@ -1395,11 +1264,7 @@ impl ClientConfig {
                     jaas.origin
                 ))
             }
-            (None, Some(u), Some(p)) => Ok(Sasl {
-                mechanism: m,
-                username: u.value.clone(),
-                password: p.value.clone(),
-            }),
+            (None, Some(u), Some(p)) => Ok(Sasl::new(m, u.value.clone(), p.value.clone())),
             (None, None, Some(_)) => conflict(
                 "sasl.password is set but sasl.username is not; set both (or sasl.jaas.config)"
                     .into(),
@@ -1441,7 +1306,7 @@ impl ClientConfig {
                     c.origin, ts.origin
                 ));
             }
-            ca = Some(ts.value.clone());
+            ca = Some(Pem::File(ts.value.clone()));
         }
         let mut client = match (&self.certificate, &self.key) {
             (Some(c), Some(k)) => Some((c.value.clone(), k.value.clone())),
@@ -1478,13 +1343,15 @@ impl ClientConfig {
                     ks.origin
                 ));
             }
-            client = Some((ks.value.clone(), ks.value.clone()));
+            client = Some((Pem::File(ks.value.clone()), Pem::File(ks.value.clone())));
         }
-        Ok(Tls {
-            ca,
-            client,
-            verify_hostname: self.verify_hostname.as_ref().is_none_or(|s| s.value),
-        })
+        let mut tls = Tls::new();
+        tls.ca = ca;
+        tls.client_cert = client;
+        if self.verify_hostname.as_ref().is_some_and(|s| !s.value) {
+            tls = tls.dangerous_disable_hostname_verification();
+        }
+        Ok(tls)
     }
 
     /// Writes the settings onto `opts`: the bootstrap servers and client id if given, the timing
@@ -1520,8 +1387,7 @@ impl ClientConfig {
                 t.retry_backoff_max.unwrap_or(max),
             );
         }
-        let _ = security;
-        Ok(opts)
+        Ok(opts.security(security))
     }
 
     /// Options for the lock `name` on the cluster of `bootstrap.servers`, with these settings.
@@ -1533,6 +1399,39 @@ impl ClientConfig {
         };
         self.apply(LockOptions::new(bootstrap, name))
     }
+}
+
+/// PEM text given as a setting's value, put back into PEM's line structure: a value continued
+/// over several properties lines, or passed through `-X` or a variable, often arrives with its
+/// line ends turned into spaces, which PEM readers refuse (Kafka's own reader accepts them).
+fn pem(value: &str) -> Option<String> {
+    let mut out = String::new();
+    let mut rest = value;
+    while let Some(start) = rest.find("-----BEGIN ") {
+        let after = &rest[start + "-----BEGIN ".len()..];
+        let label_end = after.find("-----")?;
+        let label = after[..label_end].trim();
+        let body_and_rest = &after[label_end + 5..];
+        let end_marker = format!("-----END {label}-----");
+        let end = body_and_rest.find(&end_marker)?;
+        let body: String = body_and_rest[..end]
+            .chars()
+            .filter(|c| !c.is_whitespace())
+            .collect();
+        if label.is_empty() || body.is_empty() || body.contains(':') {
+            // PEM headers (Proc-Type: an encrypted key) or nothing at all.
+            return None;
+        }
+        out.push_str(&format!("-----BEGIN {label}-----\n"));
+        for chunk in body.as_bytes().chunks(64) {
+            out.push_str(&String::from_utf8_lossy(chunk));
+            out.push('\n');
+        }
+        out.push_str(&end_marker);
+        out.push('\n');
+        rest = &body_and_rest[end + end_marker.len()..];
+    }
+    (!out.is_empty()).then_some(out)
 }
 
 fn path(value: &str) -> Option<PathBuf> {

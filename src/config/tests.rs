@@ -140,19 +140,12 @@ fn a_sasl_ssl_client_properties() {
     assert_eq!(c.bootstrap_servers(), Some("127.0.0.1:9093"));
     assert_eq!(c.client_id(), Some("me"));
     let s = c.security().unwrap();
-    assert_eq!(s.protocol, Protocol::SaslSsl);
-    let sasl = s.sasl.unwrap();
-    assert_eq!(sasl.mechanism, Mechanism::ScramSha512);
-    assert_eq!(sasl.username, "alice");
-    assert_eq!(sasl.password(), "s3cr=t");
+    assert_eq!(s.protocol, SecurityProtocol::SaslSsl);
     assert_eq!(
-        s.tls,
-        Some(Tls {
-            ca: Some("/tmp/ca.pem".into()),
-            client: None,
-            verify_hostname: true
-        })
+        s.sasl,
+        Some(Sasl::scram_sha512("alice", Secret::new("s3cr=t")))
     );
+    assert_eq!(s.tls, Some(Tls::new().ca_file("/tmp/ca.pem")));
     let t = c.timeouts();
     assert_eq!(t.session, Some(Duration::from_secs(6)));
     assert_eq!(t.rebalance, Some(Duration::from_secs(7)));
@@ -174,15 +167,15 @@ fn librdkafka_names_and_a_later_setting_wins() {
     c.set("bootstrap.servers", "b:2").unwrap();
     assert_eq!(c.bootstrap_servers(), Some("b:2"));
     let s = c.security().unwrap();
-    assert_eq!(s.protocol, Protocol::SaslPlaintext);
-    assert_eq!(s.sasl.as_ref().unwrap().password(), "second");
+    assert_eq!(s.protocol, SecurityProtocol::SaslPlaintext);
+    assert_eq!(s.sasl, Some(Sasl::plain("u", Secret::new("second"))));
     assert!(s.tls.is_none());
 }
 
 #[test]
 fn plaintext_is_the_default_and_needs_nothing() {
     let s = ClientConfig::new().security().unwrap();
-    assert_eq!(s.protocol, Protocol::Plaintext);
+    assert_eq!(s.protocol, SecurityProtocol::Plaintext);
     assert!(s.sasl.is_none() && s.tls.is_none());
     // The default value of the host name check is not a TLS setting.
     let mut c = ClientConfig::new();
@@ -373,8 +366,11 @@ fn pem_stores_by_their_java_names_and_mtls() {
         c.set(k, v).unwrap();
     }
     let tls = c.security().unwrap().tls.unwrap();
-    assert_eq!(tls.ca, Some("/ca.pem".into()));
-    assert_eq!(tls.client, Some(("/me.pem".into(), "/me.pem".into())));
+    assert_eq!(tls.ca, Some(Pem::File("/ca.pem".into())));
+    assert_eq!(
+        tls.client_cert,
+        Some((Pem::File("/me.pem".into()), Pem::File("/me.pem".into())))
+    );
     assert!(!tls.verify_hostname);
     assert!(c
         .warnings()
@@ -392,7 +388,32 @@ fn pem_stores_by_their_java_names_and_mtls() {
     }
     let tls = c.security().unwrap().tls.unwrap();
     assert_eq!(tls.ca, None);
-    assert_eq!(tls.client, Some(("/c.pem".into(), "/k.pem".into())));
+    assert_eq!(
+        tls.client_cert,
+        Some((Pem::File("/c.pem".into()), Pem::File("/k.pem".into())))
+    );
+}
+
+#[test]
+fn inline_pem_gets_its_lines_back() {
+    let body = "QUJD".repeat(20);
+    let flat = format!("-----BEGIN CERTIFICATE----- {body} -----END CERTIFICATE-----");
+    let fixed = pem(&flat).unwrap();
+    let lines: Vec<&str> = fixed.lines().collect();
+    assert_eq!(lines[0], "-----BEGIN CERTIFICATE-----");
+    assert_eq!(lines[1].len(), 64);
+    assert_eq!(lines.last(), Some(&"-----END CERTIFICATE-----"));
+    assert_eq!(lines[1..lines.len() - 1].concat(), body);
+    // Two certificates, continued over properties lines.
+    let text = format!("security.protocol=SSL\nssl.truststore.certificates={flat} \\\n  {flat}\n");
+    let c = ClientConfig::from_properties(&text, "f").unwrap();
+    match c.security().unwrap().tls.unwrap().ca {
+        Some(Pem::Inline(p)) => assert_eq!(p.expose().matches("BEGIN CERTIFICATE").count(), 2),
+        other => panic!("{other:?}"),
+    }
+    assert!(pem("not pem").is_none());
+    assert!(pem("-----BEGIN X----- Proc-Type: 4,ENCRYPTED abc -----END X-----").is_none());
+    assert!(pem("-----BEGIN X----- abc").is_none());
 }
 
 #[test]
@@ -403,7 +424,7 @@ fn secrets_stay_out_of_debug_and_errors() {
     );
     let c = ClientConfig::from_properties(&text, "f").unwrap();
     let s = c.security().unwrap();
-    assert_eq!(s.sasl.as_ref().unwrap().password(), secret);
+    assert_eq!(s.sasl, Some(Sasl::plain("u", Secret::new(secret))));
     for shown in [
         format!("{c:?}"),
         format!("{s:?}"),
