@@ -35,6 +35,7 @@ mod proto;
 mod report;
 mod run;
 mod serve;
+mod settings;
 mod sink;
 mod status;
 mod supervise;
@@ -199,13 +200,23 @@ enum Command {
 
 #[derive(Debug, Args)]
 struct Target {
-    /// Kafka brokers to start from.
+    /// Kafka brokers to start from (or bootstrap.servers from --config-file or -X).
     #[arg(
         long,
         env = "KAFKA_LOCK_BOOTSTRAP",
         value_name = "HOST:PORT[,HOST:PORT...]"
     )]
-    bootstrap: String,
+    bootstrap: Option<String>,
+    /// Kafka client settings from a Java properties file (the client.properties Kafka's own
+    /// tools take): bootstrap.servers, security.protocol, sasl.*, ssl.*, timeouts. Keys that mean
+    /// nothing for a lock are ignored with a warning; unknown keys are an error.
+    #[arg(long, value_name = "FILE")]
+    config_file: Option<PathBuf>,
+    /// One Kafka client setting, as in --config-file (repeatable; the last of a key wins; over
+    /// the file and KAFKA_LOCK_X_<KEY> variables, under dedicated flags such as --bootstrap).
+    /// Give secrets through the environment instead: KAFKA_LOCK_X_SASL_PASSWORD=...
+    #[arg(short = 'X', value_name = "KEY=VALUE", action = clap::ArgAction::Append)]
+    x: Vec<String>,
     /// The lock's name; it is the Kafka consumer group id.
     #[arg(long, value_name = "NAME")]
     lock: String,
@@ -216,9 +227,9 @@ struct Target {
     /// unreachable cluster is reported after three rounds over the bootstrap list.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     connect_timeout: Option<Duration>,
-    /// Client id in request headers and member ids.
-    #[arg(long, value_name = "ID", default_value = "kafka-lock", hide = true)]
-    client_id: String,
+    /// Client id in request headers and member ids [default: kafka-lock].
+    #[arg(long, value_name = "ID", hide = true)]
+    client_id: Option<String>,
     /// The lock's ledger: a topic with exactly one partition (shared by any number of locks)
     /// whose record offsets are the fencing tokens, and where the lock's history and a copy of
     /// its checkpoint are kept. kafka-lock never creates it; see `kafka-lock history --help`.
@@ -409,9 +420,18 @@ fn cli(argv: Vec<OsString>) -> u8 {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Run(a) => run::run(run_config(a, from_env)).await,
-            Command::Status(a) => status(a).await.map_err(|f| environ::annotate(f, &from_env)),
-            Command::History(a) => history(a)
+            Command::Run(a) => {
+                let lock = a.target.lock.clone();
+                let events_json = events_json(&a);
+                match run_config(a, from_env.clone()) {
+                    Ok(c) => run::run(c).await,
+                    Err(f) => run::failed_before_start(&lock, events_json, &from_env, f),
+                }
+            }
+            Command::Status(a) => status(a, &from_env)
+                .await
+                .map_err(|f| environ::annotate(f, &from_env)),
+            Command::History(a) => history(a, &from_env)
                 .await
                 .map_err(|f| environ::annotate(f, &from_env)),
             Command::Completions { .. } | Command::Manpage { .. } => Ok(0),
@@ -429,36 +449,56 @@ fn cli(argv: Vec<OsString>) -> u8 {
     }
 }
 
-async fn status(a: StatusArgs) -> Result<u8, Failure> {
-    let request = a
-        .target
+/// The connection settings of `status` and `history`, merged from every source, with the
+/// warnings printed.
+fn connection(t: &Target, from_env: &FromEnv) -> Result<settings::Resolved, Failure> {
+    let r = settings::resolve(&target_flags(t), from_env)?;
+    settings::print_warnings(&r.warnings);
+    Ok(r)
+}
+
+fn target_flags(t: &Target) -> settings::Flags<'_> {
+    settings::Flags {
+        bootstrap: t.bootstrap.as_deref(),
+        client_id: t.client_id.as_deref(),
+        request_timeout: t.request_timeout,
+        connect_timeout: t.connect_timeout,
+        config_file: t.config_file.as_deref(),
+        x: &t.x,
+        ..settings::Flags::default()
+    }
+}
+
+async fn status(a: StatusArgs, from_env: &FromEnv) -> Result<u8, Failure> {
+    let c = connection(&a.target, from_env)?;
+    let request = c
         .request_timeout
         .unwrap_or(kafka_lock::lock::DEFAULT_REQUEST_TIMEOUT);
-    let connect = a
-        .target
+    let connect = c
         .connect_timeout
         .unwrap_or(kafka_lock::driver::DEFAULT_CONNECT_TIMEOUT);
     run::in_range("--request-timeout", request, run::TIMEOUT_BOUND, false)?;
     run::in_range("--connect-timeout", connect, run::TIMEOUT_BOUND, false)?;
     status::status(status::StatusConfig {
-        bootstrap: a.target.bootstrap,
+        bootstrap: c.bootstrap,
         lock: a.target.lock,
         json: a.json,
         request_timeout: request,
         connect_timeout: connect,
-        client_id: a.target.client_id,
+        client_id: c.client_id,
         ledger_topic: a.target.ledger_topic,
+        security: c.security,
+        retry_backoff: c.retry_backoff,
     })
     .await
 }
 
-async fn history(a: HistoryArgs) -> Result<u8, Failure> {
-    let request = a
-        .target
+async fn history(a: HistoryArgs, from_env: &FromEnv) -> Result<u8, Failure> {
+    let c = connection(&a.target, from_env)?;
+    let request = c
         .request_timeout
         .unwrap_or(kafka_lock::lock::DEFAULT_REQUEST_TIMEOUT);
-    let connect = a
-        .target
+    let connect = c
         .connect_timeout
         .unwrap_or(kafka_lock::driver::DEFAULT_CONNECT_TIMEOUT);
     run::in_range("--request-timeout", request, run::TIMEOUT_BOUND, false)?;
@@ -474,14 +514,16 @@ async fn history(a: HistoryArgs) -> Result<u8, Failure> {
         None => None,
     };
     history::history(history::HistoryConfig {
-        bootstrap: a.target.bootstrap,
+        bootstrap: c.bootstrap,
         lock: a.target.lock,
         ledger_topic,
         since,
         json: a.json,
         request_timeout: request,
         connect_timeout: connect,
-        client_id: a.target.client_id,
+        client_id: c.client_id,
+        security: c.security,
+        retry_backoff: c.retry_backoff,
     })
     .await
 }
@@ -501,33 +543,48 @@ fn docs_command() -> clap::Command {
     environ::with_env(Cli::command(), true)
 }
 
-fn run_config(a: RunArgs, from_env: FromEnv) -> run::RunConfig {
-    run::RunConfig {
-        bootstrap: a.target.bootstrap,
+/// --events-file and --events-fd imply --events json: JSON lines are the one format.
+fn events_json(a: &RunArgs) -> bool {
+    a.events == Some(EventsFormat::Json) || a.events_file.is_some() || a.events_fd.is_some()
+}
+
+fn run_config(a: RunArgs, from_env: FromEnv) -> Result<run::RunConfig, Failure> {
+    let c = settings::resolve(
+        &settings::Flags {
+            session_timeout: a.session_timeout,
+            heartbeat_interval: a.heartbeat_interval,
+            rebalance_timeout: a.rebalance_timeout,
+            ..target_flags(&a.target)
+        },
+        &from_env,
+    )?;
+    let events_json = events_json(&a);
+    Ok(run::RunConfig {
+        bootstrap: c.bootstrap,
         lock: a.target.lock,
         topic: a.topic,
         wait: a.wait,
-        session_timeout: a.session_timeout,
-        heartbeat_interval: a.heartbeat_interval,
-        rebalance_timeout: a.rebalance_timeout,
-        request_timeout: a.target.request_timeout,
-        connect_timeout: a.target.connect_timeout,
+        session_timeout: c.session_timeout,
+        heartbeat_interval: c.heartbeat_interval,
+        rebalance_timeout: c.rebalance_timeout,
+        request_timeout: c.request_timeout,
+        connect_timeout: c.connect_timeout,
         lease_margin: a.lease_margin,
         kill_grace: a.kill_grace,
         label: a.label,
-        client_id: a.target.client_id,
+        client_id: c.client_id,
         ledger_topic: a.target.ledger_topic,
         checkpoint_max_bytes: a.checkpoint_max_bytes,
-        // --events-file and --events-fd imply it: JSON lines are the one format.
-        events_json: a.events == Some(EventsFormat::Json)
-            || a.events_file.is_some()
-            || a.events_fd.is_some(),
+        security: c.security,
+        retry_backoff: c.retry_backoff,
+        warnings: c.warnings,
+        events_json,
         conflict_exit_code: a.conflict_exit_code,
         lost_exit_code: a.lost_exit_code,
         metrics_listen: a.metrics_listen,
         from_env,
         command: a.command,
-    }
+    })
 }
 
 /// Help and version go to stdout with status 0; every other parse error is one line on stderr

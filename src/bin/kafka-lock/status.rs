@@ -138,6 +138,8 @@ pub struct StatusConfig {
     pub connect_timeout: Duration,
     pub client_id: String,
     pub ledger_topic: Option<String>,
+    pub security: kafka_lock::security::Security,
+    pub retry_backoff: Option<(Duration, Duration)>,
 }
 
 /// What the ledger says about the lock.
@@ -190,7 +192,11 @@ pub async fn status(c: StatusConfig) -> Result<u8, Failure> {
     let mut opts = LockOptions::new(&c.bootstrap, c.lock.clone())
         .client_id(c.client_id.clone())
         .request_timeout(c.request_timeout)
-        .connect_timeout(c.connect_timeout);
+        .connect_timeout(c.connect_timeout)
+        .security(c.security.clone());
+    if let Some((initial, max)) = c.retry_backoff {
+        opts = opts.retry_backoff(initial, max);
+    }
     if let Some(t) = &c.ledger_topic {
         opts = opts.ledger_topic(t.clone());
     }
@@ -247,8 +253,13 @@ async fn describe(c: &StatusConfig) -> Result<Report> {
     let cfg = ConnConfig::default()
         .with_client_id(Some(c.client_id.clone()))
         .with_connect_timeout(c.connect_timeout)
-        .with_request_timeout(c.request_timeout);
-    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1), 2.0, 0.5);
+        .with_request_timeout(c.request_timeout)
+        .with_security(c.security.clone());
+    let (initial, max) = c.retry_backoff.unwrap_or((
+        kafka_lock::lock::DEFAULT_RETRY_BACKOFF,
+        kafka_lock::lock::DEFAULT_RETRY_BACKOFF_MAX,
+    ));
+    let mut backoff = Backoff::new(initial, max, 2.0, 0.5);
     let limits = BootstrapConfig::default()
         .with_deadline(c.connect_timeout * 3)
         .with_max_rounds(3);
