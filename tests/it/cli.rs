@@ -34,6 +34,8 @@ use crate::support::kafka::{KafkaCluster, KafkaOptions};
 // metrics, completions and man pages.
 mod conventions;
 use conventions::check_event;
+// run and status on secured listeners (TLS, SASL), configured as Kafka clients are.
+mod secured;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kafka-lock");
 

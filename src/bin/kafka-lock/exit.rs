@@ -137,7 +137,7 @@ pub fn failure(err: &Error, lock: &str, bootstrap: &str) -> Failure {
         NOPERM => match (security_error(err), err.auth_failure()) {
             (Some(e), _) => format!("cannot use the Kafka cluster at {bootstrap} for lock {lock:?}: {e}"),
             (None, Some(AuthFailure::Authorization)) => format!(
-                "the cluster refused an operation for lock {lock:?}: {err}; grant the principal \
+                "not authorized for lock {lock:?} at {bootstrap}: {err}; grant the principal \
                  Read and Describe on the group {lock:?} (and Describe on --topic, Read, Write and \
                  Describe on --ledger-topic, if given)"
             ),
