@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{lock_name, run_to_end_env, scratch_dir, BIN, STEP};
+use super::{check_event, lock_name, run_to_end_env, scratch_dir, BIN, STEP};
 use crate::support::kafka::secure::{secure_kafka, NOBODY, PLAIN_USER, SCRAM512_USER};
 
 const SCRAM_MODULE: &str = "org.apache.kafka.common.security.scram.ScramLoginModule";
@@ -30,9 +30,18 @@ fn client_properties(dir: &Path, password: &str) -> PathBuf {
     path
 }
 
-/// Runs kafka-lock with these arguments and variables; (status, stderr lines, stdout).
+/// Runs kafka-lock with these arguments and variables; (status, stderr lines, stdout). Every
+/// event on stderr must follow docs/events.md.
 fn kl(args: &[&str], env: &[(&str, &str)]) -> (i32, Vec<String>, String) {
-    run_to_end_env(args, env, STEP)
+    let (code, stderr, stdout) = run_to_end_env(args, env, STEP);
+    for line in &stderr {
+        if let Ok(v) = serde_json::from_str::<serde_json::Value>(line) {
+            if v.get("event").is_some() {
+                check_event(&v);
+            }
+        }
+    }
+    (code, stderr, stdout)
 }
 
 #[test]
