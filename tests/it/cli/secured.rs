@@ -137,8 +137,18 @@ fn run_with_x_settings_and_the_password_from_the_environment() {
     assert_eq!(code, 3, "{stderr:?}");
 }
 
-/// Each misconfiguration or refusal: (what, extra arguments, variables, status, words of its
-/// one line).
+/// One misconfiguration or refusal.
+struct Case {
+    what: &'static str,
+    bootstrap: String,
+    extra: Vec<String>,
+    /// KAFKA_LOCK_X_SASL_PASSWORD, if not empty.
+    password: &'static str,
+    /// Words its line must hold.
+    words: Vec<&'static str>,
+}
+
+/// Each misconfiguration or refusal exits 77 with its own line, from `run` and `status`.
 #[test]
 fn each_security_failure_has_its_status_and_its_own_line() {
     let k = secure_kafka();
@@ -177,58 +187,65 @@ fn each_security_failure_has_its_status_and_its_own_line() {
         "-X".to_owned(),
         ca.clone(),
     ];
-    let cases: Vec<(&str, String, Vec<String>, &str, Vec<&str>)> = vec![
-        (
-            "plaintext client, TLS listener",
-            sasl_ssl.clone(),
-            vec![],
-            "",
-            vec!["TLS listener", "security.protocol"],
-        ),
-        (
-            "TLS client, plaintext listener",
-            k.addr("PLAINTEXT"),
-            ssl_to_plaintext,
-            "",
-            vec!["plaintext listener"],
-        ),
-        (
-            "unknown CA",
-            sasl_ssl.clone(),
-            unknown_ca,
-            SCRAM512_USER.1,
-            vec!["trusted CA", "ssl.ca.location"],
-        ),
-        (
-            "host name mismatch",
-            localhost,
-            with_ca.clone(),
-            SCRAM512_USER.1,
-            vec!["not valid for localhost"],
-        ),
-        (
-            "wrong password",
-            sasl_ssl.clone(),
-            with_ca,
-            "not-the-password-Jw8",
-            vec!["authentication", "sasl.password"],
-        ),
-        (
-            "mechanism not enabled",
-            k.addr("SASL_PLAINTEXT"),
-            plain_on_scram_only,
-            PLAIN_USER.1,
-            vec!["does not enable SASL mechanism PLAIN", "SCRAM-SHA-512"],
-        ),
-        (
-            "group not authorized",
-            sasl_ssl.clone(),
-            nobody,
-            NOBODY.1,
-            vec!["not authorized for"],
-        ),
+    let cases = vec![
+        Case {
+            what: "plaintext client, TLS listener",
+            bootstrap: sasl_ssl.clone(),
+            extra: vec![],
+            password: "",
+            words: vec!["TLS listener", "security.protocol"],
+        },
+        Case {
+            what: "TLS client, plaintext listener",
+            bootstrap: k.addr("PLAINTEXT"),
+            extra: ssl_to_plaintext,
+            password: "",
+            words: vec!["plaintext listener"],
+        },
+        Case {
+            what: "unknown CA",
+            bootstrap: sasl_ssl.clone(),
+            extra: unknown_ca,
+            password: SCRAM512_USER.1,
+            words: vec!["trusted CA", "ssl.ca.location"],
+        },
+        Case {
+            what: "host name mismatch",
+            bootstrap: localhost,
+            extra: with_ca.clone(),
+            password: SCRAM512_USER.1,
+            words: vec!["not valid for localhost"],
+        },
+        Case {
+            what: "wrong password",
+            bootstrap: sasl_ssl.clone(),
+            extra: with_ca,
+            password: "not-the-password-Jw8",
+            words: vec!["authentication", "sasl.password"],
+        },
+        Case {
+            what: "mechanism not enabled",
+            bootstrap: k.addr("SASL_PLAINTEXT"),
+            extra: plain_on_scram_only,
+            password: PLAIN_USER.1,
+            words: vec!["does not enable SASL mechanism PLAIN", "SCRAM-SHA-512"],
+        },
+        Case {
+            what: "group not authorized",
+            bootstrap: sasl_ssl.clone(),
+            extra: nobody,
+            password: NOBODY.1,
+            words: vec!["not authorized for"],
+        },
     ];
-    for (what, bootstrap, extra, password, words) in &cases {
+    for Case {
+        what,
+        bootstrap,
+        extra,
+        password,
+        words,
+    } in &cases
+    {
         for sub in ["run", "status"] {
             let lock = lock_name("secured-fail");
             let mut args: Vec<&str> = vec![sub, "--bootstrap", bootstrap, "--lock", &lock];
