@@ -21,7 +21,9 @@
 //! `--wait`; 74 lost while the command ran; 69 cluster unreachable or answering nonsense; 78
 //! invalid setting or one the broker rejects; 71 the system refused something kafka-lock needs,
 //! or its supervisor process died; 64 usage; 126/127 the command cannot be run. `-E` and
-//! `--lost-exit-code` replace 75 and 74. `status`: 0 held, 3 free, 4 unknown, 69, 78, 64.
+//! `--lost-exit-code` replace 75 and 74. 77 the cluster refused the credentials or an operation,
+//! or the secured connection could not be made. `status`: 0 held, 3 free, 4 unknown, 69, 77, 78,
+//! 64.
 
 #![deny(unsafe_code)]
 
@@ -118,9 +120,11 @@ The schema: docs/events.md.
 
 Exit status: the command's (128+N if signal N ended it); 75 not acquired within --wait (or the
 status -E gives); 74 lock lost while the command ran, or its checkpoint not stored (or
---lost-exit-code); 69 the cluster cannot be reached or answered something invalid; 78 a setting is
-invalid or the broker rejected it (including an events target or metrics address that cannot be
-used); 71 the system refused something kafka-lock needs or the supervisor died; 64 usage error, or
+--lost-exit-code); 69 the cluster cannot be reached or answered something invalid; 77 the cluster
+refused the credentials or an operation (an ACL), or the secured connection could not be made (a
+TLS listener reached without TLS or the other way round, an unknown CA, a certificate for another
+host); 78 a setting is invalid or the broker rejected it (including an events target or metrics
+address that cannot be used); 71 the system refused something kafka-lock needs or the supervisor died; 64 usage error, or
 a nested kafka-lock run of the lock the calling command already holds (it would wait for itself
 forever); 126/127 the command cannot be run; 128+N if signal N arrived while waiting for the lock.
 
@@ -130,6 +134,17 @@ empty variable counts as unset. The command inherits them like any other variabl
 kafka-lock sets for the command (KAFKA_LOCK_NAME, KAFKA_LOCK_TOKEN, KAFKA_LOCK_GENERATION,
 KAFKA_LOCK_MEMBER_ID, KAFKA_LOCK_CHECKPOINT, KAFKA_LOCK_CHECKPOINT_FILE) are never read as
 settings.
+
+Kafka client settings: --config-file FILE reads a client.properties (Java properties: the file
+Kafka's own tools take), -X key=value sets one key, and KAFKA_LOCK_X_<KEY> sets one from the
+environment (KAFKA_LOCK_X_SASL_PASSWORD for sasl.password: keep secrets off the command line).
+bootstrap.servers, security.protocol (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL), sasl.mechanism
+(PLAIN, SCRAM-SHA-256, SCRAM-SHA-512), sasl.username, sasl.password, sasl.jaas.config,
+ssl.ca.location, ssl.certificate.location, ssl.key.location, ssl.endpoint.identification.algorithm
+and the group timeouts are applied; producer and consumer keys that mean nothing for a lock are
+ignored with a warning; unknown keys are an error. The command line beats the environment, which
+beats the file; within each, a dedicated flag (--bootstrap, --session-timeout) beats the same
+setting as a key. Every key, and the ACLs a lock needs: docs/cli.md and the README.
 
 Metrics: --metrics-listen 127.0.0.1:9464 serves the lock's metrics (acquisition latency, held,
 hold lengths, rebalances while held, losses by reason) in Prometheus text format at /metrics, from
@@ -150,11 +165,14 @@ Exit status, for scripts (3 and 4 are the LSB init scripts' 'not running' and 'u
   4   unknown: the broker does not report member assignments (tansu, for one), the group is
       between generations, or another application uses the group id
   69  the cluster cannot be reached or answered something invalid
+  77  the cluster refused the credentials or the lookup (grant Describe on the group), or the
+      secured connection could not be made
   78  a setting is invalid or the broker rejected it
   64  usage error
 
 Every flag can also be set by a variable, --flag-name by KAFKA_LOCK_FLAG_NAME (--json by
-KAFKA_LOCK_JSON=1).";
+KAFKA_LOCK_JSON=1). Kafka client settings (TLS, SASL) come from --config-file, -X key=value and
+KAFKA_LOCK_X_<KEY> variables, as for run (see kafka-lock run --help).";
 
 #[derive(Debug, Parser)]
 #[command(
