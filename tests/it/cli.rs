@@ -32,7 +32,7 @@ use crate::support::kafka::{KafkaCluster, KafkaOptions};
 
 // The environment, events apart from the command's output, the event schema, exit statuses,
 // metrics, completions and man pages.
-mod conventions;
+pub(crate) mod conventions;
 use conventions::check_event;
 // run and status on secured listeners (TLS, SASL), configured as Kafka clients are.
 mod secured;
