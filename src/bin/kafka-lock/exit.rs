@@ -173,3 +173,68 @@ pub fn failure(err: &Error, lock: &str, bootstrap: &str) -> Failure {
     };
     Failure::new(status, line)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kafka_protocol::messages::ApiKey;
+    use std::sync::Arc;
+
+    /// As an error reaches the CLI from a connection that failed earlier.
+    fn poisoned(e: Error) -> Error {
+        Error::Poisoned(Arc::new(e))
+    }
+
+    #[test]
+    fn refusals_are_77_and_unusable_tls_files_78() {
+        let wrong_password = Error::Security(SecurityError::AuthenticationFailed {
+            broker: "127.0.0.1:9093".into(),
+            mechanism: "SCRAM-SHA-512".into(),
+            user: "u".into(),
+            message: "Authentication failed".into(),
+        });
+        let unknown_ca = Error::Security(SecurityError::UnknownCa {
+            broker: "127.0.0.1:9093".into(),
+            detail: "UnknownIssuer".into(),
+        });
+        let bad_file = Error::Security(SecurityError::TlsConfig("no certificate in ca.pem".into()));
+        let group = Error::Broker {
+            api: ApiKey::FindCoordinator,
+            code: KafkaCode::GROUP_AUTHORIZATION_FAILED,
+            message: None,
+        };
+        assert_eq!(status_of(&wrong_password), NOPERM);
+        assert_eq!(status_of(&unknown_ca), NOPERM);
+        assert_eq!(status_of(&poisoned(unknown_ca)), NOPERM);
+        assert_eq!(status_of(&poisoned(wrong_password)), NOPERM);
+        assert_eq!(status_of(&bad_file), CONFIG);
+        assert_eq!(status_of(&poisoned(bad_file)), CONFIG);
+        assert_eq!(status_of(&group), NOPERM);
+        assert_eq!(kind(NOPERM), "denied");
+        let f = failure(&group, "nightly", "127.0.0.1:9093");
+        assert!(
+            f.line.contains("not authorized for lock \"nightly\""),
+            "{}",
+            f.line
+        );
+        assert!(
+            f.line.contains("Read and Describe on the group"),
+            "{}",
+            f.line
+        );
+        let f = failure(
+            &poisoned(Error::Security(SecurityError::TlsListener {
+                broker: "127.0.0.1:9093".into(),
+            })),
+            "nightly",
+            "127.0.0.1:9093",
+        );
+        // The security error itself, not what wraps it.
+        assert!(f.line.contains("looks like a TLS listener"), "{}", f.line);
+        assert!(
+            !f.line.contains("unusable after an earlier failure"),
+            "{}",
+            f.line
+        );
+    }
+}

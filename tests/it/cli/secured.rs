@@ -381,3 +381,113 @@ fn the_password_never_shows() {
         );
     }
 }
+
+/// On the plain broker: a key that means nothing for a lock is a warning (a line and an event),
+/// a `-X` on the command line beats a flag's variable, and a file's unknown key is status 78
+/// with a `failed` event naming the key and its line.
+#[test]
+fn settings_on_the_plain_broker_warnings_precedence_and_errors() {
+    let b = super::broker().bootstrap();
+    let lock = lock_name("settings");
+    let dead = format!("127.0.0.1:{}", super::dead_port());
+    let bootstrap = format!("bootstrap.servers={b}");
+    let (code, stderr, stdout) = kl(
+        &[
+            "run",
+            "--lock",
+            &lock,
+            "--session-timeout",
+            "6s",
+            "--events",
+            "json",
+            "-X",
+            &bootstrap,
+            "-X",
+            "acks=all",
+            "--",
+            "echo",
+            "ran",
+        ],
+        &[
+            ("KAFKA_LOCK_BOOTSTRAP", &dead),
+            ("KAFKA_LOCK_X_ENABLE_AUTO_COMMIT", "false"),
+        ],
+    );
+    assert_eq!(code, 0, "{stderr:?}");
+    assert_eq!(stdout, "ran\n");
+    for key in ["acks", "enable.auto.commit"] {
+        assert!(
+            stderr
+                .iter()
+                .any(|l| l.starts_with("kafka-lock: warning: setting")
+                    && l.contains(&format!("{key:?}"))),
+            "{key}: {stderr:?}"
+        );
+        assert!(
+            stderr
+                .iter()
+                .any(|l| l.contains("\"event\":\"warning\"") && l.contains(key)),
+            "{key}: {stderr:?}"
+        );
+    }
+
+    let dir = scratch_dir("settings-bad");
+    let file = dir.join("client.properties");
+    std::fs::write(
+        &file,
+        format!("bootstrap.servers={b}\n# ok\nsasl.pasword=x\n"),
+    )
+    .expect("write");
+    let file = file.to_str().expect("utf-8 path");
+    let (code, stderr, _) = kl(
+        &[
+            "run",
+            "--config-file",
+            file,
+            "--lock",
+            &lock,
+            "--events",
+            "json",
+            "--",
+            "true",
+        ],
+        &[],
+    );
+    assert_eq!(code, 78, "{stderr:?}");
+    let line = stderr
+        .iter()
+        .find(|l| l.starts_with("kafka-lock: "))
+        .expect("a line");
+    assert!(
+        line.contains("\"sasl.pasword\"") && line.contains("line 3"),
+        "{line}"
+    );
+    assert!(line.contains("did you mean \"sasl.password\""), "{line}");
+    assert!(
+        stderr
+            .iter()
+            .any(|l| l.contains("\"event\":\"failed\"") && l.contains("\"kind\":\"config\"")),
+        "{stderr:?}"
+    );
+    let (code, stderr, _) = kl(&["status", "--config-file", file, "--lock", &lock], &[]);
+    assert_eq!(code, 78, "{stderr:?}");
+
+    // SASL settings with the default protocol: 78 before anything is sent.
+    let (code, stderr, _) = kl(
+        &[
+            "status",
+            "--bootstrap",
+            &b,
+            "--lock",
+            &lock,
+            "-X",
+            "sasl.mechanism=PLAIN",
+        ],
+        &[],
+    );
+    assert_eq!(code, 78, "{stderr:?}");
+    assert!(
+        stderr[0].contains("security.protocol=SASL_SSL"),
+        "{stderr:?}"
+    );
+}
