@@ -63,10 +63,11 @@ pub struct Resolved {
 
 fn config_failure(e: ConfigError) -> Failure {
     let advice = match &e {
-        ConfigError::Io { .. } => "check --config-file (or $KAFKA_LOCK_CONFIG_FILE)",
-        _ => "fix the setting (the accepted keys: docs/cli.md)",
+        ConfigError::Io { .. } => "; check --config-file (or $KAFKA_LOCK_CONFIG_FILE)",
+        ConfigError::UnknownKey { .. } => " (the keys kafka-lock takes: docs/cli.md)",
+        _ => "; fix the setting (the keys kafka-lock takes: docs/cli.md)",
     };
-    Failure::new(exit::CONFIG, format!("{e}; {advice}"))
+    Failure::new(exit::CONFIG, format!("{e}{advice}"))
 }
 
 /// The key a `-X` argument or variable sets, under its canonical name.
