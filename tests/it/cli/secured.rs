@@ -491,3 +491,55 @@ fn settings_on_the_plain_broker_warnings_precedence_and_errors() {
         "{stderr:?}"
     );
 }
+
+/// The SSL listener requires a client certificate: given by librdkafka's names, and by Java's
+/// (a PEM key store holding key and chain, a PEM trust store).
+#[test]
+fn mtls_with_librdkafka_and_java_names() {
+    let k = secure_kafka();
+    let c = k.certs();
+    let dir = scratch_dir("secured-mtls");
+    let keystore = dir.join("client-keystore.pem");
+    let key = std::fs::read_to_string(&c.client_key).expect("client key");
+    let cert = std::fs::read_to_string(&c.client_cert).expect("client cert");
+    std::fs::write(&keystore, format!("{key}{cert}")).expect("write key store");
+    let librdkafka = format!(
+        "bootstrap.servers={}\nsecurity.protocol=SSL\nssl.ca.location={}\n\
+         ssl.certificate.location={}\nssl.key.location={}\n",
+        k.addr("SSL"),
+        c.ca.display(),
+        c.client_cert.display(),
+        c.client_key.display()
+    );
+    let java = format!(
+        "bootstrap.servers={}\nsecurity.protocol=SSL\nssl.truststore.type=PEM\n\
+         ssl.truststore.location={}\nssl.keystore.type=PEM\nssl.keystore.location={}\n\
+         ssl.endpoint.identification.algorithm=https\n",
+        k.addr("SSL"),
+        c.ca.display(),
+        keystore.display()
+    );
+    for (name, text) in [("librdkafka", librdkafka), ("java", java)] {
+        let file = dir.join(format!("{name}.properties"));
+        std::fs::write(&file, text).expect("write properties");
+        let file = file.to_str().expect("utf-8 path");
+        let lock = lock_name("secured-mtls");
+        let (code, stderr, stdout) = kl(
+            &[
+                "run",
+                "--config-file",
+                file,
+                "--lock",
+                &lock,
+                "--session-timeout",
+                "6s",
+                "--",
+                "echo",
+                "held",
+            ],
+            &[],
+        );
+        assert_eq!(code, 0, "{name}: {stderr:?}\n{}", k.log_tail());
+        assert_eq!(stdout, "held\n", "{name}");
+    }
+}
