@@ -678,7 +678,8 @@ impl LockOptions {
     /// reached, and [`Error::Broker`] when the broker rejects the settings.
     pub async fn acquire(&self, wait: Option<Duration>) -> Result<LockGuard> {
         self.acquire_inner(wait, false)
-            .await?
+            .await
+            .map_err(|e| self.name_refusal(e))?
             .ok_or_else(|| Error::NotAcquired {
                 lock: self.name.clone(),
                 waited: wait.unwrap_or_default(),
@@ -689,7 +690,30 @@ impl LockOptions {
     /// Takes the lock only if the first completed generation gives it to us; otherwise leaves
     /// the group and returns `Ok(None)`.
     pub async fn try_acquire(&self) -> Result<Option<LockGuard>> {
-        self.acquire_inner(None, true).await
+        self.acquire_inner(None, true)
+            .await
+            .map_err(|e| self.name_refusal(e))
+    }
+
+    /// An ACL refusal of the lock's group or topic, named as such (the broker's code alone does
+    /// not say which group or topic).
+    fn name_refusal(&self, e: Error) -> Error {
+        use crate::security::SecurityError;
+        match &e {
+            Error::Broker { code, .. } if *code == KafkaCode::GROUP_AUTHORIZATION_FAILED => {
+                Error::Security(SecurityError::GroupAuthorizationFailed {
+                    group: self.name.clone(),
+                })
+            }
+            Error::Broker { code, .. } if code.0 == 29 => {
+                let topic = match &self.mode {
+                    Mode::Consumer { topic } => topic.clone(),
+                    Mode::Native => self.ledger_topic.clone().unwrap_or_default(),
+                };
+                Error::Security(SecurityError::TopicAuthorizationFailed { topic })
+            }
+            _ => e,
+        }
     }
 
     async fn acquire_inner(&self, wait: Option<Duration>, once: bool) -> Result<Option<LockGuard>> {

@@ -17,6 +17,7 @@
 mod bootstrap;
 mod conn;
 mod dial;
+mod secure;
 #[cfg(test)]
 mod tests;
 

@@ -6,7 +6,7 @@ use kafka_protocol::messages::{
     ApiVersionsResponse, DescribeGroupsResponse, FetchResponse, FindCoordinatorResponse,
     HeartbeatResponse, JoinGroupResponse, LeaveGroupResponse, ListOffsetsResponse,
     MetadataResponse, OffsetCommitResponse, OffsetFetchResponse, ProduceResponse,
-    SyncGroupResponse,
+    SaslAuthenticateResponse, SaslHandshakeResponse, SyncGroupResponse,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, Message};
 use proptest::prelude::*;
@@ -87,6 +87,13 @@ impl Gen<'_> {
                 self.length(out, n, 4);
                 for _ in 0..n {
                     out.push(self.rng.next() as u8);
+                }
+            }
+            StrArray => {
+                let n = self.rng.below(5) as usize;
+                self.length(out, n, 4);
+                for _ in 0..n {
+                    self.ty(out, Str, false);
                 }
             }
             Int32Array => {
@@ -181,6 +188,8 @@ macro_rules! by_response_type {
             ApiKey::Produce => $f::<ProduceResponse>($($arg),*),
             ApiKey::Fetch => $f::<FetchResponse>($($arg),*),
             ApiKey::ListOffsets => $f::<ListOffsetsResponse>($($arg),*),
+            ApiKey::SaslHandshake => $f::<SaslHandshakeResponse>($($arg),*),
+            ApiKey::SaslAuthenticate => $f::<SaslAuthenticateResponse>($($arg),*),
             other => panic!("{other:?} has no table"),
         }
     };

@@ -7,7 +7,7 @@
 //! | `SASL_SSL` | SASL_SSL | PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 |
 //! | `SSL` | SSL, client certificate required | mTLS |
 //! | `SASL_PLAINTEXT` | SASL_PLAINTEXT | SCRAM only (PLAIN is not enabled, for the "mechanism not enabled" error) |
-//! | `REAUTH` | SASL_SSL, `connections.max.reauth.ms` = [`REAUTH_MS`] | KIP-368 re-authentication |
+//! | `REAUTH` | SASL_PLAINTEXT, `connections.max.reauth.ms` = [`REAUTH_MS`] | KIP-368 re-authentication |
 //! | `PLAINTEXT` | PLAINTEXT (inter-broker, readiness probes) | listener mix-ups |
 //!
 //! The server certificate holds only the IP address 127.0.0.1 (an IP SAN), so dialling
@@ -144,7 +144,7 @@ impl SecureKafka {
             .listener("SASL_SSL", "SASL_SSL")
             .listener("SSL", "SSL")
             .listener("SASL_PLAINTEXT", "SASL_PLAINTEXT")
-            .listener("REAUTH", "SASL_SSL")
+            .listener("REAUTH", "SASL_PLAINTEXT")
             .property("ssl.keystore.type", "PEM")
             .property("ssl.keystore.location", keystore.display())
             .property("ssl.truststore.type", "PEM")
