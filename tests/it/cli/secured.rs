@@ -543,3 +543,54 @@ fn mtls_with_librdkafka_and_java_names() {
         assert_eq!(stdout, "held\n", "{name}");
     }
 }
+
+/// A ledger over SASL_SSL: `run` writes its records there and `history` reads them, both from
+/// the same client.properties.
+#[test]
+fn ledger_run_and_history_over_sasl_ssl() {
+    let k = secure_kafka();
+    let topic = lock_name("secured-ledger");
+    // The PLAINTEXT listener's ANONYMOUS principal may create topics.
+    crate::support::kafka::probe::create_topic(&k.addr("PLAINTEXT"), &topic, 1);
+    let dir = scratch_dir("secured-ledger");
+    let file = client_properties(&dir, SCRAM512_USER.1);
+    let file = file.to_str().expect("utf-8 path");
+    let lock = lock_name("secured-ledger");
+    let (code, stderr, stdout) = kl(
+        &[
+            "run",
+            "--config-file",
+            file,
+            "--lock",
+            &lock,
+            "--ledger-topic",
+            &topic,
+            "--",
+            "sh",
+            "-c",
+            "echo token=$KAFKA_LOCK_TOKEN",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{stderr:?}\n{}", k.log_tail());
+    assert!(stdout.starts_with("token="), "{stdout}");
+    let (code, stderr, stdout) = kl(
+        &[
+            "history",
+            "--config-file",
+            file,
+            "--lock",
+            &lock,
+            "--ledger-topic",
+            &topic,
+            "--json",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{stderr:?}");
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).expect("history --json");
+    let holds = v["holds"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no holds: {v}"));
+    assert_eq!(holds.len(), 1, "{v}");
+}
