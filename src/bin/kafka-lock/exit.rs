@@ -136,11 +136,19 @@ pub fn failure(err: &Error, lock: &str, bootstrap: &str) -> Failure {
     let line = match status {
         NOPERM => match (security_error(err), err.auth_failure()) {
             (Some(e), _) => format!("cannot use the Kafka cluster at {bootstrap} for lock {lock:?}: {e}"),
-            (None, Some(AuthFailure::Authorization)) => format!(
-                "not authorized for lock {lock:?} at {bootstrap}: {err}; grant the principal \
-                 Read and Describe on the group {lock:?} (and Describe on --topic, Read, Write and \
-                 Describe on --ledger-topic, if given)"
-            ),
+            (None, Some(AuthFailure::Authorization)) => {
+                let text = err.to_string();
+                // The broker code's own sentence may already say what to grant.
+                let advice = if text.contains("grant") {
+                    String::new()
+                } else {
+                    format!(
+                        "; grant the principal Read and Describe on the group {lock:?} (and \
+                         Describe on --topic, Read, Write and Describe on --ledger-topic, if given)"
+                    )
+                };
+                format!("not authorized for lock {lock:?} at {bootstrap}: {text}{advice}")
+            }
             (None, _) => format!(
                 "the cluster at {bootstrap} refused the credentials for lock {lock:?}: {err}; check \
                  sasl.mechanism, sasl.username and sasl.password"

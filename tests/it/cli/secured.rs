@@ -267,6 +267,8 @@ fn each_security_failure_has_its_status_and_its_own_line() {
                 .unwrap_or_else(|| {
                     panic!("{what} ({sub}): no line of kafka-lock's own: {stderr:?}")
                 });
+            // Shown with --nocapture: the line each cause gives.
+            eprintln!("{what} ({sub}): {line}");
             for w in words {
                 assert!(line.contains(w), "{what} ({sub}): {w:?} not in {line:?}");
             }
