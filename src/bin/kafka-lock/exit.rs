@@ -225,11 +225,8 @@ mod tests {
             "{}",
             f.line
         );
-        assert!(
-            f.line.contains("Read and Describe on the group"),
-            "{}",
-            f.line
-        );
+        assert!(f.line.contains("READ (and DESCRIBE)"), "{}", f.line);
+        assert_eq!(f.line.matches("grant").count(), 1, "{}", f.line);
         let f = failure(
             &poisoned(Error::Security(SecurityError::TlsListener {
                 broker: "127.0.0.1:9093".into(),
