@@ -1043,8 +1043,8 @@ impl ClientConfig {
         }
     }
 
-    /// Lines to show the person who gave the settings: keys ignored, and host name checks
-    /// turned off.
+    /// Lines to show the person who gave the settings: keys ignored, host name checks turned
+    /// off, a PLAIN password sent without TLS.
     pub fn warnings(&self) -> Vec<String> {
         let mut w: Vec<String> = self
             .ignored
@@ -1061,6 +1061,15 @@ impl ClientConfig {
                  is not checked against its host name, so anyone with a certificate from the same CA \
                  can pose as the broker"
             ));
+        }
+        if let (Some(p), Some(m)) = (&self.protocol, &self.mechanism) {
+            if p.value == SecurityProtocol::SaslPlaintext && m.value == SaslMechanism::Plain {
+                w.push(format!(
+                    "sasl.mechanism=PLAIN ({}) with security.protocol=SASL_PLAINTEXT ({}) sends the \
+                     password over the network unencrypted; use SASL_SSL, or SCRAM",
+                    m.origin, p.origin
+                ));
+            }
         }
         w
     }

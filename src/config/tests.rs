@@ -395,6 +395,24 @@ fn pem_stores_by_their_java_names_and_mtls() {
 }
 
 #[test]
+fn a_plain_password_without_tls_is_warned_about() {
+    let c = ClientConfig::from_properties(
+        "security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\nsasl.username=u\nsasl.password=p\n",
+        "f",
+    )
+    .unwrap();
+    c.security().unwrap();
+    let w = c.warnings();
+    assert!(w.iter().any(|l| l.contains("unencrypted")), "{w:?}");
+    let c = ClientConfig::from_properties(
+        "security.protocol=SASL_PLAINTEXT\nsasl.mechanism=SCRAM-SHA-256\n",
+        "f",
+    )
+    .unwrap();
+    assert!(c.warnings().is_empty());
+}
+
+#[test]
 fn inline_pem_gets_its_lines_back() {
     let body = "QUJD".repeat(20);
     let flat = format!("-----BEGIN CERTIFICATE----- {body} -----END CERTIFICATE-----");
