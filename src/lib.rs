@@ -19,7 +19,8 @@
 //!
 //! # Feature flags
 //! - `cli` (default): builds the `kafka-lock` binary (clap, humantime, tracing-subscriber, rustix,
-//!   the Prometheus exporter) and enables `metrics`. Library users turn default features off and
+//!   the Prometheus exporter) and enables `metrics` and `tls`. `cli-base` is the same without
+//!   `tls` (for targets where ring's C cannot be cross-compiled). Library users turn default features off and
 //!   compile none of it. Without `tls` the library never depends on C.
 //! - `metrics`: reports acquisition latency, holds, hold lengths, rebalances while held and
 //!   losses through the [`metrics`](https://docs.rs/metrics) facade ([`crate::metrics`] names them).

@@ -374,7 +374,9 @@ async fn establish(addr: &str, cfg: &ConnConfig, dialer: &Dialer) -> Result<Esta
                 let default = crate::security::Tls::new();
                 let tls = cfg.security.tls.as_ref().unwrap_or(&default);
                 let stream = super::secure::tls_connect(tcp, addr, tls).await?;
-                return set_up(stream, addr, cfg).await;
+                return set_up(stream, addr, cfg)
+                    .await
+                    .map_err(|e| refused_after_handshake(e, addr, tls));
             }
             #[cfg(not(feature = "tls"))]
             {
@@ -397,6 +399,34 @@ async fn establish(addr: &str, cfg: &ConnConfig, dialer: &Dialer) -> Result<Esta
             after: cfg.connect_timeout,
         }),
     }
+}
+
+/// In TLS 1.3 the client finishes its handshake before the server has checked the client's
+/// certificate, so a broker that requires one (`ssl.client.auth=required`) and got none, or one
+/// it does not trust, answers the first request with a fatal alert instead. The reader reports it
+/// as an I/O error carrying rustls's text ("received fatal alert: ...").
+#[cfg(feature = "tls")]
+fn refused_after_handshake(e: Error, addr: &str, tls: &crate::security::Tls) -> Error {
+    let text = match &e {
+        Error::Io { source, .. } => source.to_string(),
+        Error::Poisoned(inner) => inner.to_string(),
+        _ => return e,
+    };
+    let Some(at) = text.find("received fatal alert: ") else {
+        return e;
+    };
+    let alert = &text[at + "received fatal alert: ".len()..];
+    let hint = if tls.client_cert.is_none() {
+        "the broker probably requires a client certificate: set ssl.certificate.location and \
+         ssl.key.location"
+    } else {
+        "the broker probably does not accept the client certificate: check that its CA \
+         (the broker's ssl.truststore) signed it"
+    };
+    Error::Security(SecurityError::Tls {
+        broker: addr.to_owned(),
+        detail: format!("the broker ended the session with the alert {alert}; {hint}"),
+    })
 }
 
 /// The first answer of a plaintext connection tells a TLS listener apart: it sends a TLS alert

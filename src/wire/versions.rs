@@ -235,6 +235,8 @@ mod tests {
             (ApiKey::SyncGroup, 0, 5),
             (ApiKey::DescribeGroups, 0, 6),
             (ApiKey::ApiVersions, 0, 4),
+            (ApiKey::SaslHandshake, 0, 1),
+            (ApiKey::SaslAuthenticate, 0, 2),
         ])
     }
 

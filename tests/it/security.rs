@@ -112,6 +112,21 @@ async fn ssl_with_client_certificate() {
     assert!(!CLIENT_CN.is_empty());
 }
 
+/// Without a client certificate the SSL listener refuses the session; the error says to set one.
+#[tokio::test]
+async fn ssl_without_client_certificate() {
+    let security = Security::new(SecurityProtocol::Ssl).with_tls(tls());
+    let err = acquire_error(opts("SSL", security, "sec-err-nocert")).await;
+    assert!(
+        matches!(security_error(&err), SecurityError::Tls { .. }),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains("ssl.certificate.location"),
+        "{err}"
+    );
+}
+
 /// What an acquire fails with, within a bound that no retry loop may exceed.
 async fn acquire_error(options: LockOptions) -> Error {
     let started = Instant::now();
@@ -397,4 +412,45 @@ fn secrets_stay_out_of_logs_errors_and_debug() {
     }
     // SCRAM's client-final-message carries the proof as p=<base64>; it is never logged.
     assert!(!logs.contains(",p="), "a SCRAM proof in the logs");
+}
+
+/// Acquire time (connect, join, sync, and release) over SASL_SSL with SCRAM-SHA-512 against
+/// PLAINTEXT on the same broker, alternating, fresh group each time. Prints the distribution;
+/// asserts nothing about speed. BENCHMARKS.md has the command and a run.
+#[tokio::test]
+#[ignore = "benchmark: run by hand, see BENCHMARKS.md"]
+async fn bench_acquire_sasl_ssl_vs_plaintext() {
+    const REPS: usize = 30;
+    let secured = sasl_ssl(SaslMechanism::ScramSha512, SCRAM512_USER);
+    let mut times: [(&str, Vec<Duration>); 2] = [("PLAINTEXT", vec![]), ("SASL_SSL", vec![])];
+    // Warm both paths (JIT of the broker, first PBKDF2 on its side).
+    for rep in 0..REPS + 2 {
+        for (listener, samples) in times.iter_mut() {
+            let security = if *listener == "PLAINTEXT" {
+                Security::plaintext()
+            } else {
+                secured.clone()
+            };
+            let options = opts(listener, security, "sec-bench");
+            let started = Instant::now();
+            let guard = options.acquire(Some(SECURE_WAIT)).await.expect("acquire");
+            let acquired = started.elapsed();
+            guard.release().await.expect("release");
+            if rep >= 2 {
+                samples.push(acquired);
+            }
+        }
+    }
+    for (listener, samples) in &mut times {
+        samples.sort();
+        let pct = |p: usize| samples[(samples.len() - 1) * p / 100];
+        println!(
+            "{listener:<10} n={} min={:?} p50={:?} p90={:?} max={:?}",
+            samples.len(),
+            samples[0],
+            pct(50),
+            pct(90),
+            samples[samples.len() - 1]
+        );
+    }
 }
