@@ -263,7 +263,7 @@ fn each_security_failure_has_its_status_and_its_own_line() {
             assert_eq!(code, 77, "{what} ({sub}): {stderr:?} {stdout}");
             let line = stderr
                 .iter()
-                .find(|l| l.starts_with("kafka-lock: "))
+                .find(|l| l.starts_with("kafka-lock: ") && !l.starts_with("kafka-lock: warning: "))
                 .unwrap_or_else(|| {
                     panic!("{what} ({sub}): no line of kafka-lock's own: {stderr:?}")
                 });
