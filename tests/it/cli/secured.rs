@@ -381,6 +381,11 @@ fn the_password_never_shows() {
             !text.contains(secret),
             "{what}: the password shows in {text}"
         );
+        // A SCRAM client-final message (its channel binding, then the proof) as text.
+        assert!(
+            !text.contains("c=biws"),
+            "{what}: a SCRAM message shows in {text}"
+        );
     }
 }
 
