@@ -241,8 +241,8 @@ struct Target {
     /// Timeout of each request to a broker [default: 5s].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     request_timeout: Option<Duration>,
-    /// Timeout of each connection attempt (TCP, then TLS and SASL when configured, then the
-    /// version handshake) [default: 10s]. An
+    /// Timeout of each connection attempt (TCP, the version handshake, and TLS
+    /// and SASL when configured) [default: 10s]. An
     /// unreachable cluster is reported after three rounds over the bootstrap list.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     connect_timeout: Option<Duration>,
