@@ -26,6 +26,10 @@ use kafka_lock::wire::records::{
     self, encode_batch, BatchError, Header, NewRecord, Record, RecordBatch, RecordBatches,
     MIN_HEADER_SIZE, MIN_RECORD_SIZE,
 };
+use kafka_lock::wire::sasl::{
+    parse_server_final, parse_server_first, ScramClient, ScramError, ScramHash, MAX_ITERATIONS,
+    MIN_ITERATIONS,
+};
 use kafka_lock::wire::versions::SUPPORTED;
 use kafka_protocol::messages::ApiKey;
 
@@ -38,6 +42,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("response_decode", response_decode),
     ("peer_bytes", peer_bytes),
     ("record_batch_decode", record_batch_decode),
+    ("sasl_scram", sasl_scram),
 ];
 
 /// The frame limits `frame_decode` picks from: the largest is the "small maximum" a fuzz run can
@@ -571,4 +576,54 @@ fn check_consumer(members: &[Member]) {
 
 fn by_id(assignments: &[(String, Bytes)]) -> HashMap<&str, &Bytes> {
     assignments.iter().map(|(id, b)| (id.as_str(), b)).collect()
+}
+
+/// The client nonce `sasl_scram` runs the SCRAM client with.
+pub const SCRAM_NONCE: &str = "fyko+d2lbbFgONRv9qkxdawL";
+
+/// Input: one control byte, then a server's SASL message.
+///
+/// The bytes are parsed as a SCRAM server-first-message and as a server-final-message. What
+/// parses must keep the promises of `wire::sasl`: the iteration count within bounds, a
+/// non-empty printable nonce and salt. With the control byte's top bit set (and the message a
+/// valid server-first that extends [`SCRAM_NONCE`]) the client machine runs the whole exchange
+/// (PBKDF2 included, so those inputs are slow) with the control byte's bit 0 choosing SHA-256 or
+/// SHA-512, and the same bytes as server-final must never verify: no input can forge the
+/// server's signature.
+pub fn sasl_scram(data: &[u8]) {
+    let Some((&control, msg)) = data.split_first() else {
+        return;
+    };
+    match parse_server_first(msg) {
+        Ok(first) => {
+            assert!((MIN_ITERATIONS..=MAX_ITERATIONS).contains(&first.iterations));
+            assert!(!first.nonce.is_empty() && !first.nonce.contains(','));
+            assert!(!first.salt.is_empty());
+        }
+        Err(ScramError::Iterations(n)) => {
+            assert!(n < u64::from(MIN_ITERATIONS) || n > u64::from(MAX_ITERATIONS))
+        }
+        Err(_) => {}
+    }
+    let _ = parse_server_final(msg);
+    if control & 0x80 == 0 {
+        return;
+    }
+    let hash = if control & 1 == 0 {
+        ScramHash::Sha256
+    } else {
+        ScramHash::Sha512
+    };
+    let mut client = ScramClient::new(hash, "user", "pencil", SCRAM_NONCE.to_owned());
+    let first = client.client_first();
+    assert!(first.starts_with(b"n,,n=user,r="));
+    // Out of order: a final message before the first is refused.
+    assert!(client.server_final(msg).is_err());
+    match client.server_first(msg) {
+        Ok(final_msg) => {
+            assert!(final_msg.starts_with(b"c=biws,r="));
+            assert!(client.server_final(msg).is_err(), "a forged server signature verified");
+        }
+        Err(_) => assert!(client.server_final(msg).is_err()),
+    }
 }

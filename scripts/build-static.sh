@@ -36,8 +36,29 @@ else
         || die "no rustup, and this Rust toolchain has no $TARGET standard library; install the target"
 fi
 
-say "cargo build --release --target $TARGET --features cli --bin kafka-lock"
-cargo build --release --target "$TARGET" --features cli --bin kafka-lock
+# TLS (the `tls` feature, in `cli`) needs ring's C and assembly compiled for the target. For
+# x86_64 the host's C compiler does; for aarch64 a cross C compiler is needed (CC_aarch64_unknown_
+# linux_musl, aarch64-linux-musl-gcc, aarch64-linux-gnu-gcc or clang). Without one, the aarch64
+# binary is built without TLS (`cli-base`): it refuses SSL and SASL_SSL with a message saying so.
+features=cli
+if [[ "$TARGET" == aarch64-* ]]; then
+    cross_cc=${CC_aarch64_unknown_linux_musl:-}
+    if [[ -z "$cross_cc" ]]; then
+        for c in aarch64-linux-musl-gcc aarch64-linux-gnu-gcc clang; do
+            if command -v "$c" >/dev/null 2>&1; then cross_cc=$c; break; fi
+        done
+    fi
+    if [[ -z "$cross_cc" ]]; then
+        say "no aarch64 C compiler for ring: building the aarch64 binary WITHOUT TLS (cli-base)"
+        features=cli-base
+    else
+        export CC_aarch64_unknown_linux_musl="$cross_cc"
+        [[ "$cross_cc" == clang ]] && export CFLAGS_aarch64_unknown_linux_musl="--target=aarch64-linux-musl"
+    fi
+fi
+
+say "cargo build --release --target $TARGET --no-default-features --features $features --bin kafka-lock"
+cargo build --release --target "$TARGET" --no-default-features --features "$features" --bin kafka-lock
 
 bin="${CARGO_TARGET_DIR:-$repo/target}/$TARGET/release/kafka-lock"
 [[ -x "$bin" ]] || die "the build did not produce $bin"

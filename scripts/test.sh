@@ -31,17 +31,25 @@ if [[ -n "$offenders" ]]; then
 fi
 echo "ok: $(wc -l <<<"$deps") crates, none of them -sys or cc"
 
-step "no C in the CLI either: cargo tree -e normal,build --features cli"
-# linux-raw-sys is the one exception: Linux's kernel ABI (constants, structs) as Rust source for
-# rustix's raw system calls, with no build script and nothing to link.
+step "no C in the CLI but TLS's crypto provider: cargo tree -e normal,build --features cli"
+# linux-raw-sys is one exception: Linux's kernel ABI (constants, structs) as Rust source for
+# rustix's raw system calls, with no build script and nothing to link. The other is `cc`, and
+# only as the build dependency of `ring` (the `tls` feature's crypto provider, C and assembly):
+# nothing else may bring C.
 deps=$(cargo tree -e normal,build --features cli --prefix none --format '{p}' | awk '{print $1}' | sort -u)
-offenders=$(grep -E -- '(-sys$|^cc$)' <<<"$deps" | grep -vx 'linux-raw-sys' || true)
+cc_users=$(cargo tree -e normal,build --features cli -i cc --prefix none --format '{p}' --depth 1 2>/dev/null \
+    | awk 'NR > 1 {print $1}' | sort -u)
+if [[ -n "$cc_users" && "$cc_users" != "ring" ]]; then
+    echo "cc is built for more than ring: $cc_users" >&2
+    exit 1
+fi
+offenders=$(grep -E -- '(-sys$|^cc$)' <<<"$deps" | grep -vx -e 'linux-raw-sys' -e 'cc' || true)
 if [[ -n "$offenders" ]]; then
     echo "the CLI depends on C through: $offenders" >&2
     cargo tree -e normal,build --features cli -i "$(head -n1 <<<"$offenders")" >&2 || true
     exit 1
 fi
-echo "ok: $(wc -l <<<"$deps") crates, none of them cc or -sys but linux-raw-sys (no C)"
+echo "ok: $(wc -l <<<"$deps") crates; C only in ring (through cc), no -sys but linux-raw-sys (no C)"
 
 step "library users compile no CLI: cargo tree --no-default-features has no clap, rustix, log formatter or metrics"
 cli_only=$(cargo tree -e normal --no-default-features --prefix none --format '{p}' | awk '{print $1}' \

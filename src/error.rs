@@ -128,6 +128,11 @@ pub enum Error {
     /// The ledger topic cannot serve, or a checkpoint cannot be stored.
     #[error(transparent)]
     Ledger(#[from] crate::ledger::LedgerError),
+
+    /// TLS or SASL could not be set up, or the broker refused the principal
+    /// ([`Error::auth_failure`] tells authentication from authorization).
+    #[error(transparent)]
+    Security(#[from] crate::security::SecurityError),
 }
 
 impl Error {
@@ -153,7 +158,32 @@ impl Error {
             | Error::UnsupportedApi { .. }
             | Error::NotAcquired { .. }
             | Error::Lost { .. }
-            | Error::Ledger(_) => false,
+            | Error::Ledger(_)
+            | Error::Security(_) => false,
+        }
+    }
+
+    /// Whether the broker refused who we are ([`AuthFailure::Authentication`]: wrong password,
+    /// mechanism not enabled) or what we asked ([`AuthFailure::Authorization`]: an ACL), looking
+    /// through poisoned connections and bootstrap attempts. `None` for every other error.
+    ///
+    /// [`AuthFailure::Authentication`]: crate::security::AuthFailure::Authentication
+    /// [`AuthFailure::Authorization`]: crate::security::AuthFailure::Authorization
+    pub fn auth_failure(&self) -> Option<crate::security::AuthFailure> {
+        use crate::security::AuthFailure;
+        match self {
+            Error::Security(e) => e.auth_failure(),
+            Error::Poisoned(e) => e.auth_failure(),
+            Error::Bootstrap(b) => b.attempts.iter().find_map(|a| a.error.auth_failure()),
+            Error::Broker { code, .. } => match code.0 {
+                // SASL_AUTHENTICATION_FAILED, UNSUPPORTED_SASL_MECHANISM,
+                // ILLEGAL_SASL_STATE
+                58 | 33 | 34 => Some(AuthFailure::Authentication),
+                // TOPIC_, GROUP_, CLUSTER_, TRANSACTIONAL_ID_, DELEGATION_TOKEN_AUTHORIZATION_FAILED
+                29 | 30 | 31 | 53 | 65 => Some(AuthFailure::Authorization),
+                _ => None,
+            },
+            _ => None,
         }
     }
 

@@ -67,12 +67,16 @@
 //!
 //! # Feature flags
 //! - `cli` (default): builds the `kafka-lock` binary (clap, humantime, tracing-subscriber, rustix,
-//!   the Prometheus exporter) and enables `metrics`. Library users turn default features off
-//!   (`kafka-lock = { version = "0.1", default-features = false }`) and compile none of it. The
-//!   library never depends on C.
+//!   the Prometheus exporter) and enables `metrics` and `tls`. `cli-base` is the same without
+//!   `tls` (for targets where ring's C cannot be cross-compiled). Library users turn default features off and
+//!   compile none of it. Without `tls` the library never depends on C.
 //! - `metrics`: reports acquisition latency, holds, hold lengths, rebalances while held and
 //!   losses through the [`metrics`](https://docs.rs/metrics) facade ([`crate::metrics`] names them).
 //!   On with `cli`, off for library users unless they ask; without it the code is not compiled.
+//! - `tls`: TLS to the brokers (`security.protocol` SSL and SASL_SSL) with rustls, tokio-rustls
+//!   and the `ring` crypto provider, and Mozilla's roots (webpki-roots). On with `cli`. ring
+//!   contains C and assembly: this feature is the only way C enters the build. SASL (PLAIN,
+//!   SCRAM) needs no feature and is pure Rust.
 //!
 //! # Dependencies in the API
 //!
@@ -105,6 +109,8 @@ pub mod assign;
 #[doc(hidden)]
 pub mod backoff;
 #[doc(hidden)]
+pub mod config;
+#[doc(hidden)]
 pub mod describe;
 #[doc(hidden)]
 pub mod driver;
@@ -117,9 +123,12 @@ pub mod lock;
 #[doc(hidden)]
 pub mod membership;
 #[doc(hidden)]
+pub mod security;
+#[doc(hidden)]
 pub mod wire;
 
 pub use api::Api;
+pub use config::{ClientConfig, ConfigError, Timeouts};
 pub use describe::{
     LedgerSummary, LockDescription, LockHolder, LockMember, LockProtocol, LockState,
 };
@@ -135,5 +144,8 @@ pub use lock::{
     LockOptions, LockStats, LossReason, Release, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_LEASE_MARGIN,
     DEFAULT_LEAVE_TIMEOUT, DEFAULT_REBALANCE_TIMEOUT, DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_RETRY_BACKOFF, DEFAULT_RETRY_BACKOFF_MAX, DEFAULT_SESSION_TIMEOUT, MAX_SETTING,
+};
+pub use security::{
+    AuthFailure, Sasl, SaslMechanism, Secret, Security, SecurityError, SecurityProtocol, Tls,
 };
 pub use wire::versions::VersionError;

@@ -51,6 +51,7 @@ use crate::driver::{connect_any, BootstrapConfig, ConnConfig, Connection};
 use crate::error::{Error, KafkaCode, Result};
 use crate::ledger::{History, Ledger, LedgerConfig, LedgerError};
 use crate::membership::{Command, Event, GroupVersions, Membership, MembershipConfig, Mode};
+use crate::security::Security;
 use crate::wire::Response;
 
 pub use crate::ledger::{DEFAULT_CHECKPOINT_MAX_BYTES, DEFAULT_POLL_MAX_BYTES, DEFAULT_POLL_WAIT};
@@ -226,6 +227,7 @@ pub struct LockOptions {
     lease_margin: Duration,
     leave_timeout: Duration,
     max_frame_size: usize,
+    security: Security,
     ledger_topic: Option<String>,
     ledger_push: bool,
     checkpoint_max_bytes: usize,
@@ -233,18 +235,21 @@ pub struct LockOptions {
     stats: Arc<Mutex<StatsInner>>,
 }
 
+fn split_bootstrap(bootstrap: &str) -> Vec<String> {
+    bootstrap
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
 impl LockOptions {
     /// A lock named `name` (the group id) on the cluster reachable at `bootstrap`
     /// (`host:port[,host:port...]`), with defaults suited to locks.
     pub fn new(bootstrap: impl AsRef<str>, name: impl Into<String>) -> Self {
         LockOptions {
-            bootstrap: bootstrap
-                .as_ref()
-                .split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(str::to_owned)
-                .collect(),
+            bootstrap: split_bootstrap(bootstrap.as_ref()),
             name: name.into(),
             mode: Mode::Native,
             label: None,
@@ -259,6 +264,7 @@ impl LockOptions {
             lease_margin: DEFAULT_LEASE_MARGIN,
             leave_timeout: DEFAULT_LEAVE_TIMEOUT,
             max_frame_size: crate::wire::DEFAULT_MAX_FRAME_SIZE,
+            security: Security::default(),
             ledger_topic: None,
             ledger_push: true,
             checkpoint_max_bytes: DEFAULT_CHECKPOINT_MAX_BYTES,
@@ -375,12 +381,36 @@ impl LockOptions {
         self
     }
 
+    /// How connections are secured (TLS, SASL): see [`crate::security`]. Default: plaintext.
+    /// Checked by [`LockOptions::validate`].
+    pub fn security(mut self, security: Security) -> Self {
+        self.security = security;
+        self
+    }
+
+    /// The security settings.
+    pub fn security_settings(&self) -> &Security {
+        &self.security
+    }
+
     /// Retry backoff bounds.
     #[must_use = "the options are changed in the value returned"]
     pub fn retry_backoff(mut self, initial: Duration, max: Duration) -> Self {
         self.retry_backoff = initial;
         self.retry_backoff_max = max;
         self
+    }
+
+    /// Replaces the bootstrap list (`host:port[,host:port...]`); for settings read from
+    /// `bootstrap.servers`.
+    pub(crate) fn set_bootstrap(mut self, bootstrap: &str) -> Self {
+        self.bootstrap = split_bootstrap(bootstrap);
+        self
+    }
+
+    /// The retry backoff bounds (initial, largest).
+    pub(crate) fn retry_backoff_bounds(&self) -> (Duration, Duration) {
+        (self.retry_backoff, self.retry_backoff_max)
     }
 
     /// Lease safety margin.
@@ -429,6 +459,7 @@ impl LockOptions {
     /// Checks the settings locally, before any broker sees them.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Config(m));
+        self.security.validate()?;
         if self.bootstrap.is_empty() {
             return bad("no bootstrap broker given; pass host:port[,host:port...]".into());
         }
@@ -666,6 +697,7 @@ impl LockOptions {
             .with_connect_timeout(self.connect_timeout)
             .with_request_timeout(self.request_timeout)
             .with_max_frame_size(self.max_frame_size)
+            .with_security(self.security.clone())
     }
 
     fn bootstrap_limits(&self) -> BootstrapConfig {
@@ -719,7 +751,8 @@ impl LockOptions {
     /// reached, and [`Error::Broker`] when the broker rejects the settings.
     pub async fn acquire(&self, wait: Option<Duration>) -> Result<LockGuard> {
         self.acquire_inner(wait, false)
-            .await?
+            .await
+            .map_err(|e| self.name_refusal(e))?
             .ok_or_else(|| Error::NotAcquired {
                 lock: self.name.clone(),
                 waited: wait.unwrap_or_default(),
@@ -731,7 +764,30 @@ impl LockOptions {
     /// the group (waiting at most the leave timeout for the coordinator to confirm it) and
     /// returns `Ok(None)`. The CLI's `--wait 0`.
     pub async fn try_acquire(&self) -> Result<Option<LockGuard>> {
-        self.acquire_inner(None, true).await
+        self.acquire_inner(None, true)
+            .await
+            .map_err(|e| self.name_refusal(e))
+    }
+
+    /// An ACL refusal of the lock's group or topic, named as such (the broker's code alone does
+    /// not say which group or topic).
+    fn name_refusal(&self, e: Error) -> Error {
+        use crate::security::SecurityError;
+        match &e {
+            Error::Broker { code, .. } if *code == KafkaCode::GROUP_AUTHORIZATION_FAILED => {
+                Error::Security(SecurityError::GroupAuthorizationFailed {
+                    group: self.name.clone(),
+                })
+            }
+            Error::Broker { code, .. } if code.0 == 29 => {
+                let topic = match &self.mode {
+                    Mode::Consumer { topic } => topic.clone(),
+                    Mode::Native => self.ledger_topic.clone().unwrap_or_default(),
+                };
+                Error::Security(SecurityError::TopicAuthorizationFailed { topic })
+            }
+            _ => e,
+        }
     }
 
     async fn acquire_inner(&self, wait: Option<Duration>, once: bool) -> Result<Option<LockGuard>> {

@@ -175,6 +175,10 @@ where
                     backoff.reset();
                     return Ok(conn);
                 }
+                // Wrong credentials, an untrusted certificate or the wrong listener fail the
+                // same way on every broker and in every round: said at once, not after the
+                // bootstrap deadline.
+                Err(e @ Error::Security(_)) => return Err(e),
                 Err(e) => {
                     debug!(addr = %addr, error = %e, "bootstrap address failed");
                     last[idx] = Some(e);

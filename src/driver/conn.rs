@@ -45,8 +45,10 @@ use tracing::{debug, trace};
 use super::dial::Dialer;
 
 use crate::error::{Error, KafkaCode, Result};
+use crate::security::{Security, SecurityError};
 use crate::wire::codec::{decode_response_frame_bytes, encode_request, peek_correlation_id};
 use crate::wire::frame::decode_frame;
+use crate::wire::frame::FrameError;
 use crate::wire::versions::{api_versions_fallback, negotiate, NegotiatedVersions};
 use crate::wire::{Request, Response, DEFAULT_MAX_FRAME_SIZE};
 
@@ -85,6 +87,8 @@ pub struct ConnConfig {
     /// Largest response frame accepted; a longer length prefix poisons the connection before any
     /// of the frame is buffered. Default: [`DEFAULT_MAX_FRAME_SIZE`].
     pub max_frame_size: usize,
+    /// TLS and SASL (`security.protocol` and friends). Default: plaintext.
+    pub security: Security,
 }
 
 impl Default for ConnConfig {
@@ -94,6 +98,7 @@ impl Default for ConnConfig {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             max_frame_size: DEFAULT_MAX_FRAME_SIZE,
+            security: Security::default(),
         }
     }
 }
@@ -120,6 +125,12 @@ impl ConnConfig {
     /// Sets [`ConnConfig::max_frame_size`].
     pub fn with_max_frame_size(mut self, max: usize) -> Self {
         self.max_frame_size = max;
+        self
+    }
+
+    /// Sets [`ConnConfig::security`].
+    pub fn with_security(mut self, security: Security) -> Self {
+        self.security = security;
         self
     }
 }
@@ -150,21 +161,46 @@ impl ConnConfig {
 /// [`Connection::request_with_timeout`].
 #[derive(Clone)]
 pub struct Connection {
-    link: Arc<Link>,
+    current: Arc<Current>,
     versions: Arc<NegotiatedVersions>,
+}
+
+/// The link a connection's requests go to. Only a SASL connection whose session has a lifetime
+/// (KIP-368) ever changes it: a renewal task authenticates a fresh link before the session ends
+/// and swaps it in (see `renew`).
+struct Current {
+    peer: String,
+    link: Mutex<Arc<Link>>,
+    /// Set by [`Connection::close`]: no renewal may bring the connection back.
+    closed_by_user: std::sync::atomic::AtomicBool,
+}
+
+impl Current {
+    fn link(&self) -> Arc<Link> {
+        Arc::clone(&self.link.lock().unwrap_or_else(|e| e.into_inner()))
+    }
 }
 
 impl std::fmt::Debug for Connection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Connection")
-            .field("peer", &self.link.peer)
+            .field("peer", &self.current.peer)
             .field("closed", &self.is_closed())
             .finish_non_exhaustive()
     }
 }
 
+/// A link set up to the point where other requests may follow: TLS, ApiVersions and SASL done.
+struct Established {
+    link: Link,
+    versions: NegotiatedVersions,
+    /// The SASL session's lifetime, if the broker set one.
+    lifetime: Option<Duration>,
+}
+
 impl Connection {
-    /// Connects to `addr` (`host:port`) and negotiates API versions. The whole setup is bounded
+    /// Connects to `addr` (`host:port`), performs the TLS handshake and SASL authentication that
+    /// [`ConnConfig::security`] asks for, and negotiates API versions. The whole setup is bounded
     /// by [`ConnConfig::connect_timeout`].
     ///
     /// When the name resolves to several addresses they are raced (RFC 8305, "Happy Eyeballs"):
@@ -172,6 +208,11 @@ impl Connection {
     /// 250 ms (less if the connect timeout is too short to start them all), and the address that
     /// worked is tried first next time. Name resolution runs on a thread of its own, so a
     /// resolver that hangs delays neither this error nor the shutdown of the tokio runtime.
+    ///
+    /// When SASL authentication reports a session lifetime (KIP-368, the broker's
+    /// `connections.max.reauth.ms`), the connection authenticates a fresh socket at a random
+    /// point between 85 % and 95 % of the lifetime and moves later requests to it; requests
+    /// already in flight finish on the old socket, which then closes.
     pub async fn connect(addr: &str, cfg: &ConnConfig) -> Result<Connection> {
         Self::connect_via(addr, cfg, Dialer::system()).await
     }
@@ -182,36 +223,52 @@ impl Connection {
         cfg: &ConnConfig,
         dialer: &Dialer,
     ) -> Result<Connection> {
-        let setup = async {
-            let stream = dialer.connect(addr, cfg.connect_timeout).await?;
-            Connection::from_stream(stream, addr, cfg).await
-        };
-        match tokio::time::timeout(cfg.connect_timeout, setup).await {
-            Ok(result) => result,
-            Err(_) => Err(Error::Timeout {
-                op: format!("connecting to broker {addr}"),
-                after: cfg.connect_timeout,
+        let started = Instant::now();
+        let established = establish(addr, cfg, dialer).await?;
+        let lifetime = established.lifetime;
+        let conn = Connection::new(established.link, addr, established.versions);
+        if let Some(lifetime) = lifetime {
+            tokio::spawn(renew(
+                Arc::downgrade(&conn.current),
+                Arc::clone(&conn.versions),
+                addr.to_owned(),
+                cfg.clone(),
+                started,
+                lifetime,
+            ));
+        }
+        Ok(conn)
+    }
+
+    fn new(link: Link, peer: &str, versions: NegotiatedVersions) -> Connection {
+        Connection {
+            current: Arc::new(Current {
+                peer: peer.to_owned(),
+                link: Mutex::new(Arc::new(link)),
+                closed_by_user: std::sync::atomic::AtomicBool::new(false),
             }),
+            versions: Arc::new(versions),
         }
     }
 
     /// Runs the connection over an already established byte stream (the transport boundary for
     /// TLS or other wrappers): spawns the reader and writer tasks on the current tokio runtime
-    /// (so it must be called from within one) and performs the ApiVersions handshake (KIP-511),
-    /// each of its requests bounded by [`ConnConfig::request_timeout`].
+    /// (so it must be called from within one), performs the ApiVersions handshake (KIP-511)
+    /// and, if [`ConnConfig::security`] has SASL credentials, the SASL exchange, each of its
+    /// requests bounded by [`ConnConfig::request_timeout`]. The stream is not wrapped in TLS
+    /// here, and a SASL session with a lifetime is not renewed (there is no address to dial).
     ///
     /// `peer` only names the broker in errors and logs.
     pub async fn from_stream<S>(stream: S, peer: &str, cfg: &ConnConfig) -> Result<Connection>
     where
         S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     {
-        let link = Link::spawn(stream, peer, cfg);
-        let versions = handshake(&link, cfg.request_timeout).await?;
-        debug!(peer, ?versions, "connected");
-        Ok(Connection {
-            link: Arc::new(link),
-            versions: Arc::new(versions),
-        })
+        let established = set_up(stream, peer, cfg).await?;
+        Ok(Connection::new(
+            established.link,
+            peer,
+            established.versions,
+        ))
     }
 
     /// The versions negotiated with this broker.
@@ -221,7 +278,7 @@ impl Connection {
 
     /// The broker address this connection was opened to.
     pub fn peer(&self) -> &str {
-        &self.link.peer
+        &self.current.peer
     }
 
     /// Sends `req` at the negotiated version and waits for its response, bounded by
@@ -229,8 +286,9 @@ impl Connection {
     ///
     /// A Kafka error code inside the response is not an error here; the caller interprets it.
     pub async fn request(&self, req: impl Into<Request>) -> Result<Response> {
-        self.request_with_timeout(req, self.link.request_timeout)
-            .await
+        let link = self.current.link();
+        let timeout = link.request_timeout;
+        self.request_with_timeout(req, timeout).await
     }
 
     /// Like [`Connection::request`] with a timeout for this request only, for requests the broker
@@ -248,7 +306,7 @@ impl Connection {
         let version = self.versions.get(api).ok_or(Error::UnsupportedApi {
             api: crate::api::Api::of(api),
         })?;
-        self.link.call(&req, version, timeout).await
+        self.current.link().call(&req, version, timeout).await
     }
 
     /// Like [`Connection::request_with_timeout`] at an explicit `version`, for callers that built
@@ -270,31 +328,259 @@ impl Connection {
                 })
             }
         }
-        self.link.call(&req, version, timeout).await
+        self.current.link().call(&req, version, timeout).await
     }
 
     /// Closes the connection: in-flight and later requests fail with [`Error::Closed`]. Idempotent.
     pub fn close(&self) {
-        self.link.shared.fail(Arc::new(Error::Closed));
+        self.current
+            .closed_by_user
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.current.link().shared.fail(Arc::new(Error::Closed));
     }
 
     /// Whether the connection has failed or been closed; a closed connection never reopens.
     pub fn is_closed(&self) -> bool {
-        self.link.shared.failure().is_some()
+        self.current.link().shared.failure().is_some()
     }
 
     /// Completes once the connection has failed or been closed, e.g. to start reconnecting
     /// without waiting for the next request to fail.
     pub async fn closed(&self) {
-        let mut rx = self.link.shared.shutdown.subscribe();
-        // The sender lives in `Shared`, which `self` keeps alive, so this cannot error.
-        let _ = rx.wait_for(|closed| *closed).await;
+        loop {
+            let link = self.current.link();
+            let mut rx = link.shared.shutdown.subscribe();
+            // The sender lives in `Shared`, which `link` keeps alive, so this cannot error.
+            let _ = rx.wait_for(|closed| *closed).await;
+            // A renewal replaced the link and the old one closed behind it: the connection
+            // lives on.
+            if Arc::ptr_eq(&link, &self.current.link()) {
+                return;
+            }
+        }
     }
 
     /// Requests registered and not yet answered or failed.
     #[cfg(test)]
     pub(crate) fn in_flight(&self) -> usize {
-        self.link.shared.lock().inflight.len()
+        self.current.link().shared.lock().inflight.len()
+    }
+}
+
+/// Dials `addr` and sets up a link over it, all within the connect timeout.
+async fn establish(addr: &str, cfg: &ConnConfig, dialer: &Dialer) -> Result<Established> {
+    let setup = async {
+        let tcp = dialer.connect(addr, cfg.connect_timeout).await?;
+        if cfg.security.protocol.uses_tls() {
+            #[cfg(feature = "tls")]
+            {
+                let default = crate::security::Tls::new();
+                let tls = cfg.security.tls.as_ref().unwrap_or(&default);
+                let stream = super::secure::tls_connect(tcp, addr, tls).await?;
+                return set_up(stream, addr, cfg)
+                    .await
+                    .map_err(|e| refused_after_handshake(e, addr, tls));
+            }
+            #[cfg(not(feature = "tls"))]
+            {
+                drop(tcp);
+                return Err(Error::Config(format!(
+                    "security.protocol={} needs TLS, and this build of kafka-lock has no TLS \
+                     (the `tls` cargo feature)",
+                    cfg.security.protocol
+                )));
+            }
+        }
+        set_up(tcp, addr, cfg)
+            .await
+            .map_err(|e| tls_listener_hint(e, addr))
+    };
+    match tokio::time::timeout(cfg.connect_timeout, setup).await {
+        Ok(result) => result,
+        Err(_) => Err(Error::Timeout {
+            op: format!("connecting to broker {addr}"),
+            after: cfg.connect_timeout,
+        }),
+    }
+}
+
+/// In TLS 1.3 the client finishes its handshake before the server has checked the client's
+/// certificate, so a broker that requires one (`ssl.client.auth=required`) and got none, or one
+/// it does not trust, answers the first request with a fatal alert instead. The reader reports it
+/// as an I/O error carrying rustls's text ("received fatal alert: ...").
+#[cfg(feature = "tls")]
+fn refused_after_handshake(e: Error, addr: &str, tls: &crate::security::Tls) -> Error {
+    let text = match &e {
+        Error::Io { source, .. } => source.to_string(),
+        Error::Poisoned(inner) => inner.to_string(),
+        _ => return e,
+    };
+    let Some(at) = text.find("received fatal alert: ") else {
+        return e;
+    };
+    let alert = &text[at + "received fatal alert: ".len()..];
+    let hint = if tls.client_cert.is_none() {
+        "the broker probably requires a client certificate: set ssl.certificate.location and \
+         ssl.key.location"
+    } else {
+        "the broker probably does not accept the client certificate: check that its CA \
+         (the broker's ssl.truststore) signed it"
+    };
+    Error::Security(SecurityError::Tls {
+        broker: addr.to_owned(),
+        detail: format!("the broker ended the session with the alert {alert}; {hint}"),
+    })
+}
+
+/// The first answer of a plaintext connection tells a TLS listener apart: it sends a TLS alert
+/// record (content type 21, version 3.x) where a Kafka frame's length should be.
+fn tls_listener_hint(e: Error, addr: &str) -> Error {
+    let looks_tls = |size: u32| {
+        let b = size.to_be_bytes();
+        (b[0] == 0x15 || b[0] == 0x16) && b[1] == 0x03
+    };
+    let frame = match &e {
+        Error::Poisoned(inner) => match &**inner {
+            Error::Frame(f) => Some(f.clone()),
+            Error::Decode(crate::wire::codec::DecodeError::Frame(f)) => Some(f.clone()),
+            _ => None,
+        },
+        Error::Frame(f) => Some(f.clone()),
+        _ => None,
+    };
+    match frame {
+        Some(FrameError::TooLarge { size, .. }) if looks_tls(size as u32) => {
+            Error::Security(SecurityError::TlsListener {
+                broker: addr.to_owned(),
+            })
+        }
+        _ => e,
+    }
+}
+
+/// ApiVersions, then SASL if configured, over `stream`.
+async fn set_up<S>(stream: S, peer: &str, cfg: &ConnConfig) -> Result<Established>
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    let link = Link::spawn(stream, peer, cfg);
+    let versions = handshake(&link, cfg.request_timeout).await?;
+    let mut lifetime = None;
+    if cfg.security.protocol.uses_sasl() {
+        let Some(sasl) = &cfg.security.sasl else {
+            return Err(Error::Config(format!(
+                "security.protocol={} needs SASL credentials",
+                cfg.security.protocol
+            )));
+        };
+        let authenticated = super::secure::authenticate(
+            &SetupLink(&link, cfg.request_timeout),
+            &versions,
+            sasl,
+            peer,
+        )
+        .await?;
+        lifetime = authenticated.lifetime;
+    }
+    debug!(peer, ?versions, "connected");
+    Ok(Established {
+        link,
+        versions,
+        lifetime,
+    })
+}
+
+/// The link being set up, as the SASL exchange sees it.
+struct SetupLink<'a>(&'a Link, Duration);
+
+impl super::secure::Exchange for SetupLink<'_> {
+    async fn exchange(&self, req: Request, version: i16) -> Result<Response> {
+        self.0.call(&req, version, self.1).await
+    }
+}
+
+/// KIP-368 re-authentication by replacement: sleeps until a random point between 85 % and 95 %
+/// of the session's lifetime (as Apache's client picks its re-authentication time), or earlier
+/// when twice the last setup's duration would not fit before the deadline, sets up a
+/// fresh link (TCP, TLS, ApiVersions, SASL) and swaps it in. The requests in flight on the old
+/// link finish there, within their deadlines, and the old link closes once the last one is done;
+/// no request ever waits for the renewal. Ends when the connection is dropped or has failed.
+///
+/// If no fresh link can be set up before the session ends, the old one is left as it is: the
+/// broker closes it at its first request after the deadline, and the caller reconnects as after
+/// any other connection failure.
+async fn renew(
+    current: std::sync::Weak<Current>,
+    versions: Arc<NegotiatedVersions>,
+    addr: String,
+    cfg: ConnConfig,
+    mut started: Instant,
+    mut lifetime: Duration,
+) {
+    const RETRY: Duration = Duration::from_millis(200);
+    // How long the last setup took: a renewal starts at least twice that before the deadline.
+    let mut setup = started.elapsed();
+    loop {
+        let fraction = 0.85 + 0.10 * super::secure::unit_random();
+        // `started` is before the broker's own clock for the session began (it starts when
+        // authentication completes), so deadlines counted from it are early, never late.
+        let expires = started + lifetime;
+        let due = (started + lifetime.mul_f64(fraction))
+            .min(expires.checked_sub(setup * 2).unwrap_or(started))
+            .max(started);
+        let watched = match current.upgrade() {
+            Some(c) => c.link(),
+            None => return,
+        };
+        let mut shutdown = watched.shared.shutdown.subscribe();
+        drop(watched);
+        tokio::select! {
+            _ = shutdown.wait_for(|closed| *closed) => return,
+            () = tokio::time::sleep_until(due) => {}
+        }
+        loop {
+            let attempt = Instant::now();
+            let result = establish(&addr, &cfg, Dialer::system()).await;
+            let Some(conn) = current.upgrade() else {
+                return;
+            };
+            if conn.link().shared.failure().is_some()
+                || conn
+                    .closed_by_user
+                    .load(std::sync::atomic::Ordering::Acquire)
+            {
+                return;
+            }
+            match result {
+                Ok(fresh) if fresh.versions == *versions => {
+                    let old = std::mem::replace(
+                        &mut *conn.link.lock().unwrap_or_else(|e| e.into_inner()),
+                        Arc::new(fresh.link),
+                    );
+                    debug!(peer = %addr, "SASL session renewed on a fresh connection (KIP-368)");
+                    drop(old);
+                    started = attempt;
+                    setup = attempt.elapsed();
+                    match fresh.lifetime {
+                        Some(l) => lifetime = l,
+                        None => return,
+                    }
+                    break;
+                }
+                Ok(_) => {
+                    debug!(peer = %addr, "the fresh connection negotiated other API versions; keeping the old one until the broker closes it");
+                    return;
+                }
+                Err(e) => {
+                    debug!(peer = %addr, error = %e, "renewing the SASL session failed");
+                    if Instant::now() + RETRY >= expires {
+                        return;
+                    }
+                    drop(conn);
+                    tokio::time::sleep(RETRY).await;
+                }
+            }
+        }
     }
 }
 

@@ -18,6 +18,7 @@ mod bootstrap;
 mod conn;
 pub(crate) mod describe;
 mod dial;
+mod secure;
 #[cfg(test)]
 mod tests;
 

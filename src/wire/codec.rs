@@ -15,7 +15,9 @@ use kafka_protocol::messages::{
     HeartbeatResponse, JoinGroupRequest, JoinGroupResponse, LeaveGroupRequest, LeaveGroupResponse,
     ListOffsetsRequest, ListOffsetsResponse, MetadataRequest, MetadataResponse,
     OffsetCommitRequest, OffsetCommitResponse, OffsetFetchRequest, OffsetFetchResponse,
-    ProduceRequest, ProduceResponse, RequestHeader, SyncGroupRequest, SyncGroupResponse,
+    ProduceRequest, ProduceResponse, RequestHeader, SaslAuthenticateRequest,
+    SaslAuthenticateResponse, SaslHandshakeRequest, SaslHandshakeResponse, SyncGroupRequest,
+    SyncGroupResponse,
 };
 use kafka_protocol::protocol::buf::ByteBuf;
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
@@ -105,6 +107,8 @@ api_enums! {
     Produce(ProduceRequest, ProduceResponse),
     Fetch(FetchRequest, FetchResponse),
     ListOffsets(ListOffsetsRequest, ListOffsetsResponse),
+    SaslHandshake(SaslHandshakeRequest, SaslHandshakeResponse),
+    SaslAuthenticate(SaslAuthenticateRequest, SaslAuthenticateResponse),
 }
 
 /// Why a response could not be decoded.

@@ -13,6 +13,7 @@ pub mod frame;
 pub mod guard;
 pub mod log;
 pub mod records;
+pub mod sasl;
 pub mod versions;
 
 pub use codec::{

@@ -39,6 +39,8 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::Produce, 3, 13),
     (ApiKey::Fetch, 4, 18),
     (ApiKey::ListOffsets, 1, 10),
+    (ApiKey::SaslHandshake, 0, 1),
+    (ApiKey::SaslAuthenticate, 0, 2),
 ];
 
 /// APIs without which kafka-lock cannot work; [`negotiate`] fails if the broker lacks one.
@@ -233,6 +235,8 @@ mod tests {
             (ApiKey::SyncGroup, 0, 5),
             (ApiKey::DescribeGroups, 0, 6),
             (ApiKey::ApiVersions, 0, 4),
+            (ApiKey::SaslHandshake, 0, 1),
+            (ApiKey::SaslAuthenticate, 0, 2),
         ])
     }
 

@@ -36,6 +36,8 @@ pub(crate) mod conventions;
 // elect and observe.
 mod election;
 use conventions::check_event;
+// run and status on secured listeners (TLS, SASL), configured as Kafka clients are.
+mod secured;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kafka-lock");
 

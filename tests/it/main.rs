@@ -16,5 +16,6 @@ mod ledger;
 mod lock;
 mod proxy;
 mod regressions;
+mod security;
 mod support;
 mod wire_broker;

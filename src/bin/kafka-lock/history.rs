@@ -43,6 +43,8 @@ pub struct HistoryConfig {
     pub request_timeout: Duration,
     pub connect_timeout: Duration,
     pub client_id: String,
+    pub security: kafka_lock::security::Security,
+    pub retry_backoff: Option<(Duration, Duration)>,
 }
 
 /// `--since`: a duration before `now` (`24h`, `7d`) or a time (RFC 3339; without a zone, UTC).
@@ -71,11 +73,15 @@ fn unix_ms(t: SystemTime) -> i64 {
 }
 
 pub async fn history(c: HistoryConfig) -> Result<u8, Failure> {
-    let opts = LockOptions::new(&c.bootstrap, c.lock.clone())
+    let mut opts = LockOptions::new(&c.bootstrap, c.lock.clone())
         .client_id(c.client_id.clone())
         .request_timeout(c.request_timeout)
         .connect_timeout(c.connect_timeout)
+        .security(c.security.clone())
         .ledger_topic(c.ledger_topic.clone());
+    if let Some((initial, max)) = c.retry_backoff {
+        opts = opts.retry_backoff(initial, max);
+    }
     opts.validate()
         .map_err(|e| exit::failure(&e, &c.lock, &c.bootstrap))?;
     let h = opts

@@ -23,7 +23,9 @@
 //! `--wait`; 74 lost while the command ran; 69 cluster unreachable or answering nonsense; 78
 //! invalid setting or one the broker rejects; 71 the system refused something kafka-lock needs,
 //! or its supervisor process died; 64 usage; 126/127 the command cannot be run. `-E` and
-//! `--lost-exit-code` replace 75 and 74. `status`: 0 held, 3 free, 4 unknown, 69, 78, 64.
+//! `--lost-exit-code` replace 75 and 74. 77 the cluster refused the credentials or an operation,
+//! or the secured connection could not be made. `status`: 0 held, 3 free, 4 unknown, 69, 77, 78,
+//! 64.
 
 #![deny(unsafe_code)]
 
@@ -39,6 +41,7 @@ mod proto;
 mod report;
 mod run;
 mod serve;
+mod settings;
 mod sink;
 mod status;
 mod supervise;
@@ -121,9 +124,11 @@ The schema: docs/events.md.
 
 Exit status: the command's (128+N if signal N ended it); 75 not acquired within --wait (or the
 status -E gives); 74 lock lost while the command ran, or its checkpoint not stored (or
---lost-exit-code); 69 the cluster cannot be reached or answered something invalid; 78 a setting is
-invalid or the broker rejected it (including an events target or metrics address that cannot be
-used); 71 the system refused something kafka-lock needs or the supervisor died; 64 usage error, or
+--lost-exit-code); 69 the cluster cannot be reached or answered something invalid; 77 the cluster
+refused the credentials or an operation (an ACL), or the secured connection could not be made (a
+TLS listener reached without TLS or the other way round, an unknown CA, a certificate for another
+host); 78 a setting is invalid or the broker rejected it (including an events target or metrics
+address that cannot be used); 71 the system refused something kafka-lock needs or the supervisor died; 64 usage error, or
 a nested kafka-lock run of the lock the calling command already holds (it would wait for itself
 forever); 126/127 the command cannot be run; 128+N if signal N arrived while waiting for the lock.
 
@@ -133,6 +138,17 @@ empty variable counts as unset. The command inherits them like any other variabl
 kafka-lock sets for the command (KAFKA_LOCK_NAME, KAFKA_LOCK_TOKEN, KAFKA_LOCK_GENERATION,
 KAFKA_LOCK_MEMBER_ID, KAFKA_LOCK_CHECKPOINT, KAFKA_LOCK_CHECKPOINT_FILE) are never read as
 settings.
+
+Kafka client settings: --config-file FILE reads a client.properties (Java properties: the file
+Kafka's own tools take), -X key=value sets one key, and KAFKA_LOCK_X_<KEY> sets one from the
+environment (KAFKA_LOCK_X_SASL_PASSWORD for sasl.password: keep secrets off the command line).
+bootstrap.servers, security.protocol (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL), sasl.mechanism
+(PLAIN, SCRAM-SHA-256, SCRAM-SHA-512), sasl.username, sasl.password, sasl.jaas.config,
+ssl.ca.location, ssl.certificate.location, ssl.key.location, ssl.endpoint.identification.algorithm
+and the group timeouts are applied; producer and consumer keys that mean nothing for a lock are
+ignored with a warning; unknown keys are an error. The command line beats the environment, which
+beats the file; within each, a dedicated flag (--bootstrap, --session-timeout) beats the same
+setting as a key. Every key, and the ACLs a lock needs: docs/cli.md and the README.
 
 Metrics: --metrics-listen 127.0.0.1:9464 serves the lock's metrics (acquisition latency, held,
 hold lengths, rebalances while held, losses by reason) in Prometheus text format at /metrics, from
@@ -185,11 +201,14 @@ Exit status, for scripts (3 and 4 are the LSB init scripts' 'not running' and 'u
   4   unknown: the broker does not report member assignments (tansu, for one), the group is
       between generations, or another application uses the group id
   69  the cluster cannot be reached or answered something invalid
+  77  the cluster refused the credentials or the lookup (grant Describe on the group), or the
+      secured connection could not be made
   78  a setting is invalid or the broker rejected it
   64  usage error
 
 Every flag can also be set by a variable, --flag-name by KAFKA_LOCK_FLAG_NAME (--json by
-KAFKA_LOCK_JSON=1).";
+KAFKA_LOCK_JSON=1). Kafka client settings (TLS, SASL) come from --config-file, -X key=value and
+KAFKA_LOCK_X_<KEY> variables, as for run (see kafka-lock run --help).";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -243,26 +262,37 @@ enum Command {
 
 #[derive(Debug, Args)]
 struct Target {
-    /// Kafka brokers to start from.
+    /// Kafka brokers to start from (or bootstrap.servers from --config-file or -X).
     #[arg(
         long,
         env = "KAFKA_LOCK_BOOTSTRAP",
         value_name = "HOST:PORT[,HOST:PORT...]"
     )]
-    bootstrap: String,
+    bootstrap: Option<String>,
+    /// Kafka client settings from a Java properties file (the client.properties Kafka's own
+    /// tools take): bootstrap.servers, security.protocol, sasl.*, ssl.*, timeouts. Keys that mean
+    /// nothing for a lock are ignored with a warning; unknown keys are an error.
+    #[arg(long, value_name = "FILE")]
+    config_file: Option<PathBuf>,
+    /// One Kafka client setting, as in --config-file (repeatable; the last of a key wins; over
+    /// the file and KAFKA_LOCK_X_<KEY> variables, under dedicated flags such as --bootstrap).
+    /// Give secrets through the environment instead: KAFKA_LOCK_X_SASL_PASSWORD=...
+    #[arg(short = 'X', value_name = "KEY=VALUE", action = clap::ArgAction::Append)]
+    x: Vec<String>,
     /// The lock's name; it is the Kafka consumer group id.
     #[arg(long, value_name = "NAME")]
     lock: String,
     /// Timeout of each request to a broker [default: 5s].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     request_timeout: Option<Duration>,
-    /// Timeout of each connection attempt (TCP plus version handshake) [default: 10s]. An
+    /// Timeout of each connection attempt (TCP, the version handshake, and TLS
+    /// and SASL when configured) [default: 10s]. An
     /// unreachable cluster is reported after three rounds over the bootstrap list.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     connect_timeout: Option<Duration>,
-    /// Client id in request headers and member ids.
-    #[arg(long, value_name = "ID", default_value = "kafka-lock", hide = true)]
-    client_id: String,
+    /// Client id in request headers and member ids [default: kafka-lock].
+    #[arg(long, value_name = "ID", hide = true)]
+    client_id: Option<String>,
     /// The lock's ledger: a topic with exactly one partition (shared by any number of locks)
     /// whose record offsets are the fencing tokens, and where the lock's history and a copy of
     /// its checkpoint are kept. kafka-lock never creates it; see `kafka-lock history --help`.
@@ -488,22 +518,38 @@ fn cli(argv: Vec<OsString>) -> u8 {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Run(a) => run::run(run_config(a, from_env)).await,
-            Command::Status(a) => status(a).await.map_err(|f| environ::annotate(f, &from_env)),
-            Command::History(a) => history(a)
+            Command::Run(a) => {
+                let lock = a.target.lock.clone();
+                let events_json = events_json(&a);
+                match run_config(a, from_env.clone()) {
+                    Ok(c) => run::run(c).await,
+                    Err(f) => run::failed_before_start(&lock, events_json, &from_env, f),
+                }
+            }
+            Command::Status(a) => status(a, &from_env)
+                .await
+                .map_err(|f| environ::annotate(f, &from_env)),
+            Command::History(a) => history(a, &from_env)
                 .await
                 .map_err(|f| environ::annotate(f, &from_env)),
             Command::Elect(a) => {
                 let max_terms = a.max_terms;
                 let min_term = a.min_term.unwrap_or(elect::DEFAULT_MIN_TERM);
-                elect::elect(elect::ElectConfig {
-                    run: run_config(a.run, from_env),
-                    max_terms,
-                    min_term,
-                })
-                .await
+                let lock = a.run.target.lock.clone();
+                let events_json = events_json(&a.run);
+                match run_config(a.run, from_env.clone()) {
+                    Ok(run) => {
+                        elect::elect(elect::ElectConfig {
+                            run,
+                            max_terms,
+                            min_term,
+                        })
+                        .await
+                    }
+                    Err(f) => run::failed_before_start(&lock, events_json, &from_env, f),
+                }
             }
-            Command::Observe(a) => observe(a)
+            Command::Observe(a) => observe(a, &from_env)
                 .await
                 .map_err(|f| environ::annotate(f, &from_env)),
             Command::Completions { .. } | Command::Manpage { .. } => Ok(0),
@@ -521,36 +567,56 @@ fn cli(argv: Vec<OsString>) -> u8 {
     }
 }
 
-async fn status(a: StatusArgs) -> Result<u8, Failure> {
-    let request = a
-        .target
+/// The connection settings of `status` and `history`, merged from every source, with the
+/// warnings printed.
+fn connection(t: &Target, from_env: &FromEnv) -> Result<settings::Resolved, Failure> {
+    let r = settings::resolve(&target_flags(t), from_env)?;
+    settings::print_warnings(&r.warnings);
+    Ok(r)
+}
+
+fn target_flags(t: &Target) -> settings::Flags<'_> {
+    settings::Flags {
+        bootstrap: t.bootstrap.as_deref(),
+        client_id: t.client_id.as_deref(),
+        request_timeout: t.request_timeout,
+        connect_timeout: t.connect_timeout,
+        config_file: t.config_file.as_deref(),
+        x: &t.x,
+        ..settings::Flags::default()
+    }
+}
+
+async fn status(a: StatusArgs, from_env: &FromEnv) -> Result<u8, Failure> {
+    let c = connection(&a.target, from_env)?;
+    let request = c
         .request_timeout
         .unwrap_or(kafka_lock::lock::DEFAULT_REQUEST_TIMEOUT);
-    let connect = a
-        .target
+    let connect = c
         .connect_timeout
         .unwrap_or(kafka_lock::driver::DEFAULT_CONNECT_TIMEOUT);
     run::in_range("--request-timeout", request, run::TIMEOUT_BOUND, false)?;
     run::in_range("--connect-timeout", connect, run::TIMEOUT_BOUND, false)?;
     status::status(status::StatusConfig {
-        bootstrap: a.target.bootstrap,
+        bootstrap: c.bootstrap,
         lock: a.target.lock,
         json: a.json,
         request_timeout: request,
         connect_timeout: connect,
-        client_id: a.target.client_id,
+        client_id: c.client_id,
         ledger_topic: a.target.ledger_topic,
+        security: c.security,
+        retry_backoff: c.retry_backoff,
     })
     .await
 }
 
-async fn observe(a: ObserveArgs) -> Result<u8, Failure> {
-    let request = a
-        .target
+async fn observe(a: ObserveArgs, from_env: &FromEnv) -> Result<u8, Failure> {
+    let c = connection(&a.target, from_env)?;
+    let request = c
         .request_timeout
         .unwrap_or(kafka_lock::lock::DEFAULT_REQUEST_TIMEOUT);
-    let connect = a
-        .target
+    let connect = c
         .connect_timeout
         .unwrap_or(kafka_lock::driver::DEFAULT_CONNECT_TIMEOUT);
     run::in_range("--request-timeout", request, run::TIMEOUT_BOUND, false)?;
@@ -569,26 +635,26 @@ async fn observe(a: ObserveArgs) -> Result<u8, Failure> {
         ));
     }
     observe::observe(observe::ObserveConfig {
-        bootstrap: a.target.bootstrap,
+        bootstrap: c.bootstrap,
         lock: a.target.lock,
         json: a.json,
         request_timeout: request,
         connect_timeout: connect,
-        client_id: a.target.client_id,
+        client_id: c.client_id,
         ledger_topic: a.target.ledger_topic,
+        security: c.security,
         interval,
         via_describe: a.poll,
     })
     .await
 }
 
-async fn history(a: HistoryArgs) -> Result<u8, Failure> {
-    let request = a
-        .target
+async fn history(a: HistoryArgs, from_env: &FromEnv) -> Result<u8, Failure> {
+    let c = connection(&a.target, from_env)?;
+    let request = c
         .request_timeout
         .unwrap_or(kafka_lock::lock::DEFAULT_REQUEST_TIMEOUT);
-    let connect = a
-        .target
+    let connect = c
         .connect_timeout
         .unwrap_or(kafka_lock::driver::DEFAULT_CONNECT_TIMEOUT);
     run::in_range("--request-timeout", request, run::TIMEOUT_BOUND, false)?;
@@ -604,14 +670,16 @@ async fn history(a: HistoryArgs) -> Result<u8, Failure> {
         None => None,
     };
     history::history(history::HistoryConfig {
-        bootstrap: a.target.bootstrap,
+        bootstrap: c.bootstrap,
         lock: a.target.lock,
         ledger_topic,
         since,
         json: a.json,
         request_timeout: request,
         connect_timeout: connect,
-        client_id: a.target.client_id,
+        client_id: c.client_id,
+        security: c.security,
+        retry_backoff: c.retry_backoff,
     })
     .await
 }
@@ -631,33 +699,48 @@ fn docs_command() -> clap::Command {
     environ::with_env(Cli::command(), true)
 }
 
-fn run_config(a: RunArgs, from_env: FromEnv) -> run::RunConfig {
-    run::RunConfig {
-        bootstrap: a.target.bootstrap,
+/// --events-file and --events-fd imply --events json: JSON lines are the one format.
+fn events_json(a: &RunArgs) -> bool {
+    a.events == Some(EventsFormat::Json) || a.events_file.is_some() || a.events_fd.is_some()
+}
+
+fn run_config(a: RunArgs, from_env: FromEnv) -> Result<run::RunConfig, Failure> {
+    let c = settings::resolve(
+        &settings::Flags {
+            session_timeout: a.session_timeout,
+            heartbeat_interval: a.heartbeat_interval,
+            rebalance_timeout: a.rebalance_timeout,
+            ..target_flags(&a.target)
+        },
+        &from_env,
+    )?;
+    let events_json = events_json(&a);
+    Ok(run::RunConfig {
+        bootstrap: c.bootstrap,
         lock: a.target.lock,
         topic: a.topic,
         wait: a.wait,
-        session_timeout: a.session_timeout,
-        heartbeat_interval: a.heartbeat_interval,
-        rebalance_timeout: a.rebalance_timeout,
-        request_timeout: a.target.request_timeout,
-        connect_timeout: a.target.connect_timeout,
+        session_timeout: c.session_timeout,
+        heartbeat_interval: c.heartbeat_interval,
+        rebalance_timeout: c.rebalance_timeout,
+        request_timeout: c.request_timeout,
+        connect_timeout: c.connect_timeout,
         lease_margin: a.lease_margin,
         kill_grace: a.kill_grace,
         label: a.label,
-        client_id: a.target.client_id,
+        client_id: c.client_id,
         ledger_topic: a.target.ledger_topic,
         checkpoint_max_bytes: a.checkpoint_max_bytes,
-        // --events-file and --events-fd imply it: JSON lines are the one format.
-        events_json: a.events == Some(EventsFormat::Json)
-            || a.events_file.is_some()
-            || a.events_fd.is_some(),
+        security: c.security,
+        retry_backoff: c.retry_backoff,
+        warnings: c.warnings,
+        events_json,
         conflict_exit_code: a.conflict_exit_code,
         lost_exit_code: a.lost_exit_code,
         metrics_listen: a.metrics_listen,
         from_env,
         command: a.command,
-    }
+    })
 }
 
 /// Help and version go to stdout with status 0; every other parse error is one line on stderr

@@ -24,12 +24,14 @@ pub struct ObserveConfig {
     pub connect_timeout: Duration,
     pub client_id: String,
     pub ledger_topic: Option<String>,
+    pub security: kafka_lock::Security,
     pub interval: Duration,
     pub via_describe: bool,
 }
 
 pub async fn observe(c: ObserveConfig) -> Result<u8, Failure> {
     let mut opts = LockOptions::new(&c.bootstrap, c.lock.clone())
+        .security(c.security.clone())
         .client_id(c.client_id.clone())
         .request_timeout(c.request_timeout)
         .connect_timeout(c.connect_timeout);

@@ -273,6 +273,15 @@ impl Reporter {
         self.emit(obj);
     }
 
+    /// Something about the settings the person should know (a key ignored, host name checks
+    /// off): a line on stderr, and a `warning` event.
+    pub fn warning(&mut self, message: &str) {
+        self.close_line();
+        crate::exit::print_line(&format!("warning: {message}"));
+        let obj = self.event("warning").str("message", message);
+        self.emit(obj);
+    }
+
     /// kafka-lock's own failure: the status it exits with, what it means (`kind`, which a
     /// replaced status keeps) and the line it also prints on stderr.
     pub fn failed(&mut self, status: u8, kind: &str, message: &str) {

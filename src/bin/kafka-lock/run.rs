@@ -63,6 +63,12 @@ pub struct RunConfig {
     pub client_id: String,
     pub ledger_topic: Option<String>,
     pub checkpoint_max_bytes: usize,
+    /// TLS and SASL, from the Kafka client settings.
+    pub security: kafka_lock::security::Security,
+    /// Initial and largest retry backoff, when the settings give them.
+    pub retry_backoff: Option<(Duration, Duration)>,
+    /// Lines about the settings (keys ignored, host name checks off), shown before anything.
+    pub warnings: Vec<String>,
     pub events_json: bool,
     /// Replaces 75 (`-E`, `--conflict-exit-code`).
     pub conflict_exit_code: Option<u8>,
@@ -319,8 +325,25 @@ impl Signals {
 /// says which it is.
 pub async fn run(c: RunConfig) -> Result<u8, Failure> {
     let mut rep = Reporter::new(&c.lock, c.events_json);
+    for w in &c.warnings {
+        rep.warning(w);
+    }
     let result = take_and_run(&c, &mut rep).await;
     conclude(&c, &mut rep, result)
+}
+
+/// The `failed` and `exit` events of a `run` whose settings could not be put together.
+pub fn failed_before_start(
+    lock: &str,
+    events_json: bool,
+    from_env: &FromEnv,
+    f: Failure,
+) -> Result<u8, Failure> {
+    let mut rep = Reporter::new(lock, events_json);
+    let f = environ::annotate(f, from_env);
+    rep.failed(f.status, exit::kind(f.status), &f.line);
+    rep.exit(f.status, Source::KafkaLock);
+    Err(f)
 }
 
 /// The `failed` and `exit` events, and the statuses that replace 75 and 74.
@@ -380,7 +403,11 @@ pub(crate) fn options(
         .lease_margin(t.margin)
         .label(label)
         .client_id(c.client_id.clone())
+        .security(c.security.clone())
         .events(tx);
+    if let Some((initial, max)) = c.retry_backoff {
+        opts = opts.retry_backoff(initial, max);
+    }
     if let Some(topic) = &c.topic {
         opts = opts.consumer_topic(topic.clone());
     }
@@ -1204,6 +1231,9 @@ mod tests {
             client_id: "kafka-lock".into(),
             ledger_topic: None,
             checkpoint_max_bytes: 4096,
+            security: Default::default(),
+            retry_backoff: None,
+            warnings: Vec::new(),
             events_json: false,
             conflict_exit_code: None,
             lost_exit_code: None,

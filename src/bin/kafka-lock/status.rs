@@ -106,13 +106,19 @@ pub struct StatusConfig {
     pub connect_timeout: Duration,
     pub client_id: String,
     pub ledger_topic: Option<String>,
+    pub security: kafka_lock::security::Security,
+    pub retry_backoff: Option<(Duration, Duration)>,
 }
 
 pub async fn status(c: StatusConfig) -> Result<u8, Failure> {
     let mut opts = LockOptions::new(&c.bootstrap, c.lock.clone())
         .client_id(c.client_id.clone())
         .request_timeout(c.request_timeout)
-        .connect_timeout(c.connect_timeout);
+        .connect_timeout(c.connect_timeout)
+        .security(c.security.clone());
+    if let Some((initial, max)) = c.retry_backoff {
+        opts = opts.retry_backoff(initial, max);
+    }
     if let Some(t) = &c.ledger_topic {
         opts = opts.ledger_topic(t.clone());
     }

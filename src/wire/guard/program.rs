@@ -70,8 +70,8 @@ pub(super) fn min_size(ty: Ty, version: i16, flexible: bool) -> usize {
         Int64 => 8,
         Uuid => 16,
         Str if !flexible => 2,
-        Blob | Int32Array | Array(_) if !flexible => 4,
-        Str | Blob | Int32Array | Array(_) => 1,
+        Blob | Int32Array | StrArray | Array(_) if !flexible => 4,
+        Str | Blob | Int32Array | StrArray | Array(_) => 1,
         Struct(s) => min_struct_size(s, version, flexible),
     }
 }
@@ -171,6 +171,22 @@ impl Compiler<'_> {
             Int32Array => Op::Int32s {
                 compact: self.flexible,
             },
+            StrArray => {
+                ops.push(Op::Array {
+                    compact: self.flexible,
+                    min: min_size(Str, self.version, self.flexible) as u32,
+                    mem: std::mem::size_of::<kafka_protocol::protocol::StrBytes>() as u32,
+                    len: 1,
+                });
+                labels.push(label);
+                ops.push(if self.flexible {
+                    Op::Compacts(1)
+                } else {
+                    Op::Classic { n: 1, wide: 0 }
+                });
+                labels.push(label);
+                return;
+            }
             Array(elem) => {
                 let at = ops.len();
                 ops.push(Op::Skip(0));

@@ -13,7 +13,7 @@ use kafka_protocol::messages::{
     api_versions_response, describe_groups_response, fetch_response, find_coordinator_response,
     heartbeat_response, join_group_response, leave_group_response, list_offsets_response,
     metadata_response, offset_commit_response, offset_fetch_response, produce_response,
-    sync_group_response, ApiKey,
+    sasl_authenticate_response, sasl_handshake_response, sync_group_response, ApiKey,
 };
 
 /// The wire type of a field. Nullability is not tracked: a null has the same layout as an empty
@@ -33,6 +33,8 @@ pub(crate) enum Ty {
     Blob,
     /// An array of int32.
     Int32Array,
+    /// An array of `STRING` (`COMPACT_STRING` in flexible versions).
+    StrArray,
     /// An array of structs.
     Array(&'static StructSchema),
     /// A struct embedded in its parent; in our responses only ever as a tagged field.
@@ -251,6 +253,19 @@ schema! {
     static HEARTBEAT_RESPONSE = heartbeat_response::HeartbeatResponse {
         throttle_time_ms: Int32 [1..],
         error_code: Int16 [0..],
+    }
+}
+
+schema! {
+    static SASL_HANDSHAKE_RESPONSE = sasl_handshake_response::SaslHandshakeResponse {
+        error_code: Int16 [0..],
+        mechanisms: StrArray [0..],
+    }
+    static SASL_AUTHENTICATE_RESPONSE = sasl_authenticate_response::SaslAuthenticateResponse {
+        error_code: Int16 [0..],
+        error_message: Str [0..],
+        auth_bytes: Blob [0..],
+        session_lifetime_ms: Int64 [1..],
     }
 }
 
@@ -478,7 +493,7 @@ const fn message(
 /// Every response the guard covers, with the versions its tables describe. These ranges are
 /// exactly kafka-protocol 0.18's for these messages (and, for Produce and Fetch, exactly what
 /// Apache Kafka 4.1 advertises).
-pub(crate) static MESSAGES: [MessageSchema; 13] = [
+pub(crate) static MESSAGES: [MessageSchema; 15] = [
     message(ApiKey::ApiVersions, (0, 4), 3, &API_VERSIONS_RESPONSE),
     message(ApiKey::Metadata, (0, 13), 9, &METADATA_RESPONSE),
     message(
@@ -497,6 +512,14 @@ pub(crate) static MESSAGES: [MessageSchema; 13] = [
     message(ApiKey::Produce, (3, 13), 9, &PRODUCE_RESPONSE),
     message(ApiKey::Fetch, (4, 18), 12, &FETCH_RESPONSE),
     message(ApiKey::ListOffsets, (1, 10), 6, &LIST_OFFSETS_RESPONSE),
+    // SaslHandshake has no flexible version.
+    message(ApiKey::SaslHandshake, (0, 1), ANY, &SASL_HANDSHAKE_RESPONSE),
+    message(
+        ApiKey::SaslAuthenticate,
+        (0, 2),
+        2,
+        &SASL_AUTHENTICATE_RESPONSE,
+    ),
 ];
 
 /// [`MESSAGES`]' index per API key, for a lookup that costs one load on every decode.

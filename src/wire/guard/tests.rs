@@ -6,7 +6,7 @@ use kafka_protocol::messages::{
     ApiVersionsResponse, DescribeGroupsResponse, FetchResponse, FindCoordinatorResponse,
     HeartbeatResponse, JoinGroupResponse, LeaveGroupResponse, ListOffsetsResponse,
     MetadataResponse, OffsetCommitResponse, OffsetFetchResponse, ProduceResponse,
-    SyncGroupResponse,
+    SaslAuthenticateResponse, SaslHandshakeResponse, SyncGroupResponse,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, Message};
 use proptest::prelude::*;
@@ -87,6 +87,13 @@ impl Gen<'_> {
                 self.length(out, n, 4);
                 for _ in 0..n {
                     out.push(self.rng.next() as u8);
+                }
+            }
+            StrArray => {
+                let n = self.rng.below(5) as usize;
+                self.length(out, n, 4);
+                for _ in 0..n {
+                    self.ty(out, Str, false);
                 }
             }
             Int32Array => {
@@ -181,6 +188,8 @@ macro_rules! by_response_type {
             ApiKey::Produce => $f::<ProduceResponse>($($arg),*),
             ApiKey::Fetch => $f::<FetchResponse>($($arg),*),
             ApiKey::ListOffsets => $f::<ListOffsetsResponse>($($arg),*),
+            ApiKey::SaslHandshake => $f::<SaslHandshakeResponse>($($arg),*),
+            ApiKey::SaslAuthenticate => $f::<SaslAuthenticateResponse>($($arg),*),
             other => panic!("{other:?} has no table"),
         }
     };
@@ -349,6 +358,7 @@ fn compiled_programs_merge_fixed_fields_only_within_a_struct() {
     expected.extend((0..=5).map(|v| (ApiKey::SyncGroup, v)));
     expected.extend((0..=2).map(|v| (ApiKey::LeaveGroup, v)));
     expected.extend((0..=3).map(|v| (ApiKey::FindCoordinator, v)));
+    expected.extend((0..=2).map(|v| (ApiKey::SaslAuthenticate, v)));
     expected.sort_by_key(|&(a, v)| (a as i16, v));
     let mut skipped = skipped;
     skipped.sort_by_key(|&(a, v)| (a as i16, v));

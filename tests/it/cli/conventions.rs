@@ -473,7 +473,15 @@ fn the_last_event_says_whose_status_it_is_and_e_replaces_75() {
     let lock = lock_name("whose");
     let mut seen: HashSet<String> = HashSet::new();
 
-    let mut extra = vec!["--label", "holder", "--metrics-listen", "127.0.0.1:0"];
+    // A key that means nothing for a lock: a `warning` event.
+    let mut extra = vec![
+        "--label",
+        "holder",
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "-X",
+        "acks=all",
+    ];
     extra.extend(CONTENDED);
     let mut holder = run_cmd(&b, &lock, &extra, &["sh", "-c", "cat >/dev/null"]).spawn();
     holder.event("child_started", STEP);

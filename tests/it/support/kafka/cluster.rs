@@ -25,6 +25,10 @@ pub struct KafkaOptions {
     nodes: usize,
     initial_rebalance_delay: Duration,
     extra: Vec<(String, String)>,
+    /// Listeners beyond PLAINTEXT and CONTROLLER: (listener name, security protocol).
+    listeners: Vec<(String, String)>,
+    /// `--add-scram` arguments for the format step.
+    scram: Vec<String>,
     /// Told each node's client port once they are chosen, before any node starts.
     on_ports: Option<PortsHook>,
 }
@@ -48,6 +52,8 @@ impl KafkaOptions {
             nodes: 1,
             initial_rebalance_delay: Duration::ZERO,
             extra: Vec::new(),
+            listeners: Vec::new(),
+            scram: Vec::new(),
             on_ports: None,
         }
     }
@@ -73,6 +79,32 @@ impl KafkaOptions {
     pub fn property(mut self, key: &str, value: impl ToString) -> KafkaOptions {
         self.extra.push((key.to_owned(), value.to_string()));
         self
+    }
+
+    /// One more listener named `name` (also its `listener.name.<name lower-cased>.` config
+    /// prefix) speaking `protocol` (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL) on a port of its
+    /// own, advertised like the PLAINTEXT one. Inter-broker and controller traffic stays on
+    /// PLAINTEXT, so the readiness probes need no credentials.
+    pub fn listener(mut self, name: &str, protocol: &str) -> KafkaOptions {
+        self.listeners.push((name.to_owned(), protocol.to_owned()));
+        self
+    }
+
+    /// A SCRAM credential created when the storage is formatted (`kafka-storage format
+    /// --add-scram`), e.g. `SCRAM-SHA-512=[name=alice,password=secret]`: KRaft keeps SCRAM
+    /// credentials in its metadata log, and this is the way to have them before the broker
+    /// serves clients.
+    pub fn scram(mut self, spec: &str) -> KafkaOptions {
+        self.scram.push(spec.to_owned());
+        self
+    }
+
+    pub(super) fn extra_listeners(&self) -> &[(String, String)] {
+        &self.listeners
+    }
+
+    pub(super) fn scram_credentials(&self) -> &[String] {
+        &self.scram
     }
 
     /// Calls `f` with every node's client port once they are chosen, before any node starts: a
@@ -184,16 +216,27 @@ impl KafkaCluster {
         super::jvm(); // fails early, with the install hint
         let n = options.nodes;
         let dir = ScratchDir::new(if n == 1 { "single" } else { "cluster" });
-        let ports = free_ports(2 * n);
+        let per_node = 2 + options.listeners.len();
+        let ports = free_ports(per_node * n);
         let nodes: Vec<KafkaNode> = (0..n)
             .map(|i| {
                 let id = i as i32 + 1;
+                let base = per_node * i;
+                let extra = options
+                    .listeners
+                    .iter()
+                    .enumerate()
+                    .map(|(j, (name, protocol))| {
+                        (name.clone(), protocol.clone(), ports[base + 2 + j])
+                    })
+                    .collect();
                 KafkaNode::new(
                     id,
-                    ports[2 * i],
-                    ports[2 * i + 1],
+                    ports[base],
+                    ports[base + 1],
                     dir.path().join(format!("node-{id}")),
                 )
+                .with_listeners(extra)
             })
             .collect();
         let voters = nodes
@@ -212,7 +255,7 @@ impl KafkaCluster {
         std::thread::scope(|s| {
             let formats: Vec<_> = nodes
                 .iter()
-                .map(|node| s.spawn(|| node.format(&cluster_id)))
+                .map(|node| s.spawn(|| node.format(&cluster_id, options.scram_credentials())))
                 .collect();
             for f in formats {
                 if let Err(e) = f.join().expect("format thread") {

@@ -10,6 +10,8 @@
 //! - [`KafkaCluster::start`]: a cluster of a test's own (three nodes with
 //!   [`KafkaOptions::three_nodes`]) whose nodes it can kill, pause, stop and restart.
 //! - [`admin`]: create topics, describe and delete groups with Kafka's own Admin client.
+//! - [`secure::secure_kafka`]: a shared node with SASL_SSL, SSL (mTLS), SASL_PLAINTEXT and
+//!   re-authenticating listeners, its throwaway PKI and users.
 //! - [`peer::SeedPeer`]: the seed design's lock, a Java KafkaConsumer, as a process.
 //!
 //! Every JVM runs under [`super::lifeline`], so none outlives the test process, and every
@@ -24,6 +26,7 @@ mod node;
 pub mod peer;
 pub mod probe;
 mod scratch;
+pub mod secure;
 mod selftest;
 
 use std::path::{Path, PathBuf};

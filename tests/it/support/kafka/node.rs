@@ -23,6 +23,8 @@ pub struct KafkaNode {
     id: i32,
     port: u16,
     controller_port: u16,
+    /// Extra listeners: (name, security protocol, port).
+    listeners: Vec<(String, String, u16)>,
     dir: PathBuf,
     process: Option<Supervised>,
     /// SIGSTOPped and not yet continued: alive, but answers nothing.
@@ -38,12 +40,31 @@ impl KafkaNode {
             id,
             port,
             controller_port,
+            listeners: Vec::new(),
             dir,
             process: None,
             paused: false,
             started_at: None,
             ready_after: None,
         }
+    }
+
+    pub(super) fn with_listeners(mut self, listeners: Vec<(String, String, u16)>) -> KafkaNode {
+        self.listeners = listeners;
+        self
+    }
+
+    /// `127.0.0.1:PORT` of the extra listener `name` (see [`KafkaOptions::listener`]).
+    ///
+    /// # Panics
+    /// When the node has no such listener.
+    pub fn listener_addr(&self, name: &str) -> String {
+        let (_, _, port) = self
+            .listeners
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .unwrap_or_else(|| panic!("node {} has no listener {name}", self.id));
+        format!("127.0.0.1:{port}")
     }
 
     /// `node.id`, as FindCoordinator and Metadata name it.
@@ -118,19 +139,37 @@ impl KafkaNode {
         set("process.roles", &"broker,controller");
         set("node.id", &self.id);
         set("controller.quorum.voters", &voters);
+        let extra = |f: &dyn Fn(&(String, String, u16)) -> String| -> String {
+            self.listeners
+                .iter()
+                .map(|l| format!(",{}", f(l)))
+                .collect()
+        };
         set(
             "listeners",
             &format!(
-                "PLAINTEXT://127.0.0.1:{},CONTROLLER://127.0.0.1:{}",
-                self.port, self.controller_port
+                "PLAINTEXT://127.0.0.1:{},CONTROLLER://127.0.0.1:{}{}",
+                self.port,
+                self.controller_port,
+                extra(&|(name, _, port)| format!("{name}://127.0.0.1:{port}"))
             ),
         );
-        set("advertised.listeners", &self.addr_url());
+        set(
+            "advertised.listeners",
+            &format!(
+                "{}{}",
+                self.addr_url(),
+                extra(&|(name, _, port)| format!("{name}://127.0.0.1:{port}"))
+            ),
+        );
         set("controller.listener.names", &"CONTROLLER");
         set("inter.broker.listener.name", &"PLAINTEXT");
         set(
             "listener.security.protocol.map",
-            &"PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            &format!(
+                "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT{}",
+                extra(&|(name, protocol, _)| format!("{name}:{protocol}"))
+            ),
         );
         set("log.dirs", &self.dir.join("data").display());
         for (key, value) in options.properties(nodes) {
@@ -146,7 +185,7 @@ impl KafkaNode {
 
     /// Formats the data directory for `cluster_id`: KRaft refuses to start on an unformatted
     /// one. With a static `controller.quorum.voters` no `--standalone` flag is needed.
-    pub(super) fn format(&self, cluster_id: &str) -> Result<(), String> {
+    pub(super) fn format(&self, cluster_id: &str, scram: &[String]) -> Result<(), String> {
         let mut cmd = jvm().command(("32m", "256m"));
         cmd.args([
             "kafka.tools.StorageTool",
@@ -157,6 +196,9 @@ impl KafkaNode {
         .arg("--config")
         .arg(self.config_path())
         .arg("--ignore-formatted");
+        for spec in scram {
+            cmd.arg("--add-scram").arg(spec);
+        }
         let log = self.dir.join("format.log");
         match lifeline::run_to_end(&cmd, &log, FORMAT_TIMEOUT)? {
             (status, _) if status.success() => Ok(()),

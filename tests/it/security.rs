@@ -1,0 +1,456 @@
+//! Secured connections on real Apache Kafka (`support::kafka::secure`): the lock over SASL_SSL
+//! with each mechanism, mTLS, SASL_PLAINTEXT, KIP-368 re-authentication across a long hold, the
+//! one-line error of each misconfiguration, and secrets kept out of logs and `Debug`.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kafka_lock::driver::{ConnConfig, Connection};
+use kafka_lock::security::{
+    AuthFailure, Sasl, SaslMechanism, Secret, Security, SecurityError, SecurityProtocol, Tls,
+};
+use kafka_lock::{Error, LockOptions};
+use kafka_protocol::messages::MetadataRequest;
+
+use crate::support::kafka::secure::{
+    secure_kafka, CLIENT_CN, NOBODY, PLAIN_USER, REAUTH_MS, SCRAM256_USER, SCRAM512_USER,
+    SECURE_WAIT,
+};
+use crate::support::unique_group;
+
+fn tls() -> Tls {
+    Tls::new().ca_file(&secure_kafka().certs().ca)
+}
+
+fn sasl_ssl(mechanism: SaslMechanism, (user, password): (&str, &str)) -> Security {
+    Security::new(SecurityProtocol::SaslSsl)
+        .with_tls(tls())
+        .with_sasl(Sasl::new(mechanism, user, Secret::new(password)))
+}
+
+fn opts(listener: &str, security: Security, prefix: &str) -> LockOptions {
+    LockOptions::new(secure_kafka().addr(listener), unique_group(prefix))
+        .security(security)
+        .session_timeout(Duration::from_secs(6))
+        .rebalance_timeout(Duration::from_secs(6))
+        .heartbeat_interval(Duration::from_millis(500))
+        .lease_margin(Duration::from_secs(1))
+        .connect_timeout(Duration::from_secs(10))
+}
+
+/// Takes the lock, hands it over to a second contender on release, and checks the tokens.
+async fn acquire_and_hand_over(options: LockOptions) {
+    let first = options
+        .acquire(Some(SECURE_WAIT))
+        .await
+        .unwrap_or_else(|e| panic!("acquire: {e}\n{}", secure_kafka().log_tail()));
+    let token = first.token();
+    let second = tokio::spawn({
+        let options = options.clone();
+        async move { options.acquire(Some(SECURE_WAIT)).await }
+    });
+    // The second contender joins while the first holds; releasing hands the lock over.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first.release().await.expect("release");
+    let second = second.await.unwrap().expect("second acquire");
+    assert!(
+        second.token() > token,
+        "{:?} then {:?}",
+        token,
+        second.token()
+    );
+    second.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn sasl_ssl_plain() {
+    acquire_and_hand_over(opts(
+        "SASL_SSL",
+        sasl_ssl(SaslMechanism::Plain, PLAIN_USER),
+        "sec-plain",
+    ))
+    .await;
+}
+
+#[tokio::test]
+async fn sasl_ssl_scram_sha_256() {
+    acquire_and_hand_over(opts(
+        "SASL_SSL",
+        sasl_ssl(SaslMechanism::ScramSha256, SCRAM256_USER),
+        "sec-scram256",
+    ))
+    .await;
+}
+
+#[tokio::test]
+async fn sasl_ssl_scram_sha_512() {
+    acquire_and_hand_over(opts(
+        "SASL_SSL",
+        sasl_ssl(SaslMechanism::ScramSha512, SCRAM512_USER),
+        "sec-scram512",
+    ))
+    .await;
+}
+
+#[tokio::test]
+async fn sasl_plaintext_scram() {
+    let security = Security::new(SecurityProtocol::SaslPlaintext).with_sasl(Sasl::scram_sha512(
+        SCRAM512_USER.0,
+        Secret::new(SCRAM512_USER.1),
+    ));
+    acquire_and_hand_over(opts("SASL_PLAINTEXT", security, "sec-saslplain")).await;
+}
+
+/// The SSL listener requires a client certificate; the principal is the certificate's DN.
+#[tokio::test]
+async fn ssl_with_client_certificate() {
+    let certs = secure_kafka().certs();
+    let security = Security::new(SecurityProtocol::Ssl)
+        .with_tls(tls().client_cert_files(&certs.client_cert, &certs.client_key));
+    acquire_and_hand_over(opts("SSL", security, "sec-mtls")).await;
+    assert!(!CLIENT_CN.is_empty());
+}
+
+/// Without a client certificate the SSL listener refuses the session; the error says to set one.
+#[tokio::test]
+async fn ssl_without_client_certificate() {
+    let security = Security::new(SecurityProtocol::Ssl).with_tls(tls());
+    let err = acquire_error(opts("SSL", security, "sec-err-nocert")).await;
+    assert!(
+        matches!(security_error(&err), SecurityError::Tls { .. }),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains("ssl.certificate.location"),
+        "{err}"
+    );
+}
+
+/// What an acquire fails with, within a bound that no retry loop may exceed.
+async fn acquire_error(options: LockOptions) -> Error {
+    let started = Instant::now();
+    let result = options.acquire(Some(SECURE_WAIT)).await;
+    let err = match result {
+        Ok(_) => panic!("acquired with settings that should fail"),
+        Err(e) => e,
+    };
+    // Misconfiguration is reported at once, not after the bootstrap deadline.
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "took {:?}: {err}",
+        started.elapsed()
+    );
+    // One line each.
+    assert!(!err.to_string().contains('\n'), "{err}");
+    err
+}
+
+fn security_error(err: &Error) -> &SecurityError {
+    match err {
+        Error::Security(e) => e,
+        other => panic!("expected a security error, got {other:?}: {other}"),
+    }
+}
+
+#[tokio::test]
+async fn plaintext_client_on_a_tls_listener() {
+    let err = acquire_error(opts("SSL", Security::plaintext(), "sec-err-tlslistener")).await;
+    assert!(
+        matches!(security_error(&err), SecurityError::TlsListener { .. }),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string()
+            .contains("security.protocol=SSL or SASL_SSL"),
+        "{err}"
+    );
+    assert_eq!(err.auth_failure(), None);
+}
+
+#[tokio::test]
+async fn tls_client_on_a_plaintext_listener() {
+    let security = Security::new(SecurityProtocol::Ssl).with_tls(tls());
+    let err = acquire_error(opts("PLAINTEXT", security, "sec-err-plainlistener")).await;
+    assert!(
+        matches!(
+            security_error(&err),
+            SecurityError::PlaintextListener { .. }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("plaintext listener"), "{err}");
+}
+
+#[tokio::test]
+async fn unknown_ca() {
+    let security = Security::new(SecurityProtocol::SaslSsl)
+        .with_tls(Tls::new().ca_file(&secure_kafka().certs().other_ca))
+        .with_sasl(Sasl::plain(PLAIN_USER.0, Secret::new(PLAIN_USER.1)));
+    let err = acquire_error(opts("SASL_SSL", security, "sec-err-ca")).await;
+    assert!(
+        matches!(security_error(&err), SecurityError::UnknownCa { .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("ssl.ca.location"), "{err}");
+}
+
+/// The server certificate names only 127.0.0.1; `localhost` is not it. With hostname
+/// verification off the same connection works.
+#[tokio::test]
+async fn hostname_mismatch() {
+    let port = secure_kafka()
+        .addr("SSL")
+        .rsplit_once(':')
+        .unwrap()
+        .1
+        .to_owned();
+    let certs = secure_kafka().certs();
+    let mtls = tls().client_cert_files(&certs.client_cert, &certs.client_key);
+    let by_name = |tls: Tls| {
+        opts(
+            "SSL",
+            Security::new(SecurityProtocol::Ssl).with_tls(tls),
+            "sec-err-host",
+        )
+    };
+    let mut options = by_name(mtls.clone());
+    options = LockOptions::new(format!("localhost:{port}"), options.name().to_owned())
+        .security(options.security_settings().clone());
+    let err = acquire_error(options).await;
+    assert!(
+        matches!(security_error(&err), SecurityError::HostnameMismatch { .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("not valid for localhost"), "{err}");
+
+    // Only the bootstrap connection uses the name; the advertised address is 127.0.0.1.
+    let insecure = mtls.dangerous_disable_hostname_verification();
+    let options = by_name(insecure.clone());
+    let options = LockOptions::new(format!("localhost:{port}"), options.name().to_owned())
+        .security(Security::new(SecurityProtocol::Ssl).with_tls(insecure));
+    let guard = options.acquire(Some(SECURE_WAIT)).await.expect("acquire");
+    guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn wrong_password() {
+    for mechanism in [SaslMechanism::Plain, SaslMechanism::ScramSha512] {
+        let user = match mechanism {
+            SaslMechanism::Plain => PLAIN_USER.0,
+            _ => SCRAM512_USER.0,
+        };
+        let security = sasl_ssl(mechanism, (user, "not-the-password"));
+        let err = acquire_error(opts("SASL_SSL", security, "sec-err-pw")).await;
+        assert!(
+            matches!(
+                security_error(&err),
+                SecurityError::AuthenticationFailed { .. }
+            ),
+            "{mechanism}: {err:?}"
+        );
+        assert_eq!(err.auth_failure(), Some(AuthFailure::Authentication));
+        assert!(err.to_string().contains("sasl.password"), "{err}");
+    }
+}
+
+/// The SASL_PLAINTEXT listener enables SCRAM only; the error lists what it enables.
+#[tokio::test]
+async fn mechanism_not_enabled() {
+    let security = Security::new(SecurityProtocol::SaslPlaintext)
+        .with_sasl(Sasl::plain(PLAIN_USER.0, Secret::new(PLAIN_USER.1)));
+    let err = acquire_error(opts("SASL_PLAINTEXT", security, "sec-err-mech")).await;
+    match security_error(&err) {
+        SecurityError::MechanismNotEnabled {
+            mechanism, enabled, ..
+        } => {
+            assert_eq!(mechanism, "PLAIN");
+            let mut enabled = enabled.clone();
+            enabled.sort();
+            assert_eq!(enabled, ["SCRAM-SHA-256", "SCRAM-SHA-512"]);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(err.auth_failure(), Some(AuthFailure::Authentication));
+    assert!(err.to_string().contains("SCRAM-SHA-256"), "{err}");
+}
+
+#[tokio::test]
+async fn group_not_authorized() {
+    let options = opts(
+        "SASL_SSL",
+        sasl_ssl(SaslMechanism::ScramSha512, NOBODY),
+        "sec-err-acl",
+    );
+    let err = acquire_error(options.clone()).await;
+    match security_error(&err) {
+        SecurityError::GroupAuthorizationFailed { group } => assert_eq!(group, options.name()),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(err.auth_failure(), Some(AuthFailure::Authorization));
+}
+
+/// KIP-368: on a listener with `connections.max.reauth.ms` = 4 s, a holder keeps the lock across
+/// several session deadlines, and a connection keeps answering across them.
+#[tokio::test]
+async fn long_hold_survives_reauthentication() {
+    crate::support::init_tracing();
+    let security = Security::new(SecurityProtocol::SaslPlaintext).with_sasl(Sasl::scram_sha512(
+        SCRAM512_USER.0,
+        Secret::new(SCRAM512_USER.1),
+    ));
+    let options = opts("REAUTH", security.clone(), "sec-reauth");
+    let guard = options.acquire(Some(SECURE_WAIT)).await.expect("acquire");
+
+    // A bare connection next to it, used the whole time.
+    let cfg = ConnConfig::default().with_security(security);
+    let conn = Connection::connect(&secure_kafka().addr("REAUTH"), &cfg)
+        .await
+        .expect("connect");
+    let hold = Duration::from_millis(REAUTH_MS * 3 + 1000);
+    let until = Instant::now() + hold;
+    while Instant::now() < until {
+        conn.request(MetadataRequest::default())
+            .await
+            .unwrap_or_else(|e| panic!("a request after re-authentication failed: {e}"));
+        assert!(guard.is_held(), "the hold ended during re-authentication");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(!conn.is_closed());
+    assert!(guard.is_held());
+    guard.release().await.expect("release");
+    let stats = options.stats();
+    assert!(stats.losses.iter().all(|(_, n)| *n == 0), "{stats:?}");
+}
+
+/// The same kind of connection without renewal (`from_stream` has no address to redial) is
+/// closed by the broker once the session lifetime has passed: the renewal above is what keeps
+/// connections alive, and this test shows the broker really enforces the deadline.
+#[tokio::test]
+async fn without_renewal_the_broker_closes_the_connection() {
+    let addr = secure_kafka().addr("REAUTH");
+    let cfg = ConnConfig::default().with_security(
+        Security::new(SecurityProtocol::SaslPlaintext).with_sasl(Sasl::scram_sha512(
+            SCRAM512_USER.0,
+            Secret::new(SCRAM512_USER.1),
+        )),
+    );
+    let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let conn = Connection::from_stream(tcp, &addr, &cfg)
+        .await
+        .expect("set up");
+    let until = Instant::now() + Duration::from_millis(REAUTH_MS * 3);
+    let mut failed = None;
+    while Instant::now() < until {
+        if let Err(e) = conn.request(MetadataRequest::default()).await {
+            failed = Some(e);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let e = failed.expect("the broker kept an expired SASL session open");
+    assert!(e.is_retriable(), "{e}");
+}
+
+/// Nothing secret in TRACE logs, errors or `Debug`.
+#[test]
+fn secrets_stay_out_of_logs_errors_and_debug() {
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+    impl Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut shown = String::new();
+    rt.block_on(async {
+        let good = opts(
+            "SASL_SSL",
+            sasl_ssl(SaslMechanism::ScramSha512, SCRAM512_USER),
+            "sec-secrets",
+        );
+        let guard = good.acquire(Some(SECURE_WAIT)).await.expect("acquire");
+        shown += &format!("{good:?} {guard:?}");
+        guard.release().await.unwrap();
+        let bad = opts(
+            "SASL_SSL",
+            sasl_ssl(SaslMechanism::Plain, (PLAIN_USER.0, "wrong-secret-Hq8v")),
+            "sec-secrets",
+        );
+        let err = bad.acquire(Some(SECURE_WAIT)).await.unwrap_err();
+        shown += &format!("{bad:?} {err:?} {err}");
+    });
+    let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    assert!(
+        logs.contains("SASL authenticated"),
+        "no TRACE logs captured: {} bytes: {}",
+        logs.len(),
+        logs.chars().take(2000).collect::<String>()
+    );
+    for secret in [SCRAM512_USER.1, "wrong-secret-Hq8v", PLAIN_USER.1] {
+        assert!(!logs.contains(secret), "{secret} in the logs");
+        assert!(
+            !shown.contains(secret),
+            "{secret} in Debug or errors: {shown}"
+        );
+    }
+    // SCRAM's client-final-message carries the proof as p=<base64>; it is never logged.
+    assert!(!logs.contains(",p="), "a SCRAM proof in the logs");
+}
+
+/// Acquire time (connect, join, sync, and release) over SASL_SSL with SCRAM-SHA-512 against
+/// PLAINTEXT on the same broker, alternating, fresh group each time. Prints the distribution;
+/// asserts nothing about speed. BENCHMARKS.md has the command and a run.
+#[tokio::test]
+#[ignore = "benchmark: run by hand, see BENCHMARKS.md"]
+async fn bench_acquire_sasl_ssl_vs_plaintext() {
+    const REPS: usize = 30;
+    let secured = sasl_ssl(SaslMechanism::ScramSha512, SCRAM512_USER);
+    let mut times: [(&str, Vec<Duration>); 2] = [("PLAINTEXT", vec![]), ("SASL_SSL", vec![])];
+    // Warm both paths (JIT of the broker, first PBKDF2 on its side).
+    for rep in 0..REPS + 2 {
+        for (listener, samples) in times.iter_mut() {
+            let security = if *listener == "PLAINTEXT" {
+                Security::plaintext()
+            } else {
+                secured.clone()
+            };
+            let options = opts(listener, security, "sec-bench");
+            let started = Instant::now();
+            let guard = options.acquire(Some(SECURE_WAIT)).await.expect("acquire");
+            let acquired = started.elapsed();
+            guard.release().await.expect("release");
+            if rep >= 2 {
+                samples.push(acquired);
+            }
+        }
+    }
+    for (listener, samples) in &mut times {
+        samples.sort();
+        let pct = |p: usize| samples[(samples.len() - 1) * p / 100];
+        println!(
+            "{listener:<10} n={} min={:?} p50={:?} p90={:?} max={:?}",
+            samples.len(),
+            samples[0],
+            pct(50),
+            pct(90),
+            samples[samples.len() - 1]
+        );
+    }
+}
