@@ -146,6 +146,7 @@ pub use lock::{
     DEFAULT_RETRY_BACKOFF, DEFAULT_RETRY_BACKOFF_MAX, DEFAULT_SESSION_TIMEOUT, MAX_SETTING,
 };
 pub use security::{
-    AuthFailure, Sasl, SaslMechanism, Secret, Security, SecurityError, SecurityProtocol, Tls,
+    AuthFailure, Pem, Sasl, SaslMechanism, SaslTokenProvider, Secret, Security, SecurityError,
+    SecurityProtocol, Tls, TokenFuture,
 };
 pub use wire::versions::VersionError;
