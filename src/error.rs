@@ -127,6 +127,21 @@ pub enum Error {
     /// The ledger topic cannot serve, or a checkpoint cannot be stored.
     #[error(transparent)]
     Ledger(#[from] crate::ledger::LedgerError),
+
+    /// The lock's group runs with another number of permits than this member was given. The
+    /// group keeps its number (see `docs/protocol.md`); this member left it.
+    #[error(
+        "lock {lock:?} has {group} permit(s) but this member was configured with {ours}; \
+         every member of a lock must use the same number of permits"
+    )]
+    PermitsMismatch {
+        /// The lock's name.
+        lock: String,
+        /// This member's number of permits.
+        ours: u16,
+        /// The number the group's leader assigned with (1 for a leader that predates permits).
+        group: u16,
+    },
 }
 
 impl Error {
@@ -152,7 +167,8 @@ impl Error {
             | Error::UnsupportedApi { .. }
             | Error::NotAcquired { .. }
             | Error::Lost { .. }
-            | Error::Ledger(_) => false,
+            | Error::Ledger(_)
+            | Error::PermitsMismatch { .. } => false,
         }
     }
 

@@ -32,6 +32,7 @@ fn config(mode: Mode) -> MembershipConfig {
         retry_backoff: Duration::from_millis(100),
         retry_backoff_max: Duration::from_secs(1),
         lease_margin: MARGIN,
+        permits: 1,
     }
 }
 
@@ -282,9 +283,12 @@ fn native_assignment(holder: Option<&str>, generation: i32, position: i32) -> By
             member_id: h.into(),
             label: None,
             generation,
+            slot: 0,
         }),
         position,
         members: 2,
+        permits: 1,
+        other_holders: Vec::new(),
     }
     .encode()
 }
@@ -295,6 +299,8 @@ fn meta(holds: bool, first: i32) -> MemberMetadata {
         first_joined_generation: first,
         holder_generation: if holds { first } else { -1 },
         label: None,
+        permits: 1,
+        slot: 0,
     }
 }
 
@@ -1049,7 +1055,9 @@ fn a_hold_begins_with_a_heartbeat_after_the_assignment() {
     h.advance(Duration::from_millis(20));
     h.reply(beat.id, Ok(hb(0)));
     let acquired = h.take_events().into_iter().find_map(|e| match e {
-        Event::Acquired { token, lease_end } => Some((token, lease_end)),
+        Event::Acquired {
+            token, lease_end, ..
+        } => Some((token, lease_end)),
         _ => None,
     });
     let (token, lease_end) = acquired.expect("held after the heartbeat");

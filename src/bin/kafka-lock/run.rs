@@ -60,6 +60,8 @@ pub struct RunConfig {
     pub lease_margin: Option<Duration>,
     pub kill_grace: Option<Duration>,
     pub label: Option<String>,
+    /// `--permits`: 1 is a mutex.
+    pub permits: u16,
     pub client_id: String,
     pub ledger_topic: Option<String>,
     pub checkpoint_max_bytes: usize,
@@ -357,6 +359,7 @@ async fn take_and_run(c: &RunConfig, rep: &mut Reporter) -> Result<u8, Failure> 
         .connect_timeout(t.connect)
         .lease_margin(t.margin)
         .label(label)
+        .permits(c.permits)
         .client_id(c.client_id.clone())
         .events(tx);
     if let Some(topic) = &c.topic {
@@ -450,7 +453,7 @@ async fn take_and_run(c: &RunConfig, rep: &mut Reporter) -> Result<u8, Failure> 
     while let Ok(ev) = rx.try_recv() {
         waiting_event(rep, ev);
     }
-    rep.acquired(&guard.token());
+    rep.acquired(&guard.token(), guard.permit());
     hold(c, t, guard, rx, signals, rep).await
 }
 
@@ -458,10 +461,11 @@ fn waiting_event(rep: &mut Reporter, ev: LockEvent) {
     if let LockEvent::Waiting {
         member_id,
         holder,
+        holders,
         position,
     } = ev
     {
-        rep.waiting(member_id, holder, position);
+        rep.waiting(member_id, holder, holders, position);
     }
 }
 
@@ -661,10 +665,11 @@ async fn hold(
             format!("cannot become a child subreaper (PR_SET_CHILD_SUBREAPER, Linux 3.4+): {e}; the command was not run"),
         ));
     }
-    let env = checkpoint
+    let mut env = checkpoint
         .as_ref()
         .map(CheckpointDir::env)
         .unwrap_or_default();
+    env.push(("KAFKA_LOCK_PERMIT", guard.permit().to_string().into()));
     let link = match Link::spawn(c, &token, &env, t.kill_grace) {
         Ok(link) => link,
         Err(f) => {
@@ -1147,6 +1152,7 @@ mod tests {
             lease_margin: None,
             kill_grace: None,
             label: None,
+            permits: 1,
             client_id: "kafka-lock".into(),
             ledger_topic: None,
             checkpoint_max_bytes: 4096,

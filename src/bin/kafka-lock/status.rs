@@ -182,7 +182,11 @@ pub struct Report {
     pub protocol_type: String,
     pub protocol: String,
     pub holder: HolderView,
-    /// Everyone but the holder, in queue order where known.
+    /// Native mode: every holder, `holder` first, as (permit slot, member id, label, token).
+    pub holders: Vec<(u16, String, Option<String>, i32)>,
+    /// The group's number of permits, from the assignment (native mode).
+    pub permits: Option<u16>,
+    /// Everyone but the holders, in queue order where known.
     pub waiters: Vec<Member>,
 }
 
@@ -351,6 +355,8 @@ pub fn analyse(lock: &str, coordinator: &str, g: &DescribedGroup) -> Report {
         protocol_type: protocol_type.clone(),
         protocol: g.protocol_data.to_string(),
         holder: HolderView::Nobody,
+        holders: Vec::new(),
+        permits: None,
         waiters: Vec::new(),
     };
     if g.members.is_empty() {
@@ -393,12 +399,20 @@ pub fn analyse(lock: &str, coordinator: &str, g: &DescribedGroup) -> Report {
             if let Ok(a) = NativeAssignment::decode(&m.member_assignment) {
                 saw_assignment = true;
                 row.position = (a.position >= 0).then_some(a.position);
-                if let Some(h) = a.holder {
+                if report.permits.is_none() {
+                    report.permits = Some(a.permits);
+                }
+                if let Some(h) = a.holder.clone() {
                     let newer = match &holder {
                         Some(HolderView::Known { token: Some(t), .. }) => h.generation > *t,
                         _ => true,
                     };
                     if newer {
+                        report.permits = Some(a.permits);
+                        report.holders = a
+                            .holders()
+                            .map(|o| (o.slot, o.member_id.clone(), o.label.clone(), o.generation))
+                            .collect();
                         holder = Some(HolderView::Known {
                             member_id: h.member_id,
                             label: h.label,
@@ -449,6 +463,14 @@ pub fn analyse(lock: &str, coordinator: &str, g: &DescribedGroup) -> Report {
         let id = member_id.clone();
         members.retain(|r| r.member_id != id);
     }
+    for (_, id, label, _) in &mut report.holders {
+        if let Some(row) = members.iter().find(|r| &r.member_id == id) {
+            if row.label.is_some() {
+                *label = row.label.clone();
+            }
+        }
+        members.retain(|r| &r.member_id != id);
+    }
     members.sort_by(|a, b| {
         let key = |m: &Member| m.position.unwrap_or(i32::MAX);
         key(a)
@@ -494,7 +516,19 @@ pub fn to_text(r: &Report) -> String {
         HolderView::Nobody => "nobody".to_owned(),
         HolderView::Unknown(why) => format!("unknown: {why}"),
     };
-    out.push_str(&format!("holder: {holder}\n"));
+    match r.permits {
+        Some(n) if n > 1 => {
+            out.push_str(&format!("holders ({} of {n} permits):\n", r.holders.len()));
+            for (slot, id, label, token) in &r.holders {
+                let who = match label {
+                    Some(l) => format!("{l} (member {id}, token {token})"),
+                    None => format!("member {id} (token {token})"),
+                };
+                out.push_str(&format!("  - permit {slot}: {who}\n"));
+            }
+        }
+        _ => out.push_str(&format!("holder: {holder}\n")),
+    }
     match &r.holder {
         HolderView::Unknown(_) => {
             out.push_str(&format!(
@@ -531,7 +565,23 @@ pub fn to_json(r: &Report) -> String {
         .str("coordinator", &r.coordinator)
         .str("state", &r.state)
         .str("protocol_type", &r.protocol_type)
-        .str("protocol", &r.protocol);
+        .str("protocol", &r.protocol)
+        .opt_int("permits", r.permits);
+    if !r.holders.is_empty() {
+        let holders: Vec<String> = r
+            .holders
+            .iter()
+            .map(|(slot, id, label, token)| {
+                Obj::new()
+                    .int("permit", *slot)
+                    .str("member_id", id)
+                    .opt_str("label", label.as_deref())
+                    .int("token", *token)
+                    .finish()
+            })
+            .collect();
+        obj = obj.raw("holders", &json::array(&holders));
+    }
     obj = match &r.holder {
         HolderView::Known {
             member_id,
@@ -592,6 +642,8 @@ mod tests {
             first_joined_generation: 1,
             holder_generation: -1,
             label: Some(label.into()),
+            permits: 1,
+            slot: 0,
         }
         .encode()
     }
@@ -602,9 +654,12 @@ mod tests {
                 member_id: "a".into(),
                 label: Some("job a".into()),
                 generation: 7,
+                slot: 0,
             }),
             position,
             members: 3,
+            permits: 1,
+            other_holders: Vec::new(),
         }
         .encode()
     }
