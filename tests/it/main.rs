@@ -14,5 +14,6 @@ mod ledger;
 mod lock;
 mod proxy;
 mod regressions;
+mod semaphore;
 mod support;
 mod wire_broker;
