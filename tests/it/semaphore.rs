@@ -292,3 +292,98 @@ fn permits_are_refused_in_consumer_mode_and_with_a_ledger() {
         .unwrap();
     base.permits(1024).validate().unwrap();
 }
+
+/// What a semaphore costs the coordinator, for BENCHMARKS.md: six members with three permits
+/// and the library's default timings (heartbeat 1 s), each behind a counting proxy. Prints the
+/// requests per second while three hold and three wait, and the group requests of one release
+/// and its hand-over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement for BENCHMARKS.md: cargo test --all-features --test it -- semaphore::cost --ignored --nocapture"]
+async fn cost() {
+    use crate::fault::kproxy::ProxySet;
+    use kafka_protocol::messages::ApiKey;
+
+    support::init_tracing();
+    let group = support::unique_group("semaphore-cost");
+    let node = &support::kafka::kafka().nodes()[0];
+    let brokers = [(node.id(), node.addr().parse().expect("node address"))];
+    let members = 6;
+    let mut proxies = Vec::new();
+    let mut guards = Vec::new();
+    let mut waiters = Vec::new();
+    for i in 0..members {
+        let p = ProxySet::start(&tokio::runtime::Handle::current(), &brokers);
+        let o = LockOptions::new(p.bootstrap(), &group)
+            .permits(PERMITS)
+            .label(format!("m{i}"));
+        proxies.push(p);
+        if i < 3 {
+            guards.push(
+                o.acquire(Some(Duration::from_secs(30)))
+                    .await
+                    .expect("a free permit"),
+            );
+        } else {
+            waiters.push(tokio::spawn(async move {
+                o.acquire(Some(Duration::from_secs(300))).await
+            }));
+        }
+    }
+    let total = |keys: &[i16]| -> u64 {
+        proxies
+            .iter()
+            .map(|p| {
+                let r = p.stats().requests.lock().unwrap();
+                r.iter()
+                    .filter(|(k, _)| keys.is_empty() || keys.contains(k))
+                    .map(|(_, n)| n)
+                    .sum::<u64>()
+            })
+            .sum()
+    };
+    // Let the three joins settle, then count.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let window = Duration::from_secs(30);
+    let before = total(&[]);
+    let beats_before = total(&[ApiKey::Heartbeat as i16]);
+    tokio::time::sleep(window).await;
+    let steady = (total(&[]) - before) as f64 / window.as_secs_f64();
+    let beats = (total(&[ApiKey::Heartbeat as i16]) - beats_before) as f64 / window.as_secs_f64();
+    assert!(guards.iter().all(LockGuard::is_held));
+    assert!(waiters.iter().all(|w| !w.is_finished()));
+
+    let group_keys = [
+        ApiKey::JoinGroup as i16,
+        ApiKey::SyncGroup as i16,
+        ApiKey::LeaveGroup as i16,
+    ];
+    let before = total(&group_keys);
+    let started = Instant::now();
+    guards
+        .pop()
+        .expect("a holder")
+        .release()
+        .await
+        .expect("release");
+    let next = tokio::time::timeout(Duration::from_secs(30), waiters.remove(0))
+        .await
+        .expect("the first waiter takes the permit")
+        .unwrap()
+        .expect("acquire");
+    let handover = started.elapsed();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let per_release = total(&group_keys) - before;
+    println!(
+        "semaphore cost, {members} members, {PERMITS} permits, heartbeat 1 s: {steady:.2} requests/s \
+         at the coordinator while 3 hold and 3 wait ({beats:.2} of them Heartbeats); one release: \
+         {per_release} JoinGroup/SyncGroup/LeaveGroup requests, hand-over in {:.0} ms",
+        handover.as_secs_f64() * 1000.0
+    );
+    next.release().await.expect("release");
+    for g in guards {
+        g.release().await.expect("release");
+    }
+    for w in waiters {
+        w.abort();
+    }
+}

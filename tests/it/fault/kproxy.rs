@@ -88,6 +88,8 @@ pub struct ProxyStats {
     /// bypass the proxies, so a run reports them.
     pub rewrite_failures: AtomicU64,
     pub last_failure: Mutex<Option<String>>,
+    /// Requests forwarded to the brokers, by API key: what a set of clients costs them.
+    pub requests: Mutex<HashMap<i16, u64>>,
 }
 
 struct BrokerProxy {
@@ -240,8 +242,17 @@ async fn connection(
     let (up_tx, up_rx) = mpsc::unbounded_channel();
     let (down_tx, down_rx) = mpsc::unbounded_channel();
     let requests = inflight.clone();
+    let counts = stats.clone();
     let up_read = pump_in(cr, Dir::Up, fault.clone(), up_tx, move |frame| {
         note_request(&frame, &requests);
+        if let Some(key) = frame.get(..2) {
+            *counts
+                .requests
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(i16::from_be_bytes([key[0], key[1]]))
+                .or_default() += 1;
+        }
         frame
     });
     let answers = inflight;

@@ -18,7 +18,7 @@
 //! Both take `KAFKA_LOCK_FAULT_SEED` and `KAFKA_LOCK_FAULT_EPISODES`.
 
 mod checker;
-mod kproxy;
+pub(crate) mod kproxy;
 mod nemesis;
 mod pool;
 mod roles;
