@@ -32,7 +32,7 @@ use crate::support::kafka::{KafkaCluster, KafkaOptions};
 
 // The environment, events apart from the command's output, the event schema, exit statuses,
 // metrics, completions and man pages.
-mod conventions;
+pub(crate) mod conventions;
 use conventions::check_event;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kafka-lock");

@@ -633,19 +633,24 @@ async fn hold(
     let mut watch = guard.watch();
     // The last checkpoint, and a place for the command to leave the next one; read before the
     // lease end is taken, since reading may take a while (the ledger's copy is read in full).
-    let checkpoint = match CheckpointDir::prepare(c, &guard).await {
-        Ok(dir) => dir,
-        Err(f) => {
-            let _ = release(guard, &mut signals).await;
-            return Err(f);
-        }
+    // A read that outlasts the lease (a broker cut off) ends with the lease, as a loss.
+    let checkpoint = tokio::select! {
+        biased;
+        _ = guard.lost() => None,
+        prepared = CheckpointDir::prepare(c, &guard) => match prepared {
+            Ok(dir) => dir,
+            Err(f) => {
+                let _ = give_back(guard, &mut signals, rep).await;
+                return Err(f);
+            }
+        },
     };
     let lease_end = match watch.lease_end() {
         Some(end) if end > Instant::now() => end,
         _ => {
-            // The lease ran out between the grant and now (a paused process): starting the
-            // command would run it without the lock.
-            let _ = release(guard, &mut signals).await;
+            // The lease ran out between the grant and now (a paused process, a slow checkpoint
+            // read): starting the command would run it without the lock.
+            let _ = give_back(guard, &mut signals, rep).await;
             return Err(Failure::new(
                 exit::NOT_ACQUIRED,
                 format!(
@@ -659,7 +664,7 @@ async fn hold(
     // Should the supervisor die, the command and its descendants are re-parented here, where
     // they can still be found and stopped before the lock is released.
     if let Err(e) = sys::become_subreaper() {
-        let _ = release(guard, &mut signals).await;
+        let _ = give_back(guard, &mut signals, rep).await;
         return Err(Failure::new(
             exit::OSERR,
             format!("cannot become a child subreaper (PR_SET_CHILD_SUBREAPER, Linux 3.4+): {e}; the command was not run"),
@@ -673,7 +678,7 @@ async fn hold(
     let link = match Link::spawn(c, &token, &env, t.kill_grace) {
         Ok(link) => link,
         Err(f) => {
-            let _ = release(guard, &mut signals).await;
+            let _ = give_back(guard, &mut signals, rep).await;
             return Err(f);
         }
     };
@@ -947,7 +952,8 @@ impl CheckpointDir {
             Failure::new(
                 f.status,
                 format!(
-                    "cannot read the last checkpoint of lock {:?}, so the command was not run                      and the lock is released: {}",
+                    "cannot read the last checkpoint of lock {:?}, so the command was not run and the lock \
+                     is released: {}",
                     c.lock, f.line
                 ),
             )
@@ -964,7 +970,8 @@ impl CheckpointDir {
                 Failure::new(
                     exit::OSERR,
                     format!(
-                        "cannot create {} for the command's checkpoint: {e}; the command was not                          run and the lock is released (set TMPDIR to a writable directory)",
+                        "cannot create {} for the command's checkpoint: {e}; the command was not run and \
+                         the lock is released (set TMPDIR to a writable directory)",
                         dir.display()
                     ),
                 )
@@ -1092,6 +1099,21 @@ fn report_lost_fallback(
 
 /// Releases the lock (bounded by the library), unless one of the caught signals arrives first:
 /// then the broker frees the lock after the session timeout. Returns that signal.
+/// Ends a hold under which the command never started, saying in the events how it ended: a
+/// hold whose lease already ran out was lost (at its lease end), any other is released. Without
+/// this the events would show an acquisition that never ends.
+async fn give_back(guard: LockGuard, signals: &mut Signals, rep: &mut Reporter) -> Option<i32> {
+    let watch = guard.watch();
+    if watch.is_held() {
+        rep.released();
+    } else {
+        let reason = guard.lost().await;
+        let lease_end = watch.lease_end().unwrap_or_else(|| guard.lease_end());
+        rep.lost(&reason, Some(sys::mono_ns_of(lease_end)));
+    }
+    release(guard, signals).await
+}
+
 async fn release(guard: LockGuard, signals: &mut Signals) -> Option<i32> {
     tokio::select! {
         _ = guard.release() => None,

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use super::checker::{Checker, Event, Kind};
 use super::kproxy::ProxySet;
 use super::nemesis::Rng;
-use super::roles::role_args;
+use super::roles::{role_args, Flavour};
 use super::{HEARTBEAT, SESSION};
 use crate::support::kafka::peer::{PeerEventKind, SeedPeer, SeedPeerOptions};
 use crate::support::lifeline::{Output, Supervised};
@@ -36,7 +36,7 @@ pub struct SlotSpec {
     pub name: String,
     pub role: Role,
     pub lock: String,
-    pub topic: Option<String>,
+    pub flavour: Flavour,
     /// Above 1: the lock is a semaphore with this many permits.
     pub permits: u16,
 }
@@ -463,7 +463,7 @@ fn spawn(env: &Env, slot: &Slot, id: &str, rng: &mut Rng) -> Result<Running, Str
                 id,
                 &spec.lock,
                 &bootstrap,
-                spec.topic.as_deref(),
+                &spec.flavour,
                 false,
                 rng.next_u64(),
             );
@@ -485,6 +485,7 @@ fn spawn(env: &Env, slot: &Slot, id: &str, rng: &mut Rng) -> Result<Running, Str
                 .args(["--session-timeout", &secs(SESSION)])
                 .args(["--rebalance-timeout", &secs(SESSION)])
                 .args(["--heartbeat-interval", &secs(HEARTBEAT)])
+                .args(spec.flavour.cli_args())
                 .args(["--permits", &spec.permits.to_string()])
                 .args(["--events", "json", "--label", id, "--"])
                 .arg(&env.exe)
@@ -516,10 +517,9 @@ fn spawn(env: &Env, slot: &Slot, id: &str, rng: &mut Rng) -> Result<Running, Str
             })
         }
         Role::Java => {
-            let topic = spec
-                .topic
-                .clone()
-                .expect("a Java peer needs the lock topic");
+            let Flavour::Consumer(topic) = spec.flavour.clone() else {
+                panic!("a Java peer needs the lock's topic (consumer mode)");
+            };
             let options = SeedPeerOptions {
                 group: spec.lock.clone(),
                 // Range gives partition 0 to the member id that sorts first: kafka-lock's
@@ -547,7 +547,7 @@ pub fn lib_command(
     id: &str,
     lock: &str,
     bootstrap: &str,
-    topic: Option<&str>,
+    flavour: &Flavour,
     broken: bool,
     seed: u64,
 ) -> Command {
@@ -559,8 +559,8 @@ pub fn lib_command(
         .env("FAULT_ID", id)
         .env("FAULT_BOOTSTRAP", bootstrap)
         .env("FAULT_SEED", seed.to_string());
-    if let Some(t) = topic {
-        cmd.env("FAULT_TOPIC", t);
+    if let Some((k, v)) = flavour.env() {
+        cmd.env(k, v);
     }
     cmd
 }

@@ -6,7 +6,8 @@
 //!   (the claim that fences every older holder off), then every 200 ms while
 //!   [`kafka_lock::LockGuard::is_held`], holds for a random 0.3 to 3 s, reports and releases, and
 //!   starts over. A loss is reported with the lease end the library gives with it. With
-//!   `FAULT_TOPIC` it takes the lock in consumer-compatible mode.
+//!   `FAULT_TOPIC` it takes the lock in consumer-compatible mode; with `FAULT_LEDGER` its token
+//!   is the offset of its ACQUIRED record in that ledger topic ([`Flavour`]).
 //! - `broken`: the same, but it ignores the loss: it keeps writing every 20 ms and keeps
 //!   believing it holds until it releases after 20 s. The suite must catch it.
 //! - `writer`: the job the CLI contenders run under `kafka-lock run`: it writes
@@ -61,7 +62,7 @@ fn role() {
                 role == "broken",
                 &env("FAULT_BOOTSTRAP"),
                 &env("FAULT_LOCK"),
-                std::env::var("FAULT_TOPIC").ok(),
+                Flavour::from_env(),
                 env("FAULT_SEED").parse().expect("FAULT_SEED"),
                 permits(),
             ));
@@ -101,16 +102,59 @@ pub fn to_mono(at: Instant) -> i64 {
     }
 }
 
+/// How the contenders of one lock take it and where their tokens come from. Every member of a
+/// lock must use the same flavour: the tokens of one lock are compared with each other.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Flavour {
+    /// The native protocol, tokens from this ledger topic (offsets of ACQUIRED records).
+    Ledger(String),
+    /// Consumer-compatible mode on this one-partition topic, tokens from the generation.
+    Consumer(String),
+    /// The native protocol, tokens from the generation (the self-check's lock).
+    Plain,
+}
+
+impl Flavour {
+    /// The variables that carry the flavour to a contender process.
+    pub fn env(&self) -> Option<(&'static str, &str)> {
+        match self {
+            Flavour::Ledger(t) => Some(("FAULT_LEDGER", t)),
+            Flavour::Consumer(t) => Some(("FAULT_TOPIC", t)),
+            Flavour::Plain => None,
+        }
+    }
+
+    fn from_env() -> Flavour {
+        if let Ok(t) = std::env::var("FAULT_LEDGER") {
+            Flavour::Ledger(t)
+        } else if let Ok(t) = std::env::var("FAULT_TOPIC") {
+            Flavour::Consumer(t)
+        } else {
+            Flavour::Plain
+        }
+    }
+
+    /// `kafka-lock run` flags for this flavour.
+    pub fn cli_args(&self) -> Vec<&str> {
+        match self {
+            Flavour::Ledger(t) => vec!["--ledger-topic", t],
+            Flavour::Consumer(t) => vec!["--topic", t],
+            Flavour::Plain => Vec::new(),
+        }
+    }
+}
+
 /// The settings every library contender of the suite uses.
-pub fn options(bootstrap: &str, lock: &str, topic: Option<&str>, permits: u16) -> LockOptions {
+pub fn options(bootstrap: &str, lock: &str, flavour: &Flavour, permits: u16) -> LockOptions {
     let o = LockOptions::new(bootstrap, lock)
         .session_timeout(SESSION)
         .rebalance_timeout(SESSION)
         .heartbeat_interval(HEARTBEAT)
         .permits(permits);
-    match topic {
-        Some(t) => o.consumer_topic(t),
-        None => o,
+    match flavour {
+        Flavour::Ledger(t) => o.ledger_topic(t),
+        Flavour::Consumer(t) => o.consumer_topic(t),
+        Flavour::Plain => o,
     }
 }
 
@@ -119,14 +163,14 @@ async fn contender(
     broken: bool,
     bootstrap: &str,
     lock: &str,
-    topic: Option<String>,
+    flavour: Flavour,
     seed: u64,
     permits: u16,
 ) {
     let mut rng = Rng::new(seed);
     loop {
         let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
-        let opts = options(bootstrap, lock, topic.as_deref(), permits).events(tx);
+        let opts = options(bootstrap, lock, &flavour, permits).events(tx);
         rep.set_slot(None);
         rep.event(Kind::Waiting, None, None);
         let guard = match opts.acquire(None).await {
@@ -138,7 +182,7 @@ async fn contender(
                 continue;
             }
         };
-        let mut token = i64::from(guard.token().generation);
+        let mut token = guard.token().value();
         let mut lease = to_mono(guard.lease_end());
         if permits > 1 {
             rep.set_slot(Some(guard.permit()));
@@ -170,7 +214,7 @@ async fn contender(
                             rep.event(Kind::Renewed, None, Some(lease));
                         }
                     }
-                    let now = i64::from(guard.token().generation);
+                    let now = guard.token().value();
                     if now != token {
                         token = now;
                         rep.event(Kind::Token, Some(token), None);
