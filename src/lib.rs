@@ -5,6 +5,9 @@
 //!
 //! # Layout
 //! - [`lock`]: the public API (options, guard, events, stats).
+//! - [`describe`]: a lock seen from outside its group (holders, queue, generation).
+//! - [`election`]: leader election on the lock ([`Election`]) and observers that never join
+//!   ([`Observer`]).
 //! - [`membership`]: the sans-I/O group membership state machine and the lease (diagram inside).
 //! - [`ledger`]: the sans-I/O ledger (tokens that never go backwards, history, checkpoints, the
 //!   waiters' long poll) and its record format.
@@ -26,7 +29,9 @@
 
 pub mod assign;
 pub mod backoff;
+pub mod describe;
 pub mod driver;
+pub mod election;
 pub mod error;
 #[cfg(test)]
 mod fuzz_replay;
@@ -36,6 +41,8 @@ pub mod membership;
 pub mod metrics;
 pub mod wire;
 
+pub use describe::{LockDescription, LockHolder, LockMember, LockState};
+pub use election::{Election, Leader, Leadership, Observer};
 pub use error::{Error, KafkaCode, Result};
 pub use ledger::{History, Hold, HoldEnd, LedgerError};
 pub use lock::{

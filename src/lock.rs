@@ -576,6 +576,44 @@ impl LockOptions {
         }))
     }
 
+    /// Who holds the lock, who waits (in queue order), the generation, the coordinator and the
+    /// protocol, read with FindCoordinator and DescribeGroups from outside the group, so looking
+    /// never causes a rebalance. With a ledger topic, the ledger's last hold is added (and the
+    /// holder's ledger token); that reads the whole retained ledger, as [`LockOptions::history`]
+    /// does. Members whose bytes cannot be read are listed as undecodable, never trusted.
+    pub async fn describe(&self) -> Result<crate::describe::LockDescription> {
+        self.validate()?;
+        let mut watch = crate::driver::describe::GroupWatch::new(self.reach(), &self.name);
+        let d = watch.describe().await;
+        watch.close();
+        let d = d?;
+        Ok(match &self.ledger_topic {
+            Some(topic) => {
+                let history = self.history().await?;
+                let checkpoint = match self.committed_checkpoint().await? {
+                    Some(c) => Some(c),
+                    None => history
+                        .last_checkpoint()
+                        .map(|(value, token, _)| Checkpoint {
+                            value: value.to_owned(),
+                            token,
+                            source: CheckpointSource::Ledger,
+                        }),
+                };
+                d.with_ledger(topic, history.last_hold().cloned(), checkpoint)
+            }
+            None => d,
+        })
+    }
+
+    /// An observer of the lock's leadership that never joins its group
+    /// ([`Observer`](crate::election::Observer)): DescribeGroups polls at most once per
+    /// [`Observer::interval`](crate::election::Observer::interval), or, with a ledger topic,
+    /// the ledger's records as they are appended.
+    pub fn observer(&self) -> crate::election::Observer {
+        crate::election::Observer::new(self.clone())
+    }
+
     fn ledger_required(&self) -> Result<&str> {
         self.ledger_topic.as_deref().ok_or_else(|| {
             LedgerError::NoLedger {
@@ -585,7 +623,7 @@ impl LockOptions {
         })
     }
 
-    fn reach(&self) -> Reach {
+    pub(crate) fn reach(&self) -> Reach {
         Reach {
             bootstrap: self.bootstrap.clone(),
             conn: self.conn_config(),

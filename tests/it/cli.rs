@@ -33,6 +33,8 @@ use crate::support::kafka::{KafkaCluster, KafkaOptions};
 // The environment, events apart from the command's output, the event schema, exit statuses,
 // metrics, completions and man pages.
 pub(crate) mod conventions;
+// elect and observe.
+mod election;
 use conventions::check_event;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kafka-lock");

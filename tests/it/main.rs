@@ -4,6 +4,7 @@ mod apache;
 mod cli;
 mod compose;
 mod coordinator_failover;
+mod election;
 mod failover;
 mod fake_broker;
 mod fault;

@@ -4,8 +4,10 @@
 //! kafka-lock run --bootstrap HOST:PORT[,...] --lock NAME [options] -- COMMAND [ARGS...]
 //! kafka-lock status --bootstrap HOST:PORT[,...] --lock NAME [--ledger-topic T] [--json]
 //! kafka-lock history --bootstrap HOST:PORT[,...] --lock NAME --ledger-topic T [--since S] [--json]
+//! kafka-lock elect --bootstrap HOST:PORT[,...] --lock NAME [run's options] -- COMMAND [ARGS...]
+//! kafka-lock observe --bootstrap HOST:PORT[,...] --lock NAME [--ledger-topic T] [--json]
 //! kafka-lock completions bash|zsh|fish|elvish|powershell     (hidden)
-//! kafka-lock manpage [run|status|history]                     (hidden)
+//! kafka-lock manpage [run|status|elect|observe]               (hidden)
 //! ```
 //!
 //! Every flag can also come from the environment: `--session-timeout` from
@@ -25,11 +27,13 @@
 
 #![deny(unsafe_code)]
 
+mod elect;
 mod environ;
 mod exit;
 mod generate;
 mod history;
 mod json;
+mod observe;
 mod output;
 mod proto;
 mod report;
@@ -139,6 +143,38 @@ metrics_listening event names. The names: docs/metrics.md.
 Durations: 500ms, 10s, 2m, 1h30m; timeouts at most 24 days (Kafka's limit), --wait at most 365
 days. Set KAFKA_LOCK_LOG=debug for a log of the protocol on stderr.";
 
+const AFTER_ELECT_HELP: &str = "\
+Each term is what `kafka-lock run` does (see `kafka-lock run --help`): the command starts once this
+process leads, with the same environment, lease, supervisor, fencing token and stop. When the
+command ends (whatever its status), is stopped at the lease end, or leadership is lost, kafka-lock
+releases the lock and campaigns again: another candidate usually takes over, since the one that
+left rejoins at the back of the queue. A term shorter than --min-term delays the next campaign by
+--min-term, doubling with each further short term up to 60s (a command that fails at once does
+not churn the group); --max-terms N stops after N terms with the last command's status.
+
+Signals: SIGINT or SIGTERM stop the election: while campaigning, kafka-lock leaves the group and
+exits 0; during a term, the signal goes to the command, the lock is released once everything it
+started is gone, and kafka-lock exits 0. Other signals are handled as `run` handles them. --events
+json adds term_ended after each term (docs/events.md).
+
+Exit status: 0 when stopped by SIGINT or SIGTERM; with --max-terms, the last command's status; 69
+if the cluster cannot be reached before the first term (later it keeps campaigning); 78, 71, 64,
+126, 127 as for run. --wait does not apply (usage error).";
+
+const AFTER_OBSERVE_HELP: &str = "\
+observe never joins the group, so it never causes a rebalance. Without --ledger-topic (or with
+--poll) it sends one DescribeGroups to the group coordinator per --interval and reports a change
+at most one interval after the group settled on a new leader. With --ledger-topic it follows the
+ledger instead: one Fetch parked at the partition's leader for up to 5s at a time, nothing at the
+coordinator, and a new leader is reported as soon as its ACQUIRED record is written, before it
+uses the lock; a leader that dies without a successor stays reported there until the next one.
+
+The first line is the leadership as it is (which may be unknown while the group rebalances);
+each later line is a change of leader, or to none. --json prints one object per line (the
+`leader` object of docs/events.md). observe exits 0 on SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1
+or SIGUSR2 or when stdout is closed; 69 if the cluster cannot be reached at the start (later it
+keeps trying), 78 for a setting the broker rejects, 64 usage.";
+
 const AFTER_STATUS_HELP: &str = "\
 status reads the group with DescribeGroups and never joins it, so looking does not disturb the
 lock.
@@ -183,14 +219,22 @@ enum Command {
     /// Show who held the lock, when, for how long, and how each hold ended (needs a ledger).
     #[command(after_help = history::AFTER_HELP)]
     History(HistoryArgs),
+    /// Leader election: run the command while this process leads (holds the lock), then
+    /// campaign again when it ends, is stopped or leadership is lost, until SIGINT or SIGTERM.
+    #[command(after_help = AFTER_ELECT_HELP)]
+    Elect(ElectArgs),
+    /// Print the lock's leader and then one line per change, without joining the group, until
+    /// a signal.
+    #[command(after_help = AFTER_OBSERVE_HELP)]
+    Observe(ObserveArgs),
     /// Print a shell completion script on stdout.
     #[command(hide = true)]
     Completions {
         /// The shell.
         shell: clap_complete::Shell,
     },
-    /// Print a man page (roff) on stdout: kafka-lock(1), or kafka-lock-run(1) or
-    /// kafka-lock-status(1).
+    /// Print a man page (roff) on stdout: kafka-lock(1), or kafka-lock-run(1),
+    /// kafka-lock-status(1), kafka-lock-elect(1) or kafka-lock-observe(1).
     #[command(hide = true)]
     Manpage {
         /// The subcommand whose page to print; the main page without it.
@@ -306,6 +350,35 @@ struct RunArgs {
     command: Vec<OsString>,
 }
 
+#[derive(Debug, Args)]
+struct ElectArgs {
+    #[command(flatten)]
+    run: RunArgs,
+    /// Stop after N terms as leader and exit with the last command's status. [default: no limit]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    max_terms: Option<u64>,
+    /// A term shorter than this delays the next campaign by this long, doubling with each
+    /// further short term up to 60s; 0 turns the delay off. [default: 1s]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    min_term: Option<Duration>,
+}
+
+#[derive(Debug, Args)]
+struct ObserveArgs {
+    #[command(flatten)]
+    target: Target,
+    /// Print one JSON object per line instead of text (docs/events.md, `leader`).
+    #[arg(long)]
+    json: bool,
+    /// Time between DescribeGroups polls of the coordinator: one request per interval; at
+    /// least 100ms. [default: 1s]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    interval: Option<Duration>,
+    /// Poll the coordinator even with --ledger-topic (which otherwise is followed instead).
+    #[arg(long)]
+    poll: bool,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum EventsFormat {
     Json,
@@ -391,7 +464,13 @@ fn cli(argv: Vec<OsString>) -> u8 {
         Command::Manpage { page } => Ok(Some(
             generate::manpage(*page, docs_command()).and_then(|text| generate::print(&text)),
         )),
-        Command::Status(_) | Command::History(_) => Ok(None),
+        Command::Elect(a) => events_target(&a.run).map(|t| {
+            if let Some(t) = t {
+                output::set_events(t);
+            }
+            None
+        }),
+        Command::Status(_) | Command::History(_) | Command::Observe(_) => Ok(None),
     };
     match done {
         Ok(None) => {}
@@ -419,6 +498,19 @@ fn cli(argv: Vec<OsString>) -> u8 {
             Command::Run(a) => run::run(run_config(a, from_env)).await,
             Command::Status(a) => status(a).await.map_err(|f| environ::annotate(f, &from_env)),
             Command::History(a) => history(a)
+                .await
+                .map_err(|f| environ::annotate(f, &from_env)),
+            Command::Elect(a) => {
+                let max_terms = a.max_terms;
+                let min_term = a.min_term.unwrap_or(elect::DEFAULT_MIN_TERM);
+                elect::elect(elect::ElectConfig {
+                    run: run_config(a.run, from_env),
+                    max_terms,
+                    min_term,
+                })
+                .await
+            }
+            Command::Observe(a) => observe(a)
                 .await
                 .map_err(|f| environ::annotate(f, &from_env)),
             Command::Completions { .. } | Command::Manpage { .. } => Ok(0),
@@ -455,6 +547,44 @@ async fn status(a: StatusArgs) -> Result<u8, Failure> {
         connect_timeout: connect,
         client_id: a.target.client_id,
         ledger_topic: a.target.ledger_topic,
+    })
+    .await
+}
+
+async fn observe(a: ObserveArgs) -> Result<u8, Failure> {
+    let request = a
+        .target
+        .request_timeout
+        .unwrap_or(kafka_lock::lock::DEFAULT_REQUEST_TIMEOUT);
+    let connect = a
+        .target
+        .connect_timeout
+        .unwrap_or(kafka_lock::driver::DEFAULT_CONNECT_TIMEOUT);
+    run::in_range("--request-timeout", request, run::TIMEOUT_BOUND, false)?;
+    run::in_range("--connect-timeout", connect, run::TIMEOUT_BOUND, false)?;
+    let interval = a
+        .interval
+        .unwrap_or(kafka_lock::election::DEFAULT_OBSERVE_INTERVAL);
+    run::in_range("--interval", interval, run::TIMEOUT_BOUND, false)?;
+    if interval < kafka_lock::election::MIN_OBSERVE_INTERVAL {
+        return Err(Failure::new(
+            exit::CONFIG,
+            format!(
+                "--interval {} is too short: at least 100ms, so that observers cannot flood the coordinator",
+                humantime::format_duration(interval)
+            ),
+        ));
+    }
+    observe::observe(observe::ObserveConfig {
+        bootstrap: a.target.bootstrap,
+        lock: a.target.lock,
+        json: a.json,
+        request_timeout: request,
+        connect_timeout: connect,
+        client_id: a.target.client_id,
+        ledger_topic: a.target.ledger_topic,
+        interval,
+        via_describe: a.poll,
     })
     .await
 }

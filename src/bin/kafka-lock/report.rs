@@ -274,6 +274,18 @@ impl Reporter {
         self.emit(self.event("released"));
     }
 
+    /// `elect`: a term (or a campaign that ended without one) is over; the next campaign
+    /// starts after `delay`.
+    pub fn term_ended(&mut self, terms: u64, status: u8, delay: Duration) {
+        self.close_line();
+        let obj = self
+            .event("term_ended")
+            .int("terms", terms)
+            .int("status", status)
+            .int("next_campaign_ms", delay.as_millis() as u64);
+        self.emit(obj);
+    }
+
     /// The metrics endpoint is up at `address`.
     pub fn metrics_listening(&mut self, address: &str) {
         let obj = self.event("metrics_listening").str("address", address);

@@ -262,8 +262,10 @@ const CAUGHT: [i32; 6] = [
     Signal::USR2.as_raw(),
 ];
 
-struct Signals {
+pub(crate) struct Signals {
     streams: Vec<(i32, tokio::signal::unix::Signal)>,
+    /// The last signal received: `elect` stops campaigning after SIGINT or SIGTERM.
+    pub(crate) last: Option<i32>,
     /// Never read. Installing a SIGCHLD handler undoes an ignored SIGCHLD inherited from our
     /// parent (SIG_IGN survives exec, a handler does not): with SIGCHLD ignored the kernel reaps
     /// children on its own, and neither we nor the supervisor could wait for them or learn the
@@ -272,7 +274,7 @@ struct Signals {
 }
 
 impl Signals {
-    fn new() -> Result<Signals, Failure> {
+    pub(crate) fn new() -> Result<Signals, Failure> {
         let mut streams = Vec::with_capacity(CAUGHT.len());
         for n in CAUGHT {
             let s = signal(SignalKind::from_raw(n)).map_err(|e| {
@@ -294,15 +296,17 @@ impl Signals {
         })?;
         Ok(Signals {
             streams,
+            last: None,
             _child: child,
         })
     }
 
     /// The next signal's number. Cancel-safe.
-    async fn recv(&mut self) -> i32 {
+    pub(crate) async fn recv(&mut self) -> i32 {
         std::future::poll_fn(|cx| {
             for (n, s) in &mut self.streams {
                 if let std::task::Poll::Ready(Some(())) = s.poll_recv(cx) {
+                    self.last = Some(*n);
                     return std::task::Poll::Ready(*n);
                 }
             }
@@ -322,7 +326,11 @@ pub async fn run(c: RunConfig) -> Result<u8, Failure> {
 }
 
 /// The `failed` and `exit` events, and the statuses that replace 75 and 74.
-fn conclude(c: &RunConfig, rep: &mut Reporter, result: Result<u8, Failure>) -> Result<u8, Failure> {
+pub(crate) fn conclude(
+    c: &RunConfig,
+    rep: &mut Reporter,
+    result: Result<u8, Failure>,
+) -> Result<u8, Failure> {
     match result {
         Ok(status) => {
             rep.exit(status, Source::Command);
@@ -346,11 +354,25 @@ fn conclude(c: &RunConfig, rep: &mut Reporter, result: Result<u8, Failure>) -> R
 async fn take_and_run(c: &RunConfig, rep: &mut Reporter) -> Result<u8, Failure> {
     environ::refuse_nested(&c.lock)?;
     let t = Timing::resolve(c)?;
+    let (opts, rx) = options(c, &t)?;
+    if let Some(addr) = c.metrics_listen {
+        let bound = serve::start(addr).await?;
+        rep.metrics_listening(&bound.to_string());
+    }
+    let mut signals = Signals::new()?;
+    term(c, t, opts, rx, &mut signals, rep, &mut None).await
+}
+
+/// The lock's options for one term, with the channel its events come on.
+pub(crate) fn options(
+    c: &RunConfig,
+    t: &Timing,
+) -> Result<(LockOptions, mpsc::UnboundedReceiver<LockEvent>), Failure> {
     let label = c
         .label
         .clone()
         .unwrap_or_else(|| format!("{} pid {}", sys::hostname(), std::process::id()));
-    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (tx, rx) = mpsc::unbounded_channel();
     let mut opts = LockOptions::new(&c.bootstrap, c.lock.clone())
         .session_timeout(t.session)
         .rebalance_timeout(t.rebalance)
@@ -372,12 +394,21 @@ async fn take_and_run(c: &RunConfig, rep: &mut Reporter) -> Result<u8, Failure> 
     }
     opts.validate()
         .map_err(|e| exit::failure(&e, &c.lock, &c.bootstrap))?;
-    if let Some(addr) = c.metrics_listen {
-        let bound = serve::start(addr).await?;
-        rep.metrics_listening(&bound.to_string());
-    }
-    let mut signals = Signals::new()?;
+    Ok((opts, rx))
+}
 
+/// One term: waits for the lock and runs the command while it is held. `acquired_at` is set
+/// when the lock is granted.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn term(
+    c: &RunConfig,
+    t: Timing,
+    opts: LockOptions,
+    mut rx: mpsc::UnboundedReceiver<LockEvent>,
+    signals: &mut Signals,
+    rep: &mut Reporter,
+    acquired_at: &mut Option<Instant>,
+) -> Result<u8, Failure> {
     // Waiting for the lock. `--wait 0` is one try: the first completed generation decides.
     let outcome = {
         let once = t.wait == Some(Duration::ZERO);
@@ -453,6 +484,7 @@ async fn take_and_run(c: &RunConfig, rep: &mut Reporter) -> Result<u8, Failure> 
     while let Ok(ev) = rx.try_recv() {
         waiting_event(rep, ev);
     }
+    *acquired_at = Some(Instant::now());
     rep.acquired(&guard.token(), guard.permit());
     hold(c, t, guard, rx, signals, rep).await
 }
@@ -626,7 +658,7 @@ async fn hold(
     t: Timing,
     guard: LockGuard,
     mut rx: mpsc::UnboundedReceiver<LockEvent>,
-    mut signals: Signals,
+    signals: &mut Signals,
     rep: &mut Reporter,
 ) -> Result<u8, Failure> {
     let token = guard.token();
@@ -640,7 +672,7 @@ async fn hold(
         prepared = CheckpointDir::prepare(c, &guard) => match prepared {
             Ok(dir) => dir,
             Err(f) => {
-                let _ = give_back(guard, &mut signals, rep).await;
+                let _ = give_back(guard, signals, rep).await;
                 return Err(f);
             }
         },
@@ -650,7 +682,7 @@ async fn hold(
         _ => {
             // The lease ran out between the grant and now (a paused process, a slow checkpoint
             // read): starting the command would run it without the lock.
-            let _ = give_back(guard, &mut signals, rep).await;
+            let _ = give_back(guard, signals, rep).await;
             return Err(Failure::new(
                 exit::NOT_ACQUIRED,
                 format!(
@@ -664,7 +696,7 @@ async fn hold(
     // Should the supervisor die, the command and its descendants are re-parented here, where
     // they can still be found and stopped before the lock is released.
     if let Err(e) = sys::become_subreaper() {
-        let _ = give_back(guard, &mut signals, rep).await;
+        let _ = give_back(guard, signals, rep).await;
         return Err(Failure::new(
             exit::OSERR,
             format!("cannot become a child subreaper (PR_SET_CHILD_SUBREAPER, Linux 3.4+): {e}; the command was not run"),
@@ -678,7 +710,7 @@ async fn hold(
     let link = match Link::spawn(c, &token, &env, t.kill_grace) {
         Ok(link) => link,
         Err(f) => {
-            let _ = give_back(guard, &mut signals, rep).await;
+            let _ = give_back(guard, signals, rep).await;
             return Err(f);
         }
     };
@@ -838,7 +870,7 @@ async fn hold(
                     rep.child_exited(child_end(e));
                 }
             }
-            let cut = release(guard, &mut signals).await;
+            let cut = release(guard, signals).await;
             return Err(Failure::new(
                 exit::OSERR,
                 format!(
@@ -861,7 +893,7 @@ async fn hold(
             exit::CANNOT_EXECUTE
         };
         rep.released();
-        let cut = release(guard, &mut signals).await;
+        let cut = release(guard, signals).await;
         return Err(Failure::new(
             status,
             format!(
@@ -874,7 +906,7 @@ async fn hold(
     }
     let Some(end) = end.map(child_end) else {
         // The supervisor never started the command: the lease had run out when it got it.
-        let cut = release(guard, &mut signals).await;
+        let cut = release(guard, signals).await;
         return Err(Failure::new(
             exit::NOT_ACQUIRED,
             format!(
@@ -889,7 +921,7 @@ async fn hold(
     // goes: the next holder must see it, and a holder that is no longer current must not write.
     if let (None, 0, Some(dir)) = (&lost, end.status, &checkpoint) {
         if let Some(f) = dir.commit(&guard, rep).await {
-            let cut = release(guard, &mut signals).await;
+            let cut = release(guard, signals).await;
             return Err(Failure::new(
                 f.status,
                 format!("{}{}", f.line, release_note(cut, t.session)),
@@ -900,7 +932,7 @@ async fn hold(
         None => {
             // The hold ends here, before the LeaveGroup goes out.
             rep.released();
-            if let Some(sig) = release(guard, &mut signals).await {
+            if let Some(sig) = release(guard, signals).await {
                 exit::print_line(&format!(
                     "releasing lock {:?} was cut short by {}; the broker frees it after the session \
                      timeout ({})",
@@ -912,7 +944,7 @@ async fn hold(
             Ok(end.status)
         }
         Some(reason) => {
-            let cut = release(guard, &mut signals).await;
+            let cut = release(guard, signals).await;
             Err(Failure::new(
                 exit::LOST,
                 format!(

@@ -88,7 +88,7 @@ pub struct ProxyStats {
     /// bypass the proxies, so a run reports them.
     pub rewrite_failures: AtomicU64,
     pub last_failure: Mutex<Option<String>>,
-    /// Requests forwarded to the brokers, by API key: what a set of clients costs them.
+    /// Requests forwarded, by API key: what a client costs the brokers.
     pub requests: Mutex<HashMap<i16, u64>>,
 }
 
@@ -245,12 +245,13 @@ async fn connection(
     let counts = stats.clone();
     let up_read = pump_in(cr, Dir::Up, fault.clone(), up_tx, move |frame| {
         note_request(&frame, &requests);
-        if let Some(key) = frame.get(..2) {
+        if frame.len() >= 2 {
+            let key = i16::from_be_bytes([frame[0], frame[1]]);
             *counts
                 .requests
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .entry(i16::from_be_bytes([key[0], key[1]]))
+                .entry(key)
                 .or_default() += 1;
         }
         frame
