@@ -77,7 +77,7 @@ pub struct LockMember {
     pub undecodable: Option<String>,
 }
 
-/// A member that holds the lock (a permit, once locks have several).
+/// A member that holds the lock (one of its permits, for a semaphore).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LockHolder {
@@ -89,7 +89,7 @@ pub struct LockHolder {
     /// The ledger token of the hold (the offset of its ACQUIRED record), when a ledger was read
     /// and its last hold is this member's and has not ended.
     pub ledger_token: Option<i64>,
-    /// Which permit it holds; always 0 for a lock with one holder.
+    /// Which permit slot it holds (`LockOptions::permits`); always 0 for a mutex.
     pub permit: u32,
 }
 

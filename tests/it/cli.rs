@@ -2276,6 +2276,26 @@ fn permits_let_two_commands_run_at_once_each_with_its_slot() {
         "{line}"
     );
     assert_eq!(w.named("failed")[0]["kind"], "config");
+    // An election has one leader: --permits does not apply there.
+    let (code, stderr, _) = run_to_end(
+        &[
+            "elect",
+            "--bootstrap",
+            &b,
+            "--lock",
+            &lock,
+            "--permits",
+            "2",
+            "--",
+            "true",
+        ],
+        STEP,
+    );
+    assert_eq!(code, 64, "{stderr:?}");
+    assert!(
+        format!("{stderr:?}").contains("--permits does not apply"),
+        "{stderr:?}"
+    );
 
     // The first holder's release hands its permit to the waiter.
     let (mut first, acquired) = holders.remove(0);
