@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use kafka_protocol::messages::ApiKey;
 
+pub use crate::api::Api;
 use crate::wire::codec::{DecodeError, EncodeError};
 use crate::wire::frame::FrameError;
 use crate::wire::versions::VersionError;
@@ -66,10 +67,10 @@ pub enum Error {
     },
 
     /// The broker answered with an error code.
-    #[error("{api:?} failed: {code}{}", .message.as_deref().map(|m| format!(" (broker says: {m})")).unwrap_or_default())]
+    #[error("{api} failed: {code}{}", .message.as_deref().map(|m| format!(" (broker says: {m})")).unwrap_or_default())]
     Broker {
         /// The API whose response carried the code.
-        api: ApiKey,
+        api: Api,
         /// The code.
         code: KafkaCode,
         /// The broker's own error message, when the response has one and it is not empty.
@@ -98,10 +99,10 @@ pub enum Error {
     Bootstrap(#[from] crate::driver::BootstrapError),
 
     /// The broker offers no version of an API this request needs.
-    #[error("the broker offers no version of {api:?} that kafka-lock implements; upgrade the broker or check that this is a Kafka-compatible endpoint")]
+    #[error("the broker offers no version of {api} that kafka-lock implements; upgrade the broker or check that this is a Kafka-compatible endpoint")]
     UnsupportedApi {
         /// The API.
-        api: ApiKey,
+        api: Api,
     },
 
     /// The lock was not acquired within the time the caller allowed.
@@ -173,9 +174,10 @@ impl Error {
     }
 
     /// Builds [`Error::Broker`], dropping an empty message (brokers often send `""` or null).
+    #[doc(hidden)] // Unstable: takes the codec's key type.
     pub fn broker(api: ApiKey, code: KafkaCode, message: Option<&str>) -> Self {
         Error::Broker {
-            api,
+            api: Api::of(api),
             code,
             message: message.filter(|m| !m.is_empty()).map(str::to_owned),
         }

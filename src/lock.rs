@@ -58,6 +58,7 @@ pub use crate::membership::{FencingToken, HolderInfo, LossReason};
 
 /// A lock's last checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Checkpoint {
     /// The value the holder stored.
     pub value: String,
@@ -68,8 +69,21 @@ pub struct Checkpoint {
     pub source: CheckpointSource,
 }
 
+impl Checkpoint {
+    /// A checkpoint with these parts (the lock's own come from [`LockGuard::last_checkpoint`]
+    /// and [`LockOptions::last_checkpoint`]).
+    pub fn new(value: impl Into<String>, token: i64, source: CheckpointSource) -> Self {
+        Checkpoint {
+            value: value.into(),
+            token,
+            source,
+        }
+    }
+}
+
 /// Where a [`Checkpoint`] was read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CheckpointSource {
     /// The lock's group: what the broker accepted from the current holder of that hold.
     Group,
@@ -145,6 +159,7 @@ pub enum LockEvent {
 
 /// Counters for one [`LockOptions`] (and every guard it made).
 #[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
 pub struct LockStats {
     /// Successful acquisitions.
     pub acquisitions: u64,
@@ -275,6 +290,7 @@ impl LockOptions {
     /// ([`LedgerError`]). Give it replication factor 3, `min.insync.replicas=2`,
     /// `unclean.leader.election.enable=false`, `cleanup.policy=delete` with a retention as long as
     /// the history should reach back, and `compression.type=producer`.
+    #[must_use = "the options are changed in the value returned"]
     pub fn ledger_topic(mut self, topic: impl Into<String>) -> Self {
         self.ledger_topic = Some(topic.into());
         self
@@ -283,6 +299,7 @@ impl LockOptions {
     /// Whether waiters long-poll the ledger to learn of a release at once (default true): one
     /// parked Fetch per waiter at a time, for at most [`DEFAULT_POLL_WAIT`] and
     /// [`DEFAULT_POLL_MAX_BYTES`]. Without it a waiter learns of a release at its next heartbeat.
+    #[must_use = "the options are changed in the value returned"]
     pub fn ledger_push(mut self, push: bool) -> Self {
         self.ledger_push = push;
         self
@@ -291,6 +308,7 @@ impl LockOptions {
     /// The longest checkpoint accepted, checked before anything is sent (default 4096 bytes,
     /// the broker's default `offset.metadata.max.bytes`; raise both together). The broker counts
     /// UTF-16 units, which are never more than the UTF-8 bytes counted here.
+    #[must_use = "the options are changed in the value returned"]
     pub fn checkpoint_max_bytes(mut self, max: usize) -> Self {
         self.checkpoint_max_bytes = max;
         self
@@ -306,6 +324,7 @@ impl LockOptions {
     /// librdkafka consumers in the same group. kafka-lock offers cooperative-sticky, range and
     /// roundrobin, in that order: under cooperative-sticky a holder keeps partition 0 through
     /// rebalances; under an eager protocol (range, roundrobin) a rebalance ends the hold.
+    #[must_use = "the options are changed in the value returned"]
     pub fn consumer_topic(mut self, topic: impl Into<String>) -> Self {
         self.mode = Mode::Consumer {
             topic: topic.into(),
@@ -325,12 +344,14 @@ impl LockOptions {
     }
 
     /// A human label (host, pid, job) that waiters and `kafka-lock status` show for the holder.
+    #[must_use = "the options are changed in the value returned"]
     pub fn label(mut self, label: impl Into<String>) -> Self {
         self.label = Some(label.into());
         self
     }
 
     /// The client id in request headers (and the prefix of member ids).
+    #[must_use = "the options are changed in the value returned"]
     pub fn client_id(mut self, id: impl Into<String>) -> Self {
         self.client_id = id.into();
         self
@@ -338,36 +359,42 @@ impl LockOptions {
 
     /// Session timeout: how long the broker keeps a silent member (and so how long a crashed
     /// holder blocks the lock).
+    #[must_use = "the options are changed in the value returned"]
     pub fn session_timeout(mut self, d: Duration) -> Self {
         self.session_timeout = d;
         self
     }
 
     /// Heartbeat interval.
+    #[must_use = "the options are changed in the value returned"]
     pub fn heartbeat_interval(mut self, d: Duration) -> Self {
         self.heartbeat_interval = d;
         self
     }
 
     /// Rebalance timeout.
+    #[must_use = "the options are changed in the value returned"]
     pub fn rebalance_timeout(mut self, d: Duration) -> Self {
         self.rebalance_timeout = d;
         self
     }
 
     /// Per-request timeout.
+    #[must_use = "the options are changed in the value returned"]
     pub fn request_timeout(mut self, d: Duration) -> Self {
         self.request_timeout = d;
         self
     }
 
     /// TCP connect (plus version handshake) timeout.
+    #[must_use = "the options are changed in the value returned"]
     pub fn connect_timeout(mut self, d: Duration) -> Self {
         self.connect_timeout = d;
         self
     }
 
     /// Retry backoff bounds.
+    #[must_use = "the options are changed in the value returned"]
     pub fn retry_backoff(mut self, initial: Duration, max: Duration) -> Self {
         self.retry_backoff = initial;
         self.retry_backoff_max = max;
@@ -375,6 +402,7 @@ impl LockOptions {
     }
 
     /// Lease safety margin.
+    #[must_use = "the options are changed in the value returned"]
     pub fn lease_margin(mut self, d: Duration) -> Self {
         self.lease_margin = d;
         self
@@ -385,12 +413,14 @@ impl LockOptions {
     /// on in the background after that; a member that never says goodbye is dropped by the
     /// broker when its session times out. The hold itself always ends before the LeaveGroup is
     /// sent.
+    #[must_use = "the options are changed in the value returned"]
     pub fn leave_timeout(mut self, d: Duration) -> Self {
         self.leave_timeout = d;
         self
     }
 
     /// Receive every [`LockEvent`] of locks taken with these options.
+    #[must_use = "the options are changed in the value returned"]
     pub fn events(mut self, tx: mpsc::UnboundedSender<LockEvent>) -> Self {
         self.events = Some(tx);
         self
@@ -720,6 +750,11 @@ impl LockOptions {
 
     /// Waits up to `wait` (forever if `None`) for the lock.
     ///
+    /// Bounded: reaching the cluster counts against `wait`, and a waiter that gives up then
+    /// waits at most the leave timeout ([`LockOptions::leave_timeout`], default 2 s) for the
+    /// coordinator to confirm that it left, so the call returns within `wait` plus the leave
+    /// timeout, plus scheduling delays. An unconfirmed leave finishes in the background.
+    ///
     /// Errors: [`Error::NotAcquired`] when the wait ends (the group is left before returning),
     /// [`Error::Config`] for invalid settings, connection errors when the cluster cannot be
     /// reached, and [`Error::Broker`] when the broker rejects the settings.
@@ -734,7 +769,8 @@ impl LockOptions {
     }
 
     /// Takes the lock only if the first completed generation gives it to us; otherwise leaves
-    /// the group and returns `Ok(None)`.
+    /// the group (waiting at most the leave timeout for the coordinator to confirm it) and
+    /// returns `Ok(None)`. The CLI's `--wait 0`.
     pub async fn try_acquire(&self) -> Result<Option<LockGuard>> {
         self.acquire_inner(None, true).await
     }
@@ -1047,7 +1083,18 @@ async fn check_lock_topic(conn: &Connection, topic: &str) -> Result<()> {
 
 /// A held lock. Dropping it releases the lock in the background (best effort); prefer
 /// [`LockGuard::release`], which waits for the LeaveGroup.
+///
+/// A guard dropped as soon as it is taken is a mistake the compiler points out:
+///
+/// ```compile_fail
+/// #![deny(unused_must_use)]
+/// async fn work(opts: kafka_lock::LockOptions) -> kafka_lock::Result<()> {
+///     opts.acquire(None).await?; // unused `LockGuard` that must be used
+///     Ok(())
+/// }
+/// ```
 #[derive(Debug)]
+#[must_use = "dropping the guard releases the lock at once"]
 pub struct LockGuard {
     /// The options it was taken with (without the event sender), for reads of its own.
     options: Box<LockOptions>,
@@ -1194,6 +1241,7 @@ pub enum Release {
 
 /// A view of a hold that can be cloned and sent to other tasks (see [`LockGuard::watch`]).
 #[derive(Debug, Clone)]
+#[must_use = "a watch does nothing unless it is asked or awaited"]
 pub struct HoldWatch {
     rx: watch::Receiver<SessionState>,
 }

@@ -270,6 +270,7 @@ pub struct Transmit {
 /// [`generation`]: Self::generation
 /// [`member_id`]: Self::member_id
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
 pub struct FencingToken {
     /// The offset of the hold's ACQUIRED record in the ledger, when the lock uses one.
     pub ledger_offset: Option<i64>,
@@ -281,6 +282,16 @@ pub struct FencingToken {
 }
 
 impl FencingToken {
+    /// A token with these parts, for tests of code that takes tokens; a lock's own tokens come
+    /// from [`LockGuard::token`](crate::LockGuard::token) and [`LockEvent`](crate::LockEvent).
+    pub fn new(ledger_offset: Option<i64>, generation: i32, member_id: impl Into<String>) -> Self {
+        FencingToken {
+            ledger_offset,
+            generation,
+            member_id: member_id.into(),
+        }
+    }
+
     /// The number to hand to a resource: the ledger offset when there is one, else the
     /// generation. It is what the token displays as, and the CLI's `KAFKA_LOCK_TOKEN`.
     pub fn value(&self) -> i64 {
@@ -297,6 +308,7 @@ impl fmt::Display for FencingToken {
 
 /// Who holds the lock, as a waiter's assignment tells it.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct HolderInfo {
     /// The holder's member id.
     pub member_id: String,
@@ -1101,7 +1113,7 @@ impl Membership {
             23 | 24 | 26 | 30 | 35 | 81 | 82 => {
                 self.fail(
                     Error::Broker {
-                        api,
+                        api: crate::api::Api::of(api),
                         code: kc,
                         message: None,
                     },
@@ -1112,7 +1124,7 @@ impl Membership {
             _ if !kc.is_retriable() && !matches!(code, 22 | 25 | 27 | 79) => {
                 self.fail(
                     Error::Broker {
-                        api,
+                        api: crate::api::Api::of(api),
                         code: kc,
                         message: None,
                     },
@@ -1162,7 +1174,7 @@ impl Membership {
             Err(Error::Broker { code, .. }) if matches!(code.0, 30) => {
                 self.fail(
                     Error::Broker {
-                        api: ApiKey::FindCoordinator,
+                        api: crate::api::Api::of(ApiKey::FindCoordinator),
                         code,
                         message: None,
                     },

@@ -66,7 +66,10 @@ pub(crate) async fn check_ledger_topic(
 ) -> Result<Option<Partition>> {
     for api in [ApiKey::Produce, ApiKey::Fetch, ApiKey::ListOffsets] {
         if conn.versions().get(api).is_none() {
-            return Err(LedgerError::Unsupported { api }.into());
+            return Err(LedgerError::Unsupported {
+                api: crate::api::Api::of(api),
+            }
+            .into());
         }
     }
     let op = Op::Metadata {
@@ -91,7 +94,7 @@ async fn find_leader(first: &Connection, reach: &Reach, topic: &str) -> Result<P
         tokio::time::sleep(backoff.next_delay()).await;
     }
     Err(Error::Broker {
-        api: ApiKey::Metadata,
+        api: crate::api::Api::of(ApiKey::Metadata),
         code: crate::KafkaCode(5),
         message: Some(format!("the ledger topic {topic:?} has no leader")),
     })
@@ -108,7 +111,11 @@ async fn leader_conn(first: &Connection, reach: &Reach, p: &Partition) -> Result
 
 fn log_err(api: ApiKey, e: LogError) -> Error {
     match e {
-        LogError::Broker { code, message, .. } => Error::Broker { api, code, message },
+        LogError::Broker { code, message, .. } => Error::Broker {
+            api: crate::api::Api::of(api),
+            code,
+            message,
+        },
         other => Error::Protocol(other.to_string()),
     }
 }
@@ -262,7 +269,7 @@ pub(crate) async fn coordinator(conn: &Connection, group: &str, reach: &Reach) -
         .versions()
         .get(ApiKey::FindCoordinator)
         .ok_or(Error::UnsupportedApi {
-            api: ApiKey::FindCoordinator,
+            api: crate::api::Api::of(ApiKey::FindCoordinator),
         })?
         .min(4);
     let mut backoff = reach.backoff();

@@ -150,10 +150,10 @@ pub enum LedgerError {
         lock: String,
     },
     /// The broker does not offer an API the ledger needs.
-    #[error("the broker offers no version of {api:?}, which the ledger needs; use Apache Kafka 2.8 or newer")]
+    #[error("the broker offers no version of {api}, which the ledger needs; use Apache Kafka 2.8 or newer")]
     Unsupported {
         /// The API.
-        api: ApiKey,
+        api: crate::api::Api,
     },
 }
 
@@ -333,7 +333,9 @@ pub fn build(op: &Op, versions: &NegotiatedVersions) -> Result<(Request, i16), E
     let need = |api: ApiKey| {
         versions
             .get(api)
-            .ok_or(Error::Ledger(LedgerError::Unsupported { api }))
+            .ok_or(Error::Ledger(LedgerError::Unsupported {
+                api: crate::api::Api::of(api),
+            }))
     };
     // Requests that name topics by id need the id, which only Metadata v10+ gives.
     let by_id = |tp: &TopicPartition, v: i16| {
@@ -419,7 +421,7 @@ pub fn offset_fetch_request(
     let v = versions
         .get(ApiKey::OffsetFetch)
         .ok_or(Error::UnsupportedApi {
-            api: ApiKey::OffsetFetch,
+            api: crate::api::Api::of(ApiKey::OffsetFetch),
         })?
         .min(OFFSET_REQUEST_MAX_VERSION);
     let topic = TopicName(StrBytes::from_string(topic.to_owned()));
@@ -1242,7 +1244,11 @@ impl Ledger {
         let purpose = front.purpose;
         let outcome = match result {
             Ok((Response::Produce(r), v)) => produced(&r, &self.tp(), v).map_err(|e| match e {
-                LogError::Broker { api, code, message } => Error::Broker { api, code, message },
+                LogError::Broker { api, code, message } => Error::Broker {
+                    api: crate::api::Api::of(api),
+                    code,
+                    message,
+                },
                 other => Error::Protocol(other.to_string()),
             }),
             Ok((other, _)) => Err(Error::Protocol(format!(
@@ -1569,7 +1575,11 @@ impl Ledger {
 
 fn log_error(api: ApiKey, e: LogError) -> Error {
     match e {
-        LogError::Broker { code, message, .. } => Error::Broker { api, code, message },
+        LogError::Broker { code, message, .. } => Error::Broker {
+            api: crate::api::Api::of(api),
+            code,
+            message,
+        },
         other => Error::Protocol(other.to_string()),
     }
 }

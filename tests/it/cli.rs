@@ -760,6 +760,74 @@ fn not_acquired_exits_75_with_wait_zero_and_with_a_short_wait() {
 /// loopback, with room for a loaded machine.
 const LEAVE: Duration = Duration::from_secs(5);
 
+/// `--wait 0` and `--wait 2s` on a held lock return within their documented bounds (the wait,
+/// or the first generation for `--wait 0`, then the 2 s leave timeout, plus starting and
+/// stopping a process) and leave no member behind, on Apache Kafka and on tansu.
+fn a_bounded_wait_gives_up_in_time_and_leaves(broker: support::brokers::Broker) {
+    let bootstrap = broker.bootstrap();
+    let lock = lock_name("bounded");
+    let (mut holder, acquired) = start_holder(&bootstrap, &lock, "bounded holder");
+    let holder_id = acquired["member_id"]
+        .as_str()
+        .expect("member_id")
+        .to_owned();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let heartbeat = Duration::from_millis(500);
+    let cases = [
+        ("0", broker.rebalance_bound(heartbeat)),
+        ("2s", Duration::from_secs(2)),
+    ];
+    for (wait, waits) in cases {
+        let mut args = vec!["--wait", wait];
+        args.extend(CONTENDED);
+        let bound = waits + LEAVE + support::brokers::SLACK;
+        let started = Instant::now();
+        let mut run = run_cmd(&bootstrap, &lock, &args, &["true"]).spawn();
+        assert_eq!(run.finish(bound), 75, "{}", run.transcript());
+        let took = started.elapsed();
+        assert!(
+            took < bound,
+            "--wait {wait} exited after {took:?} (bound {bound:?})"
+        );
+        assert!(
+            run.named("child_started").is_empty(),
+            "{}",
+            run.transcript()
+        );
+        // Asked a few times over one second, far less than the 6 s session after which a member
+        // that never left would be gone as well.
+        let mut members = Vec::new();
+        for _ in 0..5 {
+            members = rt.block_on(broker.members(&lock));
+            if members == [holder_id.as_str()] {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        assert_eq!(
+            members,
+            [holder_id.as_str()],
+            "--wait {wait} left a member behind"
+        );
+    }
+    holder.close_stdin();
+    assert_eq!(holder.finish(STEP), 0, "{}", holder.transcript());
+    assert!(holder.named("lost").is_empty(), "{}", holder.transcript());
+}
+
+#[test]
+fn a_bounded_wait_gives_up_in_time_and_leaves_on_apache() {
+    a_bounded_wait_gives_up_in_time_and_leaves(support::brokers::Broker::Apache);
+}
+
+#[test]
+fn a_bounded_wait_gives_up_in_time_and_leaves_on_tansu() {
+    a_bounded_wait_gives_up_in_time_and_leaves(support::brokers::Broker::Tansu);
+}
+
 /// `--wait 0` in consumer-compatible mode: the assignment there names no holder and no queue
 /// position, so only the completed generation tells the single try it is over.
 #[test]

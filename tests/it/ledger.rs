@@ -196,7 +196,7 @@ async fn a_stale_holders_checkpoint_is_rejected_by_the_broker() {
         );
         match guard.checkpoint("stale").await {
             Err(Error::Broker {
-                api: ApiKey::OffsetCommit,
+                api: kafka_lock::Api::OffsetCommit,
                 code,
                 ..
             }) => {

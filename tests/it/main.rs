@@ -5,6 +5,7 @@ mod cli;
 mod compose;
 mod coordinator_failover;
 mod election;
+mod examples;
 mod failover;
 mod fake_broker;
 mod fault;

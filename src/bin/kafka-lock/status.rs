@@ -48,6 +48,7 @@ fn ledger_text(l: &LedgerSummary) -> String {
             match c.source {
                 CheckpointSource::Group => "group",
                 CheckpointSource::Ledger => "ledger, the group no longer has it",
+                _ => "place this version does not name",
             }
         ),
         None => "none".to_owned(),
@@ -79,6 +80,7 @@ fn ledger_json(l: &LedgerSummary) -> String {
                 match c.source {
                     CheckpointSource::Group => "group",
                     CheckpointSource::Ledger => "ledger",
+                    _ => "unknown",
                 },
             )
             .finish()
