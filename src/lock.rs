@@ -332,8 +332,8 @@ impl LockOptions {
         self
     }
 
-    /// How many members may hold the lock at once (default 1, a mutex; at most
-    /// [`MAX_PERMITS`](crate::assign::MAX_PERMITS)): a semaphore. Each holder gets a permit
+    /// How many members may hold the lock at once (default 1, a mutex; at most 1024): a
+    /// semaphore. Each holder gets a permit
     /// slot ([`LockGuard::permit`]) that it keeps for the whole hold; the token fences per slot
     /// (see `docs/recipes/semaphore.md`). Every member of a lock must use the same number: a
     /// member that disagrees with the group gets [`Error::PermitsMismatch`]. Native mode only,
