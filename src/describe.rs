@@ -77,7 +77,7 @@ pub struct LockMember {
     pub undecodable: Option<String>,
 }
 
-/// A member that holds the lock (a permit, once locks have several).
+/// A member that holds the lock (one of its permits, for a semaphore).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LockHolder {
@@ -89,7 +89,7 @@ pub struct LockHolder {
     /// The ledger token of the hold (the offset of its ACQUIRED record), when a ledger was read
     /// and its last hold is this member's and has not ended.
     pub ledger_token: Option<i64>,
-    /// Which permit it holds; always 0 for a lock with one holder.
+    /// Which permit slot it holds (`LockOptions::permits`); always 0 for a mutex.
     pub permit: u32,
 }
 
@@ -128,8 +128,12 @@ pub struct LockDescription {
     pub protocol_name: String,
     /// The generation of the assignment in force, when an assignment tells it.
     pub generation: Option<i32>,
-    /// The holders; at most one today.
+    /// The holders, by ascending permit: at most one for a mutex, at most `permits` for a
+    /// semaphore.
     pub holders: Vec<LockHolder>,
+    /// The group's number of permits, from the assignment in force (native mode; 1 for a
+    /// mutex); `None` when no native assignment tells it.
+    pub permits: Option<u16>,
     /// Everyone else, in queue order where known (FIFO), then by member id.
     pub waiters: Vec<LockMember>,
     /// The ledger's view, when the options name a ledger topic.
@@ -196,6 +200,7 @@ pub fn analyse(lock: &str, coordinator: &str, g: &DescribedGroup) -> LockDescrip
         protocol_name: g.protocol_data.to_string(),
         generation: None,
         holders: Vec::new(),
+        permits: None,
         waiters: Vec::new(),
         ledger: None,
     };
@@ -233,8 +238,9 @@ pub fn analyse(lock: &str, coordinator: &str, g: &DescribedGroup) -> LockDescrip
         return d;
     }
     let mut members = Vec::new();
-    // (member id, label from the assignment, generation)
-    let mut holder: Option<(String, Option<String>, Option<i32>)> = None;
+    // Per holder: (member id, label from the assignment, generation, permit), from the newest
+    // assignment that names any.
+    let mut holders: Vec<(String, Option<String>, Option<i32>, u32)> = Vec::new();
     let mut saw_assignment = false;
     for m in &g.members {
         let mut row = bare(m);
@@ -247,14 +253,23 @@ pub fn analyse(lock: &str, coordinator: &str, g: &DescribedGroup) -> LockDescrip
                 Ok(a) => {
                     saw_assignment = true;
                     row.position = (a.position >= 0).then_some(a.position);
-                    if let Some(h) = a.holder {
-                        let newer = match &holder {
-                            Some((_, _, Some(g))) => h.generation > *g,
+                    if let Some(h) = &a.holder {
+                        let newer = match holders.first() {
+                            Some((_, _, Some(g), _)) => h.generation > *g,
                             _ => true,
                         };
                         if newer {
-                            holder = Some((h.member_id, h.label, Some(h.generation)));
+                            d.permits = Some(a.permits);
+                            holders = a
+                                .holders()
+                                .map(|h| {
+                                    let (id, label) = (h.member_id.clone(), h.label.clone());
+                                    (id, label, Some(h.generation), u32::from(h.slot))
+                                })
+                                .collect();
                         }
+                    } else if d.permits.is_none() {
+                        d.permits = Some(a.permits);
                     }
                 }
                 Err(e) if row.undecodable.is_none() => {
@@ -271,7 +286,7 @@ pub fn analyse(lock: &str, coordinator: &str, g: &DescribedGroup) -> LockDescrip
                     let holds = topics.iter().any(|(_, parts)| parts.contains(&0));
                     row.position = Some(if holds { 0 } else { 1 });
                     if holds {
-                        holder = Some((row.member_id.clone(), None, None));
+                        holders = vec![(row.member_id.clone(), None, None, 0)];
                     }
                 }
                 Err(e) => row.undecodable = Some(format!("assignment: {e}")),
@@ -279,54 +294,51 @@ pub fn analyse(lock: &str, coordinator: &str, g: &DescribedGroup) -> LockDescrip
         }
         members.push(row);
     }
-    match holder {
-        Some((member_id, label, generation)) => {
-            d.state = LockState::Held;
-            d.generation = generation;
-            // The holder's own metadata has the current label; the assignment's is as old as
-            // the hold. A holder named by assignments but no longer a member (it left after
-            // the last SyncGroup) is still reported: the assignment is what is in force.
-            let member = match members.iter().position(|r| r.member_id == member_id) {
-                Some(i) => {
-                    let mut row = members.remove(i);
-                    if row.label.is_none() {
-                        row.label = label;
-                    }
-                    row
+    let nobody_holds = holders.is_empty();
+    for (member_id, label, generation, permit) in holders {
+        d.state = LockState::Held;
+        d.generation = generation;
+        // The holder's own metadata has the current label; the assignment's is as old as
+        // the hold. A holder named by assignments but no longer a member (it left after
+        // the last SyncGroup) is still reported: the assignment is what is in force.
+        let member = match members.iter().position(|r| r.member_id == member_id) {
+            Some(i) => {
+                let mut row = members.remove(i);
+                if row.label.is_none() {
+                    row.label = label;
                 }
-                None => LockMember {
-                    member_id,
-                    client_id: String::new(),
-                    client_host: String::new(),
-                    label,
-                    position: Some(0),
-                    undecodable: None,
-                },
-            };
-            d.holders.push(LockHolder {
-                member,
-                generation,
-                ledger_token: None,
-                permit: 0,
-            });
-        }
-        None if protocol == LockProtocol::Other => {
-            d.state = LockState::Unknown;
-            d.reason = Some(format!(
-                "the group speaks protocol type {protocol_type:?}, not kafka-lock's; another application uses this group id"
-            ));
-        }
-        None if !saw_assignment => {
-            d.state = if rebalancing {
-                LockState::Rebalancing
-            } else {
-                LockState::Unknown
-            };
-            d.reason = Some(format!(
-                "no assignment is in force (the group is {group_state}); ask again in a moment"
-            ));
-        }
-        None => {}
+                row
+            }
+            None => LockMember {
+                member_id,
+                client_id: String::new(),
+                client_host: String::new(),
+                label,
+                position: Some(0),
+                undecodable: None,
+            },
+        };
+        d.holders.push(LockHolder {
+            member,
+            generation,
+            ledger_token: None,
+            permit,
+        });
+    }
+    if nobody_holds && protocol == LockProtocol::Other {
+        d.state = LockState::Unknown;
+        d.reason = Some(format!(
+            "the group speaks protocol type {protocol_type:?}, not kafka-lock's; another application uses this group id"
+        ));
+    } else if nobody_holds && !saw_assignment {
+        d.state = if rebalancing {
+            LockState::Rebalancing
+        } else {
+            LockState::Unknown
+        };
+        d.reason = Some(format!(
+            "no assignment is in force (the group is {group_state}); ask again in a moment"
+        ));
     }
     members.sort_by(|a, b| {
         let key = |m: &LockMember| m.position.unwrap_or(i32::MAX);
@@ -374,6 +386,8 @@ mod tests {
             first_joined_generation: 1,
             holder_generation: -1,
             label: Some(label.into()),
+            permits: 1,
+            slot: 0,
         }
         .encode()
     }
@@ -384,11 +398,63 @@ mod tests {
                 member_id: "a".into(),
                 label: Some("old label".into()),
                 generation,
+                slot: 0,
             }),
             position,
             members: 3,
+            permits: 1,
+            other_holders: Vec::new(),
         }
         .encode()
+    }
+
+    /// Three permits, "a" in slot 0 and "c" in slot 2 at generation 9, "b" waiting.
+    fn semaphore_assignment(position: i32) -> Bytes {
+        let holder = |id: &str, slot| Holder {
+            member_id: id.into(),
+            label: None,
+            generation: 9,
+            slot,
+        };
+        NativeAssignment {
+            holder: Some(holder("a", 0)),
+            position,
+            members: 3,
+            permits: 3,
+            other_holders: vec![holder("c", 2)],
+        }
+        .encode()
+    }
+
+    #[test]
+    fn every_holder_of_a_semaphore_with_its_permit() {
+        let g = group(
+            "Stable",
+            PROTOCOL_TYPE,
+            vec![
+                member("b", meta("job b"), semaphore_assignment(1)),
+                member("c", meta("job c"), semaphore_assignment(0)),
+                member("a", meta("job a"), semaphore_assignment(0)),
+            ],
+        );
+        let d = analyse("l", "h:1", &g);
+        assert_eq!(d.state, LockState::Held);
+        assert_eq!(d.permits, Some(3));
+        let held: Vec<(&str, u32, Option<&str>)> = d
+            .holders
+            .iter()
+            .map(|h| {
+                (
+                    h.member.member_id.as_str(),
+                    h.permit,
+                    h.member.label.as_deref(),
+                )
+            })
+            .collect();
+        assert_eq!(held, [("a", 0, Some("job a")), ("c", 2, Some("job c"))]);
+        assert!(d.holder().is_none(), "more than one holder");
+        let waiting: Vec<&str> = d.waiters.iter().map(|w| w.member_id.as_str()).collect();
+        assert_eq!(waiting, ["b"]);
     }
 
     #[test]
@@ -519,7 +585,7 @@ mod tests {
                 member("x", Bytes::from(junk_meta), Bytes::from(junk_asg)),
             ]);
             let d = analyse("l", "h:1", &g);
-            proptest::prop_assert!(d.holders.len() <= 1);
+            proptest::prop_assert!(d.holders.len() <= usize::from(d.permits.unwrap_or(1)));
         }
     }
 }

@@ -133,6 +133,20 @@ pub enum Error {
     /// ([`Error::auth_failure`] tells authentication from authorization).
     #[error(transparent)]
     Security(#[from] crate::security::SecurityError),
+    /// The lock's group runs with another number of permits than this member was given. The
+    /// group keeps its number (see `docs/protocol.md`); this member left it.
+    #[error(
+        "lock {lock:?} has {group} permit(s) but this member was configured with {ours}; \
+         every member of a lock must use the same number of permits"
+    )]
+    PermitsMismatch {
+        /// The lock's name.
+        lock: String,
+        /// This member's number of permits.
+        ours: u16,
+        /// The number the group's leader assigned with (1 for a leader that predates permits).
+        group: u16,
+    },
 }
 
 impl Error {
@@ -159,7 +173,8 @@ impl Error {
             | Error::NotAcquired { .. }
             | Error::Lost { .. }
             | Error::Ledger(_)
-            | Error::Security(_) => false,
+            | Error::Security(_)
+            | Error::PermitsMismatch { .. } => false,
         }
     }
 

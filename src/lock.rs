@@ -123,8 +123,11 @@ pub enum LockEvent {
     Waiting {
         /// Our own member id.
         member_id: String,
-        /// The lock's holder as the assignment named it.
+        /// The lock's holder as the assignment named it (with several permits, the holder of
+        /// the lowest occupied slot).
         holder: Option<HolderInfo>,
+        /// Every holder the assignment named, by ascending permit slot (native mode).
+        holders: Vec<HolderInfo>,
         /// Place in the queue.
         position: i32,
     },
@@ -134,6 +137,8 @@ pub enum LockEvent {
         token: FencingToken,
         /// Our member id.
         member_id: String,
+        /// The permit slot held, `0..permits` (always 0 for a mutex).
+        permit: u16,
     },
     /// Still held after a rebalance, under a new token.
     TokenChanged {
@@ -231,6 +236,7 @@ pub struct LockOptions {
     ledger_topic: Option<String>,
     ledger_push: bool,
     checkpoint_max_bytes: usize,
+    permits: u16,
     events: Option<mpsc::UnboundedSender<LockEvent>>,
     stats: Arc<Mutex<StatsInner>>,
 }
@@ -268,6 +274,7 @@ impl LockOptions {
             ledger_topic: None,
             ledger_push: true,
             checkpoint_max_bytes: DEFAULT_CHECKPOINT_MAX_BYTES,
+            permits: 1,
             events: None,
             stats: Arc::default(),
         }
@@ -328,6 +335,17 @@ impl LockOptions {
         self.mode = Mode::Consumer {
             topic: topic.into(),
         };
+        self
+    }
+
+    /// How many members may hold the lock at once (default 1, a mutex; at most 1024): a
+    /// semaphore. Each holder gets a permit
+    /// slot ([`LockGuard::permit`]) that it keeps for the whole hold; the token fences per slot
+    /// (see `docs/recipes/semaphore.md`). Every member of a lock must use the same number: a
+    /// member that disagrees with the group gets [`Error::PermitsMismatch`]. Native mode only,
+    /// and not yet with a ledger topic.
+    pub fn permits(mut self, n: u16) -> Self {
+        self.permits = n;
         self
     }
 
@@ -525,10 +543,32 @@ impl LockOptions {
                 ));
             }
         }
+        if self.permits == 0 || self.permits > crate::assign::MAX_PERMITS {
+            return bad(format!(
+                "permits {} is out of range: it must be between 1 and {}",
+                self.permits,
+                crate::assign::MAX_PERMITS
+            ));
+        }
         if let Mode::Consumer { topic } = &self.mode {
             if topic.is_empty() {
                 return bad("consumer-compatible mode needs a topic name".into());
             }
+            if self.permits > 1 {
+                return bad(format!(
+                    "consumer-compatible mode cannot have {} permits: holding there means owning \
+                     partition 0 of a one-partition topic, which one member at a time can; use \
+                     the native mode for a semaphore",
+                    self.permits
+                ));
+            }
+        }
+        if self.permits > 1 && self.ledger_topic.is_some() {
+            return bad(format!(
+                "a ledger topic cannot yet serve a lock with {} permits: its records do not name \
+                 the permit slot, so its history cannot tell concurrent holds from silent ends",
+                self.permits
+            ));
         }
         if let Some(topic) = &self.ledger_topic {
             if topic.is_empty()
@@ -688,6 +728,7 @@ impl LockOptions {
             retry_backoff: self.retry_backoff,
             retry_backoff_max: self.retry_backoff_max,
             lease_margin: self.lease_margin,
+            permits: self.permits,
         }
     }
 
@@ -869,13 +910,17 @@ impl LockOptions {
                         None
                     }
                     Event::Waiting {
-                        holder, position, ..
+                        holder,
+                        holders,
+                        position,
+                        ..
                     } => Some(LockEvent::Waiting {
                         member_id: member_tx.borrow().clone(),
                         holder,
+                        holders,
                         position,
                     }),
-                    Event::Acquired { token, .. } => {
+                    Event::Acquired { token, permit, .. } => {
                         s.acquisitions += 1;
                         if s.latencies.len() == LATENCY_SAMPLES {
                             s.latencies.pop_front();
@@ -885,6 +930,7 @@ impl LockOptions {
                         Some(LockEvent::Acquired {
                             member_id: token.member_id.clone(),
                             token,
+                            permit,
                         })
                     }
                     Event::TokenChanged { token } => Some(LockEvent::TokenChanged { token }),
@@ -920,7 +966,9 @@ impl LockOptions {
         let outcome = loop {
             let current = handle.state.borrow_and_update().clone();
             match current {
-                SessionState::Held(token, lease_end) => break Ok(Some((token, lease_end))),
+                SessionState::Held(token, lease_end, permit) => {
+                    break Ok(Some((token, lease_end, permit)))
+                }
                 SessionState::Ended(End::Failed(e)) => break Err(unwrap_error(e)),
                 SessionState::Ended(End::Lost(reason)) => {
                     break Err(Error::Lost {
@@ -953,7 +1001,7 @@ impl LockOptions {
             }
         };
         match outcome {
-            Ok(Some((token, lease_end))) => Ok(Some(LockGuard {
+            Ok(Some((token, lease_end, permit))) => Ok(Some(LockGuard {
                 options: Box::new(LockOptions {
                     events: None,
                     ..self.clone()
@@ -962,6 +1010,7 @@ impl LockOptions {
                 handle,
                 token,
                 lease_end,
+                permit,
                 member_id: member_rx,
                 released: false,
                 leave_timeout: self.leave_timeout,
@@ -1008,6 +1057,11 @@ fn unwrap_error(e: Arc<Error>) -> Error {
         },
         Error::Config(m) => Error::Config(m.clone()),
         Error::Protocol(m) => Error::Protocol(m.clone()),
+        Error::PermitsMismatch { lock, ours, group } => Error::PermitsMismatch {
+            lock: lock.clone(),
+            ours: *ours,
+            group: *group,
+        },
         _ => Error::Poisoned(shared.clone()),
     })
 }
@@ -1104,6 +1158,7 @@ pub struct LockGuard {
     handle: SessionHandle,
     token: FencingToken,
     lease_end: Instant,
+    permit: u16,
     member_id: watch::Receiver<String>,
     released: bool,
     leave_timeout: Duration,
@@ -1126,9 +1181,16 @@ impl LockGuard {
     /// (the token only grows); the ledger offset stays.
     pub fn token(&self) -> FencingToken {
         match &*self.handle.state.borrow() {
-            SessionState::Held(t, _) => t.clone(),
+            SessionState::Held(t, _, _) => t.clone(),
             _ => self.token.clone(),
         }
+    }
+
+    /// The permit slot this hold has, `0..permits` (always 0 for a mutex). It stays the same for
+    /// the whole hold; a resource with one instance per slot fences with [`LockGuard::token`]
+    /// per slot (`docs/recipes/semaphore.md`).
+    pub fn permit(&self) -> u16 {
+        self.permit
     }
 
     /// Our member id.
@@ -1144,7 +1206,7 @@ impl LockGuard {
     /// When the hold ends unless renewed (monotonic clock).
     pub fn lease_end(&self) -> Instant {
         match &*self.handle.state.borrow() {
-            SessionState::Held(_, l) => *l,
+            SessionState::Held(_, l, _) => *l,
             _ => self.lease_end,
         }
     }
@@ -1152,7 +1214,7 @@ impl LockGuard {
     /// Whether the lock is still held, judged on the local monotonic clock.
     pub fn is_held(&self) -> bool {
         match &*self.handle.state.borrow() {
-            SessionState::Held(_, lease_end) => Instant::now() < *lease_end,
+            SessionState::Held(_, lease_end, _) => Instant::now() < *lease_end,
             _ => false,
         }
     }
@@ -1245,7 +1307,7 @@ impl HoldWatch {
     /// It only moves forward while the hold lasts.
     pub fn lease_end(&self) -> Option<Instant> {
         match &*self.rx.borrow() {
-            SessionState::Held(_, lease_end) => Some(*lease_end),
+            SessionState::Held(_, lease_end, _) => Some(*lease_end),
             _ => None,
         }
     }
@@ -1266,7 +1328,7 @@ impl HoldWatch {
         let mut rx = self.rx.clone();
         loop {
             let lease = match &*rx.borrow_and_update() {
-                SessionState::Held(_, lease_end) => *lease_end,
+                SessionState::Held(_, lease_end, _) => *lease_end,
                 SessionState::Ended(End::Lost(reason)) => return reason.clone(),
                 SessionState::Ended(End::Failed(_)) => return LossReason::Fatal,
                 SessionState::Ended(_) | SessionState::Waiting { .. } => return LossReason::Fatal,
@@ -1277,7 +1339,7 @@ impl HoldWatch {
                 changed = rx.changed() => if changed.is_err() { return LossReason::Fatal },
                 _ = tokio::time::sleep_until(tokio::time::Instant::from_std(lease)) => {
                     if Instant::now() >= lease {
-                        if let SessionState::Held(_, l) = &*rx.borrow() {
+                        if let SessionState::Held(_, l, _) = &*rx.borrow() {
                             if *l <= lease {
                                 return LossReason::LeaseExpired;
                             }

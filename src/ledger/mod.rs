@@ -560,6 +560,8 @@ enum HoldState {
         token: FencingToken,
         since: Instant,
         deadline: Instant,
+        /// The membership's permit slot, passed on when the hold begins.
+        permit: u16,
     },
     /// The hold, with its token.
     Held { token: FencingToken, since: Instant },
@@ -796,7 +798,7 @@ impl Ledger {
     /// An event of the membership machine. `view` is its state after the event.
     pub fn on_membership(&mut self, e: Event, view: &MemberView, now: Now) {
         match e {
-            Event::Acquired { token, .. } => {
+            Event::Acquired { token, permit, .. } => {
                 if matches!(self.hold, HoldState::Waiting) {
                     debug!(lock = %self.cfg.lock, generation = token.generation,
                            "assigned; appending ACQUIRED to the ledger before the hold begins");
@@ -819,6 +821,7 @@ impl Ledger {
                         token,
                         since: now.mono,
                         deadline,
+                        permit,
                     };
                     self.published_hold = false;
                 }
@@ -1295,7 +1298,13 @@ impl Ledger {
     /// The ACQUIRED record is durable at `offset`.
     fn acquired_at(&mut self, offset: i64, view: &MemberView, now: Now) {
         match &mut self.hold {
-            HoldState::Appending { token, since, .. } => {
+            HoldState::Appending {
+                token,
+                since,
+                permit,
+                ..
+            } => {
+                let permit = *permit;
                 let mut token = token.clone();
                 token.ledger_offset = Some(offset);
                 let lease_end = view.lease_end.filter(|end| view.holding && now.mono < *end);
@@ -1309,7 +1318,11 @@ impl Ledger {
                             since,
                         };
                         self.published_hold = true;
-                        self.events.push_back(Event::Acquired { token, lease_end });
+                        self.events.push_back(Event::Acquired {
+                            token,
+                            lease_end,
+                            permit,
+                        });
                     }
                     None => {
                         warn!(lock = %self.cfg.lock, offset,

@@ -17,5 +17,6 @@ mod lock;
 mod proxy;
 mod regressions;
 mod security;
+mod semaphore;
 mod support;
 mod wire_broker;

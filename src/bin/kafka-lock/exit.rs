@@ -118,7 +118,7 @@ pub fn status_of(err: &Error) -> u8 {
     }
     match err {
         Error::NotAcquired { .. } => NOT_ACQUIRED,
-        Error::Config(_) => CONFIG,
+        Error::Config(_) | Error::PermitsMismatch { .. } => CONFIG,
         Error::Broker { code, .. } if SETTING_CODES.contains(code) => CONFIG,
         Error::Lost { .. } => LOST,
         Error::Poisoned(inner) => status_of(inner),
@@ -163,6 +163,9 @@ pub fn failure(err: &Error, lock: &str, bootstrap: &str) -> Failure {
             Error::Broker { .. } => format!(
                 "the broker rejected the settings for lock {lock:?}: {err}; change the setting it names \
                  (see kafka-lock run --help) or the broker's configuration"
+            ),
+            Error::PermitsMismatch { .. } => format!(
+                "{err}; give --permits (or $KAFKA_LOCK_PERMITS) the number the other members use"
             ),
             _ => format!("{err}; fix the setting (see kafka-lock run --help)"),
         },

@@ -67,7 +67,8 @@ use crate::exit::Failure;
 
 const AFTER_RUN_HELP: &str = "\
 The command starts only once the lock is held, with KAFKA_LOCK_NAME, KAFKA_LOCK_TOKEN (the fencing
-token, in decimal), KAFKA_LOCK_GENERATION and KAFKA_LOCK_MEMBER_ID in its environment. With
+token, in decimal), KAFKA_LOCK_GENERATION, KAFKA_LOCK_MEMBER_ID and KAFKA_LOCK_PERMIT (the permit
+slot, 0 unless --permits is above 1) in its environment. With
 --ledger-topic the token is the offset of this hold's ACQUIRED record in the ledger: it never goes
 backwards, whatever happens to the group. Without one it is the group generation, which starts
 again at 1 when the group is deleted (by an administrator, or by the broker 0-10 minutes after it
@@ -136,7 +137,7 @@ Environment: every flag can also be set by a variable, --flag-name by KAFKA_LOCK
 example KAFKA_LOCK_LOCK, KAFKA_LOCK_SESSION_TIMEOUT); a flag on the command line wins, and an
 empty variable counts as unset. The command inherits them like any other variable. The variables
 kafka-lock sets for the command (KAFKA_LOCK_NAME, KAFKA_LOCK_TOKEN, KAFKA_LOCK_GENERATION,
-KAFKA_LOCK_MEMBER_ID, KAFKA_LOCK_CHECKPOINT, KAFKA_LOCK_CHECKPOINT_FILE) are never read as
+KAFKA_LOCK_MEMBER_ID, KAFKA_LOCK_PERMIT, KAFKA_LOCK_CHECKPOINT, KAFKA_LOCK_CHECKPOINT_FILE) are never read as
 settings.
 
 Kafka client settings: --config-file FILE reads a client.properties (Java properties: the file
@@ -341,6 +342,12 @@ struct RunArgs {
     /// Who we are, shown to waiters and by `status`. [default: "<hostname> pid <pid>"]
     #[arg(long, value_name = "TEXT")]
     label: Option<String>,
+    /// How many may hold the lock at once: a semaphore of N permits (1 to 1024). Each holder's
+    /// command gets its permit slot, 0 to N-1, as KAFKA_LOCK_PERMIT. Every member of a lock must
+    /// use the same N; one that disagrees with the group fails with status 78. Native mode only
+    /// (not with --topic), and not with --ledger-topic. [default: 1]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    permits: Option<u16>,
     /// The longest checkpoint the command may write, in bytes: the brokers'
     /// offset.metadata.max.bytes, which is 4096 unless they are configured otherwise.
     #[arg(long, value_name = "BYTES", default_value_t = kafka_lock::lock::DEFAULT_CHECKPOINT_MAX_BYTES)]
@@ -728,6 +735,7 @@ fn run_config(a: RunArgs, from_env: FromEnv) -> Result<run::RunConfig, Failure> 
         lease_margin: a.lease_margin,
         kill_grace: a.kill_grace,
         label: a.label,
+        permits: a.permits.unwrap_or(1),
         client_id: c.client_id,
         ledger_topic: a.target.ledger_topic,
         checkpoint_max_bytes: a.checkpoint_max_bytes,

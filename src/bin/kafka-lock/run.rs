@@ -60,6 +60,8 @@ pub struct RunConfig {
     pub lease_margin: Option<Duration>,
     pub kill_grace: Option<Duration>,
     pub label: Option<String>,
+    /// `--permits`: 1 is a mutex.
+    pub permits: u16,
     pub client_id: String,
     pub ledger_topic: Option<String>,
     pub checkpoint_max_bytes: usize,
@@ -402,6 +404,7 @@ pub(crate) fn options(
         .connect_timeout(t.connect)
         .lease_margin(t.margin)
         .label(label)
+        .permits(c.permits)
         .client_id(c.client_id.clone())
         .security(c.security.clone())
         .events(tx);
@@ -509,7 +512,7 @@ pub(crate) async fn term(
         waiting_event(rep, ev);
     }
     *acquired_at = Some(Instant::now());
-    rep.acquired(&guard.token());
+    rep.acquired(&guard.token(), guard.permit());
     hold(c, t, guard, rx, signals, rep).await
 }
 
@@ -517,10 +520,11 @@ fn waiting_event(rep: &mut Reporter, ev: LockEvent) {
     if let LockEvent::Waiting {
         member_id,
         holder,
+        holders,
         position,
     } = ev
     {
-        rep.waiting(member_id, holder, position);
+        rep.waiting(member_id, holder, holders, position);
     }
 }
 
@@ -725,10 +729,11 @@ async fn hold(
             format!("cannot become a child subreaper (PR_SET_CHILD_SUBREAPER, Linux 3.4+): {e}; the command was not run"),
         ));
     }
-    let env = checkpoint
+    let mut env = checkpoint
         .as_ref()
         .map(CheckpointDir::env)
         .unwrap_or_default();
+    env.push(("KAFKA_LOCK_PERMIT", guard.permit().to_string().into()));
     let link = match Link::spawn(c, &token, &env, t.kill_grace) {
         Ok(link) => link,
         Err(f) => {
@@ -1228,6 +1233,7 @@ mod tests {
             lease_margin: None,
             kill_grace: None,
             label: None,
+            permits: 1,
             client_id: "kafka-lock".into(),
             ledger_topic: None,
             checkpoint_max_bytes: 4096,

@@ -6,7 +6,7 @@
 use std::io::Write;
 use std::time::Duration;
 
-use kafka_lock::describe::{LedgerSummary, LockDescription, LockMember, LockState};
+use kafka_lock::describe::{LedgerSummary, LockDescription, LockHolder, LockMember, LockState};
 use kafka_lock::{CheckpointSource, HoldEnd, LockOptions};
 
 use crate::exit::{self, Failure};
@@ -191,18 +191,7 @@ pub fn to_text(d: &LockDescription) -> String {
         .unwrap_or_default();
     out.push_str(&format!("state: {}{protocol}{generation}\n", d.group_state));
     let holder = if let Some(h) = d.holders.first() {
-        let m = &h.member;
-        let mut token = h
-            .generation
-            .map(|t| format!(", token {t}"))
-            .unwrap_or_default();
-        if let Some(t) = h.ledger_token {
-            token.push_str(&format!(", ledger token {t}"));
-        }
-        match &m.label {
-            Some(l) => format!("{l} (member {}{token})", m.member_id),
-            None => format!("member {}{token}", m.member_id),
-        }
+        holder_text(h)
     } else if holder_known(d) && d.waiters.is_empty() {
         "nobody (no members)".to_owned()
     } else if holder_known(d) {
@@ -210,7 +199,16 @@ pub fn to_text(d: &LockDescription) -> String {
     } else {
         format!("unknown: {}", reason(d))
     };
-    out.push_str(&format!("holder: {holder}\n"));
+    match d.permits {
+        // A semaphore: every holder, with its permit.
+        Some(n) if n > 1 && !d.holders.is_empty() => {
+            out.push_str(&format!("holders ({} of {n} permits):\n", d.holders.len()));
+            for h in &d.holders {
+                out.push_str(&format!("  - permit {}: {}\n", h.permit, holder_text(h)));
+            }
+        }
+        _ => out.push_str(&format!("holder: {holder}\n")),
+    }
     if holder_known(d) {
         out.push_str(&format!("waiters ({}):", d.waiters.len()));
         for (i, m) in d.waiters.iter().enumerate() {
@@ -226,6 +224,33 @@ pub fn to_text(d: &LockDescription) -> String {
         }
     }
     out
+}
+
+fn holder_text(h: &LockHolder) -> String {
+    let m = &h.member;
+    let mut token = h
+        .generation
+        .map(|t| format!(", token {t}"))
+        .unwrap_or_default();
+    if let Some(t) = h.ledger_token {
+        token.push_str(&format!(", ledger token {t}"));
+    }
+    match &m.label {
+        Some(l) => format!("{l} (member {}{token})", m.member_id),
+        None => format!("member {}{token}", m.member_id),
+    }
+}
+
+fn holder_json(h: &LockHolder) -> String {
+    Obj::new()
+        .str("member_id", &h.member.member_id)
+        .opt_str("label", h.member.label.as_deref())
+        .opt_int("token", h.generation)
+        .opt_int("ledger_token", h.ledger_token)
+        .str("client_id", &h.member.client_id)
+        .str("client_host", &h.member.client_host)
+        .int("permit", h.permit)
+        .finish()
 }
 
 fn member_json(m: &LockMember) -> String {
@@ -248,22 +273,15 @@ pub fn to_json(d: &LockDescription) -> String {
         .str("lock_state", d.state.as_str())
         .opt_int("generation", d.generation)
         .str("protocol_type", &d.protocol_type)
-        .str("protocol", &d.protocol_name);
+        .str("protocol", &d.protocol_name)
+        .opt_int("permits", d.permits);
+    let holders: Vec<String> = d.holders.iter().map(holder_json).collect();
+    // Every holder with its permit; `holder` is the first of them.
+    obj = obj.raw("holders", &json::array(&holders));
     obj = match (d.holders.first(), holder_known(d)) {
         (Some(h), _) => obj
             .bool("holder_known", true)
-            .raw(
-                "holder",
-                &Obj::new()
-                    .str("member_id", &h.member.member_id)
-                    .opt_str("label", h.member.label.as_deref())
-                    .opt_int("token", h.generation)
-                    .opt_int("ledger_token", h.ledger_token)
-                    .str("client_id", &h.member.client_id)
-                    .str("client_host", &h.member.client_host)
-                    .int("permit", h.permit)
-                    .finish(),
-            )
+            .raw("holder", &holder_json(h))
             .null("holder_unknown_reason")
             .raw("waiters", &json::array(&members)),
         (None, true) => obj
@@ -315,6 +333,8 @@ mod tests {
             first_joined_generation: 1,
             holder_generation: -1,
             label: Some(label.into()),
+            permits: 1,
+            slot: 0,
         }
         .encode()
     }
@@ -325,9 +345,12 @@ mod tests {
                 member_id: "a".into(),
                 label: Some("job a".into()),
                 generation: 7,
+                slot: 0,
             }),
             position,
             members: 3,
+            permits: 1,
+            other_holders: Vec::new(),
         }
         .encode()
     }

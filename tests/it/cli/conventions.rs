@@ -57,6 +57,7 @@ fn has_type(v: &Value, types: &str) -> bool {
         "string" => v.is_string(),
         "null" => v.is_null(),
         "object" => v.is_object(),
+        "array" => v.is_array(),
         other => panic!("docs/events.md: unknown type {other:?}"),
     })
 }
@@ -106,7 +107,12 @@ pub(crate) fn check_event(v: &Value) {
         if event != name {
             continue;
         }
-        if let Some(o) = obj[field].as_object() {
+        // An object, or an array of them.
+        let items: Vec<&Value> = match &obj[field] {
+            Value::Array(a) => a.iter().collect(),
+            other => vec![other],
+        };
+        for o in items.into_iter().filter_map(Value::as_object) {
             let want: HashSet<&str> = fields(inner).keys().map(String::as_str).collect();
             let got: HashSet<&str> = o.keys().map(String::as_str).collect();
             assert_eq!(got, want, "{name}.{field} against docs/events.md: {v}");

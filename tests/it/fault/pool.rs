@@ -37,6 +37,8 @@ pub struct SlotSpec {
     pub role: Role,
     pub lock: String,
     pub flavour: Flavour,
+    /// Above 1: the lock is a semaphore with this many permits.
+    pub permits: u16,
 }
 
 enum Running {
@@ -456,7 +458,7 @@ fn spawn(env: &Env, slot: &Slot, id: &str, rng: &mut Rng) -> Result<Running, Str
     match spec.role {
         Role::Lib => {
             let bootstrap = slot.proxies.as_ref().expect("proxies").bootstrap();
-            let cmd = lib_command(
+            let mut cmd = lib_command(
                 env,
                 id,
                 &spec.lock,
@@ -465,6 +467,7 @@ fn spawn(env: &Env, slot: &Slot, id: &str, rng: &mut Rng) -> Result<Running, Str
                 false,
                 rng.next_u64(),
             );
+            cmd.env("FAULT_PERMITS", spec.permits.to_string());
             let (process, _) = Supervised::spawn(&cmd, Output::Log(&log), None)?;
             Ok(Running::Proc {
                 id: id.to_owned(),
@@ -483,6 +486,7 @@ fn spawn(env: &Env, slot: &Slot, id: &str, rng: &mut Rng) -> Result<Running, Str
                 .args(["--rebalance-timeout", &secs(SESSION)])
                 .args(["--heartbeat-interval", &secs(HEARTBEAT)])
                 .args(spec.flavour.cli_args())
+                .args(["--permits", &spec.permits.to_string()])
                 .args(["--events", "json", "--label", id, "--"])
                 .arg(&env.exe)
                 .args(role_args())
@@ -490,6 +494,7 @@ fn spawn(env: &Env, slot: &Slot, id: &str, rng: &mut Rng) -> Result<Running, Str
                 .env("FAULT_CHECKER", env.checker.addr().to_string())
                 .env("FAULT_LOCK", &spec.lock)
                 .env("FAULT_ID", id)
+                .env("FAULT_PERMITS", spec.permits.to_string())
                 .env("FAULT_HOLD_MS", rng.range(300, 3000).to_string());
             env.checker.event(Event {
                 lock: spec.lock.clone(),
@@ -502,7 +507,10 @@ fn spawn(env: &Env, slot: &Slot, id: &str, rng: &mut Rng) -> Result<Running, Str
             let (process, stdout) = Supervised::spawn(&cmd, Output::Piped { stderr: &log }, None)?;
             let stdout = stdout.expect("piped");
             let (checker, lock, who) = (env.checker.clone(), spec.lock.clone(), id.to_owned());
-            std::thread::spawn(move || forward_cli_events(stdout, &log, &checker, &lock, &who));
+            let permits = spec.permits;
+            std::thread::spawn(move || {
+                forward_cli_events(stdout, &log, &checker, &lock, &who, permits)
+            });
             Ok(Running::Proc {
                 id: id.to_owned(),
                 process,
@@ -564,6 +572,7 @@ fn forward_cli_events(
     checker: &Checker,
     lock: &str,
     id: &str,
+    permits: u16,
 ) {
     let mut file = std::fs::OpenOptions::new()
         .create(true)
@@ -587,8 +596,13 @@ fn forward_cli_events(
         let Some(mono) = v["mono_ns"].as_i64() else {
             continue;
         };
+        // Semaphore mode: the acquisition says under which slot's key the hold counts.
+        let slot = v["permit"]
+            .as_u64()
+            .and_then(|p| u16::try_from(p).ok())
+            .filter(|_| permits > 1);
         checker.event(Event {
-            lock: lock.to_owned(),
+            lock: super::checker::key(lock, slot),
             id: id.to_owned(),
             kind,
             mono,

@@ -13,6 +13,9 @@
 //! - `writer`: the job the CLI contenders run under `kafka-lock run`: it writes
 //!   `$KAFKA_LOCK_TOKEN` to the store at once and every 200 ms for `FAULT_HOLD_MS`, then exits.
 //!   It never looks at the lock: stopping it in time is the CLI supervisor's job.
+//!
+//! With `FAULT_PERMITS` above 1 the lock is a semaphore: contenders take it with that many
+//! permits and report and write under their permit slot's key (see [`super::checker`]).
 
 use std::time::{Duration, Instant};
 
@@ -61,12 +64,17 @@ fn role() {
                 &env("FAULT_LOCK"),
                 Flavour::from_env(),
                 env("FAULT_SEED").parse().expect("FAULT_SEED"),
+                permits(),
             ));
         }
         "writer" => {
             let token: i64 = env("KAFKA_LOCK_TOKEN").parse().expect("KAFKA_LOCK_TOKEN");
             let hold = Duration::from_millis(env("FAULT_HOLD_MS").parse().expect("FAULT_HOLD_MS"));
             let until = Instant::now() + hold;
+            if permits() > 1 {
+                let slot = env("KAFKA_LOCK_PERMIT").parse().expect("KAFKA_LOCK_PERMIT");
+                reporter.set_slot(Some(slot));
+            }
             reporter.write(token);
             while Instant::now() < until {
                 std::thread::sleep(Duration::from_millis(200));
@@ -75,6 +83,13 @@ fn role() {
         }
         other => panic!("unknown FAULT_ROLE {other}"),
     }
+}
+
+/// `FAULT_PERMITS`, 1 when unset.
+fn permits() -> u16 {
+    std::env::var("FAULT_PERMITS")
+        .ok()
+        .map_or(1, |p| p.parse().expect("FAULT_PERMITS"))
 }
 
 /// `Instant` is CLOCK_MONOTONIC on Linux, but opaque: carried over through the current reading.
@@ -130,11 +145,12 @@ impl Flavour {
 }
 
 /// The settings every library contender of the suite uses.
-pub fn options(bootstrap: &str, lock: &str, flavour: &Flavour) -> LockOptions {
+pub fn options(bootstrap: &str, lock: &str, flavour: &Flavour, permits: u16) -> LockOptions {
     let o = LockOptions::new(bootstrap, lock)
         .session_timeout(SESSION)
         .rebalance_timeout(SESSION)
-        .heartbeat_interval(HEARTBEAT);
+        .heartbeat_interval(HEARTBEAT)
+        .permits(permits);
     match flavour {
         Flavour::Ledger(t) => o.ledger_topic(t),
         Flavour::Consumer(t) => o.consumer_topic(t),
@@ -149,11 +165,13 @@ async fn contender(
     lock: &str,
     flavour: Flavour,
     seed: u64,
+    permits: u16,
 ) {
     let mut rng = Rng::new(seed);
     loop {
         let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
-        let opts = options(bootstrap, lock, &flavour).events(tx);
+        let opts = options(bootstrap, lock, &flavour, permits).events(tx);
+        rep.set_slot(None);
         rep.event(Kind::Waiting, None, None);
         let guard = match opts.acquire(None).await {
             Ok(g) => g,
@@ -166,6 +184,9 @@ async fn contender(
         };
         let mut token = guard.token().value();
         let mut lease = to_mono(guard.lease_end());
+        if permits > 1 {
+            rep.set_slot(Some(guard.permit()));
+        }
         // The broken contender believes it holds until it says otherwise: no lease end.
         rep.event(Kind::Acquired, Some(token), (!broken).then_some(lease));
         if broken || guard.is_held() {

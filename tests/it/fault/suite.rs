@@ -9,7 +9,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::checker::{self, analyse, judged, Analysis, Checker, Event, Kind as Ev};
+use super::checker::{
+    self, analyse, analyse_permits, judged, Analysis, Checker, Event, Kind as Ev,
+};
 use super::kproxy::{Fault, ProxySet};
 use super::nemesis::{schedule, Episode, Kind, Rng, Target};
 use super::pool::{self, Env, Pool, Role, SlotSpec};
@@ -32,6 +34,9 @@ pub struct Config {
     pub seed: u64,
     pub episodes: usize,
     pub ci: bool,
+    /// Permits of the native lock (`KAFKA_LOCK_FAULT_PERMITS`, 1 = a mutex): above 1 it is a
+    /// semaphore and the checker runs in semaphore mode on it.
+    pub permits: u16,
 }
 
 impl Config {
@@ -49,7 +54,20 @@ impl Config {
                     .expect("KAFKA_LOCK_FAULT_EPISODES must be a number")
             })
             .unwrap_or(if ci { Kind::ALL.len() } else { 200 });
-        Config { seed, episodes, ci }
+        let permits = std::env::var("KAFKA_LOCK_FAULT_PERMITS")
+            .ok()
+            .map_or(1, |s| {
+                s.parse()
+                    .ok()
+                    .filter(|&n| n >= 1)
+                    .expect("KAFKA_LOCK_FAULT_PERMITS must be a number from 1")
+            });
+        Config {
+            seed,
+            episodes,
+            ci,
+            permits,
+        }
     }
 }
 
@@ -107,8 +125,13 @@ pub fn run(cfg: Config) {
     let consumer = unique_group("fault-consumer");
     create_topic(&cluster.bootstrap(), &consumer, 1);
     // The native lock's tokens are ledger offsets: the checker then judges the tokens that are
-    // meant to survive everything, and the nemeses hit the ledger's leader as well.
-    let ledger = Flavour::Ledger(unique_group("fault-ledger"));
+    // meant to survive everything, and the nemeses hit the ledger's leader as well. A semaphore
+    // (--permits N) cannot use a ledger yet, so in that mode its tokens are generations.
+    let ledger = if cfg.permits > 1 {
+        Flavour::Plain
+    } else {
+        Flavour::Ledger(unique_group("fault-ledger"))
+    };
     let consumed = Flavour::Consumer(consumer.clone());
     if let Flavour::Ledger(topic) = &ledger {
         create_topic(&cluster.bootstrap(), topic, 1);
@@ -131,11 +154,17 @@ pub fn run(cfg: Config) {
         exe: std::env::current_exe().expect("the test binary"),
         kafka_lock: PathBuf::from(env!("CARGO_BIN_EXE_kafka-lock")),
     };
+    let permits = cfg.permits;
     let spec = |name: &str, role, lock: &str, flavour: &Flavour| SlotSpec {
         name: name.to_owned(),
         role,
         lock: lock.to_owned(),
         flavour: flavour.clone(),
+        permits: if matches!(flavour, Flavour::Consumer(_)) {
+            1
+        } else {
+            permits
+        },
     };
     let specs = vec![
         spec("lib1", Role::Lib, &native, &ledger),
@@ -505,6 +534,11 @@ impl Run {
     /// the lock writes, holds 200 ms and releases. Returns how many acquired.
     fn herd(&self, n: usize, plan: &Episode, lock: &str, rng: &mut Rng) -> usize {
         let flavour = self.flavour_of(lock);
+        let permits = if matches!(flavour, Flavour::Consumer(_)) {
+            1
+        } else {
+            self.cfg.permits
+        };
         let bootstrap = self.cluster.bootstrap();
         let members: Vec<(String, Duration)> = (0..plan.herd)
             .map(|i| (format!("herd{n}.{i}"), rng.millis(1000, 6000)))
@@ -519,7 +553,7 @@ impl Run {
                     bootstrap.clone(),
                 );
                 tasks.spawn(async move {
-                    herd_member(&checker, &bootstrap, &lock, &flavour, &id, wait).await
+                    herd_member(&checker, &bootstrap, &lock, &flavour, permits, &id, wait).await
                 });
             }
             let mut acquired = 0;
@@ -546,7 +580,11 @@ impl Run {
             .collect();
         dump(&self.out, &log.events, &log.writes, &self.records);
         drop(log);
-        let analysis = analyse(&events, &writes, finished);
+        let mut permits = std::collections::HashMap::new();
+        if self.cfg.permits > 1 {
+            permits.insert(self.native.clone(), self.cfg.permits);
+        }
+        let analysis = analyse_permits(&events, &writes, finished, &permits);
         let (rewritten, rewrite_failures, last_failure) = self.pool.rewrite_failures();
         let report = report(
             &self, &analysis, selfcheck, started, finished, took, rewritten,
@@ -603,11 +641,13 @@ async fn herd_member(
     bootstrap: &str,
     lock: &str,
     flavour: &Flavour,
+    permits: u16,
     id: &str,
     wait: Duration,
 ) -> bool {
+    let slot = std::sync::Mutex::new(None::<u16>);
     let ev = |kind, token: Option<i64>, lease_end: Option<i64>| Event {
-        lock: lock.to_owned(),
+        lock: checker::key(lock, *slot.lock().unwrap()),
         id: id.to_owned(),
         kind,
         mono: mono_ns(),
@@ -616,7 +656,7 @@ async fn herd_member(
     };
     let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
     checker.event(ev(Ev::Waiting, None, None));
-    let guard = match options(bootstrap, lock, flavour)
+    let guard = match options(bootstrap, lock, flavour, permits)
         .events(tx)
         .acquire(Some(wait))
         .await
@@ -628,13 +668,17 @@ async fn herd_member(
         }
     };
     let token = guard.token().value();
+    if permits > 1 {
+        *slot.lock().unwrap() = Some(guard.permit());
+    }
+    let store = checker::key(lock, *slot.lock().unwrap());
     checker.event(ev(
         Ev::Acquired,
         Some(token),
         Some(to_mono(guard.lease_end())),
     ));
     if guard.is_held() {
-        checker.write(lock, id, token, mono_ns()).ok();
+        checker.write(&store, id, token, mono_ns()).ok();
     }
     let lost = tokio::select! {
         _ = guard.lost() => Some(mono_ns()),
@@ -660,7 +704,7 @@ async fn herd_member(
             ..ev(Ev::Lost, None, said)
         });
     } else {
-        checker.write(lock, id, token, mono_ns()).ok();
+        checker.write(&store, id, token, mono_ns()).ok();
         checker.event(ev(Ev::Released, None, Some(to_mono(guard.lease_end()))));
         let _ = guard.release().await;
     }
@@ -810,6 +854,16 @@ fn report(
         a.rejected.len(),
         path_counts(a)
     );
+    for (lock, n, most) in &a.most_at_once {
+        let lock = if lock == &run.native { "native" } else { lock };
+        let _ = writeln!(
+            s,
+            "Semaphore mode: the {lock} lock has {n} permits; at most {most} holds at once; {} \
+             instant(s) with more than {n}; overlaps and stale writes above are judged per \
+             permit slot.\n",
+            a.too_many.len()
+        );
+    }
     let _ = writeln!(
         s,
         "Checker self-test (a contender that ignores its loss, paused past the session \
