@@ -915,6 +915,182 @@ fn a_pending_checkpoint_fails_when_the_hold_ends() {
     ));
 }
 
+// ---- answers matched to the request that was sent ------------------------------------------------
+
+#[test]
+fn a_reacquire_while_the_previous_end_record_is_in_flight_gets_its_own_acquired() {
+    let mut r = Rig::new();
+    r.holding_at(10);
+    r.view.holding = false;
+    let lease_end = r.now;
+    r.member(Event::Lost {
+        reason: LossReason::Revoked,
+        lease_end,
+    });
+    let lost = r.last().clone();
+    assert!(matches!(appended(&lost).kind, RecordKind::Lost { .. }));
+    // Eager mode: the lock comes back while the LOST record is still on its way.
+    r.membership_acquires(5);
+    r.answer(lost.id, produced_at(11));
+    assert!(
+        !r.events.iter().any(|e| matches!(e,
+            Event::Acquired { token, .. } if token.ledger_offset == Some(11))),
+        "{:?}",
+        r.events
+    );
+    let next = r.last().clone();
+    let rec = appended(&next);
+    assert!(
+        matches!(rec.kind, RecordKind::Acquired { .. }) && rec.generation == 5,
+        "{rec:?}"
+    );
+    r.answer(next.id, produced_at(12));
+    assert!(
+        matches!(r.events.last(), Some(Event::Acquired { token, .. }) if token.ledger_offset == Some(12)),
+        "{:?}",
+        r.events
+    );
+    // The LOST record went out once.
+    let losts = r
+        .sent
+        .iter()
+        .filter(|t| matches!(t.op, Op::Produce { .. }))
+        .filter(|t| matches!(appended(t).kind, RecordKind::Lost { .. }))
+        .count();
+    assert_eq!(losts, 1);
+}
+
+#[test]
+fn an_old_tries_acquired_answer_is_not_the_new_holds_token() {
+    let mut r = Rig::new();
+    r.membership_acquires(3);
+    let old = r.last().clone();
+    r.view.holding = false;
+    let lease_end = r.now;
+    r.member(Event::Lost {
+        reason: LossReason::Revoked,
+        lease_end,
+    });
+    r.membership_acquires(5);
+    r.answer(old.id, produced_at(10));
+    assert!(
+        !r.events.iter().any(|e| matches!(e, Event::Acquired { .. })),
+        "{:?}",
+        r.events
+    );
+    // The new try's own ACQUIRED goes next, and the old one is never sent again.
+    let next = r.last().clone();
+    let rec = appended(&next);
+    assert!(
+        matches!(rec.kind, RecordKind::Acquired { .. }) && rec.generation == 5,
+        "{rec:?}"
+    );
+    r.answer(next.id, produced_at(11));
+    assert!(
+        matches!(r.events.last(), Some(Event::Acquired { token, .. }) if token.ledger_offset == Some(11)),
+        "{:?}",
+        r.events
+    );
+    // Offset 10 names no hold: a LOST record says so.
+    let marker = r.last().clone();
+    let rec = appended(&marker);
+    assert!(
+        matches!(rec.kind, RecordKind::Lost { .. }) && rec.hold == 10 && rec.generation == 3,
+        "{rec:?}"
+    );
+    let acquireds = r
+        .sent
+        .iter()
+        .filter(|t| matches!(t.op, Op::Produce { .. }))
+        .filter(|t| matches!(appended(t).kind, RecordKind::Acquired { .. }))
+        .count();
+    assert_eq!(acquireds, 2);
+}
+
+#[test]
+fn an_old_commit_answer_does_not_complete_a_new_checkpoint() {
+    let mut r = Rig::new();
+    r.holding_at(10);
+    let (v, n) = (r.view.clone(), r.t());
+    r.l.checkpoint(1, "c1".into(), &v, n);
+    r.drain();
+    let c1 = r.last().clone();
+    assert!(matches!(c1.op, Op::Commit { .. }));
+    r.view.holding = false;
+    let le = r.now;
+    r.member(Event::Lost {
+        reason: LossReason::Revoked,
+        lease_end: le,
+    });
+    let lost = r.last().clone();
+    r.answer(lost.id, produced_at(11));
+    r.membership_acquires(5);
+    let acq = r.last().clone();
+    r.answer(acq.id, produced_at(12));
+    let (v, n) = (r.view.clone(), r.t());
+    r.l.checkpoint(2, "c2".into(), &v, n);
+    r.drain();
+    r.answer(c1.id, commit_answer(0));
+    assert!(
+        !r.checkpoints.iter().any(|(t, res)| *t == 2 && res.is_ok()),
+        "{:?}",
+        r.checkpoints
+    );
+    // The broker took c1 while hold 10 was current: that checkpoint is stored, and its ledger
+    // copy names hold 10.
+    assert!(
+        r.checkpoints.iter().any(|(t, res)| *t == 1 && res.is_ok()),
+        "{:?}",
+        r.checkpoints
+    );
+    let copies: Vec<LedgerRecord> = r
+        .sent
+        .iter()
+        .filter(|t| matches!(t.op, Op::Produce { .. }))
+        .map(appended)
+        .filter(|rec| matches!(rec.kind, RecordKind::Checkpoint { .. }))
+        .collect();
+    assert!(
+        copies.iter().all(|c| c.hold == 10
+            && matches!(&c.kind, RecordKind::Checkpoint { value } if value == "c1")),
+        "{copies:?}"
+    );
+    // c2 is sent on its own.
+    assert!(r.sent.iter().any(
+        |t| matches!(&t.op, Op::Commit { metadata, offset, generation, .. }
+            if metadata == "c2" && *offset == 12 && *generation == 5)
+    ));
+}
+
+#[test]
+fn an_acquired_attempt_is_not_retried_after_the_hold_was_given_up() {
+    let mut r = Rig::new();
+    r.membership_acquires(3);
+    let first = r.last().clone();
+    // The append deadline passes with the attempt still in flight.
+    r.advance(REQUEST * 2 + Duration::from_millis(1));
+    assert!(matches!(
+        r.events.last(),
+        Some(Event::Lost {
+            reason: LossReason::Ledger,
+            ..
+        })
+    ));
+    r.answer(first.id, produce_answer(19, -1)); // NOT_ENOUGH_REPLICAS: retriable
+    r.membership_leaves();
+    let n = r.sent.len();
+    r.advance(Duration::from_secs(60));
+    assert!(
+        r.sent[n..]
+            .iter()
+            .all(|t| !matches!(t.op, Op::Produce { .. })),
+        "ACQUIRED re-sent after Left: {:?}",
+        &r.sent[n..]
+    );
+    assert!(r.l.is_done());
+    assert!(matches!(r.events.last(), Some(Event::Left { .. })), "{:?}", r.events);
+}
+
 // ---- the token's order ----------------------------------------------------------------------------
 
 #[test]
