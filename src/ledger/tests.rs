@@ -1088,7 +1088,122 @@ fn an_acquired_attempt_is_not_retried_after_the_hold_was_given_up() {
         &r.sent[n..]
     );
     assert!(r.l.is_done());
-    assert!(matches!(r.events.last(), Some(Event::Left { .. })), "{:?}", r.events);
+    assert!(
+        matches!(r.events.last(), Some(Event::Left { .. })),
+        "{:?}",
+        r.events
+    );
+}
+
+#[test]
+fn no_acquired_record_goes_out_once_the_lease_has_ended() {
+    let mut r = Rig::new();
+    r.membership_acquires(3);
+    let id = r.last().id;
+    r.answer(id, produce_answer(19, -1)); // NOT_ENOUGH_REPLICAS: retried after a backoff
+                                          // The lease ends before the retry is due; the membership has not said so to the ledger yet
+                                          // (the driver wakes the membership first, then the ledger, with the membership's view).
+    r.view.holding = false;
+    let n = r.sent.len();
+    r.advance(Duration::from_secs(1));
+    assert!(
+        r.sent[n..]
+            .iter()
+            .all(|t| !matches!(t.op, Op::Produce { .. })),
+        "{:?}",
+        &r.sent[n..]
+    );
+    let lease_end = r.now;
+    r.member(Event::Lost {
+        reason: LossReason::LeaseExpired,
+        lease_end,
+    });
+    r.membership_leaves();
+    r.advance(Duration::from_secs(30));
+    assert!(r.sent[n..]
+        .iter()
+        .all(|t| !matches!(t.op, Op::Produce { .. })));
+    assert!(r.l.is_done());
+}
+
+fn metadata_with_id(id: Uuid) -> Result<(Response, i16), Error> {
+    let resp = MetadataResponse::default()
+        .with_brokers(vec![MetadataResponseBroker::default()
+            .with_node_id(BrokerId(1))
+            .with_host(StrBytes::from_static_str("127.0.0.1"))
+            .with_port(9091)])
+        .with_topics(vec![MetadataResponseTopic::default()
+            .with_name(Some(StrBytes::from_static_str(TOPIC).into()))
+            .with_topic_id(id)
+            .with_partitions(vec![MetadataResponsePartition::default()
+                .with_partition_index(0)
+                .with_leader_id(BrokerId(1))])]);
+    Ok((Response::Metadata(resp), 12))
+}
+
+#[test]
+fn a_ledger_topic_created_again_is_refused_mid_session() {
+    let mut r = Rig::new();
+    let backoff = Backoff::with_rng(
+        Duration::from_millis(100),
+        Duration::from_secs(1),
+        2.0,
+        0.0,
+        || 0.0,
+    );
+    let first = Uuid::from_u128(0x1111);
+    r.l = Ledger::new(
+        config(),
+        Some(Partition {
+            leader: broker(1),
+            topic_id: first,
+        }),
+        backoff,
+    );
+    r.membership_acquires(3);
+    let id = r.last().id;
+    r.answer(id, produce_answer(6, -1)); // NOT_LEADER_OR_FOLLOWER: look the leader up again
+    r.advance(Duration::from_millis(100));
+    let meta = r.last().clone();
+    assert!(matches!(meta.op, Op::Metadata { .. }));
+    // The topic was deleted and created again: same name, new id, offsets from 0.
+    r.answer(meta.id, metadata_with_id(Uuid::from_u128(0x2222)));
+    assert!(
+        matches!(
+            r.events.last(),
+            Some(Event::Failed(e)) if matches!(**e, Error::Ledger(LedgerError::TopicReplaced { .. }))
+        ),
+        "{:?}",
+        r.events
+    );
+    assert!(!r.events.iter().any(|e| matches!(e, Event::Acquired { .. })));
+    assert!(r.commands.contains(&Command::Leave));
+    // The same id again is fine.
+    let mut r2 = Rig::new();
+    let backoff = Backoff::with_rng(
+        Duration::from_millis(100),
+        Duration::from_secs(1),
+        2.0,
+        0.0,
+        || 0.0,
+    );
+    r2.l = Ledger::new(
+        config(),
+        Some(Partition {
+            leader: broker(1),
+            topic_id: first,
+        }),
+        backoff,
+    );
+    r2.membership_acquires(3);
+    let id = r2.last().id;
+    r2.answer(id, produce_answer(6, -1));
+    r2.advance(Duration::from_millis(100));
+    let meta = r2.last().clone();
+    r2.answer(meta.id, metadata_with_id(first));
+    let again = r2.last().clone();
+    r2.answer(again.id, produced_at(7));
+    assert!(matches!(r2.events.last(), Some(Event::Acquired { .. })));
 }
 
 // ---- the token's order ----------------------------------------------------------------------------
