@@ -92,6 +92,13 @@ pub const DEFAULT_POLL_WAIT: Duration = Duration::from_secs(5);
 /// The most record bytes a waiter's Fetch asks for by default: a ledger record is about 100
 /// bytes, so this is hundreds of records of every lock sharing the topic.
 pub const DEFAULT_POLL_MAX_BYTES: i32 = 64 * 1024;
+/// The largest response frame accepted on connections that Fetch from the ledger. Kafka sends
+/// the first batch of a Fetch whole even when it is larger than the Fetch's limit (KIP-74), and
+/// its default `message.max.bytes` is 1048588, above the 1 MiB default frame limit: with this
+/// much room a batch the broker accepts by default still arrives, and is read or skipped, rather
+/// than failing the connection at the same offset again and again. (The topic should cap
+/// `max.message.bytes` far lower anyway; see the creation command in [`LedgerError::TopicMissing`].)
+pub const LEDGER_MAX_FRAME_SIZE: usize = crate::wire::DEFAULT_MAX_FRAME_SIZE + 64 * 1024;
 /// Highest OffsetCommit and OffsetFetch versions kafka-protocol 0.18 can *encode* (its response
 /// decoders go one further).
 const OFFSET_REQUEST_MAX_VERSION: i16 = 9;
@@ -106,8 +113,8 @@ pub enum LedgerError {
         "ledger topic {topic:?} does not exist; create it once with exactly one partition, e.g. \
          kafka-topics.sh --create --topic {topic} --partitions 1 --replication-factor 3 \
          --config min.insync.replicas=2 --config unclean.leader.election.enable=false \
-         --config cleanup.policy=delete --config compression.type=producer (docs/design.md, \
-         \"The ledger\")"
+         --config cleanup.policy=delete --config compression.type=producer \
+         --config max.message.bytes=65536 (docs/design.md, \"The ledger\")"
     )]
     TopicMissing {
         /// The topic.
@@ -1499,6 +1506,16 @@ impl Ledger {
                 self.poll = Poll::At(next);
                 self.poll_retry_at = None;
             }
+            Err(Error::Poisoned(cause)) if matches!(*cause, Error::Frame(_)) => {
+                // An answer too large for any frame we accept (a batch above even
+                // LEDGER_MAX_FRAME_SIZE): every Fetch from here would fail the same way, so the
+                // poll starts again from the end. Heartbeats still tell of a release.
+                warn!(lock = %self.cfg.lock, topic = %self.cfg.topic, error = %cause,
+                      "a ledger batch too large to read; the long poll goes on from the ledger's end \
+                       (cap the topic's max.message.bytes)");
+                self.poll = Poll::At(None);
+                self.poll_retry_at = Some(now.mono + self.poll_backoff.next_delay());
+            }
             Err(e) => {
                 debug!(lock = %self.cfg.lock, error = %e, "ledger long poll failed");
                 match &e {
@@ -1555,14 +1572,26 @@ impl Ledger {
                     next = next.max(last_offset.saturating_add(1));
                 }
                 Err(e) => {
-                    // What cannot be read cannot be waited on: go on from the end.
+                    // What cannot be read cannot be waited on: go on past it, or from the end
+                    // when not even its length can be read.
                     warn!(lock = %self.cfg.lock, topic = %self.cfg.topic, error = %e, "unreadable ledger batch skipped");
-                    next = next.max(f.high_watermark);
+                    if matches!(e, BatchError::BadLength { .. }) {
+                        next = next.max(f.high_watermark);
+                    }
                 }
             }
         }
-        if let Some(n) = batches.next_offset() {
+        if let Some(n) = batches.resume_offset() {
             next = next.max(n);
+        }
+        if next <= offset {
+            // A first batch that did not arrive whole (a broker older than KIP-74, or one cut
+            // by a size limit): no later Fetch from here gets further, so skip it.
+            if let Some(end) = batches.truncated_end() {
+                warn!(lock = %self.cfg.lock, topic = %self.cfg.topic, offset, end,
+                      "a ledger batch too large to read was skipped; cap the topic's max.message.bytes");
+                next = end;
+            }
         }
         if news {
             debug!(lock = %self.cfg.lock, "the ledger shows the hold ended; heartbeating now");

@@ -762,6 +762,90 @@ fn a_poll_past_the_end_starts_again_from_the_end() {
     );
 }
 
+/// Waits as a waiter: ListOffsets answered with `end`, so the next transmit is the Fetch.
+fn waiting_at(r: &mut Rig, end: i64) {
+    r.member(Event::Waiting {
+        holder: None,
+        position: 1,
+        generation: 3,
+    });
+    let t = r.last().clone();
+    let resp =
+        ListOffsetsResponse::default().with_topics(vec![ListOffsetsTopicResponse::default()
+            .with_name(StrBytes::from_static_str(TOPIC).into())
+            .with_partitions(vec![ListOffsetsPartitionResponse::default()
+                .with_partition_index(0)
+                .with_offset(end)])]);
+    r.answer(t.id, Ok((Response::ListOffsets(resp), 9)));
+}
+
+fn fetch_of(records: Bytes, hw: i64) -> Result<(Response, i16), Error> {
+    let resp = FetchResponse::default().with_responses(vec![FetchableTopicResponse::default()
+        .with_topic(StrBytes::from_static_str(TOPIC).into())
+        .with_partitions(vec![PartitionData::default()
+            .with_partition_index(0)
+            .with_high_watermark(hw)
+            .with_records(Some(records))])]);
+    Ok((Response::Fetch(resp), 12))
+}
+
+fn at_base(batch: Bytes, base: i64) -> BytesMut {
+    let mut b = BytesMut::from(&batch[..]);
+    b[..8].copy_from_slice(&base.to_be_bytes());
+    b
+}
+
+#[test]
+fn an_unreadable_batch_is_skipped_alone_not_to_the_high_watermark() {
+    let mut r = Rig::new();
+    waiting_at(&mut r, 5);
+    let fetch = r.last().clone();
+    let mut bad = at_base(
+        batch_of(&[("other", record(RecordKind::Released { held_ms: 1 }, 1))]),
+        5,
+    );
+    let last = bad.len() - 1;
+    bad[last] ^= 1; // CRC mismatch
+    let mut data = bad;
+    data.extend_from_slice(&at_base(
+        batch_of(&[("other", record(RecordKind::Released { held_ms: 1 }, 2))]),
+        6,
+    ));
+    // Offsets 7..100 exist but did not fit in this answer.
+    r.answer(fetch.id, fetch_of(data.freeze(), 100));
+    r.advance(Duration::from_millis(1));
+    let next = r.last().clone();
+    assert!(
+        matches!(next.op, Op::Fetch { offset: 7, .. }),
+        "the poll went on from {:?}",
+        next.op
+    );
+}
+
+#[test]
+fn a_first_batch_that_cannot_arrive_whole_is_skipped_by_its_header() {
+    let mut r = Rig::new();
+    waiting_at(&mut r, 5);
+    let fetch = r.last().clone();
+    let big = at_base(
+        batch_of(&[
+            ("other", record(RecordKind::Released { held_ms: 1 }, 1)),
+            ("other", record(RecordKind::Released { held_ms: 1 }, 2)),
+            ("other", record(RecordKind::Released { held_ms: 1 }, 3)),
+        ]),
+        5,
+    );
+    // Only the start of it came (a size limit): nothing more is in any Fetch from 5.
+    r.answer(fetch.id, fetch_of(big.freeze().slice(..61), 100));
+    r.advance(Duration::from_millis(1));
+    let next = r.last().clone();
+    assert!(
+        matches!(next.op, Op::Fetch { offset: 8, .. }),
+        "the poll went on from {:?}",
+        next.op
+    );
+}
+
 // ---- checkpoints --------------------------------------------------------------------------------
 
 #[test]

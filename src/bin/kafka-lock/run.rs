@@ -1057,14 +1057,29 @@ impl CheckpointDir {
                     kafka_lock::Error::Broker { code, .. }
                         if matches!(code.code(), 22 | 25 | 82) =>
                     {
-                        "the broker rejected it because this holder is no longer the lock's current                          holder (its generation or member id is stale)"
+                        "the broker rejected it because this holder is no longer the lock's current \
+                         holder (its generation or member id is stale)"
                     }
                     _ => "it could not be stored",
                 };
+                if let kafka_lock::Error::Ledger(kafka_lock::LedgerError::CheckpointUnknown {
+                    ..
+                }) = &e
+                {
+                    return Some(Failure::new(
+                        status,
+                        format!(
+                            "the command exited 0 but {e}; `kafka-lock status --lock {}` shows \
+                             which checkpoint lock {:?} has",
+                            self.lock, self.lock
+                        ),
+                    ));
+                }
                 Some(Failure::new(
                     status,
                     format!(
-                        "the command exited 0 but its checkpoint was not stored: {why} ({e});                          lock {:?} keeps its previous checkpoint",
+                        "the command exited 0 but its checkpoint was not stored: {why} ({e}); \
+                         lock {:?} keeps its previous checkpoint",
                         self.lock
                     ),
                 ))
