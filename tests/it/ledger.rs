@@ -738,12 +738,12 @@ async fn a_batch_of_the_brokers_default_size_does_not_blind_the_ledger() {
     let group = support::unique_group("ledger-big-lock");
     let o = opts(&bootstrap, &group, &ledger);
     let t1 = hold_once(&o).await;
-    // One record of a million bytes: a batch just under message.max.bytes, over 1 MiB framed.
+    // One record: a batch of 1048585 bytes, just under message.max.bytes, over 1 MiB framed.
     append_raw(
         &bootstrap,
         &ledger,
         "another-lock",
-        &vec![b'x'; 1_048_000],
+        &vec![b'x'; 1_048_500],
         1,
         1,
     )
