@@ -224,7 +224,8 @@ async fn read_history_once(
                 u.append(&mut unreadable);
                 unreadable = u;
                 let h = folded(&values, unreadable.clone(), lo, end);
-                if h.last_checkpoint().is_some() || lo <= floor {
+                // A closed connection: a batch too large to read ended the read (noted in `h`).
+                if h.last_checkpoint().is_some() || lo <= floor || conn.is_closed() {
                     if h.last_checkpoint().is_none() && floor > start {
                         warn!(%lock, %topic, from = floor, to = end,
                               "no checkpoint of this lock among the ledger's last records; older \
@@ -277,7 +278,22 @@ async fn read_range(
                 isolation: Isolation::ReadCommitted,
             },
         };
-        let f = match call(conn, &op, timeout).await? {
+        let answer = match call(conn, &op, timeout).await {
+            // A first batch larger than any frame accepted (KIP-74 sends it whole): every Fetch
+            // from here fails alike and the connection is gone, so the read ends here, saying so.
+            Err(Error::Poisoned(cause)) if matches!(*cause, Error::Frame(_)) => {
+                unreadable.push(ledger::Unreadable {
+                    offset: at,
+                    error: format!(
+                        "a batch too large to read ({cause}); the ledger from here on was not \
+                         read (cap the topic's max.message.bytes)"
+                    ),
+                });
+                break;
+            }
+            other => other?,
+        };
+        let f = match answer {
             (Response::Fetch(r), v) => fetched(&r, tp, v).map_err(|e| log_err(ApiKey::Fetch, e))?,
             (other, _) => {
                 return Err(Error::Protocol(format!(

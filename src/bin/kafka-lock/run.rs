@@ -628,7 +628,8 @@ async fn hold(
     let token = guard.token();
     let mut watch = guard.watch();
     // The last checkpoint, and a place for the command to leave the next one; read before the
-    // lease end is taken, since reading may take a while (the ledger's copy is read in full).
+    // lease end is taken, since reading may take a while (the ledger's copy, read when the group
+    // has none, comes from the ledger's tail, a few MiB at most).
     // A read that outlasts the lease (a broker cut off) ends with the lease, as a loss.
     let checkpoint = tokio::select! {
         biased;
