@@ -656,7 +656,12 @@ impl LockOptions {
     ///
     /// Errors: [`Error::NotAcquired`] when the wait ends (the group is left before returning),
     /// [`Error::Config`] for invalid settings, connection errors when the cluster cannot be
-    /// reached, and [`Error::Broker`] when the broker rejects the settings.
+    /// reached, and [`Error::Broker`] when the broker rejects the settings. With a ledger also
+    /// [`Error::Ledger`] when the topic cannot serve (missing, not one partition, replaced), and
+    /// [`Error::Lost`] before the wait ends when the group gave us the lock but its ACQUIRED
+    /// record was not acknowledged within the lease (reason `ledger`): the group is left, and
+    /// the caller may try again. The ledger topic's check before joining is bounded by the
+    /// request timeout, not by `wait`.
     pub async fn acquire(&self, wait: Option<Duration>) -> Result<LockGuard> {
         self.acquire_inner(wait, false)
             .await?

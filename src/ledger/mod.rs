@@ -920,7 +920,10 @@ impl Ledger {
                     self.queue_end_record(true, now);
                     self.hold = HoldState::Waiting;
                 }
-                if live {
+                // An eager revocation of a try the users never saw is no loss to them: the member
+                // stays in the group and waits, and the acquire with it.
+                let unseen = reason == LossReason::Revoked && !self.published_hold;
+                if live && !unseen {
                     self.events.push_back(Event::Lost { reason, lease_end });
                 }
             }

@@ -1290,6 +1290,43 @@ fn a_ledger_topic_created_again_is_refused_mid_session() {
     assert!(matches!(r2.events.last(), Some(Event::Acquired { .. })));
 }
 
+#[test]
+fn an_eager_revocation_before_the_hold_began_is_no_loss_to_the_users() {
+    let mut r = Rig::new();
+    r.membership_acquires(3);
+    let first = r.last().clone();
+    r.view.holding = false;
+    let lease_end = r.now;
+    r.member(Event::Lost {
+        reason: LossReason::Revoked,
+        lease_end,
+    });
+    assert!(
+        !r.events.iter().any(|e| matches!(e, Event::Lost { .. })),
+        "{:?}",
+        r.events
+    );
+    // The try's record, acknowledged late, is marked as naming no hold.
+    r.answer(first.id, produced_at(4));
+    let marker = r.last().clone();
+    let rec = appended(&marker);
+    assert!(
+        matches!(rec.kind, RecordKind::Lost { .. }) && rec.hold == 4,
+        "{rec:?}"
+    );
+    // The lock comes back (its ACQUIRED waits for the marker's answer): the users' first hold.
+    r.membership_acquires(4);
+    r.answer(marker.id, produced_at(5));
+    let acq = r.last().clone();
+    assert!(matches!(appended(&acq).kind, RecordKind::Acquired { .. }));
+    r.answer(acq.id, produced_at(6));
+    assert!(
+        matches!(r.events[..], [Event::Acquired { ref token, .. }] if token.ledger_offset == Some(6)),
+        "{:?}",
+        r.events
+    );
+}
+
 // ---- the token's order ----------------------------------------------------------------------------
 
 #[test]
