@@ -1327,6 +1327,42 @@ fn an_eager_revocation_before_the_hold_began_is_no_loss_to_the_users() {
     );
 }
 
+#[test]
+fn a_checkpoint_unanswered_when_the_hold_ends_is_of_unknown_outcome() {
+    let mut r = Rig::new();
+    r.holding_at(42);
+    let (view, now) = (r.view.clone(), r.t());
+    r.l.checkpoint(1, "v".into(), &view, now);
+    r.drain();
+    let sent = r.last().clone();
+    assert!(matches!(sent.op, Op::Commit { .. }));
+    r.view.holding = false;
+    let lease_end = r.now;
+    r.member(Event::Lost {
+        reason: LossReason::LeaseExpired,
+        lease_end,
+    });
+    // The hold ended, but the broker may already have taken the commit: nothing is said yet.
+    assert!(r.checkpoints.is_empty(), "{:?}", r.checkpoints);
+    r.membership_leaves();
+    assert!(!r.l.is_done());
+    r.answer(
+        sent.id,
+        Err(Error::Timeout {
+            op: "OffsetCommit".into(),
+            after: REQUEST,
+        }),
+    );
+    assert!(
+        matches!(
+            r.checkpoints[..],
+            [(1, Err(Error::Ledger(LedgerError::CheckpointUnknown { .. })))]
+        ),
+        "{:?}",
+        r.checkpoints
+    );
+}
+
 // ---- the token's order ----------------------------------------------------------------------------
 
 #[test]
