@@ -605,22 +605,31 @@ impl LockOptions {
         crate::driver::ledger::read_history(&self.reach(), &self.name, topic).await
     }
 
-    /// The lock's last checkpoint: the one its group has committed, or, when the group no longer
-    /// has one (deleted, or its offsets expired 7 days after it emptied), the last one the ledger
-    /// recorded. Needs no membership.
+    /// The lock's last checkpoint: the one its group has committed, or, when the group has none
+    /// (deleted, or its offsets expired: see `docs/design.md`, "Checkpoints"), the last one the
+    /// ledger recorded among its most recent records. That read goes back from the ledger's end
+    /// in growing windows and stops at the first window holding a checkpoint of this lock, at
+    /// most 32768 offsets (about 3 MiB of records of every lock sharing the topic), so its cost
+    /// does not grow with the ledger; an older checkpoint is not found (a warning says so), but
+    /// [`LockOptions::history`] reads the whole ledger and its
+    /// [`History::last_checkpoint`] finds it. Needs no membership.
     pub async fn last_checkpoint(&self) -> Result<Option<Checkpoint>> {
         if let Some(c) = self.committed_checkpoint().await? {
             return Ok(Some(c));
         }
         let topic = self.ledger_required()?;
-        let history = crate::driver::ledger::read_history(&self.reach(), &self.name, topic).await?;
-        Ok(history
+        let max = crate::driver::ledger::TAIL_MAX_OFFSETS;
+        let history =
+            crate::driver::ledger::read_checkpoint_tail(&self.reach(), &self.name, topic, max)
+                .await?;
+        let found = history
             .last_checkpoint()
             .map(|(value, token, _)| Checkpoint {
                 value: value.to_owned(),
                 token,
                 source: CheckpointSource::Ledger,
-            }))
+            });
+        Ok(found)
     }
 
     /// The checkpoint the lock's group has committed for the ledger partition, if any (no
@@ -685,9 +694,13 @@ impl LockOptions {
     }
 
     pub(crate) fn reach(&self) -> Reach {
+        // Every connection of a ledger read may Fetch from the ledger.
+        let frame = self
+            .max_frame_size
+            .max(crate::ledger::LEDGER_MAX_FRAME_SIZE);
         Reach {
             bootstrap: self.bootstrap.clone(),
-            conn: self.conn_config(),
+            conn: self.conn_config().with_max_frame_size(frame),
             limits: self.bootstrap_limits(),
             retry_backoff: self.retry_backoff,
             retry_backoff_max: self.retry_backoff_max,
@@ -789,7 +802,12 @@ impl LockOptions {
     ///
     /// Errors: [`Error::NotAcquired`] when the wait ends (the group is left before returning),
     /// [`Error::Config`] for invalid settings, connection errors when the cluster cannot be
-    /// reached, and [`Error::Broker`] when the broker rejects the settings.
+    /// reached, and [`Error::Broker`] when the broker rejects the settings. With a ledger also
+    /// [`Error::Ledger`] when the topic cannot serve (missing, not one partition, replaced), and
+    /// [`Error::Lost`] before the wait ends when the group gave us the lock but its ACQUIRED
+    /// record was not acknowledged within the lease (reason `ledger`): the group is left, and
+    /// the caller may try again. The ledger topic's check before joining is bounded by the
+    /// request timeout, not by `wait`.
     pub async fn acquire(&self, wait: Option<Duration>) -> Result<LockGuard> {
         self.acquire_inner(wait, false)
             .await
@@ -1238,7 +1256,9 @@ impl LockGuard {
     /// rejects it ([`Error::Broker`] with ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID or
     /// FENCED_INSTANCE_ID) if this holder is no longer the current one. Once accepted it is also
     /// recorded in the ledger, which outlives the group. A value longer than
-    /// [`LockOptions::checkpoint_max_bytes`] is refused before anything is sent.
+    /// [`LockOptions::checkpoint_max_bytes`] is refused before anything is sent. If the hold
+    /// ends while the request is on its way, its answer still decides; when none comes the
+    /// outcome is [`LedgerError::CheckpointUnknown`]: the broker may have stored it.
     pub async fn checkpoint(&self, value: impl Into<String>) -> Result<()> {
         let value = value.into();
         self.options.ledger_required()?;

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use tracing::debug;
+use tracing::{debug, warn};
 
 use super::bootstrap::{connect_any, BootstrapConfig};
 use super::conn::{ConnConfig, Connection};
@@ -120,14 +120,47 @@ fn log_err(api: ApiKey, e: LogError) -> Error {
     }
 }
 
+/// Offsets read at first when looking for the last checkpoint from the ledger's end; each
+/// further window back is twice as long.
+const TAIL_WINDOW: i64 = 2048;
+/// The most offsets read from the ledger's end when looking for the last checkpoint: about
+/// 3 MiB of ledger records (~100 bytes each), whatever the partition's length.
+pub(crate) const TAIL_MAX_OFFSETS: i64 = 32 * 1024;
+
+/// How much of the ledger a read covers.
+#[derive(Debug, Clone, Copy)]
+enum Span {
+    /// All that is retained.
+    Whole,
+    /// From the end backwards, in growing windows, until a window shows a checkpoint of the
+    /// lock, the start is reached, or `max` offsets were read.
+    CheckpointTail { max: i64 },
+}
+
 /// Reads `lock`'s records from the whole retained ledger and folds them into its history.
 pub(crate) async fn read_history(reach: &Reach, lock: &str, topic: &str) -> Result<History> {
+    read_ledger(reach, lock, topic, Span::Whole).await
+}
+
+/// Reads `lock`'s records from the ledger's end backwards until one of its checkpoints shows up,
+/// at most `max` offsets: a history of that tail ([`History::first_offset`] tells where it
+/// begins). A checkpoint older than that is not found; the whole history is.
+pub(crate) async fn read_checkpoint_tail(
+    reach: &Reach,
+    lock: &str,
+    topic: &str,
+    max: i64,
+) -> Result<History> {
+    read_ledger(reach, lock, topic, Span::CheckpointTail { max }).await
+}
+
+async fn read_ledger(reach: &Reach, lock: &str, topic: &str, span: Span) -> Result<History> {
     let first = reach.connect_any().await?;
     let mut backoff = reach.backoff();
     let mut attempt = 0;
     loop {
         attempt += 1;
-        match read_history_once(&first, reach, lock, topic).await {
+        match read_history_once(&first, reach, lock, topic, span).await {
             Ok(h) => {
                 first.close();
                 return Ok(h);
@@ -150,6 +183,7 @@ async fn read_history_once(
     reach: &Reach,
     lock: &str,
     topic: &str,
+    span: Span,
 ) -> Result<History> {
     let p = find_leader(first, reach, topic).await?;
     let conn = leader_conn(first, reach, &p).await?;
@@ -177,10 +211,70 @@ async fn read_history_once(
     let start = offset_of(OffsetSpec::Earliest).await?;
     let end = offset_of(OffsetSpec::Latest).await?;
     let key = lock.as_bytes();
+    let result = match span {
+        Span::Whole => {
+            let (values, unreadable) = read_range(&conn, &tp, key, start, end, timeout).await?;
+            Ok(folded(&values, unreadable, start, end))
+        }
+        Span::CheckpointTail { max } => {
+            let floor = start.max(end.saturating_sub(max.max(0)));
+            let mut values = Vec::new();
+            let mut unreadable = Vec::new();
+            let mut lo = end;
+            let mut window = TAIL_WINDOW;
+            loop {
+                let hi = lo;
+                lo = hi.saturating_sub(window).max(floor);
+                let (mut v, mut u) = read_range(&conn, &tp, key, lo, hi, timeout).await?;
+                v.append(&mut values);
+                values = v;
+                u.append(&mut unreadable);
+                unreadable = u;
+                let h = folded(&values, unreadable.clone(), lo, end);
+                // A closed connection: a batch too large to read ended the read (noted in `h`).
+                if h.last_checkpoint().is_some() || lo <= floor || conn.is_closed() {
+                    if h.last_checkpoint().is_none() && floor > start {
+                        warn!(%lock, %topic, from = floor, to = end,
+                              "no checkpoint of this lock among the ledger's last records; older \
+                               ones were not read (`kafka-lock history` reads them all)");
+                    }
+                    break Ok(h);
+                }
+                window = window.saturating_mul(2);
+            }
+        }
+    };
+    if conn.peer() != first.peer() {
+        conn.close();
+    }
+    result
+}
+
+fn folded(
+    values: &[(i64, Option<bytes::Bytes>)],
+    unreadable: Vec<ledger::Unreadable>,
+    start: i64,
+    end: i64,
+) -> History {
+    let mut h = fold(values.iter().map(|(o, v)| (*o, v.as_deref())), start, end);
+    h.unreadable.extend(unreadable);
+    h.unreadable.sort_by_key(|u| u.offset);
+    h
+}
+
+/// The values of `key`'s records in `[from, to)`, and what could not be read there.
+async fn read_range(
+    conn: &Connection,
+    tp: &TopicPartition,
+    key: &[u8],
+    from: i64,
+    to: i64,
+    timeout: Duration,
+) -> Result<(Vec<(i64, Option<bytes::Bytes>)>, Vec<ledger::Unreadable>)> {
     let mut values: Vec<(i64, Option<bytes::Bytes>)> = Vec::new();
     let mut unreadable = Vec::new();
-    let mut at = start;
-    while at < end {
+    let mut at = from;
+    while at < to {
         let op = Op::Fetch {
             tp: tp.clone(),
             offset: at,
@@ -191,10 +285,23 @@ async fn read_history_once(
                 isolation: Isolation::ReadCommitted,
             },
         };
-        let f = match call(&conn, &op, timeout).await? {
-            (Response::Fetch(r), v) => {
-                fetched(&r, &tp, v).map_err(|e| log_err(ApiKey::Fetch, e))?
+        let answer = match call(conn, &op, timeout).await {
+            // A first batch larger than any frame accepted (KIP-74 sends it whole): every Fetch
+            // from here fails alike and the connection is gone, so the read ends here, saying so.
+            Err(Error::Poisoned(cause)) if matches!(*cause, Error::Frame(_)) => {
+                unreadable.push(ledger::Unreadable {
+                    offset: at,
+                    error: format!(
+                        "a batch too large to read ({cause}); the ledger from here on was not \
+                         read (cap the topic's max.message.bytes)"
+                    ),
+                });
+                break;
             }
+            other => other?,
+        };
+        let f = match answer {
+            (Response::Fetch(r), v) => fetched(&r, tp, v).map_err(|e| log_err(ApiKey::Fetch, e))?,
             (other, _) => {
                 return Err(Error::Protocol(format!(
                     "expected Fetch, got {:?}",
@@ -208,59 +315,77 @@ async fn read_history_once(
             match batch {
                 Ok(b) => {
                     for r in b.records {
-                        if r.offset >= at && r.offset < end && r.key.as_deref() == Some(key) {
+                        if r.offset >= at && r.offset < to && r.key.as_deref() == Some(key) {
                             values.push((r.offset, r.value));
                         }
                     }
                 }
-                Err(BatchError::Compressed {
-                    base_offset,
-                    last_offset,
-                    ..
-                }) => {
+                Err(BatchError::Compressed { base_offset, .. }) => {
                     unreadable.push(ledger::Unreadable {
                         offset: base_offset,
                         error: "a compressed batch (the topic's compression.type must be \
                                 producer or uncompressed for kafka-lock to read it)"
                             .into(),
                     });
-                    next = next.max(last_offset.saturating_add(1));
                 }
                 Err(e) => {
+                    // Only this batch is skipped (`resume_offset`); a length that cannot be
+                    // read leaves no way to the next one, so the read goes on from the end.
+                    let offset = batch_offset(&e).unwrap_or(at);
+                    if matches!(e, BatchError::BadLength { .. }) {
+                        next = next.max(f.high_watermark.min(to));
+                    }
                     unreadable.push(ledger::Unreadable {
-                        offset: next,
+                        offset,
                         error: e.to_string(),
                     });
-                    next = next.max(f.high_watermark.min(end));
                 }
             }
         }
-        if let Some(n) = batches.next_offset() {
+        if let Some(n) = batches.resume_offset() {
             next = next.max(n);
         }
         if next <= at {
-            // Nothing readable here (a gap left by aborted transactions or a batch cut at the
-            // size limit that cannot grow): what is left is beyond reach of this read.
-            if let Some(t) = batches.truncated() {
-                unreadable.push(ledger::Unreadable {
-                    offset: at,
-                    error: format!(
-                        "a batch larger than {READ_BYTES} bytes ({:?} needed); it is skipped",
-                        t.needed
-                    ),
-                });
+            // Nothing readable here: a gap left by aborted transactions, or a first batch cut at
+            // the size limit (a broker older than KIP-74 does not send it whole).
+            match (batches.truncated(), batches.truncated_end()) {
+                (Some(t), Some(past)) if past > at => {
+                    unreadable.push(ledger::Unreadable {
+                        offset: at,
+                        error: format!(
+                            "a batch larger than {READ_BYTES} bytes ({:?} needed); it is skipped",
+                            t.needed
+                        ),
+                    });
+                    next = past;
+                }
+                (Some(t), _) => {
+                    unreadable.push(ledger::Unreadable {
+                        offset: at,
+                        error: format!(
+                            "a batch larger than {READ_BYTES} bytes ({:?} needed); the rest of \
+                             the ledger from here was not read",
+                            t.needed
+                        ),
+                    });
+                    break;
+                }
+                (None, _) => break,
             }
-            break;
         }
         at = next;
     }
-    if conn.peer() != first.peer() {
-        conn.close();
+    Ok((values, unreadable))
+}
+
+fn batch_offset(e: &BatchError) -> Option<i64> {
+    match e {
+        BatchError::UnsupportedMagic { base_offset, .. }
+        | BatchError::CrcMismatch { base_offset, .. }
+        | BatchError::Compressed { base_offset, .. }
+        | BatchError::Malformed { base_offset, .. } => Some(*base_offset),
+        _ => None,
     }
-    let mut h = fold(values.iter().map(|(o, v)| (*o, v.as_deref())), start, end);
-    h.unreadable.extend(unreadable);
-    h.unreadable.sort_by_key(|u| u.offset);
-    Ok(h)
 }
 
 /// The group coordinator of `group`, asked of `conn`.

@@ -19,7 +19,9 @@ use super::bootstrap::{connect_any, BootstrapConfig};
 use super::conn::{ConnConfig, Connection};
 use crate::backoff::Backoff;
 use crate::error::{Error, Result};
-use crate::ledger::{self, LeaderLane, Ledger, LedgerError, MemberView, Now};
+use crate::ledger::{
+    self, LeaderLane, Ledger, LedgerError, MemberView, Now, LEDGER_MAX_FRAME_SIZE,
+};
 use crate::membership::{Broker, Command, Event, Lane, Membership, Target, Transmit};
 use crate::wire::Response;
 
@@ -83,8 +85,13 @@ impl Net {
                     Backoff::new(self.retry_backoff, self.retry_backoff_max, 2.0, 0.5);
                 connect_any(&self.bootstrap, &self.conn, &mut backoff, &self.limits).await?
             }
-            Slot::Coordinator(broker, _) | Slot::Leader(broker, _) => {
+            Slot::Coordinator(broker, _) => {
                 Connection::connect(&format!("{}:{}", broker.host, broker.port), &self.conn).await?
+            }
+            Slot::Leader(broker, _) => {
+                let max = self.conn.max_frame_size.max(LEDGER_MAX_FRAME_SIZE);
+                let cfg = self.conn.clone().with_max_frame_size(max);
+                Connection::connect(&format!("{}:{}", broker.host, broker.port), &cfg).await?
             }
         };
         *guard = Some(conn.clone());

@@ -92,6 +92,13 @@ pub const DEFAULT_POLL_WAIT: Duration = Duration::from_secs(5);
 /// The most record bytes a waiter's Fetch asks for by default: a ledger record is about 100
 /// bytes, so this is hundreds of records of every lock sharing the topic.
 pub const DEFAULT_POLL_MAX_BYTES: i32 = 64 * 1024;
+/// The largest response frame accepted on connections that Fetch from the ledger. Kafka sends
+/// the first batch of a Fetch whole even when it is larger than the Fetch's limit (KIP-74), and
+/// its default `message.max.bytes` is 1048588, above the 1 MiB default frame limit: with this
+/// much room a batch the broker accepts by default still arrives, and is read or skipped, rather
+/// than failing the connection at the same offset again and again. (The topic should cap
+/// `max.message.bytes` far lower anyway; see the creation command in [`LedgerError::TopicMissing`].)
+pub const LEDGER_MAX_FRAME_SIZE: usize = crate::wire::DEFAULT_MAX_FRAME_SIZE + 64 * 1024;
 /// Highest OffsetCommit and OffsetFetch versions kafka-protocol 0.18 can *encode* (its response
 /// decoders go one further).
 const OFFSET_REQUEST_MAX_VERSION: i16 = 9;
@@ -106,8 +113,8 @@ pub enum LedgerError {
         "ledger topic {topic:?} does not exist; create it once with exactly one partition, e.g. \
          kafka-topics.sh --create --topic {topic} --partitions 1 --replication-factor 3 \
          --config min.insync.replicas=2 --config unclean.leader.election.enable=false \
-         --config cleanup.policy=delete --config compression.type=producer (docs/design.md, \
-         \"The ledger\")"
+         --config cleanup.policy=delete --config compression.type=producer \
+         --config max.message.bytes=65536 (docs/design.md, \"The ledger\")"
     )]
     TopicMissing {
         /// The topic.
@@ -148,6 +155,28 @@ pub enum LedgerError {
     NotHeld {
         /// The lock.
         lock: String,
+    },
+    /// The hold ended while a checkpoint was on its way and no answer came: the broker may or
+    /// may not have stored it (it checked the generation when the request arrived).
+    #[error(
+        "the hold on lock {lock:?} ended before the broker answered the checkpoint ({reason}); \
+         it may or may not be stored: read it back before relying on either"
+    )]
+    CheckpointUnknown {
+        /// The lock.
+        lock: String,
+        /// Why no answer came.
+        reason: String,
+    },
+    /// The ledger topic was deleted and created again (its id changed) while this process used
+    /// it: the new topic's offsets start again at 0, below tokens already given out.
+    #[error(
+        "ledger topic {topic:?} was deleted and created again while in use; its offsets start \
+         again at 0, below tokens already given out, so this process stops using it"
+    )]
+    TopicReplaced {
+        /// The topic.
+        topic: String,
     },
     /// The broker does not offer an API the ledger needs.
     #[error("the broker offers no version of {api}, which the ledger needs; use Apache Kafka 2.8 or newer")]
@@ -557,6 +586,7 @@ enum HoldState {
     Waiting,
     /// The membership holds; the ACQUIRED record is on its way.
     Appending {
+        attempt: u64,
         token: FencingToken,
         since: Instant,
         deadline: Instant,
@@ -564,9 +594,14 @@ enum HoldState {
         permit: u16,
     },
     /// The hold, with its token.
-    Held { token: FencingToken, since: Instant },
+    Held {
+        attempt: u64,
+        token: FencingToken,
+        since: Instant,
+    },
     /// The hold (or the try) is over; the end record goes out once the membership has ended.
     Ending {
+        attempt: u64,
         token: FencingToken,
         since: Option<Instant>,
         ended: Instant,
@@ -587,6 +622,19 @@ struct Append {
     batch: Bytes,
     /// Given up on after this (and logged), except ACQUIRED, which has the hold's deadline.
     deadline: Instant,
+    /// For an ACQUIRED record: the try it begins and the token it was written with. Its answer
+    /// counts for that try only; a later try has a record of its own.
+    attempt: Option<(u64, FencingToken)>,
+}
+
+/// A checkpoint on its way to the coordinator, with the hold it was sent under: its answer
+/// speaks of that hold, whatever the machine is doing when it arrives.
+#[derive(Debug)]
+struct SentCommit {
+    id: u64,
+    op: CheckpointOp,
+    attempt: u64,
+    token: FencingToken,
 }
 
 #[derive(Debug)]
@@ -605,13 +653,15 @@ enum Poll {
     At(Option<i64>),
 }
 
+/// Requests awaiting an answer. An append or a checkpoint leaves its queue while it is sent, so
+/// an answer is always applied to what was sent, never to whatever is queued first by then.
 #[derive(Debug, Default)]
 struct InFlight {
     metadata: Option<u64>,
-    append: Option<u64>,
+    append: Option<(u64, Append)>,
     /// The ListOffsets or Fetch of the long poll.
     poll: Option<u64>,
-    commit: Option<u64>,
+    commit: Option<SentCommit>,
 }
 
 /// The ledger machine. See the [module docs](self).
@@ -642,6 +692,11 @@ pub struct Ledger {
     checkpoint_results: VecDeque<(u64, Result<(), Error>)>,
     /// The last compressed batch reported, so a waiter warns once per batch, not per poll.
     warned_at: Option<i64>,
+    /// Counts tries at a hold, so an answer is matched to the try whose record it acknowledges.
+    attempts: u64,
+    /// The ledger topic's id as first seen: a topic deleted and created again under the same
+    /// name starts its offsets at 0 again, so it cannot go on serving this process's tokens.
+    topic_id: Option<Uuid>,
 }
 
 impl std::fmt::Debug for Ledger {
@@ -657,6 +712,10 @@ impl std::fmt::Debug for Ledger {
 impl Ledger {
     /// A machine for `cfg`; `partition` when the caller already looked it up.
     pub fn new(cfg: LedgerConfig, partition: Option<Partition>, backoff: Backoff) -> Self {
+        let topic_id = partition
+            .as_ref()
+            .map(|p| p.topic_id)
+            .filter(|id| !id.is_nil());
         let poll_backoff = Backoff::new(
             cfg.retry_backoff,
             cfg.poll_wait.max(cfg.retry_backoff),
@@ -686,6 +745,8 @@ impl Ledger {
             commands: VecDeque::new(),
             checkpoint_results: VecDeque::new(),
             warned_at: None,
+            attempts: 0,
+            topic_id,
         }
     }
 
@@ -729,6 +790,7 @@ impl Ledger {
             && self.appends.is_empty()
             && self.in_flight.append.is_none()
             && self.checkpoints.is_empty()
+            && self.in_flight.commit.is_none()
     }
 
     /// When to call [`Ledger::handle_timeout`] next.
@@ -812,12 +874,18 @@ impl Ledger {
                         now,
                     );
                     let deadline = now.mono + self.cfg.append_deadline;
+                    self.attempts += 1;
+                    let attempt = self.attempts;
+                    // First in line: end and checkpoint records of earlier holds wait for it,
+                    // and one already sent keeps its own answer (see `InFlight`).
                     self.appends.push_front(Append {
                         purpose: Purpose::Acquired,
                         batch,
                         deadline,
+                        attempt: Some((attempt, token.clone())),
                     });
                     self.hold = HoldState::Appending {
+                        attempt,
                         token,
                         since: now.mono,
                         deadline,
@@ -857,7 +925,10 @@ impl Ledger {
                     self.queue_end_record(true, now);
                     self.hold = HoldState::Waiting;
                 }
-                if live {
+                // An eager revocation of a try the users never saw is no loss to them: the member
+                // stays in the group and waits, and the acquire with it.
+                let unseen = reason == LossReason::Revoked && !self.published_hold;
+                if live && !unseen {
                     self.events.push_back(Event::Lost { reason, lease_end });
                 }
             }
@@ -904,15 +975,20 @@ impl Ledger {
         if self.in_flight.metadata == Some(id) {
             self.in_flight.metadata = None;
             self.on_metadata(result, now);
-        } else if self.in_flight.append == Some(id) {
-            self.in_flight.append = None;
-            self.on_append(result, view, now);
+        } else if self
+            .in_flight
+            .append
+            .as_ref()
+            .is_some_and(|(i, _)| *i == id)
+        {
+            let (_, sent) = self.in_flight.append.take().expect("checked");
+            self.on_append(sent, result, view, now);
         } else if self.in_flight.poll == Some(id) {
             self.in_flight.poll = None;
             self.on_poll(result, now);
-        } else if self.in_flight.commit == Some(id) {
-            self.in_flight.commit = None;
-            self.on_commit(result, view, now);
+        } else if self.in_flight.commit.as_ref().is_some_and(|c| c.id == id) {
+            let sent = self.in_flight.commit.take().expect("checked");
+            self.on_commit(sent, result, view, now);
         } else {
             debug!(lock = %self.cfg.lock, id, "ignoring a ledger answer nobody waits for");
         }
@@ -924,22 +1000,27 @@ impl Ledger {
     /// The hold, or the try at one, is over for `end`; it lasted until `ended`.
     fn end(&mut self, end: EndKind, ended: Instant, _now: Now) {
         self.poll = Poll::Off;
-        let (token, since) = match &self.hold {
-            HoldState::Appending { token, .. } => (token.clone(), None),
-            HoldState::Held { token, since } => (token.clone(), Some(*since)),
+        let (attempt, token, since) = match &self.hold {
+            HoldState::Appending { attempt, token, .. } => (*attempt, token.clone(), None),
+            HoldState::Held {
+                attempt,
+                token,
+                since,
+            } => (*attempt, token.clone(), Some(*since)),
             HoldState::Waiting | HoldState::Ending { .. } => return,
         };
         self.hold = HoldState::Ending {
+            attempt,
             token,
             since,
             ended,
             end,
         };
-        // An ACQUIRED record not yet sent names no hold: it is not sent at all.
-        if self.in_flight.append.is_none() {
-            self.appends.retain(|a| a.purpose != Purpose::Acquired);
-        }
-        // Checkpoints need the hold.
+        // An ACQUIRED record not yet sent names no hold: it is not sent at all. One in flight
+        // keeps its answer (`on_append`), and is not sent again.
+        self.appends.retain(|a| a.purpose != Purpose::Acquired);
+        // Checkpoints need the hold. One already sent waits for its answer: the broker may have
+        // stored it while the hold was current.
         while let Some(op) = self.checkpoints.pop_front() {
             self.checkpoint_results.push_back((
                 op.ticket,
@@ -954,7 +1035,7 @@ impl Ledger {
     /// Once the membership has ended (or `now_anyway`), the end record of a hold whose ACQUIRED
     /// offset is known.
     fn queue_end_record(&mut self, now_anyway: bool, now: Now) {
-        if !(self.member_done || now_anyway) || self.in_flight.append.is_some() {
+        if !(self.member_done || now_anyway) {
             return;
         }
         let HoldState::Ending {
@@ -962,6 +1043,7 @@ impl Ledger {
             since,
             ended,
             end,
+            ..
         } = &self.hold
         else {
             return;
@@ -991,6 +1073,7 @@ impl Ledger {
             purpose: Purpose::End,
             batch,
             deadline: now.mono + self.cfg.request_timeout,
+            attempt: None,
         });
         // Written once: the state keeps the offset, but the record is queued now.
         if let HoldState::Ending { token, .. } = &mut self.hold {
@@ -1065,10 +1148,7 @@ impl Ledger {
         }
         // Appends that ran out of time are dropped (an end or checkpoint record is best effort).
         while let Some(a) = self.appends.front() {
-            if self.in_flight.append.is_none()
-                && a.purpose != Purpose::Acquired
-                && now.mono >= a.deadline
-            {
+            if a.purpose != Purpose::Acquired && now.mono >= a.deadline {
                 warn!(lock = %self.cfg.lock, topic = %self.cfg.topic, purpose = ?a.purpose,
                       "could not append a record to the ledger in time; it is missing from the history");
                 self.appends.pop_front();
@@ -1092,8 +1172,15 @@ impl Ledger {
             self.metadata_retry_at = None;
         }
         if let Some(p) = self.partition.clone() {
+            // An ACQUIRED record goes out only while the membership holds and its lease runs: a
+            // lease that ended a moment ago is reported to this machine after this call.
+            let may_send = |a: &Append| {
+                a.purpose != Purpose::Acquired
+                    || (view.holding && view.lease_end.is_some_and(|end| now.mono < end))
+            };
             if self.in_flight.append.is_none() && due(self.append_retry_at) {
-                if let Some(a) = self.appends.front() {
+                if self.appends.front().is_some_and(may_send) {
+                    let a = self.appends.pop_front().expect("front exists");
                     let op = Op::Produce {
                         tp: self.tp(),
                         batch: a.batch.clone(),
@@ -1104,9 +1191,11 @@ impl Ledger {
                         lane: LeaderLane::Append,
                     };
                     let id = self.push(target, op, self.cfg.request_timeout);
-                    self.in_flight.append = Some(id);
-                    self.append_retry_at = None;
+                    self.in_flight.append = Some((id, a));
                 }
+                // Sent, or waiting for the membership's news (which calls in again): either way
+                // no retry time is left that would wake the machine for nothing.
+                self.append_retry_at = None;
             }
             if let Poll::At(at) = self.poll {
                 if self.in_flight.poll.is_none() && due(self.poll_retry_at) {
@@ -1216,8 +1305,27 @@ impl Ledger {
             Err(e) => Err(e),
         };
         match found {
+            Ok(Some(p))
+                if self
+                    .topic_id
+                    .is_some_and(|id| !p.topic_id.is_nil() && p.topic_id != id) =>
+            {
+                let e: Error = LedgerError::TopicReplaced {
+                    topic: self.cfg.topic.clone(),
+                }
+                .into();
+                warn!(lock = %self.cfg.lock, error = %e, "the ledger topic cannot serve");
+                self.poll = Poll::Off;
+                self.fail_hold(e, now);
+                // Records of this process's holds would land among the new topic's tokens.
+                self.appends.clear();
+                self.metadata_retry_at = Some(now.mono + self.cfg.poll_wait);
+            }
             Ok(Some(p)) => {
                 debug!(lock = %self.cfg.lock, topic = %self.cfg.topic, leader = %p.leader, "ledger leader found");
+                if self.topic_id.is_none() && !p.topic_id.is_nil() {
+                    self.topic_id = Some(p.topic_id);
+                }
                 self.partition = Some(p);
                 self.metadata_retry_at = None;
             }
@@ -1237,11 +1345,27 @@ impl Ledger {
         }
     }
 
-    fn on_append(&mut self, result: Result<(Response, i16), Error>, view: &MemberView, now: Now) {
-        let Some(front) = self.appends.front() else {
-            return;
-        };
-        let purpose = front.purpose;
+    fn on_append(
+        &mut self,
+        sent: Append,
+        result: Result<(Response, i16), Error>,
+        view: &MemberView,
+        now: Now,
+    ) {
+        let purpose = sent.purpose;
+        // Which try an ACQUIRED answer speaks for: the one appending, the one ending (the try
+        // ended while its record was on its way), or one long over.
+        #[derive(PartialEq)]
+        enum Try {
+            Appending,
+            Ending,
+            Over,
+        }
+        let try_state = sent.attempt.as_ref().map(|(attempt, _)| match &self.hold {
+            HoldState::Appending { attempt: a, .. } if a == attempt => Try::Appending,
+            HoldState::Ending { attempt: a, .. } if a == attempt => Try::Ending,
+            _ => Try::Over,
+        });
         let outcome = match result {
             Ok((Response::Produce(r), v)) => produced(&r, &self.tp(), v).map_err(|e| match e {
                 LogError::Broker { api, code, message } => Error::Broker {
@@ -1260,9 +1384,40 @@ impl Ledger {
         match outcome {
             Ok(appended) => {
                 self.backoff.reset();
-                self.appends.pop_front();
-                if purpose == Purpose::Acquired {
-                    self.acquired_at(appended.base_offset, view, now);
+                let offset = appended.base_offset;
+                match (try_state, sent.attempt) {
+                    (Some(Try::Appending), _) => self.acquired_at(offset, view, now),
+                    // The end record will name it.
+                    (Some(Try::Ending), _) => {
+                        if let HoldState::Ending { token, .. } = &mut self.hold {
+                            token.ledger_offset = Some(offset);
+                        }
+                    }
+                    // A try that is over and forgotten (eager mode went back to waiting): its
+                    // record names no hold, and a LOST record says so.
+                    (Some(Try::Over), Some((_, token))) => {
+                        info!(lock = %self.cfg.lock, offset, generation = token.generation,
+                              "an earlier try's ACQUIRED record was acknowledged after that try ended; it names no hold");
+                        let batch = self.record_batch(
+                            &token,
+                            offset,
+                            RecordKind::Lost {
+                                held_ms: 0,
+                                reason: LossReason::Ledger.as_str().to_owned(),
+                                detail: "the try ended before the ACQUIRED record was \
+                                         acknowledged; this offset names no hold"
+                                    .to_owned(),
+                            },
+                            now,
+                        );
+                        self.appends.push_back(Append {
+                            purpose: Purpose::End,
+                            batch,
+                            deadline: now.mono + self.cfg.request_timeout,
+                            attempt: None,
+                        });
+                    }
+                    _ => {}
                 }
             }
             Err(e) => {
@@ -1272,22 +1427,26 @@ impl Ledger {
                     }
                     other => other.is_retriable(),
                 };
-                if e.is_retriable() {
+                if leader_gone {
+                    // The lookup waits out the backoff; the next append goes once it answers.
+                    self.forget_leader(now);
+                }
+                let try_over = try_state.as_ref().is_some_and(|t| *t != Try::Appending);
+                if try_over {
+                    // Its try ended: the record would name no hold, so it is not sent again.
+                    // If this attempt did land, it lies before the end of that try.
+                    debug!(lock = %self.cfg.lock, error = %e,
+                           "an ACQUIRED append failed after its try ended; not resending it");
+                } else if e.is_retriable() {
                     debug!(lock = %self.cfg.lock, error = %e, ?purpose, "ledger append failed; retrying");
-                    if leader_gone {
-                        // The lookup waits out the backoff; the append goes as soon as it answers.
-                        self.forget_leader(now);
-                        self.append_retry_at = None;
-                    } else {
-                        self.append_retry_at = Some(now.mono + self.backoff.next_delay());
-                    }
+                    self.append_retry_at =
+                        (!leader_gone).then(|| now.mono + self.backoff.next_delay());
+                    self.appends.push_front(sent);
                 } else if purpose == Purpose::Acquired {
-                    self.appends.pop_front();
                     self.fail_hold(e, now);
                 } else {
                     warn!(lock = %self.cfg.lock, error = %e, ?purpose,
                           "the ledger refused a record; it is missing from the history");
-                    self.appends.pop_front();
                 }
             }
         }
@@ -1295,48 +1454,42 @@ impl Ledger {
         self.queue_end_record(false, now);
     }
 
-    /// The ACQUIRED record is durable at `offset`.
+    /// The ACQUIRED record of the try now appending is durable at `offset`.
     fn acquired_at(&mut self, offset: i64, view: &MemberView, now: Now) {
-        match &mut self.hold {
-            HoldState::Appending {
-                token,
-                since,
-                permit,
-                ..
-            } => {
-                let permit = *permit;
-                let mut token = token.clone();
-                token.ledger_offset = Some(offset);
-                let lease_end = view.lease_end.filter(|end| view.holding && now.mono < *end);
-                match lease_end {
-                    Some(lease_end) => {
-                        info!(lock = %self.cfg.lock, token = offset, generation = token.generation,
-                              "lock acquired; the ledger token is the ACQUIRED record's offset");
-                        let since = *since;
-                        self.hold = HoldState::Held {
-                            token: token.clone(),
-                            since,
-                        };
-                        self.published_hold = true;
-                        self.events.push_back(Event::Acquired {
-                            token,
-                            lease_end,
-                            permit,
-                        });
-                    }
-                    None => {
-                        warn!(lock = %self.cfg.lock, offset,
-                              "the ACQUIRED record was acknowledged after the lease ended; it names no hold");
-                        if let HoldState::Appending { token: t, .. } = &mut self.hold {
-                            t.ledger_offset = Some(offset);
-                        }
-                        self.give_up_hold(view, now);
-                    }
-                }
+        let HoldState::Appending {
+            attempt,
+            token,
+            since,
+            permit,
+            ..
+        } = &mut self.hold
+        else {
+            return;
+        };
+        token.ledger_offset = Some(offset);
+        let (attempt, token, since, permit) = (*attempt, token.clone(), *since, *permit);
+        let lease_end = view.lease_end.filter(|end| view.holding && now.mono < *end);
+        match lease_end {
+            Some(lease_end) => {
+                info!(lock = %self.cfg.lock, token = offset, generation = token.generation,
+                      "lock acquired; the ledger token is the ACQUIRED record's offset");
+                self.hold = HoldState::Held {
+                    attempt,
+                    token: token.clone(),
+                    since,
+                };
+                self.published_hold = true;
+                self.events.push_back(Event::Acquired {
+                    token,
+                    lease_end,
+                    permit,
+                });
             }
-            // The try ended while the record was on its way; the end record will name it.
-            HoldState::Ending { token, .. } => token.ledger_offset = Some(offset),
-            _ => {}
+            None => {
+                warn!(lock = %self.cfg.lock, offset,
+                      "the ACQUIRED record was acknowledged after the lease ended; it names no hold");
+                self.give_up_hold(view, now);
+            }
         }
     }
 
@@ -1369,6 +1522,16 @@ impl Ledger {
                 self.poll_backoff.reset();
                 self.poll = Poll::At(next);
                 self.poll_retry_at = None;
+            }
+            Err(Error::Poisoned(cause)) if matches!(*cause, Error::Frame(_)) => {
+                // An answer too large for any frame we accept (a batch above even
+                // LEDGER_MAX_FRAME_SIZE): every Fetch from here would fail the same way, so the
+                // poll starts again from the end. Heartbeats still tell of a release.
+                warn!(lock = %self.cfg.lock, topic = %self.cfg.topic, error = %cause,
+                      "a ledger batch too large to read; the long poll goes on from the ledger's end \
+                       (cap the topic's max.message.bytes)");
+                self.poll = Poll::At(None);
+                self.poll_retry_at = Some(now.mono + self.poll_backoff.next_delay());
             }
             Err(e) => {
                 debug!(lock = %self.cfg.lock, error = %e, "ledger long poll failed");
@@ -1426,14 +1589,26 @@ impl Ledger {
                     next = next.max(last_offset.saturating_add(1));
                 }
                 Err(e) => {
-                    // What cannot be read cannot be waited on: go on from the end.
+                    // What cannot be read cannot be waited on: go on past it, or from the end
+                    // when not even its length can be read.
                     warn!(lock = %self.cfg.lock, topic = %self.cfg.topic, error = %e, "unreadable ledger batch skipped");
-                    next = next.max(f.high_watermark);
+                    if matches!(e, BatchError::BadLength { .. }) {
+                        next = next.max(f.high_watermark);
+                    }
                 }
             }
         }
-        if let Some(n) = batches.next_offset() {
+        if let Some(n) = batches.resume_offset() {
             next = next.max(n);
+        }
+        if next <= offset {
+            // A first batch that did not arrive whole (a broker older than KIP-74, or one cut
+            // by a size limit): no later Fetch from here gets further, so skip it.
+            if let Some(end) = batches.truncated_end() {
+                warn!(lock = %self.cfg.lock, topic = %self.cfg.topic, offset, end,
+                      "a ledger batch too large to read was skipped; cap the topic's max.message.bytes");
+                next = end;
+            }
         }
         if news {
             debug!(lock = %self.cfg.lock, "the ledger shows the hold ended; heartbeating now");
@@ -1461,7 +1636,7 @@ impl Ledger {
         if self.checkpoint_retry_at.is_some_and(|t| t > now.mono) {
             return;
         }
-        let HoldState::Held { token, .. } = &self.hold else {
+        let HoldState::Held { attempt, token, .. } = &self.hold else {
             // Still appending: the checkpoint waits for the hold to begin.
             if matches!(self.hold, HoldState::Appending { .. }) {
                 return;
@@ -1481,7 +1656,8 @@ impl Ledger {
             self.checkpoint_retry_at = Some(now.mono + self.backoff.next_delay());
             return;
         };
-        let op = Op::Commit {
+        let (attempt, token) = (*attempt, token.clone());
+        let request = Op::Commit {
             group: self.cfg.lock.clone(),
             generation: view.generation,
             member_id: view.member_id.clone(),
@@ -1491,14 +1667,26 @@ impl Ledger {
         };
         let id = self.push(
             Target::Coordinator(coordinator),
-            op,
+            request,
             self.cfg.request_timeout,
         );
-        self.in_flight.commit = Some(id);
+        let op = self.checkpoints.pop_front().expect("front exists");
+        self.in_flight.commit = Some(SentCommit {
+            id,
+            op,
+            attempt,
+            token,
+        });
         self.checkpoint_retry_at = None;
     }
 
-    fn on_commit(&mut self, result: Result<(Response, i16), Error>, view: &MemberView, now: Now) {
+    fn on_commit(
+        &mut self,
+        sent: SentCommit,
+        result: Result<(Response, i16), Error>,
+        view: &MemberView,
+        now: Now,
+    ) {
         let code = match result {
             Ok((Response::OffsetCommit(r), _)) => Ok(r
                 .topics
@@ -1512,9 +1700,12 @@ impl Ledger {
             ))),
             Err(e) => Err(e),
         };
-        let Some(op) = self.checkpoints.front_mut() else {
-            return;
-        };
+        let SentCommit {
+            mut op,
+            attempt,
+            token,
+            ..
+        } = sent;
         let error = match code {
             Ok(0) => None,
             Ok(-1) => Some(Error::Protocol(
@@ -1525,24 +1716,23 @@ impl Ledger {
         };
         match error {
             None => {
-                let op = self.checkpoints.pop_front().expect("front exists");
-                info!(lock = %self.cfg.lock, "checkpoint stored");
-                if let HoldState::Held { token, .. } = &self.hold {
-                    let token = token.clone();
-                    let batch = self.record_batch(
-                        &token,
-                        token.ledger_offset.unwrap_or(0),
-                        RecordKind::Checkpoint {
-                            value: op.value.clone(),
-                        },
-                        now,
-                    );
-                    self.appends.push_back(Append {
-                        purpose: Purpose::Checkpoint,
-                        batch,
-                        deadline: now.mono + self.cfg.request_timeout,
-                    });
-                }
+                // Stored under the hold it was sent with, even if that hold has ended since:
+                // the broker checked the generation when it took it.
+                info!(lock = %self.cfg.lock, hold = token.ledger_offset, "checkpoint stored");
+                let batch = self.record_batch(
+                    &token,
+                    token.ledger_offset.unwrap_or(0),
+                    RecordKind::Checkpoint {
+                        value: op.value.clone(),
+                    },
+                    now,
+                );
+                self.appends.push_back(Append {
+                    purpose: Purpose::Checkpoint,
+                    batch,
+                    deadline: now.mono + self.cfg.request_timeout,
+                    attempt: None,
+                });
                 self.checkpoint_results.push_back((op.ticket, Ok(())));
             }
             Some(e) => {
@@ -1554,12 +1744,28 @@ impl Ledger {
                     Error::Broker { code, .. } => matches!(code.0, 7 | 14 | 15 | 16 | 27),
                     other => other.is_retriable(),
                 };
-                if retry {
+                let same_hold =
+                    matches!(&self.hold, HoldState::Held { attempt: a, .. } if *a == attempt);
+                if retry && same_hold {
                     debug!(lock = %self.cfg.lock, error = %e, "checkpoint not stored yet; retrying");
                     op.last_error = Some(e);
                     self.checkpoint_retry_at = Some(now.mono + self.backoff.next_delay());
+                    self.checkpoints.push_front(op);
+                } else if retry {
+                    // The hold ended while the checkpoint was on its way. A broker's refusal
+                    // says it was not stored; no answer at all leaves that open.
+                    let error = match e {
+                        Error::Broker { .. } => LedgerError::NotHeld {
+                            lock: self.cfg.lock.clone(),
+                        },
+                        other => LedgerError::CheckpointUnknown {
+                            lock: self.cfg.lock.clone(),
+                            reason: other.to_string(),
+                        },
+                    };
+                    self.checkpoint_results
+                        .push_back((op.ticket, Err(error.into())));
                 } else {
-                    let op = self.checkpoints.pop_front().expect("front exists");
                     if fenced {
                         warn!(lock = %self.cfg.lock, error = %e, generation = view.generation,
                               "the broker rejected the checkpoint: this member is no longer the current holder");

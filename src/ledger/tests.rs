@@ -769,6 +769,91 @@ fn a_poll_past_the_end_starts_again_from_the_end() {
     );
 }
 
+/// Waits as a waiter: ListOffsets answered with `end`, so the next transmit is the Fetch.
+fn waiting_at(r: &mut Rig, end: i64) {
+    r.member(Event::Waiting {
+        holder: None,
+        holders: Vec::new(),
+        position: 1,
+        generation: 3,
+    });
+    let t = r.last().clone();
+    let resp =
+        ListOffsetsResponse::default().with_topics(vec![ListOffsetsTopicResponse::default()
+            .with_name(StrBytes::from_static_str(TOPIC).into())
+            .with_partitions(vec![ListOffsetsPartitionResponse::default()
+                .with_partition_index(0)
+                .with_offset(end)])]);
+    r.answer(t.id, Ok((Response::ListOffsets(resp), 9)));
+}
+
+fn fetch_of(records: Bytes, hw: i64) -> Result<(Response, i16), Error> {
+    let resp = FetchResponse::default().with_responses(vec![FetchableTopicResponse::default()
+        .with_topic(StrBytes::from_static_str(TOPIC).into())
+        .with_partitions(vec![PartitionData::default()
+            .with_partition_index(0)
+            .with_high_watermark(hw)
+            .with_records(Some(records))])]);
+    Ok((Response::Fetch(resp), 12))
+}
+
+fn at_base(batch: Bytes, base: i64) -> BytesMut {
+    let mut b = BytesMut::from(&batch[..]);
+    b[..8].copy_from_slice(&base.to_be_bytes());
+    b
+}
+
+#[test]
+fn an_unreadable_batch_is_skipped_alone_not_to_the_high_watermark() {
+    let mut r = Rig::new();
+    waiting_at(&mut r, 5);
+    let fetch = r.last().clone();
+    let mut bad = at_base(
+        batch_of(&[("other", record(RecordKind::Released { held_ms: 1 }, 1))]),
+        5,
+    );
+    let last = bad.len() - 1;
+    bad[last] ^= 1; // CRC mismatch
+    let mut data = bad;
+    data.extend_from_slice(&at_base(
+        batch_of(&[("other", record(RecordKind::Released { held_ms: 1 }, 2))]),
+        6,
+    ));
+    // Offsets 7..100 exist but did not fit in this answer.
+    r.answer(fetch.id, fetch_of(data.freeze(), 100));
+    r.advance(Duration::from_millis(1));
+    let next = r.last().clone();
+    assert!(
+        matches!(next.op, Op::Fetch { offset: 7, .. }),
+        "the poll went on from {:?}",
+        next.op
+    );
+}
+
+#[test]
+fn a_first_batch_that_cannot_arrive_whole_is_skipped_by_its_header() {
+    let mut r = Rig::new();
+    waiting_at(&mut r, 5);
+    let fetch = r.last().clone();
+    let big = at_base(
+        batch_of(&[
+            ("other", record(RecordKind::Released { held_ms: 1 }, 1)),
+            ("other", record(RecordKind::Released { held_ms: 1 }, 2)),
+            ("other", record(RecordKind::Released { held_ms: 1 }, 3)),
+        ]),
+        5,
+    );
+    // Only the start of it came (a size limit): nothing more is in any Fetch from 5.
+    r.answer(fetch.id, fetch_of(big.freeze().slice(..61), 100));
+    r.advance(Duration::from_millis(1));
+    let next = r.last().clone();
+    assert!(
+        matches!(next.op, Op::Fetch { offset: 8, .. }),
+        "the poll went on from {:?}",
+        next.op
+    );
+}
+
 // ---- checkpoints --------------------------------------------------------------------------------
 
 #[test]
@@ -920,6 +1005,370 @@ fn a_pending_checkpoint_fails_when_the_hold_ends() {
         r.checkpoints[..],
         [(1, Err(Error::Ledger(LedgerError::NotHeld { .. })))]
     ));
+}
+
+// ---- answers matched to the request that was sent ------------------------------------------------
+
+#[test]
+fn a_reacquire_while_the_previous_end_record_is_in_flight_gets_its_own_acquired() {
+    let mut r = Rig::new();
+    r.holding_at(10);
+    r.view.holding = false;
+    let lease_end = r.now;
+    r.member(Event::Lost {
+        reason: LossReason::Revoked,
+        lease_end,
+    });
+    let lost = r.last().clone();
+    assert!(matches!(appended(&lost).kind, RecordKind::Lost { .. }));
+    // Eager mode: the lock comes back while the LOST record is still on its way.
+    r.membership_acquires(5);
+    r.answer(lost.id, produced_at(11));
+    assert!(
+        !r.events.iter().any(|e| matches!(e,
+            Event::Acquired { token, .. } if token.ledger_offset == Some(11))),
+        "{:?}",
+        r.events
+    );
+    let next = r.last().clone();
+    let rec = appended(&next);
+    assert!(
+        matches!(rec.kind, RecordKind::Acquired { .. }) && rec.generation == 5,
+        "{rec:?}"
+    );
+    r.answer(next.id, produced_at(12));
+    assert!(
+        matches!(r.events.last(), Some(Event::Acquired { token, .. }) if token.ledger_offset == Some(12)),
+        "{:?}",
+        r.events
+    );
+    // The LOST record went out once.
+    let losts = r
+        .sent
+        .iter()
+        .filter(|t| matches!(t.op, Op::Produce { .. }))
+        .filter(|t| matches!(appended(t).kind, RecordKind::Lost { .. }))
+        .count();
+    assert_eq!(losts, 1);
+}
+
+#[test]
+fn an_old_tries_acquired_answer_is_not_the_new_holds_token() {
+    let mut r = Rig::new();
+    r.membership_acquires(3);
+    let old = r.last().clone();
+    r.view.holding = false;
+    let lease_end = r.now;
+    r.member(Event::Lost {
+        reason: LossReason::Revoked,
+        lease_end,
+    });
+    r.membership_acquires(5);
+    r.answer(old.id, produced_at(10));
+    assert!(
+        !r.events.iter().any(|e| matches!(e, Event::Acquired { .. })),
+        "{:?}",
+        r.events
+    );
+    // The new try's own ACQUIRED goes next, and the old one is never sent again.
+    let next = r.last().clone();
+    let rec = appended(&next);
+    assert!(
+        matches!(rec.kind, RecordKind::Acquired { .. }) && rec.generation == 5,
+        "{rec:?}"
+    );
+    r.answer(next.id, produced_at(11));
+    assert!(
+        matches!(r.events.last(), Some(Event::Acquired { token, .. }) if token.ledger_offset == Some(11)),
+        "{:?}",
+        r.events
+    );
+    // Offset 10 names no hold: a LOST record says so.
+    let marker = r.last().clone();
+    let rec = appended(&marker);
+    assert!(
+        matches!(rec.kind, RecordKind::Lost { .. }) && rec.hold == 10 && rec.generation == 3,
+        "{rec:?}"
+    );
+    let acquireds = r
+        .sent
+        .iter()
+        .filter(|t| matches!(t.op, Op::Produce { .. }))
+        .filter(|t| matches!(appended(t).kind, RecordKind::Acquired { .. }))
+        .count();
+    assert_eq!(acquireds, 2);
+}
+
+#[test]
+fn an_old_commit_answer_does_not_complete_a_new_checkpoint() {
+    let mut r = Rig::new();
+    r.holding_at(10);
+    let (v, n) = (r.view.clone(), r.t());
+    r.l.checkpoint(1, "c1".into(), &v, n);
+    r.drain();
+    let c1 = r.last().clone();
+    assert!(matches!(c1.op, Op::Commit { .. }));
+    r.view.holding = false;
+    let le = r.now;
+    r.member(Event::Lost {
+        reason: LossReason::Revoked,
+        lease_end: le,
+    });
+    let lost = r.last().clone();
+    r.answer(lost.id, produced_at(11));
+    r.membership_acquires(5);
+    let acq = r.last().clone();
+    r.answer(acq.id, produced_at(12));
+    let (v, n) = (r.view.clone(), r.t());
+    r.l.checkpoint(2, "c2".into(), &v, n);
+    r.drain();
+    r.answer(c1.id, commit_answer(0));
+    assert!(
+        !r.checkpoints.iter().any(|(t, res)| *t == 2 && res.is_ok()),
+        "{:?}",
+        r.checkpoints
+    );
+    // The broker took c1 while hold 10 was current: that checkpoint is stored, and its ledger
+    // copy names hold 10.
+    assert!(
+        r.checkpoints.iter().any(|(t, res)| *t == 1 && res.is_ok()),
+        "{:?}",
+        r.checkpoints
+    );
+    let copies: Vec<LedgerRecord> = r
+        .sent
+        .iter()
+        .filter(|t| matches!(t.op, Op::Produce { .. }))
+        .map(appended)
+        .filter(|rec| matches!(rec.kind, RecordKind::Checkpoint { .. }))
+        .collect();
+    assert!(
+        copies.iter().all(|c| c.hold == 10
+            && matches!(&c.kind, RecordKind::Checkpoint { value } if value == "c1")),
+        "{copies:?}"
+    );
+    // c2 is sent on its own.
+    assert!(r.sent.iter().any(
+        |t| matches!(&t.op, Op::Commit { metadata, offset, generation, .. }
+            if metadata == "c2" && *offset == 12 && *generation == 5)
+    ));
+}
+
+#[test]
+fn an_acquired_attempt_is_not_retried_after_the_hold_was_given_up() {
+    let mut r = Rig::new();
+    r.membership_acquires(3);
+    let first = r.last().clone();
+    // The append deadline passes with the attempt still in flight.
+    r.advance(REQUEST * 2 + Duration::from_millis(1));
+    assert!(matches!(
+        r.events.last(),
+        Some(Event::Lost {
+            reason: LossReason::Ledger,
+            ..
+        })
+    ));
+    r.answer(first.id, produce_answer(19, -1)); // NOT_ENOUGH_REPLICAS: retriable
+    r.membership_leaves();
+    let n = r.sent.len();
+    r.advance(Duration::from_secs(60));
+    assert!(
+        r.sent[n..]
+            .iter()
+            .all(|t| !matches!(t.op, Op::Produce { .. })),
+        "ACQUIRED re-sent after Left: {:?}",
+        &r.sent[n..]
+    );
+    assert!(r.l.is_done());
+    assert!(
+        matches!(r.events.last(), Some(Event::Left { .. })),
+        "{:?}",
+        r.events
+    );
+}
+
+#[test]
+fn no_acquired_record_goes_out_once_the_lease_has_ended() {
+    let mut r = Rig::new();
+    r.membership_acquires(3);
+    let id = r.last().id;
+    r.answer(id, produce_answer(19, -1)); // NOT_ENOUGH_REPLICAS: retried after a backoff
+                                          // The lease ends before the retry is due; the membership has not said so to the ledger yet
+                                          // (the driver wakes the membership first, then the ledger, with the membership's view).
+    r.view.holding = false;
+    let n = r.sent.len();
+    r.advance(Duration::from_secs(1));
+    assert!(
+        r.sent[n..]
+            .iter()
+            .all(|t| !matches!(t.op, Op::Produce { .. })),
+        "{:?}",
+        &r.sent[n..]
+    );
+    let lease_end = r.now;
+    r.member(Event::Lost {
+        reason: LossReason::LeaseExpired,
+        lease_end,
+    });
+    r.membership_leaves();
+    r.advance(Duration::from_secs(30));
+    assert!(r.sent[n..]
+        .iter()
+        .all(|t| !matches!(t.op, Op::Produce { .. })));
+    assert!(r.l.is_done());
+}
+
+fn metadata_with_id(id: Uuid) -> Result<(Response, i16), Error> {
+    let resp = MetadataResponse::default()
+        .with_brokers(vec![MetadataResponseBroker::default()
+            .with_node_id(BrokerId(1))
+            .with_host(StrBytes::from_static_str("127.0.0.1"))
+            .with_port(9091)])
+        .with_topics(vec![MetadataResponseTopic::default()
+            .with_name(Some(StrBytes::from_static_str(TOPIC).into()))
+            .with_topic_id(id)
+            .with_partitions(vec![MetadataResponsePartition::default()
+                .with_partition_index(0)
+                .with_leader_id(BrokerId(1))])]);
+    Ok((Response::Metadata(resp), 12))
+}
+
+#[test]
+fn a_ledger_topic_created_again_is_refused_mid_session() {
+    let mut r = Rig::new();
+    let backoff = Backoff::with_rng(
+        Duration::from_millis(100),
+        Duration::from_secs(1),
+        2.0,
+        0.0,
+        || 0.0,
+    );
+    let first = Uuid::from_u128(0x1111);
+    r.l = Ledger::new(
+        config(),
+        Some(Partition {
+            leader: broker(1),
+            topic_id: first,
+        }),
+        backoff,
+    );
+    r.membership_acquires(3);
+    let id = r.last().id;
+    r.answer(id, produce_answer(6, -1)); // NOT_LEADER_OR_FOLLOWER: look the leader up again
+    r.advance(Duration::from_millis(100));
+    let meta = r.last().clone();
+    assert!(matches!(meta.op, Op::Metadata { .. }));
+    // The topic was deleted and created again: same name, new id, offsets from 0.
+    r.answer(meta.id, metadata_with_id(Uuid::from_u128(0x2222)));
+    assert!(
+        matches!(
+            r.events.last(),
+            Some(Event::Failed(e)) if matches!(**e, Error::Ledger(LedgerError::TopicReplaced { .. }))
+        ),
+        "{:?}",
+        r.events
+    );
+    assert!(!r.events.iter().any(|e| matches!(e, Event::Acquired { .. })));
+    assert!(r.commands.contains(&Command::Leave));
+    // The same id again is fine.
+    let mut r2 = Rig::new();
+    let backoff = Backoff::with_rng(
+        Duration::from_millis(100),
+        Duration::from_secs(1),
+        2.0,
+        0.0,
+        || 0.0,
+    );
+    r2.l = Ledger::new(
+        config(),
+        Some(Partition {
+            leader: broker(1),
+            topic_id: first,
+        }),
+        backoff,
+    );
+    r2.membership_acquires(3);
+    let id = r2.last().id;
+    r2.answer(id, produce_answer(6, -1));
+    r2.advance(Duration::from_millis(100));
+    let meta = r2.last().clone();
+    r2.answer(meta.id, metadata_with_id(first));
+    let again = r2.last().clone();
+    r2.answer(again.id, produced_at(7));
+    assert!(matches!(r2.events.last(), Some(Event::Acquired { .. })));
+}
+
+#[test]
+fn an_eager_revocation_before_the_hold_began_is_no_loss_to_the_users() {
+    let mut r = Rig::new();
+    r.membership_acquires(3);
+    let first = r.last().clone();
+    r.view.holding = false;
+    let lease_end = r.now;
+    r.member(Event::Lost {
+        reason: LossReason::Revoked,
+        lease_end,
+    });
+    assert!(
+        !r.events.iter().any(|e| matches!(e, Event::Lost { .. })),
+        "{:?}",
+        r.events
+    );
+    // The try's record, acknowledged late, is marked as naming no hold.
+    r.answer(first.id, produced_at(4));
+    let marker = r.last().clone();
+    let rec = appended(&marker);
+    assert!(
+        matches!(rec.kind, RecordKind::Lost { .. }) && rec.hold == 4,
+        "{rec:?}"
+    );
+    // The lock comes back (its ACQUIRED waits for the marker's answer): the users' first hold.
+    r.membership_acquires(4);
+    r.answer(marker.id, produced_at(5));
+    let acq = r.last().clone();
+    assert!(matches!(appended(&acq).kind, RecordKind::Acquired { .. }));
+    r.answer(acq.id, produced_at(6));
+    assert!(
+        matches!(r.events[..], [Event::Acquired { ref token, .. }] if token.ledger_offset == Some(6)),
+        "{:?}",
+        r.events
+    );
+}
+
+#[test]
+fn a_checkpoint_unanswered_when_the_hold_ends_is_of_unknown_outcome() {
+    let mut r = Rig::new();
+    r.holding_at(42);
+    let (view, now) = (r.view.clone(), r.t());
+    r.l.checkpoint(1, "v".into(), &view, now);
+    r.drain();
+    let sent = r.last().clone();
+    assert!(matches!(sent.op, Op::Commit { .. }));
+    r.view.holding = false;
+    let lease_end = r.now;
+    r.member(Event::Lost {
+        reason: LossReason::LeaseExpired,
+        lease_end,
+    });
+    // The hold ended, but the broker may already have taken the commit: nothing is said yet.
+    assert!(r.checkpoints.is_empty(), "{:?}", r.checkpoints);
+    r.membership_leaves();
+    assert!(!r.l.is_done());
+    r.answer(
+        sent.id,
+        Err(Error::Timeout {
+            op: "OffsetCommit".into(),
+            after: REQUEST,
+        }),
+    );
+    assert!(
+        matches!(
+            r.checkpoints[..],
+            [(1, Err(Error::Ledger(LedgerError::CheckpointUnknown { .. })))]
+        ),
+        "{:?}",
+        r.checkpoints
+    );
 }
 
 // ---- the token's order ----------------------------------------------------------------------------

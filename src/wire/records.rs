@@ -449,6 +449,7 @@ pub struct RecordBatches {
     pos: usize,
     done: bool,
     next_offset: Option<i64>,
+    resume_offset: Option<i64>,
     truncated: Option<Truncated>,
     control_batches: usize,
 }
@@ -461,6 +462,7 @@ impl RecordBatches {
             pos: 0,
             done: false,
             next_offset: None,
+            resume_offset: None,
             truncated: None,
             control_batches: 0,
         }
@@ -471,6 +473,22 @@ impl RecordBatches {
     /// move it.
     pub fn next_offset(&self) -> Option<i64> {
         self.next_offset
+    }
+
+    /// Like [`next_offset`](Self::next_offset), but past batches reported as errors too, as far
+    /// as their header tells where they end: where a reader that skips what it cannot read goes
+    /// on. A batch whose length is unusable ([`BatchError::BadLength`]) ends the iteration
+    /// without moving it.
+    pub fn resume_offset(&self) -> Option<i64> {
+        self.resume_offset
+    }
+
+    /// One past the last offset of the batch cut off at the end of the input, read from its
+    /// header (its CRC cannot be checked): where a reader that cannot get the batch whole goes
+    /// on. `None` without a cut-off batch or when too little of its header arrived.
+    pub fn truncated_end(&self) -> Option<i64> {
+        let t = self.truncated?;
+        end_from_header(self.data.get(t.at..)?)
     }
 
     /// The batch cut off at the end of the input, once the iteration reached it.
@@ -527,12 +545,20 @@ impl Iterator for RecordBatches {
                 Ok(Read::Control { last_offset }) => {
                     self.control_batches += 1;
                     self.next_offset = Some(last_offset.saturating_add(1));
+                    self.resume_offset = self.next_offset;
                 }
                 Ok(Read::Data(b)) => {
                     self.next_offset = Some(b.last_offset.saturating_add(1));
+                    self.resume_offset = self.next_offset;
                     return Some(Ok(b));
                 }
-                Err(e) => return Some(Err(e)),
+                Err(e) => {
+                    // Past it, as far as its header tells; an older format's offset field is
+                    // its last offset, so one past that.
+                    let past = end_from_header(&batch).unwrap_or(base_offset.saturating_add(1));
+                    self.resume_offset = Some(self.resume_offset.map_or(past, |r| r.max(past)));
+                    return Some(Err(e));
+                }
             }
         }
         None
@@ -550,6 +576,24 @@ fn array<const N: usize>(b: &[u8]) -> [u8; N] {
     let mut out = [0u8; N];
     out.copy_from_slice(&b[..N]);
     out
+}
+
+/// One past a v2 batch's last offset, from its first 27 bytes (base offset, length, leader
+/// epoch, magic, CRC, attributes, last offset delta); `None` when they are not all there, or
+/// not a v2 batch, or the numbers are impossible.
+fn end_from_header(bytes: &[u8]) -> Option<i64> {
+    let header = bytes.get(..27)?;
+    if header[16] as i8 != MAGIC {
+        return None;
+    }
+    let base_offset = i64::from_be_bytes(array(&header[..8]));
+    let delta = i32::from_be_bytes(array(&header[23..27]));
+    if delta < 0 || base_offset < 0 {
+        return None;
+    }
+    base_offset
+        .checked_add(i64::from(delta))
+        .and_then(|last| last.checked_add(1))
 }
 
 /// Reads one complete batch (`batch` is exactly its bytes; `at` its position in the input).

@@ -198,6 +198,37 @@ fn a_crc_mismatch_is_typed_and_the_next_batch_is_still_read() {
 }
 
 #[test]
+fn a_rejected_batch_is_passed_by_resume_offset_only() {
+    // Offsets 5..=7 corrupt, then 8 readable: a reader skipping the bad batch resumes at 9 even
+    // if the readable one were absent, and never at the high watermark.
+    let mut bad = at_offset(encode(&sample()), 5);
+    let last = bad.len() - 1;
+    bad[last] ^= 1;
+    let (_, it) = all(bad.clone().freeze());
+    assert_eq!(
+        (it.next_offset(), it.resume_offset()),
+        (None, Some(5 + sample().len() as i64))
+    );
+    let mut data = bad;
+    data.extend_from_slice(&at_offset(encode(&sample()[..1]), 8));
+    let (_, it) = all(data.freeze());
+    assert_eq!(it.resume_offset(), Some(9));
+}
+
+#[test]
+fn a_cut_off_batch_tells_its_end_from_its_header() {
+    let batch = at_offset(encode(&sample()), 40).freeze();
+    let end = 40 + sample().len() as i64;
+    for cut in 1..batch.len() {
+        let (items, it) = all(batch.slice(..cut));
+        assert!(items.is_empty());
+        assert_eq!(it.truncated_end(), (cut >= 27).then_some(end), "cut {cut}");
+    }
+    let (_, it) = all(batch.clone());
+    assert_eq!(it.truncated_end(), None);
+}
+
+#[test]
 fn compressed_batches_are_a_typed_error_with_the_offsets_to_skip() {
     for codec in 1..=7u8 {
         let mut batch = at_offset(encode(&sample()), 100);

@@ -629,3 +629,137 @@ fn tokens_keep_increasing_across_coordinator_and_ledger_leader_failover() {
     let want: Vec<i64> = tokens.iter().map(FencingToken::value).collect();
     assert_eq!(held, want, "{h:?}");
 }
+
+/// Appends `records` (key `key`, each with `value`) in batches of `per_batch` to partition 0 of
+/// `topic`, as any producer could: the ledger is shared, and not only by kafka-lock.
+async fn append_raw(
+    bootstrap: &str,
+    topic: &str,
+    key: &str,
+    value: &[u8],
+    records: usize,
+    per_batch: usize,
+) {
+    use kafka_lock::ledger::{build, Op};
+    use kafka_lock::wire::log::{produced, TopicPartition};
+    use kafka_lock::wire::records::{encode_batch, NewRecord};
+    let cfg = ConnConfig::default().with_max_frame_size(8 << 20);
+    let conn = Connection::connect(bootstrap.split(',').next().unwrap(), &cfg)
+        .await
+        .expect("connect");
+    let tp = TopicPartition::new(topic, 0);
+    let mut left = records;
+    while left > 0 {
+        let n = left.min(per_batch);
+        left -= n;
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        let batch: Vec<NewRecord> = (0..n)
+            .map(|_| NewRecord {
+                timestamp: now_ms,
+                key: Some(bytes::Bytes::copy_from_slice(key.as_bytes())),
+                value: Some(bytes::Bytes::copy_from_slice(value)),
+                headers: Vec::new(),
+            })
+            .collect();
+        let mut out = bytes::BytesMut::new();
+        encode_batch(&batch, &mut out).expect("encode");
+        let op = Op::Produce {
+            tp: tp.clone(),
+            batch: out.freeze(),
+            timeout: BOUND,
+        };
+        let (req, v) = build(&op, conn.versions()).expect("build");
+        let resp = conn.request_at(req, v, BOUND).await.expect("produce");
+        let Response::Produce(r) = resp else {
+            panic!("{resp:?}")
+        };
+        produced(&r, &tp, v).expect("appended");
+    }
+    conn.close();
+}
+
+/// Without a committed checkpoint (the group was deleted), the last checkpoint comes from the
+/// ledger's copy, read from the end backwards and only so far: a checkpoint behind tens of
+/// thousands of other locks' records is not looked for (the whole history still has it), one
+/// among the last records is found. Breaks if `last_checkpoint` read the whole partition, as it
+/// did on every `kafka-lock run` of a lock without a committed checkpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ledgers_checkpoint_copy_is_read_only_from_its_tail() {
+    support::init_tracing();
+    let bootstrap = kafka().bootstrap();
+    let ledger = new_ledger(&bootstrap, "ledger-tail");
+    let group = support::unique_group("ledger-tail-lock");
+    let o = opts(&bootstrap, &group, &ledger);
+    let checkpoint_once = |value: &'static str| {
+        let o = o.clone();
+        async move {
+            let guard = o.acquire(Some(BOUND)).await.expect("acquire");
+            guard.checkpoint(value).await.expect("checkpoint");
+            guard.release().await.expect("release");
+        }
+    };
+    checkpoint_once("old").await;
+    // More of other locks' records than the tail read goes back.
+    append_raw(&bootstrap, &ledger, "another-lock", b"x", 40_000, 4_000).await;
+    delete_group(&bootstrap, &group).expect("delete the empty group");
+    assert_eq!(o.committed_checkpoint().await.expect("committed"), None);
+    let found = o.last_checkpoint().await.expect("last checkpoint");
+    assert_eq!(found, None, "read beyond the tail: {found:?}");
+    let whole = o.history().await.expect("history");
+    assert_eq!(whole.last_checkpoint().map(|c| c.0), Some("old"));
+
+    checkpoint_once("new").await;
+    append_raw(&bootstrap, &ledger, "another-lock", b"x", 5_000, 5_000).await;
+    delete_group(&bootstrap, &group).expect("delete the empty group");
+    let found = o
+        .last_checkpoint()
+        .await
+        .expect("last checkpoint")
+        .expect("found");
+    assert_eq!(
+        (found.value.as_str(), found.source),
+        ("new", CheckpointSource::Ledger)
+    );
+}
+
+/// A batch as large as the broker accepts by default (message.max.bytes 1048588, above the
+/// default 1 MiB frame limit) in a ledger topic created without max.message.bytes: Kafka sends
+/// a Fetch's first batch whole (KIP-74), so it must fit a ledger connection's frame. History,
+/// the checkpoint fallback and later holds go on past it. Breaks if the ledger's reads used the
+/// 1 MiB frame limit (every Fetch from that offset failed the connection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_the_brokers_default_size_does_not_blind_the_ledger() {
+    support::init_tracing();
+    let bootstrap = kafka().bootstrap();
+    let ledger = new_ledger(&bootstrap, "ledger-big");
+    let group = support::unique_group("ledger-big-lock");
+    let o = opts(&bootstrap, &group, &ledger);
+    let t1 = hold_once(&o).await;
+    // One record: a batch of 1048585 bytes, just under message.max.bytes, over 1 MiB framed.
+    append_raw(
+        &bootstrap,
+        &ledger,
+        "another-lock",
+        &vec![b'x'; 1_048_500],
+        1,
+        1,
+    )
+    .await;
+    let guard = o.acquire(Some(BOUND)).await.expect("acquire");
+    guard.checkpoint("after").await.expect("checkpoint");
+    let t2 = guard.token();
+    guard.release().await.expect("release");
+    let h = o.history().await.expect("history past the large batch");
+    let got: Vec<i64> = h.holds.iter().map(|x| x.token).collect();
+    assert_eq!(got, [t1.value(), t2.value()], "{h:?}");
+    delete_group(&bootstrap, &group).expect("delete the empty group");
+    let c = o
+        .last_checkpoint()
+        .await
+        .expect("last checkpoint")
+        .expect("found");
+    assert_eq!(c.value, "after");
+}

@@ -81,7 +81,10 @@ command may write. If the command exits 0 and the file exists, kafka-lock stores
 (UTF-8, at most --checkpoint-max-bytes) as the new checkpoint before it releases the lock: an
 OffsetCommit carrying the hold's generation and member id, which the broker rejects if this holder
 is no longer the current one. A rejected or failed commit is status 74; content that is too long
-or not UTF-8 is status 78. Either way the lock's checkpoint stays the previous one.
+or not UTF-8 is status 78. Either way the lock's checkpoint stays the previous one, unless the
+hold ended before the broker answered: then it may or may not be stored, and the message says so.
+When the group has no checkpoint (deleted, or its offsets expired), the ledger's copy is looked
+for among the ledger's last 32768 records only; `kafka-lock history` reads them all.
 
 What stops the command. kafka-lock starts a supervisor process (itself, re-executed, in a process
 group of its own), which starts the command in a process group of its own. The supervisor owns the

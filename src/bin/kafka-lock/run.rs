@@ -691,7 +691,8 @@ async fn hold(
     let token = guard.token();
     let mut watch = guard.watch();
     // The last checkpoint, and a place for the command to leave the next one; read before the
-    // lease end is taken, since reading may take a while (the ledger's copy is read in full).
+    // lease end is taken, since reading may take a while (the ledger's copy, read when the group
+    // has none, comes from the ledger's tail, a few MiB at most).
     // A read that outlasts the lease (a broker cut off) ends with the lease, as a loss.
     let checkpoint = tokio::select! {
         biased;
@@ -1121,14 +1122,29 @@ impl CheckpointDir {
                     kafka_lock::Error::Broker { code, .. }
                         if matches!(code.code(), 22 | 25 | 82) =>
                     {
-                        "the broker rejected it because this holder is no longer the lock's current                          holder (its generation or member id is stale)"
+                        "the broker rejected it because this holder is no longer the lock's current \
+                         holder (its generation or member id is stale)"
                     }
                     _ => "it could not be stored",
                 };
+                if let kafka_lock::Error::Ledger(kafka_lock::LedgerError::CheckpointUnknown {
+                    ..
+                }) = &e
+                {
+                    return Some(Failure::new(
+                        status,
+                        format!(
+                            "the command exited 0 but {e}; `kafka-lock status --lock {}` shows \
+                             which checkpoint lock {:?} has",
+                            self.lock, self.lock
+                        ),
+                    ));
+                }
                 Some(Failure::new(
                     status,
                     format!(
-                        "the command exited 0 but its checkpoint was not stored: {why} ({e});                          lock {:?} keeps its previous checkpoint",
+                        "the command exited 0 but its checkpoint was not stored: {why} ({e}); \
+                         lock {:?} keeps its previous checkpoint",
                         self.lock
                     ),
                 ))
