@@ -12,6 +12,7 @@ use crate::exit::{self, Failure};
 pub enum Page {
     Run,
     Status,
+    History,
     Elect,
     Observe,
 }
@@ -23,7 +24,7 @@ pub fn completions(shell: clap_complete::Shell, mut cmd: Command) -> Vec<u8> {
     out
 }
 
-/// kafka-lock(1), or kafka-lock-run(1) / kafka-lock-status(1), in roff.
+/// kafka-lock(1), or a subcommand's page (kafka-lock-run(1), kafka-lock-status(1), ...), in roff.
 pub fn manpage(page: Option<Page>, mut cmd: Command) -> Result<Vec<u8>, Failure> {
     // Building gives subcommands their display names ("kafka-lock-run") and usage lines.
     cmd.build();
@@ -33,6 +34,7 @@ pub fn manpage(page: Option<Page>, mut cmd: Command) -> Result<Vec<u8>, Failure>
             let name = match p {
                 Page::Run => "run",
                 Page::Status => "status",
+                Page::History => "history",
                 Page::Elect => "elect",
                 Page::Observe => "observe",
             };
