@@ -378,7 +378,7 @@ pub fn peer_bytes(data: &[u8]) {
     kafka_lock::ledger::fuzz_ledger_bytes(data);
 
     if let Ok(md) = MemberMetadata::decode(data) {
-        if data[3] == 0 {
+        if data[3] == 0 || (data[3] == 1 && (md.permits != 1 || md.slot != 0)) {
             assert_eq!(
                 &md.encode()[..],
                 data,
@@ -430,6 +430,9 @@ pub fn split_members(mut data: &[u8]) -> Vec<Member> {
                     first_joined_generation: i32::from(byte(1) as i8).max(-1),
                     holder_generation: i32::from(byte(2) as i8).max(-1),
                     label: (byte(0) & 2 != 0).then(|| format!("job-{i}")),
+                    // Bit 2: a semaphore of two permits, bit 3 its slot.
+                    permits: 1 + u16::from(byte(0) >> 2 & 1),
+                    slot: u16::from(byte(0) >> 2 & byte(0) >> 3 & 1),
                 }
                 .encode()
             }
@@ -476,52 +479,84 @@ fn check_native(generation: i32, members: &[Member]) {
     let plan_rejected: Vec<&str> = plan.rejected.iter().map(|(id, _)| id.as_str()).collect();
     assert_eq!(plan_rejected, rejected);
 
+    // Members that agree with the group's number of permits; the others are listed as
+    // mismatched and never hold.
     let eligible: Vec<(&str, &MemberMetadata)> = members
         .iter()
         .zip(&decoded)
         .filter_map(|((id, _, _), d)| d.as_ref().ok().map(|md| (id.as_str(), md)))
         .collect();
-    let holder = eligible
+    let mismatched: Vec<(String, u16)> = eligible
         .iter()
-        .find(|(id, _)| Some(*id) == plan.holder.as_deref());
-    assert_eq!(
-        holder.is_some(),
-        !eligible.is_empty(),
-        "holder {:?}",
-        plan.holder
-    );
-    if let Some(&(hid, hmd)) = holder {
-        let claims = eligible.iter().filter(|(_, md)| md.holds);
-        match claims.map(|(_, md)| md.holder_generation).max() {
-            // Sticky: the most recent claim wins, ties by FIFO order.
-            Some(newest) => {
-                assert!(hmd.holds && hmd.holder_generation == newest);
-                assert!(eligible
+        .filter(|(_, md)| md.permits != plan.permits)
+        .map(|(id, md)| ((*id).to_owned(), md.permits))
+        .collect();
+    let mut plan_mismatched = plan.mismatched.clone();
+    plan_mismatched.sort();
+    let mut want_mismatched = mismatched.clone();
+    want_mismatched.sort();
+    assert_eq!(plan_mismatched, want_mismatched);
+    let agreeing: Vec<(&str, &MemberMetadata)> = eligible
+        .iter()
+        .copied()
+        .filter(|(_, md)| md.permits == plan.permits)
+        .collect();
+    assert_eq!(agreeing.is_empty(), eligible.is_empty());
+    assert!(plan.holders.len() <= usize::from(plan.permits));
+    assert!(plan.holders.windows(2).all(|w| w[0].0 < w[1].0));
+    assert!(plan.holders.iter().all(|(slot, id)| *slot < plan.permits
+        && agreeing.iter().any(|(a, _)| a == id)));
+    assert_eq!(plan.holder.as_ref(), plan.holders.first().map(|h| &h.1));
+
+    if plan.permits == 1 {
+        let holder = agreeing
+            .iter()
+            .find(|(id, _)| Some(*id) == plan.holder.as_deref());
+        assert_eq!(
+            holder.is_some(),
+            !agreeing.is_empty(),
+            "holder {:?}",
+            plan.holder
+        );
+        if let Some(&(hid, hmd)) = holder {
+            let claims = agreeing.iter().filter(|(_, md)| md.holds);
+            match claims.map(|(_, md)| md.holder_generation).max() {
+                // Sticky: the most recent claim wins, ties by FIFO order.
+                Some(newest) => {
+                    assert!(hmd.holds && hmd.holder_generation == newest);
+                    assert!(agreeing
+                        .iter()
+                        .filter(|(_, md)| md.holds && md.holder_generation == newest)
+                        .all(|(id, md)| fifo(hid, hmd) <= fifo(id, md)));
+                }
+                None => assert!(agreeing
                     .iter()
-                    .filter(|(_, md)| md.holds && md.holder_generation == newest)
-                    .all(|(id, md)| fifo(hid, hmd) <= fifo(id, md)));
+                    .all(|(id, md)| fifo(hid, hmd) <= fifo(id, md))),
             }
-            None => assert!(eligible
-                .iter()
-                .all(|(id, md)| fifo(hid, hmd) <= fifo(id, md))),
         }
     }
 
+    let holds = |id: &str| plan.holders.iter().any(|(_, h)| h == id);
     let mut waiters = Vec::new();
     for (((id, _, _), (aid, bytes)), d) in members.iter().zip(&plan.assignments).zip(&decoded) {
         assert_eq!(id, aid);
         let a = NativeAssignment::decode(bytes).expect("the assignor's own encoding decodes");
         assert_eq!(a.members as usize, members.len());
-        assert_eq!(
-            a.holder.as_ref().map(|h| h.member_id.as_str()),
-            plan.holder.as_deref()
-        );
-        if let (Some(h), Some((_, hmd))) = (&a.holder, holder) {
+        assert_eq!(a.permits, plan.permits);
+        let named: Vec<(u16, &str)> = a.holders().map(|h| (h.slot, h.member_id.as_str())).collect();
+        let planned: Vec<(u16, &str)> = plan.holders.iter().map(|(s, h)| (*s, h.as_str())).collect();
+        assert_eq!(named, planned);
+        for h in a.holders() {
+            let (_, hmd) = agreeing
+                .iter()
+                .find(|(id, _)| *id == h.member_id)
+                .expect("a holder agrees");
             assert_eq!((h.generation, &h.label), (generation, &hmd.label));
         }
         match d {
             Err(_) => assert_eq!(a.position, -1),
-            Ok(_) if Some(id.as_str()) == plan.holder.as_deref() => assert_eq!(a.position, 0),
+            Ok(md) if md.permits != plan.permits => assert_eq!(a.position, -1),
+            Ok(_) if holds(id) => assert_eq!(a.position, 0),
             Ok(md) => waiters.push((fifo(id, md), a.position)),
         }
     }
@@ -537,7 +572,7 @@ fn check_native(generation: i32, members: &[Member]) {
     // The plan depends on the member set, not on the order the broker listed it in.
     let reversed: Vec<Member> = members.iter().rev().cloned().collect();
     let again = assign_native(generation, &reversed);
-    assert_eq!(again.holder, plan.holder);
+    assert_eq!(again.holders, plan.holders);
     assert_eq!(by_id(&again.assignments), by_id(&plan.assignments));
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The fault-injection safety suite on Apache Kafka (tests/it/fault, RELIABILITY.md).
 #
-#   scripts/fault-suite.sh [--long] [--seed N] [--episodes N]
+#   scripts/fault-suite.sh [--long] [--seed N] [--episodes N] [--permits N]
 #
 # Without --long: the CI mode (every nemesis once, about 130 s), the same test that
 # scripts/test.sh runs. With --long: 200 episodes of nemeses drawn at random (about 30 minutes),
@@ -9,11 +9,13 @@
 # run picks and prints a seed. Either mode fails on any overlapping hold or accepted stale
 # write, and if the checker does not catch a contender that ignores its loss. The report,
 # every event and write, and every contender's log are kept in target/fault-suite/.
+# --permits N (N > 1) makes the native lock a semaphore of N permits; the checker then also
+# fails on more than N holders at once and judges overlaps and stale writes per permit slot.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-usage() { sed -n '4,11p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '4,13p' "$0" | sed 's/^# \{0,1\}//'; }
 
 test=fault::suite_ci
 ignored=()
@@ -22,6 +24,7 @@ while [[ $# -gt 0 ]]; do
         --long) test=fault::suite_long; ignored=(--ignored) ;;
         --seed) export KAFKA_LOCK_FAULT_SEED=${2:?--seed needs a number}; shift ;;
         --episodes) export KAFKA_LOCK_FAULT_EPISODES=${2:?--episodes needs a number}; shift ;;
+        --permits) export KAFKA_LOCK_FAULT_PERMITS=${2:?--permits needs a number}; shift ;;
         -h | --help) usage; exit 0 ;;
         *) usage >&2; exit 64 ;;
     esac

@@ -72,6 +72,9 @@ if grep -E '^(testdata|fuzz|\.tools)/' <<<"$files" >/dev/null; then
 fi
 echo "ok: $(wc -l <<<"$files") files"
 
+step "the examples build for library users: cargo build --examples --no-default-features"
+cargo build --examples --no-default-features
+
 step "cargo build --all-targets --all-features"
 cargo build --all-targets --all-features
 
@@ -81,6 +84,20 @@ cargo clippy --all-targets --all-features -- -D warnings
 step "cargo doc --no-deps (warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --no-default-features --quiet
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --all-features --quiet
+
+step "no other crate's type in the stable API but tokio's: rustdoc JSON, scripts/public_api_types.py"
+# rustdoc's JSON output is nightly-only; its own target dir keeps nightly artefacts apart.
+if command -v rustup >/dev/null 2>&1; then
+    rustup toolchain install nightly --profile minimal --no-self-update >/dev/null 2>&1 \
+        || { echo "cannot install nightly Rust with rustup (rustdoc JSON needs it)" >&2; exit 1; }
+    api_dir="${CARGO_TARGET_DIR:-target}/public-api"
+    CARGO_TARGET_DIR="$api_dir" cargo +nightly rustdoc --lib --no-default-features --quiet -- \
+        -Z unstable-options --output-format json --document-hidden-items
+    python3 scripts/public_api_types.py "$api_dir/doc/kafka_lock.json"
+else
+    echo "rustup not found: the public API check needs it to install nightly Rust" >&2
+    exit 1
+fi
 
 msrv=$(sed -n 's/^rust-version = "\(.*\)"$/\1/p' Cargo.toml)
 step "the stated MSRV builds everything: cargo +$msrv check --locked --all-targets --all-features"

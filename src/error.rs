@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use kafka_protocol::messages::ApiKey;
 
+pub use crate::api::Api;
 use crate::wire::codec::{DecodeError, EncodeError};
 use crate::wire::frame::FrameError;
 use crate::wire::versions::VersionError;
@@ -66,10 +67,10 @@ pub enum Error {
     },
 
     /// The broker answered with an error code.
-    #[error("{api:?} failed: {code}{}", .message.as_deref().map(|m| format!(" (broker says: {m})")).unwrap_or_default())]
+    #[error("{api} failed: {code}{}", .message.as_deref().map(|m| format!(" (broker says: {m})")).unwrap_or_default())]
     Broker {
         /// The API whose response carried the code.
-        api: ApiKey,
+        api: Api,
         /// The code.
         code: KafkaCode,
         /// The broker's own error message, when the response has one and it is not empty.
@@ -98,10 +99,10 @@ pub enum Error {
     Bootstrap(#[from] crate::driver::BootstrapError),
 
     /// The broker offers no version of an API this request needs.
-    #[error("the broker offers no version of {api:?} that kafka-lock implements; upgrade the broker or check that this is a Kafka-compatible endpoint")]
+    #[error("the broker offers no version of {api} that kafka-lock implements; upgrade the broker or check that this is a Kafka-compatible endpoint")]
     UnsupportedApi {
         /// The API.
-        api: ApiKey,
+        api: Api,
     },
 
     /// The lock was not acquired within the time the caller allowed.
@@ -132,6 +133,20 @@ pub enum Error {
     /// ([`Error::auth_failure`] tells authentication from authorization).
     #[error(transparent)]
     Security(#[from] crate::security::SecurityError),
+    /// The lock's group runs with another number of permits than this member was given. The
+    /// group keeps its number (see `docs/protocol.md`); this member left it.
+    #[error(
+        "lock {lock:?} has {group} permit(s) but this member was configured with {ours}; \
+         every member of a lock must use the same number of permits"
+    )]
+    PermitsMismatch {
+        /// The lock's name.
+        lock: String,
+        /// This member's number of permits.
+        ours: u16,
+        /// The number the group's leader assigned with (1 for a leader that predates permits).
+        group: u16,
+    },
 }
 
 impl Error {
@@ -158,7 +173,8 @@ impl Error {
             | Error::NotAcquired { .. }
             | Error::Lost { .. }
             | Error::Ledger(_)
-            | Error::Security(_) => false,
+            | Error::Security(_)
+            | Error::PermitsMismatch { .. } => false,
         }
     }
 
@@ -187,9 +203,10 @@ impl Error {
     }
 
     /// Builds [`Error::Broker`], dropping an empty message (brokers often send `""` or null).
+    #[doc(hidden)] // Unstable: takes the codec's key type.
     pub fn broker(api: ApiKey, code: KafkaCode, message: Option<&str>) -> Self {
         Error::Broker {
-            api,
+            api: Api::of(api),
             code,
             message: message.filter(|m| !m.is_empty()).map(str::to_owned),
         }

@@ -59,6 +59,7 @@ pub use crate::membership::{FencingToken, HolderInfo, LossReason};
 
 /// A lock's last checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Checkpoint {
     /// The value the holder stored.
     pub value: String,
@@ -69,8 +70,21 @@ pub struct Checkpoint {
     pub source: CheckpointSource,
 }
 
+impl Checkpoint {
+    /// A checkpoint with these parts (the lock's own come from [`LockGuard::last_checkpoint`]
+    /// and [`LockOptions::last_checkpoint`]).
+    pub fn new(value: impl Into<String>, token: i64, source: CheckpointSource) -> Self {
+        Checkpoint {
+            value: value.into(),
+            token,
+            source,
+        }
+    }
+}
+
 /// Where a [`Checkpoint`] was read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CheckpointSource {
     /// The lock's group: what the broker accepted from the current holder of that hold.
     Group,
@@ -109,8 +123,11 @@ pub enum LockEvent {
     Waiting {
         /// Our own member id.
         member_id: String,
-        /// The lock's holder as the assignment named it.
+        /// The lock's holder as the assignment named it (with several permits, the holder of
+        /// the lowest occupied slot).
         holder: Option<HolderInfo>,
+        /// Every holder the assignment named, by ascending permit slot (native mode).
+        holders: Vec<HolderInfo>,
         /// Place in the queue.
         position: i32,
     },
@@ -120,6 +137,8 @@ pub enum LockEvent {
         token: FencingToken,
         /// Our member id.
         member_id: String,
+        /// The permit slot held, `0..permits` (always 0 for a mutex).
+        permit: u16,
     },
     /// Still held after a rebalance, under a new token.
     TokenChanged {
@@ -141,6 +160,7 @@ pub enum LockEvent {
 
 /// Counters for one [`LockOptions`] (and every guard it made).
 #[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
 pub struct LockStats {
     /// Successful acquisitions.
     pub acquisitions: u64,
@@ -216,8 +236,18 @@ pub struct LockOptions {
     ledger_topic: Option<String>,
     ledger_push: bool,
     checkpoint_max_bytes: usize,
+    permits: u16,
     events: Option<mpsc::UnboundedSender<LockEvent>>,
     stats: Arc<Mutex<StatsInner>>,
+}
+
+fn split_bootstrap(bootstrap: &str) -> Vec<String> {
+    bootstrap
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
 }
 
 impl LockOptions {
@@ -225,13 +255,7 @@ impl LockOptions {
     /// (`host:port[,host:port...]`), with defaults suited to locks.
     pub fn new(bootstrap: impl AsRef<str>, name: impl Into<String>) -> Self {
         LockOptions {
-            bootstrap: bootstrap
-                .as_ref()
-                .split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(str::to_owned)
-                .collect(),
+            bootstrap: split_bootstrap(bootstrap.as_ref()),
             name: name.into(),
             mode: Mode::Native,
             label: None,
@@ -250,6 +274,7 @@ impl LockOptions {
             ledger_topic: None,
             ledger_push: true,
             checkpoint_max_bytes: DEFAULT_CHECKPOINT_MAX_BYTES,
+            permits: 1,
             events: None,
             stats: Arc::default(),
         }
@@ -271,6 +296,7 @@ impl LockOptions {
     /// ([`LedgerError`]). Give it replication factor 3, `min.insync.replicas=2`,
     /// `unclean.leader.election.enable=false`, `cleanup.policy=delete` with a retention as long as
     /// the history should reach back, and `compression.type=producer`.
+    #[must_use = "the options are changed in the value returned"]
     pub fn ledger_topic(mut self, topic: impl Into<String>) -> Self {
         self.ledger_topic = Some(topic.into());
         self
@@ -279,6 +305,7 @@ impl LockOptions {
     /// Whether waiters long-poll the ledger to learn of a release at once (default true): one
     /// parked Fetch per waiter at a time, for at most [`DEFAULT_POLL_WAIT`] and
     /// [`DEFAULT_POLL_MAX_BYTES`]. Without it a waiter learns of a release at its next heartbeat.
+    #[must_use = "the options are changed in the value returned"]
     pub fn ledger_push(mut self, push: bool) -> Self {
         self.ledger_push = push;
         self
@@ -287,6 +314,7 @@ impl LockOptions {
     /// The longest checkpoint accepted, checked before anything is sent (default 4096 bytes,
     /// the broker's default `offset.metadata.max.bytes`; raise both together). The broker counts
     /// UTF-16 units, which are never more than the UTF-8 bytes counted here.
+    #[must_use = "the options are changed in the value returned"]
     pub fn checkpoint_max_bytes(mut self, max: usize) -> Self {
         self.checkpoint_max_bytes = max;
         self
@@ -302,6 +330,7 @@ impl LockOptions {
     /// librdkafka consumers in the same group. kafka-lock offers cooperative-sticky, range and
     /// roundrobin, in that order: under cooperative-sticky a holder keeps partition 0 through
     /// rebalances; under an eager protocol (range, roundrobin) a rebalance ends the hold.
+    #[must_use = "the options are changed in the value returned"]
     pub fn consumer_topic(mut self, topic: impl Into<String>) -> Self {
         self.mode = Mode::Consumer {
             topic: topic.into(),
@@ -309,13 +338,26 @@ impl LockOptions {
         self
     }
 
+    /// How many members may hold the lock at once (default 1, a mutex; at most 1024): a
+    /// semaphore. Each holder gets a permit
+    /// slot ([`LockGuard::permit`]) that it keeps for the whole hold; the token fences per slot
+    /// (see `docs/recipes/semaphore.md`). Every member of a lock must use the same number: a
+    /// member that disagrees with the group gets [`Error::PermitsMismatch`]. Native mode only,
+    /// and not yet with a ledger topic.
+    pub fn permits(mut self, n: u16) -> Self {
+        self.permits = n;
+        self
+    }
+
     /// A human label (host, pid, job) that waiters and `kafka-lock status` show for the holder.
+    #[must_use = "the options are changed in the value returned"]
     pub fn label(mut self, label: impl Into<String>) -> Self {
         self.label = Some(label.into());
         self
     }
 
     /// The client id in request headers (and the prefix of member ids).
+    #[must_use = "the options are changed in the value returned"]
     pub fn client_id(mut self, id: impl Into<String>) -> Self {
         self.client_id = id.into();
         self
@@ -323,30 +365,35 @@ impl LockOptions {
 
     /// Session timeout: how long the broker keeps a silent member (and so how long a crashed
     /// holder blocks the lock).
+    #[must_use = "the options are changed in the value returned"]
     pub fn session_timeout(mut self, d: Duration) -> Self {
         self.session_timeout = d;
         self
     }
 
     /// Heartbeat interval.
+    #[must_use = "the options are changed in the value returned"]
     pub fn heartbeat_interval(mut self, d: Duration) -> Self {
         self.heartbeat_interval = d;
         self
     }
 
     /// Rebalance timeout.
+    #[must_use = "the options are changed in the value returned"]
     pub fn rebalance_timeout(mut self, d: Duration) -> Self {
         self.rebalance_timeout = d;
         self
     }
 
     /// Per-request timeout.
+    #[must_use = "the options are changed in the value returned"]
     pub fn request_timeout(mut self, d: Duration) -> Self {
         self.request_timeout = d;
         self
     }
 
     /// TCP connect (plus version handshake) timeout.
+    #[must_use = "the options are changed in the value returned"]
     pub fn connect_timeout(mut self, d: Duration) -> Self {
         self.connect_timeout = d;
         self
@@ -365,13 +412,27 @@ impl LockOptions {
     }
 
     /// Retry backoff bounds.
+    #[must_use = "the options are changed in the value returned"]
     pub fn retry_backoff(mut self, initial: Duration, max: Duration) -> Self {
         self.retry_backoff = initial;
         self.retry_backoff_max = max;
         self
     }
 
+    /// Replaces the bootstrap list (`host:port[,host:port...]`); for settings read from
+    /// `bootstrap.servers`.
+    pub(crate) fn set_bootstrap(mut self, bootstrap: &str) -> Self {
+        self.bootstrap = split_bootstrap(bootstrap);
+        self
+    }
+
+    /// The retry backoff bounds (initial, largest).
+    pub(crate) fn retry_backoff_bounds(&self) -> (Duration, Duration) {
+        (self.retry_backoff, self.retry_backoff_max)
+    }
+
     /// Lease safety margin.
+    #[must_use = "the options are changed in the value returned"]
     pub fn lease_margin(mut self, d: Duration) -> Self {
         self.lease_margin = d;
         self
@@ -382,12 +443,14 @@ impl LockOptions {
     /// on in the background after that; a member that never says goodbye is dropped by the
     /// broker when its session times out. The hold itself always ends before the LeaveGroup is
     /// sent.
+    #[must_use = "the options are changed in the value returned"]
     pub fn leave_timeout(mut self, d: Duration) -> Self {
         self.leave_timeout = d;
         self
     }
 
     /// Receive every [`LockEvent`] of locks taken with these options.
+    #[must_use = "the options are changed in the value returned"]
     pub fn events(mut self, tx: mpsc::UnboundedSender<LockEvent>) -> Self {
         self.events = Some(tx);
         self
@@ -480,10 +543,32 @@ impl LockOptions {
                 ));
             }
         }
+        if self.permits == 0 || self.permits > crate::assign::MAX_PERMITS {
+            return bad(format!(
+                "permits {} is out of range: it must be between 1 and {}",
+                self.permits,
+                crate::assign::MAX_PERMITS
+            ));
+        }
         if let Mode::Consumer { topic } = &self.mode {
             if topic.is_empty() {
                 return bad("consumer-compatible mode needs a topic name".into());
             }
+            if self.permits > 1 {
+                return bad(format!(
+                    "consumer-compatible mode cannot have {} permits: holding there means owning \
+                     partition 0 of a one-partition topic, which one member at a time can; use \
+                     the native mode for a semaphore",
+                    self.permits
+                ));
+            }
+        }
+        if self.permits > 1 && self.ledger_topic.is_some() {
+            return bad(format!(
+                "a ledger topic cannot yet serve a lock with {} permits: its records do not name \
+                 the permit slot, so its history cannot tell concurrent holds from silent ends",
+                self.permits
+            ));
         }
         if let Some(topic) = &self.ledger_topic {
             if topic.is_empty()
@@ -552,6 +637,44 @@ impl LockOptions {
         }))
     }
 
+    /// Who holds the lock, who waits (in queue order), the generation, the coordinator and the
+    /// protocol, read with FindCoordinator and DescribeGroups from outside the group, so looking
+    /// never causes a rebalance. With a ledger topic, the ledger's last hold is added (and the
+    /// holder's ledger token); that reads the whole retained ledger, as [`LockOptions::history`]
+    /// does. Members whose bytes cannot be read are listed as undecodable, never trusted.
+    pub async fn describe(&self) -> Result<crate::describe::LockDescription> {
+        self.validate()?;
+        let mut watch = crate::driver::describe::GroupWatch::new(self.reach(), &self.name);
+        let d = watch.describe().await;
+        watch.close();
+        let d = d?;
+        Ok(match &self.ledger_topic {
+            Some(topic) => {
+                let history = self.history().await?;
+                let checkpoint = match self.committed_checkpoint().await? {
+                    Some(c) => Some(c),
+                    None => history
+                        .last_checkpoint()
+                        .map(|(value, token, _)| Checkpoint {
+                            value: value.to_owned(),
+                            token,
+                            source: CheckpointSource::Ledger,
+                        }),
+                };
+                d.with_ledger(topic, history.last_hold().cloned(), checkpoint)
+            }
+            None => d,
+        })
+    }
+
+    /// An observer of the lock's leadership that never joins its group
+    /// ([`Observer`](crate::election::Observer)): DescribeGroups polls at most once per
+    /// [`Observer::interval`](crate::election::Observer::interval), or, with a ledger topic,
+    /// the ledger's records as they are appended.
+    pub fn observer(&self) -> crate::election::Observer {
+        crate::election::Observer::new(self.clone())
+    }
+
     fn ledger_required(&self) -> Result<&str> {
         self.ledger_topic.as_deref().ok_or_else(|| {
             LedgerError::NoLedger {
@@ -561,7 +684,7 @@ impl LockOptions {
         })
     }
 
-    fn reach(&self) -> Reach {
+    pub(crate) fn reach(&self) -> Reach {
         Reach {
             bootstrap: self.bootstrap.clone(),
             conn: self.conn_config(),
@@ -605,6 +728,7 @@ impl LockOptions {
             retry_backoff: self.retry_backoff,
             retry_backoff_max: self.retry_backoff_max,
             lease_margin: self.lease_margin,
+            permits: self.permits,
         }
     }
 
@@ -658,6 +782,11 @@ impl LockOptions {
 
     /// Waits up to `wait` (forever if `None`) for the lock.
     ///
+    /// Bounded: reaching the cluster counts against `wait`, and a waiter that gives up then
+    /// waits at most the leave timeout ([`LockOptions::leave_timeout`], default 2 s) for the
+    /// coordinator to confirm that it left, so the call returns within `wait` plus the leave
+    /// timeout, plus scheduling delays. An unconfirmed leave finishes in the background.
+    ///
     /// Errors: [`Error::NotAcquired`] when the wait ends (the group is left before returning),
     /// [`Error::Config`] for invalid settings, connection errors when the cluster cannot be
     /// reached, and [`Error::Broker`] when the broker rejects the settings.
@@ -673,7 +802,8 @@ impl LockOptions {
     }
 
     /// Takes the lock only if the first completed generation gives it to us; otherwise leaves
-    /// the group and returns `Ok(None)`.
+    /// the group (waiting at most the leave timeout for the coordinator to confirm it) and
+    /// returns `Ok(None)`. The CLI's `--wait 0`.
     pub async fn try_acquire(&self) -> Result<Option<LockGuard>> {
         self.acquire_inner(None, true)
             .await
@@ -780,13 +910,17 @@ impl LockOptions {
                         None
                     }
                     Event::Waiting {
-                        holder, position, ..
+                        holder,
+                        holders,
+                        position,
+                        ..
                     } => Some(LockEvent::Waiting {
                         member_id: member_tx.borrow().clone(),
                         holder,
+                        holders,
                         position,
                     }),
-                    Event::Acquired { token, .. } => {
+                    Event::Acquired { token, permit, .. } => {
                         s.acquisitions += 1;
                         if s.latencies.len() == LATENCY_SAMPLES {
                             s.latencies.pop_front();
@@ -796,6 +930,7 @@ impl LockOptions {
                         Some(LockEvent::Acquired {
                             member_id: token.member_id.clone(),
                             token,
+                            permit,
                         })
                     }
                     Event::TokenChanged { token } => Some(LockEvent::TokenChanged { token }),
@@ -831,7 +966,9 @@ impl LockOptions {
         let outcome = loop {
             let current = handle.state.borrow_and_update().clone();
             match current {
-                SessionState::Held(token, lease_end) => break Ok(Some((token, lease_end))),
+                SessionState::Held(token, lease_end, permit) => {
+                    break Ok(Some((token, lease_end, permit)))
+                }
                 SessionState::Ended(End::Failed(e)) => break Err(unwrap_error(e)),
                 SessionState::Ended(End::Lost(reason)) => {
                     break Err(Error::Lost {
@@ -864,7 +1001,7 @@ impl LockOptions {
             }
         };
         match outcome {
-            Ok(Some((token, lease_end))) => Ok(Some(LockGuard {
+            Ok(Some((token, lease_end, permit))) => Ok(Some(LockGuard {
                 options: Box::new(LockOptions {
                     events: None,
                     ..self.clone()
@@ -873,6 +1010,7 @@ impl LockOptions {
                 handle,
                 token,
                 lease_end,
+                permit,
                 member_id: member_rx,
                 released: false,
                 leave_timeout: self.leave_timeout,
@@ -919,6 +1057,11 @@ fn unwrap_error(e: Arc<Error>) -> Error {
         },
         Error::Config(m) => Error::Config(m.clone()),
         Error::Protocol(m) => Error::Protocol(m.clone()),
+        Error::PermitsMismatch { lock, ours, group } => Error::PermitsMismatch {
+            lock: lock.clone(),
+            ours: *ours,
+            group: *group,
+        },
         _ => Error::Poisoned(shared.clone()),
     })
 }
@@ -996,7 +1139,18 @@ async fn check_lock_topic(conn: &Connection, topic: &str) -> Result<()> {
 
 /// A held lock. Dropping it releases the lock in the background (best effort); prefer
 /// [`LockGuard::release`], which waits for the LeaveGroup.
+///
+/// A guard dropped as soon as it is taken is a mistake the compiler points out:
+///
+/// ```compile_fail
+/// #![deny(unused_must_use)]
+/// async fn work(opts: kafka_lock::LockOptions) -> kafka_lock::Result<()> {
+///     opts.acquire(None).await?; // unused `LockGuard` that must be used
+///     Ok(())
+/// }
+/// ```
 #[derive(Debug)]
+#[must_use = "dropping the guard releases the lock at once"]
 pub struct LockGuard {
     /// The options it was taken with (without the event sender), for reads of its own.
     options: Box<LockOptions>,
@@ -1004,6 +1158,7 @@ pub struct LockGuard {
     handle: SessionHandle,
     token: FencingToken,
     lease_end: Instant,
+    permit: u16,
     member_id: watch::Receiver<String>,
     released: bool,
     leave_timeout: Duration,
@@ -1026,9 +1181,16 @@ impl LockGuard {
     /// (the token only grows); the ledger offset stays.
     pub fn token(&self) -> FencingToken {
         match &*self.handle.state.borrow() {
-            SessionState::Held(t, _) => t.clone(),
+            SessionState::Held(t, _, _) => t.clone(),
             _ => self.token.clone(),
         }
+    }
+
+    /// The permit slot this hold has, `0..permits` (always 0 for a mutex). It stays the same for
+    /// the whole hold; a resource with one instance per slot fences with [`LockGuard::token`]
+    /// per slot (`docs/recipes/semaphore.md`).
+    pub fn permit(&self) -> u16 {
+        self.permit
     }
 
     /// Our member id.
@@ -1044,7 +1206,7 @@ impl LockGuard {
     /// When the hold ends unless renewed (monotonic clock).
     pub fn lease_end(&self) -> Instant {
         match &*self.handle.state.borrow() {
-            SessionState::Held(_, l) => *l,
+            SessionState::Held(_, l, _) => *l,
             _ => self.lease_end,
         }
     }
@@ -1052,7 +1214,7 @@ impl LockGuard {
     /// Whether the lock is still held, judged on the local monotonic clock.
     pub fn is_held(&self) -> bool {
         match &*self.handle.state.borrow() {
-            SessionState::Held(_, lease_end) => Instant::now() < *lease_end,
+            SessionState::Held(_, lease_end, _) => Instant::now() < *lease_end,
             _ => false,
         }
     }
@@ -1135,6 +1297,7 @@ pub enum Release {
 
 /// A view of a hold that can be cloned and sent to other tasks (see [`LockGuard::watch`]).
 #[derive(Debug, Clone)]
+#[must_use = "a watch does nothing unless it is asked or awaited"]
 pub struct HoldWatch {
     rx: watch::Receiver<SessionState>,
 }
@@ -1144,7 +1307,7 @@ impl HoldWatch {
     /// It only moves forward while the hold lasts.
     pub fn lease_end(&self) -> Option<Instant> {
         match &*self.rx.borrow() {
-            SessionState::Held(_, lease_end) => Some(*lease_end),
+            SessionState::Held(_, lease_end, _) => Some(*lease_end),
             _ => None,
         }
     }
@@ -1165,7 +1328,7 @@ impl HoldWatch {
         let mut rx = self.rx.clone();
         loop {
             let lease = match &*rx.borrow_and_update() {
-                SessionState::Held(_, lease_end) => *lease_end,
+                SessionState::Held(_, lease_end, _) => *lease_end,
                 SessionState::Ended(End::Lost(reason)) => return reason.clone(),
                 SessionState::Ended(End::Failed(_)) => return LossReason::Fatal,
                 SessionState::Ended(_) | SessionState::Waiting { .. } => return LossReason::Fatal,
@@ -1176,7 +1339,7 @@ impl HoldWatch {
                 changed = rx.changed() => if changed.is_err() { return LossReason::Fatal },
                 _ = tokio::time::sleep_until(tokio::time::Instant::from_std(lease)) => {
                     if Instant::now() >= lease {
-                        if let SessionState::Held(_, l) = &*rx.borrow() {
+                        if let SessionState::Held(_, l, _) = &*rx.borrow() {
                             if *l <= lease {
                                 return LossReason::LeaseExpired;
                             }

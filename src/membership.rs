@@ -123,6 +123,9 @@ pub struct MembershipConfig {
     pub retry_backoff_max: Duration,
     /// Subtracted from the lease so the holder gives up before the broker can move on.
     pub lease_margin: Duration,
+    /// How many members may hold at once (native mode; 1 = a mutex). Every member of the group
+    /// must use the same number.
+    pub permits: u16,
 }
 
 impl MembershipConfig {
@@ -267,6 +270,7 @@ pub struct Transmit {
 /// [`generation`]: Self::generation
 /// [`member_id`]: Self::member_id
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
 pub struct FencingToken {
     /// The offset of the hold's ACQUIRED record in the ledger, when the lock uses one.
     pub ledger_offset: Option<i64>,
@@ -278,6 +282,16 @@ pub struct FencingToken {
 }
 
 impl FencingToken {
+    /// A token with these parts, for tests of code that takes tokens; a lock's own tokens come
+    /// from [`LockGuard::token`](crate::LockGuard::token) and [`LockEvent`](crate::LockEvent).
+    pub fn new(ledger_offset: Option<i64>, generation: i32, member_id: impl Into<String>) -> Self {
+        FencingToken {
+            ledger_offset,
+            generation,
+            member_id: member_id.into(),
+        }
+    }
+
     /// The number to hand to a resource: the ledger offset when there is one, else the
     /// generation. It is what the token displays as, and the CLI's `KAFKA_LOCK_TOKEN`.
     pub fn value(&self) -> i64 {
@@ -294,6 +308,7 @@ impl fmt::Display for FencingToken {
 
 /// Who holds the lock, as a waiter's assignment tells it.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct HolderInfo {
     /// The holder's member id.
     pub member_id: String,
@@ -301,6 +316,8 @@ pub struct HolderInfo {
     pub label: Option<String>,
     /// The generation of the assignment.
     pub generation: i32,
+    /// The permit slot it holds (always 0 for a mutex and in consumer-compatible mode).
+    pub slot: u16,
 }
 
 /// Why a hold ended.
@@ -373,6 +390,8 @@ pub enum Event {
         token: FencingToken,
         /// When the hold ends without a renewal.
         lease_end: Instant,
+        /// The permit slot held, `0..permits`; it stays the same for the whole hold.
+        permit: u16,
     },
     /// The holder went through a rebalance and still holds, under a new token.
     TokenChanged {
@@ -383,8 +402,10 @@ pub enum Event {
     RebalanceWhileHeld,
     /// The lock is held by someone else (or nobody yet); we are queued.
     Waiting {
-        /// The holder named by our assignment.
+        /// The holder of the lowest occupied slot named by our assignment.
         holder: Option<HolderInfo>,
+        /// Every holder named by our assignment, by ascending slot.
+        holders: Vec<HolderInfo>,
         /// Our place in the queue (1 = next), -1 if unknown.
         position: i32,
         /// The generation.
@@ -440,6 +461,16 @@ enum Phase {
     Done,
 }
 
+/// What a SyncGroup answer told us.
+struct Read {
+    /// Our permit slot, if the assignment gives us one.
+    slot: Option<u16>,
+    /// Every holder, by ascending slot (empty in consumer-compatible mode).
+    holders: Vec<HolderInfo>,
+    /// Our place in the queue: 0 holding, 1 next, -1 unknown.
+    position: i32,
+}
+
 #[derive(Debug, Clone)]
 struct Hold {
     token: FencingToken,
@@ -447,6 +478,8 @@ struct Hold {
     /// The generation that first granted this unbroken hold (what member metadata advertises,
     /// so the metadata stays the same across rebalances).
     since: i32,
+    /// The permit slot; a hold never changes slot.
+    slot: u16,
 }
 
 #[derive(Debug, Default)]
@@ -483,13 +516,13 @@ pub struct Membership {
     hold: Option<Hold>,
     /// A SyncGroup answer named us, but no Heartbeat has yet proved that the broker's session
     /// timer for us was re-armed after it: the hold begins with that proof (see the module docs).
-    pending: Option<FencingToken>,
+    pending: Option<(FencingToken, u16)>,
     /// The user asked to leave; nothing may be acquired any more.
     leaving: bool,
     /// Leaving is best effort: past this instant the machine stops trying to reach the
     /// coordinator and just ends (the broker expires the member after its session timeout).
     leave_deadline: Option<Instant>,
-    last_waiting: Option<(Option<HolderInfo>, i32)>,
+    last_waiting: Option<(Vec<HolderInfo>, i32)>,
     /// We wait first in line for a held lock (native mode): heartbeats are how a waiter learns
     /// that the holder let go, so this one member heartbeats faster (see `heartbeat_period`).
     next_in_line: bool,
@@ -902,6 +935,8 @@ impl Membership {
                     first_joined_generation: self.first_joined,
                     holder_generation: self.hold.as_ref().map_or(-1, |h| h.since),
                     label: self.cfg.label.clone(),
+                    permits: self.cfg.permits,
+                    slot: self.hold.as_ref().map_or(0, |h| h.slot),
                 };
                 let mut p = JoinGroupRequestProtocol::default();
                 p.name = sb(assign::NATIVE_PROTOCOL);
@@ -1078,7 +1113,7 @@ impl Membership {
             23 | 24 | 26 | 30 | 35 | 81 | 82 => {
                 self.fail(
                     Error::Broker {
-                        api,
+                        api: crate::api::Api::of(api),
                         code: kc,
                         message: None,
                     },
@@ -1089,7 +1124,7 @@ impl Membership {
             _ if !kc.is_retriable() && !matches!(code, 22 | 25 | 27 | 79) => {
                 self.fail(
                     Error::Broker {
-                        api,
+                        api: crate::api::Api::of(api),
                         code: kc,
                         message: None,
                     },
@@ -1139,7 +1174,7 @@ impl Membership {
             Err(Error::Broker { code, .. }) if matches!(code.0, 30) => {
                 self.fail(
                     Error::Broker {
-                        api: ApiKey::FindCoordinator,
+                        api: crate::api::Api::of(ApiKey::FindCoordinator),
                         code,
                         message: None,
                     },
@@ -1370,6 +1405,14 @@ impl Membership {
         let (holder, assignments, rejected) = match &self.cfg.mode {
             Mode::Native => {
                 let plan = assign::assign_native(self.generation, &members);
+                for (member, permits) in &plan.mismatched {
+                    warn!(group = %self.cfg.group_id, %member, member_permits = permits, group_permits = plan.permits,
+                          "a member expects another number of permits; it cannot hold");
+                }
+                if plan.permits > 1 {
+                    info!(group = %self.cfg.group_id, generation = self.generation, holders = ?plan.holders,
+                          permits = plan.permits, "leader assigned the permits");
+                }
                 (plan.holder, plan.assignments, plan.rejected)
             }
             Mode::Consumer { topic } => {
@@ -1430,9 +1473,24 @@ impl Membership {
         }
 
         self.phase = Phase::Stable;
-        let (ours, holder, position) = self.read_assignment(&resp.assignment);
-        self.next_in_line = !ours && self.hold.is_none() && holder.is_some() && position == 1;
-        if ours {
+        let Some(read) = self.read_assignment(&resp.assignment, now) else {
+            return;
+        };
+        let Read {
+            slot: ours,
+            holders,
+            position,
+        } = read;
+        self.next_in_line =
+            ours.is_none() && self.hold.is_none() && !holders.is_empty() && position == 1;
+        if let Some(slot) = ours {
+            if self.hold.as_ref().is_some_and(|h| h.slot != slot) {
+                // A hold never moves between slots: the resource of the old slot may already
+                // belong to someone else, and the new one is a new acquisition.
+                self.next_heartbeat = Some(now + self.heartbeat_period());
+                self.lose(LossReason::Reassigned, now);
+                return;
+            }
             let token = FencingToken {
                 ledger_offset: None,
                 generation: self.generation,
@@ -1454,8 +1512,8 @@ impl Membership {
                 }
                 None => {
                     debug!(group = %self.cfg.group_id, member_id = %self.member_id, generation = self.generation,
-                           "assigned the lock; a heartbeat confirms the membership before the hold begins");
-                    self.pending = Some(token);
+                           permit = slot, "assigned the lock; a heartbeat confirms the membership before the hold begins");
+                    self.pending = Some((token, slot));
                 }
             }
             self.last_waiting = None;
@@ -1464,30 +1522,51 @@ impl Membership {
         self.next_heartbeat = Some(now + self.heartbeat_period());
         if self.hold.is_some() {
             self.lose(LossReason::Reassigned, now);
-        } else if self.last_waiting.as_ref() != Some(&(holder.clone(), position)) {
-            self.last_waiting = Some((holder.clone(), position));
+        } else if self.last_waiting.as_ref() != Some(&(holders.clone(), position)) {
+            self.last_waiting = Some((holders.clone(), position));
             self.emit(Event::Waiting {
-                holder,
+                holder: holders.first().cloned(),
+                holders,
                 position,
                 generation: self.generation,
             });
         }
     }
 
-    /// Whether the assignment gives us the lock, who holds it, and our queue position.
-    fn read_assignment(&mut self, bytes: &Bytes) -> (bool, Option<HolderInfo>, i32) {
+    /// Our slot if the assignment gives us a permit, who holds, and our queue position; `None`
+    /// when the assignment says the group runs with another number of permits (the membership
+    /// then fails and leaves).
+    fn read_assignment(&mut self, bytes: &Bytes, now: Instant) -> Option<Read> {
+        let unknown = Read {
+            slot: None,
+            holders: Vec::new(),
+            position: -1,
+        };
         match &self.cfg.mode {
             Mode::Native => match NativeAssignment::decode(bytes) {
                 Ok(a) => {
-                    let holder = a.holder.map(|h| HolderInfo {
-                        member_id: h.member_id,
-                        label: h.label,
-                        generation: h.generation,
-                    });
-                    let ours = holder.as_ref().is_some_and(|h| {
-                        h.member_id == self.member_id && h.generation == self.generation
-                    });
-                    (ours, holder, a.position)
+                    if a.permits != self.cfg.permits {
+                        self.permits_mismatch(a.permits, now);
+                        return None;
+                    }
+                    let holders: Vec<HolderInfo> = a
+                        .holders()
+                        .map(|h| HolderInfo {
+                            member_id: h.member_id.clone(),
+                            label: h.label.clone(),
+                            generation: h.generation,
+                            slot: h.slot,
+                        })
+                        .collect();
+                    let slot = holders
+                        .iter()
+                        .find(|h| h.member_id == self.member_id && h.generation == self.generation)
+                        .map(|h| h.slot);
+                    Some(Read {
+                        slot,
+                        holders,
+                        position: a.position,
+                    })
                 }
                 Err(e) => {
                     warn!(group = %self.cfg.group_id, error = %e, "the leader's assignment does not decode");
@@ -1495,17 +1574,20 @@ impl Membership {
                         what: "assignment from the leader".into(),
                         error: e.to_string(),
                     });
-                    (false, None, -1)
+                    Some(unknown)
                 }
             },
             Mode::Consumer { topic } => {
                 if bytes.is_empty() {
-                    return (false, None, -1);
+                    return Some(unknown);
                 }
                 match assign::decode_consumer_assignment(bytes) {
                     Ok(parts) => {
                         let ours = parts.iter().any(|(t, p)| t == topic && p.contains(&0));
-                        (ours, None, -1)
+                        Some(Read {
+                            slot: ours.then_some(0),
+                            ..unknown
+                        })
                     }
                     Err(e) => {
                         warn!(group = %self.cfg.group_id, error = %e, "the leader's assignment does not decode");
@@ -1513,11 +1595,32 @@ impl Membership {
                             what: "assignment from the leader".into(),
                             error: e.to_string(),
                         });
-                        (false, None, -1)
+                        Some(unknown)
                     }
                 }
             }
         }
+    }
+
+    /// The group runs with `group` permits and we with another number: no retry can fix that.
+    /// A hold is lost at once; the membership reports [`Error::PermitsMismatch`] and leaves, so
+    /// the group does not keep a member that can never hold.
+    fn permits_mismatch(&mut self, group: u16, now: Instant) {
+        let error = Error::PermitsMismatch {
+            lock: self.cfg.group_id.clone(),
+            ours: self.cfg.permits,
+            group,
+        };
+        warn!(group = %self.cfg.group_id, member_id = %self.member_id, %error, "membership failed");
+        if let Some(hold) = self.hold.take() {
+            self.emit(Event::Lost {
+                reason: LossReason::Fatal,
+                lease_end: hold.lease_end.min(now),
+            });
+        }
+        self.pending = None;
+        self.emit(Event::Failed(std::sync::Arc::new(error)));
+        self.begin_leave(now);
     }
 
     fn renew(&mut self, sent: Instant) {
@@ -1552,18 +1655,23 @@ impl Membership {
         match code {
             0 => {
                 self.backoff.reset();
-                if let Some(token) = self.pending.take() {
+                if let Some((token, slot)) = self.pending.take() {
                     // The broker re-armed our session timer when this Heartbeat arrived, after
                     // the assignment: the hold begins, timed from when it was sent.
                     let lease_end = sent + self.cfg.lease_length();
                     info!(group = %self.cfg.group_id, member_id = %self.member_id, generation = self.generation,
-                          "lock acquired");
+                          permit = slot, "lock acquired");
                     self.hold = Some(Hold {
                         token: token.clone(),
                         lease_end,
                         since: self.generation,
+                        slot,
                     });
-                    self.emit(Event::Acquired { token, lease_end });
+                    self.emit(Event::Acquired {
+                        token,
+                        lease_end,
+                        permit: slot,
+                    });
                 } else {
                     self.renew(sent);
                 }

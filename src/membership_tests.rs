@@ -32,6 +32,7 @@ fn config(mode: Mode) -> MembershipConfig {
         retry_backoff: Duration::from_millis(100),
         retry_backoff_max: Duration::from_secs(1),
         lease_margin: MARGIN,
+        permits: 1,
     }
 }
 
@@ -282,9 +283,12 @@ fn native_assignment(holder: Option<&str>, generation: i32, position: i32) -> By
             member_id: h.into(),
             label: None,
             generation,
+            slot: 0,
         }),
         position,
         members: 2,
+        permits: 1,
+        other_holders: Vec::new(),
     }
     .encode()
 }
@@ -295,6 +299,8 @@ fn meta(holds: bool, first: i32) -> MemberMetadata {
         first_joined_generation: first,
         holder_generation: if holds { first } else { -1 },
         label: None,
+        permits: 1,
+        slot: 0,
     }
 }
 
@@ -1049,7 +1055,9 @@ fn a_hold_begins_with_a_heartbeat_after_the_assignment() {
     h.advance(Duration::from_millis(20));
     h.reply(beat.id, Ok(hb(0)));
     let acquired = h.take_events().into_iter().find_map(|e| match e {
-        Event::Acquired { token, lease_end } => Some((token, lease_end)),
+        Event::Acquired {
+            token, lease_end, ..
+        } => Some((token, lease_end)),
         _ => None,
     });
     let (token, lease_end) = acquired.expect("held after the heartbeat");
@@ -1555,4 +1563,144 @@ fn heartbeat_now_heartbeats_at_once_or_right_after_the_one_in_flight() {
     h2.reply(beat.id, Ok(hb(0)));
     h2.advance(HB - Duration::from_millis(1));
     assert!(h2.sent.is_empty(), "{:?}", h2.apis());
+}
+
+// ---- permits ------------------------------------------------------------------------------
+
+fn semaphore_config(permits: u16) -> MembershipConfig {
+    MembershipConfig {
+        permits,
+        ..config(Mode::Native)
+    }
+}
+
+/// An assignment of `permits` naming `holders` as (member, slot) at `generation`.
+fn permits_assignment(
+    permits: u16,
+    holders: &[(&str, u16)],
+    generation: i32,
+    position: i32,
+) -> Bytes {
+    let mut all: Vec<Holder> = holders
+        .iter()
+        .map(|(id, slot)| Holder {
+            member_id: (*id).into(),
+            label: None,
+            generation,
+            slot: *slot,
+        })
+        .collect();
+    all.sort_by_key(|h| h.slot);
+    let mut it = all.into_iter();
+    NativeAssignment {
+        holder: it.next(),
+        position,
+        members: 4,
+        permits,
+        other_holders: it.collect(),
+    }
+    .encode()
+}
+
+#[test]
+fn a_permit_in_another_slot_than_the_first_is_held_with_that_slot() {
+    let mut h = H::with(semaphore_config(3));
+    h.find_ok();
+    let j = h.take(ApiKey::JoinGroup);
+    let offered = MemberMetadata::decode(&join_request(&j).protocols[0].metadata).unwrap();
+    assert_eq!(
+        (offered.permits, offered.slot, offered.holds),
+        (3, 0, false)
+    );
+    h.reply(j.id, Ok(join_ok("m1", 4, "m0", &[])));
+    let sync = h.take(ApiKey::SyncGroup);
+    h.reply(
+        sync.id,
+        Ok(sync_ok(permits_assignment(
+            3,
+            &[("m0", 0), ("m1", 2)],
+            4,
+            0,
+        ))),
+    );
+    h.confirm();
+    let acquired = h.take_events().into_iter().find_map(|e| match e {
+        Event::Acquired { permit, token, .. } => Some((permit, token.generation)),
+        _ => None,
+    });
+    assert_eq!(acquired, Some((2, 4)));
+    // Its next JoinGroup claims slot 2.
+    h.advance(HB);
+    let beat = h.take(ApiKey::Heartbeat);
+    h.reply(beat.id, Ok(hb(27)));
+    let j = h.take(ApiKey::JoinGroup);
+    let claim = MemberMetadata::decode(&join_request(&j).protocols[0].metadata).unwrap();
+    assert_eq!(
+        (
+            claim.permits,
+            claim.slot,
+            claim.holds,
+            claim.holder_generation
+        ),
+        (3, 2, true, 4)
+    );
+    // Named in another slot: a hold never moves, so that is a loss.
+    h.reply(j.id, Ok(join_ok("m1", 5, "m0", &[])));
+    let sync = h.take(ApiKey::SyncGroup);
+    h.reply(
+        sync.id,
+        Ok(sync_ok(permits_assignment(
+            3,
+            &[("m0", 0), ("m1", 1)],
+            5,
+            0,
+        ))),
+    );
+    assert_eq!(lost(&h.take_events()), Some(LossReason::Reassigned));
+}
+
+#[test]
+fn another_number_of_permits_fails_with_both_numbers_and_leaves() {
+    // A waiter with 3 permits, told by a leader from before permits (a minor-0 assignment).
+    let mut h = H::with(semaphore_config(3));
+    h.find_ok();
+    let j = h.take(ApiKey::JoinGroup);
+    h.reply(j.id, Ok(join_ok("m1", 4, "m0", &[])));
+    let sync = h.take(ApiKey::SyncGroup);
+    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m0"), 4, 1))));
+    let events = h.take_events();
+    match failure(&events).as_deref() {
+        Some(Error::PermitsMismatch { lock, ours, group }) => {
+            assert_eq!((lock.as_str(), *ours, *group), ("nightly-job", 3, 1));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(!events.iter().any(|e| matches!(e, Event::Waiting { .. })));
+    let leave = h.take(ApiKey::LeaveGroup);
+    h.reply(leave.id, Ok(leave_ok()));
+    assert!(h.m.is_done());
+
+    // A mutex holder in a group that the leader now runs with 2 permits loses at once.
+    let mut h = H::holding(2);
+    h.advance(HB);
+    let beat = h.take(ApiKey::Heartbeat);
+    h.reply(beat.id, Ok(hb(27)));
+    let j = h.take(ApiKey::JoinGroup);
+    h.reply(j.id, Ok(join_ok("m1", 3, "m2", &[])));
+    let sync = h.take(ApiKey::SyncGroup);
+    h.reply(
+        sync.id,
+        Ok(sync_ok(permits_assignment(2, &[("m2", 0)], 3, -1))),
+    );
+    let events = h.take_events();
+    assert_eq!(lost(&events), Some(LossReason::Fatal));
+    assert!(matches!(
+        failure(&events).as_deref(),
+        Some(Error::PermitsMismatch {
+            ours: 1,
+            group: 2,
+            ..
+        })
+    ));
+    h.take(ApiKey::LeaveGroup);
 }

@@ -31,7 +31,8 @@ pub use consumer::{
 };
 pub use native::{
     assign_native, Holder, MemberMetadata, NativeAssignment, NativePlan, MAX_LABEL_LEN,
-    MAX_MEMBER_ID_LEN, NATIVE_MAJOR_VERSION, NATIVE_MINOR_VERSION, NATIVE_PROTOCOL, PROTOCOL_TYPE,
+    MAX_MEMBER_ID_LEN, MAX_PERMITS, NATIVE_MAJOR_VERSION, NATIVE_MINOR_VERSION, NATIVE_PROTOCOL,
+    PROTOCOL_TYPE,
 };
 
 /// Bytes from another group member that cannot be understood.
@@ -140,6 +141,8 @@ pub fn fuzz_peer_bytes(data: &[u8]) {
         first_joined_generation: 1,
         holder_generation: -1,
         label: None,
+        permits: 1,
+        slot: 0,
     }
     .encode();
     let members = [
@@ -221,6 +224,8 @@ mod tests {
                 first_joined_generation: 0,
                 holder_generation: 3,
                 label: Some("x".into()),
+                permits: 1,
+                slot: 0,
             }
             .encode()[..],
         ] {

@@ -23,9 +23,10 @@ pub const NATIVE_PROTOCOL: &str = "sticky-fifo-v1";
 /// rejected with [`PeerDataError::UnsupportedVersion`].
 pub const NATIVE_MAJOR_VERSION: u8 = 1;
 
-/// Minor version written by this build. Readers accept any minor of their major; fields a newer
-/// minor appends are skipped (see `docs/protocol.md`, "Versioning").
-pub const NATIVE_MINOR_VERSION: u8 = 0;
+/// Highest minor version written by this build. A lock with one permit writes minor 0, byte for
+/// byte as builds before permits did; minor 1 appends the permit fields. Readers accept any minor
+/// of their major; fields a newer minor appends are skipped (see `docs/protocol.md`, "Versioning").
+pub const NATIVE_MINOR_VERSION: u8 = 1;
 
 /// Longest label, in UTF-8 bytes. Longer labels are cut at a character boundary when encoding.
 pub const MAX_LABEL_LEN: usize = 256;
@@ -33,6 +34,11 @@ pub const MAX_LABEL_LEN: usize = 256;
 /// Longest member id, in UTF-8 bytes: Kafka strings cannot be longer, so no broker-issued id is
 /// ever cut.
 pub const MAX_MEMBER_ID_LEN: usize = i16::MAX as usize;
+
+/// Most permits a lock may have. Every member's assignment lists every holder, so the leader's
+/// SyncGroup grows with members × permits; this bound keeps it far below a broker's default
+/// 1 MiB request limit for groups of a few dozen members with short labels.
+pub const MAX_PERMITS: u16 = 1024;
 
 const METADATA_MAGIC: [u8; 2] = *b"km";
 const ASSIGNMENT_MAGIC: [u8; 2] = *b"ka";
@@ -43,6 +49,9 @@ const METADATA_FLAG_HOLDS: u8 = 0x01;
 const METADATA_KNOWN_FLAGS: u8 = METADATA_FLAG_HOLDS;
 const ASSIGNMENT_FLAG_HOLDER: u8 = 0x01;
 const ASSIGNMENT_KNOWN_FLAGS: u8 = ASSIGNMENT_FLAG_HOLDER;
+/// Smallest encoding of a holder after the first in a minor-1 assignment: slot, empty member id,
+/// no label.
+const MIN_OTHER_HOLDER_LEN: usize = 6;
 
 /// What a member puts in JoinGroup's `protocols[].metadata` for [`NATIVE_PROTOCOL`].
 ///
@@ -50,7 +59,7 @@ const ASSIGNMENT_KNOWN_FLAGS: u8 = ASSIGNMENT_FLAG_HOLDER;
 /// group when a member rejoins with different metadata.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemberMetadata {
-    /// The member holds the lock right now (its lease has not ended).
+    /// The member holds a permit right now (its lease has not ended).
     pub holds: bool,
     /// Generation of the member's first completed join (its place in the queue); -1 if it has
     /// never completed one, which puts it at the back.
@@ -60,9 +69,14 @@ pub struct MemberMetadata {
     pub holder_generation: i32,
     /// Free text shown to waiters (host, pid, job); at most [`MAX_LABEL_LEN`] bytes.
     pub label: Option<String>,
+    /// How many permits the member expects the lock to have (1 = a mutex); every member of a
+    /// group must agree. 1 to [`MAX_PERMITS`].
+    pub permits: u16,
+    /// The permit slot the member holds (`0..permits`); 0 when it does not hold.
+    pub slot: u16,
 }
 
-/// The lock holder as named in every member's assignment.
+/// A permit holder as named in every member's assignment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Holder {
     /// The holder's member id.
@@ -71,30 +85,54 @@ pub struct Holder {
     pub label: Option<String>,
     /// The generation of this assignment: with `member_id`, the holder's fencing token.
     pub generation: i32,
+    /// The permit slot it holds, `0..permits`; always 0 for a mutex.
+    pub slot: u16,
 }
 
 /// What the leader hands each member in SyncGroup for [`NATIVE_PROTOCOL`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NativeAssignment {
-    /// Who holds the lock in this generation, if anyone.
+    /// The holder of the lowest occupied slot, if anyone holds; for a mutex, the holder.
     pub holder: Option<Holder>,
-    /// Members ahead of the recipient, holder included: 0 for the holder, 1 for the next in
-    /// line, and so on; -1 if unknown (the recipient's metadata was rejected).
+    /// Members ahead of the recipient: 0 for every holder, 1 for the next in line, and so on;
+    /// -1 if unknown (the recipient's metadata was rejected, or it disagrees on the permits).
     pub position: i32,
     /// Members in the generation, including any whose metadata was rejected.
     pub members: i32,
+    /// The group's number of permits as the leader decided it (1 when the leader predates
+    /// permits). A member that expects another number must not take part.
+    pub permits: u16,
+    /// The other holders, by ascending slot (each slot at most once, none below
+    /// `holder`'s). They share `holder`'s generation; empty without a holder.
+    pub other_holders: Vec<Holder>,
+}
+
+impl NativeAssignment {
+    /// Every holder of this generation, by ascending slot.
+    pub fn holders(&self) -> impl Iterator<Item = &Holder> {
+        self.holder.iter().chain(&self.other_holders)
+    }
 }
 
 /// The leader's plan for one generation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NativePlan {
-    /// Member id of the holder, if any member could hold.
+    /// Member id of the holder of the lowest occupied slot, if any member could hold.
     pub holder: Option<String>,
+    /// Every holder as `(slot, member id)`, by ascending slot.
+    pub holders: Vec<(u16, String)>,
+    /// The group's permits: those of the most recent claimant, else of the first member in FIFO
+    /// order, else 1.
+    pub permits: u16,
     /// One encoded [`NativeAssignment`] per member, in the order the members were given.
     pub assignments: Vec<(String, Bytes)>,
     /// Members whose metadata could not be decoded, for the leader to log. They still get an
     /// assignment (so they can report who holds) but can never be chosen as holder.
     pub rejected: Vec<(String, PeerDataError)>,
+    /// Members that expect another number of permits than the group's, with that number. They
+    /// get an assignment (naming the group's permits, so they can report the mismatch) but can
+    /// never hold.
+    pub mismatched: Vec<(String, u16)>,
 }
 
 /// Reads magic and version and returns the minor version.
@@ -123,9 +161,6 @@ fn read_header(
 }
 
 /// Whether this build knows every field and flag bit of `minor`.
-// With NATIVE_MINOR_VERSION = 0 the comparison reduces to `minor == 0`; written as `<=` so it stays
-// right when the minor is bumped.
-#[allow(clippy::absurd_extreme_comparisons)]
 fn knows_minor(minor: u8) -> bool {
     minor <= NATIVE_MINOR_VERSION
 }
@@ -166,6 +201,28 @@ fn read_label(r: &mut Reader<'_>, what: &'static str) -> Result<Option<String>, 
     }
 }
 
+fn read_permits(r: &mut Reader<'_>, what: &'static str) -> Result<u16, PeerDataError> {
+    let n = r.u16(what)?;
+    if n == 0 || n > MAX_PERMITS {
+        return Err(PeerDataError::OutOfRange {
+            what,
+            value: i64::from(n),
+        });
+    }
+    Ok(n)
+}
+
+fn read_slot(r: &mut Reader<'_>, permits: u16, what: &'static str) -> Result<u16, PeerDataError> {
+    let s = r.u16(what)?;
+    if s >= permits {
+        return Err(PeerDataError::OutOfRange {
+            what,
+            value: i64::from(s),
+        });
+    }
+    Ok(s)
+}
+
 fn put_label(buf: &mut BytesMut, label: Option<&str>) {
     match label {
         Some(l) => put_u16_str(buf, l, MAX_LABEL_LEN),
@@ -178,21 +235,28 @@ fn label_len(label: Option<&str>) -> usize {
 }
 
 impl MemberMetadata {
-    /// Encodes at [`NATIVE_MAJOR_VERSION`].[`NATIVE_MINOR_VERSION`]. A label longer than
-    /// [`MAX_LABEL_LEN`] bytes is cut at a character boundary.
+    /// Encodes at [`NATIVE_MAJOR_VERSION`]: minor 0 for a mutex (one permit, slot 0), exactly
+    /// as builds before permits; minor 1 otherwise. A label longer than [`MAX_LABEL_LEN`] bytes
+    /// is cut at a character boundary.
     pub fn encode(&self) -> Bytes {
-        let mut buf = BytesMut::with_capacity(15 + label_len(self.label.as_deref()));
+        let minor = u8::from(self.permits != 1 || self.slot != 0);
+        let mut buf = BytesMut::with_capacity(19 + label_len(self.label.as_deref()));
         buf.put_slice(&METADATA_MAGIC);
         buf.put_u8(NATIVE_MAJOR_VERSION);
-        buf.put_u8(NATIVE_MINOR_VERSION);
+        buf.put_u8(minor);
         buf.put_u8(if self.holds { METADATA_FLAG_HOLDS } else { 0 });
         buf.put_i32(self.first_joined_generation);
         buf.put_i32(self.holder_generation);
         put_label(&mut buf, self.label.as_deref());
+        if minor >= 1 {
+            buf.put_u16(self.permits);
+            buf.put_u16(self.slot);
+        }
         buf.freeze()
     }
 
-    /// Decodes metadata sent by another member.
+    /// Decodes metadata sent by another member. Minor 0 (builds before permits) means one
+    /// permit, slot 0.
     pub fn decode(data: &[u8]) -> Result<Self, PeerDataError> {
         const WHAT: &str = "member metadata";
         let mut r = Reader::new(data);
@@ -208,27 +272,49 @@ impl MemberMetadata {
         let first_joined_generation = read_generation(&mut r, "first_joined_generation")?;
         let holder_generation = read_generation(&mut r, "holder_generation")?;
         let label = read_label(&mut r, "member label")?;
+        let (permits, slot) = if minor >= 1 {
+            let permits = read_permits(&mut r, "member permits")?;
+            (permits, read_slot(&mut r, permits, "member permit slot")?)
+        } else {
+            (1, 0)
+        };
         check_end(&r, minor, WHAT)?;
         Ok(Self {
             holds: flags & METADATA_FLAG_HOLDS != 0,
             first_joined_generation,
             holder_generation,
             label,
+            permits,
+            slot,
         })
     }
 }
 
 impl NativeAssignment {
-    /// Encodes at [`NATIVE_MAJOR_VERSION`].[`NATIVE_MINOR_VERSION`]. Over-long member ids and
-    /// labels are cut at a character boundary (see [`MAX_MEMBER_ID_LEN`], [`MAX_LABEL_LEN`]).
+    /// Encodes at [`NATIVE_MAJOR_VERSION`]: minor 0 for one permit with at most a holder in slot
+    /// 0, exactly as builds before permits; minor 1 otherwise. Over-long member ids and labels
+    /// are cut at a character boundary (see [`MAX_MEMBER_ID_LEN`], [`MAX_LABEL_LEN`]); without a
+    /// holder, `other_holders` is not written, and their generations are not written at all
+    /// (they are the holder's).
     pub fn encode(&self) -> Bytes {
-        let holder_len = self.holder.as_ref().map_or(0, |h| {
-            8 + truncate_utf8(&h.member_id, MAX_MEMBER_ID_LEN).len() + label_len(h.label.as_deref())
-        });
-        let mut buf = BytesMut::with_capacity(13 + holder_len);
+        let minor = u8::from(
+            self.permits != 1
+                || !self.other_holders.is_empty()
+                || self.holder.as_ref().is_some_and(|h| h.slot != 0),
+        );
+        let id_and_label = |h: &Holder| {
+            truncate_utf8(&h.member_id, MAX_MEMBER_ID_LEN).len() + label_len(h.label.as_deref())
+        };
+        let holder_len = self.holder.as_ref().map_or(0, |h| 8 + id_and_label(h));
+        let others_len: usize = self
+            .other_holders
+            .iter()
+            .map(|h| MIN_OTHER_HOLDER_LEN + id_and_label(h))
+            .sum();
+        let mut buf = BytesMut::with_capacity(13 + holder_len + 6 + others_len);
         buf.put_slice(&ASSIGNMENT_MAGIC);
         buf.put_u8(NATIVE_MAJOR_VERSION);
-        buf.put_u8(NATIVE_MINOR_VERSION);
+        buf.put_u8(minor);
         buf.put_u8(if self.holder.is_some() {
             ASSIGNMENT_FLAG_HOLDER
         } else {
@@ -241,11 +327,29 @@ impl NativeAssignment {
             put_u16_str(&mut buf, &h.member_id, MAX_MEMBER_ID_LEN);
             put_label(&mut buf, h.label.as_deref());
         }
+        if minor >= 1 {
+            buf.put_u16(self.permits);
+            match &self.holder {
+                Some(h) => {
+                    buf.put_u16(h.slot);
+                    // At most MAX_PERMITS holders can be valid; the count is a u16 either way.
+                    let n = self.other_holders.len().min(usize::from(u16::MAX));
+                    buf.put_u16(n as u16);
+                    for o in &self.other_holders[..n] {
+                        buf.put_u16(o.slot);
+                        put_u16_str(&mut buf, &o.member_id, MAX_MEMBER_ID_LEN);
+                        put_label(&mut buf, o.label.as_deref());
+                    }
+                }
+                None => buf.put_u16(0),
+            }
+        }
         buf.freeze()
     }
 
     /// Decodes the assignment the leader sent this member. Empty input (a leader that left this
-    /// member out) is [`PeerDataError::Empty`].
+    /// member out) is [`PeerDataError::Empty`]. Minor 0 (a leader before permits) means one
+    /// permit, the holder in slot 0.
     pub fn decode(data: &[u8]) -> Result<Self, PeerDataError> {
         const WHAT: &str = "assignment";
         let mut r = Reader::new(data);
@@ -272,7 +376,7 @@ impl NativeAssignment {
                 value: i64::from(position),
             });
         }
-        let holder = if flags & ASSIGNMENT_FLAG_HOLDER != 0 {
+        let mut holder = if flags & ASSIGNMENT_FLAG_HOLDER != 0 {
             let generation = r.i32("holder generation")?;
             let id_len = r.u16("holder member id")?;
             let member_id = r.utf8(usize::from(id_len), MAX_MEMBER_ID_LEN, "holder member id")?;
@@ -281,15 +385,68 @@ impl NativeAssignment {
                 member_id,
                 label,
                 generation,
+                slot: 0,
             })
         } else {
             None
         };
+        let mut permits = 1;
+        let mut other_holders = Vec::new();
+        if minor >= 1 {
+            permits = read_permits(&mut r, "assignment permits")?;
+            if let Some(h) = &mut holder {
+                h.slot = read_slot(&mut r, permits, "holder permit slot")?;
+            }
+            let count = r.u16("other holder count")?;
+            let allowed = match &holder {
+                Some(h) => permits - 1 - h.slot,
+                None => 0,
+            };
+            if count > allowed {
+                return Err(PeerDataError::OutOfRange {
+                    what: "other holder count",
+                    value: i64::from(count),
+                });
+            }
+            if usize::from(count) * MIN_OTHER_HOLDER_LEN > r.remaining() {
+                return Err(PeerDataError::Truncated {
+                    what: "other holders",
+                });
+            }
+            if let Some(first) = &holder {
+                let mut last = first.slot;
+                for _ in 0..count {
+                    let slot = read_slot(&mut r, permits, "other holder permit slot")?;
+                    if slot <= last {
+                        return Err(PeerDataError::OutOfRange {
+                            what: "other holder permit slot (slots must ascend)",
+                            value: i64::from(slot),
+                        });
+                    }
+                    last = slot;
+                    let id_len = r.u16("other holder member id")?;
+                    let member_id = r.utf8(
+                        usize::from(id_len),
+                        MAX_MEMBER_ID_LEN,
+                        "other holder member id",
+                    )?;
+                    let label = read_label(&mut r, "other holder label")?;
+                    other_holders.push(Holder {
+                        member_id,
+                        label,
+                        generation: first.generation,
+                        slot,
+                    });
+                }
+            }
+        }
         check_end(&r, minor, WHAT)?;
         Ok(Self {
             holder,
             position,
             members,
+            permits,
+            other_holders,
         })
     }
 }
@@ -314,17 +471,23 @@ fn fifo_key<'a>(
 ///
 /// `members` is the leader's JoinGroup response as `(member_id, group_instance_id, metadata)`;
 /// the instance id does not affect the native order. `generation` is that response's generation
-/// and becomes the holder's token.
+/// and becomes every holder's token.
 ///
 /// Rules (rationale in `docs/protocol.md`):
-/// 1. **Sticky.** A member whose metadata says it holds the lock keeps it. If several claim it,
-///    the one with the highest `holder_generation` wins, then the earliest in FIFO order.
-/// 2. **FIFO.** With no claimant, the earliest `first_joined_generation` (≥ 0) wins; members that
-///    never completed a join (-1) come last; ties by member id, bytewise.
-/// 3. Members whose metadata does not decode are listed in [`NativePlan::rejected`], can never
+/// 1. Members whose metadata does not decode are listed in [`NativePlan::rejected`], can never
 ///    hold, and get position -1.
+/// 2. **Permits.** The group's number of permits is that of the most recent claimant (highest
+///    `holder_generation`, then FIFO order), else that of the first member in FIFO order.
+///    Members that expect another number are listed in [`NativePlan::mismatched`], can never
+///    hold, and get position -1.
+/// 3. **Sticky.** Claimants in order of `holder_generation` descending, then FIFO, each keep
+///    the slot they claim unless an earlier one in that order took it; a claimant that lost its
+///    slot gets none in this generation.
+/// 4. **FIFO.** Free slots, lowest first, go to the other members in FIFO order: the earliest
+///    `first_joined_generation` (≥ 0) first; members that never completed a join (-1) come last;
+///    ties by member id, bytewise.
 ///
-/// Every member's assignment names the same holder and carries the member's own position.
+/// Every member's assignment names the same holders and carries the member's own position.
 pub fn assign_native(generation: i32, members: &[(String, Option<String>, Bytes)]) -> NativePlan {
     let mut rejected = Vec::new();
     let mut eligible: Vec<(usize, &str, MemberMetadata)> = Vec::with_capacity(members.len());
@@ -336,35 +499,79 @@ pub fn assign_native(generation: i32, members: &[(String, Option<String>, Bytes)
     }
     eligible.sort_by(|a, b| fifo_key(a.0, a.1, &a.2).cmp(&fifo_key(b.0, b.1, &b.2)));
 
-    // `eligible` is in FIFO order, so the first claimant with the highest holder generation is
-    // also the FIFO-earliest among equals.
-    let holder_pos = eligible
-        .iter()
-        .enumerate()
-        .filter(|(_, (_, _, md))| md.holds)
-        .min_by_key(|(pos, (_, _, md))| (Reverse(md.holder_generation), *pos))
-        .map(|(pos, _)| pos)
-        .or(if eligible.is_empty() { None } else { Some(0) });
+    // Claimants, most recent grant first; `eligible` is in FIFO order, so a stable sort keeps
+    // FIFO order among equals.
+    let mut claimants: Vec<usize> = (0..eligible.len())
+        .filter(|&p| eligible[p].2.holds)
+        .collect();
+    claimants.sort_by_key(|&p| Reverse(eligible[p].2.holder_generation));
+    let permits = claimants
+        .first()
+        .or(if eligible.is_empty() { None } else { Some(&0) })
+        .map_or(1, |&p| eligible[p].2.permits);
+
+    let mut mismatched = Vec::new();
+    let mut agrees = vec![true; eligible.len()];
+    for (p, (_, id, md)) in eligible.iter().enumerate() {
+        if md.permits != permits {
+            agrees[p] = false;
+            mismatched.push(((*id).to_owned(), md.permits));
+        }
+    }
+
+    // slot -> position in `eligible`
+    let mut slots: Vec<Option<usize>> = vec![None; usize::from(permits)];
+    let mut lost_claim = vec![false; eligible.len()];
+    for &p in &claimants {
+        if !agrees[p] {
+            continue;
+        }
+        let s = usize::from(eligible[p].2.slot);
+        if slots[s].is_none() {
+            slots[s] = Some(p);
+        } else {
+            lost_claim[p] = true;
+        }
+    }
+    let holding = |slots: &[Option<usize>], p: usize| slots.contains(&Some(p));
+    let mut free = (0..slots.len())
+        .filter(|&s| slots[s].is_none())
+        .collect::<Vec<_>>();
+    free.reverse();
+    for p in 0..eligible.len() {
+        if free.is_empty() {
+            break;
+        }
+        if agrees[p] && !lost_claim[p] && !holding(&slots, p) {
+            let s = free.pop().expect("not empty");
+            slots[s] = Some(p);
+        }
+    }
 
     let mut positions = vec![-1i32; members.len()];
-    let holder = holder_pos.map(|hp| {
-        let (index, id, md) = &eligible[hp];
-        positions[*index] = 0;
-        Holder {
-            member_id: (*id).to_owned(),
-            label: md.label.clone(),
-            generation,
-        }
-    });
-    let waiters = eligible
+    let holders: Vec<Holder> = slots
         .iter()
         .enumerate()
-        .filter(|(pos, _)| Some(*pos) != holder_pos);
-    for (rank, (_, (index, _, _))) in waiters.enumerate() {
-        positions[*index] = i32::try_from(rank + 1).unwrap_or(i32::MAX);
+        .filter_map(|(s, p)| {
+            let (index, id, md) = &eligible[(*p)?];
+            positions[*index] = 0;
+            Some(Holder {
+                member_id: (*id).to_owned(),
+                label: md.label.clone(),
+                generation,
+                slot: s as u16,
+            })
+        })
+        .collect();
+    let waiters = (0..eligible.len()).filter(|&p| agrees[p] && !holding(&slots, p));
+    for (rank, p) in waiters.enumerate() {
+        positions[eligible[p].0] = i32::try_from(rank + 1).unwrap_or(i32::MAX);
     }
 
     let member_count = i32::try_from(members.len()).unwrap_or(i32::MAX);
+    let mut holders_iter = holders.iter().cloned();
+    let holder = holders_iter.next();
+    let other_holders: Vec<Holder> = holders_iter.collect();
     let assignments = members
         .iter()
         .zip(&positions)
@@ -373,6 +580,8 @@ pub fn assign_native(generation: i32, members: &[(String, Option<String>, Bytes)
                 holder: holder.clone(),
                 position,
                 members: member_count,
+                permits,
+                other_holders: other_holders.clone(),
             };
             (id.clone(), a.encode())
         })
@@ -380,8 +589,11 @@ pub fn assign_native(generation: i32, members: &[(String, Option<String>, Bytes)
 
     NativePlan {
         holder: holder.map(|h| h.member_id),
+        holders: holders.into_iter().map(|h| (h.slot, h.member_id)).collect(),
+        permits,
         assignments,
         rejected,
+        mismatched,
     }
 }
 
@@ -396,6 +608,8 @@ mod tests {
             first_joined_generation: first,
             holder_generation: holder_gen,
             label: label.map(str::to_owned),
+            permits: 1,
+            slot: 0,
         }
     }
 
@@ -450,9 +664,12 @@ mod tests {
                 member_id: "m-1".into(),
                 label: None,
                 generation: 4,
+                slot: 0,
             }),
             position: 2,
             members: 3,
+            permits: 1,
+            other_holders: Vec::new(),
         };
         assert_eq!(
             &a.encode()[..],
@@ -470,6 +687,8 @@ mod tests {
             holder: None,
             position: -1,
             members: 1,
+            permits: 1,
+            other_holders: Vec::new(),
         };
         assert_eq!(
             &none.encode()[..],
@@ -540,25 +759,58 @@ mod tests {
 
     #[test]
     fn newer_minor_may_append_fields_and_flags() {
-        let mut newer = md(true, 1, 2, Some("l")).encode().to_vec();
+        let mut m3 = md(true, 1, 2, Some("l"));
+        m3.permits = 3;
+        m3.slot = 2;
+        let mut newer = m3.encode().to_vec();
         newer[3] = NATIVE_MINOR_VERSION + 1;
         newer[4] |= 0x40;
         newer.extend_from_slice(b"future field");
-        assert_eq!(
-            MemberMetadata::decode(&newer),
-            Ok(md(true, 1, 2, Some("l")))
-        );
+        assert_eq!(MemberMetadata::decode(&newer), Ok(m3));
 
         let mut a = NativeAssignment {
             holder: None,
             position: 0,
             members: 1,
+            permits: 2,
+            other_holders: Vec::new(),
         }
         .encode()
         .to_vec();
         a[3] = 9;
         a.extend_from_slice(&[1, 2, 3]);
         assert!(NativeAssignment::decode(&a).is_ok());
+    }
+
+    #[test]
+    fn a_minor_0_reader_sees_the_permit_fields_as_a_newer_minor() {
+        // What a build before permits does with minor 1 bytes: it reads the minor 0 prefix and
+        // skips the rest, so it sees the lowest-slot holder and its own position.
+        let a = NativeAssignment {
+            holder: Some(Holder {
+                member_id: "m-1".into(),
+                label: None,
+                generation: 4,
+                slot: 0,
+            }),
+            position: 2,
+            members: 3,
+            permits: 2,
+            other_holders: vec![Holder {
+                member_id: "m-2".into(),
+                label: Some("x".into()),
+                generation: 4,
+                slot: 1,
+            }],
+        }
+        .encode();
+        assert_eq!(a[3], 1);
+        let mut as_minor_0 = NativeAssignment::decode(&a).unwrap();
+        as_minor_0.permits = 1;
+        as_minor_0.other_holders.clear();
+        let prefix = as_minor_0.encode();
+        assert_eq!(prefix[3], 0);
+        assert_eq!(&a[4..prefix.len()], &prefix[4..]);
     }
 
     #[test]
@@ -575,6 +827,8 @@ mod tests {
                 holder: None,
                 position,
                 members,
+                permits: 1,
+                other_holders: Vec::new(),
             };
             assert!(
                 matches!(
@@ -606,9 +860,12 @@ mod tests {
                 member_id: "x".into(),
                 label: None,
                 generation: 1,
+                slot: 0,
             }),
             position: 0,
             members: 1,
+            permits: 1,
+            other_holders: Vec::new(),
         }
         .encode()
         .to_vec();
@@ -646,9 +903,12 @@ mod tests {
                 member_id: "consumer-1-abc".into(),
                 label: Some("host-a".into()),
                 generation: 12,
+                slot: 0,
             }),
             position: 1,
             members: 4,
+            permits: 1,
+            other_holders: Vec::new(),
         }
         .encode();
         for cut in 0..a.len() {
@@ -676,6 +936,7 @@ mod tests {
                     member_id: "m-zzz".into(),
                     label: Some("holder".into()),
                     generation: 5,
+                    slot: 0,
                 })
             );
             assert_eq!(a.members, 2);
@@ -834,34 +1095,63 @@ mod tests {
             -1i32..=i32::MAX,
             // At most 64 chars of at most 4 bytes: always within MAX_LABEL_LEN.
             proptest::option::of("\\PC{0,64}"),
+            prop_oneof![Just(1u16), 1u16..=MAX_PERMITS],
         )
-            .prop_map(|(holds, first, holder_gen, label)| MemberMetadata {
-                holds,
-                first_joined_generation: first,
-                holder_generation: holder_gen,
-                label,
+            .prop_flat_map(|(holds, first, holder_gen, label, permits)| {
+                (0..permits).prop_map(move |slot| MemberMetadata {
+                    holds,
+                    first_joined_generation: first,
+                    holder_generation: holder_gen,
+                    label: label.clone(),
+                    permits,
+                    slot,
+                })
             })
     }
 
+    fn arb_holder() -> impl Strategy<Value = (String, Option<String>)> {
+        ("\\PC{0,80}", proptest::option::of("\\PC{0,64}"))
+    }
+
     fn arb_assignment() -> impl Strategy<Value = NativeAssignment> {
-        let holder = proptest::option::of(
-            (
-                "\\PC{0,80}",
-                proptest::option::of("\\PC{0,64}"),
-                any::<i32>(),
-            )
-                .prop_map(|(member_id, label, generation)| Holder {
-                    member_id,
-                    label,
-                    generation,
-                }),
-        );
-        (holder, 0i32..=i32::MAX)
-            .prop_flat_map(|(holder, members)| (Just(holder), -1i32..members, Just(members)))
-            .prop_map(|(holder, position, members)| NativeAssignment {
-                holder,
-                position,
-                members,
+        (
+            proptest::option::of(arb_holder()),
+            any::<i32>(),
+            0i32..=i32::MAX,
+            prop_oneof![Just(1u16), 1u16..=16],
+            proptest::collection::vec((arb_holder(), any::<bool>()), 0..16),
+        )
+            .prop_flat_map(|(holder, generation, members, permits, others)| {
+                // Slots: the holder's is the lowest taken, the others ascend after it.
+                let mut taken =
+                    (0..permits).filter(|s| others.get(usize::from(*s)).is_none_or(|o| o.1));
+                let holder = holder.and_then(|(member_id, label)| {
+                    taken.next().map(|slot| Holder {
+                        member_id,
+                        label,
+                        generation,
+                        slot,
+                    })
+                });
+                let other_holders: Vec<Holder> = match &holder {
+                    Some(_) => taken
+                        .zip(others.iter())
+                        .map(|(slot, ((member_id, label), _))| Holder {
+                            member_id: member_id.clone(),
+                            label: label.clone(),
+                            generation,
+                            slot,
+                        })
+                        .collect(),
+                    None => Vec::new(),
+                };
+                (-1i32..members).prop_map(move |position| NativeAssignment {
+                    holder: holder.clone(),
+                    position,
+                    members,
+                    permits,
+                    other_holders: other_holders.clone(),
+                })
             })
     }
 
@@ -902,7 +1192,10 @@ mod tests {
 
         #[test]
         fn assignor_invariants(
-            metas in proptest::collection::vec(proptest::option::of(arb_metadata()), 0..12),
+            metas in proptest::collection::vec(proptest::option::of(arb_metadata().prop_map(|m| {
+                // The mutex: every member with one permit.
+                MemberMetadata { permits: 1, slot: 0, ..m }
+            })), 0..12),
             generation in 0i32..1000,
         ) {
             let members: Vec<(String, Option<String>, Bytes)> = metas
@@ -956,6 +1249,369 @@ mod tests {
             positions.sort_unstable();
             let expected: Vec<i32> = (0..positions.len() as i32).collect();
             prop_assert_eq!(positions, expected);
+        }
+    }
+
+    // ---- permits (semaphore) -----------------------------------------------------------------
+
+    fn mdn(holds: bool, first: i32, holder_gen: i32, permits: u16, slot: u16) -> MemberMetadata {
+        MemberMetadata {
+            permits,
+            slot,
+            ..md(holds, first, holder_gen, None)
+        }
+    }
+
+    fn holders_of(plan: &NativePlan) -> Vec<(u16, &str)> {
+        plan.holders
+            .iter()
+            .map(|(s, id)| (*s, id.as_str()))
+            .collect()
+    }
+
+    #[test]
+    fn minor_1_layouts_match_the_documented_tables() {
+        let m = MemberMetadata {
+            permits: 3,
+            slot: 2,
+            ..md(true, 7, 9, Some("h:1"))
+        };
+        assert_eq!(
+            &m.encode()[..],
+            &[
+                b'k', b'm', 1, 1,    // magic, major, minor
+                0x01, // flags: holds
+                0, 0, 0, 7, // first_joined_generation
+                0, 0, 0, 9, // holder_generation
+                0, 3, b'h', b':', b'1', // label
+                0, 3, // permits
+                0, 2, // slot
+            ][..]
+        );
+        let a = NativeAssignment {
+            holder: Some(Holder {
+                member_id: "m-1".into(),
+                label: None,
+                generation: 4,
+                slot: 0,
+            }),
+            position: 0,
+            members: 3,
+            permits: 3,
+            other_holders: vec![Holder {
+                member_id: "m-2".into(),
+                label: Some("b".into()),
+                generation: 4,
+                slot: 2,
+            }],
+        };
+        assert_eq!(
+            &a.encode()[..],
+            &[
+                b'k', b'a', 1, 1,    // magic, major, minor
+                0x01, // flags: holder section
+                0, 0, 0, 0, // position
+                0, 0, 0, 3, // members
+                0, 0, 0, 4, // generation
+                0, 3, b'm', b'-', b'1', 0xff, 0xff, // first holder id, no label
+                0, 3, // permits
+                0, 0, // first holder's slot
+                0, 1, // one more holder
+                0, 2, 0, 3, b'm', b'-', b'2', 0, 1, b'b', // slot 2, id, label
+            ][..]
+        );
+        assert_eq!(NativeAssignment::decode(&a.encode()), Ok(a));
+    }
+
+    #[test]
+    fn one_permit_is_written_as_minor_0() {
+        assert_eq!(md(true, 7, 9, None).encode()[3], 0);
+        let plan = assign_native(3, &[member("a", &md(false, 1, -1, None))]);
+        assert_eq!(plan.assignments[0].1[3], 0);
+        assert_eq!(plan.permits, 1);
+    }
+
+    #[test]
+    fn bad_permit_fields_are_typed_errors() {
+        let mut b = mdn(true, 1, 2, 3, 1).encode().to_vec();
+        let n = b.len();
+        b[n - 4..n - 2].copy_from_slice(&0u16.to_be_bytes());
+        assert!(matches!(
+            MemberMetadata::decode(&b),
+            Err(PeerDataError::OutOfRange {
+                what: "member permits",
+                value: 0
+            })
+        ));
+        b[n - 4..n - 2].copy_from_slice(&(MAX_PERMITS + 1).to_be_bytes());
+        assert!(MemberMetadata::decode(&b).is_err());
+        b[n - 4..n - 2].copy_from_slice(&3u16.to_be_bytes());
+        b[n - 2..].copy_from_slice(&3u16.to_be_bytes());
+        assert!(matches!(
+            MemberMetadata::decode(&b),
+            Err(PeerDataError::OutOfRange {
+                what: "member permit slot",
+                value: 3
+            })
+        ));
+
+        let holder = |slot| Holder {
+            member_id: "x".into(),
+            label: None,
+            generation: 1,
+            slot,
+        };
+        let a = NativeAssignment {
+            holder: Some(holder(0)),
+            position: 0,
+            members: 2,
+            permits: 2,
+            other_holders: vec![holder(1)],
+        }
+        .encode()
+        .to_vec();
+        // Other holders' slots must ascend past the first's.
+        let mut same = a.clone();
+        let k = a.len() - 7;
+        same[k..k + 2].copy_from_slice(&0u16.to_be_bytes());
+        assert!(NativeAssignment::decode(&same).is_err());
+        // More holders than permits.
+        let mut many = a.clone();
+        many[k - 2..k].copy_from_slice(&2u16.to_be_bytes());
+        assert!(matches!(
+            NativeAssignment::decode(&many),
+            Err(PeerDataError::OutOfRange {
+                what: "other holder count",
+                ..
+            })
+        ));
+        // A count the bytes cannot hold is refused before anything is read.
+        let mut short = a[..k].to_vec();
+        short[k - 2..k].copy_from_slice(&1u16.to_be_bytes());
+        assert!(matches!(
+            NativeAssignment::decode(&short),
+            Err(PeerDataError::Truncated { .. })
+        ));
+        for cut in 0..a.len() {
+            assert!(NativeAssignment::decode(&a[..cut]).is_err(), "prefix {cut}");
+        }
+    }
+
+    #[test]
+    fn three_permits_go_to_the_first_three_in_fifo_order() {
+        let members: Vec<_> = ["f", "e", "d", "c", "b", "a"]
+            .iter()
+            .enumerate()
+            .map(|(i, id)| member(id, &mdn(false, 10 - i as i32, -1, 3, 0)))
+            .collect();
+        let plan = assign_native(11, &members);
+        assert_eq!(plan.permits, 3);
+        assert_eq!(holders_of(&plan), [(0, "a"), (1, "b"), (2, "c")]);
+        for (id, want) in [("a", 0), ("b", 0), ("c", 0), ("d", 1), ("e", 2), ("f", 3)] {
+            assert_eq!(position_of(&plan, id), want, "{id}");
+        }
+        for (_, a) in decoded(&plan) {
+            let hs: Vec<(u16, &str)> = a
+                .holders()
+                .map(|h| (h.slot, h.member_id.as_str()))
+                .collect();
+            assert_eq!(hs, [(0, "a"), (1, "b"), (2, "c")]);
+            assert!(a.holders().all(|h| h.generation == 11));
+            assert_eq!(a.permits, 3);
+        }
+    }
+
+    #[test]
+    fn holders_keep_their_slots_and_free_slots_go_in_fifo_order() {
+        let members = [
+            member("late-holder", &mdn(true, 9, 9, 3, 2)),
+            member("waiter-2", &mdn(false, 5, -1, 3, 0)),
+            member("waiter-1", &mdn(false, 4, -1, 3, 0)),
+            member("newcomer", &mdn(false, -1, -1, 3, 0)),
+        ];
+        let plan = assign_native(10, &members);
+        assert_eq!(
+            holders_of(&plan),
+            [(0, "waiter-1"), (1, "waiter-2"), (2, "late-holder")]
+        );
+        assert_eq!(position_of(&plan, "newcomer"), 1);
+    }
+
+    #[test]
+    fn conflicting_slot_claims_most_recent_wins_and_the_loser_waits() {
+        let members = [
+            member("stale", &mdn(true, 1, 3, 2, 1)),
+            member("fresh", &mdn(true, 2, 6, 2, 1)),
+            member("waiter", &mdn(false, 0, -1, 2, 0)),
+        ];
+        let plan = assign_native(7, &members);
+        // The stale claimant gets no slot in this generation, even with slot 0 free.
+        assert_eq!(holders_of(&plan), [(0, "waiter"), (1, "fresh")]);
+        assert_eq!(position_of(&plan, "stale"), 1);
+    }
+
+    #[test]
+    fn permits_mismatch_the_group_keeps_its_number() {
+        // Holders decide: a newcomer with another number is refused.
+        let members = [
+            member("holder", &mdn(true, 1, 2, 3, 0)),
+            member("wrong", &mdn(false, 0, -1, 2, 0)),
+            member("right", &mdn(false, 3, -1, 3, 0)),
+        ];
+        let plan = assign_native(4, &members);
+        assert_eq!(plan.permits, 3);
+        assert_eq!(plan.mismatched, [("wrong".to_owned(), 2)]);
+        assert_eq!(holders_of(&plan), [(0, "holder"), (1, "right")]);
+        let got = decoded(&plan);
+        let wrong = &got.iter().find(|(id, _)| id == "wrong").unwrap().1;
+        assert_eq!((wrong.position, wrong.permits), (-1, 3));
+
+        // Without a holder, the first in FIFO order decides; a mutex member in a semaphore
+        // group gets a minor 1 assignment naming the group's number.
+        let members = [
+            member("mutex", &md(false, 5, -1, None)),
+            member("sem", &mdn(false, 2, -1, 2, 0)),
+        ];
+        let plan = assign_native(6, &members);
+        assert_eq!(plan.permits, 2);
+        assert_eq!(plan.mismatched, [("mutex".to_owned(), 1)]);
+        assert_eq!(holders_of(&plan), [(0, "sem")]);
+
+        // A semaphore member in a mutex group gets a minor 0 assignment: one permit.
+        let members = [
+            member("mutex", &md(false, 1, -1, None)),
+            member("sem", &mdn(false, 2, -1, 2, 0)),
+        ];
+        let plan = assign_native(6, &members);
+        assert_eq!(plan.permits, 1);
+        let got = decoded(&plan);
+        assert!(plan.assignments.iter().all(|(_, b)| b[3] == 0));
+        assert_eq!(got[1].1.position, -1);
+        assert_eq!(got[1].1.permits, 1);
+    }
+
+    /// One simulated member for the sequence property: what it would put in its metadata.
+    #[derive(Debug, Clone)]
+    struct Sim {
+        id: String,
+        first: i32,
+        hold: Option<(u16, i32)>,
+        permits: u16,
+    }
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        /// A new member joins (with the group's permits, or a wrong number).
+        Join { wrong_permits: bool },
+        /// Member `k` (modulo the count) leaves or is expired.
+        Leave(usize),
+        /// A rebalance where member `k`'s metadata is stale: built before it learned it holds.
+        StaleRejoin(usize),
+        /// A rebalance where everyone heartbeats and rejoins in time.
+        Rebalance,
+    }
+
+    fn arb_step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            3 => any::<bool>().prop_map(|w| Step::Join { wrong_permits: w }),
+            2 => any::<usize>().prop_map(Step::Leave),
+            1 => any::<usize>().prop_map(Step::StaleRejoin),
+            2 => Just(Step::Rebalance),
+        ]
+    }
+
+    proptest! {
+        /// For any sequence of joins, leaves and rebalances: at most N holders, each slot at most
+        /// once; every member still present that held keeps its slot (sticky); a free slot goes
+        /// to the earliest waiter (FIFO); members with another number never hold.
+        #[test]
+        fn semaphore_sequences_keep_their_invariants(
+            permits in 1u16..=4,
+            steps in proptest::collection::vec(arb_step(), 1..40),
+        ) {
+            let mut sims: Vec<Sim> = Vec::new();
+            let mut next_id = 0;
+            let mut generation = 0;
+            for step in steps {
+                let mut stale: Option<usize> = None;
+                match step {
+                    Step::Join { wrong_permits } => {
+                        sims.push(Sim {
+                            id: format!("m{next_id:03}"),
+                            first: -1,
+                            hold: None,
+                            permits: if wrong_permits { permits + 1 } else { permits },
+                        });
+                        next_id += 1;
+                    }
+                    Step::Leave(k) if !sims.is_empty() => {
+                        let k = k % sims.len();
+                        sims.remove(k);
+                    }
+                    Step::StaleRejoin(k) if !sims.is_empty() => stale = Some(k % sims.len()),
+                    _ => {}
+                }
+                generation += 1;
+                let before = sims.clone();
+                let members: Vec<(String, Option<String>, Bytes)> = sims
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| {
+                        let hold = if stale == Some(i) { None } else { s.hold };
+                        let m = MemberMetadata {
+                            holds: hold.is_some(),
+                            first_joined_generation: s.first,
+                            holder_generation: hold.map_or(-1, |h| h.1),
+                            label: None,
+                            permits: s.permits,
+                            slot: hold.map_or(0, |h| h.0),
+                        };
+                        (s.id.clone(), None, m.encode())
+                    })
+                    .collect();
+                let plan = assign_native(generation, &members);
+                let group = plan.permits;
+                prop_assert!(plan.holders.len() <= usize::from(group));
+                let mut slots: Vec<u16> = plan.holders.iter().map(|h| h.0).collect();
+                slots.dedup();
+                prop_assert_eq!(slots.len(), plan.holders.len());
+                prop_assert!(slots.iter().all(|&s| s < group));
+                // Members apply their assignments.
+                for (i, s) in sims.iter_mut().enumerate() {
+                    if s.first < 0 {
+                        s.first = generation;
+                    }
+                    let mine = plan.holders.iter().find(|h| h.1 == s.id).map(|h| h.0);
+                    if s.permits != group {
+                        prop_assert_eq!(mine, None);
+                    }
+                    // Sticky: a holder whose metadata said so keeps its slot.
+                    if let (Some((slot, _)), true) = (before[i].hold, stale != Some(i)) {
+                        if s.permits == group {
+                            prop_assert_eq!(mine, Some(slot), "{} lost its slot", s.id);
+                        }
+                    }
+                    s.hold = match (mine, s.hold) {
+                        (Some(slot), Some((old, since))) if slot == old => Some((slot, since)),
+                        (Some(slot), _) => Some((slot, generation)),
+                        (None, _) => None,
+                    };
+                }
+                // FIFO: nobody waits (agreeing, never a losing claimant) ahead of a member
+                // that was given a free slot in this generation.
+                let fifo = |s: &Sim| (s.first < 0, s.first, s.id.clone());
+                let newly: Vec<&Sim> = sims.iter().zip(&before).enumerate()
+                    .filter(|(_, (s, b))| s.hold.is_some() && b.hold.is_none())
+                    .map(|(_, (s, _))| s).collect();
+                for n in &newly {
+                    for (i, w) in sims.iter().enumerate() {
+                        if w.hold.is_none() && w.permits == group && before[i].hold.is_none() {
+                            prop_assert!(fifo(n) < fifo(w) || stale == Some(i),
+                                "{} got a permit ahead of {}", n.id, w.id);
+                        }
+                    }
+                }
+            }
         }
     }
 }

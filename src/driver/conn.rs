@@ -303,10 +303,9 @@ impl Connection {
     ) -> Result<Response> {
         let req = req.into();
         let api = req.api_key();
-        let version = self
-            .versions
-            .get(api)
-            .ok_or(Error::UnsupportedApi { api })?;
+        let version = self.versions.get(api).ok_or(Error::UnsupportedApi {
+            api: crate::api::Api::of(api),
+        })?;
         self.current.link().call(&req, version, timeout).await
     }
 
@@ -323,7 +322,11 @@ impl Connection {
         let api = req.api_key();
         match self.versions.get(api) {
             Some(max) if version <= max && version >= 0 => {}
-            _ => return Err(Error::UnsupportedApi { api }),
+            _ => {
+                return Err(Error::UnsupportedApi {
+                    api: crate::api::Api::of(api),
+                })
+            }
         }
         self.current.link().call(&req, version, timeout).await
     }

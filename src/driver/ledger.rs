@@ -36,7 +36,7 @@ pub(crate) struct Reach {
 }
 
 impl Reach {
-    fn backoff(&self) -> Backoff {
+    pub(crate) fn backoff(&self) -> Backoff {
         Backoff::new(self.retry_backoff, self.retry_backoff_max, 2.0, 0.5)
     }
 
@@ -66,7 +66,10 @@ pub(crate) async fn check_ledger_topic(
 ) -> Result<Option<Partition>> {
     for api in [ApiKey::Produce, ApiKey::Fetch, ApiKey::ListOffsets] {
         if conn.versions().get(api).is_none() {
-            return Err(LedgerError::Unsupported { api }.into());
+            return Err(LedgerError::Unsupported {
+                api: crate::api::Api::of(api),
+            }
+            .into());
         }
     }
     let op = Op::Metadata {
@@ -91,7 +94,7 @@ async fn find_leader(first: &Connection, reach: &Reach, topic: &str) -> Result<P
         tokio::time::sleep(backoff.next_delay()).await;
     }
     Err(Error::Broker {
-        api: ApiKey::Metadata,
+        api: crate::api::Api::of(ApiKey::Metadata),
         code: crate::KafkaCode(5),
         message: Some(format!("the ledger topic {topic:?} has no leader")),
     })
@@ -108,7 +111,11 @@ async fn leader_conn(first: &Connection, reach: &Reach, p: &Partition) -> Result
 
 fn log_err(api: ApiKey, e: LogError) -> Error {
     match e {
-        LogError::Broker { code, message, .. } => Error::Broker { api, code, message },
+        LogError::Broker { code, message, .. } => Error::Broker {
+            api: crate::api::Api::of(api),
+            code,
+            message,
+        },
         other => Error::Protocol(other.to_string()),
     }
 }
@@ -257,12 +264,12 @@ async fn read_history_once(
 }
 
 /// The group coordinator of `group`, asked of `conn`.
-async fn coordinator(conn: &Connection, group: &str, reach: &Reach) -> Result<String> {
+pub(crate) async fn coordinator(conn: &Connection, group: &str, reach: &Reach) -> Result<String> {
     let version = conn
         .versions()
         .get(ApiKey::FindCoordinator)
         .ok_or(Error::UnsupportedApi {
-            api: ApiKey::FindCoordinator,
+            api: crate::api::Api::of(ApiKey::FindCoordinator),
         })?
         .min(4);
     let mut backoff = reach.backoff();
@@ -329,4 +336,146 @@ pub(crate) async fn read_committed(
     .await;
     first.close();
     result
+}
+
+/// Follows the ledger from its end with parked Fetches and hands back `lock`'s records as they
+/// are appended: the ledger observers' push. Keeps one connection to the partition's leader;
+/// after an error it starts over from a fresh lookup, where it left off.
+pub(crate) struct LedgerTail {
+    reach: Reach,
+    lock: String,
+    topic: String,
+    at: Option<(Partition, Connection)>,
+    /// The next offset to read; `None` until the first ListOffsets.
+    next: Option<i64>,
+}
+
+impl LedgerTail {
+    /// A tail that starts at `from` (the end of a history just read), or at the end.
+    pub(crate) fn new(reach: Reach, lock: &str, topic: &str, from: Option<i64>) -> Self {
+        LedgerTail {
+            reach,
+            lock: lock.to_owned(),
+            topic: topic.to_owned(),
+            at: None,
+            next: from,
+        }
+    }
+
+    /// One parked Fetch of at most `wait`: `lock`'s records appended since the last call, in
+    /// offset order, each decoded or with the reason it could not be.
+    pub(crate) async fn poll(
+        &mut self,
+        wait: Duration,
+    ) -> Result<Vec<(i64, std::result::Result<ledger::LedgerRecord, String>)>> {
+        let result = self.poll_once(wait).await;
+        if result.is_err() {
+            if let Some((_, conn)) = self.at.take() {
+                conn.close();
+            }
+        }
+        result
+    }
+
+    async fn poll_once(
+        &mut self,
+        wait: Duration,
+    ) -> Result<Vec<(i64, std::result::Result<ledger::LedgerRecord, String>)>> {
+        if self.at.is_none() {
+            let first = self.reach.connect_any().await?;
+            let p = find_leader(&first, &self.reach, &self.topic).await;
+            let conn = match &p {
+                Ok(p) => leader_conn(&first, &self.reach, p).await,
+                Err(_) => Err(Error::Closed),
+            };
+            if conn.as_ref().map_or(true, |c| c.peer() != first.peer()) {
+                first.close();
+            }
+            self.at = Some((p?, conn?));
+        }
+        let Some((p, conn)) = &self.at else {
+            return Ok(Vec::new());
+        };
+        let tp = TopicPartition::new(&self.topic, 0).with_topic_id(p.topic_id);
+        let timeout = self.reach.conn.request_timeout;
+        let from = match self.next {
+            Some(n) => n,
+            None => {
+                let op = Op::ListOffsets {
+                    tp: tp.clone(),
+                    spec: OffsetSpec::Latest,
+                };
+                let end = match call(conn, &op, timeout).await? {
+                    (Response::ListOffsets(r), _) => {
+                        listed(&r, &tp).map_err(|e| log_err(ApiKey::ListOffsets, e))?
+                    }
+                    (other, _) => {
+                        return Err(Error::Protocol(format!(
+                            "expected ListOffsets, got {:?}",
+                            other.api_key()
+                        )))
+                    }
+                };
+                self.next = Some(end);
+                end
+            }
+        };
+        let op = Op::Fetch {
+            tp: tp.clone(),
+            offset: from,
+            options: FetchOptions {
+                max_wait: wait,
+                min_bytes: 1,
+                max_bytes: READ_BYTES,
+                isolation: Isolation::ReadCommitted,
+            },
+        };
+        let f = match call(conn, &op, timeout + wait).await? {
+            (Response::Fetch(r), v) => fetched(&r, &tp, v).map_err(|e| match e {
+                // The retained log moved past us: go on from its end.
+                LogError::Broker { code, .. } if code.0 == 1 => {
+                    self.next = None;
+                    log_err(ApiKey::Fetch, e)
+                }
+                e => log_err(ApiKey::Fetch, e),
+            })?,
+            (other, _) => {
+                return Err(Error::Protocol(format!(
+                    "expected Fetch, got {:?}",
+                    other.api_key()
+                )))
+            }
+        };
+        let key = self.lock.as_bytes();
+        let mut out = Vec::new();
+        let mut next = from;
+        let mut batches = f.batches();
+        for batch in batches.by_ref() {
+            match batch {
+                Ok(b) => {
+                    for r in b.records {
+                        if r.offset >= from && r.key.as_deref() == Some(key) {
+                            let decoded = match r.value.as_deref() {
+                                Some(v) => {
+                                    ledger::LedgerRecord::decode(v).map_err(|e| e.to_string())
+                                }
+                                None => Err("a record without a value".to_owned()),
+                            };
+                            out.push((r.offset, decoded));
+                        }
+                    }
+                }
+                Err(BatchError::Compressed { last_offset, .. }) => {
+                    next = next.max(last_offset.saturating_add(1))
+                }
+                // What cannot be read cannot be followed: go on from the end.
+                Err(_) => next = next.max(f.high_watermark),
+            }
+        }
+        if let Some(n) = batches.next_offset() {
+            next = next.max(n);
+        }
+        self.next = Some(next);
+        Ok(out)
+    }
 }

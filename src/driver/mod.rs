@@ -16,6 +16,7 @@
 
 mod bootstrap;
 mod conn;
+pub(crate) mod describe;
 mod dial;
 mod secure;
 #[cfg(test)]

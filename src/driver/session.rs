@@ -31,8 +31,8 @@ pub(crate) enum SessionState {
         holder: Option<crate::membership::HolderInfo>,
         generation: i32,
     },
-    /// Holding with this token until `lease_end` unless renewed.
-    Held(crate::membership::FencingToken, Instant),
+    /// Holding with this token until `lease_end` unless renewed, in this permit slot.
+    Held(crate::membership::FencingToken, Instant, u16),
     /// The hold (or the wait) is over; the string says why.
     Ended(End),
 }
@@ -308,7 +308,7 @@ async fn run(
         // acquisition and report a loss while heartbeats still succeed.
         if let Some(lease) = m.lease_end() {
             state.send_if_modified(|s| match s {
-                SessionState::Held(_, l) if *l != lease => {
+                SessionState::Held(_, l, _) if *l != lease => {
                     *l = lease;
                     true
                 }
@@ -385,9 +385,15 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
 
 fn publish(state: &watch::Sender<SessionState>, e: &Event) {
     let next = match e {
-        Event::Acquired { token, lease_end } => SessionState::Held(token.clone(), *lease_end),
+        Event::Acquired {
+            token,
+            lease_end,
+            permit,
+        } => SessionState::Held(token.clone(), *lease_end, *permit),
         Event::TokenChanged { token } => match &*state.borrow() {
-            SessionState::Held(_, lease) => SessionState::Held(token.clone(), *lease),
+            SessionState::Held(_, lease, permit) => {
+                SessionState::Held(token.clone(), *lease, *permit)
+            }
             other => other.clone(),
         },
         Event::Waiting {

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use super::record::{LedgerRecord, RecordError, RecordKind};
 
 /// How a hold ended, as far as the ledger knows.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum HoldEnd {
     /// The holder released the lock.
     Released {
@@ -42,6 +43,7 @@ pub enum HoldEnd {
     },
     /// No end record and no later hold: the hold is still running, or its holder died and
     /// nobody has taken the lock since.
+    #[default]
     Open,
 }
 
@@ -75,7 +77,8 @@ impl HoldEnd {
 }
 
 /// One hold of the lock: an ACQUIRED record and what followed it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Hold {
     /// The fencing token: the offset of the ACQUIRED record.
     pub token: i64,
@@ -103,6 +106,7 @@ pub struct Hold {
 
 /// A record of the lock that could not be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Unreadable {
     /// Its offset (or the first offset of a batch that could not be read).
     pub offset: i64,
@@ -112,6 +116,7 @@ pub struct Unreadable {
 
 /// A lock's holds, oldest first, as read from the ledger.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct History {
     /// The holds, by token.
     pub holds: Vec<Hold>,

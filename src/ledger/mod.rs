@@ -150,10 +150,10 @@ pub enum LedgerError {
         lock: String,
     },
     /// The broker does not offer an API the ledger needs.
-    #[error("the broker offers no version of {api:?}, which the ledger needs; use Apache Kafka 2.8 or newer")]
+    #[error("the broker offers no version of {api}, which the ledger needs; use Apache Kafka 2.8 or newer")]
     Unsupported {
         /// The API.
-        api: ApiKey,
+        api: crate::api::Api,
     },
 }
 
@@ -333,7 +333,9 @@ pub fn build(op: &Op, versions: &NegotiatedVersions) -> Result<(Request, i16), E
     let need = |api: ApiKey| {
         versions
             .get(api)
-            .ok_or(Error::Ledger(LedgerError::Unsupported { api }))
+            .ok_or(Error::Ledger(LedgerError::Unsupported {
+                api: crate::api::Api::of(api),
+            }))
     };
     // Requests that name topics by id need the id, which only Metadata v10+ gives.
     let by_id = |tp: &TopicPartition, v: i16| {
@@ -419,7 +421,7 @@ pub fn offset_fetch_request(
     let v = versions
         .get(ApiKey::OffsetFetch)
         .ok_or(Error::UnsupportedApi {
-            api: ApiKey::OffsetFetch,
+            api: crate::api::Api::of(ApiKey::OffsetFetch),
         })?
         .min(OFFSET_REQUEST_MAX_VERSION);
     let topic = TopicName(StrBytes::from_string(topic.to_owned()));
@@ -558,6 +560,8 @@ enum HoldState {
         token: FencingToken,
         since: Instant,
         deadline: Instant,
+        /// The membership's permit slot, passed on when the hold begins.
+        permit: u16,
     },
     /// The hold, with its token.
     Held { token: FencingToken, since: Instant },
@@ -794,7 +798,7 @@ impl Ledger {
     /// An event of the membership machine. `view` is its state after the event.
     pub fn on_membership(&mut self, e: Event, view: &MemberView, now: Now) {
         match e {
-            Event::Acquired { token, .. } => {
+            Event::Acquired { token, permit, .. } => {
                 if matches!(self.hold, HoldState::Waiting) {
                     debug!(lock = %self.cfg.lock, generation = token.generation,
                            "assigned; appending ACQUIRED to the ledger before the hold begins");
@@ -817,6 +821,7 @@ impl Ledger {
                         token,
                         since: now.mono,
                         deadline,
+                        permit,
                     };
                     self.published_hold = false;
                 }
@@ -1239,7 +1244,11 @@ impl Ledger {
         let purpose = front.purpose;
         let outcome = match result {
             Ok((Response::Produce(r), v)) => produced(&r, &self.tp(), v).map_err(|e| match e {
-                LogError::Broker { api, code, message } => Error::Broker { api, code, message },
+                LogError::Broker { api, code, message } => Error::Broker {
+                    api: crate::api::Api::of(api),
+                    code,
+                    message,
+                },
                 other => Error::Protocol(other.to_string()),
             }),
             Ok((other, _)) => Err(Error::Protocol(format!(
@@ -1289,7 +1298,13 @@ impl Ledger {
     /// The ACQUIRED record is durable at `offset`.
     fn acquired_at(&mut self, offset: i64, view: &MemberView, now: Now) {
         match &mut self.hold {
-            HoldState::Appending { token, since, .. } => {
+            HoldState::Appending {
+                token,
+                since,
+                permit,
+                ..
+            } => {
+                let permit = *permit;
                 let mut token = token.clone();
                 token.ledger_offset = Some(offset);
                 let lease_end = view.lease_end.filter(|end| view.holding && now.mono < *end);
@@ -1303,7 +1318,11 @@ impl Ledger {
                             since,
                         };
                         self.published_hold = true;
-                        self.events.push_back(Event::Acquired { token, lease_end });
+                        self.events.push_back(Event::Acquired {
+                            token,
+                            lease_end,
+                            permit,
+                        });
                     }
                     None => {
                         warn!(lock = %self.cfg.lock, offset,
@@ -1556,7 +1575,11 @@ impl Ledger {
 
 fn log_error(api: ApiKey, e: LogError) -> Error {
     match e {
-        LogError::Broker { code, message, .. } => Error::Broker { api, code, message },
+        LogError::Broker { code, message, .. } => Error::Broker {
+            api: crate::api::Api::of(api),
+            code,
+            message,
+        },
         other => Error::Protocol(other.to_string()),
     }
 }

@@ -171,6 +171,7 @@ impl Rig {
         self.member(Event::Acquired {
             token: token(generation),
             lease_end,
+            permit: 0,
         });
     }
 
@@ -304,7 +305,10 @@ fn a_hold_begins_only_once_the_acquired_record_is_acknowledged() {
 
     r.advance(Duration::from_millis(30));
     r.answer(t.id, produced_at(42));
-    let [Event::Acquired { token, lease_end }] = &r.events[..] else {
+    let [Event::Acquired {
+        token, lease_end, ..
+    }] = &r.events[..]
+    else {
         panic!("{:?}", r.events)
     };
     assert_eq!(token.ledger_offset, Some(42));
@@ -629,6 +633,7 @@ fn a_waiter_long_polls_from_the_end_and_heartbeats_on_this_locks_release() {
     let mut r = Rig::new();
     r.member(Event::Waiting {
         holder: None,
+        holders: Vec::new(),
         position: 1,
         generation: 3,
     });
@@ -726,6 +731,7 @@ fn without_push_a_waiter_does_not_poll() {
     });
     r.member(Event::Waiting {
         holder: None,
+        holders: Vec::new(),
         position: 1,
         generation: 3,
     });
@@ -737,6 +743,7 @@ fn a_poll_past_the_end_starts_again_from_the_end() {
     let mut r = Rig::new();
     r.member(Event::Waiting {
         holder: None,
+        holders: Vec::new(),
         position: 1,
         generation: 3,
     });

@@ -25,6 +25,7 @@ use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use super::frame::{FrameError, LENGTH_PREFIX_SIZE};
 use super::guard::{self, Location, Malformation};
 use super::versions;
+use crate::api::Api;
 
 /// The error type kafka-protocol's failures are carried in.
 pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
@@ -79,14 +80,14 @@ macro_rules! api_enums {
                     // The scan already proved nothing is left over; this only guards against a
                     // table that disagrees with kafka-protocol.
                     Ok(_) if buf.remaining() != 0 => Err(DecodeError::TrailingBytes {
-                        api,
+                        api: crate::api::Api::of(api),
                         version,
                         left: buf.remaining(),
                     }),
                     Ok(r) => Ok(Response::$variant(r)),
-                    Err(e) => Err(DecodeError::Protocol { api, version, source: e.into() }),
+                    Err(e) => Err(DecodeError::Protocol { api: crate::api::Api::of(api), version, source: e.into() }),
                 },)*
-                _ => Err(DecodeError::UnsupportedVersion { api, version }),
+                _ => Err(DecodeError::UnsupportedVersion { api: crate::api::Api::of(api), version }),
             }
         }
     };
@@ -120,22 +121,22 @@ pub enum DecodeError {
 
     /// kafka-lock has no decoder for this API at this version.
     #[error(
-        "kafka-lock does not decode {api:?} responses at version {version}; only negotiated versions may be sent"
+        "kafka-lock does not decode {api} responses at version {version}; only negotiated versions may be sent"
     )]
     UnsupportedVersion {
         /// The API.
-        api: ApiKey,
+        api: Api,
         /// The version asked for.
         version: i16,
     },
 
     /// The bounded-decoding guard rejected the bytes (see [`guard`]).
     #[error(
-        "malformed {api:?} v{version} response: {reason}, in {at}; the peer sent bytes that are not a valid response of this version"
+        "malformed {api} v{version} response: {reason}, in {at}; the peer sent bytes that are not a valid response of this version"
     )]
     Malformed {
         /// The API.
-        api: ApiKey,
+        api: Api,
         /// The version.
         version: i16,
         /// Where the scan stopped.
@@ -146,11 +147,11 @@ pub enum DecodeError {
 
     /// The body was followed by bytes that belong to no field.
     #[error(
-        "{left} bytes left over after a {api:?} v{version} response body; the broker probably answered with a different version than the one requested"
+        "{left} bytes left over after a {api} v{version} response body; the broker probably answered with a different version than the one requested"
     )]
     TrailingBytes {
         /// The API.
-        api: ApiKey,
+        api: Api,
         /// The version.
         version: i16,
         /// How many bytes were left.
@@ -170,10 +171,10 @@ pub enum DecodeError {
 
     /// The bytes were well-formed but kafka-protocol rejected a value (for instance a string that
     /// is not UTF-8, or a null where none is allowed).
-    #[error("invalid {api:?} v{version} response: {source}")]
+    #[error("invalid {api} v{version} response: {source}")]
     Protocol {
         /// The API.
-        api: ApiKey,
+        api: Api,
         /// The version.
         version: i16,
         /// kafka-protocol's error.
@@ -187,12 +188,12 @@ pub enum DecodeError {
 pub enum EncodeError {
     /// kafka-lock does not implement the API at this version.
     #[error(
-        "kafka-lock does not implement {api:?} v{version}{}; use a negotiated version",
+        "kafka-lock does not implement {api} v{version}{}; use a negotiated version",
         .ours.map(|(min, max)| format!(" (it implements v{min} to v{max})")).unwrap_or_default()
     )]
     UnsupportedVersion {
         /// The API.
-        api: ApiKey,
+        api: Api,
         /// The version asked for.
         version: i16,
         /// The versions kafka-lock implements for the API, if any.
@@ -201,10 +202,10 @@ pub enum EncodeError {
 
     /// kafka-protocol refused the value, typically a field set that the chosen version cannot
     /// carry, or a string longer than the protocol allows.
-    #[error("cannot encode {api:?} v{version}: {source}")]
+    #[error("cannot encode {api} v{version}: {source}")]
     Protocol {
         /// The API.
-        api: ApiKey,
+        api: Api,
         /// The version.
         version: i16,
         /// kafka-protocol's error.
@@ -230,7 +231,11 @@ pub fn encode_request(
     let api = req.api_key();
     let ours = versions::supported_range(api);
     if !ours.is_some_and(|(min, max)| min <= version && version <= max) {
-        return Err(EncodeError::UnsupportedVersion { api, version, ours });
+        return Err(EncodeError::UnsupportedVersion {
+            api: crate::api::Api::of(api),
+            version,
+            ours,
+        });
     }
     let header = RequestHeader::default()
         .with_request_api_key(api as i16)
@@ -248,7 +253,7 @@ pub fn encode_request(
     if let Err(source) = encoded {
         out.truncate(start);
         return Err(EncodeError::Protocol {
-            api,
+            api: crate::api::Api::of(api),
             version,
             source,
         });
@@ -305,7 +310,10 @@ fn check_header(
     expected: i32,
 ) -> Result<usize, DecodeError> {
     if !guard::covered_versions(api).is_some_and(|(min, max)| min <= version && version <= max) {
-        return Err(DecodeError::UnsupportedVersion { api, version });
+        return Err(DecodeError::UnsupportedVersion {
+            api: crate::api::Api::of(api),
+            version,
+        });
     }
     // Checked first: a mismatch means the stream is out of step, which matters more than
     // whatever else is wrong with the header.
@@ -318,7 +326,7 @@ fn check_header(
     guard::scan_response_header(frame, header_version)
         .map(|(_, len)| len)
         .map_err(|(at, reason)| DecodeError::Malformed {
-            api,
+            api: crate::api::Api::of(api),
             version,
             at,
             reason,
@@ -561,7 +569,7 @@ mod tests {
             matches!(
                 err,
                 DecodeError::Protocol {
-                    api: ApiKey::SyncGroup,
+                    api: Api::SyncGroup,
                     version: 5,
                     ..
                 }

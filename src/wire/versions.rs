@@ -15,7 +15,7 @@ use std::fmt;
 
 use kafka_protocol::messages::{ApiKey, ApiVersionsResponse};
 
-use crate::error::KafkaCode;
+use crate::error::{Api, KafkaCode};
 
 /// The versions kafka-lock implements, per API: `(api, min, max)`.
 ///
@@ -69,12 +69,12 @@ pub fn supported_range(api: ApiKey) -> Option<(i16, i16)> {
 pub enum VersionError {
     /// The broker does not support any version of a required API that kafka-lock implements.
     #[error(
-        "the broker supports no version of {api:?} that kafka-lock implements: kafka-lock implements v{}-v{}, the broker {}; use a broker that supports the classic consumer-group protocol (Kafka 0.9 or newer)",
+        "the broker supports no version of {api} that kafka-lock implements: kafka-lock implements v{}-v{}, the broker {}; use a broker that supports the classic consumer-group protocol (Kafka 0.9 or newer)",
         .ours.0, .ours.1, BrokerRange(*.broker)
     )]
     Unsupported {
         /// The API.
-        api: ApiKey,
+        api: Api,
         /// What kafka-lock implements.
         ours: (i16, i16),
         /// What the broker listed, `None` if it did not list the API at all.
@@ -153,7 +153,7 @@ pub fn negotiate_within(
             Some(v) => versions.push((api, v)),
             None if REQUIRED.contains(&api) => {
                 return Err(VersionError::Unsupported {
-                    api,
+                    api: crate::api::Api::of(api),
                     ours: (our_min, our_max),
                     broker,
                 })
@@ -164,7 +164,7 @@ pub fn negotiate_within(
     for &api in REQUIRED {
         if !ours.iter().any(|(a, _, _)| *a == api) {
             return Err(VersionError::Unsupported {
-                api,
+                api: crate::api::Api::of(api),
                 ours: supported_range(api).unwrap_or((0, -1)),
                 broker: broker_range(resp, api),
             });
@@ -318,7 +318,7 @@ mod tests {
         assert_eq!(
             err,
             VersionError::Unsupported {
-                api: ApiKey::SyncGroup,
+                api: Api::SyncGroup,
                 ours: (0, 5),
                 broker: None
             }

@@ -21,7 +21,7 @@ use kafka_protocol::messages::join_group_request::{JoinGroupRequest, JoinGroupRe
 use kafka_protocol::messages::join_group_response::JoinGroupResponse;
 use kafka_protocol::messages::sync_group_request::{SyncGroupRequest, SyncGroupRequestAssignment};
 use kafka_protocol::messages::sync_group_response::SyncGroupResponse;
-use kafka_protocol::messages::{ApiKey, GroupId};
+use kafka_protocol::messages::GroupId;
 use kafka_protocol::protocol::StrBytes;
 use tokio::sync::mpsc;
 
@@ -226,12 +226,15 @@ async fn the_initial_rebalance_delay_holds_every_acquire_of_a_free_lock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_timeout_outside_the_brokers_bounds_is_refused_naming_the_setting() {
     init_tracing();
+    // Started (or found) before the clock below starts: the bound is the refusal's, not the
+    // broker's start-up.
+    let broker = kafka();
     for (session, setting) in [
         (Duration::from_secs(5), "group.min.session.timeout.ms"),
         (Duration::from_secs(31 * 60), "group.max.session.timeout.ms"),
     ] {
         let started = Instant::now();
-        let err = opts(kafka(), &unique_group("session"))
+        let err = opts(broker, &unique_group("session"))
             .session_timeout(session)
             .rebalance_timeout(Duration::from_secs(5))
             .acquire(Some(Duration::from_secs(60)))
@@ -240,7 +243,7 @@ async fn a_session_timeout_outside_the_brokers_bounds_is_refused_naming_the_sett
         assert!(
             matches!(
                 &err,
-                Error::Broker { api: ApiKey::JoinGroup, code, .. }
+                Error::Broker { api: kafka_lock::Api::JoinGroup, code, .. }
                     if *code == KafkaCode::INVALID_SESSION_TIMEOUT
             ),
             "session {session:?}: {err:?}"

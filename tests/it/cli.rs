@@ -32,8 +32,12 @@ use crate::support::kafka::{KafkaCluster, KafkaOptions};
 
 // The environment, events apart from the command's output, the event schema, exit statuses,
 // metrics, completions and man pages.
-mod conventions;
+pub(crate) mod conventions;
+// elect and observe.
+mod election;
 use conventions::check_event;
+// run and status on secured listeners (TLS, SASL), configured as Kafka clients are.
+mod secured;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kafka-lock");
 
@@ -757,6 +761,74 @@ fn not_acquired_exits_75_with_wait_zero_and_with_a_short_wait() {
 /// How long kafka-lock may take to leave and exit once the outcome is known: one LeaveGroup on
 /// loopback, with room for a loaded machine.
 const LEAVE: Duration = Duration::from_secs(5);
+
+/// `--wait 0` and `--wait 2s` on a held lock return within their documented bounds (the wait,
+/// or the first generation for `--wait 0`, then the 2 s leave timeout, plus starting and
+/// stopping a process) and leave no member behind, on Apache Kafka and on tansu.
+fn a_bounded_wait_gives_up_in_time_and_leaves(broker: support::brokers::Broker) {
+    let bootstrap = broker.bootstrap();
+    let lock = lock_name("bounded");
+    let (mut holder, acquired) = start_holder(&bootstrap, &lock, "bounded holder");
+    let holder_id = acquired["member_id"]
+        .as_str()
+        .expect("member_id")
+        .to_owned();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let heartbeat = Duration::from_millis(500);
+    let cases = [
+        ("0", broker.rebalance_bound(heartbeat)),
+        ("2s", Duration::from_secs(2)),
+    ];
+    for (wait, waits) in cases {
+        let mut args = vec!["--wait", wait];
+        args.extend(CONTENDED);
+        let bound = waits + LEAVE + support::brokers::SLACK;
+        let started = Instant::now();
+        let mut run = run_cmd(&bootstrap, &lock, &args, &["true"]).spawn();
+        assert_eq!(run.finish(bound), 75, "{}", run.transcript());
+        let took = started.elapsed();
+        assert!(
+            took < bound,
+            "--wait {wait} exited after {took:?} (bound {bound:?})"
+        );
+        assert!(
+            run.named("child_started").is_empty(),
+            "{}",
+            run.transcript()
+        );
+        // Asked a few times over one second, far less than the 6 s session after which a member
+        // that never left would be gone as well.
+        let mut members = Vec::new();
+        for _ in 0..5 {
+            members = rt.block_on(broker.members(&lock));
+            if members == [holder_id.as_str()] {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        assert_eq!(
+            members,
+            [holder_id.as_str()],
+            "--wait {wait} left a member behind"
+        );
+    }
+    holder.close_stdin();
+    assert_eq!(holder.finish(STEP), 0, "{}", holder.transcript());
+    assert!(holder.named("lost").is_empty(), "{}", holder.transcript());
+}
+
+#[test]
+fn a_bounded_wait_gives_up_in_time_and_leaves_on_apache() {
+    a_bounded_wait_gives_up_in_time_and_leaves(support::brokers::Broker::Apache);
+}
+
+#[test]
+fn a_bounded_wait_gives_up_in_time_and_leaves_on_tansu() {
+    a_bounded_wait_gives_up_in_time_and_leaves(support::brokers::Broker::Tansu);
+}
 
 /// `--wait 0` in consumer-compatible mode: the assignment there names no holder and no queue
 /// position, so only the completed generation tells the single try it is over.
@@ -2199,4 +2271,112 @@ fn an_ignored_sigchld_does_not_lose_the_commands_status() {
         .spawn()
         .expect("start");
     assert_eq!(wait_bounded(child, STEP).code(), Some(3));
+}
+
+/// `--permits 2`: two commands run at once, each with its own `KAFKA_LOCK_PERMIT`; a third waits
+/// and is told both holders; `status` lists both; a run with another number exits 78 naming
+/// both numbers; a release hands its permit to the waiter.
+#[test]
+fn permits_let_two_commands_run_at_once_each_with_its_slot() {
+    let b = broker().bootstrap();
+    let lock = lock_name("permits");
+    let mut extra = vec!["--permits", "2"];
+    extra.extend(CONTENDED);
+    let print_and_hold = sh(r#"echo "permit=$KAFKA_LOCK_PERMIT"; cat >/dev/null"#);
+    let mut holders = Vec::new();
+    let mut slots = Vec::new();
+    for label in ["h0", "h1"] {
+        let mut e = extra.clone();
+        e.extend(["--label", label]);
+        let mut h = run_cmd(&b, &lock, &e, &print_and_hold).spawn();
+        let acquired = h.event("acquired", STEP);
+        let line = h
+            .stdout
+            .recv_timeout(STEP)
+            .expect("the command printed its permit");
+        assert_eq!(
+            line,
+            format!("permit={}", acquired["permit"]),
+            "{}",
+            h.transcript()
+        );
+        slots.push(acquired["permit"].as_i64().expect("permit"));
+        holders.push((h, acquired));
+    }
+    slots.sort_unstable();
+    assert_eq!(slots, [0, 1]);
+
+    let mut e = extra.clone();
+    e.extend(["--label", "waiter"]);
+    let mut waiter = run_cmd(&b, &lock, &e, &sh(r#"echo "permit=$KAFKA_LOCK_PERMIT""#)).spawn();
+    let deadline = Instant::now() + STEP;
+    let told = loop {
+        let ev = waiter.event(
+            "waiting",
+            deadline.saturating_duration_since(Instant::now()),
+        );
+        if ev["position"] == 1 && ev["holders"].as_array().is_some_and(|h| h.len() == 2) {
+            break ev;
+        }
+    };
+    let mut named: Vec<i64> = told["holders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["permit"].as_i64().unwrap())
+        .collect();
+    named.sort_unstable();
+    assert_eq!(named, [0, 1], "{told}");
+
+    let s = status_json(&b, &lock);
+    assert_eq!(s["permits"], 2, "{s}");
+    assert_eq!(s["holders"].as_array().map(Vec::len), Some(2), "{s}");
+    let (code, stderr, text) = run_to_end(&["status", "--bootstrap", &b, "--lock", &lock], STEP);
+    assert_eq!(code, 0, "{stderr:?}");
+    assert!(text.contains("holders (2 of 2 permits)"), "{text}");
+
+    // Another number of permits: refused with both numbers, status 78, and the group goes on.
+    let mut wrong = vec!["--permits", "3"];
+    wrong.extend(CONTENDED);
+    let mut w = run_cmd(&b, &lock, &wrong, &["true"]).spawn();
+    assert_eq!(w.finish(STEP), 78, "{}", w.transcript());
+    let line = w.failure_line();
+    assert!(
+        line.contains("has 2 permit(s)") && line.contains("configured with 3"),
+        "{line}"
+    );
+    assert_eq!(w.named("failed")[0]["kind"], "config");
+    // An election has one leader: --permits does not apply there.
+    let (code, stderr, _) = run_to_end(
+        &[
+            "elect",
+            "--bootstrap",
+            &b,
+            "--lock",
+            &lock,
+            "--permits",
+            "2",
+            "--",
+            "true",
+        ],
+        STEP,
+    );
+    assert_eq!(code, 64, "{stderr:?}");
+    assert!(
+        format!("{stderr:?}").contains("--permits does not apply"),
+        "{stderr:?}"
+    );
+
+    // The first holder's release hands its permit to the waiter.
+    let (mut first, acquired) = holders.remove(0);
+    first.close_stdin();
+    assert_eq!(first.finish(STEP), 0, "{}", first.transcript());
+    let next = waiter.event("acquired", STEP);
+    assert_eq!(next["permit"], acquired["permit"]);
+    assert!(token(&next) > token(&acquired));
+    assert_eq!(waiter.finish(STEP), 0, "{}", waiter.transcript());
+    for (mut h, _) in holders {
+        h.close_stdin();
+        assert_eq!(h.finish(STEP), 0, "{}", h.transcript());
+    }
 }

@@ -16,7 +16,8 @@ use kafka_protocol::messages::{ApiKey, GroupId};
 use kafka_protocol::protocol::StrBytes;
 use tokio::sync::mpsc;
 
-use crate::support::kafka::admin::{create_topic, delete_group};
+use crate::support::kafka::admin::delete_group;
+use crate::support::kafka::probe::create_topic;
 use crate::support::kafka::{kafka, KafkaCluster, KafkaOptions};
 use crate::support::{self, ChildGuard};
 
@@ -195,7 +196,7 @@ async fn a_stale_holders_checkpoint_is_rejected_by_the_broker() {
         );
         match guard.checkpoint("stale").await {
             Err(Error::Broker {
-                api: ApiKey::OffsetCommit,
+                api: kafka_lock::Api::OffsetCommit,
                 code,
                 ..
             }) => {
@@ -328,8 +329,21 @@ fn run_cmd(bootstrap: &str, group: &str, ledger: &str, script: &str) -> Command 
     cmd.args(["run", "--bootstrap", bootstrap, "--lock", group])
         .args(["--ledger-topic", ledger])
         .args(["--session-timeout", "6s", "--heartbeat-interval", "500ms"])
-        .args(["--wait", "60s", "--", "sh", "-c", script]);
+        .args([
+            "--events", "json", "--wait", "60s", "--", "sh", "-c", script,
+        ]);
     cmd
+}
+
+/// The JSON events on a `--events json` run's stderr, each checked against docs/events.md.
+fn events_in(stderr: &str) -> Vec<serde_json::Value> {
+    let events: Vec<serde_json::Value> = stderr
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .filter(|v: &serde_json::Value| v.get("event").is_some())
+        .collect();
+    events.iter().for_each(crate::cli::conventions::check_event);
+    events
 }
 
 /// Runs a short-lived `kafka-lock` to its end (bounded), returning status, stdout and stderr.
@@ -396,6 +410,13 @@ fn the_command_hands_its_checkpoint_to_the_next_holder() {
     };
     let (s1, t1, c1, e1) = step(1, "printf v1 > \"$KAFKA_LOCK_CHECKPOINT_FILE\"", 0);
     assert_eq!((s1, c1.as_str()), (0, "none"), "{e1}");
+    let stored: Vec<_> = events_in(&e1)
+        .into_iter()
+        .filter(|e| e["event"] == "checkpoint")
+        .collect();
+    assert_eq!(stored.len(), 1, "{e1}");
+    assert_eq!(stored[0]["bytes"], 2, "{e1}");
+    assert_eq!(stored[0]["token"], t1, "{e1}");
     let (s2, t2, c2, e2) = step(2, "printf v2 > \"$KAFKA_LOCK_CHECKPOINT_FILE\"", 0);
     assert_eq!((s2, c2.as_str()), (0, "v1"), "{e2}");
     assert!(t2 > t1 && t1 >= 0, "tokens {t1} then {t2}");
@@ -420,7 +441,8 @@ fn the_command_hands_its_checkpoint_to_the_next_holder() {
         .args(["status", "--bootstrap", &bootstrap, "--lock", &group])
         .args(["--ledger-topic", &ledger, "--json"]);
     let (code, out, err) = run_to_end(status);
-    assert_eq!(code, 0, "{err}");
+    // 3: nobody holds the lock (docs/cli.md); the ledger still tells its story.
+    assert_eq!(code, 3, "{err}");
     let v: serde_json::Value = serde_json::from_str(out.trim()).expect(&out);
     assert_eq!(v["state"], "Dead", "{out}");
     assert_eq!(v["ledger"]["last_hold"]["token"], t5, "{out}");

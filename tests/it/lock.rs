@@ -515,6 +515,70 @@ async fn an_acquire_that_gives_up_returns_within_its_wait_and_the_leave_timeout(
     assert_eq!(holder.release().await.unwrap(), Release::Confirmed);
 }
 
+on_brokers!(a_waiter_that_gives_up_answers_in_bounded_time_and_leaves_no_member: apache, tansu);
+/// The documented bounds of giving up, on a held lock: `try_acquire` (the CLI's `--wait 0`)
+/// answers once the first generation completes and then leaves, `acquire(Some(wait))` within
+/// `wait` and the leave timeout; either way the broker lists no member of the waiter afterwards,
+/// so it left with a LeaveGroup rather than by a session timeout later.
+async fn a_waiter_that_gives_up_answers_in_bounded_time_and_leaves_no_member(broker: Broker) {
+    support::init_tracing();
+    let group = support::unique_group("gives-up");
+    let holder = opts(broker, &group)
+        .acquire(Some(broker.rebalance_bound(HEARTBEAT)))
+        .await
+        .unwrap();
+    // Long enough that a loaded machine confirms the leave in time: an unconfirmed leave would
+    // leave the member listed until its session times out, which the check below would catch.
+    let leave = Duration::from_secs(3);
+    let waiter = || opts(broker, &group).leave_timeout(leave);
+
+    let started = Instant::now();
+    let once = waiter().try_acquire().await.unwrap();
+    let took = started.elapsed();
+    assert!(once.is_none(), "a held lock is not taken");
+    let bound = broker.rebalance_bound(HEARTBEAT) + leave + SLACK;
+    assert!(
+        took < bound,
+        "try_acquire answered after {took:?} (bound {bound:?})"
+    );
+    assert_only_member(broker, &group, &holder.member_id()).await;
+
+    for wait in [
+        Duration::ZERO,
+        Duration::from_millis(500),
+        Duration::from_secs(2),
+    ] {
+        let started = Instant::now();
+        let err = waiter().acquire(Some(wait)).await.unwrap_err();
+        let took = started.elapsed();
+        assert!(matches!(err, Error::NotAcquired { .. }), "{err}");
+        let bound = wait + leave + SLACK;
+        assert!(
+            took < bound,
+            "acquire(Some({wait:?})) returned after {took:?} (bound {bound:?})"
+        );
+        assert_only_member(broker, &group, &holder.member_id()).await;
+    }
+    assert!(holder.is_held(), "the waiters took nothing from the holder");
+    assert_eq!(holder.release().await.unwrap(), Release::Confirmed);
+}
+
+/// The group's members are `holder` alone. Asked a few times over one second: the LeaveGroup
+/// was answered before the waiter returned, but the coordinator may still be completing the
+/// rebalance it started. Far shorter than the 6 s session, after which a member that never
+/// left would be gone too.
+async fn assert_only_member(broker: Broker, group: &str, holder: &str) {
+    let mut members = Vec::new();
+    for _ in 0..5 {
+        members = broker.members(group).await;
+        if members == [holder] {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("{group}: members {members:?}, expected only the holder {holder}");
+}
+
 /// The wait bounds reaching the cluster too: a bootstrap broker that accepts connections and
 /// never answers (a listener nobody accepts on) holds the caller no longer than its wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

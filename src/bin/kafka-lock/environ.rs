@@ -20,11 +20,12 @@ use crate::exit::{self, Failure};
 pub const PREFIX: &str = "KAFKA_LOCK_";
 
 /// The variables `run` sets in the command's environment: outputs, never settings.
-pub const OUTPUTS: [&str; 6] = [
+pub const OUTPUTS: [&str; 7] = [
     "KAFKA_LOCK_NAME",
     "KAFKA_LOCK_TOKEN",
     "KAFKA_LOCK_GENERATION",
     "KAFKA_LOCK_MEMBER_ID",
+    "KAFKA_LOCK_PERMIT",
     "KAFKA_LOCK_CHECKPOINT",
     "KAFKA_LOCK_CHECKPOINT_FILE",
 ];

@@ -1,11 +1,17 @@
 //! Exit statuses of kafka-lock's own (sysexits.h numbers) and the one line each prints.
 
+use kafka_lock::security::{AuthFailure, SecurityError};
 use kafka_lock::{Error, KafkaCode};
 
 /// EX_USAGE: the command line is wrong.
 pub const USAGE: u8 = 64;
 /// EX_UNAVAILABLE: the cluster cannot be reached, or answered something invalid.
 pub const UNAVAILABLE: u8 = 69;
+/// EX_NOPERM: the cluster refused who kafka-lock is (authentication: a wrong password, a
+/// mechanism the listener does not enable) or what it asked (authorization: an ACL), or the
+/// secured connection could not be made with the broker it reached (a TLS listener reached
+/// without TLS or the other way round, a certificate from an unknown CA or for another host).
+pub const NOPERM: u8 = 77;
 /// EX_OSERR: the operating system refused something kafka-lock needs (signals, waiting,
 /// starting its supervisor), or the supervisor process died.
 pub const OSERR: u8 = 71;
@@ -66,6 +72,7 @@ pub fn kind(status: u8) -> &'static str {
         USAGE => "usage",
         UNAVAILABLE => "unavailable",
         OSERR => "system",
+        NOPERM => "denied",
         LOST => "lost",
         NOT_ACQUIRED => "not_acquired",
         CONFIG => "config",
@@ -77,22 +84,41 @@ pub fn kind(status: u8) -> &'static str {
 }
 
 /// Broker codes that mean "your settings are not acceptable here", not "the cluster is broken".
-const SETTING_CODES: [KafkaCode; 8] = [
+/// (Authorization codes are [`NOPERM`]: [`Error::auth_failure`].)
+const SETTING_CODES: [KafkaCode; 5] = [
     KafkaCode::INCONSISTENT_GROUP_PROTOCOL,
     KafkaCode::INVALID_GROUP_ID,
     KafkaCode::INVALID_SESSION_TIMEOUT,
-    KafkaCode(29), // TOPIC_AUTHORIZATION_FAILED (consumer-compatible mode reads the topic)
-    KafkaCode::GROUP_AUTHORIZATION_FAILED,
-    KafkaCode(31), // CLUSTER_AUTHORIZATION_FAILED
     KafkaCode::GROUP_MAX_SIZE_REACHED,
     KafkaCode::FENCED_INSTANCE_ID,
 ];
 
+/// The security failure inside `err`, looking through poisoned connections and bootstrap
+/// attempts: what the person has to change.
+pub fn security_error(err: &Error) -> Option<&SecurityError> {
+    match err {
+        Error::Security(e) => Some(e),
+        Error::Poisoned(e) => security_error(e),
+        Error::Bootstrap(b) => b.attempts.iter().find_map(|a| security_error(&a.error)),
+        _ => None,
+    }
+}
+
 /// The status for an error that ended kafka-lock before the command ran (or from `status`).
 pub fn status_of(err: &Error) -> u8 {
+    if err.auth_failure().is_some() {
+        return NOPERM;
+    }
+    match security_error(err) {
+        // Local TLS settings that cannot be used: an unreadable CA file, a key that does not
+        // parse.
+        Some(SecurityError::TlsConfig(_)) => return CONFIG,
+        Some(_) => return NOPERM,
+        None => {}
+    }
     match err {
         Error::NotAcquired { .. } => NOT_ACQUIRED,
-        Error::Config(_) => CONFIG,
+        Error::Config(_) | Error::PermitsMismatch { .. } => CONFIG,
         Error::Broker { code, .. } if SETTING_CODES.contains(code) => CONFIG,
         Error::Lost { .. } => LOST,
         Error::Poisoned(inner) => status_of(inner),
@@ -108,11 +134,38 @@ pub fn status_of(err: &Error) -> u8 {
 pub fn failure(err: &Error, lock: &str, bootstrap: &str) -> Failure {
     let status = status_of(err);
     let line = match status {
+        NOPERM => match (security_error(err), err.auth_failure()) {
+            (Some(e), _) => format!("cannot use the Kafka cluster at {bootstrap} for lock {lock:?}: {e}"),
+            (None, Some(AuthFailure::Authorization)) => {
+                let text = err.to_string();
+                // The broker code's own sentence may already say what to grant.
+                let advice = if text.contains("grant") {
+                    String::new()
+                } else {
+                    format!(
+                        "; grant the principal Read and Describe on the group {lock:?} (and \
+                         Describe on --topic, Read, Write and Describe on --ledger-topic, if given)"
+                    )
+                };
+                format!("not authorized for lock {lock:?} at {bootstrap}: {text}{advice}")
+            }
+            (None, _) => format!(
+                "the cluster at {bootstrap} refused the credentials for lock {lock:?}: {err}; check \
+                 sasl.mechanism, sasl.username and sasl.password"
+            ),
+        },
+        CONFIG if security_error(err).is_some() => format!(
+            "cannot set up TLS for the Kafka cluster at {bootstrap}: {err}; fix ssl.ca.location, \
+             ssl.certificate.location or ssl.key.location"
+        ),
         NOT_ACQUIRED => format!("{err}; try again later, or wait longer with --wait"),
         CONFIG => match err {
             Error::Broker { .. } => format!(
                 "the broker rejected the settings for lock {lock:?}: {err}; change the setting it names \
                  (see kafka-lock run --help) or the broker's configuration"
+            ),
+            Error::PermitsMismatch { .. } => format!(
+                "{err}; give --permits (or $KAFKA_LOCK_PERMITS) the number the other members use"
             ),
             _ => format!("{err}; fix the setting (see kafka-lock run --help)"),
         },
@@ -130,4 +183,65 @@ pub fn failure(err: &Error, lock: &str, bootstrap: &str) -> Failure {
         }
     };
     Failure::new(status, line)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    /// As an error reaches the CLI from a connection that failed earlier.
+    fn poisoned(e: Error) -> Error {
+        Error::Poisoned(Arc::new(e))
+    }
+
+    #[test]
+    fn refusals_are_77_and_unusable_tls_files_78() {
+        let wrong_password = Error::Security(SecurityError::AuthenticationFailed {
+            broker: "127.0.0.1:9093".into(),
+            mechanism: "SCRAM-SHA-512".into(),
+            user: "u".into(),
+            message: "Authentication failed".into(),
+        });
+        let unknown_ca = Error::Security(SecurityError::UnknownCa {
+            broker: "127.0.0.1:9093".into(),
+            detail: "UnknownIssuer".into(),
+        });
+        let bad_file = Error::Security(SecurityError::TlsConfig("no certificate in ca.pem".into()));
+        let group = Error::Broker {
+            api: kafka_lock::Api::FindCoordinator,
+            code: KafkaCode::GROUP_AUTHORIZATION_FAILED,
+            message: None,
+        };
+        assert_eq!(status_of(&wrong_password), NOPERM);
+        assert_eq!(status_of(&unknown_ca), NOPERM);
+        assert_eq!(status_of(&poisoned(unknown_ca)), NOPERM);
+        assert_eq!(status_of(&poisoned(wrong_password)), NOPERM);
+        assert_eq!(status_of(&bad_file), CONFIG);
+        assert_eq!(status_of(&poisoned(bad_file)), CONFIG);
+        assert_eq!(status_of(&group), NOPERM);
+        assert_eq!(kind(NOPERM), "denied");
+        let f = failure(&group, "nightly", "127.0.0.1:9093");
+        assert!(
+            f.line.contains("not authorized for lock \"nightly\""),
+            "{}",
+            f.line
+        );
+        assert!(f.line.contains("READ (and DESCRIBE)"), "{}", f.line);
+        assert_eq!(f.line.matches("grant").count(), 1, "{}", f.line);
+        let f = failure(
+            &poisoned(Error::Security(SecurityError::TlsListener {
+                broker: "127.0.0.1:9093".into(),
+            })),
+            "nightly",
+            "127.0.0.1:9093",
+        );
+        // The security error itself, not what wraps it.
+        assert!(f.line.contains("looks like a TLS listener"), "{}", f.line);
+        assert!(
+            !f.line.contains("unusable after an earlier failure"),
+            "{}",
+            f.line
+        );
+    }
 }

@@ -12,6 +12,8 @@ use crate::exit::{self, Failure};
 pub enum Page {
     Run,
     Status,
+    Elect,
+    Observe,
 }
 
 /// The completion script for `shell`, for the command `kafka-lock`.
@@ -31,6 +33,8 @@ pub fn manpage(page: Option<Page>, mut cmd: Command) -> Result<Vec<u8>, Failure>
             let name = match p {
                 Page::Run => "run",
                 Page::Status => "status",
+                Page::Elect => "elect",
+                Page::Observe => "observe",
             };
             cmd.find_subcommand(name)
                 .cloned()

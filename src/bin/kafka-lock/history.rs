@@ -43,6 +43,8 @@ pub struct HistoryConfig {
     pub request_timeout: Duration,
     pub connect_timeout: Duration,
     pub client_id: String,
+    pub security: kafka_lock::security::Security,
+    pub retry_backoff: Option<(Duration, Duration)>,
 }
 
 /// `--since`: a duration before `now` (`24h`, `7d`) or a time (RFC 3339; without a zone, UTC).
@@ -71,11 +73,15 @@ fn unix_ms(t: SystemTime) -> i64 {
 }
 
 pub async fn history(c: HistoryConfig) -> Result<u8, Failure> {
-    let opts = LockOptions::new(&c.bootstrap, c.lock.clone())
+    let mut opts = LockOptions::new(&c.bootstrap, c.lock.clone())
         .client_id(c.client_id.clone())
         .request_timeout(c.request_timeout)
         .connect_timeout(c.connect_timeout)
+        .security(c.security.clone())
         .ledger_topic(c.ledger_topic.clone());
+    if let Some((initial, max)) = c.retry_backoff {
+        opts = opts.retry_backoff(initial, max);
+    }
     opts.validate()
         .map_err(|e| exit::failure(&e, &c.lock, &c.bootstrap))?;
     let h = opts
@@ -159,6 +165,8 @@ fn end_text(h: &Hold) -> String {
         HoldEnd::Open => "no end record yet: still holding, or its holder died and nobody has \
                           taken the lock since"
             .to_owned(),
+        // An end a newer library knows and this binary does not print yet.
+        other => format!("ended: {}", other.name()),
     }
 }
 
@@ -282,17 +290,19 @@ mod tests {
 
     #[test]
     fn every_end_reads_as_one_line() {
-        let hold = |end| Hold {
-            token: 7,
-            generation: 2,
-            member_id: "m".into(),
-            label: Some("job".into()),
-            host: Some("h".into()),
-            pid: Some(9),
-            acquired_unix_ms: Some(1_000),
-            lease_ms: Some(9000),
-            end,
-            checkpoint: Some(("c".into(), 1_500)),
+        let hold = |end| {
+            let mut h = Hold::default();
+            h.token = 7;
+            h.generation = 2;
+            h.member_id = "m".into();
+            h.label = Some("job".into());
+            h.host = Some("h".into());
+            h.pid = Some(9);
+            h.acquired_unix_ms = Some(1_000);
+            h.lease_ms = Some(9000);
+            h.end = end;
+            h.checkpoint = Some(("c".into(), 1_500));
+            h
         };
         let holds = [
             hold(HoldEnd::Released {
@@ -305,10 +315,8 @@ mod tests {
             }),
             hold(HoldEnd::Open),
         ];
-        let h = History {
-            holds: holds.to_vec(),
-            ..History::default()
-        };
+        let mut h = History::default();
+        h.holds = holds.to_vec();
         let refs: Vec<&Hold> = holds.iter().collect();
         let text = to_text("l", "t", &h, &refs);
         assert!(text.contains("token 7  1970-01-01T00:00:01.000Z  job (member m, generation 2, h pid 9)  held 1s, released"), "{text}");

@@ -4,8 +4,10 @@
 //! kafka-lock run --bootstrap HOST:PORT[,...] --lock NAME [options] -- COMMAND [ARGS...]
 //! kafka-lock status --bootstrap HOST:PORT[,...] --lock NAME [--ledger-topic T] [--json]
 //! kafka-lock history --bootstrap HOST:PORT[,...] --lock NAME --ledger-topic T [--since S] [--json]
+//! kafka-lock elect --bootstrap HOST:PORT[,...] --lock NAME [run's options] -- COMMAND [ARGS...]
+//! kafka-lock observe --bootstrap HOST:PORT[,...] --lock NAME [--ledger-topic T] [--json]
 //! kafka-lock completions bash|zsh|fish|elvish|powershell     (hidden)
-//! kafka-lock manpage [run|status|history]                     (hidden)
+//! kafka-lock manpage [run|status|elect|observe]               (hidden)
 //! ```
 //!
 //! Every flag can also come from the environment: `--session-timeout` from
@@ -21,20 +23,25 @@
 //! `--wait`; 74 lost while the command ran; 69 cluster unreachable or answering nonsense; 78
 //! invalid setting or one the broker rejects; 71 the system refused something kafka-lock needs,
 //! or its supervisor process died; 64 usage; 126/127 the command cannot be run. `-E` and
-//! `--lost-exit-code` replace 75 and 74. `status`: 0 held, 3 free, 4 unknown, 69, 78, 64.
+//! `--lost-exit-code` replace 75 and 74. 77 the cluster refused the credentials or an operation,
+//! or the secured connection could not be made. `status`: 0 held, 3 free, 4 unknown, 69, 77, 78,
+//! 64.
 
 #![deny(unsafe_code)]
 
+mod elect;
 mod environ;
 mod exit;
 mod generate;
 mod history;
 mod json;
+mod observe;
 mod output;
 mod proto;
 mod report;
 mod run;
 mod serve;
+mod settings;
 mod sink;
 mod status;
 mod supervise;
@@ -60,7 +67,8 @@ use crate::exit::Failure;
 
 const AFTER_RUN_HELP: &str = "\
 The command starts only once the lock is held, with KAFKA_LOCK_NAME, KAFKA_LOCK_TOKEN (the fencing
-token, in decimal), KAFKA_LOCK_GENERATION and KAFKA_LOCK_MEMBER_ID in its environment. With
+token, in decimal), KAFKA_LOCK_GENERATION, KAFKA_LOCK_MEMBER_ID and KAFKA_LOCK_PERMIT (the permit
+slot, 0 unless --permits is above 1) in its environment. With
 --ledger-topic the token is the offset of this hold's ACQUIRED record in the ledger: it never goes
 backwards, whatever happens to the group. Without one it is the group generation, which starts
 again at 1 when the group is deleted (by an administrator, or by the broker 0-10 minutes after it
@@ -117,9 +125,11 @@ The schema: docs/events.md.
 
 Exit status: the command's (128+N if signal N ended it); 75 not acquired within --wait (or the
 status -E gives); 74 lock lost while the command ran, or its checkpoint not stored (or
---lost-exit-code); 69 the cluster cannot be reached or answered something invalid; 78 a setting is
-invalid or the broker rejected it (including an events target or metrics address that cannot be
-used); 71 the system refused something kafka-lock needs or the supervisor died; 64 usage error, or
+--lost-exit-code); 69 the cluster cannot be reached or answered something invalid; 77 the cluster
+refused the credentials or an operation (an ACL), or the secured connection could not be made (a
+TLS listener reached without TLS or the other way round, an unknown CA, a certificate for another
+host); 78 a setting is invalid or the broker rejected it (including an events target or metrics
+address that cannot be used); 71 the system refused something kafka-lock needs or the supervisor died; 64 usage error, or
 a nested kafka-lock run of the lock the calling command already holds (it would wait for itself
 forever); 126/127 the command cannot be run; 128+N if signal N arrived while waiting for the lock.
 
@@ -127,8 +137,19 @@ Environment: every flag can also be set by a variable, --flag-name by KAFKA_LOCK
 example KAFKA_LOCK_LOCK, KAFKA_LOCK_SESSION_TIMEOUT); a flag on the command line wins, and an
 empty variable counts as unset. The command inherits them like any other variable. The variables
 kafka-lock sets for the command (KAFKA_LOCK_NAME, KAFKA_LOCK_TOKEN, KAFKA_LOCK_GENERATION,
-KAFKA_LOCK_MEMBER_ID, KAFKA_LOCK_CHECKPOINT, KAFKA_LOCK_CHECKPOINT_FILE) are never read as
+KAFKA_LOCK_MEMBER_ID, KAFKA_LOCK_PERMIT, KAFKA_LOCK_CHECKPOINT, KAFKA_LOCK_CHECKPOINT_FILE) are never read as
 settings.
+
+Kafka client settings: --config-file FILE reads a client.properties (Java properties: the file
+Kafka's own tools take), -X key=value sets one key, and KAFKA_LOCK_X_<KEY> sets one from the
+environment (KAFKA_LOCK_X_SASL_PASSWORD for sasl.password: keep secrets off the command line).
+bootstrap.servers, security.protocol (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL), sasl.mechanism
+(PLAIN, SCRAM-SHA-256, SCRAM-SHA-512), sasl.username, sasl.password, sasl.jaas.config,
+ssl.ca.location, ssl.certificate.location, ssl.key.location, ssl.endpoint.identification.algorithm
+and the group timeouts are applied; producer and consumer keys that mean nothing for a lock are
+ignored with a warning; unknown keys are an error. The command line beats the environment, which
+beats the file; within each, a dedicated flag (--bootstrap, --session-timeout) beats the same
+setting as a key. Every key, and the ACLs a lock needs: docs/cli.md and the README.
 
 Metrics: --metrics-listen 127.0.0.1:9464 serves the lock's metrics (acquisition latency, held,
 hold lengths, rebalances while held, losses by reason) in Prometheus text format at /metrics, from
@@ -137,6 +158,38 @@ metrics_listening event names. The names: docs/metrics.md.
 
 Durations: 500ms, 10s, 2m, 1h30m; timeouts at most 24 days (Kafka's limit), --wait at most 365
 days. Set KAFKA_LOCK_LOG=debug for a log of the protocol on stderr.";
+
+const AFTER_ELECT_HELP: &str = "\
+Each term is what `kafka-lock run` does (see `kafka-lock run --help`): the command starts once this
+process leads, with the same environment, lease, supervisor, fencing token and stop. When the
+command ends (whatever its status), is stopped at the lease end, or leadership is lost, kafka-lock
+releases the lock and campaigns again: another candidate usually takes over, since the one that
+left rejoins at the back of the queue. A term shorter than --min-term delays the next campaign by
+--min-term, doubling with each further short term up to 60s (a command that fails at once does
+not churn the group); --max-terms N stops after N terms with the last command's status.
+
+Signals: SIGINT or SIGTERM stop the election: while campaigning, kafka-lock leaves the group and
+exits 0; during a term, the signal goes to the command, the lock is released once everything it
+started is gone, and kafka-lock exits 0. Other signals are handled as `run` handles them. --events
+json adds term_ended after each term (docs/events.md).
+
+Exit status: 0 when stopped by SIGINT or SIGTERM; with --max-terms, the last command's status; 69
+if the cluster cannot be reached before the first term (later it keeps campaigning); 78, 71, 64,
+126, 127 as for run. --wait does not apply (usage error).";
+
+const AFTER_OBSERVE_HELP: &str = "\
+observe never joins the group, so it never causes a rebalance. Without --ledger-topic (or with
+--poll) it sends one DescribeGroups to the group coordinator per --interval and reports a change
+at most one interval after the group settled on a new leader. With --ledger-topic it follows the
+ledger instead: one Fetch parked at the partition's leader for up to 5s at a time, nothing at the
+coordinator, and a new leader is reported as soon as its ACQUIRED record is written, before it
+uses the lock; a leader that dies without a successor stays reported there until the next one.
+
+The first line is the leadership as it is (which may be unknown while the group rebalances);
+each later line is a change of leader, or to none. --json prints one object per line (the
+`leader` object of docs/events.md). observe exits 0 on SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1
+or SIGUSR2 or when stdout is closed; 69 if the cluster cannot be reached at the start (later it
+keeps trying), 78 for a setting the broker rejects, 64 usage.";
 
 const AFTER_STATUS_HELP: &str = "\
 status reads the group with DescribeGroups and never joins it, so looking does not disturb the
@@ -149,11 +202,14 @@ Exit status, for scripts (3 and 4 are the LSB init scripts' 'not running' and 'u
   4   unknown: the broker does not report member assignments (tansu, for one), the group is
       between generations, or another application uses the group id
   69  the cluster cannot be reached or answered something invalid
+  77  the cluster refused the credentials or the lookup (grant Describe on the group), or the
+      secured connection could not be made
   78  a setting is invalid or the broker rejected it
   64  usage error
 
 Every flag can also be set by a variable, --flag-name by KAFKA_LOCK_FLAG_NAME (--json by
-KAFKA_LOCK_JSON=1).";
+KAFKA_LOCK_JSON=1). Kafka client settings (TLS, SASL) come from --config-file, -X key=value and
+KAFKA_LOCK_X_<KEY> variables, as for run (see kafka-lock run --help).";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -182,14 +238,22 @@ enum Command {
     /// Show who held the lock, when, for how long, and how each hold ended (needs a ledger).
     #[command(after_help = history::AFTER_HELP)]
     History(HistoryArgs),
+    /// Leader election: run the command while this process leads (holds the lock), then
+    /// campaign again when it ends, is stopped or leadership is lost, until SIGINT or SIGTERM.
+    #[command(after_help = AFTER_ELECT_HELP)]
+    Elect(ElectArgs),
+    /// Print the lock's leader and then one line per change, without joining the group, until
+    /// a signal.
+    #[command(after_help = AFTER_OBSERVE_HELP)]
+    Observe(ObserveArgs),
     /// Print a shell completion script on stdout.
     #[command(hide = true)]
     Completions {
         /// The shell.
         shell: clap_complete::Shell,
     },
-    /// Print a man page (roff) on stdout: kafka-lock(1), or kafka-lock-run(1) or
-    /// kafka-lock-status(1).
+    /// Print a man page (roff) on stdout: kafka-lock(1), or kafka-lock-run(1),
+    /// kafka-lock-status(1), kafka-lock-elect(1) or kafka-lock-observe(1).
     #[command(hide = true)]
     Manpage {
         /// The subcommand whose page to print; the main page without it.
@@ -199,26 +263,37 @@ enum Command {
 
 #[derive(Debug, Args)]
 struct Target {
-    /// Kafka brokers to start from.
+    /// Kafka brokers to start from (or bootstrap.servers from --config-file or -X).
     #[arg(
         long,
         env = "KAFKA_LOCK_BOOTSTRAP",
         value_name = "HOST:PORT[,HOST:PORT...]"
     )]
-    bootstrap: String,
+    bootstrap: Option<String>,
+    /// Kafka client settings from a Java properties file (the client.properties Kafka's own
+    /// tools take): bootstrap.servers, security.protocol, sasl.*, ssl.*, timeouts. Keys that mean
+    /// nothing for a lock are ignored with a warning; unknown keys are an error.
+    #[arg(long, value_name = "FILE")]
+    config_file: Option<PathBuf>,
+    /// One Kafka client setting, as in --config-file (repeatable; the last of a key wins; over
+    /// the file and KAFKA_LOCK_X_<KEY> variables, under dedicated flags such as --bootstrap).
+    /// Give secrets through the environment instead: KAFKA_LOCK_X_SASL_PASSWORD=...
+    #[arg(short = 'X', value_name = "KEY=VALUE", action = clap::ArgAction::Append)]
+    x: Vec<String>,
     /// The lock's name; it is the Kafka consumer group id.
     #[arg(long, value_name = "NAME")]
     lock: String,
     /// Timeout of each request to a broker [default: 5s].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     request_timeout: Option<Duration>,
-    /// Timeout of each connection attempt (TCP plus version handshake) [default: 10s]. An
+    /// Timeout of each connection attempt (TCP, the version handshake, and TLS
+    /// and SASL when configured) [default: 10s]. An
     /// unreachable cluster is reported after three rounds over the bootstrap list.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     connect_timeout: Option<Duration>,
-    /// Client id in request headers and member ids.
-    #[arg(long, value_name = "ID", default_value = "kafka-lock", hide = true)]
-    client_id: String,
+    /// Client id in request headers and member ids [default: kafka-lock].
+    #[arg(long, value_name = "ID", hide = true)]
+    client_id: Option<String>,
     /// The lock's ledger: a topic with exactly one partition (shared by any number of locks)
     /// whose record offsets are the fencing tokens, and where the lock's history and a copy of
     /// its checkpoint are kept. kafka-lock never creates it; see `kafka-lock history --help`.
@@ -238,8 +313,8 @@ struct RunArgs {
     /// command (status 74).
     #[arg(long, value_name = "TOPIC")]
     topic: Option<String>,
-    /// Give up (status 75) if the lock is not held within this time; 0 makes one try.
-    /// [default: wait forever]
+    /// Give up (status 75) if the lock is not held within this time; 0 makes one try. Giving up
+    /// takes at most 2 s more, to leave the group. [default: wait forever]
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     wait: Option<Duration>,
     /// How long the broker keeps a silent member, so how long a crashed holder blocks the lock.
@@ -267,6 +342,12 @@ struct RunArgs {
     /// Who we are, shown to waiters and by `status`. [default: "<hostname> pid <pid>"]
     #[arg(long, value_name = "TEXT")]
     label: Option<String>,
+    /// How many may hold the lock at once: a semaphore of N permits (1 to 1024). Each holder's
+    /// command gets its permit slot, 0 to N-1, as KAFKA_LOCK_PERMIT. Every member of a lock must
+    /// use the same N; one that disagrees with the group fails with status 78. Native mode only
+    /// (not with --topic), and not with --ledger-topic. [default: 1]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    permits: Option<u16>,
     /// The longest checkpoint the command may write, in bytes: the brokers'
     /// offset.metadata.max.bytes, which is 4096 unless they are configured otherwise.
     #[arg(long, value_name = "BYTES", default_value_t = kafka_lock::lock::DEFAULT_CHECKPOINT_MAX_BYTES)]
@@ -297,6 +378,35 @@ struct RunArgs {
     /// The command to run while holding the lock, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<OsString>,
+}
+
+#[derive(Debug, Args)]
+struct ElectArgs {
+    #[command(flatten)]
+    run: RunArgs,
+    /// Stop after N terms as leader and exit with the last command's status. [default: no limit]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    max_terms: Option<u64>,
+    /// A term shorter than this delays the next campaign by this long, doubling with each
+    /// further short term up to 60s; 0 turns the delay off. [default: 1s]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    min_term: Option<Duration>,
+}
+
+#[derive(Debug, Args)]
+struct ObserveArgs {
+    #[command(flatten)]
+    target: Target,
+    /// Print one JSON object per line instead of text (docs/events.md, `leader`).
+    #[arg(long)]
+    json: bool,
+    /// Time between DescribeGroups polls of the coordinator: one request per interval; at
+    /// least 100ms. [default: 1s]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    interval: Option<Duration>,
+    /// Poll the coordinator even with --ledger-topic (which otherwise is followed instead).
+    #[arg(long)]
+    poll: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -384,7 +494,13 @@ fn cli(argv: Vec<OsString>) -> u8 {
         Command::Manpage { page } => Ok(Some(
             generate::manpage(*page, docs_command()).and_then(|text| generate::print(&text)),
         )),
-        Command::Status(_) | Command::History(_) => Ok(None),
+        Command::Elect(a) => events_target(&a.run).map(|t| {
+            if let Some(t) = t {
+                output::set_events(t);
+            }
+            None
+        }),
+        Command::Status(_) | Command::History(_) | Command::Observe(_) => Ok(None),
     };
     match done {
         Ok(None) => {}
@@ -409,9 +525,38 @@ fn cli(argv: Vec<OsString>) -> u8 {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Run(a) => run::run(run_config(a, from_env)).await,
-            Command::Status(a) => status(a).await.map_err(|f| environ::annotate(f, &from_env)),
-            Command::History(a) => history(a)
+            Command::Run(a) => {
+                let lock = a.target.lock.clone();
+                let events_json = events_json(&a);
+                match run_config(a, from_env.clone()) {
+                    Ok(c) => run::run(c).await,
+                    Err(f) => run::failed_before_start(&lock, events_json, &from_env, f),
+                }
+            }
+            Command::Status(a) => status(a, &from_env)
+                .await
+                .map_err(|f| environ::annotate(f, &from_env)),
+            Command::History(a) => history(a, &from_env)
+                .await
+                .map_err(|f| environ::annotate(f, &from_env)),
+            Command::Elect(a) => {
+                let max_terms = a.max_terms;
+                let min_term = a.min_term.unwrap_or(elect::DEFAULT_MIN_TERM);
+                let lock = a.run.target.lock.clone();
+                let events_json = events_json(&a.run);
+                match run_config(a.run, from_env.clone()) {
+                    Ok(run) => {
+                        elect::elect(elect::ElectConfig {
+                            run,
+                            max_terms,
+                            min_term,
+                        })
+                        .await
+                    }
+                    Err(f) => run::failed_before_start(&lock, events_json, &from_env, f),
+                }
+            }
+            Command::Observe(a) => observe(a, &from_env)
                 .await
                 .map_err(|f| environ::annotate(f, &from_env)),
             Command::Completions { .. } | Command::Manpage { .. } => Ok(0),
@@ -429,36 +574,94 @@ fn cli(argv: Vec<OsString>) -> u8 {
     }
 }
 
-async fn status(a: StatusArgs) -> Result<u8, Failure> {
-    let request = a
-        .target
+/// The connection settings of `status` and `history`, merged from every source, with the
+/// warnings printed.
+fn connection(t: &Target, from_env: &FromEnv) -> Result<settings::Resolved, Failure> {
+    let r = settings::resolve(&target_flags(t), from_env)?;
+    settings::print_warnings(&r.warnings);
+    Ok(r)
+}
+
+fn target_flags(t: &Target) -> settings::Flags<'_> {
+    settings::Flags {
+        bootstrap: t.bootstrap.as_deref(),
+        client_id: t.client_id.as_deref(),
+        request_timeout: t.request_timeout,
+        connect_timeout: t.connect_timeout,
+        config_file: t.config_file.as_deref(),
+        x: &t.x,
+        ..settings::Flags::default()
+    }
+}
+
+async fn status(a: StatusArgs, from_env: &FromEnv) -> Result<u8, Failure> {
+    let c = connection(&a.target, from_env)?;
+    let request = c
         .request_timeout
         .unwrap_or(kafka_lock::lock::DEFAULT_REQUEST_TIMEOUT);
-    let connect = a
-        .target
+    let connect = c
         .connect_timeout
         .unwrap_or(kafka_lock::driver::DEFAULT_CONNECT_TIMEOUT);
     run::in_range("--request-timeout", request, run::TIMEOUT_BOUND, false)?;
     run::in_range("--connect-timeout", connect, run::TIMEOUT_BOUND, false)?;
     status::status(status::StatusConfig {
-        bootstrap: a.target.bootstrap,
+        bootstrap: c.bootstrap,
         lock: a.target.lock,
         json: a.json,
         request_timeout: request,
         connect_timeout: connect,
-        client_id: a.target.client_id,
+        client_id: c.client_id,
         ledger_topic: a.target.ledger_topic,
+        security: c.security,
+        retry_backoff: c.retry_backoff,
     })
     .await
 }
 
-async fn history(a: HistoryArgs) -> Result<u8, Failure> {
-    let request = a
-        .target
+async fn observe(a: ObserveArgs, from_env: &FromEnv) -> Result<u8, Failure> {
+    let c = connection(&a.target, from_env)?;
+    let request = c
         .request_timeout
         .unwrap_or(kafka_lock::lock::DEFAULT_REQUEST_TIMEOUT);
-    let connect = a
-        .target
+    let connect = c
+        .connect_timeout
+        .unwrap_or(kafka_lock::driver::DEFAULT_CONNECT_TIMEOUT);
+    run::in_range("--request-timeout", request, run::TIMEOUT_BOUND, false)?;
+    run::in_range("--connect-timeout", connect, run::TIMEOUT_BOUND, false)?;
+    let interval = a
+        .interval
+        .unwrap_or(kafka_lock::election::DEFAULT_OBSERVE_INTERVAL);
+    run::in_range("--interval", interval, run::TIMEOUT_BOUND, false)?;
+    if interval < kafka_lock::election::MIN_OBSERVE_INTERVAL {
+        return Err(Failure::new(
+            exit::CONFIG,
+            format!(
+                "--interval {} is too short: at least 100ms, so that observers cannot flood the coordinator",
+                humantime::format_duration(interval)
+            ),
+        ));
+    }
+    observe::observe(observe::ObserveConfig {
+        bootstrap: c.bootstrap,
+        lock: a.target.lock,
+        json: a.json,
+        request_timeout: request,
+        connect_timeout: connect,
+        client_id: c.client_id,
+        ledger_topic: a.target.ledger_topic,
+        security: c.security,
+        interval,
+        via_describe: a.poll,
+    })
+    .await
+}
+
+async fn history(a: HistoryArgs, from_env: &FromEnv) -> Result<u8, Failure> {
+    let c = connection(&a.target, from_env)?;
+    let request = c
+        .request_timeout
+        .unwrap_or(kafka_lock::lock::DEFAULT_REQUEST_TIMEOUT);
+    let connect = c
         .connect_timeout
         .unwrap_or(kafka_lock::driver::DEFAULT_CONNECT_TIMEOUT);
     run::in_range("--request-timeout", request, run::TIMEOUT_BOUND, false)?;
@@ -474,14 +677,16 @@ async fn history(a: HistoryArgs) -> Result<u8, Failure> {
         None => None,
     };
     history::history(history::HistoryConfig {
-        bootstrap: a.target.bootstrap,
+        bootstrap: c.bootstrap,
         lock: a.target.lock,
         ledger_topic,
         since,
         json: a.json,
         request_timeout: request,
         connect_timeout: connect,
-        client_id: a.target.client_id,
+        client_id: c.client_id,
+        security: c.security,
+        retry_backoff: c.retry_backoff,
     })
     .await
 }
@@ -501,33 +706,49 @@ fn docs_command() -> clap::Command {
     environ::with_env(Cli::command(), true)
 }
 
-fn run_config(a: RunArgs, from_env: FromEnv) -> run::RunConfig {
-    run::RunConfig {
-        bootstrap: a.target.bootstrap,
+/// --events-file and --events-fd imply --events json: JSON lines are the one format.
+fn events_json(a: &RunArgs) -> bool {
+    a.events == Some(EventsFormat::Json) || a.events_file.is_some() || a.events_fd.is_some()
+}
+
+fn run_config(a: RunArgs, from_env: FromEnv) -> Result<run::RunConfig, Failure> {
+    let c = settings::resolve(
+        &settings::Flags {
+            session_timeout: a.session_timeout,
+            heartbeat_interval: a.heartbeat_interval,
+            rebalance_timeout: a.rebalance_timeout,
+            ..target_flags(&a.target)
+        },
+        &from_env,
+    )?;
+    let events_json = events_json(&a);
+    Ok(run::RunConfig {
+        bootstrap: c.bootstrap,
         lock: a.target.lock,
         topic: a.topic,
         wait: a.wait,
-        session_timeout: a.session_timeout,
-        heartbeat_interval: a.heartbeat_interval,
-        rebalance_timeout: a.rebalance_timeout,
-        request_timeout: a.target.request_timeout,
-        connect_timeout: a.target.connect_timeout,
+        session_timeout: c.session_timeout,
+        heartbeat_interval: c.heartbeat_interval,
+        rebalance_timeout: c.rebalance_timeout,
+        request_timeout: c.request_timeout,
+        connect_timeout: c.connect_timeout,
         lease_margin: a.lease_margin,
         kill_grace: a.kill_grace,
         label: a.label,
-        client_id: a.target.client_id,
+        permits: a.permits.unwrap_or(1),
+        client_id: c.client_id,
         ledger_topic: a.target.ledger_topic,
         checkpoint_max_bytes: a.checkpoint_max_bytes,
-        // --events-file and --events-fd imply it: JSON lines are the one format.
-        events_json: a.events == Some(EventsFormat::Json)
-            || a.events_file.is_some()
-            || a.events_fd.is_some(),
+        security: c.security,
+        retry_backoff: c.retry_backoff,
+        warnings: c.warnings,
+        events_json,
         conflict_exit_code: a.conflict_exit_code,
         lost_exit_code: a.lost_exit_code,
         metrics_listen: a.metrics_listen,
         from_env,
         command: a.command,
-    }
+    })
 }
 
 /// Help and version go to stdout with status 0; every other parse error is one line on stderr

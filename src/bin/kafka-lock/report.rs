@@ -142,7 +142,13 @@ impl Reporter {
         self.line_open = true;
     }
 
-    pub fn waiting(&mut self, member_id: String, holder: Option<HolderInfo>, position: i32) {
+    pub fn waiting(
+        &mut self,
+        member_id: String,
+        holder: Option<HolderInfo>,
+        holders: Vec<HolderInfo>,
+        position: i32,
+    ) {
         self.seen_waiting = true;
         if !member_id.is_empty() {
             self.member_id = Some(member_id);
@@ -165,6 +171,19 @@ impl Reporter {
             ),
             None => obj.null("holder"),
         };
+        // Every holder with its permit slot; additive to `holder`, which is the first.
+        let holders: Vec<String> = holders
+            .iter()
+            .map(|h| {
+                Obj::new()
+                    .str("member_id", &h.member_id)
+                    .opt_str("label", h.label.as_deref())
+                    .int("token", h.generation)
+                    .int("permit", h.slot)
+                    .finish()
+            })
+            .collect();
+        obj = obj.raw("holders", &crate::json::array(&holders));
         self.emit(obj);
         self.tick();
     }
@@ -195,11 +214,11 @@ impl Reporter {
         self.status_line(&text);
     }
 
-    pub fn acquired(&mut self, token: &FencingToken) {
+    pub fn acquired(&mut self, token: &FencingToken, permit: u16) {
         self.member_id = Some(token.member_id.clone());
         self.token = Some(token.value());
         self.generation = Some(token.generation);
-        self.emit(self.event("acquired"));
+        self.emit(self.event("acquired").int("permit", permit));
         if self.tty && self.seen_waiting {
             let text = format!(
                 "kafka-lock: acquired lock {:?} after {} (token {})",
@@ -255,9 +274,30 @@ impl Reporter {
         self.emit(self.event("released"));
     }
 
+    /// `elect`: a term (or a campaign that ended without one) is over; the next campaign
+    /// starts after `delay`.
+    pub fn term_ended(&mut self, terms: u64, status: u8, delay: Duration) {
+        self.close_line();
+        let obj = self
+            .event("term_ended")
+            .int("terms", terms)
+            .int("status", status)
+            .int("next_campaign_ms", delay.as_millis() as u64);
+        self.emit(obj);
+    }
+
     /// The metrics endpoint is up at `address`.
     pub fn metrics_listening(&mut self, address: &str) {
         let obj = self.event("metrics_listening").str("address", address);
+        self.emit(obj);
+    }
+
+    /// Something about the settings the person should know (a key ignored, host name checks
+    /// off): a line on stderr, and a `warning` event.
+    pub fn warning(&mut self, message: &str) {
+        self.close_line();
+        crate::exit::print_line(&format!("warning: {message}"));
+        let obj = self.event("warning").str("message", message);
         self.emit(obj);
     }
 

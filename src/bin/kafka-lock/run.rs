@@ -60,9 +60,17 @@ pub struct RunConfig {
     pub lease_margin: Option<Duration>,
     pub kill_grace: Option<Duration>,
     pub label: Option<String>,
+    /// `--permits`: 1 is a mutex.
+    pub permits: u16,
     pub client_id: String,
     pub ledger_topic: Option<String>,
     pub checkpoint_max_bytes: usize,
+    /// TLS and SASL, from the Kafka client settings.
+    pub security: kafka_lock::security::Security,
+    /// Initial and largest retry backoff, when the settings give them.
+    pub retry_backoff: Option<(Duration, Duration)>,
+    /// Lines about the settings (keys ignored, host name checks off), shown before anything.
+    pub warnings: Vec<String>,
     pub events_json: bool,
     /// Replaces 75 (`-E`, `--conflict-exit-code`).
     pub conflict_exit_code: Option<u8>,
@@ -260,8 +268,10 @@ const CAUGHT: [i32; 6] = [
     Signal::USR2.as_raw(),
 ];
 
-struct Signals {
+pub(crate) struct Signals {
     streams: Vec<(i32, tokio::signal::unix::Signal)>,
+    /// The last signal received: `elect` stops campaigning after SIGINT or SIGTERM.
+    pub(crate) last: Option<i32>,
     /// Never read. Installing a SIGCHLD handler undoes an ignored SIGCHLD inherited from our
     /// parent (SIG_IGN survives exec, a handler does not): with SIGCHLD ignored the kernel reaps
     /// children on its own, and neither we nor the supervisor could wait for them or learn the
@@ -270,7 +280,7 @@ struct Signals {
 }
 
 impl Signals {
-    fn new() -> Result<Signals, Failure> {
+    pub(crate) fn new() -> Result<Signals, Failure> {
         let mut streams = Vec::with_capacity(CAUGHT.len());
         for n in CAUGHT {
             let s = signal(SignalKind::from_raw(n)).map_err(|e| {
@@ -292,15 +302,17 @@ impl Signals {
         })?;
         Ok(Signals {
             streams,
+            last: None,
             _child: child,
         })
     }
 
     /// The next signal's number. Cancel-safe.
-    async fn recv(&mut self) -> i32 {
+    pub(crate) async fn recv(&mut self) -> i32 {
         std::future::poll_fn(|cx| {
             for (n, s) in &mut self.streams {
                 if let std::task::Poll::Ready(Some(())) = s.poll_recv(cx) {
+                    self.last = Some(*n);
                     return std::task::Poll::Ready(*n);
                 }
             }
@@ -315,12 +327,33 @@ impl Signals {
 /// says which it is.
 pub async fn run(c: RunConfig) -> Result<u8, Failure> {
     let mut rep = Reporter::new(&c.lock, c.events_json);
+    for w in &c.warnings {
+        rep.warning(w);
+    }
     let result = take_and_run(&c, &mut rep).await;
     conclude(&c, &mut rep, result)
 }
 
+/// The `failed` and `exit` events of a `run` whose settings could not be put together.
+pub fn failed_before_start(
+    lock: &str,
+    events_json: bool,
+    from_env: &FromEnv,
+    f: Failure,
+) -> Result<u8, Failure> {
+    let mut rep = Reporter::new(lock, events_json);
+    let f = environ::annotate(f, from_env);
+    rep.failed(f.status, exit::kind(f.status), &f.line);
+    rep.exit(f.status, Source::KafkaLock);
+    Err(f)
+}
+
 /// The `failed` and `exit` events, and the statuses that replace 75 and 74.
-fn conclude(c: &RunConfig, rep: &mut Reporter, result: Result<u8, Failure>) -> Result<u8, Failure> {
+pub(crate) fn conclude(
+    c: &RunConfig,
+    rep: &mut Reporter,
+    result: Result<u8, Failure>,
+) -> Result<u8, Failure> {
     match result {
         Ok(status) => {
             rep.exit(status, Source::Command);
@@ -344,11 +377,25 @@ fn conclude(c: &RunConfig, rep: &mut Reporter, result: Result<u8, Failure>) -> R
 async fn take_and_run(c: &RunConfig, rep: &mut Reporter) -> Result<u8, Failure> {
     environ::refuse_nested(&c.lock)?;
     let t = Timing::resolve(c)?;
+    let (opts, rx) = options(c, &t)?;
+    if let Some(addr) = c.metrics_listen {
+        let bound = serve::start(addr).await?;
+        rep.metrics_listening(&bound.to_string());
+    }
+    let mut signals = Signals::new()?;
+    term(c, t, opts, rx, &mut signals, rep, &mut None).await
+}
+
+/// The lock's options for one term, with the channel its events come on.
+pub(crate) fn options(
+    c: &RunConfig,
+    t: &Timing,
+) -> Result<(LockOptions, mpsc::UnboundedReceiver<LockEvent>), Failure> {
     let label = c
         .label
         .clone()
         .unwrap_or_else(|| format!("{} pid {}", sys::hostname(), std::process::id()));
-    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (tx, rx) = mpsc::unbounded_channel();
     let mut opts = LockOptions::new(&c.bootstrap, c.lock.clone())
         .session_timeout(t.session)
         .rebalance_timeout(t.rebalance)
@@ -357,8 +404,13 @@ async fn take_and_run(c: &RunConfig, rep: &mut Reporter) -> Result<u8, Failure> 
         .connect_timeout(t.connect)
         .lease_margin(t.margin)
         .label(label)
+        .permits(c.permits)
         .client_id(c.client_id.clone())
+        .security(c.security.clone())
         .events(tx);
+    if let Some((initial, max)) = c.retry_backoff {
+        opts = opts.retry_backoff(initial, max);
+    }
     if let Some(topic) = &c.topic {
         opts = opts.consumer_topic(topic.clone());
     }
@@ -369,12 +421,21 @@ async fn take_and_run(c: &RunConfig, rep: &mut Reporter) -> Result<u8, Failure> 
     }
     opts.validate()
         .map_err(|e| exit::failure(&e, &c.lock, &c.bootstrap))?;
-    if let Some(addr) = c.metrics_listen {
-        let bound = serve::start(addr).await?;
-        rep.metrics_listening(&bound.to_string());
-    }
-    let mut signals = Signals::new()?;
+    Ok((opts, rx))
+}
 
+/// One term: waits for the lock and runs the command while it is held. `acquired_at` is set
+/// when the lock is granted.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn term(
+    c: &RunConfig,
+    t: Timing,
+    opts: LockOptions,
+    mut rx: mpsc::UnboundedReceiver<LockEvent>,
+    signals: &mut Signals,
+    rep: &mut Reporter,
+    acquired_at: &mut Option<Instant>,
+) -> Result<u8, Failure> {
     // Waiting for the lock. `--wait 0` is one try: the first completed generation decides.
     let outcome = {
         let once = t.wait == Some(Duration::ZERO);
@@ -450,7 +511,8 @@ async fn take_and_run(c: &RunConfig, rep: &mut Reporter) -> Result<u8, Failure> 
     while let Ok(ev) = rx.try_recv() {
         waiting_event(rep, ev);
     }
-    rep.acquired(&guard.token());
+    *acquired_at = Some(Instant::now());
+    rep.acquired(&guard.token(), guard.permit());
     hold(c, t, guard, rx, signals, rep).await
 }
 
@@ -458,10 +520,11 @@ fn waiting_event(rep: &mut Reporter, ev: LockEvent) {
     if let LockEvent::Waiting {
         member_id,
         holder,
+        holders,
         position,
     } = ev
     {
-        rep.waiting(member_id, holder, position);
+        rep.waiting(member_id, holder, holders, position);
     }
 }
 
@@ -622,26 +685,31 @@ async fn hold(
     t: Timing,
     guard: LockGuard,
     mut rx: mpsc::UnboundedReceiver<LockEvent>,
-    mut signals: Signals,
+    signals: &mut Signals,
     rep: &mut Reporter,
 ) -> Result<u8, Failure> {
     let token = guard.token();
     let mut watch = guard.watch();
     // The last checkpoint, and a place for the command to leave the next one; read before the
     // lease end is taken, since reading may take a while (the ledger's copy is read in full).
-    let checkpoint = match CheckpointDir::prepare(c, &guard).await {
-        Ok(dir) => dir,
-        Err(f) => {
-            let _ = release(guard, &mut signals).await;
-            return Err(f);
-        }
+    // A read that outlasts the lease (a broker cut off) ends with the lease, as a loss.
+    let checkpoint = tokio::select! {
+        biased;
+        _ = guard.lost() => None,
+        prepared = CheckpointDir::prepare(c, &guard) => match prepared {
+            Ok(dir) => dir,
+            Err(f) => {
+                let _ = give_back(guard, signals, rep).await;
+                return Err(f);
+            }
+        },
     };
     let lease_end = match watch.lease_end() {
         Some(end) if end > Instant::now() => end,
         _ => {
-            // The lease ran out between the grant and now (a paused process): starting the
-            // command would run it without the lock.
-            let _ = release(guard, &mut signals).await;
+            // The lease ran out between the grant and now (a paused process, a slow checkpoint
+            // read): starting the command would run it without the lock.
+            let _ = give_back(guard, signals, rep).await;
             return Err(Failure::new(
                 exit::NOT_ACQUIRED,
                 format!(
@@ -655,20 +723,21 @@ async fn hold(
     // Should the supervisor die, the command and its descendants are re-parented here, where
     // they can still be found and stopped before the lock is released.
     if let Err(e) = sys::become_subreaper() {
-        let _ = release(guard, &mut signals).await;
+        let _ = give_back(guard, signals, rep).await;
         return Err(Failure::new(
             exit::OSERR,
             format!("cannot become a child subreaper (PR_SET_CHILD_SUBREAPER, Linux 3.4+): {e}; the command was not run"),
         ));
     }
-    let env = checkpoint
+    let mut env = checkpoint
         .as_ref()
         .map(CheckpointDir::env)
         .unwrap_or_default();
+    env.push(("KAFKA_LOCK_PERMIT", guard.permit().to_string().into()));
     let link = match Link::spawn(c, &token, &env, t.kill_grace) {
         Ok(link) => link,
         Err(f) => {
-            let _ = release(guard, &mut signals).await;
+            let _ = give_back(guard, signals, rep).await;
             return Err(f);
         }
     };
@@ -828,7 +897,7 @@ async fn hold(
                     rep.child_exited(child_end(e));
                 }
             }
-            let cut = release(guard, &mut signals).await;
+            let cut = release(guard, signals).await;
             return Err(Failure::new(
                 exit::OSERR,
                 format!(
@@ -851,7 +920,7 @@ async fn hold(
             exit::CANNOT_EXECUTE
         };
         rep.released();
-        let cut = release(guard, &mut signals).await;
+        let cut = release(guard, signals).await;
         return Err(Failure::new(
             status,
             format!(
@@ -864,7 +933,7 @@ async fn hold(
     }
     let Some(end) = end.map(child_end) else {
         // The supervisor never started the command: the lease had run out when it got it.
-        let cut = release(guard, &mut signals).await;
+        let cut = release(guard, signals).await;
         return Err(Failure::new(
             exit::NOT_ACQUIRED,
             format!(
@@ -879,7 +948,7 @@ async fn hold(
     // goes: the next holder must see it, and a holder that is no longer current must not write.
     if let (None, 0, Some(dir)) = (&lost, end.status, &checkpoint) {
         if let Some(f) = dir.commit(&guard, rep).await {
-            let cut = release(guard, &mut signals).await;
+            let cut = release(guard, signals).await;
             return Err(Failure::new(
                 f.status,
                 format!("{}{}", f.line, release_note(cut, t.session)),
@@ -890,7 +959,7 @@ async fn hold(
         None => {
             // The hold ends here, before the LeaveGroup goes out.
             rep.released();
-            if let Some(sig) = release(guard, &mut signals).await {
+            if let Some(sig) = release(guard, signals).await {
                 exit::print_line(&format!(
                     "releasing lock {:?} was cut short by {}; the broker frees it after the session \
                      timeout ({})",
@@ -902,7 +971,7 @@ async fn hold(
             Ok(end.status)
         }
         Some(reason) => {
-            let cut = release(guard, &mut signals).await;
+            let cut = release(guard, signals).await;
             Err(Failure::new(
                 exit::LOST,
                 format!(
@@ -942,7 +1011,8 @@ impl CheckpointDir {
             Failure::new(
                 f.status,
                 format!(
-                    "cannot read the last checkpoint of lock {:?}, so the command was not run                      and the lock is released: {}",
+                    "cannot read the last checkpoint of lock {:?}, so the command was not run and the lock \
+                     is released: {}",
                     c.lock, f.line
                 ),
             )
@@ -959,7 +1029,8 @@ impl CheckpointDir {
                 Failure::new(
                     exit::OSERR,
                     format!(
-                        "cannot create {} for the command's checkpoint: {e}; the command was not                          run and the lock is released (set TMPDIR to a writable directory)",
+                        "cannot create {} for the command's checkpoint: {e}; the command was not run and \
+                         the lock is released (set TMPDIR to a writable directory)",
                         dir.display()
                     ),
                 )
@@ -1087,6 +1158,21 @@ fn report_lost_fallback(
 
 /// Releases the lock (bounded by the library), unless one of the caught signals arrives first:
 /// then the broker frees the lock after the session timeout. Returns that signal.
+/// Ends a hold under which the command never started, saying in the events how it ended: a
+/// hold whose lease already ran out was lost (at its lease end), any other is released. Without
+/// this the events would show an acquisition that never ends.
+async fn give_back(guard: LockGuard, signals: &mut Signals, rep: &mut Reporter) -> Option<i32> {
+    let watch = guard.watch();
+    if watch.is_held() {
+        rep.released();
+    } else {
+        let reason = guard.lost().await;
+        let lease_end = watch.lease_end().unwrap_or_else(|| guard.lease_end());
+        rep.lost(&reason, Some(sys::mono_ns_of(lease_end)));
+    }
+    release(guard, signals).await
+}
+
 async fn release(guard: LockGuard, signals: &mut Signals) -> Option<i32> {
     tokio::select! {
         _ = guard.release() => None,
@@ -1147,9 +1233,13 @@ mod tests {
             lease_margin: None,
             kill_grace: None,
             label: None,
+            permits: 1,
             client_id: "kafka-lock".into(),
             ledger_topic: None,
             checkpoint_max_bytes: 4096,
+            security: Default::default(),
+            retry_backoff: None,
+            warnings: Vec::new(),
             events_json: false,
             conflict_exit_code: None,
             lost_exit_code: None,

@@ -175,6 +175,7 @@ pub enum Malformation {
 
 /// Where in the body the scan stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Location {
     /// Byte offset into the body.
     pub offset: usize,
@@ -221,7 +222,10 @@ pub fn needs_scan(api: ApiKey, version: i16) -> Option<bool> {
 /// bytes are left after the body.
 pub fn scan_response(api: ApiKey, version: i16, body: &[u8]) -> Result<Scan, DecodeError> {
     let Some(program) = program(api, version) else {
-        return Err(DecodeError::UnsupportedVersion { api, version });
+        return Err(DecodeError::UnsupportedVersion {
+            api: crate::api::Api::of(api),
+            version,
+        });
     };
     if let Some((n, tagged)) = program.fixed {
         let fits = if tagged {
@@ -243,7 +247,7 @@ pub fn scan_response(api: ApiKey, version: i16, body: &[u8]) -> Result<Scan, Dec
     }
     if s.pos != body.len() {
         return Err(DecodeError::TrailingBytes {
-            api,
+            api: crate::api::Api::of(api),
             version,
             left: body.len() - s.pos,
         });
@@ -255,7 +259,7 @@ pub fn scan_response(api: ApiKey, version: i16, body: &[u8]) -> Result<Scan, Dec
         .saturating_add(AMPLIFICATION_SLACK);
     if heap_estimate > budget {
         return Err(DecodeError::Malformed {
-            api,
+            api: crate::api::Api::of(api),
             version,
             at: Location {
                 offset: s.pos,

@@ -53,7 +53,7 @@ impl<'a> Scanner<'a> {
     pub(super) fn into_error(self, api: ApiKey, version: i16) -> DecodeError {
         let (at, reason) = self.into_parts();
         DecodeError::Malformed {
-            api,
+            api: crate::api::Api::of(api),
             version,
             at,
             reason,

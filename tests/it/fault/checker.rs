@@ -31,6 +31,11 @@
 //! - **late writes**: sent while the writer was not holding by its own account (a figure, not a
 //!   failure: the fence exists for exactly these);
 //! - **acquisitions**, and the **longest time the lock was free while someone waited**.
+//!
+//! **Semaphore mode** (a lock with N permits, `KAFKA_LOCK_FAULT_PERMITS`): a holder reports its
+//! acquisition and writes under the key `<lock>#<slot>`, so the store fences each permit slot
+//! on its own and the overlap and stale-write checks above apply per slot; on top, the holds of
+//! all slots of the lock must never number more than N at once (**too many holders**).
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -133,6 +138,19 @@ impl Log {
     }
 }
 
+/// The lock of a store key: `<lock>#<slot>` in semaphore mode, else the lock itself.
+pub fn base(key: &str) -> &str {
+    key.split_once('#').map_or(key, |(lock, _)| lock)
+}
+
+/// The store key of a holder of `lock` in permit slot `slot` (None: a mutex).
+pub fn key(lock: &str, slot: Option<u16>) -> String {
+    match slot {
+        Some(s) => format!("{lock}#{s}"),
+        None => lock.to_owned(),
+    }
+}
+
 /// Ids of contenders whose holds are not judged for overlaps (they have no lease).
 pub fn judged(id: &str) -> bool {
     !id.starts_with("java")
@@ -189,7 +207,9 @@ impl Checker {
         self.lock()
             .events
             .iter()
-            .filter(|e| e.lock == lock && e.kind == Kind::Acquired && e.mono > since && pick(&e.id))
+            .filter(|e| {
+                base(&e.lock) == lock && e.kind == Kind::Acquired && e.mono > since && pick(&e.id)
+            })
             .count()
     }
 
@@ -197,7 +217,7 @@ impl Checker {
     pub fn holders(&self, lock: &str) -> Vec<String> {
         let log = self.lock();
         let mut last: HashMap<&str, &Event> = HashMap::new();
-        for e in log.events.iter().filter(|e| e.lock == lock) {
+        for e in log.events.iter().filter(|e| base(&e.lock) == lock) {
             if matches!(e.kind, Kind::Renewed | Kind::Token) {
                 continue;
             }
@@ -269,6 +289,8 @@ pub struct Reporter {
     answers: BufReader<TcpStream>,
     lock: String,
     id: String,
+    /// The permit slot held, in semaphore mode: events and writes go under its key.
+    slot: Option<u16>,
 }
 
 impl Reporter {
@@ -281,7 +303,13 @@ impl Reporter {
             answers,
             lock: lock.to_owned(),
             id: id.to_owned(),
+            slot: None,
         })
+    }
+
+    /// Semaphore mode: from now on, events and writes are about permit slot `slot`.
+    pub fn set_slot(&mut self, slot: Option<u16>) {
+        self.slot = slot;
     }
 
     pub fn event(&mut self, kind: Kind, token: Option<i64>, lease_end: Option<i64>) {
@@ -293,7 +321,7 @@ impl Reporter {
         let opt = |v: Option<i64>| v.map_or("-".to_owned(), |v| v.to_string());
         let line = format!(
             "E {} {} {} {} {} {}\n",
-            self.lock,
+            key(&self.lock, self.slot),
             self.id,
             kind.name(),
             mono,
@@ -308,7 +336,12 @@ impl Reporter {
 
     /// A fenced write; true if the store accepted it.
     pub fn write(&mut self, token: i64) -> bool {
-        let line = format!("W {} {} {token} {}\n", self.lock, self.id, mono_ns());
+        let line = format!(
+            "W {} {} {token} {}\n",
+            key(&self.lock, self.slot),
+            self.id,
+            mono_ns()
+        );
         let mut answer = String::new();
         if self.out.write_all(line.as_bytes()).is_err()
             || self.answers.read_line(&mut answer).unwrap_or(0) == 0
@@ -358,6 +391,10 @@ pub struct Analysis {
     pub accepted: usize,
     /// Maximal spans in which the lock had no holder and someone waited, per lock.
     pub free_waiting: Vec<(String, i64, i64)>,
+    /// Semaphore mode: the most holds at once, per lock with permits.
+    pub most_at_once: Vec<(String, u16, usize)>,
+    /// Semaphore mode: instants at which more holds than permits were open: (lock, at, count).
+    pub too_many: Vec<(String, i64, usize)>,
 }
 
 impl Analysis {
@@ -367,7 +404,9 @@ impl Analysis {
 
     /// Whether the run broke a safety property.
     pub fn unsafe_(&self) -> bool {
-        self.judged_overlaps().next().is_some() || !self.stale_accepted.is_empty()
+        self.judged_overlaps().next().is_some()
+            || !self.stale_accepted.is_empty()
+            || !self.too_many.is_empty()
     }
 
     /// The first few violations, for a failure message.
@@ -391,6 +430,9 @@ impl Analysis {
                 o.second.how
             );
         }
+        for (lock, at, n) in self.too_many.iter().take(max) {
+            let _ = writeln!(s, "TOO MANY HOLDERS on {lock}: {n} at once at {at}");
+        }
         for (w, h) in self.stale_accepted.iter().take(max) {
             let _ = writeln!(
                 s,
@@ -405,9 +447,19 @@ impl Analysis {
 
 /// Reconstructs the holds and checks them and the writes; `end` closes what is still open.
 pub fn analyse(events: &[Event], writes: &[WriteRec], end: i64) -> Analysis {
+    analyse_permits(events, writes, end, &HashMap::new())
+}
+
+/// [`analyse`] with the permits of the locks that are semaphores (the others are mutexes).
+pub fn analyse_permits(
+    events: &[Event],
+    writes: &[WriteRec],
+    end: i64,
+    permits: &HashMap<String, u16>,
+) -> Analysis {
     let mut by_id: HashMap<(&str, &str), Vec<&Event>> = HashMap::new();
     for e in events {
-        by_id.entry((&e.lock, &e.id)).or_default().push(e);
+        by_id.entry((base(&e.lock), &e.id)).or_default().push(e);
     }
     let mut holds = Vec::new();
     let mut waits: Vec<(String, i64, i64)> = Vec::new();
@@ -417,16 +469,19 @@ pub fn analyse(events: &[Event], writes: &[WriteRec], end: i64) -> Analysis {
         evs.sort_by_key(|e| e.mono);
         let mut open: Option<(i64, i64, i64, Option<i64>)> = None; // start, first token, last token, lease end
         let mut waiting: Option<i64> = None;
-        let close = |holds: &mut Vec<Hold>, o: (i64, i64, i64, Option<i64>), at: i64, how| {
-            holds.push(Hold {
-                lock: lock.to_owned(),
-                id: id.to_owned(),
-                token: o.1,
-                start: o.0,
-                end: at.max(o.0),
-                how,
-            });
-        };
+        // The store key of the open hold: its acquisition's.
+        let mut held_key = lock.to_owned();
+        let close =
+            |holds: &mut Vec<Hold>, o: (i64, i64, i64, Option<i64>), at: i64, how, key: &str| {
+                holds.push(Hold {
+                    lock: key.to_owned(),
+                    id: id.to_owned(),
+                    token: o.1,
+                    start: o.0,
+                    end: at.max(o.0),
+                    how,
+                });
+            };
         for e in evs {
             match e.kind {
                 Kind::Waiting => {
@@ -440,10 +495,11 @@ pub fn analyse(events: &[Event], writes: &[WriteRec], end: i64) -> Analysis {
                         // A second acquisition without a word in between: the first hold ended
                         // by the time the second began, at the latest.
                         let at = o.3.map_or(e.mono, |l| l.min(e.mono));
-                        close(&mut holds, o, at, "superseded");
+                        close(&mut holds, o, at, "superseded", &held_key);
                     }
                     let t = e.token.unwrap_or(-1);
                     open = Some((e.mono, t, t, e.lease_end));
+                    held_key = e.lock.clone();
                 }
                 Kind::Renewed => {
                     if let (Some(o), Some(l)) = (open.as_mut(), e.lease_end) {
@@ -458,13 +514,13 @@ pub fn analyse(events: &[Event], writes: &[WriteRec], end: i64) -> Analysis {
                 Kind::Lost => {
                     if let Some(o) = open.take() {
                         let at = e.lease_end.map_or(e.mono, |l| l.min(e.mono));
-                        close(&mut holds, o, at, "lost");
+                        close(&mut holds, o, at, "lost", &held_key);
                     }
                 }
                 Kind::Released => {
                     if let Some(o) = open.take() {
                         let at = e.lease_end.map_or(e.mono, |l| l.min(e.mono));
-                        close(&mut holds, o, at, "released");
+                        close(&mut holds, o, at, "released", &held_key);
                     }
                 }
                 Kind::GaveUp => {
@@ -475,7 +531,7 @@ pub fn analyse(events: &[Event], writes: &[WriteRec], end: i64) -> Analysis {
                 Kind::Killed => {
                     if let Some(o) = open.take() {
                         let at = o.3.map_or(e.mono, |l| l.min(e.mono));
-                        close(&mut holds, o, at, "killed");
+                        close(&mut holds, o, at, "killed", &held_key);
                     }
                     if let Some(w) = waiting.take() {
                         waits.push((lock.to_owned(), w, e.mono));
@@ -485,7 +541,7 @@ pub fn analyse(events: &[Event], writes: &[WriteRec], end: i64) -> Analysis {
         }
         if let Some(o) = open.take() {
             let at = o.3.map_or(end, |l| l.min(end));
-            close(&mut holds, o, at, "open at the end");
+            close(&mut holds, o, at, "open at the end", &held_key);
         }
         if let Some(w) = waiting.take() {
             waits.push((lock.to_owned(), w, end));
@@ -536,6 +592,30 @@ pub fn analyse(events: &[Event], writes: &[WriteRec], end: i64) -> Analysis {
         }
     }
     analysis.free_waiting = free_while_waiting(&analysis.holds, &waits);
+    let mut limits: Vec<(&String, &u16)> = permits.iter().collect();
+    limits.sort();
+    for (lock, &n) in limits {
+        let mut points: Vec<(i64, i32)> = Vec::new();
+        for h in analysis
+            .holds
+            .iter()
+            .filter(|h| base(&h.lock) == lock && judged(&h.id) && h.end > h.start)
+        {
+            points.push((h.start, 1));
+            points.push((h.end, -1));
+        }
+        // Ends before starts at the same instant: a hand-over is not an overlap.
+        points.sort();
+        let (mut now, mut most) = (0usize, 0usize);
+        for (t, d) in points {
+            now = now.saturating_add_signed(d as isize);
+            most = most.max(now);
+            if now > usize::from(n) {
+                analysis.too_many.push((lock.clone(), t, now));
+            }
+        }
+        analysis.most_at_once.push((lock.clone(), n, most));
+    }
     analysis
 }
 
@@ -548,7 +628,10 @@ fn free_while_waiting(holds: &[Hold], waits: &[(String, i64, i64)]) -> Vec<(Stri
     for lock in locks {
         // (time, holders delta, waiters delta); ends sort before starts at the same instant.
         let mut points: Vec<(i64, i32, i32)> = Vec::new();
-        for h in holds.iter().filter(|h| h.lock == lock && h.end > h.start) {
+        for h in holds
+            .iter()
+            .filter(|h| base(&h.lock) == lock && h.end > h.start)
+        {
             points.push((h.start, 1, 0));
             points.push((h.end, -1, 0));
         }
@@ -711,6 +794,43 @@ mod tests {
             ev("java1", Kind::Acquired, 50, Some(2), None),
         ];
         assert!(analyse(&lock_first, &[], 100).unsafe_());
+    }
+
+    /// Semaphore mode: two permits; holds of different slots may overlap, two of one slot may
+    /// not, a third hold at once is too many, and a slot's store fences per slot.
+    #[test]
+    fn semaphore_mode_judges_per_slot_and_counts_holders() {
+        let at = |id: &str, slot: u16, kind, mono, token| Event {
+            lock: key("L", Some(slot)),
+            ..ev(id, kind, mono, token, None)
+        };
+        let permits = HashMap::from([("L".to_owned(), 2u16)]);
+        let fine = [
+            ev("a", Kind::Waiting, 0, None, None),
+            at("a", 0, Kind::Acquired, 10, Some(1)),
+            at("b", 1, Kind::Acquired, 20, Some(1)),
+            at("a", 0, Kind::Released, 50, None),
+            at("c", 0, Kind::Acquired, 60, Some(2)),
+            at("b", 1, Kind::Released, 70, None),
+            ev("c", Kind::Killed, 90, None, None),
+        ];
+        let mut w = wr("b", 1, 30, true);
+        w.lock = key("L", Some(1));
+        let a = analyse_permits(&fine, &[w], 100, &permits);
+        assert!(!a.unsafe_(), "{}", a.violations(5));
+        assert_eq!(a.most_at_once, vec![("L".to_owned(), 2, 2)]);
+        // The keys keep the slots apart even where the permits are not given.
+        assert_eq!(analyse(&fine, &[], 100).judged_overlaps().count(), 0);
+
+        let three = [
+            at("a", 0, Kind::Acquired, 10, Some(1)),
+            at("b", 1, Kind::Acquired, 20, Some(1)),
+            at("c", 0, Kind::Acquired, 30, Some(2)),
+        ];
+        let a = analyse_permits(&three, &[], 100, &permits);
+        assert!(a.unsafe_());
+        assert_eq!(a.too_many.len(), 1);
+        assert_eq!(a.judged_overlaps().count(), 1, "a and c share slot 0");
     }
 
     #[test]

@@ -88,6 +88,8 @@ pub struct ProxyStats {
     /// bypass the proxies, so a run reports them.
     pub rewrite_failures: AtomicU64,
     pub last_failure: Mutex<Option<String>>,
+    /// Requests forwarded, by API key: what a client costs the brokers.
+    pub requests: Mutex<HashMap<i16, u64>>,
 }
 
 struct BrokerProxy {
@@ -240,8 +242,18 @@ async fn connection(
     let (up_tx, up_rx) = mpsc::unbounded_channel();
     let (down_tx, down_rx) = mpsc::unbounded_channel();
     let requests = inflight.clone();
+    let counts = stats.clone();
     let up_read = pump_in(cr, Dir::Up, fault.clone(), up_tx, move |frame| {
         note_request(&frame, &requests);
+        if frame.len() >= 2 {
+            let key = i16::from_be_bytes([frame[0], frame[1]]);
+            *counts
+                .requests
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(key)
+                .or_default() += 1;
+        }
         frame
     });
     let answers = inflight;

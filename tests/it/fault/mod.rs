@@ -1,5 +1,5 @@
-//! The fault-injection safety suite on real Apache Kafka (issue 11): contenders on two locks
-//! write to a fenced store while a seeded schedule of nemeses pauses, kills and cuts them off
+//! The fault-injection safety suite on real Apache Kafka: contenders on two locks (a native one
+//! with ledger tokens, a consumer-compatible one with generation tokens) write to a fenced store while a seeded schedule of nemeses pauses, kills and cuts them off
 //! and kills, pauses and slows the coordinator broker; the checker then looks for overlapping
 //! holds and stale writes the store accepted. RELIABILITY.md has the figures of a long run and
 //! what they mean.
@@ -18,7 +18,7 @@
 //! Both take `KAFKA_LOCK_FAULT_SEED` and `KAFKA_LOCK_FAULT_EPISODES`.
 
 mod checker;
-mod kproxy;
+pub(crate) mod kproxy;
 mod nemesis;
 mod pool;
 mod roles;

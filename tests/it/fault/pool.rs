@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use super::checker::{Checker, Event, Kind};
 use super::kproxy::ProxySet;
 use super::nemesis::Rng;
-use super::roles::role_args;
+use super::roles::{role_args, Flavour};
 use super::{HEARTBEAT, SESSION};
 use crate::support::kafka::peer::{PeerEventKind, SeedPeer, SeedPeerOptions};
 use crate::support::lifeline::{Output, Supervised};
@@ -36,7 +36,9 @@ pub struct SlotSpec {
     pub name: String,
     pub role: Role,
     pub lock: String,
-    pub topic: Option<String>,
+    pub flavour: Flavour,
+    /// Above 1: the lock is a semaphore with this many permits.
+    pub permits: u16,
 }
 
 enum Running {
@@ -456,15 +458,16 @@ fn spawn(env: &Env, slot: &Slot, id: &str, rng: &mut Rng) -> Result<Running, Str
     match spec.role {
         Role::Lib => {
             let bootstrap = slot.proxies.as_ref().expect("proxies").bootstrap();
-            let cmd = lib_command(
+            let mut cmd = lib_command(
                 env,
                 id,
                 &spec.lock,
                 &bootstrap,
-                spec.topic.as_deref(),
+                &spec.flavour,
                 false,
                 rng.next_u64(),
             );
+            cmd.env("FAULT_PERMITS", spec.permits.to_string());
             let (process, _) = Supervised::spawn(&cmd, Output::Log(&log), None)?;
             Ok(Running::Proc {
                 id: id.to_owned(),
@@ -482,6 +485,8 @@ fn spawn(env: &Env, slot: &Slot, id: &str, rng: &mut Rng) -> Result<Running, Str
                 .args(["--session-timeout", &secs(SESSION)])
                 .args(["--rebalance-timeout", &secs(SESSION)])
                 .args(["--heartbeat-interval", &secs(HEARTBEAT)])
+                .args(spec.flavour.cli_args())
+                .args(["--permits", &spec.permits.to_string()])
                 .args(["--events", "json", "--label", id, "--"])
                 .arg(&env.exe)
                 .args(role_args())
@@ -489,6 +494,7 @@ fn spawn(env: &Env, slot: &Slot, id: &str, rng: &mut Rng) -> Result<Running, Str
                 .env("FAULT_CHECKER", env.checker.addr().to_string())
                 .env("FAULT_LOCK", &spec.lock)
                 .env("FAULT_ID", id)
+                .env("FAULT_PERMITS", spec.permits.to_string())
                 .env("FAULT_HOLD_MS", rng.range(300, 3000).to_string());
             env.checker.event(Event {
                 lock: spec.lock.clone(),
@@ -501,17 +507,19 @@ fn spawn(env: &Env, slot: &Slot, id: &str, rng: &mut Rng) -> Result<Running, Str
             let (process, stdout) = Supervised::spawn(&cmd, Output::Piped { stderr: &log }, None)?;
             let stdout = stdout.expect("piped");
             let (checker, lock, who) = (env.checker.clone(), spec.lock.clone(), id.to_owned());
-            std::thread::spawn(move || forward_cli_events(stdout, &log, &checker, &lock, &who));
+            let permits = spec.permits;
+            std::thread::spawn(move || {
+                forward_cli_events(stdout, &log, &checker, &lock, &who, permits)
+            });
             Ok(Running::Proc {
                 id: id.to_owned(),
                 process,
             })
         }
         Role::Java => {
-            let topic = spec
-                .topic
-                .clone()
-                .expect("a Java peer needs the lock topic");
+            let Flavour::Consumer(topic) = spec.flavour.clone() else {
+                panic!("a Java peer needs the lock's topic (consumer mode)");
+            };
             let options = SeedPeerOptions {
                 group: spec.lock.clone(),
                 // Range gives partition 0 to the member id that sorts first: kafka-lock's
@@ -539,7 +547,7 @@ pub fn lib_command(
     id: &str,
     lock: &str,
     bootstrap: &str,
-    topic: Option<&str>,
+    flavour: &Flavour,
     broken: bool,
     seed: u64,
 ) -> Command {
@@ -551,8 +559,8 @@ pub fn lib_command(
         .env("FAULT_ID", id)
         .env("FAULT_BOOTSTRAP", bootstrap)
         .env("FAULT_SEED", seed.to_string());
-    if let Some(t) = topic {
-        cmd.env("FAULT_TOPIC", t);
+    if let Some((k, v)) = flavour.env() {
+        cmd.env(k, v);
     }
     cmd
 }
@@ -564,6 +572,7 @@ fn forward_cli_events(
     checker: &Checker,
     lock: &str,
     id: &str,
+    permits: u16,
 ) {
     let mut file = std::fs::OpenOptions::new()
         .create(true)
@@ -587,8 +596,13 @@ fn forward_cli_events(
         let Some(mono) = v["mono_ns"].as_i64() else {
             continue;
         };
+        // Semaphore mode: the acquisition says under which slot's key the hold counts.
+        let slot = v["permit"]
+            .as_u64()
+            .and_then(|p| u16::try_from(p).ok())
+            .filter(|_| permits > 1);
         checker.event(Event {
-            lock: lock.to_owned(),
+            lock: super::checker::key(lock, slot),
             id: id.to_owned(),
             kind,
             mono,

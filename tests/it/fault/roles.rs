@@ -6,12 +6,16 @@
 //!   (the claim that fences every older holder off), then every 200 ms while
 //!   [`kafka_lock::LockGuard::is_held`], holds for a random 0.3 to 3 s, reports and releases, and
 //!   starts over. A loss is reported with the lease end the library gives with it. With
-//!   `FAULT_TOPIC` it takes the lock in consumer-compatible mode.
+//!   `FAULT_TOPIC` it takes the lock in consumer-compatible mode; with `FAULT_LEDGER` its token
+//!   is the offset of its ACQUIRED record in that ledger topic ([`Flavour`]).
 //! - `broken`: the same, but it ignores the loss: it keeps writing every 20 ms and keeps
 //!   believing it holds until it releases after 20 s. The suite must catch it.
 //! - `writer`: the job the CLI contenders run under `kafka-lock run`: it writes
 //!   `$KAFKA_LOCK_TOKEN` to the store at once and every 200 ms for `FAULT_HOLD_MS`, then exits.
 //!   It never looks at the lock: stopping it in time is the CLI supervisor's job.
+//!
+//! With `FAULT_PERMITS` above 1 the lock is a semaphore: contenders take it with that many
+//! permits and report and write under their permit slot's key (see [`super::checker`]).
 
 use std::time::{Duration, Instant};
 
@@ -58,14 +62,19 @@ fn role() {
                 role == "broken",
                 &env("FAULT_BOOTSTRAP"),
                 &env("FAULT_LOCK"),
-                std::env::var("FAULT_TOPIC").ok(),
+                Flavour::from_env(),
                 env("FAULT_SEED").parse().expect("FAULT_SEED"),
+                permits(),
             ));
         }
         "writer" => {
             let token: i64 = env("KAFKA_LOCK_TOKEN").parse().expect("KAFKA_LOCK_TOKEN");
             let hold = Duration::from_millis(env("FAULT_HOLD_MS").parse().expect("FAULT_HOLD_MS"));
             let until = Instant::now() + hold;
+            if permits() > 1 {
+                let slot = env("KAFKA_LOCK_PERMIT").parse().expect("KAFKA_LOCK_PERMIT");
+                reporter.set_slot(Some(slot));
+            }
             reporter.write(token);
             while Instant::now() < until {
                 std::thread::sleep(Duration::from_millis(200));
@@ -74,6 +83,13 @@ fn role() {
         }
         other => panic!("unknown FAULT_ROLE {other}"),
     }
+}
+
+/// `FAULT_PERMITS`, 1 when unset.
+fn permits() -> u16 {
+    std::env::var("FAULT_PERMITS")
+        .ok()
+        .map_or(1, |p| p.parse().expect("FAULT_PERMITS"))
 }
 
 /// `Instant` is CLOCK_MONOTONIC on Linux, but opaque: carried over through the current reading.
@@ -86,15 +102,59 @@ pub fn to_mono(at: Instant) -> i64 {
     }
 }
 
+/// How the contenders of one lock take it and where their tokens come from. Every member of a
+/// lock must use the same flavour: the tokens of one lock are compared with each other.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Flavour {
+    /// The native protocol, tokens from this ledger topic (offsets of ACQUIRED records).
+    Ledger(String),
+    /// Consumer-compatible mode on this one-partition topic, tokens from the generation.
+    Consumer(String),
+    /// The native protocol, tokens from the generation (the self-check's lock).
+    Plain,
+}
+
+impl Flavour {
+    /// The variables that carry the flavour to a contender process.
+    pub fn env(&self) -> Option<(&'static str, &str)> {
+        match self {
+            Flavour::Ledger(t) => Some(("FAULT_LEDGER", t)),
+            Flavour::Consumer(t) => Some(("FAULT_TOPIC", t)),
+            Flavour::Plain => None,
+        }
+    }
+
+    fn from_env() -> Flavour {
+        if let Ok(t) = std::env::var("FAULT_LEDGER") {
+            Flavour::Ledger(t)
+        } else if let Ok(t) = std::env::var("FAULT_TOPIC") {
+            Flavour::Consumer(t)
+        } else {
+            Flavour::Plain
+        }
+    }
+
+    /// `kafka-lock run` flags for this flavour.
+    pub fn cli_args(&self) -> Vec<&str> {
+        match self {
+            Flavour::Ledger(t) => vec!["--ledger-topic", t],
+            Flavour::Consumer(t) => vec!["--topic", t],
+            Flavour::Plain => Vec::new(),
+        }
+    }
+}
+
 /// The settings every library contender of the suite uses.
-pub fn options(bootstrap: &str, lock: &str, topic: Option<&str>) -> LockOptions {
+pub fn options(bootstrap: &str, lock: &str, flavour: &Flavour, permits: u16) -> LockOptions {
     let o = LockOptions::new(bootstrap, lock)
         .session_timeout(SESSION)
         .rebalance_timeout(SESSION)
-        .heartbeat_interval(HEARTBEAT);
-    match topic {
-        Some(t) => o.consumer_topic(t),
-        None => o,
+        .heartbeat_interval(HEARTBEAT)
+        .permits(permits);
+    match flavour {
+        Flavour::Ledger(t) => o.ledger_topic(t),
+        Flavour::Consumer(t) => o.consumer_topic(t),
+        Flavour::Plain => o,
     }
 }
 
@@ -103,13 +163,15 @@ async fn contender(
     broken: bool,
     bootstrap: &str,
     lock: &str,
-    topic: Option<String>,
+    flavour: Flavour,
     seed: u64,
+    permits: u16,
 ) {
     let mut rng = Rng::new(seed);
     loop {
         let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
-        let opts = options(bootstrap, lock, topic.as_deref()).events(tx);
+        let opts = options(bootstrap, lock, &flavour, permits).events(tx);
+        rep.set_slot(None);
         rep.event(Kind::Waiting, None, None);
         let guard = match opts.acquire(None).await {
             Ok(g) => g,
@@ -120,8 +182,11 @@ async fn contender(
                 continue;
             }
         };
-        let mut token = i64::from(guard.token().generation);
+        let mut token = guard.token().value();
         let mut lease = to_mono(guard.lease_end());
+        if permits > 1 {
+            rep.set_slot(Some(guard.permit()));
+        }
         // The broken contender believes it holds until it says otherwise: no lease end.
         rep.event(Kind::Acquired, Some(token), (!broken).then_some(lease));
         if broken || guard.is_held() {
@@ -149,7 +214,7 @@ async fn contender(
                             rep.event(Kind::Renewed, None, Some(lease));
                         }
                     }
-                    let now = i64::from(guard.token().generation);
+                    let now = guard.token().value();
                     if now != token {
                         token = now;
                         rep.event(Kind::Token, Some(token), None);

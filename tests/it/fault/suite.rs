@@ -9,13 +9,15 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::checker::{self, analyse, judged, Analysis, Checker, Event, Kind as Ev};
+use super::checker::{
+    self, analyse, analyse_permits, judged, Analysis, Checker, Event, Kind as Ev,
+};
 use super::kproxy::{Fault, ProxySet};
 use super::nemesis::{schedule, Episode, Kind, Rng, Target};
 use super::pool::{self, Env, Pool, Role, SlotSpec};
-use super::roles::{options, to_mono};
+use super::roles::{options, to_mono, Flavour};
 use super::SESSION;
-use crate::support::kafka::admin::create_topic;
+use crate::support::kafka::probe::create_topic;
 use crate::support::kafka::{KafkaCluster, KafkaOptions};
 use crate::support::lifeline::{Output, Supervised};
 use crate::support::{mono_ns, repo_root, unique_group};
@@ -32,6 +34,9 @@ pub struct Config {
     pub seed: u64,
     pub episodes: usize,
     pub ci: bool,
+    /// Permits of the native lock (`KAFKA_LOCK_FAULT_PERMITS`, 1 = a mutex): above 1 it is a
+    /// semaphore and the checker runs in semaphore mode on it.
+    pub permits: u16,
 }
 
 impl Config {
@@ -49,7 +54,20 @@ impl Config {
                     .expect("KAFKA_LOCK_FAULT_EPISODES must be a number")
             })
             .unwrap_or(if ci { Kind::ALL.len() } else { 200 });
-        Config { seed, episodes, ci }
+        let permits = std::env::var("KAFKA_LOCK_FAULT_PERMITS")
+            .ok()
+            .map_or(1, |s| {
+                s.parse()
+                    .ok()
+                    .filter(|&n| n >= 1)
+                    .expect("KAFKA_LOCK_FAULT_PERMITS must be a number from 1")
+            });
+        Config {
+            seed,
+            episodes,
+            ci,
+            permits,
+        }
     }
 }
 
@@ -76,6 +94,8 @@ struct Run {
     pool: Pool,
     native: String,
     consumer: String,
+    /// The native lock's ledger.
+    ledger: Flavour,
     records: Vec<Record>,
 }
 
@@ -104,6 +124,18 @@ pub fn run(cfg: Config) {
     let native = unique_group("fault-native");
     let consumer = unique_group("fault-consumer");
     create_topic(&cluster.bootstrap(), &consumer, 1);
+    // The native lock's tokens are ledger offsets: the checker then judges the tokens that are
+    // meant to survive everything, and the nemeses hit the ledger's leader as well. A semaphore
+    // (--permits N) cannot use a ledger yet, so in that mode its tokens are generations.
+    let ledger = if cfg.permits > 1 {
+        Flavour::Plain
+    } else {
+        Flavour::Ledger(unique_group("fault-ledger"))
+    };
+    let consumed = Flavour::Consumer(consumer.clone());
+    if let Flavour::Ledger(topic) = &ledger {
+        create_topic(&cluster.bootstrap(), topic, 1);
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -122,21 +154,27 @@ pub fn run(cfg: Config) {
         exe: std::env::current_exe().expect("the test binary"),
         kafka_lock: PathBuf::from(env!("CARGO_BIN_EXE_kafka-lock")),
     };
-    let spec = |name: &str, role, lock: &str, topic: Option<&str>| SlotSpec {
+    let permits = cfg.permits;
+    let spec = |name: &str, role, lock: &str, flavour: &Flavour| SlotSpec {
         name: name.to_owned(),
         role,
         lock: lock.to_owned(),
-        topic: topic.map(str::to_owned),
+        flavour: flavour.clone(),
+        permits: if matches!(flavour, Flavour::Consumer(_)) {
+            1
+        } else {
+            permits
+        },
     };
     let specs = vec![
-        spec("lib1", Role::Lib, &native, None),
-        spec("lib2", Role::Lib, &native, None),
-        spec("lib3", Role::Lib, &native, None),
-        spec("cli1", Role::Cli, &native, None),
-        spec("cli2", Role::Cli, &native, None),
-        spec("clib1", Role::Lib, &consumer, Some(&consumer)),
-        spec("clib2", Role::Lib, &consumer, Some(&consumer)),
-        spec("java1", Role::Java, &consumer, Some(&consumer)),
+        spec("lib1", Role::Lib, &native, &ledger),
+        spec("lib2", Role::Lib, &native, &ledger),
+        spec("lib3", Role::Lib, &native, &ledger),
+        spec("cli1", Role::Cli, &native, &ledger),
+        spec("cli2", Role::Cli, &native, &ledger),
+        spec("clib1", Role::Lib, &consumer, &consumed),
+        spec("clib2", Role::Lib, &consumer, &consumed),
+        spec("java1", Role::Java, &consumer, &consumed),
     ];
     let handle = rt.handle().clone();
     let pool = Pool::start(
@@ -154,6 +192,7 @@ pub fn run(cfg: Config) {
         pool,
         native,
         consumer,
+        ledger,
         records: Vec::new(),
     };
     let selfcheck = run.self_check();
@@ -193,6 +232,14 @@ impl Run {
         }
     }
 
+    fn flavour_of(&self, lock: &str) -> Flavour {
+        if lock == self.consumer {
+            Flavour::Consumer(self.consumer.clone())
+        } else {
+            self.ledger.clone()
+        }
+    }
+
     /// Proves on the real cluster that the suite can fail: a contender that ignores its loss is
     /// paused past the session timeout while an honest one waits; the honest one takes over,
     /// the broken one goes on writing, and the checker must report the overlap.
@@ -201,7 +248,7 @@ impl Run {
         let env = self.pool.env();
         let bootstrap = self.cluster.bootstrap();
         let start = |id: &str, broken: bool, seed: u64| {
-            let cmd = pool::lib_command(env, id, &lock, &bootstrap, None, broken, seed);
+            let cmd = pool::lib_command(env, id, &lock, &bootstrap, &Flavour::Plain, broken, seed);
             let log = env.logs.join(format!("{id}.log"));
             Supervised::spawn(&cmd, Output::Log(&log), None)
                 .unwrap_or_else(|e| panic!("cannot start {id}: {e}"))
@@ -486,7 +533,12 @@ impl Run {
     /// 20 to 50 contenders in this process join at once, each waiting 1 to 6 s; whoever gets
     /// the lock writes, holds 200 ms and releases. Returns how many acquired.
     fn herd(&self, n: usize, plan: &Episode, lock: &str, rng: &mut Rng) -> usize {
-        let topic = (lock == self.consumer).then(|| self.consumer.clone());
+        let flavour = self.flavour_of(lock);
+        let permits = if matches!(flavour, Flavour::Consumer(_)) {
+            1
+        } else {
+            self.cfg.permits
+        };
         let bootstrap = self.cluster.bootstrap();
         let members: Vec<(String, Duration)> = (0..plan.herd)
             .map(|i| (format!("herd{n}.{i}"), rng.millis(1000, 6000)))
@@ -494,14 +546,14 @@ impl Run {
         self.rt.block_on(async {
             let mut tasks = tokio::task::JoinSet::new();
             for (id, wait) in members {
-                let (checker, lock, topic, bootstrap) = (
+                let (checker, lock, flavour, bootstrap) = (
                     self.checker.clone(),
                     lock.to_owned(),
-                    topic.clone(),
+                    flavour.clone(),
                     bootstrap.clone(),
                 );
                 tasks.spawn(async move {
-                    herd_member(&checker, &bootstrap, &lock, topic.as_deref(), &id, wait).await
+                    herd_member(&checker, &bootstrap, &lock, &flavour, permits, &id, wait).await
                 });
             }
             let mut acquired = 0;
@@ -528,7 +580,11 @@ impl Run {
             .collect();
         dump(&self.out, &log.events, &log.writes, &self.records);
         drop(log);
-        let analysis = analyse(&events, &writes, finished);
+        let mut permits = std::collections::HashMap::new();
+        if self.cfg.permits > 1 {
+            permits.insert(self.native.clone(), self.cfg.permits);
+        }
+        let analysis = analyse_permits(&events, &writes, finished, &permits);
         let (rewritten, rewrite_failures, last_failure) = self.pool.rewrite_failures();
         let report = report(
             &self, &analysis, selfcheck, started, finished, took, rewritten,
@@ -584,12 +640,14 @@ async fn herd_member(
     checker: &Checker,
     bootstrap: &str,
     lock: &str,
-    topic: Option<&str>,
+    flavour: &Flavour,
+    permits: u16,
     id: &str,
     wait: Duration,
 ) -> bool {
+    let slot = std::sync::Mutex::new(None::<u16>);
     let ev = |kind, token: Option<i64>, lease_end: Option<i64>| Event {
-        lock: lock.to_owned(),
+        lock: checker::key(lock, *slot.lock().unwrap()),
         id: id.to_owned(),
         kind,
         mono: mono_ns(),
@@ -598,7 +656,7 @@ async fn herd_member(
     };
     let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
     checker.event(ev(Ev::Waiting, None, None));
-    let guard = match options(bootstrap, lock, topic)
+    let guard = match options(bootstrap, lock, flavour, permits)
         .events(tx)
         .acquire(Some(wait))
         .await
@@ -609,14 +667,18 @@ async fn herd_member(
             return false;
         }
     };
-    let token = i64::from(guard.token().generation);
+    let token = guard.token().value();
+    if permits > 1 {
+        *slot.lock().unwrap() = Some(guard.permit());
+    }
+    let store = checker::key(lock, *slot.lock().unwrap());
     checker.event(ev(
         Ev::Acquired,
         Some(token),
         Some(to_mono(guard.lease_end())),
     ));
     if guard.is_held() {
-        checker.write(lock, id, token, mono_ns()).ok();
+        checker.write(&store, id, token, mono_ns()).ok();
     }
     let lost = tokio::select! {
         _ = guard.lost() => Some(mono_ns()),
@@ -642,7 +704,7 @@ async fn herd_member(
             ..ev(Ev::Lost, None, said)
         });
     } else {
-        checker.write(lock, id, token, mono_ns()).ok();
+        checker.write(&store, id, token, mono_ns()).ok();
         checker.event(ev(Ev::Released, None, Some(to_mono(guard.lease_end()))));
         let _ = guard.release().await;
     }
@@ -792,6 +854,16 @@ fn report(
         a.rejected.len(),
         path_counts(a)
     );
+    for (lock, n, most) in &a.most_at_once {
+        let lock = if lock == &run.native { "native" } else { lock };
+        let _ = writeln!(
+            s,
+            "Semaphore mode: the {lock} lock has {n} permits; at most {most} holds at once; {} \
+             instant(s) with more than {n}; overlaps and stale writes above are judged per \
+             permit slot.\n",
+            a.too_many.len()
+        );
+    }
     let _ = writeln!(
         s,
         "Checker self-test (a contender that ignores its loss, paused past the session \

@@ -31,6 +31,8 @@ pub struct Hold {
     pub end: Option<i64>,
     /// Why it ended, if it was lost rather than released.
     pub lost: Option<LossReason>,
+    /// Its permit slot (0 for a mutex and for external holders).
+    pub permit: u16,
 }
 
 impl Hold {
@@ -67,13 +69,14 @@ impl Holds {
                 {
                     let mut log = log.lock().unwrap();
                     match &e {
-                        LockEvent::Acquired { token, .. } => {
+                        LockEvent::Acquired { token, permit, .. } => {
                             log.push(Hold {
                                 who: who.clone(),
                                 generations: vec![token.generation],
                                 start: now,
                                 end: None,
                                 lost: None,
+                                permit: *permit,
                             });
                             open = Some(log.len() - 1);
                         }
@@ -110,6 +113,7 @@ impl Holds {
             start,
             end: (end != i64::MAX).then_some(end),
             lost: None,
+            permit: 0,
         });
     }
 
@@ -126,6 +130,11 @@ impl Holds {
     /// # Panics
     /// When a hold is still open after `bound`, or on a violation.
     pub async fn check_when_ended(&self, bound: std::time::Duration) -> Vec<Hold> {
+        self.wait_ended(bound).await;
+        self.check()
+    }
+
+    async fn wait_ended(&self, bound: std::time::Duration) {
         let deadline = Instant::now() + bound;
         while self.holds().iter().any(|h| h.end.is_none()) {
             assert!(
@@ -136,7 +145,6 @@ impl Holds {
             // Polling the recorders' log: they run as tasks of their own.
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
-        self.check()
     }
 
     /// Checks that no two holds overlap and that each hold's first generation is greater than
@@ -145,35 +153,87 @@ impl Holds {
     /// # Panics
     /// On a violation, with every hold.
     pub fn check(&self) -> Vec<Hold> {
+        check_holds(self.holds())
+    }
+
+    /// The semaphore's checker: at no instant more than `permits` holds; per permit slot, no two
+    /// holds overlap and each hold's first generation is greater than every generation of every
+    /// earlier hold of that slot. Returns the holds.
+    ///
+    /// # Panics
+    /// On a violation, with every hold.
+    pub fn check_semaphore(&self, permits: u16) -> Vec<Hold> {
         let holds = self.holds();
-        for (i, a) in holds.iter().enumerate() {
-            if let Some(w) = a.generations.windows(2).find(|w| w[0] >= w[1]) {
-                panic!(
-                    "{}'s token went from {} to {}: {holds:#?}",
-                    a.who, w[0], w[1]
-                );
-            }
-            for b in &holds[i + 1..] {
+        let most = max_concurrent(&holds);
+        assert!(
+            most <= usize::from(permits),
+            "{most} holds at once with {permits} permits: {holds:#?}"
+        );
+        assert!(
+            holds.iter().all(|h| h.permit < permits),
+            "a permit slot out of range: {holds:#?}"
+        );
+        for slot in 0..permits {
+            check_holds(holds.iter().filter(|h| h.permit == slot).cloned().collect());
+        }
+        holds
+    }
+
+    /// [`Holds::check_semaphore`], once every hold recorded so far has ended.
+    pub async fn check_semaphore_when_ended(
+        &self,
+        permits: u16,
+        bound: std::time::Duration,
+    ) -> Vec<Hold> {
+        self.wait_ended(bound).await;
+        self.check_semaphore(permits)
+    }
+}
+
+/// The largest number of holds that overlap at one instant (a hold's end is exclusive).
+pub fn max_concurrent(holds: &[Hold]) -> usize {
+    let mut edges: Vec<(i64, i32)> = holds
+        .iter()
+        .flat_map(|h| [(h.start, 1), (h.end_or_max(), -1)])
+        .collect();
+    // At equal times, ends before starts.
+    edges.sort();
+    let (mut now, mut most) = (0i32, 0i32);
+    for (_, d) in edges {
+        now += d;
+        most = most.max(now);
+    }
+    most as usize
+}
+
+/// No two of `holds` overlap, and tokens only go up; returns them.
+fn check_holds(mut holds: Vec<Hold>) -> Vec<Hold> {
+    holds.sort_by_key(|h| h.start);
+    for (i, a) in holds.iter().enumerate() {
+        if let Some(w) = a.generations.windows(2).find(|w| w[0] >= w[1]) {
+            panic!(
+                "{}'s token went from {} to {}: {holds:#?}",
+                a.who, w[0], w[1]
+            );
+        }
+        for b in &holds[i + 1..] {
+            assert!(
+                a.end_or_max() <= b.start,
+                "{} and {} held the lock at once: {holds:#?}",
+                a.who,
+                b.who
+            );
+            if let (Some(last), Some(first)) = (a.generations.iter().max(), b.generations.first()) {
                 assert!(
-                    a.end_or_max() <= b.start,
-                    "{} and {} held the lock at once: {holds:#?}",
-                    a.who,
-                    b.who
-                );
-                if let (Some(last), Some(first)) =
-                    (a.generations.iter().max(), b.generations.first())
-                {
-                    assert!(
                         first > last,
                         "{} took the lock with token {first} after {} had held it with {last}: {holds:#?}",
                         b.who,
                         a.who
                     );
-                }
             }
         }
-        holds
     }
+    holds
 }
 
 /// An `Instant` as CLOCK_MONOTONIC nanoseconds: on Linux `Instant` reads that clock.
@@ -208,4 +268,40 @@ fn the_checker_catches_overlaps_and_tokens_that_do_not_increase() {
     fine.add_external("b", 10, 20, Some(4));
     fine.add_external("c", 25, i64::MAX, None);
     assert_eq!(fine.check().len(), 3);
+}
+
+#[test]
+fn the_semaphore_checker_counts_holders_and_fences_per_slot() {
+    let hold = |who: &str, start, end, generation, permit| Hold {
+        who: who.to_owned(),
+        generations: vec![generation],
+        start,
+        end: Some(end),
+        lost: None,
+        permit,
+    };
+    let two = Holds::new();
+    two.log.lock().unwrap().extend([
+        hold("a", 0, 10, 3, 0),
+        hold("b", 5, 15, 3, 1),
+        hold("c", 10, 20, 4, 0),
+    ]);
+    assert_eq!(two.check_semaphore(2).len(), 3);
+    assert!(std::panic::catch_unwind(|| two.check()).is_err());
+    // Three at once with two permits.
+    let three = Holds::new();
+    three.log.lock().unwrap().extend([
+        hold("a", 0, 10, 3, 0),
+        hold("b", 5, 15, 3, 1),
+        hold("c", 9, 20, 4, 1),
+    ]);
+    assert!(std::panic::catch_unwind(|| three.check_semaphore(3)).is_err());
+    assert!(std::panic::catch_unwind(|| three.check_semaphore(2)).is_err());
+    // A slot's token going back.
+    let back = Holds::new();
+    back.log
+        .lock()
+        .unwrap()
+        .extend([hold("a", 0, 10, 5, 1), hold("b", 10, 20, 4, 1)]);
+    assert!(std::panic::catch_unwind(|| back.check_semaphore(2)).is_err());
 }

@@ -1,0 +1,1452 @@
+//! Client settings in Kafka's own vocabulary: the `client.properties` file people already give
+//! Kafka's tools, and librdkafka's names for the same things.
+//!
+//! [`ClientConfig`] collects `key=value` settings from properties text ([`parse_properties`]
+//! reads the `java.util.Properties` format), from single settings ([`ClientConfig::set`], as
+//! `kcat -X` takes them), or both, a later setting of a key replacing an earlier one. Each value is
+//! checked as it arrives, so an error names where the setting came from; settings that only make
+//! sense together (credentials, mechanism and protocol) are checked by [`ClientConfig::apply`],
+//! which writes them onto a [`LockOptions`].
+//!
+//! Every key is one of three kinds ([`key_kind`]):
+//! - accepted: it means something to a lock and is applied;
+//! - ignored: it means nothing to a lock (producer and consumer tuning found in shared
+//!   client.properties files); it is listed in [`ClientConfig::warnings`];
+//! - refused: it would change what the lock means (`group.id`: the lock's name is the group id),
+//!   or asks for something kafka-lock does not do (Kerberos, Java key stores); an error says why.
+//!
+//! Any other key is an error naming it, with the nearest known key when one is close. Values of
+//! secret keys (passwords, `sasl.jaas.config`) are never shown in errors, warnings or `Debug`.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::lock::LockOptions;
+use crate::security::{Pem, Sasl, SaslMechanism, Secret, Security, SecurityProtocol, Tls};
+
+/// A settings error: the key it concerns is always named; the value only when the key is not a
+/// secret.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The properties text is malformed (the only malformation `java.util.Properties` knows is a
+    /// bad `\uXXXX` escape).
+    #[error("{origin}: {message}")]
+    Syntax {
+        /// Where: a file name and line.
+        origin: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The key is not one kafka-lock knows.
+    #[error("unknown setting {key:?} ({origin}){}", .suggestion.as_deref().map(|s| format!("; did you mean {s:?}?")).unwrap_or_default())]
+    UnknownKey {
+        /// The key as given.
+        key: String,
+        /// Where it was given.
+        origin: String,
+        /// The known key nearest to it, if one is close.
+        suggestion: Option<String>,
+    },
+    /// The key is known but kafka-lock does not take it.
+    #[error("setting {key:?} ({origin}) is not accepted: {reason}")]
+    Refused {
+        /// The key.
+        key: String,
+        /// Where it was given.
+        origin: String,
+        /// Why, and what to do instead.
+        reason: String,
+    },
+    /// The value is not one the key takes. `value` is `None` for secret keys.
+    #[error("invalid value {} for {key:?} ({origin}): {expected}", .value.as_deref().map(|v| format!("{v:?}")).unwrap_or_else(|| "(secret, not shown)".into()))]
+    BadValue {
+        /// The key.
+        key: String,
+        /// The value, unless the key is a secret.
+        value: Option<String>,
+        /// Where it was given.
+        origin: String,
+        /// What the key takes.
+        expected: String,
+    },
+    /// Settings that contradict each other, or one that needs another that is missing.
+    #[error("{0}")]
+    Conflict(String),
+    /// A file could not be read.
+    #[error("cannot read {path}: {message}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The operating system's error.
+        message: String,
+    },
+}
+
+impl From<ConfigError> for crate::Error {
+    fn from(e: ConfigError) -> Self {
+        crate::Error::Config(e.to_string())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// java.util.Properties text
+// ---------------------------------------------------------------------------------------------
+
+/// Parses properties text as `java.util.Properties.load` does: `key=value`, `key: value` or
+/// `key value`; `#` and `!` comment lines; a line ending in an odd number of backslashes goes on
+/// on the next line (whose leading blanks are dropped); escapes `\t \n \f \r \uXXXX`, and a
+/// backslash before any other character stands for that character. Returns the pairs in file
+/// order (a later pair of the same key wins when applied); `origin` names the source in errors.
+pub fn parse_properties(text: &str, origin: &str) -> Result<Vec<(String, String)>, ConfigError> {
+    Ok(numbered_properties(text, origin)?
+        .into_iter()
+        .map(|(_, k, v)| (k, v))
+        .collect())
+}
+
+/// [`parse_properties`] with the line number each pair starts on.
+fn numbered_properties(
+    text: &str,
+    origin: &str,
+) -> Result<Vec<(usize, String, String)>, ConfigError> {
+    let mut out = Vec::new();
+    for (line_no, logical) in logical_lines(text) {
+        let at = || format!("{origin} line {line_no}");
+        let (key, value) = split_key_value(&logical);
+        let key = unescape(key).map_err(|m| ConfigError::Syntax {
+            origin: at(),
+            message: m,
+        })?;
+        let value = unescape(value).map_err(|m| ConfigError::Syntax {
+            origin: at(),
+            message: format!("in the value of {key:?}: {m}"),
+        })?;
+        out.push((line_no, key, value));
+    }
+    Ok(out)
+}
+
+/// Properties files are ISO 8859-1 to `Properties.load(InputStream)`, which Kafka's tools use;
+/// most are ASCII or, written by people today, UTF-8. Bytes that are valid UTF-8 are read as
+/// UTF-8, others as ISO 8859-1, so a file Java reads is read the same here.
+pub fn decode_properties(bytes: &[u8]) -> Cow<'_, str> {
+    match std::str::from_utf8(bytes) {
+        Ok(s) => Cow::Borrowed(s),
+        Err(_) => Cow::Owned(bytes.iter().map(|&b| char::from(b)).collect()),
+    }
+}
+
+fn is_blank(c: char) -> bool {
+    matches!(c, ' ' | '\t' | '\x0c')
+}
+
+/// The logical lines (with their first natural line's number), comments and blank lines left
+/// out, continuations joined; escapes are still in place.
+fn logical_lines(text: &str) -> Vec<(usize, String)> {
+    let mut natural = Vec::new();
+    let mut rest = text;
+    while !rest.is_empty() {
+        match rest.find(['\n', '\r']) {
+            Some(i) => {
+                natural.push(&rest[..i]);
+                let skip = if rest[i..].starts_with("\r\n") { 2 } else { 1 };
+                rest = &rest[i + skip..];
+            }
+            None => {
+                natural.push(rest);
+                rest = "";
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < natural.len() {
+        let first = i;
+        let line = natural[i].trim_start_matches(is_blank);
+        i += 1;
+        if line.is_empty() || line.starts_with(['#', '!']) {
+            continue;
+        }
+        let mut logical = String::new();
+        let mut part = line;
+        loop {
+            let trailing = part.len() - part.trim_end_matches('\\').len();
+            if trailing % 2 == 1 {
+                logical.push_str(&part[..part.len() - 1]);
+                match natural.get(i) {
+                    Some(next) => {
+                        part = next.trim_start_matches(is_blank);
+                        i += 1;
+                    }
+                    None => break,
+                }
+            } else {
+                logical.push_str(part);
+                break;
+            }
+        }
+        out.push((first + 1, logical));
+    }
+    out
+}
+
+/// The raw key and raw value of a logical line: the key ends at the first unescaped `=`, `:` or
+/// blank; blanks, then one `=` or `:`, then blanks separate it from the value.
+fn split_key_value(line: &str) -> (&str, &str) {
+    let mut escaped = false;
+    let mut end = line.len();
+    for (i, c) in line.char_indices() {
+        if escaped {
+            escaped = false;
+            continue;
+        }
+        if c == '\\' {
+            escaped = true;
+        } else if c == '=' || c == ':' || is_blank(c) {
+            end = i;
+            break;
+        }
+    }
+    let key = &line[..end];
+    let mut rest = line[end..].trim_start_matches(is_blank);
+    if let Some(r) = rest.strip_prefix(['=', ':']) {
+        rest = r.trim_start_matches(is_blank);
+    }
+    (key, rest)
+}
+
+fn unescape(raw: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(raw.len());
+    let mut chars = raw.chars();
+    let mut pending_high: Option<u16> = None;
+    let flush_high = |out: &mut String, high: &mut Option<u16>| {
+        if high.take().is_some() {
+            out.push(char::REPLACEMENT_CHARACTER);
+        }
+    };
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            flush_high(&mut out, &mut pending_high);
+            out.push(c);
+            continue;
+        }
+        let Some(e) = chars.next() else {
+            // A lone backslash at the very end (a continuation with nothing after it).
+            break;
+        };
+        if e == 'u' {
+            let hex: String = chars.by_ref().take(4).collect();
+            let unit = (hex.len() == 4 && hex.chars().all(|h| h.is_ascii_hexdigit()))
+                .then(|| u16::from_str_radix(&hex, 16).ok())
+                .flatten()
+                .ok_or_else(|| format!("malformed \\uXXXX escape \"\\u{hex}\""))?;
+            // Java strings are UTF-16: a character outside the BMP is written as two escapes.
+            match (pending_high.take(), unit) {
+                (Some(high), 0xDC00..=0xDFFF) => {
+                    let code =
+                        0x10000 + ((u32::from(high) - 0xD800) << 10) + (u32::from(unit) - 0xDC00);
+                    out.push(char::from_u32(code).unwrap_or(char::REPLACEMENT_CHARACTER));
+                }
+                (high, 0xD800..=0xDBFF) => {
+                    if high.is_some() {
+                        out.push(char::REPLACEMENT_CHARACTER);
+                    }
+                    pending_high = Some(unit);
+                }
+                (high, _) => {
+                    if high.is_some() {
+                        out.push(char::REPLACEMENT_CHARACTER);
+                    }
+                    out.push(
+                        char::from_u32(u32::from(unit)).unwrap_or(char::REPLACEMENT_CHARACTER),
+                    );
+                }
+            }
+            continue;
+        }
+        flush_high(&mut out, &mut pending_high);
+        out.push(match e {
+            't' => '\t',
+            'n' => '\n',
+            'f' => '\x0c',
+            'r' => '\r',
+            other => other,
+        });
+    }
+    flush_high(&mut out, &mut pending_high);
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// JAAS (sasl.jaas.config)
+// ---------------------------------------------------------------------------------------------
+
+/// The login module of a `sasl.jaas.config` value, whose grammar is Kafka's (`JaasConfig`):
+/// `<class> <flag> (<name>=<value>)* ;` with values bare or quoted (`"` or `'`, with backslash
+/// escapes), `//` and `/* */` comments, and exactly one module for a client.
+#[derive(Clone, PartialEq, Eq)]
+struct Jaas {
+    module: String,
+    options: Vec<(String, String)>,
+}
+
+impl fmt::Debug for Jaas {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self.options.iter().map(|(k, _)| k.as_str()).collect();
+        f.debug_struct("Jaas")
+            .field("module", &self.module)
+            .field("options", &names)
+            .finish()
+    }
+}
+
+#[derive(Debug, PartialEq)]
+enum Token {
+    Word(String),
+    Quoted(String),
+    Semicolon,
+    Equals,
+}
+
+/// Kafka's JAAS tokenizer: bytes up to space are blanks, `/` starts a comment, `"` and `'`
+/// quote, `;` and `=` stand alone, everything else makes words. Errors never quote the text,
+/// which holds a password.
+fn jaas_tokens(s: &str) -> Result<Vec<Token>, String> {
+    let chars: Vec<char> = s.chars().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        if c <= ' ' {
+            i += 1;
+        } else if c == '/' {
+            match chars.get(i + 1) {
+                Some('*') => {
+                    i += 2;
+                    loop {
+                        if i >= chars.len() {
+                            return Err("a /* comment is not closed".into());
+                        }
+                        if chars[i] == '*' && chars.get(i + 1) == Some(&'/') {
+                            i += 2;
+                            break;
+                        }
+                        i += 1;
+                    }
+                }
+                _ => {
+                    // `//` and a lone `/` both comment out the rest of the line.
+                    while i < chars.len() && chars[i] != '\n' && chars[i] != '\r' {
+                        i += 1;
+                    }
+                }
+            }
+        } else if c == ';' {
+            out.push(Token::Semicolon);
+            i += 1;
+        } else if c == '=' {
+            out.push(Token::Equals);
+            i += 1;
+        } else if c == '"' || c == '\'' {
+            let quote = c;
+            i += 1;
+            let mut v = String::new();
+            loop {
+                let Some(&c) = chars.get(i) else {
+                    return Err("a quoted value is not closed".into());
+                };
+                i += 1;
+                if c == quote {
+                    break;
+                }
+                if c == '\n' || c == '\r' {
+                    return Err("a quoted value is not closed before the end of the line".into());
+                }
+                if c != '\\' {
+                    v.push(c);
+                    continue;
+                }
+                let Some(&e) = chars.get(i) else {
+                    return Err("a quoted value ends in a backslash".into());
+                };
+                i += 1;
+                match e {
+                    'a' => v.push('\x07'),
+                    'b' => v.push('\x08'),
+                    'f' => v.push('\x0c'),
+                    'n' => v.push('\n'),
+                    'r' => v.push('\r'),
+                    't' => v.push('\t'),
+                    'v' => v.push('\x0b'),
+                    '0'..='7' => {
+                        // Up to three octal digits, at most \377.
+                        let mut n = e.to_digit(8).unwrap_or(0);
+                        let max_digits = if e <= '3' { 3 } else { 2 };
+                        let mut digits = 1;
+                        while digits < max_digits {
+                            match chars.get(i).and_then(|d| d.to_digit(8)) {
+                                Some(d) => {
+                                    n = n * 8 + d;
+                                    i += 1;
+                                    digits += 1;
+                                }
+                                None => break,
+                            }
+                        }
+                        v.push(char::from_u32(n).unwrap_or(char::REPLACEMENT_CHARACTER));
+                    }
+                    other => v.push(other),
+                }
+            }
+            out.push(Token::Quoted(v));
+        } else {
+            let start = i;
+            while i < chars.len()
+                && chars[i] > ' '
+                && !matches!(chars[i], '/' | ';' | '=' | '"' | '\'')
+            {
+                i += 1;
+            }
+            out.push(Token::Word(chars[start..i].iter().collect()));
+        }
+    }
+    Ok(out)
+}
+
+fn parse_jaas(s: &str) -> Result<Jaas, String> {
+    let tokens = jaas_tokens(s)?;
+    let mut it = tokens.into_iter().peekable();
+    let mut modules = Vec::new();
+    while let Some(t) = it.next() {
+        let module = match t {
+            Token::Word(w) | Token::Quoted(w) => w,
+            _ => return Err("expected a login module class name".into()),
+        };
+        match it.next() {
+            Some(Token::Word(flag)) | Some(Token::Quoted(flag))
+                if matches!(
+                    flag.to_ascii_lowercase().as_str(),
+                    "required" | "requisite" | "sufficient" | "optional"
+                ) => {}
+            Some(Token::Word(_)) | Some(Token::Quoted(_)) => {
+                return Err(format!(
+                    "the control flag after {module} must be required, requisite, sufficient or optional"
+                ))
+            }
+            _ => return Err(format!("no control flag (required) after {module}")),
+        }
+        let mut options: Vec<(String, String)> = Vec::new();
+        loop {
+            match it.next() {
+                Some(Token::Semicolon) => break,
+                None => return Err("the login module is not terminated by ';'".into()),
+                Some(Token::Word(name)) | Some(Token::Quoted(name)) => {
+                    if it.next() != Some(Token::Equals) {
+                        return Err(format!("option {name:?} has no '=' and value"));
+                    }
+                    match it.next() {
+                        Some(Token::Word(v)) | Some(Token::Quoted(v)) => {
+                            options.retain(|(k, _)| k != &name);
+                            options.push((name, v));
+                        }
+                        _ => return Err(format!("option {name:?} has no value")),
+                    }
+                }
+                Some(_) => return Err("expected an option name=value or ';'".into()),
+            }
+        }
+        modules.push(Jaas { module, options });
+    }
+    match modules.len() {
+        0 => Err("no login module given".into()),
+        1 => Ok(modules.remove(0)),
+        n => Err(format!(
+            "{n} login modules given; a client takes exactly one"
+        )),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Keys
+// ---------------------------------------------------------------------------------------------
+
+/// What kafka-lock does with a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyKind {
+    /// Applied to the lock's options.
+    Accepted,
+    /// Meaningless for a lock; accepted with a warning and otherwise unused.
+    Ignored,
+    /// Refused with an error saying why.
+    Refused,
+    /// Not a key kafka-lock knows.
+    Unknown,
+}
+
+/// Keys applied, with the names librdkafka uses for the same settings. Each maps to what
+/// [`ClientConfig::set`] does with it.
+pub const ACCEPTED_KEYS: &[&str] = &[
+    "bootstrap.servers",
+    "metadata.broker.list",
+    "client.id",
+    "security.protocol",
+    "sasl.mechanism",
+    "sasl.mechanisms",
+    "sasl.username",
+    "sasl.password",
+    "sasl.jaas.config",
+    "ssl.ca.location",
+    "ssl.certificate.location",
+    "ssl.key.location",
+    "ssl.ca.pem",
+    "ssl.certificate.pem",
+    "ssl.key.pem",
+    "ssl.truststore.certificates",
+    "ssl.keystore.certificate.chain",
+    "ssl.keystore.key",
+    "ssl.truststore.location",
+    "ssl.truststore.type",
+    "ssl.keystore.location",
+    "ssl.keystore.type",
+    "ssl.endpoint.identification.algorithm",
+    "enable.ssl.certificate.verification",
+    "session.timeout.ms",
+    "heartbeat.interval.ms",
+    "max.poll.interval.ms",
+    "request.timeout.ms",
+    "socket.connection.setup.timeout.ms",
+    "retry.backoff.ms",
+    "retry.backoff.max.ms",
+    "group.protocol",
+];
+
+/// Keys of producers, consumers and clients in general that mean nothing for a lock: accepted
+/// (so one client.properties serves every tool) with a warning.
+pub const IGNORED_KEYS: &[&str] = &[
+    // Consumer.
+    "auto.offset.reset",
+    "enable.auto.commit",
+    "auto.commit.interval.ms",
+    "fetch.min.bytes",
+    "fetch.max.bytes",
+    "fetch.max.wait.ms",
+    "max.partition.fetch.bytes",
+    "max.poll.records",
+    "key.deserializer",
+    "value.deserializer",
+    "isolation.level",
+    "check.crcs",
+    "client.rack",
+    "allow.auto.create.topics",
+    "exclude.internal.topics",
+    "interceptor.classes",
+    "default.api.timeout.ms",
+    // Producer.
+    "acks",
+    "linger.ms",
+    "batch.size",
+    "compression.type",
+    "key.serializer",
+    "value.serializer",
+    "enable.idempotence",
+    "max.in.flight.requests.per.connection",
+    "retries",
+    "delivery.timeout.ms",
+    "buffer.memory",
+    "max.request.size",
+    "max.block.ms",
+    "partitioner.class",
+    // Every client.
+    "metadata.max.age.ms",
+    "reconnect.backoff.ms",
+    "reconnect.backoff.max.ms",
+    "socket.connection.setup.timeout.max.ms",
+    "send.buffer.bytes",
+    "receive.buffer.bytes",
+    "connections.max.idle.ms",
+    "client.dns.lookup",
+    "metric.reporters",
+    "metrics.num.samples",
+    "metrics.recording.level",
+    "metrics.sample.window.ms",
+    "auto.include.jmx.reporter",
+    "enable.metrics.push",
+    // TLS tuning: rustls negotiates TLS 1.3 or 1.2 with its own safe cipher suites.
+    "ssl.protocol",
+    "ssl.enabled.protocols",
+    "ssl.cipher.suites",
+    "ssl.keymanager.algorithm",
+    "ssl.trustmanager.algorithm",
+    "ssl.secure.random.implementation",
+    "ssl.truststore.password",
+    "ssl.keystore.password",
+    // librdkafka.
+    "api.version.request",
+    "broker.version.fallback",
+    "statistics.interval.ms",
+    "log_level",
+    "debug",
+];
+
+/// Keys refused, with why.
+const REFUSED: &[(&str, &str)] = &[
+    ("group.id", "the lock's name is the group id; give it as the lock name (--lock)"),
+    (
+        "group.instance.id",
+        "static membership would let a restarted holder take the lock back without a rebalance, \
+         under the old generation; kafka-lock members are always dynamic",
+    ),
+    (
+        "partition.assignment.strategy",
+        "kafka-lock chooses its own assignors (sticky-FIFO, or cooperative-sticky, range and \
+         roundrobin in consumer-compatible mode)",
+    ),
+    (
+        "transactional.id",
+        "kafka-lock does not use transactions; its fencing token comes from the group or the ledger",
+    ),
+    (
+        "ssl.key.password",
+        "encrypted private keys are not supported; give ssl.key.location an unencrypted PEM key \
+         (openssl pkey -in KEY -out PLAIN.pem) kept readable only by its owner",
+    ),
+    (
+        "ssl.engine.factory.class",
+        "kafka-lock's TLS is rustls; Java classes cannot be loaded",
+    ),
+    (
+        "sasl.login.callback.handler.class",
+        "Java callback handlers (such as AWS MSK IAM's) cannot be loaded; use SCRAM or PLAIN",
+    ),
+    (
+        "sasl.client.callback.handler.class",
+        "Java callback handlers (such as AWS MSK IAM's) cannot be loaded; use SCRAM or PLAIN",
+    ),
+    (
+        "sasl.login.class",
+        "Java login classes cannot be loaded; use sasl.jaas.config or sasl.username/sasl.password",
+    ),
+    (
+        "sasl.kerberos.service.name",
+        "Kerberos (GSSAPI) is not supported; use SCRAM or PLAIN",
+    ),
+    (
+        "sasl.oauthbearer.token.endpoint.url",
+        "OAUTHBEARER is not supported by kafka-lock's settings yet; use SCRAM or PLAIN",
+    ),
+];
+
+/// What kafka-lock does with `key`.
+pub fn key_kind(key: &str) -> KeyKind {
+    if ACCEPTED_KEYS.contains(&key) {
+        KeyKind::Accepted
+    } else if IGNORED_KEYS.contains(&key) {
+        KeyKind::Ignored
+    } else if REFUSED.iter().any(|(k, _)| *k == key) {
+        KeyKind::Refused
+    } else {
+        KeyKind::Unknown
+    }
+}
+
+/// Every key kafka-lock knows, of any kind other than unknown.
+pub fn known_keys() -> impl Iterator<Item = &'static str> {
+    ACCEPTED_KEYS
+        .iter()
+        .chain(IGNORED_KEYS)
+        .copied()
+        .chain(REFUSED.iter().map(|(k, _)| *k))
+}
+
+/// Whether values of `key` are secrets, never shown.
+pub fn is_secret(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    k.contains("password")
+        || k.contains("secret")
+        || k.contains("jaas")
+        || k.contains("token")
+        || (k.starts_with("ssl.key") && !k.ends_with("location") && !k.ends_with("type"))
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.iter().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let cost = usize::from(ca != cb);
+            cur[j + 1] = (prev[j] + cost).min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+/// The known key nearest to `key`, when it is near enough to be a slip.
+pub fn suggest(key: &str) -> Option<&'static str> {
+    if key.len() > 200 {
+        return None;
+    }
+    let lower = key.to_ascii_lowercase().replace(['_', '-'], ".");
+    known_keys()
+        .map(|k| (edit_distance(&lower, k), k))
+        .filter(|(d, k)| *d <= 2.max(k.len() / 6))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Settings
+// ---------------------------------------------------------------------------------------------
+
+/// One setting with where it came from.
+#[derive(Debug, Clone)]
+struct Set<T> {
+    value: T,
+    origin: String,
+}
+
+/// The timing settings given, as durations; `None` where a key was not set.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Timeouts {
+    /// `session.timeout.ms`.
+    pub session: Option<Duration>,
+    /// `heartbeat.interval.ms`.
+    pub heartbeat: Option<Duration>,
+    /// `max.poll.interval.ms`: the Java consumer sends it as its rebalance timeout, and so does
+    /// kafka-lock.
+    pub rebalance: Option<Duration>,
+    /// `request.timeout.ms`.
+    pub request: Option<Duration>,
+    /// `socket.connection.setup.timeout.ms`: kafka-lock's connect timeout (TCP, TLS, version
+    /// and SASL handshakes).
+    pub connect: Option<Duration>,
+    /// `retry.backoff.ms`.
+    pub retry_backoff: Option<Duration>,
+    /// `retry.backoff.max.ms`.
+    pub retry_backoff_max: Option<Duration>,
+}
+
+/// Kafka client settings in Kafka's vocabulary, collected from properties text and single
+/// settings; see the [module documentation](self).
+#[derive(Debug, Clone, Default)]
+pub struct ClientConfig {
+    bootstrap: Option<Set<String>>,
+    client_id: Option<Set<String>>,
+    protocol: Option<Set<SecurityProtocol>>,
+    mechanism: Option<Set<SaslMechanism>>,
+    username: Option<Set<String>>,
+    password: Option<Set<Secret>>,
+    jaas: Option<Set<Jaas>>,
+    ca: Option<Set<Pem>>,
+    certificate: Option<Set<Pem>>,
+    key: Option<Set<Pem>>,
+    truststore: Option<Set<PathBuf>>,
+    truststore_type: Option<Set<String>>,
+    keystore: Option<Set<PathBuf>>,
+    keystore_type: Option<Set<String>>,
+    verify_hostname: Option<Set<bool>>,
+    timeouts: BTreeMap<&'static str, Set<Duration>>,
+    ignored: Vec<(String, String)>,
+}
+
+impl ClientConfig {
+    /// No settings: Kafka's defaults (PLAINTEXT).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Settings from properties text; `origin` (a file name) is used in errors.
+    pub fn from_properties(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        let mut c = Self::new();
+        c.load_properties(text, origin)?;
+        Ok(c)
+    }
+
+    /// Settings from a properties file (UTF-8, or ISO 8859-1 as Java reads it).
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let mut c = Self::new();
+        c.load_file(path)?;
+        Ok(c)
+    }
+
+    /// Adds the settings of a properties file, replacing earlier settings of the same keys.
+    pub fn load_file(&mut self, path: &Path) -> Result<(), ConfigError> {
+        let bytes = std::fs::read(path).map_err(|e| ConfigError::Io {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })?;
+        self.load_properties(&decode_properties(&bytes), &path.display().to_string())
+    }
+
+    /// Adds the settings of properties text, replacing earlier settings of the same keys.
+    pub fn load_properties(&mut self, text: &str, origin: &str) -> Result<(), ConfigError> {
+        for (line, key, value) in numbered_properties(text, origin)? {
+            self.set_from(&key, &value, &format!("{origin} line {line}"))?;
+        }
+        Ok(())
+    }
+
+    /// Adds one setting, replacing an earlier setting of the same key.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
+        self.set_from(key, value, "set")
+    }
+
+    /// Adds one setting; `origin` says where it came from (`-X`, a variable's name), for errors.
+    pub fn set_from(&mut self, key: &str, value: &str, origin: &str) -> Result<(), ConfigError> {
+        let at = |v: String| Set {
+            value: v,
+            origin: origin.to_owned(),
+        };
+        let bad = |expected: &str| ConfigError::BadValue {
+            key: key.to_owned(),
+            value: (!is_secret(key)).then(|| value.to_owned()),
+            origin: origin.to_owned(),
+            expected: expected.to_owned(),
+        };
+        let o = || origin.to_owned();
+        match key {
+            "bootstrap.servers" | "metadata.broker.list" => {
+                let v = value.trim();
+                if v.is_empty() {
+                    return Err(bad("a list of host:port, separated by commas"));
+                }
+                self.bootstrap = Some(at(v.to_owned()));
+            }
+            "client.id" => self.client_id = Some(at(value.to_owned())),
+            "security.protocol" => {
+                let p: SecurityProtocol = value
+                    .parse()
+                    .map_err(|_| bad("PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL"))?;
+                self.protocol = Some(Set {
+                    value: p,
+                    origin: o(),
+                });
+            }
+            "sasl.mechanism" | "sasl.mechanisms" => {
+                let m = match value.trim() {
+                    "PLAIN" => SaslMechanism::Plain,
+                    "SCRAM-SHA-256" => SaslMechanism::ScramSha256,
+                    "SCRAM-SHA-512" => SaslMechanism::ScramSha512,
+                    "GSSAPI" => return Err(bad("PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; Kerberos (GSSAPI) is not supported")),
+                    "OAUTHBEARER" | "AWS_MSK_IAM" => return Err(bad("PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; token mechanisms are not supported by kafka-lock's settings yet")),
+                    other => {
+                        let upper = other.to_ascii_uppercase().replace('_', "-");
+                        let hint = match upper.as_str() {
+                            "PLAIN" | "SCRAM-SHA-256" | "SCRAM-SHA-512" => {
+                                format!("mechanism names are upper case: {upper}")
+                            }
+                            _ => "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512".to_owned(),
+                        };
+                        return Err(bad(&hint));
+                    }
+                };
+                self.mechanism = Some(Set {
+                    value: m,
+                    origin: o(),
+                });
+            }
+            "sasl.username" => self.username = Some(at(value.to_owned())),
+            "sasl.password" => {
+                self.password = Some(Set {
+                    value: Secret::new(value),
+                    origin: o(),
+                })
+            }
+            "sasl.jaas.config" => {
+                let jaas = parse_jaas(value).map_err(|m| bad(&format!(
+                    "{m} (the form is: org.apache.kafka.common.security.scram.ScramLoginModule required username=\"...\" password=\"...\";)"
+                )))?;
+                self.jaas = Some(Set {
+                    value: jaas,
+                    origin: o(),
+                });
+            }
+            "ssl.ca.location" => {
+                // librdkafka's "probe" looks for the system's CA store; the bundled roots are
+                // kafka-lock's equivalent, and its default.
+                self.ca = if value.trim() == "probe" {
+                    None
+                } else {
+                    Some(Set {
+                        value: Pem::File(path(value).ok_or_else(|| bad("a PEM file of CA certificates"))?),
+                        origin: o(),
+                    })
+                };
+            }
+            "ssl.ca.pem" | "ssl.truststore.certificates" => {
+                self.ca = Some(Set {
+                    value: Pem::Inline(Secret::new(pem(value).ok_or_else(|| bad("PEM text of CA certificates"))?)),
+                    origin: o(),
+                })
+            }
+            "ssl.certificate.location" => {
+                self.certificate = Some(Set {
+                    value: Pem::File(path(value).ok_or_else(|| bad("a PEM file of the client's certificate"))?),
+                    origin: o(),
+                })
+            }
+            "ssl.certificate.pem" | "ssl.keystore.certificate.chain" => {
+                self.certificate = Some(Set {
+                    value: Pem::Inline(Secret::new(pem(value).ok_or_else(|| bad("PEM text of the client's certificate"))?)),
+                    origin: o(),
+                })
+            }
+            "ssl.key.location" => {
+                self.key = Some(Set {
+                    value: Pem::File(path(value).ok_or_else(|| bad("a PEM file of the client's private key"))?),
+                    origin: o(),
+                })
+            }
+            "ssl.key.pem" | "ssl.keystore.key" => {
+                self.key = Some(Set {
+                    value: Pem::Inline(Secret::new(pem(value).ok_or_else(|| bad("PEM text of the client's private key"))?)),
+                    origin: o(),
+                })
+            }
+            "ssl.truststore.location" => {
+                self.truststore = Some(Set {
+                    value: path(value).ok_or_else(|| bad("a PEM file of CA certificates"))?,
+                    origin: o(),
+                })
+            }
+            "ssl.keystore.location" => {
+                self.keystore = Some(Set {
+                    value: path(value).ok_or_else(|| bad("a PEM file with the client's private key and certificate"))?,
+                    origin: o(),
+                })
+            }
+            "ssl.truststore.type" | "ssl.keystore.type" => {
+                let t = value.trim().to_ascii_uppercase();
+                if !matches!(t.as_str(), "PEM" | "JKS" | "PKCS12") {
+                    return Err(bad("PEM (JKS and PKCS12 stores must be converted to PEM)"));
+                }
+                let s = Some(at(t));
+                if key == "ssl.truststore.type" {
+                    self.truststore_type = s;
+                } else {
+                    self.keystore_type = s;
+                }
+            }
+            "ssl.endpoint.identification.algorithm" => {
+                let on = match value.trim().to_ascii_lowercase().as_str() {
+                    "https" => true,
+                    "" | "none" => false,
+                    _ => return Err(bad("https (the default), or empty to turn host name checks off")),
+                };
+                self.verify_hostname = Some(Set {
+                    value: on,
+                    origin: o(),
+                });
+            }
+            "enable.ssl.certificate.verification" => match value.trim() {
+                "true" => {}
+                "false" => {
+                    return Err(ConfigError::Refused {
+                        key: key.to_owned(),
+                        origin: o(),
+                        reason: "kafka-lock always checks the broker's certificate; give the CA that signed it with ssl.ca.location".into(),
+                    })
+                }
+                _ => return Err(bad("true")),
+            },
+            "group.protocol" => {
+                if !value.trim().eq_ignore_ascii_case("classic") {
+                    return Err(bad(
+                        "classic: kafka-lock speaks the classic group protocol (JoinGroup/SyncGroup)",
+                    ));
+                }
+            }
+            "session.timeout.ms"
+            | "heartbeat.interval.ms"
+            | "max.poll.interval.ms"
+            | "request.timeout.ms"
+            | "socket.connection.setup.timeout.ms"
+            | "retry.backoff.ms"
+            | "retry.backoff.max.ms" => {
+                let ms: u64 = value
+                    .trim()
+                    .parse()
+                    .ok()
+                    .filter(|&ms| (1..=i32::MAX as u64).contains(&ms))
+                    .ok_or_else(|| bad("a whole number of milliseconds from 1 to 2147483647"))?;
+                let k = ACCEPTED_KEYS
+                    .iter()
+                    .copied()
+                    .find(|k| *k == key)
+                    .unwrap_or("session.timeout.ms");
+                self.timeouts.insert(
+                    k,
+                    Set {
+                        value: Duration::from_millis(ms),
+                        origin: o(),
+                    },
+                );
+            }
+            _ => match key_kind(key) {
+                KeyKind::Ignored => {
+                    self.ignored.retain(|(k, _)| k != key);
+                    self.ignored.push((key.to_owned(), o()));
+                }
+                KeyKind::Refused => {
+                    let reason = REFUSED
+                        .iter()
+                        .find(|(k, _)| *k == key)
+                        .map(|(_, r)| *r)
+                        .unwrap_or("it is not supported");
+                    return Err(ConfigError::Refused {
+                        key: key.to_owned(),
+                        origin: o(),
+                        reason: reason.to_owned(),
+                    });
+                }
+                _ => {
+                    return Err(ConfigError::UnknownKey {
+                        key: key.to_owned(),
+                        origin: o(),
+                        suggestion: suggest(key).map(str::to_owned),
+                    })
+                }
+            },
+        }
+        Ok(())
+    }
+
+    /// `bootstrap.servers`, if set.
+    pub fn bootstrap_servers(&self) -> Option<&str> {
+        self.bootstrap.as_ref().map(|s| s.value.as_str())
+    }
+
+    /// `client.id`, if set.
+    pub fn client_id(&self) -> Option<&str> {
+        self.client_id.as_ref().map(|s| s.value.as_str())
+    }
+
+    /// The timing settings given.
+    pub fn timeouts(&self) -> Timeouts {
+        let get = |k: &str| self.timeouts.get(k).map(|s| s.value);
+        Timeouts {
+            session: get("session.timeout.ms"),
+            heartbeat: get("heartbeat.interval.ms"),
+            rebalance: get("max.poll.interval.ms"),
+            request: get("request.timeout.ms"),
+            connect: get("socket.connection.setup.timeout.ms"),
+            retry_backoff: get("retry.backoff.ms"),
+            retry_backoff_max: get("retry.backoff.max.ms"),
+        }
+    }
+
+    /// Lines to show the person who gave the settings: keys ignored, host name checks turned
+    /// off, a PLAIN password sent without TLS.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut w: Vec<String> = self
+            .ignored
+            .iter()
+            .map(|(k, o)| format!("setting {k:?} ({o}) means nothing for a lock and is ignored"))
+            .collect();
+        if let Some(Set {
+            value: false,
+            origin,
+        }) = &self.verify_hostname
+        {
+            w.push(format!(
+                "ssl.endpoint.identification.algorithm is empty ({origin}): the broker's certificate \
+                 is not checked against its host name, so anyone with a certificate from the same CA \
+                 can pose as the broker"
+            ));
+        }
+        if let (Some(p), Some(m)) = (&self.protocol, &self.mechanism) {
+            if p.value == SecurityProtocol::SaslPlaintext && m.value == SaslMechanism::Plain {
+                w.push(format!(
+                    "sasl.mechanism=PLAIN ({}) with security.protocol=SASL_PLAINTEXT ({}) sends the \
+                     password over the network unencrypted; use SASL_SSL, or SCRAM",
+                    m.origin, p.origin
+                ));
+            }
+        }
+        w
+    }
+
+    /// The security settings, checked for consistency: credentials come from exactly one of
+    /// `sasl.jaas.config` and `sasl.username`/`sasl.password`, the login module fits
+    /// `sasl.mechanism`, and no SASL or TLS setting is given for a protocol that does not use it.
+    pub fn security(&self) -> Result<Security, ConfigError> {
+        let protocol = self
+            .protocol
+            .as_ref()
+            .map_or(SecurityProtocol::Plaintext, |p| p.value);
+        let protocol_from = self
+            .protocol
+            .as_ref()
+            .map_or("the default".to_owned(), |p| format!("from {}", p.origin));
+        let conflict = |m: String| Err(ConfigError::Conflict(m));
+
+        let sasl_given: Vec<(&str, &str)> = [
+            (
+                "sasl.mechanism",
+                self.mechanism.as_ref().map(|s| s.origin.as_str()),
+            ),
+            (
+                "sasl.username",
+                self.username.as_ref().map(|s| s.origin.as_str()),
+            ),
+            (
+                "sasl.password",
+                self.password.as_ref().map(|s| s.origin.as_str()),
+            ),
+            (
+                "sasl.jaas.config",
+                self.jaas.as_ref().map(|s| s.origin.as_str()),
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(k, o)| o.map(|o| (k, o)))
+        .collect();
+        let tls_given: Vec<(&str, &str)> = [
+            (
+                "ssl.ca.location",
+                self.ca.as_ref().map(|s| s.origin.as_str()),
+            ),
+            (
+                "ssl.certificate.location",
+                self.certificate.as_ref().map(|s| s.origin.as_str()),
+            ),
+            (
+                "ssl.key.location",
+                self.key.as_ref().map(|s| s.origin.as_str()),
+            ),
+            (
+                "ssl.truststore.location",
+                self.truststore.as_ref().map(|s| s.origin.as_str()),
+            ),
+            (
+                "ssl.keystore.location",
+                self.keystore.as_ref().map(|s| s.origin.as_str()),
+            ),
+            (
+                "ssl.endpoint.identification.algorithm",
+                self.verify_hostname
+                    .as_ref()
+                    .filter(|s| !s.value)
+                    .map(|s| s.origin.as_str()),
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(k, o)| o.map(|o| (k, o)))
+        .collect();
+
+        if !protocol.uses_sasl() {
+            if let Some((k, o)) = sasl_given.first() {
+                let want = if protocol.uses_tls() {
+                    "SASL_SSL"
+                } else {
+                    "SASL_SSL (or SASL_PLAINTEXT)"
+                };
+                return conflict(format!(
+                    "{k} is set ({o}) but security.protocol is {} ({protocol_from}), which does not \
+                     authenticate with SASL; set security.protocol={want}",
+                    protocol.as_str()
+                ));
+            }
+        }
+        if !protocol.uses_tls() {
+            if let Some((k, o)) = tls_given.first() {
+                let want = if protocol.uses_sasl() {
+                    "SASL_SSL"
+                } else {
+                    "SSL (or SASL_SSL)"
+                };
+                return conflict(format!(
+                    "{k} is set ({o}) but security.protocol is {} ({protocol_from}), which does not \
+                     use TLS; set security.protocol={want}",
+                    protocol.as_str()
+                ));
+            }
+        }
+
+        let sasl = if protocol.uses_sasl() {
+            Some(self.sasl()?)
+        } else {
+            None
+        };
+        let tls = if protocol.uses_tls() {
+            Some(self.tls()?)
+        } else {
+            None
+        };
+        let mut security = Security::new(protocol);
+        if let Some(t) = tls {
+            security = security.with_tls(t);
+        }
+        if let Some(s) = sasl {
+            security = security.with_sasl(s);
+        }
+        Ok(security)
+    }
+
+    fn sasl(&self) -> Result<Sasl, ConfigError> {
+        let conflict = |m: String| Err(ConfigError::Conflict(m));
+        let Some(mechanism) = &self.mechanism else {
+            return conflict(
+                "security.protocol asks for SASL but sasl.mechanism is not set (Kafka's default, \
+                 GSSAPI, is not supported); set sasl.mechanism to PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512"
+                    .into(),
+            );
+        };
+        let m = mechanism.value;
+        match (&self.jaas, &self.username, &self.password) {
+            (Some(jaas), None, None) => {
+                let expected = match m {
+                    SaslMechanism::Plain => "org.apache.kafka.common.security.plain.PlainLoginModule",
+                    _ => "org.apache.kafka.common.security.scram.ScramLoginModule",
+                };
+                if jaas.value.module != expected {
+                    return conflict(format!(
+                        "sasl.jaas.config ({}) uses the login module {} but sasl.mechanism is {} ({}); \
+                         {} takes {expected}",
+                        jaas.origin,
+                        jaas.value.module,
+                        m.as_str(),
+                        mechanism.origin,
+                        m.as_str()
+                    ));
+                }
+                let mut username = None;
+                let mut password = None;
+                for (k, v) in &jaas.value.options {
+                    match k.as_str() {
+                        "username" => username = Some(v.clone()),
+                        "password" => password = Some(v.clone()),
+                        "tokenauth" if m != SaslMechanism::Plain => {
+                            if v.eq_ignore_ascii_case("true") {
+                                return conflict(format!(
+                                    "sasl.jaas.config ({}) asks for delegation-token authentication \
+                                     (tokenauth=true), which kafka-lock does not support",
+                                    jaas.origin
+                                ));
+                            }
+                        }
+                        other => {
+                            return conflict(format!(
+                                "sasl.jaas.config ({}) has the option {other:?}, which {} does not \
+                                 take; it takes username and password",
+                                jaas.origin,
+                                jaas.value.module.rsplit('.').next().unwrap_or_default()
+                            ))
+                        }
+                    }
+                }
+                match (username, password) {
+                    (Some(username), Some(password)) => {
+                        Ok(Sasl::new(m, username, Secret::new(password)))
+                    }
+                    (None, _) => conflict(format!(
+                        "sasl.jaas.config ({}) has no username option",
+                        jaas.origin
+                    )),
+                    (_, None) => conflict(format!(
+                        "sasl.jaas.config ({}) has no password option",
+                        jaas.origin
+                    )),
+                }
+            }
+            (Some(jaas), Some(Set { origin: o, .. }), _) => {
+                let k = "sasl.username";
+                conflict(format!(
+                    "both sasl.jaas.config ({}) and {k} ({o}) give credentials; use one: \
+                     sasl.username and sasl.password, or sasl.jaas.config",
+                    jaas.origin
+                ))
+            }
+            (Some(jaas), None, Some(Set { origin: o, .. })) => {
+                let k = "sasl.password";
+                conflict(format!(
+                    "both sasl.jaas.config ({}) and {k} ({o}) give credentials; use one: \
+                     sasl.username and sasl.password, or sasl.jaas.config",
+                    jaas.origin
+                ))
+            }
+            (None, Some(u), Some(p)) => Ok(Sasl::new(m, u.value.clone(), p.value.clone())),
+            (None, None, Some(_)) => conflict(
+                "sasl.password is set but sasl.username is not; set both (or sasl.jaas.config)"
+                    .into(),
+            ),
+            (None, Some(_), None) => conflict(
+                "sasl.username is set but sasl.password is not; set it, for instance from the \
+                 environment (KAFKA_LOCK_X_SASL_PASSWORD for the kafka-lock command), so it stays \
+                 off the command line"
+                    .into(),
+            ),
+            (None, None, None) => conflict(
+                "security.protocol asks for SASL but no credentials are given; set sasl.username and \
+                 sasl.password, or sasl.jaas.config"
+                    .into(),
+            ),
+        }
+    }
+
+    fn tls(&self) -> Result<Tls, ConfigError> {
+        let conflict = |m: String| Err(ConfigError::Conflict(m));
+        let store_type =
+            |t: &Option<Set<String>>| t.as_ref().map_or("JKS", |s| s.value.as_str()).to_owned();
+        let mut ca = self.ca.as_ref().map(|s| s.value.clone());
+        if let Some(ts) = &self.truststore {
+            let t = store_type(&self.truststore_type);
+            if t != "PEM" {
+                return conflict(format!(
+                    "ssl.truststore.location ({}) is a {t} store, which kafka-lock cannot read; set \
+                     ssl.truststore.type=PEM for a PEM file, or export the CA certificates \
+                     (keytool -exportcert -rfc -keystore STORE -alias ALIAS > ca.pem) and give them \
+                     with ssl.ca.location",
+                    ts.origin
+                ));
+            }
+            if let Some(c) = &self.ca {
+                return conflict(format!(
+                    "both ssl.ca.location ({}) and ssl.truststore.location ({}) name the CA \
+                     certificates; use one",
+                    c.origin, ts.origin
+                ));
+            }
+            ca = Some(Pem::File(ts.value.clone()));
+        }
+        let mut client = match (&self.certificate, &self.key) {
+            (Some(c), Some(k)) => Some((c.value.clone(), k.value.clone())),
+            (Some(c), None) => {
+                return conflict(format!(
+                    "ssl.certificate.location is set ({}) but ssl.key.location is not; a client \
+                     certificate needs its private key",
+                    c.origin
+                ))
+            }
+            (None, Some(k)) => {
+                return conflict(format!(
+                    "ssl.key.location is set ({}) but ssl.certificate.location is not; a private \
+                     key needs its certificate",
+                    k.origin
+                ))
+            }
+            (None, None) => None,
+        };
+        if let Some(ks) = &self.keystore {
+            let t = store_type(&self.keystore_type);
+            if t != "PEM" {
+                return conflict(format!(
+                    "ssl.keystore.location ({}) is a {t} store, which kafka-lock cannot read; set \
+                     ssl.keystore.type=PEM for a PEM file holding the private key and certificate, \
+                     or give them with ssl.certificate.location and ssl.key.location",
+                    ks.origin
+                ));
+            }
+            if client.is_some() {
+                return conflict(format!(
+                    "both ssl.keystore.location ({}) and ssl.certificate.location/ssl.key.location \
+                     name the client certificate; use one",
+                    ks.origin
+                ));
+            }
+            client = Some((Pem::File(ks.value.clone()), Pem::File(ks.value.clone())));
+        }
+        let mut tls = Tls::new();
+        tls.ca = ca;
+        tls.client_cert = client;
+        if self.verify_hostname.as_ref().is_some_and(|s| !s.value) {
+            tls = tls.dangerous_disable_hostname_verification();
+        }
+        Ok(tls)
+    }
+
+    /// Writes the settings onto `opts`: the bootstrap servers and client id if given, the timing
+    /// settings given, and the security settings (checked as [`ClientConfig::security`] does).
+    pub fn apply(&self, mut opts: LockOptions) -> Result<LockOptions, ConfigError> {
+        let security = self.security()?;
+        if let Some(b) = self.bootstrap_servers() {
+            opts = opts.set_bootstrap(b);
+        }
+        if let Some(id) = self.client_id() {
+            opts = opts.client_id(id);
+        }
+        let t = self.timeouts();
+        if let Some(d) = t.session {
+            opts = opts.session_timeout(d);
+        }
+        if let Some(d) = t.heartbeat {
+            opts = opts.heartbeat_interval(d);
+        }
+        if let Some(d) = t.rebalance {
+            opts = opts.rebalance_timeout(d);
+        }
+        if let Some(d) = t.request {
+            opts = opts.request_timeout(d);
+        }
+        if let Some(d) = t.connect {
+            opts = opts.connect_timeout(d);
+        }
+        if t.retry_backoff.is_some() || t.retry_backoff_max.is_some() {
+            let (initial, max) = opts.retry_backoff_bounds();
+            opts = opts.retry_backoff(
+                t.retry_backoff.unwrap_or(initial),
+                t.retry_backoff_max.unwrap_or(max),
+            );
+        }
+        Ok(opts.security(security))
+    }
+
+    /// Options for the lock `name` on the cluster of `bootstrap.servers`, with these settings.
+    pub fn lock_options(&self, name: impl Into<String>) -> Result<LockOptions, ConfigError> {
+        let Some(bootstrap) = self.bootstrap_servers() else {
+            return Err(ConfigError::Conflict(
+                "bootstrap.servers is not set; give the brokers to start from as host:port[,host:port...]".into(),
+            ));
+        };
+        self.apply(LockOptions::new(bootstrap, name))
+    }
+}
+
+/// PEM text given as a setting's value, put back into PEM's line structure: a value continued
+/// over several properties lines, or passed through `-X` or a variable, often arrives with its
+/// line ends turned into spaces, which PEM readers refuse (Kafka's own reader accepts them).
+fn pem(value: &str) -> Option<String> {
+    let mut out = String::new();
+    let mut rest = value;
+    while let Some(start) = rest.find("-----BEGIN ") {
+        let after = &rest[start + "-----BEGIN ".len()..];
+        let label_end = after.find("-----")?;
+        let label = after[..label_end].trim();
+        let body_and_rest = &after[label_end + 5..];
+        let end_marker = format!("-----END {label}-----");
+        let end = body_and_rest.find(&end_marker)?;
+        let body: String = body_and_rest[..end]
+            .chars()
+            .filter(|c| !c.is_whitespace())
+            .collect();
+        if label.is_empty() || body.is_empty() || body.contains(':') {
+            // PEM headers (Proc-Type: an encrypted key) or nothing at all.
+            return None;
+        }
+        out.push_str(&format!("-----BEGIN {label}-----\n"));
+        for chunk in body.as_bytes().chunks(64) {
+            out.push_str(&String::from_utf8_lossy(chunk));
+            out.push('\n');
+        }
+        out.push_str(&end_marker);
+        out.push('\n');
+        rest = &body_and_rest[end + end_marker.len()..];
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+fn path(value: &str) -> Option<PathBuf> {
+    let v = value.trim();
+    (!v.is_empty()).then(|| PathBuf::from(v))
+}
+
+#[cfg(test)]
+mod tests;
