@@ -41,6 +41,12 @@ fi
 # linux_musl, aarch64-linux-musl-gcc, aarch64-linux-gnu-gcc or clang). Without one, the aarch64
 # binary is built without TLS (`cli-base`): it refuses SSL and SASL_SSL with a message saying so.
 features=cli
+if [[ "$TARGET" == x86_64-* && -z "${CC_x86_64_unknown_linux_musl:-}" ]] \
+    && ! command -v x86_64-linux-musl-gcc >/dev/null 2>&1 && ! command -v musl-gcc >/dev/null 2>&1; then
+    # ring's C needs only the compiler's own headers (stdint.h, stddef.h), so the host's x86_64
+    # compiler builds it for musl as well; the Rust linker makes the binary static.
+    export CC_x86_64_unknown_linux_musl=cc
+fi
 if [[ "$TARGET" == aarch64-* ]]; then
     cross_cc=${CC_aarch64_unknown_linux_musl:-}
     if [[ -z "$cross_cc" ]]; then

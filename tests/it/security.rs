@@ -374,6 +374,9 @@ fn secrets_stay_out_of_logs_errors_and_debug() {
         .with_writer(move || writer.clone())
         .finish();
     let _default = tracing::subscriber::set_default(subscriber);
+    // Callsites other tests' threads hit first may have cached "no subscriber is interested";
+    // recompute with this thread's subscriber registered.
+    tracing::callsite::rebuild_interest_cache();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
