@@ -338,6 +338,7 @@ fn failure(events: &[Event]) -> Option<std::sync::Arc<Error>> {
 #[test]
 fn member_id_required_then_success() {
     let mut h = H::new(Mode::Native);
+    assert_eq!((h.m.member_id(), h.m.generation()), ("", -1));
     h.find_ok();
     let j = h.take(ApiKey::JoinGroup);
     assert_eq!(join_request(&j).member_id.as_str(), "");
@@ -386,6 +387,7 @@ fn member_id_required_then_success() {
             member_id: "m1-uuid".into()
         })
     );
+    assert_eq!((h.m.member_id(), h.m.generation()), ("m1-uuid", 1));
 }
 
 #[test]
@@ -687,6 +689,23 @@ fn waiter_rejoins_on_illegal_generation_keeping_its_id() {
     h.reply(beat.id, Ok(hb(22)));
     let j = h.take(ApiKey::JoinGroup);
     assert_eq!(join_request(&j).member_id.as_str(), "w1");
+}
+
+#[test]
+fn waiter_forgotten_by_the_broker_forgets_its_id_and_generation() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let sync = h.join_as("w1", 3, false, &[]);
+    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("other"), 3, 1))));
+    assert_eq!((h.m.member_id(), h.m.generation()), ("w1", 3));
+    h.advance(HB);
+    let beat = h.take(ApiKey::Heartbeat);
+    h.reply(beat.id, Ok(hb(25)));
+    // UNKNOWN_MEMBER_ID: the session is gone, so neither its id nor its generation names this
+    // member any more (the ledger fences checkpoints with both); it joins again as a new member.
+    assert_eq!((h.m.member_id(), h.m.generation()), ("", -1));
+    let j = h.take(ApiKey::JoinGroup);
+    assert_eq!(join_request(&j).member_id.as_str(), "");
 }
 
 #[test]
