@@ -112,12 +112,23 @@ class Proc:
                 self.events.put(ev)
 
     def wait(self, names, bound=BOUND):
+        """The next event named in `names`. A process that exits first (the contender exits with
+        74 when it loses the lock, possibly before its `lost` line is out) gives an `exited`
+        event if `names` has it, else ends the run."""
         deadline = time.monotonic() + bound
         while True:
+            left = deadline - time.monotonic()
             try:
-                ev = self.events.get(timeout=max(0.0, deadline - time.monotonic()))
+                ev = self.events.get(timeout=max(0.0, min(left, 0.2)))
             except queue.Empty:
-                raise SystemExit(f"timed out waiting for {names}; saw {self.log}")
+                rc = self.proc.poll()
+                if rc is not None and self.events.empty():
+                    if "exited" in names:
+                        return ("exited", mono_ns(), {"returncode": rc})
+                    raise SystemExit(f"exited with {rc} while waiting for {names}; saw {self.log}")
+                if left <= 0:
+                    raise SystemExit(f"timed out waiting for {names}; saw {self.log}")
+                continue
             self.log.append(ev)
             if ev[0] in names:
                 return ev
@@ -479,12 +490,14 @@ def coordinator_failover(reps, session_ms, heartbeat_ms):
             killed = mono_ns()
             cluster.kill(victim)
             # A renews every heartbeat, so renewals from before the kill may still be queued.
-            ev = a.wait({"renewed", "lost"}, bound=session_ms / 1000 * 4)
+            outcome = {"renewed", "lost", "exited"}
+            ev = a.wait(outcome, bound=session_ms / 1000 * 4)
             while ev[0] == "renewed" and ev[1] <= killed:
-                ev = a.wait({"renewed", "lost"}, bound=session_ms / 1000 * 4)
+                ev = a.wait(outcome, bound=session_ms / 1000 * 4)
             kept = ev[0] == "renewed"
             out.append({"confirmed_after_s": (ev[1] - killed) / 1e9 if kept else None,
-                        "kept": kept, "killed_node": victim})
+                        "kept": kept, "outcome": ev[0], "after_s": (ev[1] - killed) / 1e9,
+                        "killed_node": victim})
             for p in (a, b):
                 p.stop("close")
             cluster.start_node(cluster.node(victim))

@@ -779,6 +779,40 @@ fn leader_leaving_mid_rebalance_syncs_first_and_gives_the_lock_away() {
 }
 
 #[test]
+fn a_leaving_leader_reports_bad_peer_metadata_but_not_its_own_blanked_entry() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let j = h.take(ApiKey::JoinGroup);
+    h.m.handle_command(Command::Leave, h.now);
+    h.drain();
+    let mut garbage = JoinGroupResponseMember::default();
+    garbage.member_id = s("m3");
+    garbage.metadata = Bytes::from_static(&[0xff, 0x00, 0x13]);
+    let mut resp = match join_ok(
+        "m1",
+        4,
+        "m1",
+        &[("m1", meta(false, 1)), ("m2", meta(false, 2))],
+    ) {
+        Response::JoinGroup(r) => r,
+        other => panic!("{other:?}"),
+    };
+    resp.members.push(garbage);
+    h.reply(j.id, Ok(Response::JoinGroup(resp)));
+    let reported: Vec<String> = h
+        .take_events()
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::PeerData { what, .. } => Some(what),
+            _ => None,
+        })
+        .collect();
+    // The leader blanks its own metadata so that it cannot pick itself; that is not a peer's
+    // fault. The member that really sent garbage is reported.
+    assert_eq!(reported, vec!["metadata of member m3".to_string()]);
+}
+
+#[test]
 fn follower_leaving_mid_join_leaves_after_the_answer() {
     let mut h = H::new(Mode::Native);
     h.find_ok();
@@ -875,6 +909,18 @@ fn garbage_assignment_is_a_typed_peer_error_not_a_panic() {
     let ev = h.take_events();
     assert!(ev.iter().any(|e| matches!(e, Event::PeerData { .. })));
     assert!(!ev.iter().any(|e| matches!(e, Event::Acquired { .. })));
+    // Nothing can be read from it: no holder, and an unknown place in the queue.
+    assert!(
+        ev.iter().any(|e| matches!(
+            e,
+            Event::Waiting {
+                holder: None,
+                position: -1,
+                generation: 3
+            }
+        )),
+        "{ev:?}"
+    );
 }
 
 #[test]
