@@ -327,6 +327,18 @@ fn malformation(batch: BytesMut) -> (usize, RecordMalformation) {
     }
 }
 
+/// The log cleaner can leave a batch whose records were all compacted away (it keeps the batch for
+/// its producer's state): a count of 0 is an empty batch, not a malformation.
+#[test]
+fn a_batch_with_no_records_is_data() {
+    let (items, it) = all(handmade(0, &[]).freeze());
+    match &items[..] {
+        [Ok(b)] => assert!(b.records.is_empty(), "{b:?}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(it.truncated().is_none());
+}
+
 /// Huge claimed counts and lengths: refused before anything is reserved. Reserving for any of
 /// them would take tens to hundreds of gigabytes, an allocation that fails (and aborts this test
 /// process) on any machine with less memory than that.
