@@ -1468,6 +1468,32 @@ fn a_cooperative_holder_refused_by_an_eager_group_surrenders_and_rejoins_with_ev
 }
 
 #[test]
+fn a_consumer_mode_waiter_has_no_known_place_in_the_queue() {
+    // Kafka's consumer assignment names partitions, not a queue, and a leader may leave a member
+    // out of the assignment altogether (empty bytes): either way the position is unknown.
+    for assignment in [nothing(), Bytes::new()] {
+        let mut h = H::new(consumer_mode());
+        h.find_ok();
+        let j = h.take(ApiKey::JoinGroup);
+        h.reply(j.id, Ok(consumer_join("m2", 3, "java-1", "range", &[])));
+        let sync = h.take(ApiKey::SyncGroup);
+        h.reply(sync.id, Ok(sync_ok(assignment.clone())));
+        let ev = h.take_events();
+        assert!(
+            ev.iter().any(|e| matches!(
+                e,
+                Event::Waiting {
+                    holder: None,
+                    position: -1,
+                    generation: 3
+                }
+            )),
+            "{assignment:?}: {ev:?}"
+        );
+    }
+}
+
+#[test]
 fn a_cooperative_assignment_without_partition_zero_is_a_loss() {
     let mut h = consumer_holding(4, "cooperative-sticky");
     h.advance(HB);
