@@ -1288,6 +1288,23 @@ fn a_coordinator_without_group_apis_fails_with_a_version_error() {
 
 // ---- backoff ---------------------------------------------------------------------------------
 
+/// The driver sleeps until `poll_timeout`: a lookup scheduled after a failure must be announced
+/// there, or nothing would wake the machine to send it. (`H::advance` also fires the timer at the
+/// end of every step, so the other tests would not notice.)
+#[test]
+fn a_scheduled_lookup_is_announced_by_poll_timeout() {
+    let mut h = H::new(Mode::Native);
+    let find = h.take(ApiKey::FindCoordinator);
+    h.reply(find.id, Err(Error::Closed));
+    assert!(h.sent.is_empty(), "{:?}", h.apis());
+    let at = h.m.poll_timeout().expect("the retry is scheduled");
+    assert_eq!(at, h.now + Duration::from_millis(100));
+    h.now = at;
+    h.m.handle_timeout(at);
+    h.drain();
+    h.take(ApiKey::FindCoordinator);
+}
+
 /// A coordinator that is named but cannot be reached is looked up with a growing delay, not
 /// every 100 ms forever: only an answer from the coordinator itself resets the backoff.
 #[test]
