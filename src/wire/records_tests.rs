@@ -79,6 +79,8 @@ fn our_batches_round_trip() {
     assert_eq!(&batch[21..23], &[0, 0], "attributes");
     assert_eq!(&batch[23..27], &2i32.to_be_bytes(), "last offset delta");
     assert_eq!(&batch[43..51], &(-1i64).to_be_bytes(), "producer id");
+    assert_eq!(&batch[51..53], &(-1i16).to_be_bytes(), "producer epoch");
+    assert_eq!(&batch[53..57], &(-1i32).to_be_bytes(), "base sequence");
     let len = i32::from_be_bytes(batch[8..12].try_into().unwrap()) as usize;
     assert_eq!(len + 12, batch.len());
 
