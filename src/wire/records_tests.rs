@@ -421,6 +421,11 @@ fn malformed_records_are_typed_with_their_position() {
         malformation(handmade(1, &r)),
         (start + 7, RecordMalformation::TrailingBytes { left: 1 })
     );
+    let r = [12, 0, 0, 0, 1, 1, 0, 9, 9, 9];
+    assert_eq!(
+        malformation(handmade(1, &r)),
+        (start + 7, RecordMalformation::TrailingBytes { left: 3 })
+    );
     // A six-byte varint as the timestamp delta is fine (varlong), as the offset delta it is not.
     let r = [22, 0, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01, 0, 1, 1, 0];
     assert!(all(handmade(1, &r).freeze()).0[0].is_ok());
