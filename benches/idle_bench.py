@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
 """Idle cost and start-up of one lock holder: `kafka-lock run -- sleep 70` against a librdkafka
-holder (Python confluent-kafka, tests/interop/rdkafka_lock.py), on one private tansu broker, with
-the same session timeout and heartbeat interval.
+holder (Python confluent-kafka, tests/interop/rdkafka_lock.py), on one private Apache Kafka node
+(scripts/local_kafka.py, group.initial.rebalance.delay.ms=0 unless told otherwise), with the same
+session timeout and heartbeat interval.
 
 For each holder it measures:
   exec -> first request   CLOCK_MONOTONIC just before Popen, to the first byte the holder sends
-                          to a loopback TCP proxy in this script that its bootstrap points at
-                          (the proxy forwards to the broker, so the holder goes on normally)
+                          to a loopback TCP proxy in this script (the broker advertises the
+                          proxy's address, so every connection of the holder passes through it)
   idle CPU over 60 s      user + system CPU time of the holder process (not its children), from
                           /proc/<pid>/stat, between the moment it holds the lock and 60 s later;
                           /proc/<pid>/task/*/schedstat gives the same in nanoseconds
   peak RSS                VmHWM from /proc/<pid>/status, read just before the holder is stopped
+  requests/s              requests per API key the proxy forwarded during the idle window
 
 Each holder runs alone (one after the other), so they do not compete for the CPU. Start-up is
 also sampled --startup-reps more times per holder (started, first request seen, stopped).
@@ -19,7 +21,8 @@ Usage (after scripts/install-test-deps.sh, `cargo build --release --features cli
 static binary, scripts/build-static.sh):
 
     python3 benches/idle_bench.py [--idle-seconds 60] [--session-ms 10000] [--heartbeat-ms 1000]
-                                  [--startup-reps 10] [--json FILE]
+                                  [--startup-reps 10] [--initial-delay-ms 0] [--json FILE]
+    python3 benches/idle_bench.py --quick     # a smoke run: 10 s idle, 2 start-up samples
 
 Only loopback addresses are used, and every process it starts is stopped when it ends.
 """
@@ -29,21 +32,22 @@ import json
 import os
 import platform
 import queue
-import shutil
 import signal
 import socket
 import statistics
+import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+from local_kafka import JAVA, LIBS, LocalKafka  # noqa: E402
+
 TARGET = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
-TANSU = Path(os.environ.get("KAFKA_LOCK_TANSU", ROOT / ".tools/bin/tansu"))
 PYTHON = Path(os.environ.get("KAFKA_LOCK_PYTHON", ROOT / ".tools/venv/bin/python"))
 RDKAFKA = ROOT / "tests/interop/rdkafka_lock.py"
 BINARIES = {
@@ -56,12 +60,6 @@ BOUND = 60.0  # seconds to wait for a holder to hold, or for anything else to ha
 
 def mono_ns():
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 try:
@@ -100,55 +98,44 @@ def stop(proc, sig=signal.SIGTERM, timeout=10):
             pass
 
 
-class Broker:
-    def __init__(self, workdir):
-        self.port = free_port()
-        url = f"tcp://127.0.0.1:{self.port}"
-        self.log_path = Path(workdir) / "tansu.log"
-        self.log = open(self.log_path, "w")
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("CLUSTER_ID", "LISTENER_URL", "ADVERTISED_LISTENER_URL",
-                            "STORAGE_ENGINE", "SCHEMA_REGISTRY", "OTEL_EXPORTER_OTLP_ENDPOINT")}
-        env["RUST_LOG"] = "warn"
-        self.proc = spawn([str(TANSU), "broker", "--listener-url", url,
-                           "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"],
-                          stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
-                          env=env)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return
-            except OSError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise SystemExit(f"tansu did not start; see {self.log_path}")
-                time.sleep(0.02)
+API_NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "OffsetCommit",
+             9: "OffsetFetch", 10: "FindCoordinator", 11: "JoinGroup", 12: "Heartbeat",
+             13: "LeaveGroup", 14: "SyncGroup", 15: "DescribeGroups", 18: "ApiVersions"}
 
-    @property
-    def bootstrap(self):
-        return f"127.0.0.1:{self.port}"
+
+class Broker:
+    """One Apache Kafka node that advertises `proxy`'s address, so every connection of a holder
+    (bootstrap and coordinator alike) goes through the proxy and is counted."""
+
+    def __init__(self, proxy, initial_delay_ms):
+        self.kafka = LocalKafka(initial_delay_ms=initial_delay_ms,
+                                extra={"advertised.listeners": f"PLAINTEXT://{proxy.address}"})
+        self.kafka.start()
+        proxy.upstream = ("127.0.0.1", self.kafka.nodes[0].port)
 
     def create_topic(self, name):
-        subprocess.run([str(TANSU), "topic", "create", name, "--broker", f"tcp://{self.bootstrap}",
-                        "--partitions", "1"], check=True, capture_output=True, timeout=30)
+        # Straight to the listener; the admin client then follows the advertised address through
+        # the proxy, which is reset before the holder starts.
+        subprocess.run([JAVA, "-cp", f"{LIBS}/*", str(ROOT / "tests/java/KafkaAdmin.java"),
+                        self.kafka.nodes[0].address, "create-topic", name, "1"],
+                       check=True, capture_output=True, timeout=120)
 
     def stop(self):
-        stop(self.proc, signal.SIGKILL)
-        self.log.close()
+        self.kafka.stop()
 
 
-class FirstByteProxy:
-    """A loopback TCP proxy to the broker that notes when the first byte from a client arrives.
-
-    The broker advertises its own address, so after the first connection a client may talk to
-    the broker directly; only the first byte matters here. Everything is closed by close().
+class CountingProxy:
+    """A loopback TCP proxy in front of the broker: notes when the first byte from a client
+    arrives, and counts the requests it forwards per API key. reset() starts a new measurement.
+    Everything is closed by close().
     """
 
-    def __init__(self, upstream_port):
-        self.upstream = ("127.0.0.1", upstream_port)
+    def __init__(self):
+        self.upstream = None  # set once the broker listens
         self.first_byte_ns = None
         self.first = threading.Event()
         self.lock = threading.Lock()
+        self.counts = {}
         self.sockets = []
         self.closed = False
         self.listener = socket.socket()
@@ -194,13 +181,16 @@ class FirstByteProxy:
             threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
 
     def _pump(self, src, dst, from_client):
+        buf = b""
         while True:
             try:
                 data = src.recv(65536)
             except OSError:
                 data = b""
-            if from_client and data and self.first_byte_ns is None:
-                self._first(mono_ns())
+            if from_client and data:
+                if self.first_byte_ns is None:
+                    self._first(mono_ns())
+                buf = self._count(buf + data)
             if not data:
                 try:
                     dst.shutdown(socket.SHUT_WR)
@@ -211,6 +201,28 @@ class FirstByteProxy:
                 dst.sendall(data)
             except OSError:
                 return
+
+    def _count(self, buf):
+        """Counts every whole request frame in `buf` (size, then the API key); returns the rest."""
+        while len(buf) >= 6:
+            size = struct.unpack(">i", buf[:4])[0]
+            if len(buf) < 4 + size:
+                break
+            api = struct.unpack(">h", buf[4:6])[0]
+            with self.lock:
+                self.counts[api] = self.counts.get(api, 0) + 1
+            buf = buf[4 + size:]
+        return buf
+
+    def reset(self):
+        with self.lock:
+            self.first_byte_ns = None
+            self.first.clear()
+            self.counts = {}
+
+    def snapshot(self):
+        with self.lock:
+            return dict(self.counts)
 
     def _first(self, now):
         with self.lock:
@@ -331,6 +343,9 @@ class KafkaLockKind:
                        "--events", "json", "--", "sleep", str(self.args.idle_seconds + 10)],
                       "stderr")
 
+    def prepare(self, group):
+        pass
+
     def held(self, e):
         return e.get("event") == "acquired"
 
@@ -348,8 +363,10 @@ class RdkafkaKind:
     def __init__(self, args, broker):
         self.args, self.broker = args, broker
 
-    def start(self, bootstrap, group):
+    def prepare(self, group):
         self.broker.create_topic(group)
+
+    def start(self, bootstrap, group):
         return Holder([str(PYTHON), str(RDKAFKA), bootstrap, group, group, "idle-bench",
                        str(self.args.session_ms), str(self.args.heartbeat_ms)],
                       "stdout", stdin=subprocess.PIPE)
@@ -371,34 +388,35 @@ class RdkafkaKind:
         stop(holder.proc, signal.SIGTERM)
 
 
-def startup_sample(kind, broker):
+def start_holder(kind, proxy):
+    """Starts a holder of a fresh lock with a freshly reset proxy; waits for its first byte."""
+    group = "idle-" + uuid.uuid4().hex[:12]
+    kind.prepare(group)
+    proxy.reset()
+    holder = kind.start(proxy.address, group)
+    if not proxy.first.wait(BOUND):
+        kind.stop(holder)
+        raise SystemExit(f"{kind.name}: no request within {BOUND} s")
+    return holder
+
+
+def startup_sample(kind, proxy):
     """One start: returns exec -> first byte on the wire, in ms."""
-    proxy = FirstByteProxy(broker.port)
-    holder = None
+    holder = start_holder(kind, proxy)
     try:
-        group = "idle-" + uuid.uuid4().hex[:12]
-        holder = kind.start(proxy.address, group)
-        if not proxy.first.wait(BOUND):
-            raise SystemExit(f"{kind.name}: no request within {BOUND} s")
         return (proxy.first_byte_ns - holder.exec_ns) / 1e6
     finally:
-        if holder:
-            kind.stop(holder)
-        proxy.close()
+        kind.stop(holder)
 
 
-def idle_run(kind, broker, seconds):
-    proxy = FirstByteProxy(broker.port)
-    holder = None
+def idle_run(kind, proxy, seconds):
+    holder = start_holder(kind, proxy)
     try:
-        group = "idle-" + uuid.uuid4().hex[:12]
-        holder = kind.start(proxy.address, group)
-        if not proxy.first.wait(BOUND):
-            raise SystemExit(f"{kind.name}: no request within {BOUND} s")
         first_ms = (proxy.first_byte_ns - holder.exec_ns) / 1e6
         held = holder.wait_event(kind.held, f"{kind.name} holding the lock")
         pid = holder.proc.pid
         held_ns = mono_ns()
+        r0 = proxy.snapshot()
         u0, s0 = cpu_ticks(pid)
         n0 = cpu_ns(pid)
         t0 = cpu_ns_by_thread(pid)
@@ -411,7 +429,10 @@ def idle_run(kind, broker, seconds):
         for key, ns in t1.items():
             name = key.rsplit("/", 1)[0]
             per_thread[name] = per_thread.get(name, 0) + (ns - t0.get(key, 0)) / 1e6
+        r1 = proxy.snapshot()
         window_s = (mono_ns() - held_ns) / 1e9
+        rates = {API_NAMES.get(k, str(k)): round((n - r0.get(k, 0)) / window_s, 2)
+                 for k, n in sorted(r1.items()) if n > r0.get(k, 0)}
         hwm = status_kb(pid, "VmHWM")
         rss = status_kb(pid, "VmRSS")
         nthreads = threads(pid)
@@ -435,11 +456,11 @@ def idle_run(kind, broker, seconds):
             "peak_rss_kb": hwm,
             "rss_kb": rss,
             "threads": nthreads,
+            "idle_requests_per_s": rates,
+            "idle_requests_per_s_total": round(sum(rates.values()), 2),
         }
     finally:
-        if holder:
-            kind.stop(holder)
-        proxy.close()
+        kind.stop(holder)
 
 
 def python_baseline():
@@ -489,9 +510,14 @@ def machine():
         "python": platform.python_version(),
         "confluent_kafka": versions[0] if versions else "?",
         "librdkafka": versions[1] if len(versions) > 1 else "?",
-        "tansu": subprocess.run([str(TANSU), "--version"], capture_output=True,
-                                text=True).stdout.strip(),
+        "kafka": kafka_version(),
     }
+
+
+def kafka_version():
+    jars = sorted(LIBS.glob("kafka_2.13-*.jar"))
+    jars = [j for j in jars if not j.name.endswith(("-test.jar", "-sources.jar"))]
+    return "Apache Kafka " + jars[0].name[len("kafka_2.13-"):-len(".jar")] if jars else "?"
 
 
 def status_kb_file(path, key):
@@ -508,30 +534,37 @@ def main():
     ap.add_argument("--session-ms", type=int, default=10000)
     ap.add_argument("--heartbeat-ms", type=int, default=1000)
     ap.add_argument("--startup-reps", type=int, default=10)
+    ap.add_argument("--initial-delay-ms", type=int, default=0,
+                    help="the broker's group.initial.rebalance.delay.ms (Kafka's default: 3000)")
+    ap.add_argument("--quick", action="store_true",
+                    help="a smoke run: --idle-seconds 10 --startup-reps 2")
     ap.add_argument("--json", help="also write the results to this file")
     args = ap.parse_args()
+    if args.quick:
+        args.idle_seconds, args.startup_reps = 10, 2
 
-    for p in (TANSU, PYTHON):
-        if not p.exists():
-            raise SystemExit(f"{p} is missing: run scripts/install-test-deps.sh")
+    if not PYTHON.exists():
+        raise SystemExit(f"{PYTHON} is missing: run scripts/install-test-deps.sh")
     kinds = []
-    workdir = tempfile.mkdtemp(prefix="kafka-lock-idle-bench.")
-    broker = Broker(workdir)
     for name, binary in BINARIES.items():
         if binary.exists():
             kinds.append(KafkaLockKind(name, binary, args))
         else:
             print(f"(skipping {name}: {binary} not built)", file=sys.stderr)
     if not kinds:
-        raise SystemExit("no kafka-lock binary: cargo build --release --features cli")
+        raise SystemExit("no kafka-lock binary: cargo build --release --features cli --bin kafka-lock")
+    proxy = CountingProxy()
+    broker = Broker(proxy, args.initial_delay_ms)
     kinds.append(RdkafkaKind(args, broker))
 
     facts = machine()
     print(f"machine: {facts['cpus']} CPUs ({facts['cpu_model']}), {facts['mem_gib']} GiB, "
           f"Linux {facts['kernel']}, load {facts['loadavg_at_start']}")
-    print(f"broker: {facts['tansu']} on {broker.bootstrap}; session {args.session_ms} ms, "
-          f"heartbeat {args.heartbeat_ms} ms; confluent-kafka {facts['confluent_kafka']} / "
-          f"librdkafka {facts['librdkafka']}")
+    print(f"broker: {facts['kafka']} on {broker.kafka.bootstrap} (advertised through the proxy "
+          f"{proxy.address}), started in {broker.kafka.startup_seconds:.1f} s, "
+          f"group.initial.rebalance.delay.ms={args.initial_delay_ms}; session "
+          f"{args.session_ms} ms, heartbeat {args.heartbeat_ms} ms; confluent-kafka "
+          f"{facts['confluent_kafka']} / librdkafka {facts['librdkafka']}", flush=True)
     sizes = {name: b.stat().st_size for name, b in BINARIES.items() if b.exists()}
 
     results = []
@@ -539,25 +572,26 @@ def main():
     try:
         for kind in kinds:
             print(f"\n{kind.name}: idle for {args.idle_seconds} s after acquiring ...", flush=True)
-            r = idle_run(kind, broker, args.idle_seconds)
+            r = idle_run(kind, proxy, args.idle_seconds)
             samples = [r["exec_to_first_request_ms"]]
             for _ in range(args.startup_reps):
-                samples.append(round(startup_sample(kind, broker), 1))
+                samples.append(round(startup_sample(kind, proxy), 1))
             r["exec_to_first_request_samples_ms"] = samples
             r["exec_to_first_request_median_ms"] = round(statistics.median(samples), 1)
             r["exec_to_first_request_min_ms"] = min(samples)
             results.append(r)
             print(f"  exec -> first request: median {r['exec_to_first_request_median_ms']} ms, "
                   f"min {r['exec_to_first_request_min_ms']} ms (samples {samples})")
-            print(f"  exec -> holding: {r['exec_to_holding_s']} s (broker-bound: tansu holds "
-                  f"each JoinGroup for half the session timeout)")
+            print(f"  exec -> holding: {r['exec_to_holding_s']} s")
             print(f"  idle CPU over {r['idle_window_s']} s: {r['idle_cpu_ms']} ms "
                   f"(user {r['idle_cpu_user_ms']}, sys {r['idle_cpu_sys_ms']}; schedstat "
                   f"{r['idle_cpu_schedstat_ms']} ms = {r['idle_cpu_percent']} % of one core)")
             print(f"  idle CPU by thread (ms): {r['idle_cpu_by_thread_ms']}")
+            print(f"  idle requests/s: {r['idle_requests_per_s_total']} "
+                  f"{r['idle_requests_per_s']}")
             print(f"  CPU until holding: {r['startup_cpu_ms']} ms (schedstat "
                   f"{r['startup_cpu_schedstat_ms']} ms); peak RSS {r['peak_rss_kb']} kB "
-                  f"(now {r['rss_kb']} kB); {r['threads']} threads")
+                  f"(now {r['rss_kb']} kB); {r['threads']} threads", flush=True)
         import_ms, py_rss = python_baseline()
         print(f"\nbaseline: exec -> `import confluent_kafka` done: {import_ms:.1f} ms (median "
               f"of 5); an idle interpreter with it imported has peak RSS {py_rss} kB")
@@ -567,12 +601,10 @@ def main():
     finally:
         for proc in STARTED:
             stop(proc, signal.SIGKILL, timeout=5)
+        if not ok:
+            print(f"broker log (end):\n{broker.kafka.tail(broker.kafka.nodes[0])}", file=sys.stderr)
         broker.stop()
-        # The broker's log is kept only when something went wrong.
-        if ok:
-            shutil.rmtree(workdir, ignore_errors=True)
-        else:
-            print(f"(broker log kept in {broker.log_path})", file=sys.stderr)
+        proxy.close()
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": facts, "args": vars(args), "results": results,

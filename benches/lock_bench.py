@@ -29,6 +29,8 @@ Java's System.nanoTime is CLOCK_MONOTONIC on Linux) or by this script just befor
     scripts/install-test-deps.sh
     cargo build --release --features cli --bin kafka-lock --example contender
     python3 benches/lock_bench.py [--reps 5] [--only uncontended,handover,...] [--json FILE]
+    python3 benches/lock_bench.py --quick [--only ...]   # a smoke run: 1 rep, a herd of 10, 1 and
+                                                         # 5 waiters
 
 Only loopback addresses are used; every process it starts is stopped when it ends.
 """
@@ -110,12 +112,23 @@ class Proc:
                 self.events.put(ev)
 
     def wait(self, names, bound=BOUND):
+        """The next event named in `names`. A process that exits first (the contender exits with
+        74 when it loses the lock, possibly before its `lost` line is out) gives an `exited`
+        event if `names` has it, else ends the run."""
         deadline = time.monotonic() + bound
         while True:
+            left = deadline - time.monotonic()
             try:
-                ev = self.events.get(timeout=max(0.0, deadline - time.monotonic()))
+                ev = self.events.get(timeout=max(0.0, min(left, 0.2)))
             except queue.Empty:
-                raise SystemExit(f"timed out waiting for {names}; saw {self.log}")
+                rc = self.proc.poll()
+                if rc is not None and self.events.empty():
+                    if "exited" in names:
+                        return ("exited", mono_ns(), {"returncode": rc})
+                    raise SystemExit(f"exited with {rc} while waiting for {names}; saw {self.log}")
+                if left <= 0:
+                    raise SystemExit(f"timed out waiting for {names}; saw {self.log}")
+                continue
             self.log.append(ev)
             if ev[0] in names:
                 return ev
@@ -476,15 +489,24 @@ def coordinator_failover(reps, session_ms, heartbeat_ms):
             time.sleep(random.Random(rep).uniform(0.0, heartbeat_ms / 1000))
             killed = mono_ns()
             cluster.kill(victim)
-            ev = a.wait({"renewed", "lost"}, bound=session_ms / 1000 * 4)
+            # A renews every heartbeat, so renewals from before the kill may still be queued.
+            outcome = {"renewed", "lost", "exited"}
+            ev = a.wait(outcome, bound=session_ms / 1000 * 4)
+            while ev[0] == "renewed" and ev[1] <= killed:
+                ev = a.wait(outcome, bound=session_ms / 1000 * 4)
             kept = ev[0] == "renewed"
             out.append({"confirmed_after_s": (ev[1] - killed) / 1e9 if kept else None,
-                        "kept": kept, "killed_node": victim})
+                        "kept": kept, "outcome": ev[0], "after_s": (ev[1] - killed) / 1e9,
+                        "killed_node": victim})
             for p in (a, b):
                 p.stop("close")
             cluster.start_node(cluster.node(victim))
             cluster.wait_ready()
     return out
+
+
+SCENARIOS = ["uncontended", "uncontended-3s", "handover", "failover", "herd", "coordinator",
+             "ledger-acquire", "ledger-handover"]
 
 
 def summary(samples):
@@ -499,10 +521,17 @@ def main():
     ap.add_argument("--heartbeat-ms", type=int, default=1000)
     ap.add_argument("--herd", type=int, default=50)
     ap.add_argument("--waiters", default="1,50", help="ledger-handover: waiter counts")
-    ap.add_argument("--only", default="uncontended,uncontended-3s,handover,failover,herd,coordinator,"
-                    "ledger-acquire,ledger-handover")
+    ap.add_argument("--only", default=",".join(SCENARIOS))
+    ap.add_argument("--quick", action="store_true",
+                    help="a smoke run that only shows every scenario works: --reps 1 --herd 10 "
+                    "--waiters 1,5")
     ap.add_argument("--json")
     args = ap.parse_args()
+    if args.quick:
+        args.reps, args.herd, args.waiters = 1, 10, "1,5"
+    unknown = set(args.only.split(",")) - set(SCENARIOS)
+    if unknown:
+        ap.error(f"unknown scenario(s) {', '.join(sorted(unknown))}; known: {', '.join(SCENARIOS)}")
     only = set(args.only.split(","))
     for f in (KAFKA_LOCK, CONTENDER):
         if not f.exists():

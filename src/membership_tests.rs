@@ -344,6 +344,7 @@ fn failure(events: &[Event]) -> Option<std::sync::Arc<Error>> {
 #[test]
 fn member_id_required_then_success() {
     let mut h = H::new(Mode::Native);
+    assert_eq!((h.m.member_id(), h.m.generation()), ("", -1));
     h.find_ok();
     let j = h.take(ApiKey::JoinGroup);
     assert_eq!(join_request(&j).member_id.as_str(), "");
@@ -392,6 +393,7 @@ fn member_id_required_then_success() {
             member_id: "m1-uuid".into()
         })
     );
+    assert_eq!((h.m.member_id(), h.m.generation()), ("m1-uuid", 1));
 }
 
 #[test]
@@ -696,6 +698,23 @@ fn waiter_rejoins_on_illegal_generation_keeping_its_id() {
 }
 
 #[test]
+fn waiter_forgotten_by_the_broker_forgets_its_id_and_generation() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let sync = h.join_as("w1", 3, false, &[]);
+    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("other"), 3, 1))));
+    assert_eq!((h.m.member_id(), h.m.generation()), ("w1", 3));
+    h.advance(HB);
+    let beat = h.take(ApiKey::Heartbeat);
+    h.reply(beat.id, Ok(hb(25)));
+    // UNKNOWN_MEMBER_ID: the session is gone, so neither its id nor its generation names this
+    // member any more (the ledger fences checkpoints with both); it joins again as a new member.
+    assert_eq!((h.m.member_id(), h.m.generation()), ("", -1));
+    let j = h.take(ApiKey::JoinGroup);
+    assert_eq!(join_request(&j).member_id.as_str(), "");
+}
+
+#[test]
 fn sync_errors_rejoin() {
     for code in [27, 22] {
         let mut h = H::new(Mode::Native);
@@ -763,6 +782,40 @@ fn leader_leaving_mid_rebalance_syncs_first_and_gives_the_lock_away() {
     assert!(ev
         .iter()
         .any(|e| matches!(e, Event::Left { confirmed: true })));
+}
+
+#[test]
+fn a_leaving_leader_reports_bad_peer_metadata_but_not_its_own_blanked_entry() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let j = h.take(ApiKey::JoinGroup);
+    h.m.handle_command(Command::Leave, h.now);
+    h.drain();
+    let mut garbage = JoinGroupResponseMember::default();
+    garbage.member_id = s("m3");
+    garbage.metadata = Bytes::from_static(&[0xff, 0x00, 0x13]);
+    let mut resp = match join_ok(
+        "m1",
+        4,
+        "m1",
+        &[("m1", meta(false, 1)), ("m2", meta(false, 2))],
+    ) {
+        Response::JoinGroup(r) => r,
+        other => panic!("{other:?}"),
+    };
+    resp.members.push(garbage);
+    h.reply(j.id, Ok(Response::JoinGroup(resp)));
+    let reported: Vec<String> = h
+        .take_events()
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::PeerData { what, .. } => Some(what),
+            _ => None,
+        })
+        .collect();
+    // The leader blanks its own metadata so that it cannot pick itself; that is not a peer's
+    // fault. The member that really sent garbage is reported.
+    assert_eq!(reported, vec!["metadata of member m3".to_string()]);
 }
 
 #[test]
@@ -862,6 +915,18 @@ fn garbage_assignment_is_a_typed_peer_error_not_a_panic() {
     let ev = h.take_events();
     assert!(ev.iter().any(|e| matches!(e, Event::PeerData { .. })));
     assert!(!ev.iter().any(|e| matches!(e, Event::Acquired { .. })));
+    // Nothing can be read from it: no holder, and an unknown place in the queue.
+    assert!(
+        ev.iter().any(|e| matches!(
+            e,
+            Event::Waiting {
+                holder: None,
+                position: -1,
+                generation: 3
+            }
+        )),
+        "{ev:?}"
+    );
 }
 
 #[test]
@@ -1231,6 +1296,23 @@ fn a_coordinator_without_group_apis_fails_with_a_version_error() {
 
 // ---- backoff ---------------------------------------------------------------------------------
 
+/// The driver sleeps until `poll_timeout`: a lookup scheduled after a failure must be announced
+/// there, or nothing would wake the machine to send it. (`H::advance` also fires the timer at the
+/// end of every step, so the other tests would not notice.)
+#[test]
+fn a_scheduled_lookup_is_announced_by_poll_timeout() {
+    let mut h = H::new(Mode::Native);
+    let find = h.take(ApiKey::FindCoordinator);
+    h.reply(find.id, Err(Error::Closed));
+    assert!(h.sent.is_empty(), "{:?}", h.apis());
+    let at = h.m.poll_timeout().expect("the retry is scheduled");
+    assert_eq!(at, h.now + Duration::from_millis(100));
+    h.now = at;
+    h.m.handle_timeout(at);
+    h.drain();
+    h.take(ApiKey::FindCoordinator);
+}
+
 /// A coordinator that is named but cannot be reached is looked up with a growing delay, not
 /// every 100 ms forever: only an answer from the coordinator itself resets the backoff.
 #[test]
@@ -1408,6 +1490,32 @@ fn a_cooperative_holder_refused_by_an_eager_group_surrenders_and_rejoins_with_ev
     // A second refusal is not a cooperative holder's any more: fatal, as before.
     h.reply(j.id, Ok(join_err(23, "m1")));
     assert_eq!(failed(&h.take_events()), Some(KafkaCode(23)));
+}
+
+#[test]
+fn a_consumer_mode_waiter_has_no_known_place_in_the_queue() {
+    // Kafka's consumer assignment names partitions, not a queue, and a leader may leave a member
+    // out of the assignment altogether (empty bytes): either way the position is unknown.
+    for assignment in [nothing(), Bytes::new()] {
+        let mut h = H::new(consumer_mode());
+        h.find_ok();
+        let j = h.take(ApiKey::JoinGroup);
+        h.reply(j.id, Ok(consumer_join("m2", 3, "java-1", "range", &[])));
+        let sync = h.take(ApiKey::SyncGroup);
+        h.reply(sync.id, Ok(sync_ok(assignment.clone())));
+        let ev = h.take_events();
+        assert!(
+            ev.iter().any(|e| matches!(
+                e,
+                Event::Waiting {
+                    holder: None,
+                    position: -1,
+                    generation: 3
+                }
+            )),
+            "{assignment:?}: {ev:?}"
+        );
+    }
 }
 
 #[test]

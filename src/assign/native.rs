@@ -822,7 +822,15 @@ mod tests {
                 value: -2
             })
         ));
-        for (position, members) in [(-2, 3), (3, 3), (0, -1), (0, 0)] {
+        // `what` names the field found wrong: a negative count is the count's fault, whatever
+        // the position.
+        for (position, members, what) in [
+            (-2, 3, "assignment position"),
+            (3, 3, "assignment position"),
+            (0, -1, "assignment member count"),
+            (-1, -1, "assignment member count"),
+            (0, 0, "assignment position"),
+        ] {
             let a = NativeAssignment {
                 holder: None,
                 position,
@@ -833,7 +841,7 @@ mod tests {
             assert!(
                 matches!(
                     NativeAssignment::decode(&a.encode()),
-                    Err(PeerDataError::OutOfRange { .. })
+                    Err(PeerDataError::OutOfRange { what: w, .. }) if w == what
                 ),
                 "position {position} of {members}"
             );

@@ -467,6 +467,27 @@ mod tests {
         }
     }
 
+    /// Requests are appended to whatever the buffer already holds: each frame's prefix counts its
+    /// own bytes, not the buffer's.
+    #[test]
+    fn frames_appended_to_a_buffer_each_announce_their_own_length() {
+        let reqs = sample_requests();
+        let mut out = BytesMut::new();
+        for (i, req) in reqs.iter().enumerate() {
+            let (_, max) = versions::supported_range(req.api_key()).unwrap();
+            encode_request(req, max, i as i32, Some("cli"), &mut out).unwrap();
+        }
+        for (i, req) in reqs.iter().enumerate() {
+            let mut frame = decode_frame(&mut out, DEFAULT_MAX_FRAME_SIZE)
+                .unwrap()
+                .unwrap_or_else(|| panic!("frame {i} incomplete"));
+            let header = decode_request_header_from_buffer(&mut frame).unwrap();
+            assert_eq!(header.request_api_key, req.api_key() as i16);
+            assert_eq!(header.correlation_id, i as i32);
+        }
+        assert!(out.is_empty(), "{} bytes left", out.len());
+    }
+
     #[test]
     fn api_versions_v3_uses_request_header_v2() {
         let mut out = BytesMut::new();

@@ -79,6 +79,8 @@ fn our_batches_round_trip() {
     assert_eq!(&batch[21..23], &[0, 0], "attributes");
     assert_eq!(&batch[23..27], &2i32.to_be_bytes(), "last offset delta");
     assert_eq!(&batch[43..51], &(-1i64).to_be_bytes(), "producer id");
+    assert_eq!(&batch[51..53], &(-1i16).to_be_bytes(), "producer epoch");
+    assert_eq!(&batch[53..57], &(-1i32).to_be_bytes(), "base sequence");
     let len = i32::from_be_bytes(batch[8..12].try_into().unwrap()) as usize;
     assert_eq!(len + 12, batch.len());
 
@@ -358,6 +360,18 @@ fn malformation(batch: BytesMut) -> (usize, RecordMalformation) {
     }
 }
 
+/// The log cleaner can leave a batch whose records were all compacted away (it keeps the batch for
+/// its producer's state): a count of 0 is an empty batch, not a malformation.
+#[test]
+fn a_batch_with_no_records_is_data() {
+    let (items, it) = all(handmade(0, &[]).freeze());
+    match &items[..] {
+        [Ok(b)] => assert!(b.records.is_empty(), "{b:?}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(it.truncated().is_none());
+}
+
 /// Huge claimed counts and lengths: refused before anything is reserved. Reserving for any of
 /// them would take tens to hundreds of gigabytes, an allocation that fails (and aborts this test
 /// process) on any machine with less memory than that.
@@ -437,6 +451,11 @@ fn malformed_records_are_typed_with_their_position() {
     assert_eq!(
         malformation(handmade(1, &r)),
         (start + 7, RecordMalformation::TrailingBytes { left: 1 })
+    );
+    let r = [12, 0, 0, 0, 1, 1, 0, 9, 9, 9];
+    assert_eq!(
+        malformation(handmade(1, &r)),
+        (start + 7, RecordMalformation::TrailingBytes { left: 3 })
     );
     // A six-byte varint as the timestamp delta is fine (varlong), as the offset delta it is not.
     let r = [22, 0, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01, 0, 1, 1, 0];
