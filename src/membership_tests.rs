@@ -921,9 +921,10 @@ fn garbage_assignment_is_a_typed_peer_error_not_a_panic() {
             e,
             Event::Waiting {
                 holder: None,
+                holders,
                 position: -1,
                 generation: 3
-            }
+            } if holders.is_empty()
         )),
         "{ev:?}"
     );
@@ -1509,9 +1510,10 @@ fn a_consumer_mode_waiter_has_no_known_place_in_the_queue() {
                 e,
                 Event::Waiting {
                     holder: None,
+                    holders,
                     position: -1,
                     generation: 3
-                }
+                } if holders.is_empty()
             )),
             "{assignment:?}: {ev:?}"
         );
