@@ -585,6 +585,19 @@ fn connection(t: &Target, from_env: &FromEnv) -> Result<settings::Resolved, Fail
     Ok(r)
 }
 
+/// The request and connect timeouts of a one-shot command (status, observe, history), checked.
+fn timeouts(c: &settings::Resolved) -> Result<(Duration, Duration), Failure> {
+    let request = c
+        .request_timeout
+        .unwrap_or(kafka_lock::lock::DEFAULT_REQUEST_TIMEOUT);
+    let connect = c
+        .connect_timeout
+        .unwrap_or(kafka_lock::driver::DEFAULT_CONNECT_TIMEOUT);
+    run::in_range("--request-timeout", request, run::TIMEOUT_BOUND, false)?;
+    run::in_range("--connect-timeout", connect, run::TIMEOUT_BOUND, false)?;
+    Ok((request, connect))
+}
+
 fn target_flags(t: &Target) -> settings::Flags<'_> {
     settings::Flags {
         bootstrap: t.bootstrap.as_deref(),
@@ -599,14 +612,7 @@ fn target_flags(t: &Target) -> settings::Flags<'_> {
 
 async fn status(a: StatusArgs, from_env: &FromEnv) -> Result<u8, Failure> {
     let c = connection(&a.target, from_env)?;
-    let request = c
-        .request_timeout
-        .unwrap_or(kafka_lock::lock::DEFAULT_REQUEST_TIMEOUT);
-    let connect = c
-        .connect_timeout
-        .unwrap_or(kafka_lock::driver::DEFAULT_CONNECT_TIMEOUT);
-    run::in_range("--request-timeout", request, run::TIMEOUT_BOUND, false)?;
-    run::in_range("--connect-timeout", connect, run::TIMEOUT_BOUND, false)?;
+    let (request, connect) = timeouts(&c)?;
     status::status(status::StatusConfig {
         bootstrap: c.bootstrap,
         lock: a.target.lock,
@@ -623,14 +629,7 @@ async fn status(a: StatusArgs, from_env: &FromEnv) -> Result<u8, Failure> {
 
 async fn observe(a: ObserveArgs, from_env: &FromEnv) -> Result<u8, Failure> {
     let c = connection(&a.target, from_env)?;
-    let request = c
-        .request_timeout
-        .unwrap_or(kafka_lock::lock::DEFAULT_REQUEST_TIMEOUT);
-    let connect = c
-        .connect_timeout
-        .unwrap_or(kafka_lock::driver::DEFAULT_CONNECT_TIMEOUT);
-    run::in_range("--request-timeout", request, run::TIMEOUT_BOUND, false)?;
-    run::in_range("--connect-timeout", connect, run::TIMEOUT_BOUND, false)?;
+    let (request, connect) = timeouts(&c)?;
     let interval = a
         .interval
         .unwrap_or(kafka_lock::election::DEFAULT_OBSERVE_INTERVAL);
@@ -661,14 +660,7 @@ async fn observe(a: ObserveArgs, from_env: &FromEnv) -> Result<u8, Failure> {
 
 async fn history(a: HistoryArgs, from_env: &FromEnv) -> Result<u8, Failure> {
     let c = connection(&a.target, from_env)?;
-    let request = c
-        .request_timeout
-        .unwrap_or(kafka_lock::lock::DEFAULT_REQUEST_TIMEOUT);
-    let connect = c
-        .connect_timeout
-        .unwrap_or(kafka_lock::driver::DEFAULT_CONNECT_TIMEOUT);
-    run::in_range("--request-timeout", request, run::TIMEOUT_BOUND, false)?;
-    run::in_range("--connect-timeout", connect, run::TIMEOUT_BOUND, false)?;
+    let (request, connect) = timeouts(&c)?;
     let Some(ledger_topic) = a.target.ledger_topic else {
         return Err(Failure::new(
             exit::USAGE,
