@@ -208,6 +208,25 @@ fn produced_at(offset: i64) -> Result<(Response, i16), Error> {
 }
 
 /// The ledger record a Produce transmit carries.
+impl Rig {
+    /// The last transmit is the ACQUIRED record of the try in `generation`; answered with
+    /// `offset`, it begins the hold with that offset as its token.
+    fn hold_begins_with_acquired(&mut self, generation: i32, offset: i64) {
+        let next = self.last().clone();
+        let rec = appended(&next);
+        assert!(
+            matches!(rec.kind, RecordKind::Acquired { .. }) && rec.generation == generation,
+            "{rec:?}"
+        );
+        self.answer(next.id, produced_at(offset));
+        assert!(
+            matches!(self.events.last(), Some(Event::Acquired { token, .. }) if token.ledger_offset == Some(offset)),
+            "{:?}",
+            self.events
+        );
+    }
+}
+
 fn appended(t: &Transmit) -> LedgerRecord {
     let Op::Produce { batch, .. } = &t.op else {
         panic!("not a Produce: {t:?}")
@@ -1030,18 +1049,7 @@ fn a_reacquire_while_the_previous_end_record_is_in_flight_gets_its_own_acquired(
         "{:?}",
         r.events
     );
-    let next = r.last().clone();
-    let rec = appended(&next);
-    assert!(
-        matches!(rec.kind, RecordKind::Acquired { .. }) && rec.generation == 5,
-        "{rec:?}"
-    );
-    r.answer(next.id, produced_at(12));
-    assert!(
-        matches!(r.events.last(), Some(Event::Acquired { token, .. }) if token.ledger_offset == Some(12)),
-        "{:?}",
-        r.events
-    );
+    r.hold_begins_with_acquired(5, 12);
     // The LOST record went out once.
     let losts = r
         .sent
@@ -1071,18 +1079,7 @@ fn an_old_tries_acquired_answer_is_not_the_new_holds_token() {
         r.events
     );
     // The new try's own ACQUIRED goes next, and the old one is never sent again.
-    let next = r.last().clone();
-    let rec = appended(&next);
-    assert!(
-        matches!(rec.kind, RecordKind::Acquired { .. }) && rec.generation == 5,
-        "{rec:?}"
-    );
-    r.answer(next.id, produced_at(11));
-    assert!(
-        matches!(r.events.last(), Some(Event::Acquired { token, .. }) if token.ledger_offset == Some(11)),
-        "{:?}",
-        r.events
-    );
+    r.hold_begins_with_acquired(5, 11);
     // Offset 10 names no hold: a LOST record says so.
     let marker = r.last().clone();
     let rec = appended(&marker);
