@@ -742,6 +742,7 @@ impl LockOptions {
             retry_backoff_max: self.retry_backoff_max,
             lease_margin: self.lease_margin,
             permits: self.permits,
+            ledger: self.ledger_topic.clone(),
         }
     }
 
@@ -1079,6 +1080,11 @@ fn unwrap_error(e: Arc<Error>) -> Error {
             lock: lock.clone(),
             ours: *ours,
             group: *group,
+        },
+        Error::LedgerMismatch { lock, ours, group } => Error::LedgerMismatch {
+            lock: lock.clone(),
+            ours: ours.clone(),
+            group: group.clone(),
         },
         _ => Error::Poisoned(shared.clone()),
     })

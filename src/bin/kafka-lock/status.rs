@@ -335,6 +335,7 @@ mod tests {
             label: Some(label.into()),
             permits: 1,
             slot: 0,
+            ledger: None,
         }
         .encode()
     }
@@ -351,6 +352,7 @@ mod tests {
             members: 3,
             permits: 1,
             other_holders: Vec::new(),
+            ledger: None,
         }
         .encode()
     }
