@@ -763,3 +763,73 @@ async fn a_batch_of_the_brokers_default_size_does_not_blind_the_ledger() {
         .expect("found");
     assert_eq!(c.value, "after");
 }
+
+/// Members that disagree about the ledger never hold: with a holder on ledger A in the group, a
+/// member without a ledger and one on ledger B are refused at once with an error naming both
+/// settings, and `kafka-lock run` without `--ledger-topic` exits 78 with a `failed` event of
+/// kind `config`. The holder keeps its lock throughout. Breaks if the setting were not
+/// advertised, not compared by the leader, or not checked by the member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_that_disagree_about_the_ledger_are_refused_with_both_settings() {
+    support::init_tracing();
+    let bootstrap = kafka().bootstrap();
+    let ledger = new_ledger(&bootstrap, "ledger-mixed");
+    let other = new_ledger(&bootstrap, "ledger-mixed-other");
+    let group = support::unique_group("ledger-mixed-lock");
+    let holder = opts(&bootstrap, &group, &ledger)
+        .acquire(Some(BOUND))
+        .await
+        .expect("the first member holds");
+    let no_ledger = LockOptions::new(&bootstrap, &group)
+        .session_timeout(Duration::from_secs(6))
+        .rebalance_timeout(Duration::from_secs(6))
+        .heartbeat_interval(Duration::from_millis(500))
+        .lease_margin(Duration::from_secs(1));
+    for (o, ours) in [
+        (no_ledger, None),
+        (opts(&bootstrap, &group, &other), Some(other.clone())),
+    ] {
+        let started = Instant::now();
+        match o.acquire(Some(BOUND)).await {
+            Err(e @ Error::LedgerMismatch { .. }) => {
+                let Error::LedgerMismatch {
+                    lock,
+                    ours: got,
+                    group: theirs,
+                } = &e
+                else {
+                    unreachable!()
+                };
+                assert_eq!(lock, &group);
+                assert_eq!(got, &ours);
+                assert_eq!(theirs.as_deref(), Some(ledger.as_str()));
+                let text = e.to_string();
+                assert!(text.contains(&format!("{ledger:?}")), "{text}");
+            }
+            other => panic!("{ours:?}: {other:?}"),
+        }
+        assert!(started.elapsed() < BOUND, "refused at once, not by timeout");
+        assert!(holder.is_held(), "the group keeps its holder");
+    }
+
+    let mut cmd = kafka_lock();
+    cmd.args(["run", "--bootstrap", &bootstrap, "--lock", &group])
+        .args(["--session-timeout", "6s", "--heartbeat-interval", "500ms"])
+        .args(["--events", "json", "--wait", "60s", "--", "true"]);
+    let (status, _, stderr) = run_to_end(cmd);
+    assert_eq!(status, 78, "{stderr}");
+    let events = events_in(&stderr);
+    let failed = events
+        .iter()
+        .find(|e| e["event"] == "failed")
+        .unwrap_or_else(|| panic!("a failed event: {stderr}"));
+    assert_eq!(failed["kind"], "config");
+    let message = failed["message"].as_str().unwrap();
+    assert!(
+        message.contains("no ledger topic") && message.contains(&ledger),
+        "{message}"
+    );
+    assert!(!events.iter().any(|e| e["event"] == "acquired"));
+    assert!(holder.is_held(), "the group keeps its holder");
+    holder.release().await.expect("release");
+}
