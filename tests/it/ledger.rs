@@ -833,3 +833,43 @@ async fn members_that_disagree_about_the_ledger_are_refused_with_both_settings()
     assert!(holder.is_held(), "the group keeps its holder");
     holder.release().await.expect("release");
 }
+
+/// `kafka-lock run --permits 2 --ledger-topic`: the command gets a ledger token and its permit,
+/// and no checkpoint file (a semaphore has no checkpoint); `history --json` names the permit of
+/// each hold. Breaks if the CLI refused the pair again or records lost the slot.
+#[test]
+fn the_cli_runs_a_semaphore_with_a_ledger() {
+    support::init_tracing();
+    let bootstrap = kafka().bootstrap();
+    let ledger = new_ledger(&bootstrap, "ledger-cli-sem");
+    let group = support::unique_group("ledger-cli-sem-lock");
+    let mut cmd = kafka_lock();
+    cmd.args(["run", "--bootstrap", &bootstrap, "--lock", &group])
+        .args(["--ledger-topic", &ledger, "--permits", "2"])
+        .args(["--session-timeout", "6s", "--heartbeat-interval", "500ms"])
+        .args(["--wait", "60s", "--", "sh", "-c"])
+        .arg("echo \"$KAFKA_LOCK_TOKEN $KAFKA_LOCK_PERMIT ${KAFKA_LOCK_CHECKPOINT_FILE-none}\"");
+    let (status, stdout, stderr) = run_to_end(cmd);
+    assert_eq!(status, 0, "{stderr}");
+    let seen: Vec<&str> = stdout.split_whitespace().collect();
+    let [token, permit, file] = seen[..] else {
+        panic!("{stdout}")
+    };
+    assert_eq!(file, "none", "no checkpoint file for a semaphore");
+    let token: i64 = token.parse().expect("a token");
+    let permit: u16 = permit.parse().expect("a permit");
+    assert!(permit < 2);
+
+    let mut history = kafka_lock();
+    history
+        .args(["history", "--bootstrap", &bootstrap, "--lock", &group])
+        .args(["--ledger-topic", &ledger, "--json"]);
+    let (status, stdout, stderr) = run_to_end(history);
+    assert_eq!(status, 0, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).expect("history JSON");
+    let holds = v["holds"].as_array().expect("holds");
+    assert_eq!(holds.len(), 1, "{stdout}");
+    assert_eq!(holds[0]["token"], token, "{stdout}");
+    assert_eq!(holds[0]["permit"], permit, "{stdout}");
+    assert_eq!(holds[0]["end"], "released", "{stdout}");
+}
