@@ -433,6 +433,7 @@ pub fn split_members(mut data: &[u8]) -> Vec<Member> {
                     // Bit 2: a semaphore of two permits, bit 3 its slot.
                     permits: 1 + u16::from(byte(0) >> 2 & 1),
                     slot: u16::from(byte(0) >> 2 & byte(0) >> 3 & 1),
+                    ledger: None,
                 }
                 .encode()
             }

@@ -6,16 +6,18 @@
 # Without --long: the CI mode (every nemesis once, about 130 s), the same test that
 # scripts/test.sh runs. With --long: 200 episodes of nemeses drawn at random (about 30 minutes),
 # the run behind RELIABILITY.md. A seed replays the same schedule of faults; without one the
-# run picks and prints a seed. Either mode fails on any overlapping hold or accepted stale
-# write, and if the checker does not catch a contender that ignores its loss. The report,
-# every event and write, and every contender's log are kept in target/fault-suite/.
-# --permits N (N > 1) makes the native lock a semaphore of N permits; the checker then also
-# fails on more than N holders at once and judges overlaps and stale writes per permit slot.
+# run picks and prints a seed. Either mode fails on any overlapping hold, accepted stale
+# write or token inversion, and if the checker does not catch a contender that ignores its
+# loss. The report, every event and write, and every contender's log are kept in
+# target/fault-suite/.
+# --permits N (N > 1) makes the native lock a semaphore of N permits (its tokens are ledger
+# offsets, as the mutex's); the checker then also fails on more than N holders at once and
+# judges overlaps, stale writes and token order per permit slot.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-usage() { sed -n '4,13p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '4,15p' "$0" | sed 's/^# \{0,1\}//'; }
 
 test=fault::suite_ci
 ignored=()

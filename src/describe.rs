@@ -388,6 +388,7 @@ mod tests {
             label: Some(label.into()),
             permits: 1,
             slot: 0,
+            ledger: None,
         }
         .encode()
     }
@@ -404,6 +405,7 @@ mod tests {
             members: 3,
             permits: 1,
             other_holders: Vec::new(),
+            ledger: None,
         }
         .encode()
     }
@@ -422,6 +424,7 @@ mod tests {
             members: 3,
             permits: 3,
             other_holders: vec![holder("c", 2)],
+            ledger: None,
         }
         .encode()
     }

@@ -516,6 +516,7 @@ mod tests {
             label: None,
             host: None,
             pid: None,
+            slot: 0,
             kind,
         };
         assert!(o.apply(10, rec(RecordKind::Acquired { lease_ms: 1000 }, -1, "a")));

@@ -147,6 +147,31 @@ pub enum Error {
         /// The number the group's leader assigned with (1 for a leader that predates permits).
         group: u16,
     },
+    /// The lock's group takes its tokens from another ledger topic (or from none, or from one
+    /// where this member has none) than this member was given: their tokens would be unrelated
+    /// numbers. This member left the group (see `docs/protocol.md`, "Ledger setting").
+    #[error(
+        "lock {lock:?} runs with {} but this member was configured with {}; every member of a \
+         lock must use the same ledger topic, or none",
+        ledger_setting(group.as_deref()),
+        ledger_setting(ours.as_deref())
+    )]
+    LedgerMismatch {
+        /// The lock's name.
+        lock: String,
+        /// This member's ledger topic.
+        ours: Option<String>,
+        /// The group's ledger topic as its leader decided it (`None` also for a leader that
+        /// predates ledgers).
+        group: Option<String>,
+    },
+}
+
+fn ledger_setting(topic: Option<&str>) -> String {
+    match topic {
+        Some(t) => format!("ledger topic {t:?}"),
+        None => "no ledger topic".to_owned(),
+    }
 }
 
 impl Error {
@@ -174,7 +199,8 @@ impl Error {
             | Error::Lost { .. }
             | Error::Ledger(_)
             | Error::Security(_)
-            | Error::PermitsMismatch { .. } => false,
+            | Error::PermitsMismatch { .. }
+            | Error::LedgerMismatch { .. } => false,
         }
     }
 

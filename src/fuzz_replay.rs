@@ -321,6 +321,7 @@ fn write_ledger_seeds() {
         label: Some("job".into()),
         host: Some("host".into()),
         pid: Some(42),
+        slot: 0,
         kind,
     };
     let seeds = [

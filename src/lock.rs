@@ -296,6 +296,9 @@ impl LockOptions {
     /// ([`LedgerError`]). Give it replication factor 3, `min.insync.replicas=2`,
     /// `unclean.leader.election.enable=false`, `cleanup.policy=delete` with a retention as long as
     /// the history should reach back, and `compression.type=producer`.
+    ///
+    /// Every member of the lock must use the same ledger topic, or none: in native mode a member
+    /// whose setting is not the group's never holds and fails with [`Error::LedgerMismatch`].
     #[must_use = "the options are changed in the value returned"]
     pub fn ledger_topic(mut self, topic: impl Into<String>) -> Self {
         self.ledger_topic = Some(topic.into());
@@ -342,8 +345,9 @@ impl LockOptions {
     /// semaphore. Each holder gets a permit
     /// slot ([`LockGuard::permit`]) that it keeps for the whole hold; the token fences per slot
     /// (see `docs/recipes/semaphore.md`). Every member of a lock must use the same number: a
-    /// member that disagrees with the group gets [`Error::PermitsMismatch`]. Native mode only,
-    /// and not yet with a ledger topic.
+    /// member that disagrees with the group gets [`Error::PermitsMismatch`]. Native mode only.
+    /// With a ledger topic each slot's tokens are ledger offsets that increase within the slot,
+    /// and the records name the slot; checkpoints need one permit.
     pub fn permits(mut self, n: u16) -> Self {
         self.permits = n;
         self
@@ -563,13 +567,6 @@ impl LockOptions {
                 ));
             }
         }
-        if self.permits > 1 && self.ledger_topic.is_some() {
-            return bad(format!(
-                "a ledger topic cannot yet serve a lock with {} permits: its records do not name \
-                 the permit slot, so its history cannot tell concurrent holds from silent ends",
-                self.permits
-            ));
-        }
         if let Some(topic) = &self.ledger_topic {
             if topic.is_empty()
                 || topic.len() > 249
@@ -742,6 +739,7 @@ impl LockOptions {
             retry_backoff_max: self.retry_backoff_max,
             lease_margin: self.lease_margin,
             permits: self.permits,
+            ledger: self.ledger_topic.clone(),
         }
     }
 
@@ -1080,6 +1078,11 @@ fn unwrap_error(e: Arc<Error>) -> Error {
             ours: *ours,
             group: *group,
         },
+        Error::LedgerMismatch { lock, ours, group } => Error::LedgerMismatch {
+            lock: lock.clone(),
+            ours: ours.clone(),
+            group: group.clone(),
+        },
         _ => Error::Poisoned(shared.clone()),
     })
 }
@@ -1258,10 +1261,18 @@ impl LockGuard {
     /// recorded in the ledger, which outlives the group. A value longer than
     /// [`LockOptions::checkpoint_max_bytes`] is refused before anything is sent. If the hold
     /// ends while the request is on its way, its answer still decides; when none comes the
-    /// outcome is [`LedgerError::CheckpointUnknown`]: the broker may have stored it.
+    /// outcome is [`LedgerError::CheckpointUnknown`]: the broker may have stored it. A lock with
+    /// more than one permit has no checkpoint ([`Error::Config`]).
     pub async fn checkpoint(&self, value: impl Into<String>) -> Result<()> {
         let value = value.into();
         self.options.ledger_required()?;
+        if self.options.permits > 1 {
+            return Err(Error::Config(format!(
+                "lock {:?} has {} permits: a checkpoint is one per lock, and its holders would \
+                 overwrite each other's; checkpoints need a lock with one permit",
+                self.name, self.options.permits
+            )));
+        }
         let max = self.options.checkpoint_max_bytes;
         if value.len() > max {
             return Err(LedgerError::CheckpointTooLarge {

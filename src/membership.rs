@@ -126,6 +126,9 @@ pub struct MembershipConfig {
     /// How many members may hold at once (native mode; 1 = a mutex). Every member of the group
     /// must use the same number.
     pub permits: u16,
+    /// The ledger topic the lock's tokens come from, advertised in native member metadata so
+    /// that members which disagree never hold; `None` without a ledger.
+    pub ledger: Option<String>,
 }
 
 impl MembershipConfig {
@@ -937,6 +940,7 @@ impl Membership {
                     label: self.cfg.label.clone(),
                     permits: self.cfg.permits,
                     slot: self.hold.as_ref().map_or(0, |h| h.slot),
+                    ledger: self.cfg.ledger.clone(),
                 };
                 let mut p = JoinGroupRequestProtocol::default();
                 p.name = sb(assign::NATIVE_PROTOCOL);
@@ -1409,6 +1413,10 @@ impl Membership {
                     warn!(group = %self.cfg.group_id, %member, member_permits = permits, group_permits = plan.permits,
                           "a member expects another number of permits; it cannot hold");
                 }
+                for (member, ledger) in &plan.ledger_mismatched {
+                    warn!(group = %self.cfg.group_id, %member, member_ledger = ?ledger, group_ledger = ?plan.ledger,
+                          "a member uses another ledger setting; nobody new holds until it has left");
+                }
                 if plan.permits > 1 {
                     info!(group = %self.cfg.group_id, generation = self.generation, holders = ?plan.holders,
                           permits = plan.permits, "leader assigned the permits");
@@ -1546,7 +1554,25 @@ impl Membership {
             Mode::Native => match NativeAssignment::decode(bytes) {
                 Ok(a) => {
                     if a.permits != self.cfg.permits {
-                        self.permits_mismatch(a.permits, now);
+                        self.refuse(
+                            Error::PermitsMismatch {
+                                lock: self.cfg.group_id.clone(),
+                                ours: self.cfg.permits,
+                                group: a.permits,
+                            },
+                            now,
+                        );
+                        return None;
+                    }
+                    if a.ledger != self.cfg.ledger {
+                        self.refuse(
+                            Error::LedgerMismatch {
+                                lock: self.cfg.group_id.clone(),
+                                ours: self.cfg.ledger.clone(),
+                                group: a.ledger,
+                            },
+                            now,
+                        );
                         return None;
                     }
                     let holders: Vec<HolderInfo> = a
@@ -1602,15 +1628,11 @@ impl Membership {
         }
     }
 
-    /// The group runs with `group` permits and we with another number: no retry can fix that.
-    /// A hold is lost at once; the membership reports [`Error::PermitsMismatch`] and leaves, so
-    /// the group does not keep a member that can never hold.
-    fn permits_mismatch(&mut self, group: u16, now: Instant) {
-        let error = Error::PermitsMismatch {
-            lock: self.cfg.group_id.clone(),
-            ours: self.cfg.permits,
-            group,
-        };
+    /// The group runs with another number of permits or another ledger setting than ours: no
+    /// retry can fix that. A hold is lost at once; the membership reports `error`
+    /// ([`Error::PermitsMismatch`], [`Error::LedgerMismatch`]) and leaves, so the group does not
+    /// keep a member that can never hold.
+    fn refuse(&mut self, error: Error, now: Instant) {
         warn!(group = %self.cfg.group_id, member_id = %self.member_id, %error, "membership failed");
         if let Some(hold) = self.hold.take() {
             self.emit(Event::Lost {

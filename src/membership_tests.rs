@@ -33,6 +33,7 @@ fn config(mode: Mode) -> MembershipConfig {
         retry_backoff_max: Duration::from_secs(1),
         lease_margin: MARGIN,
         permits: 1,
+        ledger: None,
     }
 }
 
@@ -289,6 +290,7 @@ fn native_assignment(holder: Option<&str>, generation: i32, position: i32) -> By
         members: 2,
         permits: 1,
         other_holders: Vec::new(),
+        ledger: None,
     }
     .encode()
 }
@@ -301,6 +303,7 @@ fn meta(holds: bool, first: i32) -> MemberMetadata {
         label: None,
         permits: 1,
         slot: 0,
+        ledger: None,
     }
 }
 
@@ -1708,6 +1711,7 @@ fn permits_assignment(
         members: 4,
         permits,
         other_holders: it.collect(),
+        ledger: None,
     }
     .encode()
 }
@@ -1811,6 +1815,108 @@ fn another_number_of_permits_fails_with_both_numbers_and_leaves() {
             group: 2,
             ..
         })
+    ));
+    h.take(ApiKey::LeaveGroup);
+}
+
+// ---- ledger setting -------------------------------------------------------------------------
+
+fn ledger_config(ledger: Option<&str>) -> MembershipConfig {
+    MembershipConfig {
+        ledger: ledger.map(str::to_owned),
+        ..config(Mode::Native)
+    }
+}
+
+fn ledger_assignment(holder: Option<&str>, generation: i32, ledger: Option<&str>) -> Bytes {
+    let mut a = NativeAssignment::decode(&native_assignment(holder, generation, 1)).unwrap();
+    a.ledger = ledger.map(str::to_owned);
+    a.encode()
+}
+
+#[test]
+fn a_member_advertises_its_ledger_and_keeps_the_old_bytes_without_one() {
+    let mut h = H::with(ledger_config(Some("lg")));
+    h.find_ok();
+    let j = h.take(ApiKey::JoinGroup);
+    let offered = MemberMetadata::decode(&join_request(&j).protocols[0].metadata).unwrap();
+    assert_eq!(offered.ledger.as_deref(), Some("lg"));
+
+    let mut h = H::with(config(Mode::Native));
+    h.find_ok();
+    let j = h.take(ApiKey::JoinGroup);
+    let bytes = &join_request(&j).protocols[0].metadata;
+    assert_eq!(bytes[3], 0, "minor 0, as before ledgers");
+}
+
+#[test]
+fn another_ledger_setting_fails_with_both_settings_and_leaves() {
+    // A member with a ledger told by the leader that the group has none (also what a leader
+    // from before ledgers says).
+    let mut h = H::with(ledger_config(Some("lg")));
+    h.find_ok();
+    let j = h.take(ApiKey::JoinGroup);
+    h.reply(j.id, Ok(join_ok("m1", 4, "m0", &[])));
+    let sync = h.take(ApiKey::SyncGroup);
+    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m0"), 4, 1))));
+    let events = h.take_events();
+    match failure(&events).as_deref() {
+        Some(e @ Error::LedgerMismatch { lock, ours, group }) => {
+            assert_eq!(
+                (lock.as_str(), ours.as_deref(), group.as_deref()),
+                ("nightly-job", Some("lg"), None)
+            );
+            let text = e.to_string();
+            assert!(
+                text.contains("\"lg\"") && text.contains("no ledger topic"),
+                "{text}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(!events.iter().any(|e| matches!(e, Event::Waiting { .. })));
+    let leave = h.take(ApiKey::LeaveGroup);
+    h.reply(leave.id, Ok(leave_ok()));
+    assert!(h.m.is_done());
+
+    // Two ledger topics: the member is even named holder, but never holds.
+    let mut h = H::with(ledger_config(Some("two")));
+    h.find_ok();
+    let j = h.take(ApiKey::JoinGroup);
+    h.reply(j.id, Ok(join_ok("m1", 4, "m0", &[])));
+    let sync = h.take(ApiKey::SyncGroup);
+    h.reply(
+        sync.id,
+        Ok(sync_ok(ledger_assignment(Some("m1"), 4, Some("one")))),
+    );
+    let events = h.take_events();
+    assert!(matches!(
+        failure(&events).as_deref(),
+        Some(Error::LedgerMismatch { .. })
+    ));
+    assert!(!events.iter().any(|e| matches!(e, Event::Acquired { .. })));
+    h.take(ApiKey::LeaveGroup);
+    assert!(
+        !h.apis().contains(&ApiKey::Heartbeat),
+        "no heartbeat confirms a hold"
+    );
+}
+
+#[test]
+fn a_holder_told_of_another_ledger_setting_loses_at_once() {
+    let mut h = H::holding(2);
+    h.advance(HB);
+    let beat = h.take(ApiKey::Heartbeat);
+    h.reply(beat.id, Ok(hb(27)));
+    let j = h.take(ApiKey::JoinGroup);
+    h.reply(j.id, Ok(join_ok("m1", 3, "m2", &[])));
+    let sync = h.take(ApiKey::SyncGroup);
+    h.reply(sync.id, Ok(sync_ok(ledger_assignment(None, 3, Some("lg")))));
+    let events = h.take_events();
+    assert_eq!(lost(&events), Some(LossReason::Fatal));
+    assert!(matches!(
+        failure(&events).as_deref(),
+        Some(Error::LedgerMismatch { ours: None, group: Some(g), .. }) if g == "lg"
     ));
     h.take(ApiKey::LeaveGroup);
 }

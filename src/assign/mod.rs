@@ -143,6 +143,7 @@ pub fn fuzz_peer_bytes(data: &[u8]) {
         label: None,
         permits: 1,
         slot: 0,
+        ledger: None,
     }
     .encode();
     let members = [
@@ -226,6 +227,7 @@ mod tests {
                 label: Some("x".into()),
                 permits: 1,
                 slot: 0,
+                ledger: None,
             }
             .encode()[..],
         ] {

@@ -23,10 +23,14 @@ pub const NATIVE_PROTOCOL: &str = "sticky-fifo-v1";
 /// rejected with [`PeerDataError::UnsupportedVersion`].
 pub const NATIVE_MAJOR_VERSION: u8 = 1;
 
-/// Highest minor version written by this build. A lock with one permit writes minor 0, byte for
-/// byte as builds before permits did; minor 1 appends the permit fields. Readers accept any minor
-/// of their major; fields a newer minor appends are skipped (see `docs/protocol.md`, "Versioning").
-pub const NATIVE_MINOR_VERSION: u8 = 1;
+/// Highest minor version written by this build. A lock with one permit and no ledger writes
+/// minor 0, byte for byte as builds before permits did; minor 1 appends the permit fields, minor 2
+/// the ledger topic after them. Readers accept any minor of their major; fields a newer minor
+/// appends are skipped (see `docs/protocol.md`, "Versioning").
+pub const NATIVE_MINOR_VERSION: u8 = 2;
+
+/// Longest ledger topic name, in bytes: Kafka's limit on topic names.
+pub const MAX_LEDGER_TOPIC_LEN: usize = 249;
 
 /// Longest label, in UTF-8 bytes. Longer labels are cut at a character boundary when encoding.
 pub const MAX_LABEL_LEN: usize = 256;
@@ -74,6 +78,9 @@ pub struct MemberMetadata {
     pub permits: u16,
     /// The permit slot the member holds (`0..permits`); 0 when it does not hold.
     pub slot: u16,
+    /// The ledger topic the member takes its tokens from; `None` for generation tokens. Every
+    /// member of a group must agree (a member of a build before ledgers counts as `None`).
+    pub ledger: Option<String>,
 }
 
 /// A permit holder as named in every member's assignment.
@@ -105,6 +112,9 @@ pub struct NativeAssignment {
     /// The other holders, by ascending slot (each slot at most once, none below
     /// `holder`'s). They share `holder`'s generation; empty without a holder.
     pub other_holders: Vec<Holder>,
+    /// The group's ledger topic as the leader decided it (`None` when the leader predates
+    /// ledgers). A member configured otherwise must not take part.
+    pub ledger: Option<String>,
 }
 
 impl NativeAssignment {
@@ -133,6 +143,13 @@ pub struct NativePlan {
     /// get an assignment (naming the group's permits, so they can report the mismatch) but can
     /// never hold.
     pub mismatched: Vec<(String, u16)>,
+    /// The group's ledger topic: that of the most recent claimant, else of the first member in
+    /// FIFO order, else none.
+    pub ledger: Option<String>,
+    /// Members that use another ledger setting than the group's, with theirs. They can never
+    /// hold, and while any is in the generation nobody new is named holder (see
+    /// [`assign_native`]).
+    pub ledger_mismatched: Vec<(String, Option<String>)>,
 }
 
 /// Reads magic and version and returns the minor version.
@@ -223,6 +240,23 @@ fn read_slot(r: &mut Reader<'_>, permits: u16, what: &'static str) -> Result<u16
     Ok(s)
 }
 
+fn read_ledger(r: &mut Reader<'_>, what: &'static str) -> Result<Option<String>, PeerDataError> {
+    match r.u16(what)? {
+        NO_LABEL => Ok(None),
+        0 => Err(PeerDataError::OutOfRange { what, value: 0 }),
+        len => r
+            .utf8(usize::from(len), MAX_LEDGER_TOPIC_LEN, what)
+            .map(Some),
+    }
+}
+
+fn put_ledger(buf: &mut BytesMut, ledger: Option<&str>) {
+    match ledger {
+        Some(t) => put_u16_str(buf, t, MAX_LEDGER_TOPIC_LEN),
+        None => buf.put_u16(NO_LABEL),
+    }
+}
+
 fn put_label(buf: &mut BytesMut, label: Option<&str>) {
     match label {
         Some(l) => put_u16_str(buf, l, MAX_LABEL_LEN),
@@ -235,12 +269,17 @@ fn label_len(label: Option<&str>) -> usize {
 }
 
 impl MemberMetadata {
-    /// Encodes at [`NATIVE_MAJOR_VERSION`]: minor 0 for a mutex (one permit, slot 0), exactly
-    /// as builds before permits; minor 1 otherwise. A label longer than [`MAX_LABEL_LEN`] bytes
-    /// is cut at a character boundary.
+    /// Encodes at [`NATIVE_MAJOR_VERSION`]: minor 0 for a mutex (one permit, slot 0) without a
+    /// ledger, exactly as builds before permits; minor 2 with a ledger; minor 1 otherwise. A
+    /// label longer than [`MAX_LABEL_LEN`] bytes is cut at a character boundary.
     pub fn encode(&self) -> Bytes {
-        let minor = u8::from(self.permits != 1 || self.slot != 0);
-        let mut buf = BytesMut::with_capacity(19 + label_len(self.label.as_deref()));
+        let minor = if self.ledger.is_some() {
+            2
+        } else {
+            u8::from(self.permits != 1 || self.slot != 0)
+        };
+        let ledger_len = self.ledger.as_ref().map_or(0, |t| 2 + t.len());
+        let mut buf = BytesMut::with_capacity(19 + label_len(self.label.as_deref()) + ledger_len);
         buf.put_slice(&METADATA_MAGIC);
         buf.put_u8(NATIVE_MAJOR_VERSION);
         buf.put_u8(minor);
@@ -252,11 +291,14 @@ impl MemberMetadata {
             buf.put_u16(self.permits);
             buf.put_u16(self.slot);
         }
+        if minor >= 2 {
+            put_ledger(&mut buf, self.ledger.as_deref());
+        }
         buf.freeze()
     }
 
     /// Decodes metadata sent by another member. Minor 0 (builds before permits) means one
-    /// permit, slot 0.
+    /// permit, slot 0; below minor 2 (builds before ledgers), no ledger.
     pub fn decode(data: &[u8]) -> Result<Self, PeerDataError> {
         const WHAT: &str = "member metadata";
         let mut r = Reader::new(data);
@@ -278,6 +320,11 @@ impl MemberMetadata {
         } else {
             (1, 0)
         };
+        let ledger = if minor >= 2 {
+            read_ledger(&mut r, "member ledger topic")?
+        } else {
+            None
+        };
         check_end(&r, minor, WHAT)?;
         Ok(Self {
             holds: flags & METADATA_FLAG_HOLDS != 0,
@@ -286,22 +333,28 @@ impl MemberMetadata {
             label,
             permits,
             slot,
+            ledger,
         })
     }
 }
 
 impl NativeAssignment {
     /// Encodes at [`NATIVE_MAJOR_VERSION`]: minor 0 for one permit with at most a holder in slot
-    /// 0, exactly as builds before permits; minor 1 otherwise. Over-long member ids and labels
+    /// 0 and no ledger, exactly as builds before permits; minor 2 with a ledger; minor 1
+    /// otherwise. Over-long member ids and labels
     /// are cut at a character boundary (see [`MAX_MEMBER_ID_LEN`], [`MAX_LABEL_LEN`]); without a
     /// holder, `other_holders` is not written, and their generations are not written at all
     /// (they are the holder's).
     pub fn encode(&self) -> Bytes {
-        let minor = u8::from(
-            self.permits != 1
-                || !self.other_holders.is_empty()
-                || self.holder.as_ref().is_some_and(|h| h.slot != 0),
-        );
+        let minor = if self.ledger.is_some() {
+            2
+        } else {
+            u8::from(
+                self.permits != 1
+                    || !self.other_holders.is_empty()
+                    || self.holder.as_ref().is_some_and(|h| h.slot != 0),
+            )
+        };
         let id_and_label = |h: &Holder| {
             truncate_utf8(&h.member_id, MAX_MEMBER_ID_LEN).len() + label_len(h.label.as_deref())
         };
@@ -311,7 +364,8 @@ impl NativeAssignment {
             .iter()
             .map(|h| MIN_OTHER_HOLDER_LEN + id_and_label(h))
             .sum();
-        let mut buf = BytesMut::with_capacity(13 + holder_len + 6 + others_len);
+        let ledger_len = self.ledger.as_ref().map_or(0, |t| 2 + t.len());
+        let mut buf = BytesMut::with_capacity(13 + holder_len + 6 + others_len + ledger_len);
         buf.put_slice(&ASSIGNMENT_MAGIC);
         buf.put_u8(NATIVE_MAJOR_VERSION);
         buf.put_u8(minor);
@@ -344,12 +398,15 @@ impl NativeAssignment {
                 None => buf.put_u16(0),
             }
         }
+        if minor >= 2 {
+            put_ledger(&mut buf, self.ledger.as_deref());
+        }
         buf.freeze()
     }
 
     /// Decodes the assignment the leader sent this member. Empty input (a leader that left this
     /// member out) is [`PeerDataError::Empty`]. Minor 0 (a leader before permits) means one
-    /// permit, the holder in slot 0.
+    /// permit, the holder in slot 0; below minor 2 (a leader before ledgers), no ledger.
     pub fn decode(data: &[u8]) -> Result<Self, PeerDataError> {
         const WHAT: &str = "assignment";
         let mut r = Reader::new(data);
@@ -440,6 +497,11 @@ impl NativeAssignment {
                 }
             }
         }
+        let ledger = if minor >= 2 {
+            read_ledger(&mut r, "assignment ledger topic")?
+        } else {
+            None
+        };
         check_end(&r, minor, WHAT)?;
         Ok(Self {
             holder,
@@ -447,6 +509,7 @@ impl NativeAssignment {
             members,
             permits,
             other_holders,
+            ledger,
         })
     }
 }
@@ -480,10 +543,16 @@ fn fifo_key<'a>(
 ///    `holder_generation`, then FIFO order), else that of the first member in FIFO order.
 ///    Members that expect another number are listed in [`NativePlan::mismatched`], can never
 ///    hold, and get position -1.
-/// 3. **Sticky.** Claimants in order of `holder_generation` descending, then FIFO, each keep
+/// 3. **Ledger.** The group's ledger topic (or none) is chosen the same way, among the members
+///    that agree on the permits. Members with another setting are listed in
+///    [`NativePlan::ledger_mismatched`], can never hold, and get position -1; while any is in
+///    the generation, claimants keep their slots but no free slot is handed out, so nobody new
+///    holds until every member agrees (the mismatched ones fail and leave when they read their
+///    assignment).
+/// 4. **Sticky.** Claimants in order of `holder_generation` descending, then FIFO, each keep
 ///    the slot they claim unless an earlier one in that order took it; a claimant that lost its
 ///    slot gets none in this generation.
-/// 4. **FIFO.** Free slots, lowest first, go to the other members in FIFO order: the earliest
+/// 5. **FIFO.** Free slots, lowest first, go to the other members in FIFO order: the earliest
 ///    `first_joined_generation` (≥ 0) first; members that never completed a join (-1) come last;
 ///    ties by member id, bytewise.
 ///
@@ -519,6 +588,23 @@ pub fn assign_native(generation: i32, members: &[(String, Option<String>, Bytes)
         }
     }
 
+    // Tokens from a ledger and from generations (or from two ledgers) are unrelated numbers, so
+    // holders must never be named under two settings. The most recent claimant's setting wins,
+    // as it is the one the resource has been seeing tokens of.
+    let ledger = claimants
+        .iter()
+        .copied()
+        .chain(0..eligible.len())
+        .find(|&p| agrees[p])
+        .and_then(|p| eligible[p].2.ledger.clone());
+    let mut ledger_mismatched = Vec::new();
+    for (p, (_, id, md)) in eligible.iter().enumerate() {
+        if agrees[p] && md.ledger != ledger {
+            agrees[p] = false;
+            ledger_mismatched.push(((*id).to_owned(), md.ledger.clone()));
+        }
+    }
+
     // slot -> position in `eligible`
     let mut slots: Vec<Option<usize>> = vec![None; usize::from(permits)];
     let mut lost_claim = vec![false; eligible.len()];
@@ -534,8 +620,9 @@ pub fn assign_native(generation: i32, members: &[(String, Option<String>, Bytes)
         }
     }
     let holding = |slots: &[Option<usize>], p: usize| slots.contains(&Some(p));
+    // While members disagree about the ledger, no new hold begins under either setting.
     let mut free = (0..slots.len())
-        .filter(|&s| slots[s].is_none())
+        .filter(|&s| slots[s].is_none() && ledger_mismatched.is_empty())
         .collect::<Vec<_>>();
     free.reverse();
     for p in 0..eligible.len() {
@@ -582,6 +669,7 @@ pub fn assign_native(generation: i32, members: &[(String, Option<String>, Bytes)
                 members: member_count,
                 permits,
                 other_holders: other_holders.clone(),
+                ledger: ledger.clone(),
             };
             (id.clone(), a.encode())
         })
@@ -594,6 +682,8 @@ pub fn assign_native(generation: i32, members: &[(String, Option<String>, Bytes)
         assignments,
         rejected,
         mismatched,
+        ledger,
+        ledger_mismatched,
     }
 }
 
@@ -610,6 +700,7 @@ mod tests {
             label: label.map(str::to_owned),
             permits: 1,
             slot: 0,
+            ledger: None,
         }
     }
 
@@ -670,6 +761,7 @@ mod tests {
             members: 3,
             permits: 1,
             other_holders: Vec::new(),
+            ledger: None,
         };
         assert_eq!(
             &a.encode()[..],
@@ -689,6 +781,7 @@ mod tests {
             members: 1,
             permits: 1,
             other_holders: Vec::new(),
+            ledger: None,
         };
         assert_eq!(
             &none.encode()[..],
@@ -762,6 +855,7 @@ mod tests {
         let mut m3 = md(true, 1, 2, Some("l"));
         m3.permits = 3;
         m3.slot = 2;
+        m3.ledger = Some("lg".into());
         let mut newer = m3.encode().to_vec();
         newer[3] = NATIVE_MINOR_VERSION + 1;
         newer[4] |= 0x40;
@@ -774,6 +868,7 @@ mod tests {
             members: 1,
             permits: 2,
             other_holders: Vec::new(),
+            ledger: Some("lg".into()),
         }
         .encode()
         .to_vec();
@@ -802,6 +897,7 @@ mod tests {
                 generation: 4,
                 slot: 1,
             }],
+            ledger: None,
         }
         .encode();
         assert_eq!(a[3], 1);
@@ -837,6 +933,7 @@ mod tests {
                 members,
                 permits: 1,
                 other_holders: Vec::new(),
+                ledger: None,
             };
             assert!(
                 matches!(
@@ -874,6 +971,7 @@ mod tests {
             members: 1,
             permits: 1,
             other_holders: Vec::new(),
+            ledger: None,
         }
         .encode()
         .to_vec();
@@ -917,6 +1015,7 @@ mod tests {
             members: 4,
             permits: 1,
             other_holders: Vec::new(),
+            ledger: None,
         }
         .encode();
         for cut in 0..a.len() {
@@ -1113,6 +1212,7 @@ mod tests {
                     label: label.clone(),
                     permits,
                     slot,
+                    ledger: None,
                 })
             })
     }
@@ -1159,6 +1259,7 @@ mod tests {
                     members,
                     permits,
                     other_holders: other_holders.clone(),
+                    ledger: None,
                 })
             })
     }
@@ -1312,6 +1413,7 @@ mod tests {
                 generation: 4,
                 slot: 2,
             }],
+            ledger: None,
         };
         assert_eq!(
             &a.encode()[..],
@@ -1375,6 +1477,7 @@ mod tests {
             members: 2,
             permits: 2,
             other_holders: vec![holder(1)],
+            ledger: None,
         }
         .encode()
         .to_vec();
@@ -1573,6 +1676,7 @@ mod tests {
                             label: None,
                             permits: s.permits,
                             slot: hold.map_or(0, |h| h.0),
+                            ledger: None,
                         };
                         (s.id.clone(), None, m.encode())
                     })
@@ -1621,5 +1725,150 @@ mod tests {
                 }
             }
         }
+    }
+
+    // ---- ledger setting ----------------------------------------------------------------------
+
+    fn mdl(holds: bool, first: i32, holder_gen: i32, ledger: Option<&str>) -> MemberMetadata {
+        MemberMetadata {
+            ledger: ledger.map(str::to_owned),
+            ..md(holds, first, holder_gen, None)
+        }
+    }
+
+    #[test]
+    fn minor_2_layouts_match_the_documented_tables() {
+        let m = mdl(false, 7, -1, Some("lg"));
+        assert_eq!(
+            &m.encode()[..],
+            &[
+                b'k', b'm', 1, 2,    // magic, major, minor
+                0x00, // flags
+                0, 0, 0, 7, // first_joined_generation
+                0xff, 0xff, 0xff, 0xff, // holder_generation
+                0xff, 0xff, // no label
+                0, 1, // permits
+                0, 0, // slot
+                0, 2, b'l', b'g', // ledger topic
+            ][..]
+        );
+        assert_eq!(MemberMetadata::decode(&m.encode()), Ok(m));
+        let a = NativeAssignment {
+            holder: None,
+            position: 0,
+            members: 1,
+            permits: 1,
+            other_holders: Vec::new(),
+            ledger: Some("lg".into()),
+        };
+        assert_eq!(
+            &a.encode()[..],
+            &[
+                b'k', b'a', 1, 2,    // magic, major, minor
+                0x00, // flags
+                0, 0, 0, 0, // position
+                0, 0, 0, 1, // members
+                0, 1, // permits
+                0, 0, // other holders
+                0, 2, b'l', b'g', // ledger topic
+            ][..]
+        );
+        assert_eq!(NativeAssignment::decode(&a.encode()), Ok(a));
+    }
+
+    #[test]
+    fn no_ledger_keeps_the_minor_0_and_1_bytes() {
+        // A mutex without a ledger is byte for byte what builds before ledgers wrote.
+        assert_eq!(md(false, 1, -1, None).encode()[3], 0);
+        assert_eq!(mdn(false, 1, -1, 2, 0).encode()[3], 1);
+        // A build before ledgers (minor 1) reads as "no ledger"; one after (minor 3) is read
+        // with its unknown tail skipped.
+        let old = mdn(true, 1, 2, 2, 1);
+        assert_eq!(MemberMetadata::decode(&old.encode()).unwrap().ledger, None);
+        let mut newer = mdl(false, 1, -1, Some("lg")).encode().to_vec();
+        newer[3] = 3;
+        newer.extend_from_slice(&[9, 9]);
+        assert_eq!(
+            MemberMetadata::decode(&newer).unwrap().ledger.as_deref(),
+            Some("lg")
+        );
+        // An empty topic name is not a setting.
+        let mut empty = mdl(false, 1, -1, Some("lg")).encode().to_vec();
+        let n = empty.len();
+        empty.truncate(n - 2);
+        empty[n - 4..n - 2].copy_from_slice(&0u16.to_be_bytes());
+        assert!(matches!(
+            MemberMetadata::decode(&empty),
+            Err(PeerDataError::OutOfRange {
+                what: "member ledger topic",
+                value: 0
+            })
+        ));
+    }
+
+    #[test]
+    fn members_that_disagree_about_the_ledger_hold_nothing_new() {
+        // No holder: the earliest member's setting is the group's; nobody holds while the
+        // other member is in the generation.
+        let members = [
+            member("a", &mdl(false, 3, -1, Some("lg"))),
+            member("b", &mdl(false, 4, -1, None)),
+        ];
+        let plan = assign_native(5, &members);
+        assert_eq!(plan.holder, None);
+        assert_eq!(plan.ledger.as_deref(), Some("lg"));
+        assert_eq!(plan.ledger_mismatched, [("b".to_owned(), None)]);
+        let got = decoded(&plan);
+        assert!(got.iter().all(|(_, a)| a.holder.is_none()));
+        assert!(got.iter().all(|(_, a)| a.ledger.as_deref() == Some("lg")));
+        assert_eq!(position_of(&plan, "b"), -1);
+        assert_eq!(position_of(&plan, "a"), 1);
+
+        // A holder keeps its lock and its setting is the group's, even against the earliest.
+        let members = [
+            member("a", &mdl(false, 3, -1, None)),
+            member("b", &mdl(true, 4, 6, Some("lg"))),
+            member("c", &mdl(false, 5, -1, Some("lg"))),
+        ];
+        let plan = assign_native(7, &members);
+        assert_eq!(plan.holder.as_deref(), Some("b"));
+        assert_eq!(plan.ledger.as_deref(), Some("lg"));
+        assert_eq!(plan.ledger_mismatched, [("a".to_owned(), None)]);
+        assert_eq!(position_of(&plan, "a"), -1);
+
+        // Two ledger topics disagree as much as a ledger and none.
+        let members = [
+            member("a", &mdl(false, 3, -1, Some("one"))),
+            member("b", &mdl(false, 4, -1, Some("two"))),
+        ];
+        let plan = assign_native(5, &members);
+        assert_eq!(plan.holder, None);
+        assert_eq!(
+            plan.ledger_mismatched,
+            [("b".to_owned(), Some("two".into()))]
+        );
+
+        // Once the other member has left, the lock is assigned again.
+        let plan = assign_native(6, &members[..1]);
+        assert_eq!(plan.holder.as_deref(), Some("a"));
+        assert!(plan.ledger_mismatched.is_empty());
+    }
+
+    #[test]
+    fn a_semaphore_fills_no_free_slot_while_a_member_disagrees_about_the_ledger() {
+        let lm = |holds, first, gen, slot, ledger: Option<&str>| MemberMetadata {
+            ledger: ledger.map(str::to_owned),
+            ..mdn(holds, first, gen, 3, slot)
+        };
+        let members = [
+            member("a", &lm(true, 1, 4, 1, Some("lg"))),
+            member("b", &lm(false, 2, -1, 0, Some("lg"))),
+            member("c", &lm(false, 3, -1, 0, None)),
+        ];
+        let plan = assign_native(5, &members);
+        assert_eq!(holders_of(&plan), [(1, "a")]);
+        assert_eq!(plan.ledger_mismatched, [("c".to_owned(), None)]);
+        let plan = assign_native(6, &members[..2]);
+        assert_eq!(holders_of(&plan), [(0, "b"), (1, "a")]);
     }
 }

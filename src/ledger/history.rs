@@ -27,8 +27,8 @@ pub enum HoldEnd {
         /// The holder's explanation.
         detail: String,
     },
-    /// No end record, and a later hold began: this one ended before then without a word (its
-    /// holder was killed, or cut off from the cluster for good).
+    /// No end record, and a later hold of the same permit slot began: this one ended before then
+    /// without a word (its holder was killed, or cut off from the cluster for good).
     Silent {
         /// The token of the next hold.
         next_token: i64,
@@ -41,8 +41,8 @@ pub enum HoldEnd {
         /// The token of the retried append.
         by: i64,
     },
-    /// No end record and no later hold: the hold is still running, or its holder died and
-    /// nobody has taken the lock since.
+    /// No end record and no later hold of its slot: the hold is still running, or its holder
+    /// died and nobody has taken its permit since.
     #[default]
     Open,
 }
@@ -82,6 +82,8 @@ impl HoldEnd {
 pub struct Hold {
     /// The fencing token: the offset of the ACQUIRED record.
     pub token: i64,
+    /// The permit slot held (always 0 for a mutex); tokens increase within each slot.
+    pub slot: u16,
     /// The group generation when the hold began (or of the first later record, if the ACQUIRED
     /// record is gone).
     pub generation: i32,
@@ -210,6 +212,7 @@ pub fn fold<'a>(
         }
         let hold = holds.entry(token).or_insert_with(|| Hold {
             token,
+            slot: record.slot,
             generation: record.generation,
             member_id: record.member_id.clone(),
             label: record.label.clone(),
@@ -249,11 +252,18 @@ pub fn fold<'a>(
         }
     }
     let mut holds: Vec<Hold> = holds.into_values().collect();
+    // Holds of different slots overlap by design: a hold without an end record ended silently
+    // only if a later hold of its own slot began.
+    let mut next_of_slot: BTreeMap<u16, usize> = BTreeMap::new();
+    let mut next_index = vec![None; holds.len()];
+    for i in (0..holds.len()).rev() {
+        next_index[i] = next_of_slot.insert(holds[i].slot, i);
+    }
     for i in 0..holds.len() {
         if holds[i].end != HoldEnd::Open {
             continue;
         }
-        let Some(next) = holds.get(i + 1) else {
+        let Some(next) = next_index[i].map(|n| &holds[n]) else {
             continue;
         };
         let end = if next.member_id == holds[i].member_id && next.generation == holds[i].generation

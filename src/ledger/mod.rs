@@ -697,6 +697,9 @@ pub struct Ledger {
     /// The ledger topic's id as first seen: a topic deleted and created again under the same
     /// name starts its offsets at 0 again, so it cannot go on serving this process's tokens.
     topic_id: Option<Uuid>,
+    /// The permit slot of the current (or last) hold, written into its records: a semaphore's
+    /// tokens increase within each slot, and readers fold each slot's holds apart.
+    slot: u16,
 }
 
 impl std::fmt::Debug for Ledger {
@@ -747,6 +750,7 @@ impl Ledger {
             warned_at: None,
             attempts: 0,
             topic_id,
+            slot: 0,
         }
     }
 
@@ -865,6 +869,7 @@ impl Ledger {
                     debug!(lock = %self.cfg.lock, generation = token.generation,
                            "assigned; appending ACQUIRED to the ledger before the hold begins");
                     self.poll = Poll::Off;
+                    self.slot = permit;
                     let batch = self.record_batch(
                         &token,
                         -1,
@@ -1090,6 +1095,7 @@ impl Ledger {
             label: self.cfg.label.clone(),
             host: self.cfg.host.clone(),
             pid: self.cfg.pid,
+            slot: self.slot,
             kind,
         }
         .encode();

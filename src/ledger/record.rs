@@ -6,13 +6,17 @@
 //! record, which is the hold's fencing token.
 //!
 //! Records are written by other processes and read back by everyone: the decoder is strict about
-//! version 1 (no unknown kinds, no bytes after the last field), checks every length against the
+//! versions 1 and 2 (no unknown kinds, no bytes after the last field), checks every length against the
 //! bytes that are left before allocating, and returns a [`RecordError`] for anything else.
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-/// The value format this build writes and reads.
-pub const RECORD_VERSION: u8 = 1;
+/// The highest value format this build writes and reads. Version 1 is a record of slot 0 (a
+/// mutex, and every record of builds before semaphores had ledgers); version 2 appends the permit
+/// slot and is written only for slots above 0, so a mutex's records keep version 1's bytes.
+pub const RECORD_VERSION: u8 = 2;
+/// Highest permit slot a record can name (`MAX_PERMITS - 1`).
+pub const MAX_SLOT: u16 = crate::assign::MAX_PERMITS - 1;
 /// Longest member id kept in a record (Kafka strings never exceed it).
 pub const MAX_MEMBER_ID: usize = i16::MAX as usize;
 /// Longest label kept in a record, as in member metadata.
@@ -93,6 +97,8 @@ pub struct LedgerRecord {
     pub host: Option<String>,
     /// The holder's process id, if known.
     pub pid: Option<u32>,
+    /// The hold's permit slot (always 0 for a mutex): tokens increase within each slot.
+    pub slot: u16,
     /// What happened.
     pub kind: RecordKind,
 }
@@ -108,9 +114,9 @@ pub enum RecordError {
         what: &'static str,
     },
     /// A format version this build does not read (written by a newer kafka-lock).
-    #[error("ledger record format version {0}; this build reads version {RECORD_VERSION}")]
+    #[error("ledger record format version {0}; this build reads versions 1 to {RECORD_VERSION}")]
     UnsupportedVersion(u8),
-    /// A kind byte that version 1 does not define.
+    /// A kind byte that the format does not define.
     #[error("ledger record of unknown kind {0}")]
     UnknownKind(u8),
     /// A length above the field's bound.
@@ -152,7 +158,8 @@ impl LedgerRecord {
     /// comes from local settings or from the broker, and a ledger record must always be writable.
     pub fn encode(&self) -> Bytes {
         let mut b = BytesMut::with_capacity(64 + self.member_id.len());
-        b.put_u8(RECORD_VERSION);
+        let version = if self.slot == 0 { 1 } else { 2 };
+        b.put_u8(version);
         b.put_u8(self.kind.code());
         b.put_i64(self.unix_ms);
         b.put_i64(self.hold);
@@ -177,6 +184,9 @@ impl LedgerRecord {
                 put_str(&mut b, Some(value), MAX_CHECKPOINT);
             }
         }
+        if version >= 2 {
+            b.put_u16(self.slot);
+        }
         b.freeze()
     }
 
@@ -184,7 +194,7 @@ impl LedgerRecord {
     pub fn decode(value: &[u8]) -> Result<LedgerRecord, RecordError> {
         let mut r = Reader(value);
         let version = r.u8("the format version")?;
-        if version != RECORD_VERSION {
+        if !(1..=RECORD_VERSION).contains(&version) {
             return Err(RecordError::UnsupportedVersion(version));
         }
         let code = r.u8("the kind")?;
@@ -242,6 +252,18 @@ impl LedgerRecord {
                 value: r.required_str(MAX_CHECKPOINT, "the checkpoint")?,
             },
         };
+        let slot = if version >= 2 {
+            let slot = r.u16("the permit slot")?;
+            if slot > MAX_SLOT {
+                return Err(RecordError::OutOfRange {
+                    what: "the permit slot",
+                    value: i64::from(slot),
+                });
+            }
+            slot
+        } else {
+            0
+        };
         if !r.0.is_empty() {
             return Err(RecordError::TrailingBytes { len: r.0.len() });
         }
@@ -253,6 +275,7 @@ impl LedgerRecord {
             label,
             host,
             pid,
+            slot,
             kind,
         })
     }
@@ -302,6 +325,10 @@ impl<'a> Reader<'a> {
 
     fn u8(&mut self, what: &'static str) -> Result<u8, RecordError> {
         Ok(self.array::<1>(what)?[0])
+    }
+
+    fn u16(&mut self, what: &'static str) -> Result<u16, RecordError> {
+        Ok(u16::from_be_bytes(self.array(what)?))
     }
 
     fn i32(&mut self, what: &'static str) -> Result<i32, RecordError> {

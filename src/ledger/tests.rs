@@ -247,6 +247,7 @@ fn record(kind: RecordKind, hold: i64) -> LedgerRecord {
         label: None,
         host: None,
         pid: None,
+        slot: 0,
         kind,
     }
 }
@@ -1418,10 +1419,11 @@ fn records_round_trip_every_kind() {
             label: Some("job".into()),
             host: None,
             pid: Some(1),
+            slot: 0,
             kind,
         };
         let bytes = rec.encode();
-        assert_eq!(bytes[0], RECORD_VERSION);
+        assert_eq!(bytes[0], 1, "a slot-0 record keeps version 1");
         assert_eq!(LedgerRecord::decode(&bytes), Ok(rec));
     }
 }
@@ -1439,8 +1441,12 @@ fn bad_records_are_typed_errors() {
         Err(RecordError::Truncated { .. })
     ));
     assert_eq!(
-        LedgerRecord::decode(&with(0, 2)),
-        Err(RecordError::UnsupportedVersion(2))
+        LedgerRecord::decode(&with(0, 3)),
+        Err(RecordError::UnsupportedVersion(3))
+    );
+    assert_eq!(
+        LedgerRecord::decode(&with(0, 0)),
+        Err(RecordError::UnsupportedVersion(0))
     );
     assert_eq!(
         LedgerRecord::decode(&with(1, 9)),
@@ -1507,6 +1513,7 @@ fn rec(member: &str, generation: i32, unix_ms: i64, kind: RecordKind, hold: i64)
         label: None,
         host: Some("h".into()),
         pid: Some(1),
+        slot: 0,
         kind,
     }
     .encode()
@@ -1630,8 +1637,125 @@ fn the_documented_example_decodes() {
         label: None,
         host: Some("h".into()),
         pid: Some(42),
+        slot: 0,
         kind: RecordKind::Released { held_ms: 1500 },
     };
     assert_eq!(LedgerRecord::decode(&bytes), Ok(want.clone()));
     assert_eq!(&want.encode()[..], &bytes[..]);
+}
+
+// ---- permit slots ---------------------------------------------------------------------------
+
+fn rec_in(member: &str, slot: u16, unix_ms: i64, kind: RecordKind, hold: i64) -> Bytes {
+    let mut r = LedgerRecord::decode(&rec(member, 1, unix_ms, kind, hold)).unwrap();
+    r.slot = slot;
+    r.encode()
+}
+
+#[test]
+fn a_record_of_a_slot_above_0_is_version_2_with_the_slot_last() {
+    let mut r = record(RecordKind::Released { held_ms: 1500 }, 7);
+    let v1 = r.encode();
+    assert_eq!(v1[0], 1);
+    r.slot = 3;
+    let v2 = r.encode();
+    assert_eq!(v2[0], 2);
+    assert_eq!(
+        &v2[1..v2.len() - 2],
+        &v1[1..],
+        "the version 1 fields, unchanged"
+    );
+    assert_eq!(&v2[v2.len() - 2..], &[0, 3]);
+    assert_eq!(LedgerRecord::decode(&v2), Ok(r.clone()));
+    // Version 1 is slot 0, and has no room for one.
+    assert_eq!(LedgerRecord::decode(&v1).map(|r| r.slot), Ok(0));
+    let mut long = v1.to_vec();
+    long.extend_from_slice(&[0, 3]);
+    assert_eq!(
+        LedgerRecord::decode(&long),
+        Err(RecordError::TrailingBytes { len: 2 })
+    );
+    // A slot no lock can have, a missing slot, a version after 2.
+    let mut bad = v2.to_vec();
+    let n = bad.len();
+    bad[n - 2..].copy_from_slice(&crate::assign::MAX_PERMITS.to_be_bytes());
+    assert!(matches!(
+        LedgerRecord::decode(&bad),
+        Err(RecordError::OutOfRange {
+            what: "the permit slot",
+            ..
+        })
+    ));
+    assert!(matches!(
+        LedgerRecord::decode(&v2[..v2.len() - 1]),
+        Err(RecordError::Truncated { .. })
+    ));
+    let mut v3 = v2.to_vec();
+    v3[0] = 3;
+    assert_eq!(
+        LedgerRecord::decode(&v3),
+        Err(RecordError::UnsupportedVersion(3))
+    );
+}
+
+#[test]
+fn history_folds_each_slot_apart() {
+    let acq = || RecordKind::Acquired { lease_ms: 9000 };
+    let released = || RecordKind::Released { held_ms: 10 };
+    let values: Vec<(i64, Bytes)> = vec![
+        // Two permits held at once: neither ended silently because the other began.
+        (1, rec_in("a", 0, 1_000, acq(), -1)),
+        (2, rec_in("b", 1, 1_100, acq(), -1)),
+        (3, rec_in("a", 0, 2_000, released(), 1)),
+        // c takes slot 0; b (slot 1) was killed and d took its slot later.
+        (4, rec_in("c", 0, 2_100, acq(), -1)),
+        (5, rec_in("d", 1, 3_000, acq(), -1)),
+        (6, rec_in("d", 1, 3_500, released(), 5)),
+    ];
+    let h = fold(values.iter().map(|(o, v)| (*o, Some(&v[..]))), 1, 7);
+    let ends: Vec<(i64, u16, &str)> = h
+        .holds
+        .iter()
+        .map(|x| (x.token, x.slot, x.end.name()))
+        .collect();
+    assert_eq!(
+        ends,
+        [
+            (1, 0, "released"),
+            (2, 1, "silent"),
+            (4, 0, "open"),
+            (5, 1, "released")
+        ]
+    );
+    assert_eq!(
+        h.holds[1].end,
+        HoldEnd::Silent {
+            next_token: 5,
+            before_unix_ms: Some(3_000)
+        }
+    );
+}
+
+#[test]
+fn every_record_of_a_hold_names_its_slot() {
+    let mut r = Rig::new();
+    r.view.holding = true;
+    r.view.lease_end = Some(r.now + LEASE);
+    let lease_end = r.now + LEASE;
+    r.member(Event::Acquired {
+        token: token(3),
+        lease_end,
+        permit: 2,
+    });
+    let t = r.last().clone();
+    assert_eq!(appended(&t).slot, 2);
+    r.answer(t.id, produced_at(42));
+    assert!(matches!(
+        r.events.last(),
+        Some(Event::Acquired { permit: 2, .. })
+    ));
+    r.member(Event::Released);
+    r.membership_leaves();
+    let end = appended(r.last());
+    assert_eq!((end.kind.name(), end.hold, end.slot), ("released", 42, 2));
 }

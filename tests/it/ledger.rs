@@ -763,3 +763,113 @@ async fn a_batch_of_the_brokers_default_size_does_not_blind_the_ledger() {
         .expect("found");
     assert_eq!(c.value, "after");
 }
+
+/// Members that disagree about the ledger never hold: with a holder on ledger A in the group, a
+/// member without a ledger and one on ledger B are refused at once with an error naming both
+/// settings, and `kafka-lock run` without `--ledger-topic` exits 78 with a `failed` event of
+/// kind `config`. The holder keeps its lock throughout. Breaks if the setting were not
+/// advertised, not compared by the leader, or not checked by the member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_that_disagree_about_the_ledger_are_refused_with_both_settings() {
+    support::init_tracing();
+    let bootstrap = kafka().bootstrap();
+    let ledger = new_ledger(&bootstrap, "ledger-mixed");
+    let other = new_ledger(&bootstrap, "ledger-mixed-other");
+    let group = support::unique_group("ledger-mixed-lock");
+    let holder = opts(&bootstrap, &group, &ledger)
+        .acquire(Some(BOUND))
+        .await
+        .expect("the first member holds");
+    let no_ledger = LockOptions::new(&bootstrap, &group)
+        .session_timeout(Duration::from_secs(6))
+        .rebalance_timeout(Duration::from_secs(6))
+        .heartbeat_interval(Duration::from_millis(500))
+        .lease_margin(Duration::from_secs(1));
+    for (o, ours) in [
+        (no_ledger, None),
+        (opts(&bootstrap, &group, &other), Some(other.clone())),
+    ] {
+        let started = Instant::now();
+        match o.acquire(Some(BOUND)).await {
+            Err(e @ Error::LedgerMismatch { .. }) => {
+                let Error::LedgerMismatch {
+                    lock,
+                    ours: got,
+                    group: theirs,
+                } = &e
+                else {
+                    unreachable!()
+                };
+                assert_eq!(lock, &group);
+                assert_eq!(got, &ours);
+                assert_eq!(theirs.as_deref(), Some(ledger.as_str()));
+                let text = e.to_string();
+                assert!(text.contains(&format!("{ledger:?}")), "{text}");
+            }
+            other => panic!("{ours:?}: {other:?}"),
+        }
+        assert!(started.elapsed() < BOUND, "refused at once, not by timeout");
+        assert!(holder.is_held(), "the group keeps its holder");
+    }
+
+    let mut cmd = kafka_lock();
+    cmd.args(["run", "--bootstrap", &bootstrap, "--lock", &group])
+        .args(["--session-timeout", "6s", "--heartbeat-interval", "500ms"])
+        .args(["--events", "json", "--wait", "60s", "--", "true"]);
+    let (status, _, stderr) = run_to_end(cmd);
+    assert_eq!(status, 78, "{stderr}");
+    let events = events_in(&stderr);
+    let failed = events
+        .iter()
+        .find(|e| e["event"] == "failed")
+        .unwrap_or_else(|| panic!("a failed event: {stderr}"));
+    assert_eq!(failed["kind"], "config");
+    let message = failed["message"].as_str().unwrap();
+    assert!(
+        message.contains("no ledger topic") && message.contains(&ledger),
+        "{message}"
+    );
+    assert!(!events.iter().any(|e| e["event"] == "acquired"));
+    assert!(holder.is_held(), "the group keeps its holder");
+    holder.release().await.expect("release");
+}
+
+/// `kafka-lock run --permits 2 --ledger-topic`: the command gets a ledger token and its permit,
+/// and no checkpoint file (a semaphore has no checkpoint); `history --json` names the permit of
+/// each hold. Breaks if the CLI refused the pair again or records lost the slot.
+#[test]
+fn the_cli_runs_a_semaphore_with_a_ledger() {
+    support::init_tracing();
+    let bootstrap = kafka().bootstrap();
+    let ledger = new_ledger(&bootstrap, "ledger-cli-sem");
+    let group = support::unique_group("ledger-cli-sem-lock");
+    let mut cmd = kafka_lock();
+    cmd.args(["run", "--bootstrap", &bootstrap, "--lock", &group])
+        .args(["--ledger-topic", &ledger, "--permits", "2"])
+        .args(["--session-timeout", "6s", "--heartbeat-interval", "500ms"])
+        .args(["--wait", "60s", "--", "sh", "-c"])
+        .arg("echo \"$KAFKA_LOCK_TOKEN $KAFKA_LOCK_PERMIT ${KAFKA_LOCK_CHECKPOINT_FILE-none}\"");
+    let (status, stdout, stderr) = run_to_end(cmd);
+    assert_eq!(status, 0, "{stderr}");
+    let seen: Vec<&str> = stdout.split_whitespace().collect();
+    let [token, permit, file] = seen[..] else {
+        panic!("{stdout}")
+    };
+    assert_eq!(file, "none", "no checkpoint file for a semaphore");
+    let token: i64 = token.parse().expect("a token");
+    let permit: u16 = permit.parse().expect("a permit");
+    assert!(permit < 2);
+
+    let mut history = kafka_lock();
+    history
+        .args(["history", "--bootstrap", &bootstrap, "--lock", &group])
+        .args(["--ledger-topic", &ledger, "--json"]);
+    let (status, stdout, stderr) = run_to_end(history);
+    assert_eq!(status, 0, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).expect("history JSON");
+    let holds = v["holds"].as_array().expect("holds");
+    assert_eq!(holds.len(), 1, "{stdout}");
+    assert_eq!(holds[0]["token"], token, "{stdout}");
+    assert_eq!(holds[0]["permit"], permit, "{stdout}");
+    assert_eq!(holds[0]["end"], "released", "{stdout}");
+}

@@ -269,14 +269,18 @@ async fn a_member_with_other_permits_is_refused_with_both_numbers() {
 
 /// Refused before any broker is asked: a consumer-compatible lock is one partition, one owner.
 #[test]
-fn permits_are_refused_in_consumer_mode_and_with_a_ledger() {
+fn permits_are_refused_in_consumer_mode() {
     let base = LockOptions::new("127.0.0.1:9", "l");
+    base.clone()
+        .ledger_topic("ledger")
+        .permits(2)
+        .validate()
+        .unwrap();
     for (o, want) in [
         (
             base.clone().consumer_topic("t").permits(2),
             "consumer-compatible",
         ),
-        (base.clone().ledger_topic("ledger").permits(2), "ledger"),
         (base.clone().permits(0), "out of range"),
         (base.clone().permits(1025), "out of range"),
     ] {
@@ -385,5 +389,112 @@ async fn cost() {
     }
     for w in waiters {
         w.abort();
+    }
+}
+
+/// Two permits with a ledger, five contenders in turn: each slot's tokens are ledger offsets that
+/// strictly increase within the slot, judged by a resource that fences writes per slot (a stale
+/// holder's write after the slot's next holder wrote is refused); the ledger's history names
+/// each hold's slot as the holder was told it, and folds the two slots apart (no hold of one
+/// slot reads as ended by the other's). Breaks if records did not carry the slot, or if the
+/// history judged silent ends across slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_permits_with_a_ledger_fence_each_slot_by_ledger_offsets() {
+    support::init_tracing();
+    let bootstrap = Broker::Apache.bootstrap();
+    let ledger = support::unique_group("semaphore-ledger");
+    crate::support::kafka::probe::create_topic(&bootstrap, &ledger, 1);
+    let group = support::unique_group("semaphore-ledger-lock");
+    let bound = Broker::Apache.rebalance_bound(HEARTBEAT);
+    let holds = Holds::new();
+    let o = |who: &str| {
+        holds.record(
+            who,
+            opts(&group, 2).ledger_topic(&ledger).label(who.to_owned()),
+        )
+    };
+    // The resource: per slot, the highest token written; a write with a lower one is refused.
+    let mut highest: [Option<i64>; 2] = [None, None];
+    let mut write = |slot: u16, token: i64| -> bool {
+        let h = &mut highest[usize::from(slot)];
+        if h.is_some_and(|h| token < h) {
+            return false;
+        }
+        *h = Some(token);
+        true
+    };
+
+    let (a, _ra) = o("a");
+    let (b, _rb) = o("b");
+    let ga = a.acquire(Some(bound)).await.expect("a holds");
+    let gb = b.acquire(Some(bound)).await.expect("b holds");
+    assert_ne!(ga.permit(), gb.permit(), "two holders, two slots");
+    let mut told = vec![
+        (ga.token().value(), ga.permit()),
+        (gb.token().value(), gb.permit()),
+    ];
+    assert!(ga.token().ledger_offset.is_some() && gb.token().ledger_offset.is_some());
+    assert!(write(ga.permit(), ga.token().value()));
+    assert!(write(gb.permit(), gb.token().value()));
+
+    // Hand the slots on three times, each time releasing one of the two holders.
+    let wait = Duration::from_secs(60);
+    let mut current = [Some(ga), Some(gb)];
+    for (k, who) in ["c", "d", "e"].into_iter().enumerate() {
+        let i = k % 2;
+        let (next, _rx) = o(who);
+        let waiting = tokio::spawn(async move { next.acquire(Some(wait)).await });
+        // The slot is freed only by the release below; first the newcomer must be queued.
+        let deadline = Instant::now() + bound + SLACK;
+        while Broker::Apache.members(&group).await.len() < 3 {
+            assert!(Instant::now() < deadline, "the newcomer joins");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let held = current[i].take().expect("a holder");
+        let (slot, token) = (held.permit(), held.token().value());
+        held.release().await.expect("release");
+        let got = tokio::time::timeout(wait + SLACK, waiting)
+            .await
+            .expect("the newcomer acquires in time")
+            .unwrap()
+            .expect("the newcomer acquires");
+        assert_eq!(got.permit(), slot, "the freed slot goes to the newcomer");
+        let new = got.token().value();
+        assert!(new > token, "slot {slot}: token {new} after {token}");
+        assert!(write(slot, new));
+        // The old holder's token is now refused by the slot's resource.
+        assert!(
+            !write(slot, token),
+            "a stale write in slot {slot} is fenced"
+        );
+        told.push((new, slot));
+        current[i] = Some(got);
+    }
+    for g in current.into_iter().flatten() {
+        g.release().await.expect("release");
+    }
+    holds.check_semaphore_when_ended(2, SLACK).await;
+
+    let history = LockOptions::new(&bootstrap, &group)
+        .ledger_topic(&ledger)
+        .history()
+        .await
+        .expect("history");
+    let mut recorded: Vec<(i64, u16)> = history.holds.iter().map(|h| (h.token, h.slot)).collect();
+    recorded.sort_unstable();
+    told.sort_unstable();
+    assert_eq!(recorded, told, "{history:#?}");
+    assert!(
+        history.holds.iter().all(|h| h.end.name() == "released"),
+        "every hold reads as released, none as ended by the other slot: {history:#?}"
+    );
+    for slot in 0..2 {
+        let tokens: Vec<i64> = history
+            .holds
+            .iter()
+            .filter(|h| h.slot == slot)
+            .map(|h| h.token)
+            .collect();
+        assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
     }
 }

@@ -118,7 +118,7 @@ pub fn status_of(err: &Error) -> u8 {
     }
     match err {
         Error::NotAcquired { .. } => NOT_ACQUIRED,
-        Error::Config(_) | Error::PermitsMismatch { .. } => CONFIG,
+        Error::Config(_) | Error::PermitsMismatch { .. } | Error::LedgerMismatch { .. } => CONFIG,
         Error::Broker { code, .. } if SETTING_CODES.contains(code) => CONFIG,
         Error::Lost { .. } => LOST,
         Error::Poisoned(inner) => status_of(inner),
@@ -166,6 +166,10 @@ pub fn failure(err: &Error, lock: &str, bootstrap: &str) -> Failure {
             ),
             Error::PermitsMismatch { .. } => format!(
                 "{err}; give --permits (or $KAFKA_LOCK_PERMITS) the number the other members use"
+            ),
+            Error::LedgerMismatch { .. } => format!(
+                "{err}; give --ledger-topic (or $KAFKA_LOCK_LEDGER_TOPIC) the setting the other \
+                 members use, or change every member's (docs/protocol.md, \"Ledger setting\")"
             ),
             _ => format!("{err}; fix the setting (see kafka-lock run --help)"),
         },

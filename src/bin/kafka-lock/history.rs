@@ -177,13 +177,20 @@ pub fn to_text(lock: &str, topic: &str, h: &History, holds: &[&Hold]) -> String 
         h.first_offset,
         h.end_offset
     );
+    // A semaphore's holds overlap; each line then says which permit (tokens increase within it).
+    let semaphore = h.holds.iter().any(|x| x.slot > 0);
     for hold in holds {
         let began = hold
             .acquired_unix_ms
             .map(time)
             .unwrap_or_else(|| "(ACQUIRED record no longer retained)".to_owned());
+        let permit = if semaphore {
+            format!("  permit {}", hold.slot)
+        } else {
+            String::new()
+        };
         out.push_str(&format!(
-            "\ntoken {}  {began}  {}  {}",
+            "\ntoken {}{permit}  {began}  {}  {}",
             hold.token,
             holder(hold),
             end_text(hold)
@@ -210,6 +217,7 @@ pub fn to_json(lock: &str, topic: &str, h: &History, holds: &[&Hold]) -> String 
         .map(|hold| {
             let mut o = Obj::new()
                 .int("token", hold.token)
+                .int("permit", hold.slot)
                 .int("generation", hold.generation)
                 .str("member_id", &hold.member_id)
                 .opt_str("label", hold.label.as_deref())
@@ -320,6 +328,7 @@ mod tests {
         let refs: Vec<&Hold> = holds.iter().collect();
         let text = to_text("l", "t", &h, &refs);
         assert!(text.contains("token 7  1970-01-01T00:00:01.000Z  job (member m, generation 2, h pid 9)  held 1s, released"), "{text}");
+        assert!(!text.contains("permit"), "a mutex names no permit: {text}");
         assert!(
             text.contains("ended without a word before token 9"),
             "{text}"
@@ -331,5 +340,26 @@ mod tests {
             j.contains(r#""end":"silent""#) && j.contains(r#""next_token":9"#),
             "{j}"
         );
+        assert!(j.contains(r#""permit":0"#), "{j}");
+    }
+
+    #[test]
+    fn a_semaphores_history_names_each_holds_permit() {
+        let hold = |token, slot| {
+            let mut h = Hold::default();
+            h.token = token;
+            h.slot = slot;
+            h.member_id = "m".into();
+            h
+        };
+        let mut h = History::default();
+        h.holds = vec![hold(3, 0), hold(4, 1)];
+        let refs: Vec<&Hold> = h.holds.iter().collect();
+        let text = to_text("l", "t", &h, &refs);
+        assert!(
+            text.contains("token 3  permit 0 ") && text.contains("token 4  permit 1 "),
+            "{text}"
+        );
+        assert!(to_json("l", "t", &h, &refs).contains(r#""permit":1"#));
     }
 }

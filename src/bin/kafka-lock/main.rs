@@ -348,7 +348,8 @@ struct RunArgs {
     /// How many may hold the lock at once: a semaphore of N permits (1 to 1024). Each holder's
     /// command gets its permit slot, 0 to N-1, as KAFKA_LOCK_PERMIT. Every member of a lock must
     /// use the same N; one that disagrees with the group fails with status 78. Native mode only
-    /// (not with --topic), and not with --ledger-topic. [default: 1]
+    /// (not with --topic). With --ledger-topic each slot's tokens are ledger offsets that
+    /// increase within the slot, and there is no checkpoint. [default: 1]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     permits: Option<u16>,
     /// The longest checkpoint the command may write, in bytes: the brokers'

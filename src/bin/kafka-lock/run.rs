@@ -1000,11 +1000,12 @@ struct CheckpointDir {
 }
 
 impl CheckpointDir {
-    /// Reads the last checkpoint and makes the directory; `None` without a ledger. A checkpoint
-    /// that cannot be read stops the run (status 69) rather than let the command believe there
-    /// is none.
+    /// Reads the last checkpoint and makes the directory; `None` without a ledger, and for a
+    /// semaphore (a checkpoint is one per lock, which holders of several permits would
+    /// overwrite). A checkpoint that cannot be read stops the run (status 69) rather than let the
+    /// command believe there is none.
     async fn prepare(c: &RunConfig, guard: &LockGuard) -> Result<Option<CheckpointDir>, Failure> {
-        if c.ledger_topic.is_none() {
+        if c.ledger_topic.is_none() || c.permits > 1 {
             return Ok(None);
         }
         let last = guard.last_checkpoint().await.map_err(|e| {

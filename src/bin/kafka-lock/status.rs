@@ -36,7 +36,12 @@ fn ledger_text(l: &LedgerSummary) -> String {
                 Some(l) => format!("{l} (member {})", h.member_id),
                 None => format!("member {}", h.member_id),
             };
-            format!("token {} by {who}{began}, {end}", h.token)
+            let permit = if h.slot > 0 {
+                format!(" (permit {})", h.slot)
+            } else {
+                String::new()
+            };
+            format!("token {}{permit} by {who}{began}, {end}", h.token)
         }
         None => "none recorded".to_owned(),
     };
@@ -63,6 +68,7 @@ fn ledger_json(l: &LedgerSummary) -> String {
     let hold = l.last_hold.as_ref().map(|h| {
         Obj::new()
             .int("token", h.token)
+            .int("permit", h.slot)
             .int("generation", h.generation)
             .str("member_id", &h.member_id)
             .opt_str("label", h.label.as_deref())
@@ -335,6 +341,7 @@ mod tests {
             label: Some(label.into()),
             permits: 1,
             slot: 0,
+            ledger: None,
         }
         .encode()
     }
@@ -351,6 +358,7 @@ mod tests {
             members: 3,
             permits: 1,
             other_holders: Vec::new(),
+            ledger: None,
         }
         .encode()
     }

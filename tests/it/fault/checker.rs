@@ -30,6 +30,9 @@
 //! - **writes rejected**: fenced off by the store (expected from holders that were cut off);
 //! - **late writes**: sent while the writer was not holding by its own account (a figure, not a
 //!   failure: the fence exists for exactly these);
+//! - **token inversions**: a kafka-lock hold whose token is not greater than that of a hold of
+//!   the same lock (or permit slot) that had ended before it began: tokens must increase from
+//!   one holder to the next, whatever the faults;
 //! - **acquisitions**, and the **longest time the lock was free while someone waited**.
 //!
 //! **Semaphore mode** (a lock with N permits, `KAFKA_LOCK_FAULT_PERMITS`): a holder reports its
@@ -395,6 +398,9 @@ pub struct Analysis {
     pub most_at_once: Vec<(String, u16, usize)>,
     /// Semaphore mode: instants at which more holds than permits were open: (lock, at, count).
     pub too_many: Vec<(String, i64, usize)>,
+    /// Holds (the second) whose token is not above that of a hold of the same key (the first)
+    /// that had ended before they began.
+    pub inversions: Vec<(Hold, Hold)>,
 }
 
 impl Analysis {
@@ -407,6 +413,7 @@ impl Analysis {
         self.judged_overlaps().next().is_some()
             || !self.stale_accepted.is_empty()
             || !self.too_many.is_empty()
+            || !self.inversions.is_empty()
     }
 
     /// The first few violations, for a failure message.
@@ -428,6 +435,14 @@ impl Analysis {
                 o.second.start,
                 o.second.end,
                 o.second.how
+            );
+        }
+        for (a, b) in self.inversions.iter().take(max) {
+            let _ = writeln!(
+                s,
+                "TOKEN INVERSION on {}: {} began holding token {} at {}, after {} held token {} \
+                 until {}",
+                b.lock, b.id, b.token, b.start, a.id, a.token, a.end
             );
         }
         for (lock, at, n) in self.too_many.iter().take(max) {
@@ -567,9 +582,11 @@ pub fn analyse_permits(
         }
     }
 
+    let inversions = token_inversions(&holds);
     let mut analysis = Analysis {
         holds,
         overlaps,
+        inversions,
         ..Analysis::default()
     };
     for w in writes {
@@ -617,6 +634,23 @@ pub fn analyse_permits(
         analysis.most_at_once.push((lock.clone(), n, most));
     }
     analysis
+}
+
+/// Per store key (a lock, or a semaphore's permit slot): every kafka-lock hold whose token is
+/// not greater than the token of a hold that ended before it began. Holds that report no token
+/// are not compared.
+fn token_inversions(holds: &[Hold]) -> Vec<(Hold, Hold)> {
+    let mut out = Vec::new();
+    for b in holds.iter().filter(|b| judged(&b.id) && b.token >= 0) {
+        if let Some(a) = holds
+            .iter()
+            .filter(|a| a.lock == b.lock && a.token >= 0 && a.end <= b.start && a != &b)
+            .find(|a| a.token >= b.token)
+        {
+            out.push((a.clone(), b.clone()));
+        }
+    }
+    out
 }
 
 /// Maximal spans, per lock, in which no hold was open and at least one wait was.
@@ -794,6 +828,40 @@ mod tests {
             ev("java1", Kind::Acquired, 50, Some(2), None),
         ];
         assert!(analyse(&lock_first, &[], 100).unsafe_());
+    }
+
+    /// Tokens must go up from one hold to the next of the same key: a later hold with a lower
+    /// (or equal) token is an inversion, even without an overlap; another slot's lower token is
+    /// not.
+    #[test]
+    fn a_later_hold_with_a_lower_token_is_an_inversion() {
+        let at = |id: &str, slot: u16, kind, mono, token| Event {
+            lock: key("L", Some(slot)),
+            ..ev(id, kind, mono, token, None)
+        };
+        let fine = [
+            at("a", 0, Kind::Acquired, 10, Some(50)),
+            at("b", 1, Kind::Acquired, 20, Some(51)),
+            at("a", 0, Kind::Released, 30, None),
+            at("c", 0, Kind::Acquired, 40, Some(52)),
+            at("b", 1, Kind::Released, 45, None),
+            at("d", 1, Kind::Acquired, 60, Some(53)),
+        ];
+        let a = analyse(&fine, &[], 100);
+        assert!(a.inversions.is_empty(), "{}", a.violations(5));
+        let inverted = [
+            at("a", 0, Kind::Acquired, 10, Some(50)),
+            at("a", 0, Kind::Released, 30, None),
+            at("c", 0, Kind::Acquired, 40, Some(49)),
+        ];
+        let a = analyse(&inverted, &[], 100);
+        assert!(a.unsafe_());
+        assert_eq!(a.inversions.len(), 1);
+        assert!(
+            a.violations(5).contains("TOKEN INVERSION"),
+            "{}",
+            a.violations(5)
+        );
     }
 
     /// Semaphore mode: two permits; holds of different slots may overlap, two of one slot may

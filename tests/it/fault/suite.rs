@@ -126,12 +126,8 @@ pub fn run(cfg: Config) {
     create_topic(&cluster.bootstrap(), &consumer, 1);
     // The native lock's tokens are ledger offsets: the checker then judges the tokens that are
     // meant to survive everything, and the nemeses hit the ledger's leader as well. A semaphore
-    // (--permits N) cannot use a ledger yet, so in that mode its tokens are generations.
-    let ledger = if cfg.permits > 1 {
-        Flavour::Plain
-    } else {
-        Flavour::Ledger(unique_group("fault-ledger"))
-    };
+    // (--permits N) too: its tokens are ledger offsets per permit slot, judged per slot.
+    let ledger = Flavour::Ledger(unique_group("fault-ledger"));
     let consumed = Flavour::Consumer(consumer.clone());
     if let Flavour::Ledger(topic) = &ledger {
         create_topic(&cluster.bootstrap(), topic, 1);
@@ -853,6 +849,12 @@ fn report(
         a.accepted,
         a.rejected.len(),
         path_counts(a)
+    );
+    let _ = writeln!(
+        s,
+        "Token order: {} hold(s) began with a token not above that of an earlier hold of the \
+         same lock or permit slot.\n",
+        a.inversions.len()
     );
     for (lock, n, most) in &a.most_at_once {
         let lock = if lock == &run.native { "native" } else { lock };
