@@ -59,7 +59,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::error::ErrorKind;
+use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
 use crate::environ::FromEnv;
@@ -178,7 +178,7 @@ json adds term_ended after each term (docs/events.md).
 
 Exit status: 0 when stopped by SIGINT or SIGTERM; with --max-terms, the last command's status; 69
 if the cluster cannot be reached before the first term (later it keeps campaigning); 78, 71, 64,
-126, 127 as for run. --wait does not apply (usage error).";
+126, 127 as for run.";
 
 const AFTER_OBSERVE_HELP: &str = "\
 observe never joins the group, so it never causes a rebalance. Without --ledger-topic (or with
@@ -304,8 +304,9 @@ struct Target {
     ledger_topic: Option<String>,
 }
 
+/// What `run` and `elect` share: the lock, how it is held, and the command.
 #[derive(Debug, Args)]
-struct RunArgs {
+struct HoldArgs {
     #[command(flatten)]
     target: Target,
     /// Consumer-compatible mode: share the lock with Kafka consumers of group NAME on this
@@ -316,10 +317,6 @@ struct RunArgs {
     /// command (status 74).
     #[arg(long, value_name = "TOPIC")]
     topic: Option<String>,
-    /// Give up (status 75) if the lock is not held within this time; 0 makes one try. Giving up
-    /// takes at most 2 s more, to leave the group. [default: wait forever]
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
-    wait: Option<Duration>,
     /// How long the broker keeps a silent member, so how long a crashed holder blocks the lock.
     /// [default: 10s]
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
@@ -345,12 +342,6 @@ struct RunArgs {
     /// Who we are, shown to waiters and by `status`. [default: "<hostname> pid <pid>"]
     #[arg(long, value_name = "TEXT")]
     label: Option<String>,
-    /// How many may hold the lock at once: a semaphore of N permits (1 to 1024). Each holder's
-    /// command gets its permit slot, 0 to N-1, as KAFKA_LOCK_PERMIT. Every member of a lock must
-    /// use the same N; one that disagrees with the group fails with status 78. Native mode only
-    /// (not with --topic), and not with --ledger-topic. [default: 1]
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
-    permits: Option<u16>,
     /// The longest checkpoint the command may write, in bytes: the brokers'
     /// offset.metadata.max.bytes, which is 4096 unless they are configured otherwise.
     #[arg(long, value_name = "BYTES", default_value_t = kafka_lock::lock::DEFAULT_CHECKPOINT_MAX_BYTES)]
@@ -367,10 +358,6 @@ struct RunArgs {
     /// 3 with `3>>events.jsonl`; the command does not inherit it (unless it is 0, 1 or 2).
     #[arg(long, value_name = "FD", value_parser = clap::value_parser!(i32).range(0..))]
     events_fd: Option<i32>,
-    /// Exit with N instead of 75 when the lock is not acquired (as flock -E), to tell that
-    /// apart from the command's own statuses; 0 makes a busy lock a quiet success.
-    #[arg(short = 'E', long, value_name = "N")]
-    conflict_exit_code: Option<u8>,
     /// Exit with N (1 to 255) instead of 74 when the lock is lost while the command runs.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..))]
     lost_exit_code: Option<u8>,
@@ -384,9 +371,29 @@ struct RunArgs {
 }
 
 #[derive(Debug, Args)]
+struct RunArgs {
+    #[command(flatten)]
+    hold: HoldArgs,
+    /// Give up (status 75) if the lock is not held within this time; 0 makes one try. Giving up
+    /// takes at most 2 s more, to leave the group. [default: wait forever]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    wait: Option<Duration>,
+    /// How many may hold the lock at once: a semaphore of N permits (1 to 1024). Each holder's
+    /// command gets its permit slot, 0 to N-1, as KAFKA_LOCK_PERMIT. Every member of a lock must
+    /// use the same N; one that disagrees with the group fails with status 78. Native mode only
+    /// (not with --topic), and not with --ledger-topic. [default: 1]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    permits: Option<u16>,
+    /// Exit with N instead of 75 when the lock is not acquired (as flock -E), to tell that
+    /// apart from the command's own statuses; 0 makes a busy lock a quiet success.
+    #[arg(short = 'E', long, value_name = "N")]
+    conflict_exit_code: Option<u8>,
+}
+
+#[derive(Debug, Args)]
 struct ElectArgs {
     #[command(flatten)]
-    run: RunArgs,
+    hold: HoldArgs,
     /// Stop after N terms as leader and exit with the last command's status. [default: no limit]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     max_terms: Option<u64>,
@@ -484,7 +491,7 @@ fn cli(argv: Vec<OsString>) -> u8 {
     };
     // Before anything else runs: a descriptor is taken while no other thread exists.
     let done = match &cli.command {
-        Command::Run(a) => events_target(a).map(|t| {
+        Command::Run(a) => events_target(&a.hold).map(|t| {
             if let Some(t) = t {
                 output::set_events(t);
             }
@@ -497,7 +504,7 @@ fn cli(argv: Vec<OsString>) -> u8 {
         Command::Manpage { page } => Ok(Some(
             generate::manpage(*page, docs_command()).and_then(|text| generate::print(&text)),
         )),
-        Command::Elect(a) => events_target(&a.run).map(|t| {
+        Command::Elect(a) => events_target(&a.hold).map(|t| {
             if let Some(t) = t {
                 output::set_events(t);
             }
@@ -529,9 +536,14 @@ fn cli(argv: Vec<OsString>) -> u8 {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Run(a) => {
-                let lock = a.target.lock.clone();
-                let events_json = events_json(&a);
-                match run_config(a, from_env.clone()) {
+                let lock = a.hold.target.lock.clone();
+                let events_json = events_json(&a.hold);
+                let once = RunOnly {
+                    wait: a.wait,
+                    permits: a.permits.unwrap_or(1),
+                    conflict_exit_code: a.conflict_exit_code,
+                };
+                match run_config(a.hold, once, from_env.clone()) {
                     Ok(c) => run::run(c).await,
                     Err(f) => run::failed_before_start(&lock, events_json, &from_env, f),
                 }
@@ -545,9 +557,9 @@ fn cli(argv: Vec<OsString>) -> u8 {
             Command::Elect(a) => {
                 let max_terms = a.max_terms;
                 let min_term = a.min_term.unwrap_or(elect::DEFAULT_MIN_TERM);
-                let lock = a.run.target.lock.clone();
-                let events_json = events_json(&a.run);
-                match run_config(a.run, from_env.clone()) {
+                let lock = a.hold.target.lock.clone();
+                let events_json = events_json(&a.hold);
+                match run_config(a.hold, RunOnly::default(), from_env.clone()) {
                     Ok(run) => {
                         elect::elect(elect::ElectConfig {
                             run,
@@ -687,7 +699,7 @@ async fn history(a: HistoryArgs, from_env: &FromEnv) -> Result<u8, Failure> {
 }
 
 /// The events' own target, if --events-file or --events-fd asks for one.
-fn events_target(a: &RunArgs) -> Result<Option<output::Target>, Failure> {
+fn events_target(a: &HoldArgs) -> Result<Option<output::Target>, Failure> {
     match (&a.events_file, a.events_fd) {
         (Some(path), _) => sink::open_file(path).map(Some),
         (None, Some(fd)) => sink::take_fd(fd).map(Some),
@@ -702,11 +714,29 @@ fn docs_command() -> clap::Command {
 }
 
 /// --events-file and --events-fd imply --events json: JSON lines are the one format.
-fn events_json(a: &RunArgs) -> bool {
+fn events_json(a: &HoldArgs) -> bool {
     a.events == Some(EventsFormat::Json) || a.events_file.is_some() || a.events_fd.is_some()
 }
 
-fn run_config(a: RunArgs, from_env: FromEnv) -> Result<run::RunConfig, Failure> {
+/// The settings only `run` takes; `elect` campaigns until stopped, with one leader.
+#[derive(Debug)]
+struct RunOnly {
+    wait: Option<Duration>,
+    permits: u16,
+    conflict_exit_code: Option<u8>,
+}
+
+impl Default for RunOnly {
+    fn default() -> RunOnly {
+        RunOnly {
+            wait: None,
+            permits: 1,
+            conflict_exit_code: None,
+        }
+    }
+}
+
+fn run_config(a: HoldArgs, once: RunOnly, from_env: FromEnv) -> Result<run::RunConfig, Failure> {
     let c = settings::resolve(
         &settings::Flags {
             session_timeout: a.session_timeout,
@@ -721,7 +751,7 @@ fn run_config(a: RunArgs, from_env: FromEnv) -> Result<run::RunConfig, Failure> 
         bootstrap: c.bootstrap,
         lock: a.target.lock,
         topic: a.topic,
-        wait: a.wait,
+        wait: once.wait,
         session_timeout: c.session_timeout,
         heartbeat_interval: c.heartbeat_interval,
         rebalance_timeout: c.rebalance_timeout,
@@ -730,7 +760,7 @@ fn run_config(a: RunArgs, from_env: FromEnv) -> Result<run::RunConfig, Failure> 
         lease_margin: a.lease_margin,
         kill_grace: a.kill_grace,
         label: a.label,
-        permits: a.permits.unwrap_or(1),
+        permits: once.permits,
         client_id: c.client_id,
         ledger_topic: a.target.ledger_topic,
         checkpoint_max_bytes: a.checkpoint_max_bytes,
@@ -738,7 +768,7 @@ fn run_config(a: RunArgs, from_env: FromEnv) -> Result<run::RunConfig, Failure> 
         retry_backoff: c.retry_backoff,
         warnings: c.warnings,
         events_json,
-        conflict_exit_code: a.conflict_exit_code,
+        conflict_exit_code: once.conflict_exit_code,
         lost_exit_code: a.lost_exit_code,
         metrics_listen: a.metrics_listen,
         from_env,
@@ -783,15 +813,43 @@ fn usage(e: clap::Error, argv: &[OsString]) -> u8 {
     if let Some(note) = environ::usage_note(&e, argv) {
         what.push_str(&format!(" ({note})"));
     }
+    if let Some(why) = not_for_elect(&e, argv) {
+        what.push_str(&format!(" ({why})"));
+    }
     let help = match argv.get(1).map(|a| a.as_bytes()) {
         Some(b"run") => "kafka-lock run --help",
         Some(b"status") => "kafka-lock status --help",
         Some(b"history") => "kafka-lock history --help",
+        Some(b"elect") => "kafka-lock elect --help",
+        Some(b"observe") => "kafka-lock observe --help",
         _ => "kafka-lock --help",
     };
     let f = Failure::new(exit::USAGE, format!("{what}; see `{help}`"));
     f.print();
     f.status
+}
+
+/// Why `elect` has no such flag, for the flags only `run` takes.
+fn not_for_elect(e: &clap::Error, argv: &[OsString]) -> Option<&'static str> {
+    if argv.get(1).map(|a| a.as_bytes()) != Some(b"elect") {
+        return None;
+    }
+    let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) else {
+        return None;
+    };
+    let flag = arg.split([' ', '=']).next()?;
+    match flag {
+        "--wait" | "-w" | "-n" | "--nonblock" => Some(
+            "elect campaigns until it is stopped: --wait does not apply; bound the number of terms with --max-terms",
+        ),
+        "-E" | "--conflict-exit-code" => Some(
+            "elect never gives up on the lock, so there is no 'not acquired' status to replace",
+        ),
+        "--permits" => Some(
+            "elect has one leader at a time: --permits does not apply; kafka-lock run --permits N runs a command on up to N members at once",
+        ),
+        _ => None,
+    }
 }
 
 /// Logs only when asked: kafka-lock's stderr is shared with the command and, with
