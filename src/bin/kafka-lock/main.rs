@@ -362,8 +362,9 @@ struct HoldArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..))]
     lost_exit_code: Option<u8>,
     /// Serve the lock's metrics in Prometheus text format at http://ADDRESS/metrics while
-    /// kafka-lock runs (e.g. 127.0.0.1:9464; port 0 picks a free one).
-    #[arg(long, value_name = "ADDRESS")]
+    /// kafka-lock runs: 127.0.0.1:9464, localhost:9464, [::1]:9464, or :9464 for every
+    /// interface; port 0 picks a free one.
+    #[arg(long, value_name = "ADDRESS", value_parser = parse_listen)]
     metrics_listen: Option<SocketAddr>,
     /// The command to run while holding the lock, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
@@ -374,10 +375,14 @@ struct HoldArgs {
 struct RunArgs {
     #[command(flatten)]
     hold: HoldArgs,
-    /// Give up (status 75) if the lock is not held within this time; 0 makes one try. Giving up
-    /// takes at most 2 s more, to leave the group. [default: wait forever]
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    /// Give up (status 75) if the lock is not held within this time; 0 makes one try. A bare
+    /// number is seconds (5, 0.5), as for flock -w and timeout. Giving up takes at most 2 s more,
+    /// to leave the group. [default: wait forever]
+    #[arg(short = 'w', long, value_name = "DURATION", value_parser = parse_wait)]
     wait: Option<Duration>,
+    /// One try: the same as --wait 0 (as flock -n).
+    #[arg(short = 'n', long, conflicts_with = "wait")]
+    nonblock: bool,
     /// How many may hold the lock at once: a semaphore of N permits (1 to 1024). Each holder's
     /// command gets its permit slot, 0 to N-1, as KAFKA_LOCK_PERMIT. Every member of a lock must
     /// use the same N; one that disagrees with the group fails with status 78. Native mode only
@@ -453,6 +458,51 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
         Ok(d) => Ok(d),
         Err(humantime::DurationError::NumberOverflow) => Ok(Duration::MAX),
         Err(e) => Err(format!("{e} (write durations like 500ms, 10s, 2m)")),
+    }
+}
+
+/// `--wait`: a duration, or a bare number of seconds as flock -w and timeout take it.
+fn parse_wait(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        return match t.parse::<f64>() {
+            Ok(secs) => Ok(Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX)),
+            Err(_) => Err(format!(
+                "{t:?} is not a number of seconds (write 5, 0.5, or a duration like 500ms, 2m)"
+            )),
+        };
+    }
+    parse_duration(s)
+}
+
+/// `--metrics-listen`: an address, a host name with a port (the first address it resolves to),
+/// or `:PORT` for every interface, as Prometheus exporters take it.
+fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+    let t = s.trim();
+    if let Some(port) = t.strip_prefix(':') {
+        let port: u16 = port
+            .parse()
+            .map_err(|_| format!("{port:?} is not a port (0 to 65535)"))?;
+        return Ok(SocketAddr::from(([0, 0, 0, 0], port)));
+    }
+    if let Ok(addr) = t.parse() {
+        return Ok(addr);
+    }
+    let Some((host, port)) = t.rsplit_once(':') else {
+        return Err(
+            "no port: write HOST:PORT, e.g. 127.0.0.1:9464, localhost:9464 or :9464".into(),
+        );
+    };
+    if port.parse::<u16>().is_err() {
+        return Err(format!("{port:?} is not a port (0 to 65535)"));
+    }
+    if host.is_empty() || host.contains(':') {
+        return Err("write HOST:PORT, e.g. 127.0.0.1:9464, [::1]:9464 or :9464".into());
+    }
+    use std::net::ToSocketAddrs;
+    match t.to_socket_addrs() {
+        Ok(mut addrs) => addrs.next().ok_or_else(|| format!("{host} has no address")),
+        Err(e) => Err(format!("cannot resolve {host}: {e}")),
     }
 }
 
@@ -539,7 +589,11 @@ fn cli(argv: Vec<OsString>) -> u8 {
                 let lock = a.hold.target.lock.clone();
                 let events_json = events_json(&a.hold);
                 let once = RunOnly {
-                    wait: a.wait,
+                    wait: if a.nonblock {
+                        Some(Duration::ZERO)
+                    } else {
+                        a.wait
+                    },
                     permits: a.permits.unwrap_or(1),
                     conflict_exit_code: a.conflict_exit_code,
                 };
@@ -816,6 +870,9 @@ fn usage(e: clap::Error, argv: &[OsString]) -> u8 {
     if let Some(why) = not_for_elect(&e, argv) {
         what.push_str(&format!(" ({why})"));
     }
+    if let Some(hint) = command_hint(&e, argv) {
+        what.push_str(&format!("; {hint}"));
+    }
     let help = match argv.get(1).map(|a| a.as_bytes()) {
         Some(b"run") => "kafka-lock run --help",
         Some(b"status") => "kafka-lock status --help",
@@ -827,6 +884,26 @@ fn usage(e: clap::Error, argv: &[OsString]) -> u8 {
     let f = Failure::new(exit::USAGE, format!("{what}; see `{help}`"));
     f.print();
     f.status
+}
+
+/// For `run` and `elect` without `--` before the command: where it goes. A word clap did not
+/// expect that is no flag is the command's first word.
+fn command_hint(e: &clap::Error, argv: &[OsString]) -> Option<String> {
+    let sub = argv.get(1)?.to_str()?;
+    if !matches!(sub, "run" | "elect") || argv.iter().any(|a| a == "--") {
+        return None;
+    }
+    match (e.kind(), e.get(ContextKind::InvalidArg)) {
+        (ErrorKind::UnknownArgument, Some(ContextValue::String(word))) if !word.starts_with('-') => {
+            Some(format!(
+                "the command goes after `--`: kafka-lock {sub} [OPTIONS] -- {word} ..."
+            ))
+        }
+        (ErrorKind::MissingRequiredArgument, _) if e.to_string().contains("<COMMAND>") => Some(
+            format!("give the command to run after `--`: kafka-lock {sub} [OPTIONS] -- COMMAND [ARGS...]"),
+        ),
+        _ => None,
+    }
 }
 
 /// Why `elect` has no such flag, for the flags only `run` takes.
@@ -930,6 +1007,44 @@ mod tests {
             "KAFKA_LOCK_CLIENT_ID",
         ] {
             assert!(vars.contains(&v), "{v} missing from {vars:?}");
+        }
+    }
+
+    #[test]
+    fn wait_takes_bare_seconds_and_metrics_listen_the_exporters_forms() {
+        assert_eq!(parse_wait("5"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_wait("0.5"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_wait("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_wait("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_wait("1.2.3").is_err());
+        assert!(parse_wait("").is_err());
+        // Only --wait: a bare 10000 for a timeout may well mean milliseconds, as in Kafka's keys.
+        assert!(parse_duration("5").is_err());
+
+        assert_eq!(
+            parse_listen(":9464"),
+            Ok(SocketAddr::from(([0, 0, 0, 0], 9464)))
+        );
+        assert_eq!(
+            parse_listen("127.0.0.1:9464"),
+            Ok(SocketAddr::from(([127, 0, 0, 1], 9464)))
+        );
+        assert_eq!(
+            parse_listen("[::1]:0"),
+            "[::1]:0".parse::<SocketAddr>().map_err(|e| e.to_string())
+        );
+        assert!(
+            parse_listen("localhost:9464").is_ok_and(|a| a.ip().is_loopback() && a.port() == 9464)
+        );
+        for bad in [
+            ":",
+            ":x",
+            "9464",
+            "localhost",
+            "localhost:99999",
+            "::1:9464",
+        ] {
+            assert!(parse_listen(bad).is_err(), "{bad}");
         }
     }
 
