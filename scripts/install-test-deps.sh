@@ -8,6 +8,7 @@
 #                      integration tests as a plain JVM, and kafka-clients for the Java test peers
 #   .tools/venv        Python with confluent-kafka (librdkafka) for interop tests and benchmarks
 #   rustup target      x86_64-unknown-linux-musl, for the static CLI binary
+#   zsh, fish          system packages (apt-get, as root) for the shell completion tests
 #
 # Safe to run again: each step checks what is already there and skips it when it is current.
 set -euo pipefail
@@ -149,6 +150,23 @@ elif rustup target list --installed | grep -qx "$MUSL_TARGET"; then
 else
     say "rustup: adding target $MUSL_TARGET"
     rustup target add "$MUSL_TARGET"
+fi
+
+# --- zsh and fish, for the completion tests (bash is already there) ---------------------------
+# They run each shell with the generated script and read what it offers; a missing shell fails
+# those tests with this advice. System packages: installed only as root with apt-get.
+missing_shells=()
+for sh in zsh fish; do
+    command -v "$sh" >/dev/null 2>&1 || missing_shells+=("$sh")
+done
+if [[ ${#missing_shells[@]} -eq 0 ]]; then
+    say "shells: zsh and fish already installed"
+elif [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    say "shells: installing ${missing_shells[*]} with apt-get"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing_shells[@]}"
+else
+    say "shells: ${missing_shells[*]} missing; install them with the system's package manager"
+    say "        (e.g. sudo apt-get install ${missing_shells[*]}) for the completion tests"
 fi
 
 say "done. Tests find tansu at $tansu (override with KAFKA_LOCK_TANSU), Python at $vpy and the"

@@ -81,6 +81,13 @@ pub enum VersionError {
         broker: Option<(i16, i16)>,
     },
 
+    /// The address is a KRaft controller's listener, not a broker's: it lists the APIs brokers
+    /// send controllers (BrokerRegistration, BrokerHeartbeat) and none of the group APIs.
+    #[error(
+        "this is a KRaft controller's listener (controller.listener.names), not a broker's: it answers only the APIs brokers send their controllers; give a broker listener (listeners, advertised.listeners) to --bootstrap"
+    )]
+    ControllerListener,
+
     /// The ApiVersions response itself carried an error.
     #[error("the broker refused ApiVersions: {code}")]
     ApiVersions {
@@ -142,6 +149,9 @@ pub fn negotiate_within(
             code: KafkaCode(resp.error_code),
         });
     }
+    if is_controller(resp) {
+        return Err(VersionError::ControllerListener);
+    }
     let mut versions = Vec::with_capacity(ours.len());
     for &(api, our_min, our_max) in ours {
         let broker = broker_range(resp, api);
@@ -171,6 +181,18 @@ pub fn negotiate_within(
         }
     }
     Ok(NegotiatedVersions { versions })
+}
+
+/// Whether the ApiVersions answer is a KRaft controller's: Apache Kafka lists, per listener, the
+/// APIs whose message definition names that listener. BrokerRegistration and BrokerHeartbeat
+/// are `"listeners": ["controller"]` only (clients/src/main/resources/common/message/
+/// BrokerRegistrationRequest.json, BrokerHeartbeatRequest.json at 4.1.2) and JoinGroup is
+/// `["broker"]` only (JoinGroupRequest.json), so a listener that lists the first and lacks the
+/// second is a controller's, whatever else it lists.
+fn is_controller(resp: &ApiVersionsResponse) -> bool {
+    let lists = |api: ApiKey| broker_range(resp, api).is_some();
+    !lists(ApiKey::JoinGroup)
+        && (lists(ApiKey::BrokerRegistration) || lists(ApiKey::BrokerHeartbeat))
 }
 
 /// The broker's advertised range for `api` (the first entry if it lists one twice).
@@ -266,6 +288,33 @@ mod tests {
         assert_eq!(n.get(ApiKey::Fetch), Some(17));
         assert_eq!(n.get(ApiKey::ListOffsets), Some(9));
         assert_eq!(n.iter().count(), SUPPORTED.len());
+    }
+
+    #[test]
+    fn a_controller_listener_is_named_as_such() {
+        // What a KRaft controller lists: no group APIs, the broker-to-controller ones.
+        let controller = broker(&[
+            (ApiKey::ApiVersions, 0, 4),
+            (ApiKey::Metadata, 0, 13),
+            (ApiKey::Vote, 0, 2),
+            (ApiKey::BrokerRegistration, 0, 4),
+            (ApiKey::BrokerHeartbeat, 0, 1),
+        ]);
+        assert_eq!(
+            negotiate(&controller),
+            Err(VersionError::ControllerListener)
+        );
+        assert!(VersionError::ControllerListener
+            .to_string()
+            .contains("KRaft controller"));
+        // A broker that lists a controller API as well is still a broker.
+        let mut both = kafka_4_0();
+        both.api_keys.push(
+            ApiVersion::default()
+                .with_api_key(ApiKey::BrokerHeartbeat as i16)
+                .with_max_version(1),
+        );
+        assert!(negotiate(&both).is_ok());
     }
 
     #[test]

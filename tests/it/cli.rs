@@ -38,6 +38,8 @@ mod election;
 use conventions::check_event;
 // run and status on secured listeners (TLS, SASL), configured as Kafka clients are.
 mod secured;
+// Help, value forms, hints, completions, man pages and the docs' command lines.
+mod surface;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kafka-lock");
 

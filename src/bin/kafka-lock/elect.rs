@@ -56,18 +56,6 @@ fn stops(sig: i32) -> bool {
 async fn campaign(e: &ElectConfig, rep: &mut Reporter) -> Result<Ended, Failure> {
     let c = &e.run;
     environ::refuse_nested(&c.lock)?;
-    if c.wait.is_some() {
-        return Err(Failure::new(
-            exit::USAGE,
-            "elect campaigns until it is stopped: --wait does not apply (bound the number of terms with --max-terms)",
-        ));
-    }
-    if c.permits > 1 {
-        return Err(Failure::new(
-            exit::USAGE,
-            "elect has one leader at a time: --permits does not apply (kafka-lock run --permits N runs a command on up to N members at once)",
-        ));
-    }
     let t = Timing::resolve(c)?;
     // Settings the lock refuses are reported before anything starts.
     run::options(c, &t)?;

@@ -120,11 +120,15 @@ fn holder(h: &Hold) -> String {
         format!("member {}", h.member_id),
         format!("generation {}", h.generation),
     ];
-    match (&h.host, h.pid) {
-        (Some(host), Some(pid)) => details.push(format!("{host} pid {pid}")),
-        (Some(host), None) => details.push(host.clone()),
-        (None, Some(pid)) => details.push(format!("pid {pid}")),
-        (None, None) => {}
+    let place = match (&h.host, h.pid) {
+        (Some(host), Some(pid)) => Some(format!("{host} pid {pid}")),
+        (Some(host), None) => Some(host.clone()),
+        (None, Some(pid)) => Some(format!("pid {pid}")),
+        (None, None) => None,
+    };
+    // The default label is "<hostname> pid <pid>" itself: said once.
+    if let Some(place) = place.filter(|p| h.label.as_deref() != Some(p.as_str())) {
+        details.push(place);
     }
     match &h.label {
         Some(l) => format!("{l} ({})", details.join(", ")),
@@ -170,10 +174,15 @@ fn end_text(h: &Hold) -> String {
     }
 }
 
+/// "1 hold", "2 holds", "0 holds".
+fn count(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 pub fn to_text(lock: &str, topic: &str, h: &History, holds: &[&Hold]) -> String {
     let mut out = format!(
-        "lock {lock:?}: {} holds in ledger topic {topic:?} (offsets {} to {})",
-        holds.len(),
+        "lock {lock:?}: {} in ledger topic {topic:?} (offsets {} to {})",
+        count(holds.len(), "hold", "holds"),
         h.first_offset,
         h.end_offset
     );
@@ -201,8 +210,8 @@ pub fn to_text(lock: &str, topic: &str, h: &History, holds: &[&Hold]) -> String 
     }
     if !h.unreadable.is_empty() {
         out.push_str(&format!(
-            "\n{} records or batches could not be read:",
-            h.unreadable.len()
+            "\n{} could not be read:",
+            count(h.unreadable.len(), "record or batch", "records or batches")
         ));
         for u in &h.unreadable {
             out.push_str(&format!("\n  offset {}: {}", u.offset, u.error));
@@ -327,6 +336,15 @@ mod tests {
         h.holds = holds.to_vec();
         let refs: Vec<&Hold> = holds.iter().collect();
         let text = to_text("l", "t", &h, &refs);
+        assert!(text.starts_with("lock \"l\": 3 holds in"), "{text}");
+        let one = to_text("l", "t", &h, &refs[..1]);
+        assert!(one.starts_with("lock \"l\": 1 hold in"), "{one}");
+        // A default label is the host and pid already: not said twice.
+        let mut default_label = holds[0].clone();
+        default_label.label = Some("h pid 9".into());
+        let line = to_text("l", "t", &h, &[&default_label]);
+        assert_eq!(line.matches("h pid 9").count(), 1, "{line}");
+        assert!(line.contains("h pid 9 (member m, generation 2)"), "{line}");
         assert!(text.contains("token 7  1970-01-01T00:00:01.000Z  job (member m, generation 2, h pid 9)  held 1s, released"), "{text}");
         assert!(!text.contains("permit"), "a mutex names no permit: {text}");
         assert!(

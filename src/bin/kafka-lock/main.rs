@@ -59,7 +59,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::error::ErrorKind;
+use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
 use crate::environ::FromEnv;
@@ -178,7 +178,7 @@ json adds term_ended after each term (docs/events.md).
 
 Exit status: 0 when stopped by SIGINT or SIGTERM; with --max-terms, the last command's status; 69
 if the cluster cannot be reached before the first term (later it keeps campaigning); 78, 71, 64,
-126, 127 as for run. --wait does not apply (usage error).";
+126, 127 as for run.";
 
 const AFTER_OBSERVE_HELP: &str = "\
 observe never joins the group, so it never causes a rebalance. Without --ledger-topic (or with
@@ -304,8 +304,9 @@ struct Target {
     ledger_topic: Option<String>,
 }
 
+/// What `run` and `elect` share: the lock, how it is held, and the command.
 #[derive(Debug, Args)]
-struct RunArgs {
+struct HoldArgs {
     #[command(flatten)]
     target: Target,
     /// Consumer-compatible mode: share the lock with Kafka consumers of group NAME on this
@@ -316,10 +317,6 @@ struct RunArgs {
     /// command (status 74).
     #[arg(long, value_name = "TOPIC")]
     topic: Option<String>,
-    /// Give up (status 75) if the lock is not held within this time; 0 makes one try. Giving up
-    /// takes at most 2 s more, to leave the group. [default: wait forever]
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
-    wait: Option<Duration>,
     /// How long the broker keeps a silent member, so how long a crashed holder blocks the lock.
     /// [default: 10s]
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
@@ -345,13 +342,6 @@ struct RunArgs {
     /// Who we are, shown to waiters and by `status`. [default: "<hostname> pid <pid>"]
     #[arg(long, value_name = "TEXT")]
     label: Option<String>,
-    /// How many may hold the lock at once: a semaphore of N permits (1 to 1024). Each holder's
-    /// command gets its permit slot, 0 to N-1, as KAFKA_LOCK_PERMIT. Every member of a lock must
-    /// use the same N; one that disagrees with the group fails with status 78. Native mode only
-    /// (not with --topic). With --ledger-topic each slot's tokens are ledger offsets that
-    /// increase within the slot, and there is no checkpoint. [default: 1]
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
-    permits: Option<u16>,
     /// The longest checkpoint the command may write, in bytes: the brokers'
     /// offset.metadata.max.bytes, which is 4096 unless they are configured otherwise.
     #[arg(long, value_name = "BYTES", default_value_t = kafka_lock::lock::DEFAULT_CHECKPOINT_MAX_BYTES)]
@@ -368,16 +358,13 @@ struct RunArgs {
     /// 3 with `3>>events.jsonl`; the command does not inherit it (unless it is 0, 1 or 2).
     #[arg(long, value_name = "FD", value_parser = clap::value_parser!(i32).range(0..))]
     events_fd: Option<i32>,
-    /// Exit with N instead of 75 when the lock is not acquired (as flock -E), to tell that
-    /// apart from the command's own statuses; 0 makes a busy lock a quiet success.
-    #[arg(short = 'E', long, value_name = "N")]
-    conflict_exit_code: Option<u8>,
     /// Exit with N (1 to 255) instead of 74 when the lock is lost while the command runs.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..))]
     lost_exit_code: Option<u8>,
     /// Serve the lock's metrics in Prometheus text format at http://ADDRESS/metrics while
-    /// kafka-lock runs (e.g. 127.0.0.1:9464; port 0 picks a free one).
-    #[arg(long, value_name = "ADDRESS")]
+    /// kafka-lock runs: 127.0.0.1:9464, localhost:9464, [::1]:9464, or :9464 for every
+    /// interface; port 0 picks a free one.
+    #[arg(long, value_name = "ADDRESS", value_parser = parse_listen)]
     metrics_listen: Option<SocketAddr>,
     /// The command to run while holding the lock, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
@@ -385,9 +372,34 @@ struct RunArgs {
 }
 
 #[derive(Debug, Args)]
+struct RunArgs {
+    #[command(flatten)]
+    hold: HoldArgs,
+    /// Give up (status 75) if the lock is not held within this time; 0 makes one try. A bare
+    /// number is seconds (5, 0.5), as for flock -w and timeout. Giving up takes at most 2 s more,
+    /// to leave the group. [default: wait forever]
+    #[arg(short = 'w', long, value_name = "DURATION", value_parser = parse_wait)]
+    wait: Option<Duration>,
+    /// One try: the same as --wait 0 (as flock -n).
+    #[arg(short = 'n', long, conflicts_with = "wait")]
+    nonblock: bool,
+    /// How many may hold the lock at once: a semaphore of N permits (1 to 1024). Each holder's
+    /// command gets its permit slot, 0 to N-1, as KAFKA_LOCK_PERMIT. Every member of a lock must
+    /// use the same N; one that disagrees with the group fails with status 78. Native mode only
+    /// (not with --topic). With --ledger-topic each slot's tokens are ledger offsets that
+    /// increase within the slot, and there is no checkpoint. [default: 1]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    permits: Option<u16>,
+    /// Exit with N instead of 75 when the lock is not acquired (as flock -E), to tell that
+    /// apart from the command's own statuses; 0 makes a busy lock a quiet success.
+    #[arg(short = 'E', long, value_name = "N")]
+    conflict_exit_code: Option<u8>,
+}
+
+#[derive(Debug, Args)]
 struct ElectArgs {
     #[command(flatten)]
-    run: RunArgs,
+    hold: HoldArgs,
     /// Stop after N terms as leader and exit with the last command's status. [default: no limit]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     max_terms: Option<u64>,
@@ -450,6 +462,51 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     }
 }
 
+/// `--wait`: a duration, or a bare number of seconds as flock -w and timeout take it.
+fn parse_wait(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        return match t.parse::<f64>() {
+            Ok(secs) => Ok(Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX)),
+            Err(_) => Err(format!(
+                "{t:?} is not a number of seconds (write 5, 0.5, or a duration like 500ms, 2m)"
+            )),
+        };
+    }
+    parse_duration(s)
+}
+
+/// `--metrics-listen`: an address, a host name with a port (the first address it resolves to),
+/// or `:PORT` for every interface, as Prometheus exporters take it.
+fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+    let t = s.trim();
+    if let Some(port) = t.strip_prefix(':') {
+        let port: u16 = port
+            .parse()
+            .map_err(|_| format!("{port:?} is not a port (0 to 65535)"))?;
+        return Ok(SocketAddr::from(([0, 0, 0, 0], port)));
+    }
+    if let Ok(addr) = t.parse() {
+        return Ok(addr);
+    }
+    let Some((host, port)) = t.rsplit_once(':') else {
+        return Err(
+            "no port: write HOST:PORT, e.g. 127.0.0.1:9464, localhost:9464 or :9464".into(),
+        );
+    };
+    if port.parse::<u16>().is_err() {
+        return Err(format!("{port:?} is not a port (0 to 65535)"));
+    }
+    if host.is_empty() || host.contains(':') {
+        return Err("write HOST:PORT, e.g. 127.0.0.1:9464, [::1]:9464 or :9464".into());
+    }
+    use std::net::ToSocketAddrs;
+    match t.to_socket_addrs() {
+        Ok(mut addrs) => addrs.next().ok_or_else(|| format!("{host} has no address")),
+        Err(e) => Err(format!("cannot resolve {host}: {e}")),
+    }
+}
+
 /// How long kafka-lock waits at exit for stderr to take its last lines.
 const FLUSH_BOUND: Duration = Duration::from_secs(1);
 
@@ -485,7 +542,7 @@ fn cli(argv: Vec<OsString>) -> u8 {
     };
     // Before anything else runs: a descriptor is taken while no other thread exists.
     let done = match &cli.command {
-        Command::Run(a) => events_target(a).map(|t| {
+        Command::Run(a) => events_target(&a.hold).map(|t| {
             if let Some(t) = t {
                 output::set_events(t);
             }
@@ -498,7 +555,7 @@ fn cli(argv: Vec<OsString>) -> u8 {
         Command::Manpage { page } => Ok(Some(
             generate::manpage(*page, docs_command()).and_then(|text| generate::print(&text)),
         )),
-        Command::Elect(a) => events_target(&a.run).map(|t| {
+        Command::Elect(a) => events_target(&a.hold).map(|t| {
             if let Some(t) = t {
                 output::set_events(t);
             }
@@ -530,9 +587,18 @@ fn cli(argv: Vec<OsString>) -> u8 {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Run(a) => {
-                let lock = a.target.lock.clone();
-                let events_json = events_json(&a);
-                match run_config(a, from_env.clone()) {
+                let lock = a.hold.target.lock.clone();
+                let events_json = events_json(&a.hold);
+                let once = RunOnly {
+                    wait: if a.nonblock {
+                        Some(Duration::ZERO)
+                    } else {
+                        a.wait
+                    },
+                    permits: a.permits.unwrap_or(1),
+                    conflict_exit_code: a.conflict_exit_code,
+                };
+                match run_config(a.hold, once, from_env.clone()) {
                     Ok(c) => run::run(c).await,
                     Err(f) => run::failed_before_start(&lock, events_json, &from_env, f),
                 }
@@ -546,9 +612,9 @@ fn cli(argv: Vec<OsString>) -> u8 {
             Command::Elect(a) => {
                 let max_terms = a.max_terms;
                 let min_term = a.min_term.unwrap_or(elect::DEFAULT_MIN_TERM);
-                let lock = a.run.target.lock.clone();
-                let events_json = events_json(&a.run);
-                match run_config(a.run, from_env.clone()) {
+                let lock = a.hold.target.lock.clone();
+                let events_json = events_json(&a.hold);
+                match run_config(a.hold, RunOnly::default(), from_env.clone()) {
                     Ok(run) => {
                         elect::elect(elect::ElectConfig {
                             run,
@@ -688,7 +754,7 @@ async fn history(a: HistoryArgs, from_env: &FromEnv) -> Result<u8, Failure> {
 }
 
 /// The events' own target, if --events-file or --events-fd asks for one.
-fn events_target(a: &RunArgs) -> Result<Option<output::Target>, Failure> {
+fn events_target(a: &HoldArgs) -> Result<Option<output::Target>, Failure> {
     match (&a.events_file, a.events_fd) {
         (Some(path), _) => sink::open_file(path).map(Some),
         (None, Some(fd)) => sink::take_fd(fd).map(Some),
@@ -703,11 +769,29 @@ fn docs_command() -> clap::Command {
 }
 
 /// --events-file and --events-fd imply --events json: JSON lines are the one format.
-fn events_json(a: &RunArgs) -> bool {
+fn events_json(a: &HoldArgs) -> bool {
     a.events == Some(EventsFormat::Json) || a.events_file.is_some() || a.events_fd.is_some()
 }
 
-fn run_config(a: RunArgs, from_env: FromEnv) -> Result<run::RunConfig, Failure> {
+/// The settings only `run` takes; `elect` campaigns until stopped, with one leader.
+#[derive(Debug)]
+struct RunOnly {
+    wait: Option<Duration>,
+    permits: u16,
+    conflict_exit_code: Option<u8>,
+}
+
+impl Default for RunOnly {
+    fn default() -> RunOnly {
+        RunOnly {
+            wait: None,
+            permits: 1,
+            conflict_exit_code: None,
+        }
+    }
+}
+
+fn run_config(a: HoldArgs, once: RunOnly, from_env: FromEnv) -> Result<run::RunConfig, Failure> {
     let c = settings::resolve(
         &settings::Flags {
             session_timeout: a.session_timeout,
@@ -722,7 +806,7 @@ fn run_config(a: RunArgs, from_env: FromEnv) -> Result<run::RunConfig, Failure> 
         bootstrap: c.bootstrap,
         lock: a.target.lock,
         topic: a.topic,
-        wait: a.wait,
+        wait: once.wait,
         session_timeout: c.session_timeout,
         heartbeat_interval: c.heartbeat_interval,
         rebalance_timeout: c.rebalance_timeout,
@@ -731,7 +815,7 @@ fn run_config(a: RunArgs, from_env: FromEnv) -> Result<run::RunConfig, Failure> 
         lease_margin: a.lease_margin,
         kill_grace: a.kill_grace,
         label: a.label,
-        permits: a.permits.unwrap_or(1),
+        permits: once.permits,
         client_id: c.client_id,
         ledger_topic: a.target.ledger_topic,
         checkpoint_max_bytes: a.checkpoint_max_bytes,
@@ -739,7 +823,7 @@ fn run_config(a: RunArgs, from_env: FromEnv) -> Result<run::RunConfig, Failure> 
         retry_backoff: c.retry_backoff,
         warnings: c.warnings,
         events_json,
-        conflict_exit_code: a.conflict_exit_code,
+        conflict_exit_code: once.conflict_exit_code,
         lost_exit_code: a.lost_exit_code,
         metrics_listen: a.metrics_listen,
         from_env,
@@ -784,15 +868,66 @@ fn usage(e: clap::Error, argv: &[OsString]) -> u8 {
     if let Some(note) = environ::usage_note(&e, argv) {
         what.push_str(&format!(" ({note})"));
     }
+    if let Some(why) = not_for_elect(&e, argv) {
+        what.push_str(&format!(" ({why})"));
+    }
+    if let Some(hint) = command_hint(&e, argv) {
+        what.push_str(&format!("; {hint}"));
+    }
     let help = match argv.get(1).map(|a| a.as_bytes()) {
         Some(b"run") => "kafka-lock run --help",
         Some(b"status") => "kafka-lock status --help",
         Some(b"history") => "kafka-lock history --help",
+        Some(b"elect") => "kafka-lock elect --help",
+        Some(b"observe") => "kafka-lock observe --help",
         _ => "kafka-lock --help",
     };
     let f = Failure::new(exit::USAGE, format!("{what}; see `{help}`"));
     f.print();
     f.status
+}
+
+/// For `run` and `elect` without `--` before the command: where it goes. A word clap did not
+/// expect that is no flag is the command's first word.
+fn command_hint(e: &clap::Error, argv: &[OsString]) -> Option<String> {
+    let sub = argv.get(1)?.to_str()?;
+    if !matches!(sub, "run" | "elect") || argv.iter().any(|a| a == "--") {
+        return None;
+    }
+    match (e.kind(), e.get(ContextKind::InvalidArg)) {
+        (ErrorKind::UnknownArgument, Some(ContextValue::String(word))) if !word.starts_with('-') => {
+            Some(format!(
+                "the command goes after `--`: kafka-lock {sub} [OPTIONS] -- {word} ..."
+            ))
+        }
+        (ErrorKind::MissingRequiredArgument, _) if e.to_string().contains("<COMMAND>") => Some(
+            format!("give the command to run after `--`: kafka-lock {sub} [OPTIONS] -- COMMAND [ARGS...]"),
+        ),
+        _ => None,
+    }
+}
+
+/// Why `elect` has no such flag, for the flags only `run` takes.
+fn not_for_elect(e: &clap::Error, argv: &[OsString]) -> Option<&'static str> {
+    if argv.get(1).map(|a| a.as_bytes()) != Some(b"elect") {
+        return None;
+    }
+    let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) else {
+        return None;
+    };
+    let flag = arg.split([' ', '=']).next()?;
+    match flag {
+        "--wait" | "-w" | "-n" | "--nonblock" => Some(
+            "elect campaigns until it is stopped: --wait does not apply; bound the number of terms with --max-terms",
+        ),
+        "-E" | "--conflict-exit-code" => Some(
+            "elect never gives up on the lock, so there is no 'not acquired' status to replace",
+        ),
+        "--permits" => Some(
+            "elect has one leader at a time: --permits does not apply; kafka-lock run --permits N runs a command on up to N members at once",
+        ),
+        _ => None,
+    }
 }
 
 /// Logs only when asked: kafka-lock's stderr is shared with the command and, with
@@ -873,6 +1008,44 @@ mod tests {
             "KAFKA_LOCK_CLIENT_ID",
         ] {
             assert!(vars.contains(&v), "{v} missing from {vars:?}");
+        }
+    }
+
+    #[test]
+    fn wait_takes_bare_seconds_and_metrics_listen_the_exporters_forms() {
+        assert_eq!(parse_wait("5"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_wait("0.5"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_wait("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_wait("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_wait("1.2.3").is_err());
+        assert!(parse_wait("").is_err());
+        // Only --wait: a bare 10000 for a timeout may well mean milliseconds, as in Kafka's keys.
+        assert!(parse_duration("5").is_err());
+
+        assert_eq!(
+            parse_listen(":9464"),
+            Ok(SocketAddr::from(([0, 0, 0, 0], 9464)))
+        );
+        assert_eq!(
+            parse_listen("127.0.0.1:9464"),
+            Ok(SocketAddr::from(([127, 0, 0, 1], 9464)))
+        );
+        assert_eq!(
+            parse_listen("[::1]:0"),
+            "[::1]:0".parse::<SocketAddr>().map_err(|e| e.to_string())
+        );
+        assert!(
+            parse_listen("localhost:9464").is_ok_and(|a| a.ip().is_loopback() && a.port() == 9464)
+        );
+        for bad in [
+            ":",
+            ":x",
+            "9464",
+            "localhost",
+            "localhost:99999",
+            "::1:9464",
+        ] {
+            assert!(parse_listen(bad).is_err(), "{bad}");
         }
     }
 

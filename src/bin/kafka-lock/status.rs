@@ -184,8 +184,16 @@ fn member_text(m: &LockMember) -> String {
     s
 }
 
+/// The state the driver (and brokers before DescribeGroups v6) give a group that does not exist.
+const NO_GROUP: &str = "Dead";
+
 pub fn to_text(d: &LockDescription) -> String {
     let mut out = format!("lock {:?} (coordinator {})\n", d.lock, d.coordinator);
+    if d.group_state == NO_GROUP && d.holders.is_empty() && d.waiters.is_empty() {
+        // Kafka's word for it means nothing to someone asking about a lock.
+        out.push_str("no such lock (no group by that name): free");
+        return out;
+    }
     let protocol = match (d.protocol_type.as_str(), d.protocol_name.as_str()) {
         ("", _) => String::new(),
         (t, "") => format!(", protocol type {t}"),
@@ -392,6 +400,20 @@ mod tests {
         let d = analyse("l", "h:1", &group(Vec::new()));
         assert_eq!(exit_status(&d), exit::STATUS_FREE);
         assert!(to_text(&d).contains("holder: nobody (no members)"));
+    }
+
+    #[test]
+    fn a_group_that_does_not_exist_is_no_such_lock() {
+        let mut g = group(Vec::new());
+        g.group_state = StrBytes::from_static_str("Dead");
+        let d = analyse("l", "h:1", &g);
+        assert_eq!(exit_status(&d), exit::STATUS_FREE);
+        let text = to_text(&d);
+        assert!(
+            text.ends_with("\nno such lock (no group by that name): free")
+                && !text.contains("Dead"),
+            "{text}"
+        );
     }
 
     #[test]
