@@ -494,6 +494,16 @@ struct InFlight {
     leave: Option<u64>,
 }
 
+/// An assignment that names us, waiting for the Heartbeat that begins the hold.
+#[derive(Debug)]
+struct Pending {
+    token: FencingToken,
+    slot: u16,
+    /// A confirming NONE handled at or after this instant begins nothing: the broker may have
+    /// dropped us by then, and a coordinator still loading the group answers NONE blindly.
+    deadline: Instant,
+}
+
 /// The membership state machine. See the [module docs](self).
 pub struct Membership {
     cfg: MembershipConfig,
@@ -516,7 +526,13 @@ pub struct Membership {
     hold: Option<Hold>,
     /// A SyncGroup answer named us, but no Heartbeat has yet proved that the broker's session
     /// timer for us was re-armed after it: the hold begins with that proof (see the module docs).
-    pending: Option<(FencingToken, u16)>,
+    pending: Option<Pending>,
+    /// When the first JoinGroup since the machine last learned a generation was sent.
+    join_sent: Option<Instant>,
+    /// No later than the broker's last re-arm of our session timer by a completed join phase of
+    /// the current generation: when the earliest JoinGroup that can have been counted in that
+    /// phase was sent. A pending hold's deadline is timed from it.
+    generation_anchor: Option<Instant>,
     /// The user asked to leave; nothing may be acquired any more.
     leaving: bool,
     /// Leaving is best effort: past this instant the machine stops trying to reach the
@@ -572,6 +588,8 @@ impl Membership {
             offered_cooperative_only: false,
             hold: None,
             pending: None,
+            join_sent: None,
+            generation_anchor: None,
             leaving: false,
             leave_deadline: None,
             last_waiting: None,
@@ -644,7 +662,11 @@ impl Membership {
 
     /// When to call [`Membership::handle_timeout`] next, if anything is scheduled.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let mut at: Option<Instant> = self.hold.as_ref().map(|h| h.lease_end);
+        let mut at: Option<Instant> = self
+            .hold
+            .as_ref()
+            .map(|h| h.lease_end)
+            .or(self.pending.as_ref().map(|p| p.deadline));
         let mut consider = |t: Option<Instant>| {
             if let Some(t) = t {
                 at = Some(at.map_or(t, |a| a.min(t)));
@@ -725,6 +747,45 @@ impl Membership {
                 self.lose(LossReason::LeaseExpired, now);
             }
         }
+        if self.pending.as_ref().is_some_and(|p| now >= p.deadline) {
+            self.pending_ran_out(now);
+        }
+    }
+
+    /// The assignment naming us was not confirmed in time. The broker may have dropped us, or
+    /// still count us with a session timer that nothing we can prove re-armed; a rejoin under the
+    /// same id may be answered at once with this same generation, which re-arms nothing and so
+    /// could never confirm it. So the member starts over under a new id: the old one expires at
+    /// the broker (a join phase completes without it at the latest one rebalance timeout after
+    /// our join started the rebalance), and no hold ever begins for it.
+    fn pending_ran_out(&mut self, now: Instant) {
+        let Some(p) = self.pending.take() else {
+            return;
+        };
+        warn!(group = %self.cfg.group_id, member_id = %self.member_id, generation = p.token.generation,
+              "assigned the lock, but no heartbeat confirmed the membership in time; joining again as a new member");
+        self.reset_member();
+        match self.phase {
+            // Only a Stable member has a pending hold (a rediscovery drops it); these are for
+            // safety should that change.
+            Phase::Discover | Phase::Probe => self.resume = Phase::Join,
+            Phase::Stable => self.rejoin(now, false),
+            Phase::Join | Phase::Sync | Phase::Leave | Phase::Done => {}
+        }
+    }
+
+    /// The assignment naming us cannot be confirmed on this coordinator connection: drop it and
+    /// rejoin. A JoinGroup, unlike a Heartbeat, is never answered blindly by a coordinator that
+    /// is loading the group (GroupCoordinatorService `joinGroup` answers
+    /// COORDINATOR_LOAD_IN_PROGRESS), and a later generation brings its own deadline.
+    fn drop_pending(&mut self) -> bool {
+        if let Some(p) = self.pending.take() {
+            info!(group = %self.cfg.group_id, member_id = %self.member_id, generation = p.token.generation,
+                  "the heartbeat confirming the assignment failed; rejoining");
+            true
+        } else {
+            false
+        }
     }
 
     fn drive(&mut self, now: Instant) {
@@ -802,7 +863,11 @@ impl Membership {
         info!(group = %self.cfg.group_id, member_id = %self.member_id, generation = self.generation,
               "coordinator lost; looking it up again");
         self.coordinator = None;
-        self.resume = resume;
+        self.resume = if self.drop_pending() && resume == Phase::Stable {
+            Phase::Join
+        } else {
+            resume
+        };
         self.phase = Phase::Discover;
         self.schedule_retry(now);
     }
@@ -998,6 +1063,7 @@ impl Membership {
         debug!(group = %self.cfg.group_id, member_id = %self.member_id, version = v, "JoinGroup");
         let id = self.push(target, req.into(), v, self.cfg.join_timeout());
         self.in_flight.join = Some(id);
+        self.join_sent.get_or_insert(now);
         self.retry_at = None;
     }
 
@@ -1353,6 +1419,14 @@ impl Membership {
 
         self.backoff.reset();
         self.member_id = resp.member_id.to_string();
+        // A generation new to us completed a join phase that counted one of the JoinGroups sent
+        // since we learned the last one, and re-armed our timer then (GMM
+        // completeClassicGroupJoin). The same generation again completed nothing (an answer at
+        // once), so the anchor stays.
+        let sent = self.join_sent.take();
+        if resp.generation_id != self.generation || self.generation_anchor.is_none() {
+            self.generation_anchor = sent;
+        }
         self.generation = resp.generation_id;
         self.leader = resp.leader == resp.member_id;
         self.protocol = resp.protocol_name.as_ref().map(|p| p.to_string());
@@ -1513,7 +1587,16 @@ impl Membership {
                 None => {
                     debug!(group = %self.cfg.group_id, member_id = %self.member_id, generation = self.generation,
                            permit = slot, "assigned the lock; a heartbeat confirms the membership before the hold begins");
-                    self.pending = Some((token, slot));
+                    // Without an anchor (never expected) the deadline is now: nothing begins.
+                    let deadline = self
+                        .generation_anchor
+                        .map_or(now, |a| a + self.cfg.lease_length());
+                    self.pending = Some(Pending {
+                        token,
+                        slot,
+                        deadline,
+                    });
+                    self.check_lease(now);
                 }
             }
             self.last_waiting = None;
@@ -1655,9 +1738,12 @@ impl Membership {
         match code {
             0 => {
                 self.backoff.reset();
-                if let Some((token, slot)) = self.pending.take() {
-                    // The broker re-armed our session timer when this Heartbeat arrived, after
-                    // the assignment: the hold begins, timed from when it was sent.
+                if let Some(Pending { token, slot, .. }) = self.pending.take() {
+                    // `handle_response` dropped a pending hold whose deadline passed, so we were
+                    // still a member when this NONE was given: the broker re-armed our timer when
+                    // this Heartbeat arrived, or (a coordinator loading a group that has us)
+                    // re-arms it when the load completes, later still. The hold begins, timed
+                    // from when the Heartbeat was sent.
                     let lease_end = sent + self.cfg.lease_length();
                     info!(group = %self.cfg.group_id, member_id = %self.member_id, generation = self.generation,
                           permit = slot, "lock acquired");
@@ -1710,6 +1796,9 @@ impl Membership {
             _ => {
                 if !self.on_group_error(ApiKey::Heartbeat, code, Phase::Stable, now) {
                     self.next_heartbeat = Some(now + self.backoff.next_delay());
+                }
+                if self.phase == Phase::Stable && self.drop_pending() {
+                    self.rejoin(now, false);
                 }
             }
         }
