@@ -2074,3 +2074,42 @@ fn an_unconfirmed_assignment_runs_out_at_its_deadline_and_the_member_starts_over
     assert!(!acquired_at(&h.take_events(), 4));
     assert!(h.m.token().is_none());
 }
+
+/// Apache removes an existing member at once when its rejoin finds the group at group.max.size
+/// (GMM classicGroupJoin: acceptJoiningMember refuses it in PREPARING_REBALANCE once that many
+/// members are awaiting a join, and the member is removed before GROUP_MAX_SIZE_REACHED is
+/// answered). The broker may hand the lock on in this very join phase, so a holder that rejoins
+/// for a rebalance and is answered that has lost the lock, at once.
+#[test]
+fn a_holder_refused_for_group_max_size_loses_the_lock_at_once() {
+    let mut h = H::holding(3);
+    h.advance(HB);
+    let beat = h.take(ApiKey::Heartbeat);
+    h.reply(beat.id, Ok(hb(0)));
+    let lease_end = h.m.lease_end().unwrap();
+    h.advance(HB);
+    let beat = h.take(ApiKey::Heartbeat);
+    h.reply(beat.id, Ok(hb(27)));
+    assert!(
+        h.m.token().is_some(),
+        "a native holder keeps the lock into the rebalance"
+    );
+    let j = h.take(ApiKey::JoinGroup);
+    h.advance(Duration::from_millis(300));
+    let refused_at = h.now;
+    assert!(refused_at < lease_end);
+    h.reply(j.id, Ok(join_err(81, "")));
+    let events = h.take_events();
+    let lost_at = events.iter().find_map(|e| match e {
+        Event::Lost { reason, lease_end } => Some((reason.clone(), *lease_end)),
+        _ => None,
+    });
+    assert_eq!(
+        lost_at,
+        Some((LossReason::Fenced(KafkaCode(81)), refused_at)),
+        "{events:?}"
+    );
+    assert_eq!(failed(&events), Some(KafkaCode(81)));
+    assert!(h.m.token().is_none());
+    assert!(h.m.is_done());
+}
