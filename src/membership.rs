@@ -28,7 +28,11 @@
 //!
 //! # The lock on top of membership
 //! A SyncGroup answer whose assignment names the member makes the hold *pending*; the member
-//! *holds* the lock from the first Heartbeat answered NONE after it, until one of: the local lease
+//! *holds* the lock from the first Heartbeat answered NONE after it, if that answer is handled
+//! before the pending hold's deadline (the send instant of the first JoinGroup of the generation +
+//! the lease length: a coordinator still loading the group answers NONE blindly, which proves
+//! nothing for a member the broker may have dropped), and on the same coordinator connection (a
+//! heartbeat failure or a rediscovery drops the pending hold and rejoins), until one of: the local lease
 //! runs out, the broker says the membership is gone (UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION,
 //! FENCED_INSTANCE_ID), a later assignment names someone else, a rebalance starts while the
 //! group runs an eager consumer protocol (`range`, `roundrobin`), or the user releases it. Every
