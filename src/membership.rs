@@ -32,7 +32,8 @@
 //! before the pending hold's deadline (the send instant of the first JoinGroup of the generation +
 //! the lease length: a coordinator still loading the group answers NONE blindly, which proves
 //! nothing for a member the broker may have dropped), and on the same coordinator connection (a
-//! heartbeat failure or a rediscovery drops the pending hold and rejoins), until one of: the local lease
+//! heartbeat failure or a rediscovery drops the pending hold and rejoins; past the deadline the
+//! member leaves under its id and joins again as a new member), until one of: the local lease
 //! runs out, the broker says the membership is gone (UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION,
 //! FENCED_INSTANCE_ID), a later assignment names someone else, a rebalance starts while the
 //! group runs an eager consumer protocol (`range`, `roundrobin`), or the user releases it. Every
@@ -496,6 +497,8 @@ struct InFlight {
     /// and the generation it speaks for.
     heartbeat: Option<(u64, Instant, i32)>,
     leave: Option<u64>,
+    /// The LeaveGroup of a member id given up after an unconfirmed assignment.
+    parting: Option<u64>,
 }
 
 /// An assignment that names us, waiting for the Heartbeat that begins the hold.
@@ -737,6 +740,9 @@ impl Membership {
         } else if self.in_flight.leave == Some(id) {
             self.in_flight.leave = None;
             self.on_leave(result);
+        } else if self.in_flight.parting == Some(id) {
+            self.in_flight.parting = None;
+            debug!(group = %self.cfg.group_id, ok = result.is_ok(), "LeaveGroup of a given-up member id answered");
         } else {
             debug!(group = %self.cfg.group_id, id, "ignoring an answer nobody waits for");
         }
@@ -759,15 +765,21 @@ impl Membership {
     /// The assignment naming us was not confirmed in time. The broker may have dropped us, or
     /// still count us with a session timer that nothing we can prove re-armed; a rejoin under the
     /// same id may be answered at once with this same generation, which re-arms nothing and so
-    /// could never confirm it. So the member starts over under a new id: the old one expires at
-    /// the broker (a join phase completes without it at the latest one rebalance timeout after
-    /// our join started the rebalance), and no hold ever begins for it.
+    /// could never confirm it. So the member leaves under its old id and starts over under a new
+    /// one, and no hold ever begins for the old one. The LeaveGroup matters for progress: a
+    /// member id left to expire would hold up the next join phase for up to a rebalance timeout,
+    /// longer than the new assignment's deadline, over and over.
     fn pending_ran_out(&mut self, now: Instant) {
         let Some(p) = self.pending.take() else {
             return;
         };
         warn!(group = %self.cfg.group_id, member_id = %self.member_id, generation = p.token.generation,
-              "assigned the lock, but no heartbeat confirmed the membership in time; joining again as a new member");
+              "assigned the lock, but no heartbeat confirmed the membership in time; leaving, then joining again as a new member");
+        if let Some(target) = self.coordinator_target(Lane::Control) {
+            let old = self.member_id.clone();
+            let id = self.push_leave(target, &old, "kafka-lock: assignment not confirmed in time");
+            self.in_flight.parting = Some(id);
+        }
         self.reset_member();
         match self.phase {
             // Only a Stable member has a pending hold (a rediscovery drops it); these are for
@@ -1140,22 +1152,26 @@ impl Membership {
             self.rediscover(Phase::Leave, now);
             return;
         };
+        info!(group = %self.cfg.group_id, member_id = %self.member_id, "LeaveGroup");
+        let id = self.push_leave(target, &self.member_id.clone(), "kafka-lock: released");
+        self.in_flight.leave = Some(id);
+    }
+
+    fn push_leave(&mut self, target: Target, member_id: &str, reason: &str) -> u64 {
         let v = self.versions.leave_group;
         let mut req = LeaveGroupRequest::default();
         req.group_id = GroupId(sb(&self.cfg.group_id));
         if v >= 3 {
             let mut m = MemberIdentity::default();
-            m.member_id = sb(&self.member_id);
+            m.member_id = sb(member_id);
             if v >= 5 {
-                m.reason = Some(sb("kafka-lock: released"));
+                m.reason = Some(sb(reason));
             }
             req.members = vec![m];
         } else {
-            req.member_id = sb(&self.member_id);
+            req.member_id = sb(member_id);
         }
-        info!(group = %self.cfg.group_id, member_id = %self.member_id, "LeaveGroup");
-        let id = self.push(target, req.into(), v, self.cfg.request_timeout);
-        self.in_flight.leave = Some(id);
+        self.push(target, req.into(), v, self.cfg.request_timeout)
     }
 
     // ---- answers -----------------------------------------------------------------------------

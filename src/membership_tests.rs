@@ -2052,7 +2052,8 @@ fn a_failed_confirming_heartbeat_drops_the_pending_hold_and_rejoins() {
 }
 
 /// Nothing confirms the assignment before its deadline (the Heartbeat is never answered): the
-/// machine wakes at the deadline by itself, forgets the member id and joins as a new member.
+/// machine wakes at the deadline by itself, leaves under the old member id and joins as a new
+/// member.
 #[test]
 fn an_unconfirmed_assignment_runs_out_at_its_deadline_and_the_member_starts_over() {
     let mut h = H::new(Mode::Native);
@@ -2066,9 +2067,17 @@ fn an_unconfirmed_assignment_runs_out_at_its_deadline_and_the_member_starts_over
     assert!(h.apis().iter().all(|a| *a != ApiKey::JoinGroup));
     h.advance(Duration::from_millis(1));
     assert_eq!(h.m.generation(), -1);
+    // The old id leaves at once, so that no join phase waits for it to expire.
+    let leave = h.take(ApiKey::LeaveGroup);
+    match &leave.request {
+        Request::LeaveGroup(r) => assert_eq!(r.members[0].member_id.as_str(), "m1"),
+        other => panic!("{other:?}"),
+    }
     h.advance(Duration::from_secs(1));
     let j = h.take(ApiKey::JoinGroup);
     assert_eq!(join_request(&j).member_id.as_str(), "");
+    h.reply(leave.id, Ok(leave_ok()));
+    assert!(!h.m.is_done(), "the parting leave ends nothing");
     // The old Heartbeat's NONE, arriving now, begins nothing.
     h.reply(beat.id, Ok(hb(0)));
     assert!(!acquired_at(&h.take_events(), 4));
