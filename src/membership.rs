@@ -28,7 +28,12 @@
 //!
 //! # The lock on top of membership
 //! A SyncGroup answer whose assignment names the member makes the hold *pending*; the member
-//! *holds* the lock from the first Heartbeat answered NONE after it, until one of: the local lease
+//! *holds* the lock from the first Heartbeat answered NONE after it, if that answer is handled
+//! before the pending hold's deadline (the send instant of the first JoinGroup of the generation +
+//! the lease length: a coordinator still loading the group answers NONE blindly, which proves
+//! nothing for a member the broker may have dropped), and on the same coordinator connection (a
+//! heartbeat failure or a rediscovery drops the pending hold and rejoins; past the deadline the
+//! member leaves under its id and joins again as a new member), until one of: the local lease
 //! runs out, the broker says the membership is gone (UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION,
 //! FENCED_INSTANCE_ID), a later assignment names someone else, a rebalance starts while the
 //! group runs an eager consumer protocol (`range`, `roundrobin`), or the user releases it. Every
@@ -495,6 +500,18 @@ struct InFlight {
     /// and the generation it speaks for.
     heartbeat: Option<(u64, Instant, i32)>,
     leave: Option<u64>,
+    /// The LeaveGroup of a member id given up after an unconfirmed assignment.
+    parting: Option<u64>,
+}
+
+/// An assignment that names us, waiting for the Heartbeat that begins the hold.
+#[derive(Debug)]
+struct Pending {
+    token: FencingToken,
+    slot: u16,
+    /// A confirming NONE handled at or after this instant begins nothing: the broker may have
+    /// dropped us by then, and a coordinator still loading the group answers NONE blindly.
+    deadline: Instant,
 }
 
 /// The membership state machine. See the [module docs](self).
@@ -519,7 +536,13 @@ pub struct Membership {
     hold: Option<Hold>,
     /// A SyncGroup answer named us, but no Heartbeat has yet proved that the broker's session
     /// timer for us was re-armed after it: the hold begins with that proof (see the module docs).
-    pending: Option<(FencingToken, u16)>,
+    pending: Option<Pending>,
+    /// When the first JoinGroup since the machine last learned a generation was sent.
+    join_sent: Option<Instant>,
+    /// No later than the broker's last re-arm of our session timer by a completed join phase of
+    /// the current generation: when the earliest JoinGroup that can have been counted in that
+    /// phase was sent. A pending hold's deadline is timed from it.
+    generation_anchor: Option<Instant>,
     /// The user asked to leave; nothing may be acquired any more.
     leaving: bool,
     /// Leaving is best effort: past this instant the machine stops trying to reach the
@@ -575,6 +598,8 @@ impl Membership {
             offered_cooperative_only: false,
             hold: None,
             pending: None,
+            join_sent: None,
+            generation_anchor: None,
             leaving: false,
             leave_deadline: None,
             last_waiting: None,
@@ -647,7 +672,11 @@ impl Membership {
 
     /// When to call [`Membership::handle_timeout`] next, if anything is scheduled.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let mut at: Option<Instant> = self.hold.as_ref().map(|h| h.lease_end);
+        let mut at: Option<Instant> = self
+            .hold
+            .as_ref()
+            .map(|h| h.lease_end)
+            .or(self.pending.as_ref().map(|p| p.deadline));
         let mut consider = |t: Option<Instant>| {
             if let Some(t) = t {
                 at = Some(at.map_or(t, |a| a.min(t)));
@@ -714,6 +743,9 @@ impl Membership {
         } else if self.in_flight.leave == Some(id) {
             self.in_flight.leave = None;
             self.on_leave(result);
+        } else if self.in_flight.parting == Some(id) {
+            self.in_flight.parting = None;
+            debug!(group = %self.cfg.group_id, ok = result.is_ok(), "LeaveGroup of a given-up member id answered");
         } else {
             debug!(group = %self.cfg.group_id, id, "ignoring an answer nobody waits for");
         }
@@ -727,6 +759,51 @@ impl Membership {
             if now >= hold.lease_end {
                 self.lose(LossReason::LeaseExpired, now);
             }
+        }
+        if self.pending.as_ref().is_some_and(|p| now >= p.deadline) {
+            self.pending_ran_out(now);
+        }
+    }
+
+    /// The assignment naming us was not confirmed in time. The broker may have dropped us, or
+    /// still count us with a session timer that nothing we can prove re-armed; a rejoin under the
+    /// same id may be answered at once with this same generation, which re-arms nothing and so
+    /// could never confirm it. So the member leaves under its old id and starts over under a new
+    /// one, and no hold ever begins for the old one. The LeaveGroup matters for progress: a
+    /// member id left to expire would hold up the next join phase for up to a rebalance timeout,
+    /// longer than the new assignment's deadline, over and over.
+    fn pending_ran_out(&mut self, now: Instant) {
+        let Some(p) = self.pending.take() else {
+            return;
+        };
+        warn!(group = %self.cfg.group_id, member_id = %self.member_id, generation = p.token.generation,
+              "assigned the lock, but no heartbeat confirmed the membership in time; leaving, then joining again as a new member");
+        if let Some(target) = self.coordinator_target(Lane::Control) {
+            let old = self.member_id.clone();
+            let id = self.push_leave(target, &old, "kafka-lock: assignment not confirmed in time");
+            self.in_flight.parting = Some(id);
+        }
+        self.reset_member();
+        match self.phase {
+            // Only a Stable member has a pending hold (a rediscovery drops it); these are for
+            // safety should that change.
+            Phase::Discover | Phase::Probe => self.resume = Phase::Join,
+            Phase::Stable => self.rejoin(now, false),
+            Phase::Join | Phase::Sync | Phase::Leave | Phase::Done => {}
+        }
+    }
+
+    /// The assignment naming us cannot be confirmed on this coordinator connection: drop it and
+    /// rejoin. A JoinGroup, unlike a Heartbeat, is never answered blindly by a coordinator that
+    /// is loading the group (GroupCoordinatorService `joinGroup` answers
+    /// COORDINATOR_LOAD_IN_PROGRESS), and a later generation brings its own deadline.
+    fn drop_pending(&mut self) -> bool {
+        if let Some(p) = self.pending.take() {
+            info!(group = %self.cfg.group_id, member_id = %self.member_id, generation = p.token.generation,
+                  "the heartbeat confirming the assignment failed; rejoining");
+            true
+        } else {
+            false
         }
     }
 
@@ -805,7 +882,11 @@ impl Membership {
         info!(group = %self.cfg.group_id, member_id = %self.member_id, generation = self.generation,
               "coordinator lost; looking it up again");
         self.coordinator = None;
-        self.resume = resume;
+        self.resume = if self.drop_pending() && resume == Phase::Stable {
+            Phase::Join
+        } else {
+            resume
+        };
         self.phase = Phase::Discover;
         self.schedule_retry(now);
     }
@@ -1002,6 +1083,7 @@ impl Membership {
         debug!(group = %self.cfg.group_id, member_id = %self.member_id, version = v, "JoinGroup");
         let id = self.push(target, req.into(), v, self.cfg.join_timeout());
         self.in_flight.join = Some(id);
+        self.join_sent.get_or_insert(now);
         self.retry_at = None;
     }
 
@@ -1074,22 +1156,26 @@ impl Membership {
             self.rediscover(Phase::Leave, now);
             return;
         };
+        info!(group = %self.cfg.group_id, member_id = %self.member_id, "LeaveGroup");
+        let id = self.push_leave(target, &self.member_id.clone(), "kafka-lock: released");
+        self.in_flight.leave = Some(id);
+    }
+
+    fn push_leave(&mut self, target: Target, member_id: &str, reason: &str) -> u64 {
         let v = self.versions.leave_group;
         let mut req = LeaveGroupRequest::default();
         req.group_id = GroupId(sb(&self.cfg.group_id));
         if v >= 3 {
             let mut m = MemberIdentity::default();
-            m.member_id = sb(&self.member_id);
+            m.member_id = sb(member_id);
             if v >= 5 {
-                m.reason = Some(sb("kafka-lock: released"));
+                m.reason = Some(sb(reason));
             }
             req.members = vec![m];
         } else {
-            req.member_id = sb(&self.member_id);
+            req.member_id = sb(member_id);
         }
-        info!(group = %self.cfg.group_id, member_id = %self.member_id, "LeaveGroup");
-        let id = self.push(target, req.into(), v, self.cfg.request_timeout);
-        self.in_flight.leave = Some(id);
+        self.push(target, req.into(), v, self.cfg.request_timeout)
     }
 
     // ---- answers -----------------------------------------------------------------------------
@@ -1357,6 +1443,14 @@ impl Membership {
 
         self.backoff.reset();
         self.member_id = resp.member_id.to_string();
+        // A generation new to us completed a join phase that counted one of the JoinGroups sent
+        // since we learned the last one, and re-armed our timer then (GMM
+        // completeClassicGroupJoin). The same generation again completed nothing (an answer at
+        // once), so the anchor stays.
+        let sent = self.join_sent.take();
+        if resp.generation_id != self.generation || self.generation_anchor.is_none() {
+            self.generation_anchor = sent;
+        }
         self.generation = resp.generation_id;
         self.leader = resp.leader == resp.member_id;
         self.protocol = resp.protocol_name.as_ref().map(|p| p.to_string());
@@ -1521,7 +1615,16 @@ impl Membership {
                 None => {
                     debug!(group = %self.cfg.group_id, member_id = %self.member_id, generation = self.generation,
                            permit = slot, "assigned the lock; a heartbeat confirms the membership before the hold begins");
-                    self.pending = Some((token, slot));
+                    // Without an anchor (never expected) the deadline is now: nothing begins.
+                    let deadline = self
+                        .generation_anchor
+                        .map_or(now, |a| a + self.cfg.lease_length());
+                    self.pending = Some(Pending {
+                        token,
+                        slot,
+                        deadline,
+                    });
+                    self.check_lease(now);
                 }
             }
             self.last_waiting = None;
@@ -1677,9 +1780,12 @@ impl Membership {
         match code {
             0 => {
                 self.backoff.reset();
-                if let Some((token, slot)) = self.pending.take() {
-                    // The broker re-armed our session timer when this Heartbeat arrived, after
-                    // the assignment: the hold begins, timed from when it was sent.
+                if let Some(Pending { token, slot, .. }) = self.pending.take() {
+                    // `handle_response` dropped a pending hold whose deadline passed, so we were
+                    // still a member when this NONE was given: the broker re-armed our timer when
+                    // this Heartbeat arrived, or (a coordinator loading a group that has us)
+                    // re-arms it when the load completes, later still. The hold begins, timed
+                    // from when the Heartbeat was sent.
                     let lease_end = sent + self.cfg.lease_length();
                     info!(group = %self.cfg.group_id, member_id = %self.member_id, generation = self.generation,
                           permit = slot, "lock acquired");
@@ -1732,6 +1838,9 @@ impl Membership {
             _ => {
                 if !self.on_group_error(ApiKey::Heartbeat, code, Phase::Stable, now) {
                     self.next_heartbeat = Some(now + self.backoff.next_delay());
+                }
+                if self.phase == Phase::Stable && self.drop_pending() {
+                    self.rejoin(now, false);
                 }
             }
         }

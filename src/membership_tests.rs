@@ -1257,7 +1257,11 @@ fn requests_use_the_coordinators_versions_not_the_bootstrap_brokers() {
     h.reply(sync.id, Ok(sync_ok(assignment)));
     let beat = h.take(ApiKey::Heartbeat);
     assert_eq!(beat.version, 3);
+    h.reply(beat.id, Ok(hb(0)));
+    assert!(h.m.token().is_some());
     // The coordinator moves to an upgraded broker: its versions are asked again and used.
+    h.advance(HB);
+    let beat = h.take(ApiKey::Heartbeat);
     h.reply(beat.id, Ok(hb(16)));
     h.advance(Duration::from_millis(100));
     let find = h.take(ApiKey::FindCoordinator);
@@ -1919,4 +1923,308 @@ fn a_holder_told_of_another_ledger_setting_loses_at_once() {
         Some(Error::LedgerMismatch { ours: None, group: Some(g), .. }) if g == "lg"
     ));
     h.take(ApiKey::LeaveGroup);
+}
+
+// ---- a pending hold has a deadline ---------------------------------------------------------
+//
+// A SyncGroup answer naming us makes the hold pending; the broker's session timer for us was last
+// re-armed when the join phase of that generation completed, which is after our JoinGroup was
+// sent, and nothing later is proof. A coordinator that is still loading the group answers a
+// Heartbeat NONE blindly, also for a member it is about to forget, so a NONE arriving after that
+// JoinGroup's send instant + the lease length proves nothing and must not begin the hold.
+
+fn acquired_at(events: &[Event], generation: i32) -> bool {
+    events
+        .iter()
+        .any(|e| matches!(e, Event::Acquired { token, .. } if token.generation == generation))
+}
+
+/// Answers every request the machine sends with `answer(now, transmit)` (None: leave it
+/// unanswered) and moves the clock in steps of `step` until `until`, collecting the events.
+fn serve(
+    h: &mut H,
+    until: Instant,
+    step: Duration,
+    mut answer: impl FnMut(Instant, &Transmit) -> Option<Result<Response, Error>>,
+) -> Vec<Event> {
+    let mut events = Vec::new();
+    while h.now < until && !h.m.is_done() {
+        for t in std::mem::take(&mut h.sent) {
+            if let Some(r) = answer(h.now, &t) {
+                h.reply(t.id, r);
+            }
+        }
+        events.extend(h.take_events());
+        h.advance(step);
+        events.extend(h.take_events());
+    }
+    events
+}
+
+/// The path of a hold begun late: the member is assigned the lock at generation 4; every
+/// Heartbeat fails for three session timeouts while FindCoordinator keeps naming node 1 (which
+/// dropped the member long ago and gave the lock to someone else); then the group moves to node 2,
+/// which is still loading and answers the Heartbeat NONE blindly (GroupCoordinatorService
+/// `heartbeat`) and a JoinGroup with COORDINATOR_LOAD_IN_PROGRESS, then UNKNOWN_MEMBER_ID once
+/// loaded, since the member is not in the group it loaded.
+#[test]
+fn a_pending_hold_cut_off_for_three_sessions_never_begins_on_a_blind_none() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let t0 = h.now;
+    let sync = h.join_as("m1", 4, false, &[]);
+    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), 4, 0))));
+    assert!(h.m.token().is_none());
+    let moved = t0 + 3 * SESSION;
+    let loaded = moved + Duration::from_secs(2);
+    let events = serve(
+        &mut h,
+        loaded + SESSION,
+        Duration::from_millis(100),
+        |now, t| {
+            let before = now < moved;
+            Some(match t.request.api_key() {
+                ApiKey::FindCoordinator if before => Ok(found_at(1, 9092)),
+                ApiKey::FindCoordinator => Ok(found_at(2, 9093)),
+                ApiKey::ApiVersions => Ok(api_versions(crate::wire::versions::SUPPORTED)),
+                ApiKey::Heartbeat if before => Err(Error::Closed),
+                // Blind: node 2 is loading, or has loaded a group without us and this is the
+                // first answer it gives; either way NONE is what Apache sends while loading.
+                ApiKey::Heartbeat if now < loaded => Ok(hb(0)),
+                ApiKey::Heartbeat => Ok(hb(25)),
+                ApiKey::JoinGroup if before => Err(Error::Closed),
+                ApiKey::JoinGroup if now < loaded => Ok(join_err(14, "")),
+                ApiKey::JoinGroup if join_request(t).member_id.is_empty() => return None,
+                ApiKey::JoinGroup => Ok(join_err(25, "")),
+                ApiKey::LeaveGroup => Ok(leave_ok()),
+                other => panic!("unexpected {other:?}"),
+            })
+        },
+    );
+    assert!(
+        !acquired_at(&events, 4),
+        "a hold began at generation 4 long after the broker dropped the member: {events:?}"
+    );
+    assert!(h.m.token().is_none());
+}
+
+/// The process is paused between the SyncGroup answer and the confirming Heartbeat's answer: a
+/// NONE handled at or after the JoinGroup's send instant + the lease length begins nothing (the
+/// broker may have dropped the member by then, and a loading coordinator answers NONE blindly);
+/// one handled just before it begins the hold, timed from the Heartbeat.
+#[test]
+fn a_confirming_none_after_the_pending_deadline_begins_no_hold() {
+    for (late, expect_hold) in [(Duration::ZERO, false), (Duration::from_millis(1), true)] {
+        let mut h = H::new(Mode::Native);
+        h.find_ok();
+        let joined_sent = h.now;
+        let j = h.take(ApiKey::JoinGroup);
+        // The join phase waits a second for the other members.
+        h.advance(Duration::from_secs(1));
+        h.reply(j.id, Ok(join_ok("m1", 4, "m2", &[])));
+        let sync = h.take(ApiKey::SyncGroup);
+        h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), 4, 0))));
+        let beat = h.take(ApiKey::Heartbeat);
+        let sent = h.now;
+        let at = joined_sent + lease_length() - late;
+        h.m.handle_response(beat.id, Ok(hb(0)), at);
+        h.drain();
+        let events = h.take_events();
+        assert_eq!(acquired_at(&events, 4), expect_hold, "{late:?}: {events:?}");
+        if expect_hold {
+            assert_eq!(h.m.lease_end(), Some(sent + lease_length()));
+        } else {
+            assert!(h.m.token().is_none());
+        }
+    }
+}
+
+/// A JoinGroup answered with the generation the member already knows completed no join phase
+/// (Apache answers a follower of a STABLE group at once, GMM classicGroupJoinExistingMember), so
+/// it re-armed nothing: the pending deadline stays where the JoinGroup that first brought that
+/// generation put it. Here the confirming Heartbeat fails, the coordinator takes 9.5 seconds to
+/// find again (past the deadline), and the rejoin is answered with the same generation and the same assignment.
+#[test]
+fn a_rejoin_answered_with_the_same_generation_does_not_move_the_pending_deadline() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let joined_sent = h.now;
+    let sync = h.join_as("m1", 4, false, &[]);
+    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), 4, 0))));
+    let beat = h.take(ApiKey::Heartbeat);
+    h.advance(Duration::from_millis(500));
+    h.reply(beat.id, Err(Error::Closed));
+    let events = serve(
+        &mut h,
+        joined_sent + 2 * SESSION,
+        Duration::from_millis(100),
+        |now, t| {
+            let found = now >= joined_sent + Duration::from_millis(9_500);
+            Some(match t.request.api_key() {
+                ApiKey::FindCoordinator if found => Ok(find_ok()),
+                ApiKey::FindCoordinator => Ok(find_err(15)),
+                ApiKey::JoinGroup => Ok(join_ok(
+                    if join_request(t).member_id.is_empty() {
+                        "m1-new"
+                    } else {
+                        "m1"
+                    },
+                    4,
+                    "m2",
+                    &[],
+                )),
+                ApiKey::SyncGroup => Ok(sync_ok(native_assignment(Some("m1"), 4, 0))),
+                ApiKey::Heartbeat => Ok(hb(0)),
+                ApiKey::ApiVersions => Ok(api_versions(crate::wire::versions::SUPPORTED)),
+                ApiKey::LeaveGroup => Ok(leave_ok()),
+                other => panic!("unexpected {other:?}"),
+            })
+        },
+    );
+    let late = events.iter().find_map(|e| match e {
+        Event::Acquired { token, .. } if token.generation == 4 => Some(token.clone()),
+        _ => None,
+    });
+    assert!(
+        late.is_none(),
+        "held at generation 4 after its deadline: {events:?}"
+    );
+}
+
+/// A renewal is applied only before the lease end. Here the Heartbeat is built 1 ms before the
+/// lease end (its connection is then opened inside the request, which takes a while) and its NONE
+/// is handled 1 ms after the lease end, before the machine's own timer fired (a starved task).
+#[test]
+fn a_renewal_built_before_the_lease_end_and_answered_after_renews_nothing() {
+    let mut h = H::holding(3);
+    let lease_end = h.m.lease_end().unwrap();
+    // Keep the holder's heartbeats unanswered until 1 ms before the lease end.
+    let first = {
+        h.advance(HB);
+        h.take(ApiKey::Heartbeat)
+    };
+    h.m.handle_response(first.id, Err(Error::Closed), h.now);
+    h.drain();
+    h.now = lease_end - Duration::from_millis(1);
+    h.m.handle_timeout(h.now);
+    h.drain();
+    let find = h.take(ApiKey::FindCoordinator);
+    h.m.handle_response(find.id, Ok(find_ok()), h.now);
+    h.drain();
+    let beat = h.take(ApiKey::Heartbeat);
+    assert!(
+        h.m.token().is_some(),
+        "still held when the heartbeat is built"
+    );
+    h.m.handle_response(beat.id, Ok(hb(0)), lease_end + Duration::from_millis(1));
+    h.drain();
+    let events = h.take_events();
+    assert_eq!(lost(&events), Some(LossReason::LeaseExpired));
+    assert!(h.m.token().is_none());
+    assert!(!events
+        .iter()
+        .any(|e| matches!(e, Event::Acquired { .. } | Event::TokenChanged { .. })));
+}
+
+/// A confirming Heartbeat that fails (transport, NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE)
+/// drops the pending hold: after the coordinator is found again the member rejoins, because a
+/// JoinGroup is never answered blindly by a coordinator that is loading the group, where a
+/// Heartbeat is.
+#[test]
+fn a_failed_confirming_heartbeat_drops_the_pending_hold_and_rejoins() {
+    for code in [None, Some(16), Some(15)] {
+        let failure = || code.map_or(Err(Error::Closed), |c| Ok(hb(c)));
+        let mut h = H::new(Mode::Native);
+        h.find_ok();
+        let sync = h.join_as("m1", 4, false, &[]);
+        h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), 4, 0))));
+        let beat = h.take(ApiKey::Heartbeat);
+        h.reply(beat.id, failure());
+        h.advance(Duration::from_millis(100));
+        let find = h.take(ApiKey::FindCoordinator);
+        h.reply(find.id, Ok(find_ok()));
+        assert_eq!(h.apis(), [ApiKey::JoinGroup], "{code:?}");
+        let j = h.take(ApiKey::JoinGroup);
+        assert_eq!(join_request(&j).member_id.as_str(), "m1");
+        // A new generation, a new deadline: the hold begins with its own confirmation.
+        h.reply(j.id, Ok(join_ok("m1", 5, "m2", &[])));
+        let sync = h.take(ApiKey::SyncGroup);
+        h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), 5, 0))));
+        h.confirm();
+        let events = h.take_events();
+        assert!(!acquired_at(&events, 4), "{code:?}: {events:?}");
+        assert!(acquired_at(&events, 5), "{code:?}: {events:?}");
+    }
+}
+
+/// Nothing confirms the assignment before its deadline (the Heartbeat is never answered): the
+/// machine wakes at the deadline by itself, leaves under the old member id and joins as a new
+/// member.
+#[test]
+fn an_unconfirmed_assignment_runs_out_at_its_deadline_and_the_member_starts_over() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let joined_sent = h.now;
+    let sync = h.join_as("m1", 4, false, &[]);
+    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), 4, 0))));
+    let beat = h.take(ApiKey::Heartbeat);
+    assert_eq!(h.m.poll_timeout(), Some(joined_sent + lease_length()));
+    h.advance(lease_length() - Duration::from_millis(1));
+    assert!(h.apis().iter().all(|a| *a != ApiKey::JoinGroup));
+    h.advance(Duration::from_millis(1));
+    assert_eq!(h.m.generation(), -1);
+    // The old id leaves at once, so that no join phase waits for it to expire.
+    let leave = h.take(ApiKey::LeaveGroup);
+    match &leave.request {
+        Request::LeaveGroup(r) => assert_eq!(r.members[0].member_id.as_str(), "m1"),
+        other => panic!("{other:?}"),
+    }
+    h.advance(Duration::from_secs(1));
+    let j = h.take(ApiKey::JoinGroup);
+    assert_eq!(join_request(&j).member_id.as_str(), "");
+    h.reply(leave.id, Ok(leave_ok()));
+    assert!(!h.m.is_done(), "the parting leave ends nothing");
+    // The old Heartbeat's NONE, arriving now, begins nothing.
+    h.reply(beat.id, Ok(hb(0)));
+    assert!(!acquired_at(&h.take_events(), 4));
+    assert!(h.m.token().is_none());
+}
+
+/// Apache removes an existing member at once when its rejoin finds the group at group.max.size
+/// (GMM classicGroupJoin: acceptJoiningMember refuses it in PREPARING_REBALANCE once that many
+/// members are awaiting a join, and the member is removed before GROUP_MAX_SIZE_REACHED is
+/// answered). The broker may hand the lock on in this very join phase, so a holder that rejoins
+/// for a rebalance and is answered that has lost the lock, at once.
+#[test]
+fn a_holder_refused_for_group_max_size_loses_the_lock_at_once() {
+    let mut h = H::holding(3);
+    h.advance(HB);
+    let beat = h.take(ApiKey::Heartbeat);
+    h.reply(beat.id, Ok(hb(0)));
+    let lease_end = h.m.lease_end().unwrap();
+    h.advance(HB);
+    let beat = h.take(ApiKey::Heartbeat);
+    h.reply(beat.id, Ok(hb(27)));
+    assert!(
+        h.m.token().is_some(),
+        "a native holder keeps the lock into the rebalance"
+    );
+    let j = h.take(ApiKey::JoinGroup);
+    h.advance(Duration::from_millis(300));
+    let refused_at = h.now;
+    assert!(refused_at < lease_end);
+    h.reply(j.id, Ok(join_err(81, "")));
+    let events = h.take_events();
+    let lost_at = events.iter().find_map(|e| match e {
+        Event::Lost { reason, lease_end } => Some((reason.clone(), *lease_end)),
+        _ => None,
+    });
+    assert_eq!(
+        lost_at,
+        Some((LossReason::Fenced(KafkaCode(81)), refused_at)),
+        "{events:?}"
+    );
+    assert_eq!(failed(&events), Some(KafkaCode(81)));
+    assert!(h.m.token().is_none());
+    assert!(h.m.is_done());
 }

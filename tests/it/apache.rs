@@ -444,3 +444,107 @@ async fn a_deleted_group_starts_again_and_tokens_go_back_to_1() {
     assert_eq!(g.token().generation, 1, "a deleted group starts again");
     g.release().await.unwrap();
 }
+
+/// A native JoinGroup for a raw member of a kafka-lock group: it waits, holding nothing.
+fn native_join_request(group: &str, member: &str) -> JoinGroupRequest {
+    let mut req = join_request(group, member, None);
+    req.protocol_type = sb(PROTOCOL_TYPE);
+    req.protocols[0].name = sb(NATIVE_PROTOCOL);
+    req.protocols[0].metadata = MemberMetadata {
+        holds: false,
+        first_joined_generation: -1,
+        holder_generation: -1,
+        label: Some("raw".into()),
+        permits: 1,
+        slot: 0,
+    }
+    .encode();
+    req
+}
+
+/// `group.max.size` is an instant removal: a member that rejoins a rebalance in which that many
+/// members already wait for the join is removed there and then and answered
+/// GROUP_MAX_SIZE_REACHED (GMM `classicGroupJoin` → `acceptJoiningMember`, then `group.remove`),
+/// and the join phase may complete without it at once. The holder, rejoining for the rebalance,
+/// gets that answer and loses the lock at once. On a broker of its own with `group.max.size=2`:
+/// the holder, then two raw members that join while it holds (the second of them into the
+/// rebalance the first started), so that two members await the join when the holder rejoins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_refused_at_group_max_size_loses_the_lock_at_once() {
+    use crate::support::kafka::KafkaOptions;
+    use kafka_lock::LossReason;
+    init_tracing();
+    let broker = KafkaCluster::start(KafkaOptions::single_node().property("group.max.size", 2));
+    let group = unique_group("max-size");
+    // A long heartbeat interval: the two raw joins must both reach the broker before the
+    // holder hears of the rebalance.
+    let guard = opts(&broker, &group)
+        .heartbeat_interval(Duration::from_secs(2))
+        .acquire(Some(SLACK))
+        .await
+        .unwrap();
+    let holder = guard.token().member_id.clone();
+    let connect = |group: String| {
+        let bootstrap = broker.bootstrap();
+        async move {
+            coordinator_connection(&bootstrap, &group)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+        }
+    };
+    let (b, c) = (connect(group.clone()).await, connect(group.clone()).await);
+    // KIP-394 first: both get a member id while the group is STABLE with one member.
+    let mut ids = Vec::new();
+    for conn in [&b, &c] {
+        let r = join(conn, 9, native_join_request(&group, "")).await;
+        assert_eq!(
+            KafkaCode(r.error_code),
+            KafkaCode::MEMBER_ID_REQUIRED,
+            "{r:?}"
+        );
+        ids.push(r.member_id.to_string());
+    }
+    // Both join for real at once: the first starts a rebalance, the second joins it.
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    for (conn, id) in [b, c].into_iter().zip(ids.clone()) {
+        let (tx, group) = (tx.clone(), group.clone());
+        tokio::spawn(async move {
+            let r = join(&conn, 9, native_join_request(&group, &id)).await;
+            let _ = tx.send(r);
+            conn.close();
+        });
+    }
+    let started = Instant::now();
+    let reason = tokio::time::timeout(Duration::from_secs(20), guard.lost())
+        .await
+        .expect("the holder heard of its removal");
+    assert_eq!(
+        reason,
+        LossReason::Fenced(KafkaCode::GROUP_MAX_SIZE_REACHED)
+    );
+    assert!(!guard.is_held());
+    // The join phase completed with the two others, without the holder.
+    for _ in 0..2 {
+        let r = tokio::time::timeout(Duration::from_secs(20), rx.recv())
+            .await
+            .expect("the raw join was answered")
+            .expect("a raw join task ended without an answer");
+        assert_eq!(r.error_code, 0, "{r:?}");
+        assert_eq!(r.generation_id, 2, "{r:?}");
+        if r.leader == r.member_id {
+            let mut members: Vec<String> =
+                r.members.iter().map(|m| m.member_id.to_string()).collect();
+            members.sort();
+            let mut want = ids.clone();
+            want.sort();
+            assert_eq!(members, want, "the holder is not in generation 2");
+        }
+    }
+    let g = describe_group(&broker.bootstrap(), &group).await.unwrap();
+    assert!(
+        g.members.iter().all(|m| m.member_id.as_str() != holder),
+        "the holder is still a member: {g:?}"
+    );
+    tracing::info!(after = ?started.elapsed(), "the holder lost the lock to group.max.size");
+    drop(guard);
+}

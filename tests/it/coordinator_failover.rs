@@ -401,3 +401,124 @@ async fn stranger_heartbeat(addr: &str, group: &str) -> Result<KafkaCode, String
         other => Err(format!("{other:?}")),
     }
 }
+
+/// The path of a hold begun late, on three Apache Kafka nodes with a ledger: member A's
+/// connections are cut (every frame held, both ways) right after its SyncGroup answer names it
+/// holder, so its confirming Heartbeat never gets out; the coordinator drops it after its session
+/// timeout and member B holds at the next generation; the coordinator's node is killed, so the
+/// group moves, and the cut heals as soon as FindCoordinator names the new coordinator, while it
+/// loads a filled offsets partition (and would answer a Heartbeat NONE blindly). No hold may
+/// begin for A's old membership: A holds only later, under a new member id and a larger
+/// generation; no two holds overlap; ledger tokens only go up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_cut_off_after_its_assignment_holds_nothing_when_the_group_moves() {
+    use crate::fault::kproxy::{Fault, ProxySet};
+    init_tracing();
+    let mut cluster = block_in_place(|| KafkaCluster::start(KafkaOptions::three_nodes()));
+    let bootstrap = cluster.bootstrap();
+    let group = unique_group("stale-assignment");
+    let ledger = unique_group("stale-ledger");
+    block_in_place(|| probe::create_topic(&bootstrap, &ledger, 1));
+    let options = |bootstrap: &str, who: &str| {
+        LockOptions::new(bootstrap, &group)
+            .session_timeout(Duration::from_secs(6))
+            .rebalance_timeout(Duration::from_secs(6))
+            .heartbeat_interval(HEARTBEAT)
+            .lease_margin(Duration::from_secs(1))
+            .ledger_topic(&ledger)
+            .label(who)
+    };
+    let brokers: Vec<(i32, std::net::SocketAddr)> = cluster
+        .nodes()
+        .iter()
+        .map(|n| (n.id(), n.addr().parse().expect("a node's address")))
+        .collect();
+    let proxies = ProxySet::start(&tokio::runtime::Handle::current(), &brokers);
+    let holds = Holds::new();
+
+    let (o, _holder_events) = holds.record("holder", options(&bootstrap, "holder"));
+    let holder = o
+        .acquire(Some(FAILOVER_BOUND))
+        .await
+        .expect("the holder acquires");
+
+    // A, through its proxies, queues first; B, direct, second. Each takes the lock when it can,
+    // holds it briefly (B: until it loses it or 20 s passed) and releases.
+    let spawn = |who: &'static str, o: LockOptions, hold: Duration| {
+        tokio::spawn(async move {
+            let g = o
+                .acquire(None)
+                .await
+                .unwrap_or_else(|e| panic!("{who}: {e}"));
+            let _ = tokio::time::timeout(hold, g.lost()).await;
+            let _ = g.release().await;
+        })
+    };
+    let queued = |mut events: mpsc::UnboundedReceiver<LockEvent>, who: &'static str| async move {
+        loop {
+            match tokio::time::timeout(FAILOVER_BOUND, events.recv()).await {
+                Ok(Some(LockEvent::Waiting { member_id, .. })) => return (member_id, events),
+                Ok(Some(_)) => {}
+                other => panic!("{who} never queued: {other:?}"),
+            }
+        }
+    };
+    let (o, a_events) = holds.record("a", options(&proxies.bootstrap(), "a"));
+    let a = spawn("a", o, WAITER_HOLD);
+    let (a_id, mut a_events) = queued(a_events, "a").await;
+    let (o, b_events) = holds.record("b", options(&bootstrap, "b"));
+    let b = spawn("b", o, Duration::from_secs(20));
+    let (_, mut b_events) = queued(b_events, "b").await;
+
+    let old = block_in_place(|| cluster.coordinator(&group));
+    fill_offsets_partition(&cluster, &group, old).await;
+
+    // The holder lets go; the next assignment names A, and A is cut off right after it.
+    proxies.cut_after_sync();
+    holder.release().await.unwrap();
+    let b_token = loop {
+        match tokio::time::timeout(FAILOVER_BOUND, b_events.recv()).await {
+            Ok(Some(LockEvent::Acquired { token, .. })) => break token,
+            Ok(Some(_)) => {}
+            other => panic!("B never held after A was dropped: {other:?}"),
+        }
+    };
+    block_in_place(|| cluster.kill(old));
+    let new = block_in_place(|| cluster.wait_for_new_coordinator(&group, old));
+    proxies.set_all(Fault::Clear);
+    eprintln!("coordinator {old} killed, {new} named; A's cut healed");
+
+    let a_token = loop {
+        match tokio::time::timeout(FAILOVER_BOUND * 3, a_events.recv()).await {
+            Ok(Some(LockEvent::Acquired { token, .. })) => break token,
+            Ok(Some(_)) => {}
+            other => panic!("A never held: {other:?}"),
+        }
+    };
+    assert_ne!(
+        a_token.member_id, a_id,
+        "a hold began for the membership the coordinator had dropped: {a_token:?}, B held {b_token:?}"
+    );
+    assert!(
+        a_token.generation > b_token.generation,
+        "{a_token:?} after {b_token:?}"
+    );
+    assert!(
+        a_token.ledger_offset > b_token.ledger_offset,
+        "ledger tokens went backwards: {a_token:?} after {b_token:?}"
+    );
+    for (who, task) in [("a", a), ("b", b)] {
+        tokio::time::timeout(FAILOVER_BOUND * 2, task)
+            .await
+            .unwrap_or_else(|_| panic!("{who} never finished"))
+            .unwrap();
+    }
+    let held = holds.check_when_ended(FAILOVER_BOUND).await;
+    eprintln!(
+        "holds: {:?}",
+        held.iter()
+            .map(|h| (h.who.as_str(), h.generations.clone(), h.lost.clone()))
+            .collect::<Vec<_>>()
+    );
+    drop(proxies);
+}

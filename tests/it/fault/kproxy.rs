@@ -19,6 +19,10 @@
 //!   healed before the peers gave up.
 //! - [`Fault::Reset`]: close every connection with an RST (zero linger), and reset new ones.
 //! - [`Fault::Delay`]: deliver each frame that long after it was read, in order.
+//!
+//! [`ProxySet::cut_after_sync`] arms a trigger instead: the next SyncGroup answer through any of
+//! the set's proxies is delivered, and then every proxy of the set black-holes both ways. A
+//! member whose assignment names it is cut off before its confirming Heartbeat can get out.
 
 use std::collections::HashMap;
 use std::io;
@@ -103,6 +107,26 @@ struct BrokerProxy {
 pub struct ProxySet {
     proxies: Vec<BrokerProxy>,
     stats: Arc<ProxyStats>,
+    sync_cut: Arc<SyncCut>,
+}
+
+/// The trigger of [`ProxySet::cut_after_sync`], shared by every connection of a set.
+#[derive(Default)]
+struct SyncCut {
+    armed: std::sync::atomic::AtomicBool,
+    /// Every proxy's fault, set once the set is built.
+    faults: std::sync::OnceLock<Vec<watch::Sender<Fault>>>,
+}
+
+impl SyncCut {
+    /// A SyncGroup answer is on its way to the client: if armed, cut everything after it.
+    fn sync_answered(&self) {
+        if self.armed.swap(false, Ordering::SeqCst) {
+            for f in self.faults.get().into_iter().flatten() {
+                f.send_replace(Fault::Blackhole(Dir::Both));
+            }
+        }
+    }
 }
 
 impl ProxySet {
@@ -125,17 +149,18 @@ impl ProxySet {
                 .collect(),
         );
         let stats = Arc::new(ProxyStats::default());
-        let proxies = brokers
+        let sync_cut = Arc::new(SyncCut::default());
+        let proxies: Vec<BrokerProxy> = brokers
             .iter()
             .zip(listeners)
             .map(|(&(node_id, target), listener)| {
                 let port = ports[&node_id];
                 let (fault, rx) = watch::channel(Fault::Clear);
-                let (ports, stats) = (ports.clone(), stats.clone());
+                let (ports, stats, cut) = (ports.clone(), stats.clone(), sync_cut.clone());
                 let accept = rt
                     .spawn(async move {
                         let listener = TcpListener::from_std(listener).expect("register listener");
-                        accept_loop(listener, target, ports, rx, stats).await;
+                        accept_loop(listener, target, ports, rx, stats, cut).await;
                     })
                     .abort_handle();
                 BrokerProxy {
@@ -146,7 +171,20 @@ impl ProxySet {
                 }
             })
             .collect();
-        ProxySet { proxies, stats }
+        let _ = sync_cut
+            .faults
+            .set(proxies.iter().map(|p| p.fault.clone()).collect());
+        ProxySet {
+            proxies,
+            stats,
+            sync_cut,
+        }
+    }
+
+    /// Arms the trigger: the next SyncGroup answer to this contender is delivered, then every
+    /// proxy of the set black-holes both ways (until [`ProxySet::set_all`] clears it).
+    pub fn cut_after_sync(&self) {
+        self.sync_cut.armed.store(true, Ordering::SeqCst);
     }
 
     /// The proxies' addresses, for the contender's bootstrap list.
@@ -166,7 +204,9 @@ impl ProxySet {
     }
 
     /// Sets the fault on every proxy of the set: the contender cut off from the whole cluster.
+    /// Disarms [`ProxySet::cut_after_sync`] if it has not fired.
     pub fn set_all(&self, fault: Fault) {
+        self.sync_cut.armed.store(false, Ordering::SeqCst);
         for p in &self.proxies {
             p.fault.send_replace(fault);
         }
@@ -193,6 +233,7 @@ async fn accept_loop(
     ports: Arc<HashMap<i32, u16>>,
     fault: watch::Receiver<Fault>,
     stats: Arc<ProxyStats>,
+    cut: Arc<SyncCut>,
 ) {
     loop {
         let Ok((client, _)) = listener.accept().await else {
@@ -205,6 +246,7 @@ async fn accept_loop(
             ports.clone(),
             fault.clone(),
             stats.clone(),
+            cut.clone(),
         ));
     }
 }
@@ -220,6 +262,7 @@ async fn connection(
     ports: Arc<HashMap<i32, u16>>,
     mut fault: watch::Receiver<Fault>,
     stats: Arc<ProxyStats>,
+    cut: Arc<SyncCut>,
 ) {
     if *fault.borrow_and_update() == Fault::Reset {
         reset(&client);
@@ -257,8 +300,10 @@ async fn connection(
         frame
     });
     let answers = inflight;
+    // The frame handed back is queued for the client whatever the fault becomes meanwhile, so
+    // a cut set here comes right after it.
     let down_read = pump_in(ur, Dir::Down, fault.clone(), down_tx, move |frame| {
-        rewrite_answer(frame, &answers, &ports, &stats)
+        rewrite_answer(frame, &answers, &ports, &stats, &cut)
     });
     let reset_now = async {
         loop {
@@ -350,7 +395,9 @@ fn note_request(frame: &[u8], inflight: &Mutex<HashMap<i32, (ApiKey, i16)>>) {
     let key = i16::from_be_bytes([frame[0], frame[1]]);
     let version = i16::from_be_bytes([frame[2], frame[3]]);
     let correlation = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
-    if let Ok(api @ (ApiKey::Metadata | ApiKey::FindCoordinator)) = ApiKey::try_from(key) {
+    if let Ok(api @ (ApiKey::Metadata | ApiKey::FindCoordinator | ApiKey::SyncGroup)) =
+        ApiKey::try_from(key)
+    {
         inflight
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -363,6 +410,7 @@ fn rewrite_answer(
     inflight: &Mutex<HashMap<i32, (ApiKey, i16)>>,
     ports: &HashMap<i32, u16>,
     stats: &ProxyStats,
+    cut: &SyncCut,
 ) -> Bytes {
     let Some(correlation) = frame
         .get(..4)
@@ -377,6 +425,10 @@ fn rewrite_answer(
     else {
         return frame;
     };
+    if api == ApiKey::SyncGroup {
+        cut.sync_answered();
+        return frame;
+    }
     match rewrite(&frame, api, version, correlation, ports) {
         Ok(out) => {
             stats.rewritten.fetch_add(1, Ordering::Relaxed);

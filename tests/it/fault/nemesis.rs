@@ -71,10 +71,14 @@ pub enum Kind {
     /// A holder fault (pause, kill, or the holder cut off from every broker) during a fault of
     /// the coordinator broker (kill, pause, controlled shutdown, or slowed down).
     Mixed,
+    /// The holder, or the waiter the next assignment names (cut right after that SyncGroup
+    /// answer), cut off from every broker past its session timeout; then the coordinator
+    /// broker killed, and the cut healed as soon as a new coordinator is named, while it loads.
+    CutMove,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 11] = [
+    pub const ALL: [Kind; 12] = [
         Kind::PauseHolder,
         Kind::KillHolder,
         Kind::CutBlackhole,
@@ -86,6 +90,7 @@ impl Kind {
         Kind::SlowBroker,
         Kind::Herd,
         Kind::Mixed,
+        Kind::CutMove,
     ];
 
     /// The holder faults a mixed episode draws from.
@@ -116,6 +121,7 @@ impl Kind {
             Kind::SlowBroker => "slow-broker",
             Kind::Herd => "herd",
             Kind::Mixed => "mixed",
+            Kind::CutMove => "cut-move",
         }
     }
 }
@@ -149,6 +155,8 @@ pub struct Episode {
     pub holder_fault: Kind,
     pub broker_fault: Kind,
     pub broker_length: Duration,
+    /// Cut-move episodes: cut the waiter the next assignment names rather than the holder.
+    pub pending: bool,
 }
 
 impl fmt::Display for Episode {
@@ -169,6 +177,17 @@ impl fmt::Display for Episode {
             Kind::KillHolder | Kind::BrokerKill | Kind::BrokerTerm => {
                 write!(f, ", down {:?}", self.length)
             }
+            Kind::CutMove => write!(
+                f,
+                ", the {} cut for session timeout + {:?}, node down {:?}",
+                if self.pending {
+                    "next holder"
+                } else {
+                    "holder"
+                },
+                self.length,
+                self.broker_length
+            ),
             Kind::Mixed => write!(
                 f,
                 ": {} ({:?}) during {} ({:?}, slowed {:?})",
@@ -222,6 +241,8 @@ pub fn schedule(seed: u64, episodes: usize, every_kind: bool) -> Vec<Episode> {
                 Kind::Herd => Duration::ZERO,
                 // The holder fault's length; a pause lasts the session timeout on top.
                 Kind::Mixed => rng.millis(2000, 10_000),
+                // On top of the session timeout, so the group has dropped the member.
+                Kind::CutMove => rng.millis(500, 4000),
             };
             let delay = match kind {
                 Kind::CutDelay => rng.millis(300, 8000),
@@ -230,6 +251,7 @@ pub fn schedule(seed: u64, episodes: usize, every_kind: bool) -> Vec<Episode> {
                 _ => Duration::ZERO,
             };
             let broker_length = rng.millis(1000, 8000);
+            let pending = kind == Kind::CutMove && rng.range(0, 1) == 1;
             Episode {
                 kind,
                 target,
@@ -241,6 +263,7 @@ pub fn schedule(seed: u64, episodes: usize, every_kind: bool) -> Vec<Episode> {
                 holder_fault,
                 broker_fault,
                 broker_length,
+                pending,
             }
         })
         .collect()

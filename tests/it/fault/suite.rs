@@ -445,6 +445,12 @@ impl Run {
                     note = format!("{id}: {} during {broker}", plan.holder_fault.name());
                 }
             }
+            Kind::CutMove => {
+                start = mono_ns();
+                let (t, n) = self.cut_move(&plan, &lock, &mut rng);
+                target = t;
+                note = n;
+            }
             Kind::Herd => {
                 start = mono_ns();
                 let acquired = self.herd(n, &plan, &lock, &mut rng);
@@ -477,6 +483,58 @@ impl Run {
             end: mono_ns(),
             recovered,
         }
+    }
+
+    /// The cut-move nemesis: a member is cut off from every broker for longer than its session
+    /// timeout, either the holder or (`pending`) a waiter armed to be cut right after its next
+    /// SyncGroup answer while the holder is killed, so that the assignment naming it is never
+    /// confirmed. Then the coordinator's node is killed and the cut heals as soon as another
+    /// node is named coordinator, while it loads the group: the member's next Heartbeat may meet
+    /// a coordinator that answers NONE blindly. Returns the target and what was done.
+    fn cut_move(&mut self, plan: &Episode, lock: &str, rng: &mut Rng) -> (Option<String>, String) {
+        let holder = self.holder(lock, HOLDER_BOUND);
+        let target = if plan.pending {
+            let waiters: Vec<String> = self
+                .pool
+                .proxied(lock)
+                .into_iter()
+                .filter(|id| Some(id) != holder.as_ref())
+                .collect();
+            let (Some(h), false) = (&holder, waiters.is_empty()) else {
+                return (None, String::new());
+            };
+            let w = rng.pick(&waiters).clone();
+            self.pool.proxies_of(&w, |p| p.cut_after_sync());
+            self.pool.kill(h);
+            w
+        } else {
+            match holder.filter(|id| self.pool.role_of(id) != Some(Role::Java)) {
+                Some(h) => {
+                    self.pool.proxies_of(&h, |p| {
+                        p.set_all(Fault::Blackhole(super::kproxy::Dir::Both))
+                    });
+                    h
+                }
+                None => return (None, String::new()),
+            }
+        };
+        std::thread::sleep(SESSION + plan.length);
+        let node = self.cluster.coordinator(lock);
+        self.cluster.kill(node);
+        let down = Instant::now();
+        let new = self.cluster.wait_for_new_coordinator(lock, node);
+        self.pool.proxies_of(&target, |p| p.set_all(Fault::Clear));
+        std::thread::sleep(plan.broker_length.saturating_sub(down.elapsed()));
+        self.cluster.restart(node);
+        let what = if plan.pending {
+            "cut after its next assignment while the holder was killed"
+        } else {
+            "holder cut"
+        };
+        (
+            Some(target.clone()),
+            format!("{target}: {what}; node {node} killed, cut healed when node {new} was named"),
+        )
     }
 
     /// The holder if it has proxies (the Java client connects directly), else any contender of
