@@ -542,6 +542,15 @@ impl LockOptions {
                     crate::assign::MAX_LABEL_LEN
                 ));
             }
+            // Labels are shown on other people's terminals (status, waiting lines): an escape
+            // sequence in one would be run there. The label itself is not quoted back.
+            if let Some((at, c)) = label.char_indices().find(|(_, c)| c.is_control()) {
+                return bad(format!(
+                    "label holds a control character (U+{:04X} at byte {at}); a label is shown on \
+                     other terminals and must be printable text",
+                    u32::from(c)
+                ));
+            }
         }
         if self.permits == 0 || self.permits > crate::assign::MAX_PERMITS {
             return bad(format!(

@@ -8,6 +8,7 @@ use kafka_lock::{History, Hold, HoldEnd, LockOptions};
 
 use crate::exit::{self, Failure};
 use crate::json::{self, Obj};
+use crate::output::shown;
 use crate::sys;
 
 pub const AFTER_HELP: &str = "\
@@ -117,17 +118,17 @@ pub fn time(unix_ms: i64) -> String {
 
 fn holder(h: &Hold) -> String {
     let mut details = vec![
-        format!("member {}", h.member_id),
+        format!("member {}", shown(&h.member_id)),
         format!("generation {}", h.generation),
     ];
     match (&h.host, h.pid) {
-        (Some(host), Some(pid)) => details.push(format!("{host} pid {pid}")),
-        (Some(host), None) => details.push(host.clone()),
+        (Some(host), Some(pid)) => details.push(format!("{} pid {pid}", shown(host))),
+        (Some(host), None) => details.push(shown(host).into_owned()),
         (None, Some(pid)) => details.push(format!("pid {pid}")),
         (None, None) => {}
     }
     match &h.label {
-        Some(l) => format!("{l} ({})", details.join(", ")),
+        Some(l) => format!("{} ({})", shown(l), details.join(", ")),
         None => details.join(", "),
     }
 }
@@ -145,8 +146,10 @@ fn end_text(h: &Hold) -> String {
             reason,
             detail,
         } => format!(
-            "held {}, LOST ({reason}: {detail}), recorded at {}",
+            "held {}, LOST ({}: {}), recorded at {}",
             sys::human(Duration::from_millis(*held_ms)),
+            shown(reason),
+            shown(detail),
             time(*unix_ms)
         ),
         HoldEnd::Silent {
