@@ -436,8 +436,9 @@ fn errors_about_malformed_secrets_show_no_piece_of_them() {
             "--events",
             "json",
         ];
-        let mut ways: Vec<(Vec<String>, Vec<(String, String)>)> =
-            vec![(vec!["--config-file".into(), file], vec![])];
+        // (arguments, variables)
+        type Way = (Vec<String>, Vec<(String, String)>);
+        let mut ways: Vec<Way> = vec![(vec!["--config-file".into(), file], vec![])];
         // A JAAS value on one line also as -X and as a variable (other values are only
         // unescaped in a file).
         let jaas_line = text.starts_with("sasl.jaas.config=") && !text.contains('\n');
