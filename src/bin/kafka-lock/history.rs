@@ -291,6 +291,33 @@ mod tests {
         assert_eq!(time(-5), "-5 ms since 1970");
     }
 
+    /// Every field a holder wrote into the ledger reaches the terminal escaped: no escape
+    /// sequence runs, and no line of its own can be forged.
+    #[test]
+    fn ledger_fields_are_printed_escaped() {
+        let evil = "x\u{1b}[2J\u{7}\r\nfake: \u{202e}";
+        let mut h = Hold::default();
+        h.member_id = evil.into();
+        h.label = Some(evil.into());
+        h.host = Some(evil.into());
+        h.end = HoldEnd::Lost {
+            unix_ms: 2_000,
+            held_ms: 1_000,
+            reason: evil.into(),
+            detail: evil.into(),
+        };
+        h.checkpoint = Some((evil.into(), 1_500));
+        let mut history = History::default();
+        history.holds = vec![h.clone()];
+        let text = to_text("l", "t", &history, &[&h]);
+        assert!(
+            !text.contains(|c: char| (c.is_control() && c != '\n') || c == '\u{202e}'),
+            "{text:?}"
+        );
+        assert!(!text.lines().any(|l| l.starts_with("fake")), "{text}");
+        assert!(text.contains("x\\u{1b}[2J"), "{text}");
+    }
+
     #[test]
     fn every_end_reads_as_one_line() {
         let hold = |end| {
