@@ -42,7 +42,7 @@ pub enum ConfigError {
         message: String,
     },
     /// The key is not one kafka-lock knows.
-    #[error("unknown setting {key:?} ({origin}){}", .suggestion.as_deref().map(|s| format!("; did you mean {s:?}?")).unwrap_or_default())]
+    #[error("unknown setting {} ({origin}){}", key_shown(.key), .suggestion.as_deref().map(|s| format!("; did you mean {s:?}?")).unwrap_or_default())]
     UnknownKey {
         /// The key as given.
         key: String,
@@ -86,6 +86,26 @@ pub enum ConfigError {
     },
 }
 
+/// An unknown key as an error may show it: quoted when it looks like a key name, otherwise not
+/// at all, since it may be a piece of a value that ended up on a line of its own (the end of a
+/// password continued without a backslash).
+fn key_shown(key: &str) -> String {
+    let looks_like_a_key = key.len() <= 64
+        && key.contains('.')
+        && key
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '-' | '_'));
+    if looks_like_a_key {
+        format!("{key:?}")
+    } else {
+        format!(
+            "(a key of {} characters, not shown: it does not look like a key name; is it part of \
+             a value?)",
+            key.chars().count()
+        )
+    }
+}
+
 impl From<ConfigError> for crate::Error {
     fn from(e: ConfigError) -> Self {
         crate::Error::Config(e.to_string())
@@ -117,22 +137,33 @@ fn numbered_properties(
     for (line_no, logical) in logical_lines(text) {
         let at = || format!("{origin} line {line_no}");
         let (key, value) = split_key_value(&logical);
-        let key = unescape(key).map_err(|m| ConfigError::Syntax {
+        // The text is never quoted back: a value, or what was meant as a key, may be a secret.
+        let key = unescape(key).map_err(|at_char| ConfigError::Syntax {
             origin: at(),
-            message: m,
+            message: format!(
+                "malformed \\uXXXX escape at character {} of the key",
+                at_char + 1
+            ),
         })?;
-        let value = unescape(value).map_err(|m| ConfigError::Syntax {
+        let value = unescape(value).map_err(|at_char| ConfigError::Syntax {
             origin: at(),
-            message: format!("in the value of {key:?}: {m}"),
+            message: format!(
+                "malformed \\uXXXX escape at character {} of the value of {}",
+                at_char + 1,
+                key_shown(&key)
+            ),
         })?;
         out.push((line_no, key, value));
     }
     Ok(out)
 }
 
-/// Properties files are ISO 8859-1 to `Properties.load(InputStream)`, which Kafka's tools use;
-/// most are ASCII or, written by people today, UTF-8. Bytes that are valid UTF-8 are read as
-/// UTF-8, others as ISO 8859-1, so a file Java reads is read the same here.
+/// Properties files are ISO 8859-1 to `Properties.load(InputStream)`, which Kafka's tools use
+/// (`Utils.loadProps`); most are ASCII or, written by people today, UTF-8. Bytes that are valid
+/// UTF-8 are read as UTF-8, others as ISO 8859-1. So ASCII, `\uXXXX` escapes and ISO 8859-1
+/// files read as Java reads them, but a non-ASCII character saved as UTF-8 does not: Java reads
+/// its two or more bytes as as many ISO 8859-1 characters (`ä` as `Ã¤`), a password the broker
+/// never stored; here it is the character that was written (docs/cli.md).
 pub fn decode_properties(bytes: &[u8]) -> Cow<'_, str> {
     match std::str::from_utf8(bytes) {
         Ok(s) => Cow::Borrowed(s),
@@ -219,9 +250,12 @@ fn split_key_value(line: &str) -> (&str, &str) {
     (key, rest)
 }
 
-fn unescape(raw: &str) -> Result<String, String> {
+/// The unescaped text, or the position (in characters) of the backslash of a malformed
+/// `\uXXXX` escape.
+fn unescape(raw: &str) -> Result<String, usize> {
     let mut out = String::with_capacity(raw.len());
     let mut chars = raw.chars();
+    let mut pos = 0usize;
     let mut pending_high: Option<u16> = None;
     let flush_high = |out: &mut String, high: &mut Option<u16>| {
         if high.take().is_some() {
@@ -229,6 +263,8 @@ fn unescape(raw: &str) -> Result<String, String> {
         }
     };
     while let Some(c) = chars.next() {
+        let at = pos;
+        pos += 1;
         if c != '\\' {
             flush_high(&mut out, &mut pending_high);
             out.push(c);
@@ -238,12 +274,14 @@ fn unescape(raw: &str) -> Result<String, String> {
             // A lone backslash at the very end (a continuation with nothing after it).
             break;
         };
+        pos += 1;
         if e == 'u' {
             let hex: String = chars.by_ref().take(4).collect();
+            pos += hex.chars().count();
             let unit = (hex.len() == 4 && hex.chars().all(|h| h.is_ascii_hexdigit()))
                 .then(|| u16::from_str_radix(&hex, 16).ok())
                 .flatten()
-                .ok_or_else(|| format!("malformed \\uXXXX escape \"\\u{hex}\""))?;
+                .ok_or(at)?;
             // Java strings are UTF-16: a character outside the BMP is written as two escapes.
             match (pending_high.take(), unit) {
                 (Some(high), 0xDC00..=0xDFFF) => {
@@ -313,14 +351,16 @@ enum Token {
 }
 
 /// Kafka's JAAS tokenizer: bytes up to space are blanks, `/` starts a comment, `"` and `'`
-/// quote, `;` and `=` stand alone, everything else makes words. Errors never quote the text,
-/// which holds a password.
-fn jaas_tokens(s: &str) -> Result<Vec<Token>, String> {
+/// quote, `;` and `=` stand alone, everything else makes words. Each token comes with the
+/// position of its first character (from 1). Errors never quote the text, which holds a
+/// password: they give positions.
+fn jaas_tokens(s: &str) -> Result<Vec<(usize, Token)>, String> {
     let chars: Vec<char> = s.chars().collect();
     let mut out = Vec::new();
     let mut i = 0;
     while i < chars.len() {
         let c = chars[i];
+        let start = i;
         if c <= ' ' {
             i += 1;
         } else if c == '/' {
@@ -329,7 +369,10 @@ fn jaas_tokens(s: &str) -> Result<Vec<Token>, String> {
                     i += 2;
                     loop {
                         if i >= chars.len() {
-                            return Err("a /* comment is not closed".into());
+                            return Err(format!(
+                                "the /* comment at character {} is not closed",
+                                start + 1
+                            ));
                         }
                         if chars[i] == '*' && chars.get(i + 1) == Some(&'/') {
                             i += 2;
@@ -346,10 +389,10 @@ fn jaas_tokens(s: &str) -> Result<Vec<Token>, String> {
                 }
             }
         } else if c == ';' {
-            out.push(Token::Semicolon);
+            out.push((start + 1, Token::Semicolon));
             i += 1;
         } else if c == '=' {
-            out.push(Token::Equals);
+            out.push((start + 1, Token::Equals));
             i += 1;
         } else if c == '"' || c == '\'' {
             let quote = c;
@@ -357,21 +400,30 @@ fn jaas_tokens(s: &str) -> Result<Vec<Token>, String> {
             let mut v = String::new();
             loop {
                 let Some(&c) = chars.get(i) else {
-                    return Err("a quoted value is not closed".into());
+                    return Err(format!(
+                        "the quoted value at character {} is not closed",
+                        start + 1
+                    ));
                 };
                 i += 1;
                 if c == quote {
                     break;
                 }
                 if c == '\n' || c == '\r' {
-                    return Err("a quoted value is not closed before the end of the line".into());
+                    return Err(format!(
+                        "the quoted value at character {} is not closed before the end of the line",
+                        start + 1
+                    ));
                 }
                 if c != '\\' {
                     v.push(c);
                     continue;
                 }
                 let Some(&e) = chars.get(i) else {
-                    return Err("a quoted value ends in a backslash".into());
+                    return Err(format!(
+                        "the quoted value at character {} ends in a backslash",
+                        start + 1
+                    ));
                 };
                 i += 1;
                 match e {
@@ -402,16 +454,15 @@ fn jaas_tokens(s: &str) -> Result<Vec<Token>, String> {
                     other => v.push(other),
                 }
             }
-            out.push(Token::Quoted(v));
+            out.push((start + 1, Token::Quoted(v)));
         } else {
-            let start = i;
             while i < chars.len()
                 && chars[i] > ' '
                 && !matches!(chars[i], '/' | ';' | '=' | '"' | '\'')
             {
                 i += 1;
             }
-            out.push(Token::Word(chars[start..i].iter().collect()));
+            out.push((start + 1, Token::Word(chars[start..i].iter().collect())));
         }
     }
     Ok(out)
@@ -419,44 +470,60 @@ fn jaas_tokens(s: &str) -> Result<Vec<Token>, String> {
 
 fn parse_jaas(s: &str) -> Result<Jaas, String> {
     let tokens = jaas_tokens(s)?;
+    let end = s.chars().count() + 1;
     let mut it = tokens.into_iter().peekable();
     let mut modules = Vec::new();
-    while let Some(t) = it.next() {
+    while let Some((at, t)) = it.next() {
         let module = match t {
             Token::Word(w) | Token::Quoted(w) => w,
-            _ => return Err("expected a login module class name".into()),
+            _ => {
+                return Err(format!(
+                    "expected a login module class name at character {at}"
+                ))
+            }
         };
         match it.next() {
-            Some(Token::Word(flag)) | Some(Token::Quoted(flag))
+            Some((_, Token::Word(flag))) | Some((_, Token::Quoted(flag)))
                 if matches!(
                     flag.to_ascii_lowercase().as_str(),
                     "required" | "requisite" | "sufficient" | "optional"
                 ) => {}
-            Some(Token::Word(_)) | Some(Token::Quoted(_)) => {
+            Some((at, Token::Word(_))) | Some((at, Token::Quoted(_))) => {
                 return Err(format!(
-                    "the control flag after {module} must be required, requisite, sufficient or optional"
+                    "the control flag at character {at} must be required, requisite, sufficient or optional"
                 ))
             }
-            _ => return Err(format!("no control flag (required) after {module}")),
+            next => {
+                return Err(format!(
+                    "no control flag (required) after the login module class name, at character {}",
+                    next.map_or(end, |(at, _)| at)
+                ))
+            }
         }
         let mut options: Vec<(String, String)> = Vec::new();
         loop {
             match it.next() {
-                Some(Token::Semicolon) => break,
+                Some((_, Token::Semicolon)) => break,
                 None => return Err("the login module is not terminated by ';'".into()),
-                Some(Token::Word(name)) | Some(Token::Quoted(name)) => {
-                    if it.next() != Some(Token::Equals) {
-                        return Err(format!("option {name:?} has no '=' and value"));
+                Some((at, Token::Word(name))) | Some((at, Token::Quoted(name))) => {
+                    if !matches!(it.next(), Some((_, Token::Equals))) {
+                        return Err(format!(
+                            "the option at character {at} has no '=' and value (is a value not quoted, or a ';' missing?)"
+                        ));
                     }
                     match it.next() {
-                        Some(Token::Word(v)) | Some(Token::Quoted(v)) => {
+                        Some((_, Token::Word(v))) | Some((_, Token::Quoted(v))) => {
                             options.retain(|(k, _)| k != &name);
                             options.push((name, v));
                         }
-                        _ => return Err(format!("option {name:?} has no value")),
+                        _ => return Err(format!("the option at character {at} has no value")),
                     }
                 }
-                Some(_) => return Err("expected an option name=value or ';'".into()),
+                Some((at, _)) => {
+                    return Err(format!(
+                        "expected an option name=value or ';' at character {at}"
+                    ))
+                }
             }
         }
         modules.push(Jaas { module, options });

@@ -546,6 +546,15 @@ impl LockOptions {
                     crate::assign::MAX_LABEL_LEN
                 ));
             }
+            // Labels are shown on other people's terminals (status, waiting lines): an escape
+            // sequence in one would be run there. The label itself is not quoted back.
+            if let Some((at, c)) = label.char_indices().find(|(_, c)| c.is_control()) {
+                return bad(format!(
+                    "label holds a control character (U+{:04X} at byte {at}); a label is shown on \
+                     other terminals and must be printable text",
+                    u32::from(c)
+                ));
+            }
         }
         if self.permits == 0 || self.permits > crate::assign::MAX_PERMITS {
             return bad(format!(
@@ -1395,6 +1404,28 @@ impl Drop for LockGuard {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// A label reaches other people's terminals: control characters are refused, and the
+    /// message does not quote the label back. Printable text of any script is fine.
+    #[test]
+    fn a_label_with_a_control_character_is_refused_without_being_quoted() {
+        let o = |label: &str| {
+            LockOptions::new("127.0.0.1:9092", "l")
+                .label(label)
+                .validate()
+        };
+        assert!(o("job 7 on host-1 (Grüße, 作业)").is_ok());
+        for bad in [
+            "job \u{1b}]0;owned\u{7}",
+            "a\nholder: fake",
+            "tab\there",
+            "c1\u{9b}31m",
+        ] {
+            let e = o(bad).expect_err(bad).to_string();
+            assert!(e.contains("control character"), "{bad:?}: {e}");
+            assert!(!e.contains("owned") && !e.contains("fake"), "{e}");
+        }
+    }
 
     /// Durations from zero to `Duration::MAX`, weighted towards the edges where overflow lives.
     fn any_duration() -> impl Strategy<Value = Duration> {

@@ -461,6 +461,63 @@ fn secrets_stay_out_of_debug_and_errors() {
     assert!(!is_secret("ssl.key.location") && !is_secret("sasl.username"));
 }
 
+/// Malformed secrets, each with pieces (at least 5 characters, none a word of the messages)
+/// that no error may show: the error names the key, the kind and a position instead.
+#[test]
+fn errors_about_a_secret_never_quote_it() {
+    let cases: &[(&str, &[&str])] = &[
+        (
+            "sasl.jaas.config=M required password=Tr0ub4dor sEcReT-TaIl;",
+            &["Tr0ub4dor", "sEcReT-TaIl"],
+        ),
+        ("sasl.password=ab\\user-secret", &["user-secret", "\\user"]),
+        ("sasl.password=ab\\u12Zqx9", &["u12Zqx9", "12Zqx9"]),
+        ("sasl.jaas.config=Kq7zPw9 Vr8xLm2;", &["Kq7zPw9", "Vr8xLm2"]),
+        ("sasl.jaas.config=M required Hx4Jw9q;", &["Hx4Jw9q"]),
+        (
+            "sasl.jaas.config=M required a=Gz3Nk8p =Yt6Wq2r;",
+            &["Gz3Nk8p", "Yt6Wq2r"],
+        ),
+        (
+            "sasl.jaas.config=M required password=\"Bf5Tq1z",
+            &["Bf5Tq1z"],
+        ),
+        ("sasl.jaas.config=M required password=Mp2Qr7x", &["Mp2Qr7x"]),
+        (
+            "sasl.jaas.config=M required a=b; Dk9Lz4w required;",
+            &["Dk9Lz4w"],
+        ),
+        ("sasl.jaas.config=/* Wc8Rf3n", &["Wc8Rf3n"]),
+        (
+            "sasl.jaas.config=M required password='Ns6Hy2v\\\\",
+            &["Ns6Hy2v"],
+        ),
+        // The end of a password continued without a backslash: a line of its own.
+        (
+            "sasl.jaas.config=M required username=u password=\"Lq4Vb\nXs7Pe9k\";",
+            &["Lq4Vb", "Xs7Pe9k"],
+        ),
+        ("Jr5Tz8m-secret", &["Jr5Tz8m"]),
+        ("\\u00Gq5Rw2y=x", &["Gq5Rw2y", "u00G"]),
+    ];
+    for (text, pieces) in cases {
+        let e = ClientConfig::from_properties(text, "client.properties")
+            .and_then(|c| c.security().map(|_| c))
+            .expect_err(text);
+        let shown = e.to_string();
+        for piece in *pieces {
+            assert!(!shown.contains(piece), "{text:?}: {shown}");
+        }
+        assert!(shown.contains("client.properties line"), "{shown}");
+    }
+    // A key name that looks like one is still quoted, to be fixed.
+    let e = ClientConfig::from_properties("sasl.pasword=x", "f").unwrap_err();
+    assert!(e.to_string().contains("\"sasl.pasword\""), "{e}");
+    // The position is where the fault is.
+    let e = ClientConfig::from_properties("sasl.jaas.config=M required user;", "f").unwrap_err();
+    assert!(e.to_string().contains("character 12"), "{e}");
+}
+
 #[test]
 fn every_listed_key_has_one_kind() {
     let mut seen = std::collections::BTreeSet::new();

@@ -144,6 +144,16 @@ pub enum LedgerError {
         /// The limit.
         max: usize,
     },
+    /// A checkpoint holding a NUL character: it could be stored, but no holder could be given
+    /// it in an environment variable (a C string), so it is refused before anything is sent.
+    #[error(
+        "checkpoint holds a NUL character at byte {at}; a checkpoint must be text without NUL, \
+         since the next holder may receive it in an environment variable"
+    )]
+    CheckpointHasNul {
+        /// The byte offset of the first NUL.
+        at: usize,
+    },
     /// A checkpoint was asked of a lock without a ledger.
     #[error("checkpoints are stored beside the ledger; set a ledger topic for lock {lock:?}")]
     NoLedger {
@@ -850,6 +860,11 @@ impl Ledger {
                 }
                 .into()),
             ));
+            return;
+        }
+        if let Some(at) = value.find('\0') {
+            self.checkpoint_results
+                .push_back((ticket, Err(LedgerError::CheckpointHasNul { at }.into())));
             return;
         }
         self.checkpoints.push_back(CheckpointOp {

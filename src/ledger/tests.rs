@@ -968,6 +968,28 @@ fn a_checkpoint_during_a_rebalance_is_retried_with_the_new_generation() {
 }
 
 #[test]
+fn a_checkpoint_with_a_nul_is_refused_locally() {
+    let mut r = Rig::new();
+    r.holding_at(42);
+    let (view, now) = (r.view.clone(), r.t());
+    let sent = r.sent.len();
+    r.l.checkpoint(1, "ab\0cd".into(), &view, now);
+    r.drain();
+    assert!(
+        matches!(
+            r.checkpoints[..],
+            [(
+                1,
+                Err(Error::Ledger(LedgerError::CheckpointHasNul { at: 2 }))
+            )]
+        ),
+        "{:?}",
+        r.checkpoints
+    );
+    assert_eq!(r.sent.len(), sent, "nothing is sent");
+}
+
+#[test]
 fn checkpoints_are_refused_locally_when_too_large_or_not_held() {
     let mut r = Rig::new();
     r.holding_at(42);

@@ -1554,6 +1554,57 @@ fn status_names_the_holder_its_token_and_the_queue() {
     }
 }
 
+/// A label with control characters is refused (78) without being echoed; text a peer chose (its
+/// member id, which Apache makes from its client id) reaches `status`'s human output escaped,
+/// never as the escape sequences themselves. Fails if labels are checked for length only, or if
+/// `status` prints member ids raw.
+#[test]
+fn peer_text_reaches_the_terminal_escaped_and_labels_are_printable() {
+    let b = broker().bootstrap();
+    let lock = lock_name("escape");
+    let evil = "job \u{1b}]0;owned\u{7}\u{1b}[2J\u{1b}[31mRED\r\nholder: fake";
+    let (code, stderr, _) = run_to_end(
+        &[
+            "run",
+            "--bootstrap",
+            &b,
+            "--lock",
+            &lock,
+            "--label",
+            evil,
+            "--",
+            "true",
+        ],
+        STEP,
+    );
+    assert_eq!(code, 78, "{stderr:?}");
+    let all = stderr.concat();
+    assert!(all.contains("control character"), "{all}");
+    assert!(!all.contains('\u{1b}') && !all.contains("owned"), "{all:?}");
+
+    // Apache accepts any client id and makes the member id from it.
+    let mut extra = vec!["--client-id", evil];
+    extra.extend(QUICK);
+    let mut holder = run_cmd(&b, &lock, &extra, &["cat"]).spawn();
+    holder.event("child_started", STEP);
+    let (code, stderr, text) = run_to_end(&["status", "--bootstrap", &b, "--lock", &lock], STEP);
+    assert_eq!(code, 0, "{stderr:?}");
+    assert!(
+        !text.contains(|c: char| c.is_control() && c != '\n'),
+        "status printed control characters: {text:?}"
+    );
+    assert!(
+        text.contains("job \\u{1b}]0;owned\\u{7}\\u{1b}[2J\\u{1b}[31mRED\\u{d}\\u{a}holder: fake"),
+        "{text}"
+    );
+    assert!(
+        !text.lines().any(|l| l.starts_with("holder: fake")),
+        "{text}"
+    );
+    holder.close_stdin();
+    assert_eq!(holder.finish(STEP), 0, "{}", holder.transcript());
+}
+
 /// Waits until `run` reports the given place in the queue.
 fn wait_for_position(run: &mut Run, position: i64) {
     let deadline = Instant::now() + STEP;

@@ -123,6 +123,57 @@ async fn a_ledger_topic_with_two_partitions_is_refused() {
     assert!(err.to_string().contains("--partitions 1"), "{err}");
 }
 
+/// The coordinator of `group`, connected.
+async fn coordinator(bootstrap: &str, group: &str) -> Connection {
+    let first = Connection::connect(bootstrap.split(',').next().unwrap(), &ConnConfig::default())
+        .await
+        .expect("connect");
+    let v = first
+        .versions()
+        .get(ApiKey::FindCoordinator)
+        .unwrap()
+        .min(4);
+    let Response::FindCoordinator(r) = first
+        .request_at(find_coordinator_request(group, v), v, BOUND)
+        .await
+        .expect("FindCoordinator")
+    else {
+        panic!("not a FindCoordinator answer")
+    };
+    let c = found_coordinator(&r).expect("a coordinator");
+    Connection::connect(&format!("{}:{}", c.host, c.port), &ConnConfig::default())
+        .await
+        .expect("connect to the coordinator")
+}
+
+/// Commits `metadata` for partition 0 of `topic` in the empty group `group` as any client may
+/// (generation -1, no member id: Apache accepts it while the group has no members), i.e. what
+/// another writer of the group's offsets can leave as the lock's checkpoint.
+async fn raw_commit(bootstrap: &str, group: &str, topic: &str, metadata: &str) {
+    use kafka_protocol::messages::offset_commit_request::{
+        OffsetCommitRequest, OffsetCommitRequestPartition, OffsetCommitRequestTopic,
+    };
+    use kafka_protocol::messages::TopicName;
+    let conn = coordinator(bootstrap, group).await;
+    let mut p = OffsetCommitRequestPartition::default();
+    p.partition_index = 0;
+    p.committed_offset = 0;
+    p.committed_metadata = Some(StrBytes::from_string(metadata.to_owned()));
+    let mut t = OffsetCommitRequestTopic::default();
+    t.name = TopicName(StrBytes::from_string(topic.to_owned()));
+    t.partitions = vec![p];
+    let mut req = OffsetCommitRequest::default();
+    req.group_id = GroupId(StrBytes::from_string(group.to_owned()));
+    req.generation_id_or_member_epoch = -1;
+    req.topics = vec![t];
+    let v = conn.versions().get(ApiKey::OffsetCommit).unwrap().min(8);
+    let Response::OffsetCommit(r) = conn.request_at(req, v, BOUND).await.expect("OffsetCommit")
+    else {
+        panic!("not an OffsetCommit answer")
+    };
+    assert_eq!(r.topics[0].partitions[0].error_code, 0, "{r:?}");
+}
+
 /// Removes `member` from `group` at once, as an administrator can (a LeaveGroup naming it): the
 /// member is gone at the broker while the process still believes it holds the lock.
 async fn remove_member(bootstrap: &str, group: &str, member: &str) {
@@ -449,6 +500,102 @@ fn the_command_hands_its_checkpoint_to_the_next_holder() {
     assert_eq!(v["ledger"]["last_hold"]["end"], "released", "{out}");
     assert_eq!(v["ledger"]["checkpoint"]["value"], "v2", "{out}");
     assert_eq!(v["ledger"]["checkpoint"]["source"], "ledger", "{out}");
+}
+
+/// Whatever the command leaves at KAFKA_LOCK_CHECKPOINT_FILE instead of a regular file (a FIFO,
+/// a symbolic link to one, a link to /dev/stdin, a directory) is refused at once, without
+/// following a link and without waiting for a writer: kafka-lock exits 78 within the bound,
+/// and the lock keeps its checkpoint. Fails on a plain open (it blocks on the FIFO
+/// for good, and the run never ends) or one that follows links.
+#[test]
+fn a_checkpoint_file_that_is_not_a_regular_file_is_refused_without_waiting() {
+    support::init_tracing();
+    let bootstrap = kafka().bootstrap();
+    let ledger = new_ledger(&bootstrap, "ledger-fifo");
+    let group = support::unique_group("ledger-fifo-lock");
+    let (status, _, stderr) = run_to_end(run_cmd(
+        &bootstrap,
+        &group,
+        &ledger,
+        "printf v1 > \"$KAFKA_LOCK_CHECKPOINT_FILE\"",
+    ));
+    assert_eq!(status, 0, "{stderr}");
+    for hostile in [
+        "mkfifo \"$KAFKA_LOCK_CHECKPOINT_FILE\"",
+        "mkfifo \"$KAFKA_LOCK_CHECKPOINT_FILE.fifo\" && ln -s \"$KAFKA_LOCK_CHECKPOINT_FILE.fifo\" \"$KAFKA_LOCK_CHECKPOINT_FILE\"",
+        "ln -s /dev/stdin \"$KAFKA_LOCK_CHECKPOINT_FILE\"",
+        "mkdir \"$KAFKA_LOCK_CHECKPOINT_FILE\"",
+    ] {
+        let started = Instant::now();
+        let (status, _, stderr) = run_to_end(run_cmd(&bootstrap, &group, &ledger, hostile));
+        assert_eq!(status, 78, "{hostile}: {stderr}");
+        assert!(stderr.contains("not a regular file"), "{hostile}: {stderr}");
+        let failed = events_in(&stderr);
+        assert!(
+            failed.iter().any(|e| e["event"] == "failed" && e["status"] == 78),
+            "{hostile}: {stderr}"
+        );
+        eprintln!("{hostile}: refused after {:?}", started.elapsed());
+    }
+    let (status, out, stderr) = run_to_end(run_cmd(
+        &bootstrap,
+        &group,
+        &ledger,
+        "printf '%s' \"$KAFKA_LOCK_CHECKPOINT\"",
+    ));
+    assert_eq!((status, out.as_str()), (0, "v1"), "{stderr}");
+}
+
+/// A checkpoint with a NUL in it, committed to the lock's group by another writer, cannot reach
+/// the command through its environment; the next holder still runs its command, which finds
+/// the value in the file named by KAFKA_LOCK_LAST_CHECKPOINT_FILE, and a `warning` event says
+/// so. A command that leaves a NUL is refused (78) before anything is sent, and the lock keeps
+/// its checkpoint. Fails if the value is put in the environment (the spawn fails, status 71) or
+/// if a NUL is stored.
+#[test]
+fn a_checkpoint_with_a_nul_never_stops_the_next_holder() {
+    support::init_tracing();
+    let bootstrap = kafka().bootstrap();
+    let ledger = new_ledger(&bootstrap, "ledger-nul");
+    let group = support::unique_group("ledger-nul-lock");
+    // A first hold makes the group; it is empty afterwards, so anyone may commit to it.
+    let (status, _, stderr) = run_to_end(run_cmd(&bootstrap, &group, &ledger, "true"));
+    assert_eq!(status, 0, "{stderr}");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(raw_commit(&bootstrap, &group, &ledger, "bad\0value"));
+
+    let script = "printf '[%s]' \"${KAFKA_LOCK_CHECKPOINT-unset}\"; \
+                  tr '\\0' '@' < \"$KAFKA_LOCK_LAST_CHECKPOINT_FILE\"";
+    let (status, out, stderr) = run_to_end(run_cmd(&bootstrap, &group, &ledger, script));
+    assert_eq!(status, 0, "{stderr}");
+    assert_eq!(out, "[unset]bad@value", "{stderr}");
+    let warned = events_in(&stderr)
+        .into_iter()
+        .filter(|e| e["event"] == "warning")
+        .map(|e| e["message"].as_str().unwrap_or_default().to_owned())
+        .collect::<Vec<_>>();
+    assert!(
+        warned
+            .iter()
+            .any(|m| m.contains("KAFKA_LOCK_LAST_CHECKPOINT_FILE")),
+        "{stderr}"
+    );
+
+    // The command leaves a NUL: refused, nothing stored.
+    let (status, _, stderr) = run_to_end(run_cmd(
+        &bootstrap,
+        &group,
+        &ledger,
+        "printf 'x\\000y' > \"$KAFKA_LOCK_CHECKPOINT_FILE\"",
+    ));
+    assert_eq!(status, 78, "{stderr}");
+    assert!(stderr.contains("NUL"), "{stderr}");
+    assert!(
+        !events_in(&stderr)
+            .iter()
+            .any(|e| e["event"] == "checkpoint"),
+        "{stderr}"
+    );
 }
 
 /// A directory removed when dropped, even when the test fails.

@@ -20,7 +20,7 @@ use crate::exit::{self, Failure};
 pub const PREFIX: &str = "KAFKA_LOCK_";
 
 /// The variables `run` sets in the command's environment: outputs, never settings.
-pub const OUTPUTS: [&str; 7] = [
+pub const OUTPUTS: [&str; 8] = [
     "KAFKA_LOCK_NAME",
     "KAFKA_LOCK_TOKEN",
     "KAFKA_LOCK_GENERATION",
@@ -28,6 +28,7 @@ pub const OUTPUTS: [&str; 7] = [
     "KAFKA_LOCK_PERMIT",
     "KAFKA_LOCK_CHECKPOINT",
     "KAFKA_LOCK_CHECKPOINT_FILE",
+    "KAFKA_LOCK_LAST_CHECKPOINT_FILE",
 ];
 
 /// The variable of the flag `--long`.

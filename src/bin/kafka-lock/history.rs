@@ -8,6 +8,7 @@ use kafka_lock::{History, Hold, HoldEnd, LockOptions};
 
 use crate::exit::{self, Failure};
 use crate::json::{self, Obj};
+use crate::output::shown;
 use crate::sys;
 
 pub const AFTER_HELP: &str = "\
@@ -117,21 +118,23 @@ pub fn time(unix_ms: i64) -> String {
 
 fn holder(h: &Hold) -> String {
     let mut details = vec![
-        format!("member {}", h.member_id),
+        format!("member {}", shown(&h.member_id)),
         format!("generation {}", h.generation),
     ];
     let place = match (&h.host, h.pid) {
-        (Some(host), Some(pid)) => Some(format!("{host} pid {pid}")),
-        (Some(host), None) => Some(host.clone()),
+        (Some(host), Some(pid)) => Some(format!("{} pid {pid}", shown(host))),
+        (Some(host), None) => Some(shown(host).into_owned()),
         (None, Some(pid)) => Some(format!("pid {pid}")),
         (None, None) => None,
     };
     // The default label is "<hostname> pid <pid>" itself: said once.
-    if let Some(place) = place.filter(|p| h.label.as_deref() != Some(p.as_str())) {
+    if let Some(place) =
+        place.filter(|p| h.label.as_deref().map(shown).as_deref() != Some(p.as_str()))
+    {
         details.push(place);
     }
     match &h.label {
-        Some(l) => format!("{l} ({})", details.join(", ")),
+        Some(l) => format!("{} ({})", shown(l), details.join(", ")),
         None => details.join(", "),
     }
 }
@@ -149,8 +152,10 @@ fn end_text(h: &Hold) -> String {
             reason,
             detail,
         } => format!(
-            "held {}, LOST ({reason}: {detail}), recorded at {}",
+            "held {}, LOST ({}: {}), recorded at {}",
             sys::human(Duration::from_millis(*held_ms)),
+            shown(reason),
+            shown(detail),
             time(*unix_ms)
         ),
         HoldEnd::Silent {
@@ -303,6 +308,33 @@ mod tests {
         assert_eq!(time(253_402_300_800_000), "253402300800000 ms since 1970");
         assert_eq!(time(i64::MAX), format!("{} ms since 1970", i64::MAX));
         assert_eq!(time(-5), "-5 ms since 1970");
+    }
+
+    /// Every field a holder wrote into the ledger reaches the terminal escaped: no escape
+    /// sequence runs, and no line of its own can be forged.
+    #[test]
+    fn ledger_fields_are_printed_escaped() {
+        let evil = "x\u{1b}[2J\u{7}\r\nfake: \u{202e}";
+        let mut h = Hold::default();
+        h.member_id = evil.into();
+        h.label = Some(evil.into());
+        h.host = Some(evil.into());
+        h.end = HoldEnd::Lost {
+            unix_ms: 2_000,
+            held_ms: 1_000,
+            reason: evil.into(),
+            detail: evil.into(),
+        };
+        h.checkpoint = Some((evil.into(), 1_500));
+        let mut history = History::default();
+        history.holds = vec![h.clone()];
+        let text = to_text("l", "t", &history, &[&h]);
+        assert!(
+            !text.contains(|c: char| (c.is_control() && c != '\n') || c == '\u{202e}'),
+            "{text:?}"
+        );
+        assert!(!text.lines().any(|l| l.starts_with("fake")), "{text}");
+        assert!(text.contains("x\\u{1b}[2J"), "{text}");
     }
 
     #[test]

@@ -76,9 +76,11 @@ was left empty with no committed offsets). A rebalance while holding (another me
 moves the generation on, reported as token_changed by --events json; the ledger token stays.
 
 Checkpoint (needs --ledger-topic): KAFKA_LOCK_CHECKPOINT holds the lock's last checkpoint, if it
-has one, and KAFKA_LOCK_CHECKPOINT_FILE names a file (in a directory of kafka-lock's own) that the
+has one (one that holds a NUL or is over 64 KiB is in the file named by
+KAFKA_LOCK_LAST_CHECKPOINT_FILE instead, and a warning says so), and KAFKA_LOCK_CHECKPOINT_FILE
+names a regular file (in a directory of kafka-lock's own; a FIFO, device or link is refused) that the
 command may write. If the command exits 0 and the file exists, kafka-lock stores its content
-(UTF-8, at most --checkpoint-max-bytes) as the new checkpoint before it releases the lock: an
+(UTF-8 without NUL, at most --checkpoint-max-bytes) as the new checkpoint before it releases the lock: an
 OffsetCommit carrying the hold's generation and member id, which the broker rejects if this holder
 is no longer the current one. A rejected or failed commit is status 74; content that is too long
 or not UTF-8 is status 78. Either way the lock's checkpoint stays the previous one, unless the
@@ -138,10 +140,13 @@ forever); 126/127 the command cannot be run; 128+N if signal N arrived while wai
 
 Environment: every flag can also be set by a variable, --flag-name by KAFKA_LOCK_FLAG_NAME (for
 example KAFKA_LOCK_LOCK, KAFKA_LOCK_SESSION_TIMEOUT); a flag on the command line wins, and an
-empty variable counts as unset. The command inherits them like any other variable. The variables
+empty variable counts as unset. The command inherits them like any other variable, except the
+KAFKA_LOCK_X_<KEY> of a secret (sasl.password, sasl.jaas.config, ssl.key.pem, ...): those reach
+neither the supervisor nor the command, and both kafka-lock processes are non-dumpable, so the
+command cannot read them from /proc either (docs/cli.md, What the command can see). The variables
 kafka-lock sets for the command (KAFKA_LOCK_NAME, KAFKA_LOCK_TOKEN, KAFKA_LOCK_GENERATION,
-KAFKA_LOCK_MEMBER_ID, KAFKA_LOCK_PERMIT, KAFKA_LOCK_CHECKPOINT, KAFKA_LOCK_CHECKPOINT_FILE) are never read as
-settings.
+KAFKA_LOCK_MEMBER_ID, KAFKA_LOCK_PERMIT, KAFKA_LOCK_CHECKPOINT, KAFKA_LOCK_CHECKPOINT_FILE,
+KAFKA_LOCK_LAST_CHECKPOINT_FILE) are never read as settings.
 
 Kafka client settings: --config-file FILE reads a client.properties (Java properties: the file
 Kafka's own tools take), -X key=value sets one key, and KAFKA_LOCK_X_<KEY> sets one from the
@@ -511,6 +516,10 @@ fn parse_listen(s: &str) -> Result<SocketAddr, String> {
 const FLUSH_BOUND: Duration = Duration::from_secs(1);
 
 fn main() -> ExitCode {
+    // First of all, in kafka-lock and in its supervisor alike: no core dump and no /proc/<pid>/
+    // environ for the command (same user) to read the password from. It cannot fail on Linux
+    // (EINVAL only for a value other than 0, 1).
+    let _ = sys::forbid_dumping();
     // Not `args()`: that panics on an argument that is not UTF-8.
     let argv: Vec<OsString> = std::env::args_os().collect();
     if argv.get(1).is_some_and(|a| a == supervise::MODE) {

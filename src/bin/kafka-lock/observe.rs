@@ -11,6 +11,7 @@ use kafka_lock::{Leadership, LockOptions};
 use crate::exit::{self, Failure};
 use crate::history;
 use crate::json::Obj;
+use crate::output::shown;
 use crate::report::SCHEMA_VERSION;
 use crate::run::Signals;
 use crate::sys;
@@ -72,17 +73,17 @@ pub fn to_text(l: &Leadership) -> String {
     let when = history::time(unix_ms(l));
     let what = match (&l.leader, &l.state) {
         (Some(x), _) => {
-            let mut details = vec![format!("member {}", x.member_id)];
+            let mut details = vec![format!("member {}", shown(&x.member_id))];
             if let Some(t) = x.ledger_token {
                 details.push(format!("token {t}"));
             } else if let Some(g) = x.generation {
                 details.push(format!("token {g}"));
             }
             if let Some(h) = &x.host {
-                details.push(format!("from {h}"));
+                details.push(format!("from {}", shown(h)));
             }
             match &x.label {
-                Some(label) => format!("leader: {label} ({})", details.join(", ")),
+                Some(label) => format!("leader: {} ({})", shown(label), details.join(", ")),
                 None => format!("leader: {}", details.join(", ")),
             }
         }

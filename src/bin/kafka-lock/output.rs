@@ -280,9 +280,48 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogWriter {
     }
 }
 
+/// Text from a peer (a label, a member id, a client host, a ledger field) as it may be shown on
+/// a terminal: control characters (C0, DEL, C1: escape sequences, carriage returns, new lines)
+/// and the bidirectional overrides that reorder what is shown become `\u{..}` escapes, and a
+/// backslash is doubled so that an escape cannot be faked. Other text is shown as it is.
+pub fn shown(text: &str) -> std::borrow::Cow<'_, str> {
+    let risky = |c: char| {
+        c.is_control()
+            || c == '\\'
+            || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !text.contains(risky) {
+        return text.into();
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            c if risky(c) => out.extend(c.escape_unicode()),
+            c => out.push(c),
+        }
+    }
+    out.into()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn peer_text_cannot_reach_a_terminal_as_control_characters() {
+        assert_eq!(shown("job a (host-1)"), "job a (host-1)");
+        assert_eq!(shown("Grüße"), "Grüße");
+        let evil = "job \x1b]0;owned\x07\x1b[2J\x1b[31mRED\r\nfake line\u{9b}\u{202e}";
+        let s = shown(evil);
+        assert!(!s.chars().any(|c| c.is_control() || c == '\u{202e}'), "{s}");
+        assert_eq!(
+            s,
+            "job \\u{1b}]0;owned\\u{7}\\u{1b}[2J\\u{1b}[31mRED\\u{d}\\u{a}fake line\\u{9b}\\u{202e}"
+        );
+        // A backslash is doubled, so a label cannot pass for an escape.
+        assert_eq!(shown("a\\u{1b}"), "a\\\\u{1b}");
+    }
 
     #[test]
     fn a_full_queue_refuses_lines_until_the_writer_takes_some() {

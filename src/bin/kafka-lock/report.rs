@@ -329,8 +329,17 @@ impl Reporter {
 
 fn describe(h: &HolderInfo) -> String {
     match &h.label {
-        Some(l) => format!("{l} (member {}, token {})", h.member_id, h.generation),
-        None => format!("member {} (token {})", h.member_id, h.generation),
+        Some(l) => format!(
+            "{} (member {}, token {})",
+            output::shown(l),
+            output::shown(&h.member_id),
+            h.generation
+        ),
+        None => format!(
+            "member {} (token {})",
+            output::shown(&h.member_id),
+            h.generation
+        ),
     }
 }
 

@@ -32,7 +32,7 @@ use crate::environ::{self, FromEnv};
 use crate::exit::{self, Failure};
 use crate::proto::{ChildExit, FromSupervisor, ProtoError, ToSupervisor, MAX_MESSAGE};
 use crate::report::{ChildEnd, Reporter, Source};
-use crate::{serve, supervise, sys, tree};
+use crate::{serve, settings, supervise, sys, tree};
 
 /// The longest default grace between SIGTERM and SIGKILL.
 const MAX_DEFAULT_KILL_GRACE: Duration = Duration::from_secs(2);
@@ -579,6 +579,13 @@ impl Link {
         }
         .to_argv();
         let mut cmd = std::process::Command::new(&exe);
+        // The secrets stay in this (non-dumpable) process: neither the supervisor's nor the
+        // command's /proc/<pid>/environ may hold them, since the command can read both.
+        for (name, _) in std::env::vars_os() {
+            if settings::is_secret_variable(&name) {
+                cmd.env_remove(name);
+            }
+        }
         cmd.args(argv)
             .env("KAFKA_LOCK_NAME", &c.lock)
             .env("KAFKA_LOCK_TOKEN", token.value().to_string())
@@ -734,6 +741,15 @@ async fn hold(
         .as_ref()
         .map(CheckpointDir::env)
         .unwrap_or_default();
+    if let Some(file) = checkpoint.as_ref().and_then(|d| d.last_file.as_deref()) {
+        rep.warning(&format!(
+            "the last checkpoint of lock {:?} cannot be passed in KAFKA_LOCK_CHECKPOINT (it holds a \
+             NUL character or is too long for an environment variable); the command finds it in \
+             the file named by KAFKA_LOCK_LAST_CHECKPOINT_FILE ({}) instead",
+            c.lock,
+            file.display()
+        ));
+    }
     env.push(("KAFKA_LOCK_PERMIT", guard.permit().to_string().into()));
     let link = match Link::spawn(c, &token, &env, t.kill_grace) {
         Ok(link) => link,
@@ -748,6 +764,7 @@ async fn hold(
     });
 
     let mut child: Option<u32> = None;
+    let mut child_group: Option<tree::PinnedGroup> = None;
     let mut end: Option<ChildExit> = None;
     let mut spawn_errno: Option<i32> = None;
     let mut lost: Option<LossReason> = None;
@@ -764,6 +781,7 @@ async fn hold(
                 Ok(Some(Ok(m))) => match m {
                     FromSupervisor::Pid(pid) => {
                         child = Some(pid);
+                        child_group = tree::PinnedGroup::pin(pid, &[link.pid, std::process::id()]);
                         rep.child_started(pid, link.pid);
                         if let Some(sig) = pending_signal.take() {
                             link.send(ToSupervisor::Signal(sig));
@@ -872,7 +890,7 @@ async fn hold(
         Ending::SupervisorLost { why } => {
             // Everything the supervisor started is re-parented here (we are a subreaper): stop
             // it all the way the supervisor would have, then release.
-            let group = child.filter(|_| end.is_none());
+            let group = child_group.take().filter(|_| end.is_none());
             let kill_by = sent_lease.checked_add(t.kill_grace);
             let grace = t.kill_grace;
             let reaped = tokio::task::spawn_blocking(move || {
@@ -995,8 +1013,57 @@ async fn hold(
 struct CheckpointDir {
     dir: std::path::PathBuf,
     last: Option<String>,
+    /// Where the last checkpoint was written when it cannot go in the environment.
+    last_file: Option<std::path::PathBuf>,
     max: usize,
     lock: String,
+}
+
+/// How long the command's checkpoint file may take to open and read (a file on a network file
+/// system that hangs): the read runs on a thread of its own, so the lock's session goes on
+/// meanwhile, and the run gives up on it after this.
+const CHECKPOINT_READ_BOUND: Duration = Duration::from_secs(10);
+
+/// The longest checkpoint passed in `KAFKA_LOCK_CHECKPOINT`. Linux refuses an execve with one
+/// environment string over 128 KiB (MAX_ARG_STRLEN); a longer one goes in a file instead.
+const MAX_CHECKPOINT_IN_ENV: usize = 64 * 1024;
+
+/// Why the command's checkpoint file was not read.
+#[derive(Debug, thiserror::Error)]
+enum FileRefused {
+    #[error(
+        "it is not a regular file (a FIFO, a device, a directory or a symbolic link is refused)"
+    )]
+    NotRegular,
+    #[error("it cannot be read ({0})")]
+    Io(#[from] io::Error),
+    #[error("reading it took longer than {}", sys::human(CHECKPOINT_READ_BOUND))]
+    TimedOut,
+}
+
+/// Reads at most `limit` bytes of the regular file `path`, `None` if there is none. Never
+/// follows a symbolic link and never waits for a writer: a FIFO, a terminal or a device is
+/// refused after an open that cannot block.
+fn read_regular_file(path: &std::path::Path, limit: u64) -> Result<Option<Vec<u8>>, FileRefused> {
+    use rustix::fs::{FileType, Mode, OFlags};
+    use std::io::Read;
+    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    let fd = match rustix::fs::open(path, flags, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(Errno::NOENT) => return Ok(None),
+        // O_NOFOLLOW on a symbolic link.
+        Err(Errno::LOOP) => return Err(FileRefused::NotRegular),
+        Err(e) => return Err(FileRefused::Io(e.into())),
+    };
+    let st = rustix::fs::fstat(&fd).map_err(io::Error::from)?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        return Err(FileRefused::NotRegular);
+    }
+    let mut bytes = Vec::new();
+    std::fs::File::from(fd)
+        .take(limit)
+        .read_to_end(&mut bytes)?;
+    Ok(Some(bytes))
 }
 
 impl CheckpointDir {
@@ -1037,12 +1104,34 @@ impl CheckpointDir {
                     ),
                 )
             })?;
-        Ok(Some(CheckpointDir {
+        let mut prepared = CheckpointDir {
             dir,
             last: last.map(|c| c.value),
+            last_file: None,
             max: c.checkpoint_max_bytes,
             lock: c.lock.clone(),
-        }))
+        };
+        // Any writer of the group's offsets or of the ledger can leave a value that execve
+        // would refuse; it must not keep every later holder from running its command.
+        if let Some(last) = prepared
+            .last
+            .as_ref()
+            .filter(|v| v.contains('\0') || v.len() > MAX_CHECKPOINT_IN_ENV)
+        {
+            let path = prepared.dir.join("last-checkpoint");
+            std::fs::write(&path, last).map_err(|e| {
+                Failure::new(
+                    exit::OSERR,
+                    format!(
+                        "cannot write {} for the command's last checkpoint: {e}; the command was not \
+                         run and the lock is released (set TMPDIR to a writable directory)",
+                        path.display()
+                    ),
+                )
+            })?;
+            prepared.last_file = Some(path);
+        }
+        Ok(Some(prepared))
     }
 
     fn file(&self) -> std::path::PathBuf {
@@ -1051,44 +1140,51 @@ impl CheckpointDir {
 
     fn env(&self) -> Vec<(&'static str, OsString)> {
         let mut env = vec![("KAFKA_LOCK_CHECKPOINT_FILE", self.file().into_os_string())];
-        if let Some(last) = &self.last {
-            env.push(("KAFKA_LOCK_CHECKPOINT", OsString::from(last)));
+        match (&self.last, &self.last_file) {
+            (_, Some(file)) => env.push(("KAFKA_LOCK_LAST_CHECKPOINT_FILE", file.into())),
+            (Some(last), None) => env.push(("KAFKA_LOCK_CHECKPOINT", OsString::from(last))),
+            (None, None) => {}
         }
         env
     }
 
     /// Stores the file's content, if the command wrote one; the failure to report otherwise.
     async fn commit(&self, guard: &LockGuard, rep: &mut Reporter) -> Option<Failure> {
-        use std::io::Read;
-        let file = match std::fs::File::open(self.file()) {
-            Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
+        // One byte more than allowed is enough to tell that it is too long.
+        let limit = u64::try_from(self.max)
+            .unwrap_or(u64::MAX)
+            .saturating_add(1);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let path = self.file();
+        // A thread of its own, not spawn_blocking: a read that never returns must not hold up
+        // the runtime's shutdown at exit.
+        let started = std::thread::Builder::new()
+            .name("checkpoint-read".into())
+            .spawn(move || {
+                let _ = tx.send(read_regular_file(&path, limit));
+            });
+        let read = match started {
+            Ok(_) => match tokio::time::timeout(CHECKPOINT_READ_BOUND, rx).await {
+                Ok(Ok(read)) => read,
+                Ok(Err(_)) | Err(_) => Err(FileRefused::TimedOut),
+            },
+            Err(e) => Err(FileRefused::Io(e)),
+        };
+        let bytes = match read {
+            Ok(None) => return None,
+            Ok(Some(bytes)) => bytes,
             Err(e) => {
                 return Some(Failure::new(
-                    exit::LOST,
+                    exit::CONFIG,
                     format!(
-                        "the command exited 0 but its checkpoint file {} cannot be read ({e});                          lock {:?} keeps its previous checkpoint",
+                        "the command exited 0 but its checkpoint file {} was not read: {e}; it was \
+                         not stored and lock {:?} keeps its previous checkpoint",
                         self.file().display(),
                         self.lock
                     ),
                 ))
             }
         };
-        // One byte more than allowed is enough to tell that it is too long.
-        let mut bytes = Vec::new();
-        if let Err(e) = file
-            .take(
-                u64::try_from(self.max)
-                    .unwrap_or(u64::MAX)
-                    .saturating_add(1),
-            )
-            .read_to_end(&mut bytes)
-        {
-            return Some(Failure::new(
-                exit::LOST,
-                format!("the command exited 0 but its checkpoint cannot be read ({e}); lock {:?} keeps its previous checkpoint", self.lock),
-            ));
-        }
         if bytes.len() > self.max {
             return Some(Failure::new(
                 exit::CONFIG,
@@ -1114,9 +1210,10 @@ impl CheckpointDir {
             }
             Err(e) => {
                 let status = match &e {
-                    kafka_lock::Error::Ledger(kafka_lock::LedgerError::CheckpointTooLarge {
-                        ..
-                    }) => exit::CONFIG,
+                    kafka_lock::Error::Ledger(
+                        kafka_lock::LedgerError::CheckpointTooLarge { .. }
+                        | kafka_lock::LedgerError::CheckpointHasNul { .. },
+                    ) => exit::CONFIG,
                     _ => exit::LOST,
                 };
                 let why = match &e {

@@ -30,6 +30,15 @@ pub fn var_for_key(key: &str) -> String {
     )
 }
 
+/// Whether the variable `name` is a `KAFKA_LOCK_X_<KEY>` whose key holds a secret (a password,
+/// a JAAS configuration, a token, a private key): such a variable is not passed on to the
+/// supervisor and the command (docs/cli.md, "What the command can see").
+pub fn is_secret_variable(name: &std::ffi::OsStr) -> bool {
+    name.to_str()
+        .and_then(|n| n.strip_prefix(X_PREFIX))
+        .is_some_and(|suffix| config::is_secret(&suffix.to_ascii_lowercase().replace('_', ".")))
+}
+
 /// The settings given as flags, before the keys are merged in.
 #[derive(Debug, Default, Clone)]
 pub struct Flags<'a> {
@@ -248,6 +257,28 @@ pub fn print_warnings(warnings: &[String]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn secret_variables_are_told_from_the_others() {
+        for secret in [
+            "KAFKA_LOCK_X_SASL_PASSWORD",
+            "KAFKA_LOCK_X_SASL_JAAS_CONFIG",
+            "KAFKA_LOCK_X_SSL_KEY_PEM",
+            "KAFKA_LOCK_X_SSL_KEY_PASSWORD",
+            "KAFKA_LOCK_X_SASL_OAUTHBEARER_CLIENT_SECRET",
+        ] {
+            assert!(is_secret_variable(secret.as_ref()), "{secret}");
+        }
+        for plain in [
+            "KAFKA_LOCK_X_SASL_USERNAME",
+            "KAFKA_LOCK_X_SSL_KEY_LOCATION",
+            "KAFKA_LOCK_X_SECURITY_PROTOCOL",
+            "KAFKA_LOCK_SASL_PASSWORD",
+            "KAFKA_LOCK_TOKEN",
+        ] {
+            assert!(!is_secret_variable(plain.as_ref()), "{plain}");
+        }
+    }
     use kafka_lock::security::{Sasl, Secret, SecurityProtocol};
 
     fn vars(list: &[(&str, &str)]) -> Vec<(OsString, OsString)> {

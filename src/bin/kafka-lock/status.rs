@@ -12,6 +12,7 @@ use kafka_lock::{CheckpointSource, HoldEnd, LockOptions};
 use crate::exit::{self, Failure};
 use crate::history;
 use crate::json::{self, Obj};
+use crate::output::shown;
 
 fn ledger_text(l: &LedgerSummary) -> String {
     let hold = match &l.last_hold {
@@ -27,14 +28,14 @@ fn ledger_text(l: &LedgerSummary) -> String {
                 HoldEnd::Lost {
                     unix_ms, reason, ..
                 } => {
-                    format!("lost ({reason}) at {}", history::time(*unix_ms))
+                    format!("lost ({}) at {}", shown(reason), history::time(*unix_ms))
                 }
                 HoldEnd::Open => "no end record yet (still holding, or died)".to_owned(),
                 other => other.name().to_owned(),
             };
             let who = match &h.label {
-                Some(l) => format!("{l} (member {})", h.member_id),
-                None => format!("member {}", h.member_id),
+                Some(l) => format!("{} (member {})", shown(l), shown(&h.member_id)),
+                None => format!("member {}", shown(&h.member_id)),
             };
             let permit = if h.slot > 0 {
                 format!(" (permit {})", h.slot)
@@ -172,11 +173,11 @@ fn reason(d: &LockDescription) -> &str {
 
 fn member_text(m: &LockMember) -> String {
     let mut s = match &m.label {
-        Some(l) => format!("{l} (member {})", m.member_id),
-        None => format!("member {}", m.member_id),
+        Some(l) => format!("{} (member {})", shown(l), shown(&m.member_id)),
+        None => format!("member {}", shown(&m.member_id)),
     };
     if !m.client_host.is_empty() {
-        s.push_str(&format!(" from {}", m.client_host));
+        s.push_str(&format!(" from {}", shown(&m.client_host)));
     }
     if let Some(why) = &m.undecodable {
         s.push_str(&format!(" [undecodable: {why}]"));
@@ -250,8 +251,8 @@ fn holder_text(h: &LockHolder) -> String {
         token.push_str(&format!(", ledger token {t}"));
     }
     match &m.label {
-        Some(l) => format!("{l} (member {}{token})", m.member_id),
-        None => format!("member {}{token}", m.member_id),
+        Some(l) => format!("{} (member {}{token})", shown(l), shown(&m.member_id)),
+        None => format!("member {}{token}", shown(&m.member_id)),
     }
 }
 

@@ -8,11 +8,16 @@
 //! ```
 //!
 //! P is single-threaded and does nothing that can block for long: it waits in poll() on the
-//! socket to K and on a pidfd of C, with the lease end as the timeout, and writes only
+//! socket to K, on a pidfd of C and on a timer at the lease end, and writes only
 //! datagrams to K without waiting (never to a pipe). So a stalled stderr, a starved runtime or a
 //! stopped K cannot keep it from stopping the command at the lease end: SIGTERM to everything
 //! below P then, SIGKILL at lease end + grace, unless K has moved the lease by then. K moves it
 //! with each renewal; a lease end can only come from K.
+//!
+//! P counts on CLOCK_BOOTTIME, which goes on while the host is suspended, as the broker's clock
+//! does; K's lease ends arrive as CLOCK_MONOTONIC readings and are moved to CLOCK_BOOTTIME on
+//! arrival. A lease that ran out during a suspend is over when the host wakes: the timer (a
+//! timerfd on CLOCK_BOOTTIME, since poll's own timeout stops during a suspend) wakes P at once.
 //!
 //! P also stops everything at once (SIGTERM, SIGKILL after the grace) when K tells it the lock
 //! is lost (STOP), when K is gone (end of file on the socket: K died, even by SIGKILL), and
@@ -29,6 +34,7 @@ use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::io::{Errno, FdFlags};
 use rustix::net::{RecvFlags, SendFlags, SocketType};
 use rustix::process::Signal;
+use rustix::time::{Itimerspec, TimerfdTimerFlags};
 
 use crate::proto::{ChildExit, FromSupervisor, ToSupervisor, MAX_MESSAGE};
 use crate::{sys, tree};
@@ -122,7 +128,7 @@ fn take_socket(fd: i32) -> Result<OwnedFd, String> {
 
 #[derive(Debug, Clone, Copy)]
 struct Stopping {
-    /// SIGKILL for whatever is left from here on (CLOCK_MONOTONIC ns).
+    /// SIGKILL for whatever is left from here on (CLOCK_BOOTTIME ns).
     kill_at_ns: u64,
     killing: bool,
 }
@@ -133,8 +139,13 @@ struct Supervisor {
     k_alive: bool,
     grace_ns: u64,
     command: Vec<OsString>,
-    /// The lease end K sent last.
+    /// The lease end K sent last, as K sent it (CLOCK_MONOTONIC ns: events report it so).
     lease_end_ns: Option<u64>,
+    /// The same lease end on CLOCK_BOOTTIME, which P counts on.
+    lease_end_boot: Option<u64>,
+    /// A CLOCK_BOOTTIME timer armed at P's next deadline; None where the kernel has none
+    /// (before Linux 3.15), and then poll's timeout alone wakes P.
+    timer: Option<OwnedFd>,
     /// The command's pid, which is also its process group's id.
     child: Option<u32>,
     /// Readable when the command has ended; None once it is reaped (or without pidfd support).
@@ -151,6 +162,12 @@ impl Supervisor {
             grace_ns: args.grace_ns,
             command: args.command,
             lease_end_ns: None,
+            lease_end_boot: None,
+            timer: rustix::time::timerfd_create(
+                rustix::time::TimerfdClockId::Boottime,
+                rustix::time::TimerfdFlags::CLOEXEC | rustix::time::TimerfdFlags::NONBLOCK,
+            )
+            .ok(),
             child: None,
             child_pidfd: None,
             child_ended: false,
@@ -169,9 +186,12 @@ impl Supervisor {
         }
         loop {
             let children_remain = self.reap();
-            let now = sys::mono_ns();
+            let now = sys::boot_ns();
             if self.stopping.is_none() && self.child.is_some() {
-                if let Some(end) = self.lease_end_ns.filter(|end| *end <= now) {
+                if let (Some(end), Some(_)) = (
+                    self.lease_end_ns,
+                    self.lease_end_boot.filter(|end| *end <= now),
+                ) {
                     self.send(&FromSupervisor::Expired { lease_end_ns: end });
                     self.begin_stop(now);
                 }
@@ -226,7 +246,7 @@ impl Supervisor {
             self.send(&FromSupervisor::Exit(exit));
             // Whatever the command left behind runs without anyone waiting for it: stop it
             // before K may release the lock.
-            self.begin_stop(sys::mono_ns());
+            self.begin_stop(sys::boot_ns());
         }
         remain
     }
@@ -236,7 +256,7 @@ impl Supervisor {
             return;
         }
         let mut kill_at_ns = now.saturating_add(self.grace_ns);
-        if let Some(end) = self.lease_end_ns {
+        if let Some(end) = self.lease_end_boot {
             // Never later than the lease end plus the grace, however late this is noticed.
             kill_at_ns = kill_at_ns.min(end.saturating_add(self.grace_ns));
         }
@@ -252,7 +272,7 @@ impl Supervisor {
 
     /// Waits for K, the command's end, or the next deadline.
     fn wait(&mut self, now: u64) {
-        let deadline = match (self.stopping, self.lease_end_ns, self.child) {
+        let deadline = match (self.stopping, self.lease_end_boot, self.child) {
             // While stopping, orphans that end do not wake us: look again every tick.
             (Some(s), _, _) if !s.killing => {
                 Some(s.kill_at_ns.min(now.saturating_add(sys::nanos(tree::TICK))))
@@ -274,14 +294,31 @@ impl Supervisor {
                 tv_nsec: (ns % 1_000_000_000) as _,
             }
         });
+        // Arming the timer also clears an expiry already counted, so it need not be read.
+        let timer = self.timer.as_ref().zip(deadline).filter(|(t, d)| {
+            let at = Itimerspec {
+                it_interval: Timespec {
+                    tv_sec: 0,
+                    tv_nsec: 0,
+                },
+                it_value: Timespec {
+                    tv_sec: i64::try_from(d / 1_000_000_000).unwrap_or(i64::MAX),
+                    tv_nsec: (d % 1_000_000_000) as _,
+                },
+            };
+            rustix::time::timerfd_settime(t, TimerfdTimerFlags::ABSTIME, &at).is_ok()
+        });
         let mut sock_ready = false;
         let polled = {
-            let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(2);
+            let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(3);
             if self.k_alive {
                 fds.push(PollFd::new(&self.sock, PollFlags::IN));
             }
             if let Some(pidfd) = &self.child_pidfd {
                 fds.push(PollFd::new(pidfd, PollFlags::IN));
+            }
+            if let Some((t, _)) = timer {
+                fds.push(PollFd::new(t, PollFlags::IN));
             }
             if fds.is_empty() && timeout.is_none() {
                 // Nothing can wake us and no deadline is due: only when K is gone before the
@@ -327,7 +364,7 @@ impl Supervisor {
                             self.send(&FromSupervisor::Error(format!(
                                 "the supervisor got {e} from kafka-lock run; stopping the command"
                             )));
-                            self.begin_stop(sys::mono_ns());
+                            self.begin_stop(sys::boot_ns());
                         }
                     }
                 }
@@ -341,7 +378,7 @@ impl Supervisor {
     fn k_gone(&mut self) {
         self.k_alive = false;
         // Nobody renews the lease any more, and nobody would release the lock after us.
-        self.begin_stop(sys::mono_ns());
+        self.begin_stop(sys::boot_ns());
     }
 
     fn handle(&mut self, msg: ToSupervisor) {
@@ -350,10 +387,12 @@ impl Supervisor {
                 if self.stopping.is_some() {
                     return;
                 }
+                let now = sys::boot_ns();
+                let end_boot = sys::mono_to_boot(end_ns, sys::mono_ns(), now);
                 self.lease_end_ns = Some(end_ns);
-                let now = sys::mono_ns();
+                self.lease_end_boot = Some(end_boot);
                 if self.child.is_none() {
-                    if end_ns > now {
+                    if end_boot > now {
                         self.start();
                     } else {
                         self.send(&FromSupervisor::Expired {
@@ -363,7 +402,7 @@ impl Supervisor {
                     }
                 }
             }
-            ToSupervisor::Stop => self.begin_stop(sys::mono_ns()),
+            ToSupervisor::Stop => self.begin_stop(sys::boot_ns()),
             ToSupervisor::Signal(n) => {
                 if let (Some(pgid), false) = (self.child, self.child_ended) {
                     if let Some(sig) = Signal::from_named_raw(n) {
@@ -376,7 +415,7 @@ impl Supervisor {
 
     fn start(&mut self) {
         let Some((program, args)) = self.command.split_first() else {
-            self.begin_stop(sys::mono_ns());
+            self.begin_stop(sys::boot_ns());
             return;
         };
         let mut cmd = std::process::Command::new(program);
@@ -398,7 +437,7 @@ impl Supervisor {
                 self.send(&FromSupervisor::Failed {
                     errno: e.raw_os_error().unwrap_or(0),
                 });
-                self.begin_stop(sys::mono_ns());
+                self.begin_stop(sys::boot_ns());
             }
         }
     }

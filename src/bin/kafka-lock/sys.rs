@@ -1,6 +1,6 @@
 //! The operating-system calls std does not offer, through rustix (raw Linux system calls, no C
 //! library bindings, no `unsafe` here): the CLOCK_MONOTONIC reading, signals, the child-subreaper
-//! flag, the host name and the terminal width.
+//! flag, the dumpable flag, the host name and the terminal width.
 
 use std::io;
 use std::os::fd::AsFd;
@@ -17,6 +17,25 @@ pub fn mono_ns() -> u64 {
         .unwrap_or(0)
         .saturating_mul(1_000_000_000)
         .saturating_add(u64::try_from(ts.tv_nsec).unwrap_or(0))
+}
+
+/// CLOCK_BOOTTIME in nanoseconds: CLOCK_MONOTONIC plus the time the host spent suspended. The
+/// broker's clock runs on while this host sleeps, so the supervisor counts a lease down on this
+/// clock: a lease that ran out during a suspend has run out when the host wakes.
+pub fn boot_ns() -> u64 {
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
+    u64::try_from(ts.tv_sec)
+        .unwrap_or(0)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(u64::try_from(ts.tv_nsec).unwrap_or(0))
+}
+
+/// A CLOCK_MONOTONIC reading `mono` as a CLOCK_BOOTTIME one, given both clocks read now: the
+/// two differ by the suspend time so far, which is the same for a moment in the future.
+pub fn mono_to_boot(mono: u64, now_mono: u64, now_boot: u64) -> u64 {
+    now_boot
+        .saturating_add(mono.saturating_sub(now_mono))
+        .saturating_sub(now_mono.saturating_sub(mono))
 }
 
 /// The CLOCK_MONOTONIC reading of `at`, an `Instant` in the past or the future.
@@ -56,6 +75,16 @@ pub fn kill_group(pgid: u32, signal: Signal) -> io::Result<()> {
 /// still be found, signalled and waited for.
 pub fn become_subreaper() -> io::Result<()> {
     rustix::process::set_child_subreaper(Some(rustix::process::getpid())).map_err(Into::into)
+}
+
+/// Marks this process non-dumpable (PR_SET_DUMPABLE 0): it writes no core dump, and other
+/// processes of the same user (the command among them) can neither ptrace it nor read its
+/// /proc files that reveal memory: environ, mem, maps. kafka-lock holds the broker's password;
+/// the command runs as the same user. The flag is reset by execve, so the supervisor sets it
+/// again for itself, and the command, started by execve, is dumpable as usual.
+pub fn forbid_dumping() -> io::Result<()> {
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+        .map_err(Into::into)
 }
 
 /// The host name, or "localhost" if the system will not say.
@@ -115,6 +144,20 @@ mod tests {
         assert!(b <= c && a.abs_diff(b) < 1_000_000_000, "{a} {b} {c}");
         let later = mono_ns_of(now + Duration::from_secs(5));
         assert!(later.abs_diff(b + 5_000_000_000) < 1_000_000, "{b} {later}");
+    }
+
+    #[test]
+    fn a_monotonic_reading_moves_to_boottime_by_the_suspend_so_far() {
+        // An hour of suspend so far: boottime is an hour ahead.
+        let hour = 3_600_000_000_000;
+        let (now_mono, now_boot) = (10 * hour, 11 * hour);
+        assert_eq!(mono_to_boot(now_mono + 5, now_mono, now_boot), now_boot + 5);
+        assert_eq!(mono_to_boot(now_mono - 5, now_mono, now_boot), now_boot - 5);
+        assert_eq!(mono_to_boot(0, now_mono, now_boot), hour);
+        assert_eq!(mono_to_boot(u64::MAX, now_mono, now_boot), u64::MAX);
+        // The clocks themselves: boottime is never behind monotonic.
+        let (m, b) = (mono_ns(), boot_ns());
+        assert!(b + 1_000_000 >= m, "{m} {b}");
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! all gone exactly when waitpid says there are no children left (ECHILD): a grandchild always
 //! has a living parent below us, or has been re-parented to us.
 
+use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use rustix::io::Errno;
@@ -147,22 +148,63 @@ pub fn raw(pid: Pid) -> u32 {
     pid.as_raw_nonzero().get() as u32
 }
 
-/// Stops everything below this process, blocking: SIGTERM to the group `pgid` and every other
-/// descendant, then SIGKILL to whatever is left after `grace` (or at `kill_by`, if earlier),
-/// again and again until no child remains. Used by `kafka-lock run` when its supervisor is gone.
+/// The command's process group, for `kafka-lock run` to signal should the supervisor die: the
+/// group's leader (the command) pinned by a pidfd taken while /proc showed it as a child of the
+/// supervisor or of this process.
+///
+/// The group's id is the leader's pid, and a pid is not given to another process while its
+/// process is unreaped. Once the supervisor dies, the command is this process's child, and only
+/// this process reaps it; so while a wait for the pinned process (WNOWAIT: it stays unreaped)
+/// succeeds, the id is still the command's group. If the supervisor reaped the command before it
+/// died, the wait fails, and the group is not signalled as a whole: what is left of it is
+/// reached one descendant at a time, never through an id another group may have taken since.
+#[derive(Debug)]
+pub struct PinnedGroup {
+    pgid: u32,
+    leader: OwnedFd,
+}
+
+impl PinnedGroup {
+    /// Pins the process `pid` if it is now a child of one of `parents`.
+    pub fn pin(pid: u32, parents: &[u32]) -> Option<PinnedGroup> {
+        let leader =
+            rustix::process::pidfd_open(sys::pid(pid)?, rustix::process::PidfdFlags::empty())
+                .ok()?;
+        // Checked after the pidfd exists: the process it refers to is the one /proc shows now.
+        read_stat(pid).filter(|s| parents.contains(&s.ppid))?;
+        Some(PinnedGroup { pgid: pid, leader })
+    }
+
+    /// The group's id while its leader is this process's unreaped child.
+    pub fn group(&self) -> Option<u32> {
+        use rustix::process::{WaitId, WaitIdOptions};
+        let options = WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT;
+        rustix::process::waitid(WaitId::PidFd(self.leader.as_fd()), options)
+            .ok()
+            .map(|_| self.pgid)
+    }
+}
+
+/// Stops everything below this process, blocking: SIGTERM to the command's group (while it is
+/// provably the command's, see [`PinnedGroup`]) and every other descendant, then SIGKILL to
+/// whatever is left after `grace` (or at `kill_by`, if earlier), again and again until no child
+/// remains. Used by `kafka-lock run` when its supervisor is gone.
 pub fn stop_everything(
-    pgid: Option<u32>,
+    group: Option<PinnedGroup>,
     grace: Duration,
     kill_by: Option<Instant>,
     mut on_exit: impl FnMut(u32, Option<ChildExit>),
 ) {
+    // Asked again before each signal: this thread is the only reaper, so nothing can reap the
+    // leader between the question and the signal.
+    let pgid = || group.as_ref().and_then(PinnedGroup::group);
     let now = Instant::now();
     let mut kill_at = now.checked_add(grace).unwrap_or(now);
     if let Some(by) = kill_by {
         kill_at = kill_at.min(by.max(now));
     }
     if kill_at > now {
-        signal_tree(pgid, Signal::TERM);
+        signal_tree(pgid(), Signal::TERM);
         loop {
             if !reap(&mut on_exit) {
                 return;
@@ -175,7 +217,7 @@ pub fn stop_everything(
         }
     }
     loop {
-        signal_tree(pgid, Signal::KILL);
+        signal_tree(pgid(), Signal::KILL);
         if !reap(&mut on_exit) {
             return;
         }
@@ -259,6 +301,36 @@ mod tests {
         // reused could show one.
         let procs = vec![(5, stat(6, 5)), (6, stat(5, 6))];
         assert!(descendants_in(5, &procs).len() <= procs.len());
+    }
+
+    /// The pin answers with the group only while the leader is our unreaped child: after it is
+    /// reaped its pid may belong to anyone. Fails if the group is taken on trust.
+    #[test]
+    fn a_pinned_group_is_given_up_once_its_leader_is_reaped() {
+        use std::os::unix::process::CommandExt;
+        let me = std::process::id();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .process_group(0)
+            .spawn()
+            .expect("start sleep");
+        let pid = child.id();
+        assert!(
+            PinnedGroup::pin(pid, &[me + 1_000_000]).is_none(),
+            "not our child"
+        );
+        let pin = PinnedGroup::pin(pid, &[me]).expect("a child of ours");
+        assert_eq!(pin.group(), Some(pid));
+        child.kill().expect("kill sleep");
+        // Exited but not reaped: still ours, still its group's id.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while read_stat(pid).is_some_and(|s| s.state != b'Z') {
+            assert!(Instant::now() < deadline, "sleep did not exit");
+            std::thread::sleep(TICK);
+        }
+        assert_eq!(pin.group(), Some(pid));
+        child.wait().expect("reap sleep");
+        assert_eq!(pin.group(), None);
     }
 
     #[test]

@@ -389,6 +389,189 @@ fn the_password_never_shows() {
     }
 }
 
+/// Malformed secrets given every way (a client.properties, -X, KAFKA_LOCK_X_*), each holding
+/// pieces that must never show: the failure line, the `failed` event and a trace log on stderr
+/// name the key, the kind of fault and a position, and hold no piece of the value. Fails if an
+/// error quotes a token of a JAAS value, the text of a bad escape, or a stray line of a value as
+/// an unknown key.
+#[test]
+fn errors_about_malformed_secrets_show_no_piece_of_them() {
+    let dir = scratch_dir("secret-errors");
+    let lock = lock_name("secret-errors");
+    let cases: &[(&str, &[&str])] = &[
+        (
+            "sasl.jaas.config=M required password=Tr0ub4dor sEcReT-TaIl;",
+            &["Tr0ub4dor", "sEcReT-TaIl"],
+        ),
+        ("sasl.password=ab\\user-secret", &["user-secret", "\\user"]),
+        ("sasl.jaas.config=Kq7zPw9 Vr8xLm2;", &["Kq7zPw9", "Vr8xLm2"]),
+        ("sasl.jaas.config=M required Hx4Jw9q;", &["Hx4Jw9q"]),
+        (
+            "sasl.jaas.config=M required password=\"Bf5Tq1z",
+            &["Bf5Tq1z"],
+        ),
+        (
+            "sasl.jaas.config=M required a=b; Dk9Lz4w required;",
+            &["Dk9Lz4w"],
+        ),
+        (
+            "sasl.jaas.config=M required username=u password=\"Lq4Vb\nXs7Pe9k\";",
+            &["Lq4Vb", "Xs7Pe9k"],
+        ),
+    ];
+    for (i, (text, pieces)) in cases.iter().enumerate() {
+        let file = dir.join(format!("client{i}.properties"));
+        std::fs::write(
+            &file,
+            format!("security.protocol=SASL_SSL\nsasl.mechanism=PLAIN\n{text}\n"),
+        )
+        .expect("write client.properties");
+        let file = file.to_str().expect("utf-8 path").to_owned();
+        let base = [
+            "run",
+            "--bootstrap",
+            "127.0.0.1:9",
+            "--lock",
+            &lock,
+            "--events",
+            "json",
+        ];
+        // (arguments, variables)
+        type Way = (Vec<String>, Vec<(String, String)>);
+        let mut ways: Vec<Way> = vec![(vec!["--config-file".into(), file], vec![])];
+        // A JAAS value on one line also as -X and as a variable (other values are only
+        // unescaped in a file).
+        let jaas_line = text.starts_with("sasl.jaas.config=") && !text.contains('\n');
+        if let Some((key, value)) = text.split_once('=').filter(|_| jaas_line) {
+            let (key_value, value) = (text.to_string(), value.to_string());
+            let common = [
+                "-X",
+                "security.protocol=SASL_SSL",
+                "-X",
+                "sasl.mechanism=PLAIN",
+            ];
+            let mut x: Vec<String> = common.iter().map(|a| a.to_string()).collect();
+            x.extend(["-X".to_owned(), key_value]);
+            ways.push((x, vec![]));
+            let var = format!(
+                "KAFKA_LOCK_X_{}",
+                key.to_ascii_uppercase().replace('.', "_")
+            );
+            let common: Vec<String> = common.iter().map(|a| a.to_string()).collect();
+            ways.push((common, vec![(var, value)]));
+        }
+        for (args, env) in ways {
+            let mut all: Vec<&str> = base.to_vec();
+            all.extend(args.iter().map(String::as_str));
+            all.extend(["--", "true"]);
+            let mut env: Vec<(&str, &str)> =
+                env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            env.push(("KAFKA_LOCK_LOG", "trace"));
+            let (code, stderr, stdout) = kl(&all, &env);
+            let shown = stderr.concat() + &stdout;
+            assert!(
+                code == 78 || code == 64,
+                "{text:?} {args:?}: {code} {shown}"
+            );
+            assert!(shown.contains("\"failed\""), "{text:?} {args:?}: {shown}");
+            for piece in *pieces {
+                assert!(
+                    !shown.contains(piece),
+                    "{text:?} {args:?}: {piece:?} shows in {shown}"
+                );
+            }
+        }
+    }
+}
+
+/// The command, which runs as the same user as kafka-lock, reads every environment it can reach:
+/// its own, its parent's (the supervisor) and its grandparent's (kafka-lock itself, found
+/// through the supervisor's /proc stat). The password given as KAFKA_LOCK_X_SASL_PASSWORD is in
+/// none of them: the variable is not passed on, and both kafka-lock processes are
+/// non-dumpable, so their /proc environ is not readable by the command. The user name, not a
+/// secret, is passed on. Fails if the variable is passed on (the command's own environ shows
+/// it) or if kafka-lock is dumpable (its environ shows it).
+///
+/// Root may read any process's environ (CAP_SYS_PTRACE), so when the test runs as root,
+/// kafka-lock and the command run as nobody (65534), as an unprivileged user would.
+#[test]
+fn the_command_cannot_read_the_password_from_any_environment() {
+    let k = secure_kafka();
+    let lock = lock_name("secured-environ");
+    let secret = SCRAM512_USER.1;
+    // A copy of the CA that nobody can read.
+    let dir = scratch_dir("secured-environ");
+    let ca = dir.join("ca.pem");
+    std::fs::copy(&k.certs().ca, &ca).expect("copy the CA");
+    for (path, mode) in [(&dir, 0o755), (&ca, 0o644)] {
+        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode))
+            .expect("chmod");
+    }
+    let ca_setting = format!("ssl.ca.location={}", ca.display());
+    let script = "k=$(cut -d' ' -f4 /proc/$PPID/stat); \
+         for p in $$ $PPID $k; do echo \"== $p\"; tr '\\0' '\\n' </proc/$p/environ 2>&1; done; \
+         echo \"grandparent=$k\"; id -u";
+    let mut cmd = std::process::Command::new("setpriv");
+    cmd.args(["--pdeathsig", "KILL"]);
+    // /proc/self belongs to the effective user.
+    let euid =
+        std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self").expect("/proc/self"));
+    if euid == 0 {
+        cmd.args(["--reuid", "65534", "--regid", "65534", "--clear-groups"]);
+    }
+    cmd.arg("--").arg(BIN);
+    super::hermetic(&mut cmd);
+    cmd.args([
+        "run",
+        "--bootstrap",
+        &k.addr("SASL_SSL"),
+        "--lock",
+        &lock,
+        "--session-timeout",
+        "6s",
+        "-X",
+        "security.protocol=SASL_SSL",
+        "-X",
+        "sasl.mechanism=SCRAM-SHA-512",
+        "-X",
+        &ca_setting,
+        "--",
+        "sh",
+        "-c",
+        script,
+    ])
+    .env("KAFKA_LOCK_X_SASL_PASSWORD", secret)
+    .env("KAFKA_LOCK_X_SASL_USERNAME", SCRAM512_USER.0)
+    .current_dir(&dir)
+    .stdin(std::process::Stdio::null())
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped());
+    let mut run = super::Run::watch(cmd.spawn().expect("start setpriv"), None);
+    let code = run.finish(STEP);
+    let mut stdout = String::new();
+    while let Ok(line) = run.stdout.recv_timeout(std::time::Duration::from_secs(5)) {
+        stdout.push_str(&line);
+        stdout.push('\n');
+    }
+    assert_eq!(code, 0, "{}\n{stdout}", run.transcript());
+    // The command did read its own environment, and found the settings that are not secret.
+    assert!(stdout.contains("KAFKA_LOCK_TOKEN="), "{stdout}");
+    assert!(
+        stdout.contains(&format!("KAFKA_LOCK_X_SASL_USERNAME={}", SCRAM512_USER.0)),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("grandparent=\n"), "{stdout}");
+    assert!(
+        !stdout.lines().any(|l| l == "0"),
+        "the command ran as root, which may read any environ: {stdout}"
+    );
+    assert!(
+        !stdout.contains(secret),
+        "the command read the password:\n{stdout}"
+    );
+    assert!(!stdout.contains("KAFKA_LOCK_X_SASL_PASSWORD"), "{stdout}");
+}
+
 /// On the plain broker: a key that means nothing for a lock is a warning (a line and an event),
 /// a `-X` on the command line beats a flag's variable, and a file's unknown key is status 78
 /// with a `failed` event naming the key and its line.
