@@ -457,6 +457,7 @@ fn native_join_request(group: &str, member: &str) -> JoinGroupRequest {
         label: Some("raw".into()),
         permits: 1,
         slot: 0,
+        ledger: None,
     }
     .encode();
     req
