@@ -2228,3 +2228,82 @@ fn a_holder_refused_for_group_max_size_loses_the_lock_at_once() {
     assert!(h.m.token().is_none());
     assert!(h.m.is_done());
 }
+
+// ---- adversarial review findings ----
+//
+// Interleavings tried against the pending hold's deadline. None broke it; these pin down the
+// paths whose safety rests on one line (`join_sent.get_or_insert`, the generation comparison in
+// `on_join`), so that a change there fails a test.
+
+/// The first JoinGroup of a generation (sent at `t0`) reaches the broker and is counted in the
+/// join phase, but its answer is lost (connection closed 5 s later); the resend goes out on a new
+/// connection and is answered at once from the completed phase (GMM `classicGroupJoin` in
+/// COMPLETING_REBALANCE with unchanged metadata answers without re-arming the timer). The
+/// broker's re-arm may be as early as just after `t0`, so the deadline is timed from `t0`, not
+/// from the resend: a confirming NONE handled at `t0 + 9.5 s` (lease 9 s) begins nothing. The
+/// same holds when the first JoinGroup is answered MEMBER_ID_REQUIRED late.
+#[test]
+fn review_a_resent_join_does_not_move_the_anchor_past_the_first_send() {
+    for first_answer in [Err(Error::Closed), Ok(join_err(79, "m1"))] {
+        let mut h = H::new(Mode::Native);
+        h.find_ok();
+        let t0 = h.now;
+        let j1 = h.take(ApiKey::JoinGroup);
+        h.advance(Duration::from_secs(5));
+        let transport = first_answer.is_err();
+        h.reply(j1.id, first_answer);
+        if transport {
+            h.advance(Duration::from_millis(500));
+            let find = h.take(ApiKey::FindCoordinator);
+            h.reply(find.id, Ok(find_ok()));
+        }
+        let j2 = h.take(ApiKey::JoinGroup);
+        assert!(h.now >= t0 + Duration::from_secs(5));
+        h.reply(j2.id, Ok(join_ok("m1", 4, "m2", &[])));
+        let sync = h.take(ApiKey::SyncGroup);
+        h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), 4, 0))));
+        let beat = h.take(ApiKey::Heartbeat);
+        h.m.handle_response(beat.id, Ok(hb(0)), t0 + Duration::from_millis(9_500));
+        h.drain();
+        let events = h.take_events();
+        assert!(
+            !acquired_at(&events, 4) && h.m.token().is_none(),
+            "held on a NONE handled after the first JoinGroup's send + lease: {events:?}"
+        );
+    }
+}
+
+/// The member leaves the group as a new member after an unconfirmed assignment; its first
+/// JoinGroup under the new id is answered with a generation whose number the old id had already
+/// seen (the broker's generation did not move because the old id's removal completed no phase
+/// yet). A generation equal to the one remembered must not be mistaken for "nothing completed"
+/// after the member id changed: the new id was counted in a completed phase, so the anchor is
+/// the new JoinGroup's send, and a NONE handled before it + lease begins the hold.
+#[test]
+fn review_a_new_member_id_takes_a_fresh_anchor_even_at_a_known_generation_number() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let sync = h.join_as("m1", 4, false, &[]);
+    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), 4, 0))));
+    let _lost_beat = h.take(ApiKey::Heartbeat);
+    // No answer: the pending hold runs out; the member leaves under m1 and joins afresh.
+    h.advance(SESSION);
+    let _parting = h.take(ApiKey::LeaveGroup);
+    h.advance(Duration::from_secs(2));
+    let j = h.take(ApiKey::JoinGroup);
+    assert_eq!(join_request(&j).member_id.as_str(), "");
+    let sent = h.now;
+    h.reply(j.id, Ok(join_ok("m1-new", 4, "m1-new", &[])));
+    let sync = h.take(ApiKey::SyncGroup);
+    h.reply(
+        sync.id,
+        Ok(sync_ok(native_assignment(Some("m1-new"), 4, 0))),
+    );
+    let beat = h.take(ApiKey::Heartbeat);
+    h.m.handle_response(beat.id, Ok(hb(0)), sent + Duration::from_secs(1));
+    h.drain();
+    assert!(
+        acquired_at(&h.take_events(), 4),
+        "a confirmed assignment of the new member id began no hold"
+    );
+}
