@@ -40,7 +40,9 @@
 //!   point is not in any Fetch from it.
 //! - **Checkpoints** are OffsetCommits on the lock's group for the ledger partition, with the
 //!   hold's generation and member id, so the broker rejects a holder that is no longer current.
-//!   An accepted one is copied into the ledger (a CHECKPOINT record), which outlives the group.
+//!   An accepted one is copied into the ledger (a CHECKPOINT record), which outlives the group,
+//!   and only once that copy is acknowledged is the checkpoint reported stored: the group's copy
+//!   alone can be deleted or expire, and a reader would then find an older one in the ledger.
 //!
 //! Appends go out one at a time on one connection, in order. The partition's leader is found
 //! with Metadata and looked up again after NOT_LEADER_OR_FOLLOWER and similar answers or a
@@ -166,6 +168,18 @@ pub enum LedgerError {
         /// The lock.
         lock: String,
         /// Why no answer came.
+        reason: String,
+    },
+    /// The broker accepted the checkpoint's fenced commit, but its copy in the ledger could not
+    /// be appended. It is not reported stored: the group's copy alone can be deleted or expire,
+    /// and the last checkpoint would then read back older. Storing it again is safe.
+    #[error(
+        "the checkpoint of lock {lock:?} was committed to its group, but its copy in the ledger          could not be appended ({reason}); it is not reported stored, since the group's copy          alone can be deleted or expire and an older checkpoint would then read back: store it          again"
+    )]
+    CheckpointNotCopied {
+        /// The lock.
+        lock: String,
+        /// Why the copy failed.
         reason: String,
     },
     /// The ledger topic was deleted and created again (its id changed) while this process used
@@ -516,6 +530,17 @@ pub fn offset_fetched(resp: &Response, topic: &str) -> Result<Option<(i64, Strin
     }
 }
 
+/// Whether `tail`, a lock's history folded from its records in `[tail.first_offset, end)`, shows
+/// the lock's last checkpoint in the whole ledger. The last one is that of the newest hold that
+/// stored any, so finding *a* checkpoint does not settle it: a copy can be appended late (it
+/// follows the commit, and other records in between), so a copy of hold T can lie above a newer
+/// hold's copy. But every record of a hold T' > T lies above its ACQUIRED record at offset T',
+/// so once the read covers every offset above T, no newer hold's checkpoint is left unread.
+pub fn tail_settles_checkpoint(tail: &History) -> bool {
+    tail.last_checkpoint()
+        .is_some_and(|(_, hold, _)| tail.first_offset <= hold.saturating_add(1))
+}
+
 /// What a Metadata answer says about the ledger topic: its leader and id, or why it cannot serve.
 /// `Ok(None)`: the topic is there but has no leader right now (an election); ask again.
 pub fn ledger_partition(resp: &MetadataResponse, topic: &str) -> Result<Option<Partition>, Error> {
@@ -625,6 +650,9 @@ struct Append {
     /// For an ACQUIRED record: the try it begins and the token it was written with. Its answer
     /// counts for that try only; a later try has a record of its own.
     attempt: Option<(u64, FencingToken)>,
+    /// For a CHECKPOINT record: the ticket of the checkpoint it copies, which is reported stored
+    /// only once this record is acknowledged.
+    ticket: Option<u64>,
 }
 
 /// A checkpoint on its way to the coordinator, with the hold it was sent under: its answer
@@ -883,6 +911,7 @@ impl Ledger {
                         batch,
                         deadline,
                         attempt: Some((attempt, token.clone())),
+                        ticket: None,
                     });
                     self.hold = HoldState::Appending {
                         attempt,
@@ -1074,6 +1103,7 @@ impl Ledger {
             batch,
             deadline: now.mono + self.cfg.request_timeout,
             attempt: None,
+            ticket: None,
         });
         // Written once: the state keeps the offset, but the record is queued now.
         if let HoldState::Ending { token, .. } = &mut self.hold {
@@ -1146,12 +1176,14 @@ impl Ledger {
                 self.give_up_hold(view, now);
             }
         }
-        // Appends that ran out of time are dropped (an end or checkpoint record is best effort).
+        // Appends that ran out of time are dropped (an end record is best effort; a checkpoint
+        // whose copy is dropped is not reported stored).
         while let Some(a) = self.appends.front() {
             if a.purpose != Purpose::Acquired && now.mono >= a.deadline {
                 warn!(lock = %self.cfg.lock, topic = %self.cfg.topic, purpose = ?a.purpose,
                       "could not append a record to the ledger in time; it is missing from the history");
-                self.appends.pop_front();
+                let a = self.appends.pop_front().expect("front exists");
+                self.not_copied(&a, "the ledger did not acknowledge it in time".into());
             } else {
                 break;
             }
@@ -1318,7 +1350,9 @@ impl Ledger {
                 self.poll = Poll::Off;
                 self.fail_hold(e, now);
                 // Records of this process's holds would land among the new topic's tokens.
-                self.appends.clear();
+                for a in std::mem::take(&mut self.appends) {
+                    self.not_copied(&a, "the ledger topic was deleted and created again".into());
+                }
                 self.metadata_retry_at = Some(now.mono + self.cfg.poll_wait);
             }
             Ok(Some(p)) => {
@@ -1385,6 +1419,10 @@ impl Ledger {
             Ok(appended) => {
                 self.backoff.reset();
                 let offset = appended.base_offset;
+                if let Some(ticket) = sent.ticket {
+                    info!(lock = %self.cfg.lock, copy = offset, "checkpoint stored");
+                    self.checkpoint_results.push_back((ticket, Ok(())));
+                }
                 match (try_state, sent.attempt) {
                     (Some(Try::Appending), _) => self.acquired_at(offset, view, now),
                     // The end record will name it.
@@ -1415,6 +1453,7 @@ impl Ledger {
                             batch,
                             deadline: now.mono + self.cfg.request_timeout,
                             attempt: None,
+                            ticket: None,
                         });
                     }
                     _ => {}
@@ -1447,11 +1486,23 @@ impl Ledger {
                 } else {
                     warn!(lock = %self.cfg.lock, error = %e, ?purpose,
                           "the ledger refused a record; it is missing from the history");
+                    self.not_copied(&sent, e.to_string());
                 }
             }
         }
         // The end record waited for this answer, which told the offset (or that there is none).
         self.queue_end_record(false, now);
+    }
+
+    /// `a` will not be appended; a checkpoint it copies fails, though its group has it.
+    fn not_copied(&mut self, a: &Append, reason: String) {
+        if let Some(ticket) = a.ticket {
+            let e = LedgerError::CheckpointNotCopied {
+                lock: self.cfg.lock.clone(),
+                reason,
+            };
+            self.checkpoint_results.push_back((ticket, Err(e.into())));
+        }
     }
 
     /// The ACQUIRED record of the try now appending is durable at `offset`.
@@ -1718,7 +1769,8 @@ impl Ledger {
             None => {
                 // Stored under the hold it was sent with, even if that hold has ended since:
                 // the broker checked the generation when it took it.
-                info!(lock = %self.cfg.lock, hold = token.ledger_offset, "checkpoint stored");
+                debug!(lock = %self.cfg.lock, hold = token.ledger_offset,
+                       "checkpoint committed; copying it into the ledger");
                 let batch = self.record_batch(
                     &token,
                     token.ledger_offset.unwrap_or(0),
@@ -1727,13 +1779,14 @@ impl Ledger {
                     },
                     now,
                 );
+                // Reported stored once the copy is acknowledged too (`on_append`).
                 self.appends.push_back(Append {
                     purpose: Purpose::Checkpoint,
                     batch,
-                    deadline: now.mono + self.cfg.request_timeout,
+                    deadline: now.mono + self.cfg.request_timeout.saturating_mul(2),
                     attempt: None,
+                    ticket: Some(op.ticket),
                 });
-                self.checkpoint_results.push_back((op.ticket, Ok(())));
             }
             Some(e) => {
                 let fenced =
