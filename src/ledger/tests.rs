@@ -943,7 +943,10 @@ fn a_checkpoint_whose_ledger_copy_fails_is_not_reported_stored() {
         let commit = r.last().clone();
         r.answer(commit.id, commit_answer(0));
         let copy = r.last().clone();
-        assert!(matches!(appended(&copy).kind, RecordKind::Checkpoint { .. }));
+        assert!(matches!(
+            appended(&copy).kind,
+            RecordKind::Checkpoint { .. }
+        ));
         if refused {
             r.answer(copy.id, produce_answer(10, -1));
         } else {
@@ -959,7 +962,10 @@ fn a_checkpoint_whose_ledger_copy_fails_is_not_reported_stored() {
         assert!(
             matches!(
                 r.checkpoints[..],
-                [(1, Err(Error::Ledger(LedgerError::CheckpointNotCopied { .. })))]
+                [(
+                    1,
+                    Err(Error::Ledger(LedgerError::CheckpointNotCopied { .. }))
+                )]
             ),
             "refused {refused}: {:?}",
             r.checkpoints
@@ -992,7 +998,10 @@ fn a_late_copy_of_an_older_hold_does_not_settle_the_tail_read() {
     // Down to hold 20's copy: the newest hold's checkpoint, but offsets 11..=20 unread, where
     // hold 20's ACQUIRED lies, and no other newer one could.
     let below = tail_from(22);
-    assert_eq!(below.last_checkpoint().map(|c| (c.0, c.1)), Some(("new", 20)));
+    assert_eq!(
+        below.last_checkpoint().map(|c| (c.0, c.1)),
+        Some(("new", 20))
+    );
     assert!(!tail_settles_checkpoint(&below));
     let settled = tail_from(21);
     assert!(tail_settles_checkpoint(&settled));

@@ -17,7 +17,7 @@ use kafka_protocol::protocol::StrBytes;
 use tokio::sync::mpsc;
 
 use crate::support::kafka::admin::delete_group;
-use crate::support::kafka::probe::create_topic;
+use crate::support::kafka::probe::{create_topic, create_topic_with};
 use crate::support::kafka::{kafka, KafkaCluster, KafkaOptions};
 use crate::support::{self, ChildGuard};
 
@@ -722,6 +722,106 @@ async fn the_ledgers_checkpoint_copy_is_read_only_from_its_tail() {
     assert_eq!(
         (found.value.as_str(), found.source),
         ("new", CheckpointSource::Ledger)
+    );
+}
+
+/// A checkpoint reported stored reads back after the group's copy is gone (DeleteGroups here;
+/// OffsetDelete and the expiry of consumer-mode offsets leave the same empty group): the ledger
+/// holds a copy of every checkpoint reported stored. The ledger topic's max.message.bytes lets
+/// the broker commit a long checkpoint (offset.metadata.max.bytes 4096) but refuse its copy.
+/// Breaks if a checkpoint were reported stored once committed, its copy best effort: the long
+/// one is reported stored and the read after the deletion finds the short one, older.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_reported_stored_reads_back_when_the_group_is_deleted() {
+    support::init_tracing();
+    let bootstrap = kafka().bootstrap();
+    let ledger = support::unique_group("ledger-copy");
+    create_topic_with(&bootstrap, &ledger, 1, &[("max.message.bytes", "1024")]);
+    let group = support::unique_group("ledger-copy-lock");
+    let o = opts(&bootstrap, &group, &ledger);
+    let guard = o.acquire(Some(BOUND)).await.expect("acquire");
+    let long = format!("long {}", "x".repeat(2000));
+    let mut stored = Vec::new();
+    let mut refused = Vec::new();
+    for value in ["short", long.as_str()] {
+        match guard.checkpoint(value).await {
+            Ok(()) => stored.push(value.to_owned()),
+            Err(e) => refused.push(e),
+        }
+    }
+    // The group has the long one: the broker took the commit.
+    let committed = o.committed_checkpoint().await.expect("committed");
+    assert_eq!(committed.map(|c| c.value), Some(long.clone()));
+    guard.release().await.expect("release");
+    delete_group(&bootstrap, &group).expect("delete the empty group");
+    assert_eq!(o.committed_checkpoint().await.expect("committed"), None);
+    let read = o
+        .last_checkpoint()
+        .await
+        .expect("last checkpoint")
+        .map(|c| (c.value, c.source));
+    let last_stored = stored
+        .last()
+        .cloned()
+        .map(|v| (v, CheckpointSource::Ledger));
+    assert_eq!(
+        read, last_stored,
+        "the last checkpoint reported stored does not read back"
+    );
+    assert_eq!(stored, ["short"]);
+    assert!(
+        matches!(
+            refused[..],
+            [Error::Ledger(LedgerError::CheckpointNotCopied { .. })]
+        ),
+        "{refused:?}"
+    );
+}
+
+/// The last checkpoint is the newest hold's, even when an older hold's copy was appended late,
+/// above it (a copy follows its commit, and can be retried past a leader change while the lock
+/// changes hands). The late copy is written here as its holder would have written it; the newer
+/// hold's copy lies just below the first window the tail read looks at (2048 offsets). Breaks if
+/// the tail read stopped at the first window holding any checkpoint of the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_copy_of_an_older_hold_does_not_hide_a_newer_checkpoint() {
+    use kafka_lock::ledger::{LedgerRecord, RecordKind};
+    support::init_tracing();
+    let bootstrap = kafka().bootstrap();
+    let ledger = new_ledger(&bootstrap, "ledger-late");
+    let group = support::unique_group("ledger-late-lock");
+    let o = opts(&bootstrap, &group, &ledger);
+    let older = o.acquire(Some(BOUND)).await.expect("acquire");
+    let (t_old, member_old) = (older.token(), older.member_id());
+    older.release().await.expect("release");
+    let newer = o.acquire(Some(BOUND)).await.expect("acquire");
+    newer.checkpoint("new").await.expect("checkpoint");
+    let t_new = newer.token();
+    newer.release().await.expect("release");
+    assert!(t_new.value() > t_old.value());
+    append_raw(&bootstrap, &ledger, "another-lock", b"x", 2100, 2100).await;
+    let late = LedgerRecord {
+        unix_ms: 1_800_000_000_000,
+        hold: t_old.value(),
+        generation: t_old.generation,
+        member_id: member_old,
+        label: None,
+        host: None,
+        pid: None,
+        kind: RecordKind::Checkpoint {
+            value: "old, copied late".into(),
+        },
+    };
+    append_raw(&bootstrap, &ledger, &group, &late.encode(), 1, 1).await;
+    delete_group(&bootstrap, &group).expect("delete the empty group");
+    let found = o
+        .last_checkpoint()
+        .await
+        .expect("last checkpoint")
+        .expect("found");
+    assert_eq!(
+        (found.value.as_str(), found.token, found.source),
+        ("new", t_new.value(), CheckpointSource::Ledger)
     );
 }
 
