@@ -104,6 +104,18 @@ pub const LEDGER_MAX_FRAME_SIZE: usize = crate::wire::DEFAULT_MAX_FRAME_SIZE + 6
 /// Highest OffsetCommit and OffsetFetch versions kafka-protocol 0.18 can *encode* (its response
 /// decoders go one further).
 const OFFSET_REQUEST_MAX_VERSION: i16 = 9;
+/// Apache Kafka's default `offsets.commit.timeout.ms`: how long its group coordinator may hold
+/// an OffsetCommit while the offsets partition's replicas catch up before answering
+/// REQUEST_TIMED_OUT (GroupCoordinatorService.commitOffsets schedules the write with it).
+pub const BROKER_COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The local timeout of a request the broker bounds itself (`broker_bound`): that bound plus
+/// the request timeout for the way there and back, so the broker's own answer (a clean
+/// REQUEST_TIMED_OUT) arrives before the connection is given up. A local timeout that fired
+/// first would close the connection under the request and fail whatever waits behind it.
+pub fn parked_timeout(broker_bound: Duration, request_timeout: Duration) -> Duration {
+    broker_bound.saturating_add(request_timeout)
+}
 
 /// Why the ledger cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -271,7 +283,8 @@ pub struct Now {
 /// Which connection to the partition leader a request uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum LeaderLane {
-    /// Produce and ListOffsets: answered at once.
+    /// Produce and ListOffsets. An acks=all Produce waits for the replicas, up to its own
+    /// timeout; nothing of the membership goes here.
     Append,
     /// The waiters' parked Fetch: a broker answers one connection's requests in order, so
     /// nothing else may queue behind it.
@@ -290,7 +303,9 @@ pub enum Target {
         /// The connection.
         lane: LeaderLane,
     },
-    /// The group coordinator's control lane (OffsetCommit): the same connection as heartbeats.
+    /// The group coordinator, on a connection of the ledger's own (OffsetCommit): Apache may
+    /// hold a commit for up to `offsets.commit.timeout.ms` and answers a connection's requests
+    /// in order, so it must never sit in front of a heartbeat.
     Coordinator(Broker),
 }
 
@@ -879,7 +894,7 @@ impl Ledger {
         self.checkpoints.push_back(CheckpointOp {
             ticket,
             value,
-            deadline: now.mono + self.cfg.request_timeout.saturating_mul(2),
+            deadline: now.mono + self.checkpoint_window(),
             last_error: None,
         });
         self.drive(view, now);
@@ -1135,6 +1150,13 @@ impl Ledger {
         out.freeze()
     }
 
+    /// How long a checkpoint's commit is tried: one the broker holds to its bound, and retries
+    /// for a request timeout after that.
+    fn checkpoint_window(&self) -> Duration {
+        parked_timeout(BROKER_COMMIT_TIMEOUT, self.cfg.request_timeout)
+            .saturating_add(self.cfg.request_timeout)
+    }
+
     fn tp(&self) -> TopicPartition {
         let tp = TopicPartition::new(self.cfg.topic.clone(), 0);
         match &self.partition {
@@ -1222,7 +1244,10 @@ impl Ledger {
                         broker: p.leader.clone(),
                         lane: LeaderLane::Append,
                     };
-                    let id = self.push(target, op, self.cfg.request_timeout);
+                    // acks=all: the broker holds it up to the Produce's own timeout.
+                    let timeout =
+                        parked_timeout(self.cfg.request_timeout, self.cfg.request_timeout);
+                    let id = self.push(target, op, timeout);
                     self.in_flight.append = Some((id, a));
                 }
                 // Sent, or waiting for the membership's news (which calls in again): either way
@@ -1679,7 +1704,7 @@ impl Ledger {
             let op = self.checkpoints.pop_front().expect("front exists");
             let error = op.last_error.unwrap_or(Error::Timeout {
                 op: "storing the checkpoint (OffsetCommit)".into(),
-                after: self.cfg.request_timeout.saturating_mul(2),
+                after: self.checkpoint_window(),
             });
             self.checkpoint_results.push_back((op.ticket, Err(error)));
             return;
@@ -1716,11 +1741,8 @@ impl Ledger {
             offset: token.ledger_offset.unwrap_or(0),
             metadata: op.value.clone(),
         };
-        let id = self.push(
-            Target::Coordinator(coordinator),
-            request,
-            self.cfg.request_timeout,
-        );
+        let timeout = parked_timeout(BROKER_COMMIT_TIMEOUT, self.cfg.request_timeout);
+        let id = self.push(Target::Coordinator(coordinator), request, timeout);
         let op = self.checkpoints.pop_front().expect("front exists");
         self.in_flight.commit = Some(SentCommit {
             id,

@@ -928,6 +928,44 @@ fn a_checkpoint_is_a_fenced_commit_then_a_ledger_record() {
     );
 }
 
+/// Requests the broker holds to a bound of its own (an acks=all Produce to its timeout, an
+/// OffsetCommit to `offsets.commit.timeout.ms`) time out locally only after that bound, so the
+/// broker's REQUEST_TIMED_OUT arrives rather than the connection being given up under them; the
+/// commit goes to a connection of its own. Breaks if either local timeout were the request
+/// timeout.
+#[test]
+fn requests_the_broker_holds_outlast_its_bound() {
+    let mut r = Rig::new();
+    r.membership_acquires(3);
+    let acquired = r.last().clone();
+    let Op::Produce { timeout, .. } = &acquired.op else {
+        panic!("{acquired:?}")
+    };
+    assert!(acquired.timeout > *timeout, "{acquired:?}");
+    r.answer(acquired.id, produced_at(42));
+    let (view, now) = (r.view.clone(), r.t());
+    r.l.checkpoint(1, "v".into(), &view, now);
+    r.drain();
+    let commit = r.last().clone();
+    assert!(matches!(commit.op, Op::Commit { .. }));
+    assert_eq!(commit.target, Target::Coordinator(broker(2)));
+    assert!(commit.timeout > BROKER_COMMIT_TIMEOUT, "{commit:?}");
+    // Held to the broker's bound and answered REQUEST_TIMED_OUT: retried, and stored.
+    r.advance(BROKER_COMMIT_TIMEOUT);
+    r.answer(commit.id, commit_answer(7));
+    r.advance(Duration::from_secs(1));
+    let retry = r.last().clone();
+    assert!(matches!(retry.op, Op::Commit { .. }), "{retry:?}");
+    r.answer(retry.id, commit_answer(0));
+    let copy = r.last().id;
+    r.answer(copy, produced_at(43));
+    assert!(
+        matches!(r.checkpoints[..], [(1, Ok(()))]),
+        "{:?}",
+        r.checkpoints
+    );
+}
+
 /// A checkpoint reported stored is in the ledger too: when the group's copy is deleted or
 /// expires, the ledger's is no older than any checkpoint reported stored. Breaks if the
 /// checkpoint were reported stored once committed, with the copy best effort.
