@@ -870,3 +870,32 @@ async fn a_batch_of_the_brokers_default_size_does_not_blind_the_ledger() {
         .expect("found");
     assert_eq!(c.value, "after");
 }
+
+/// Not a test: the time `checkpoint()` takes on the shared single-node Apache broker, 50
+/// checkpoints under one hold (BENCHMARKS.md). Run with
+/// `cargo test --all-features --test it -- --ignored ledger::checkpoint_latency --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement, not a test"]
+async fn checkpoint_latency() {
+    support::init_tracing();
+    let bootstrap = kafka().bootstrap();
+    let ledger = new_ledger(&bootstrap, "ledger-bench");
+    let group = support::unique_group("ledger-bench-lock");
+    let o = opts(&bootstrap, &group, &ledger);
+    let guard = o.acquire(Some(BOUND)).await.expect("acquire");
+    let mut took = Vec::new();
+    for i in 0..50 {
+        let start = Instant::now();
+        guard.checkpoint(format!("c{i}")).await.expect("checkpoint");
+        took.push(start.elapsed());
+    }
+    guard.release().await.expect("release");
+    took.sort();
+    println!(
+        "checkpoint: p50 {:?}, p90 {:?}, max {:?} (n = {})",
+        took[took.len() / 2],
+        took[took.len() * 9 / 10],
+        took[took.len() - 1],
+        took.len()
+    );
+}
