@@ -16,7 +16,7 @@ use kafka_protocol::messages::{ApiKey, GroupId};
 use kafka_protocol::protocol::StrBytes;
 use tokio::sync::mpsc;
 
-use crate::support::kafka::admin::delete_group;
+use crate::support::kafka::admin::{delete_group, delete_offsets};
 use crate::support::kafka::probe::{create_topic, create_topic_with};
 use crate::support::kafka::{kafka, KafkaCluster, KafkaOptions};
 use crate::support::{self, ChildGuard};
@@ -782,6 +782,48 @@ async fn a_checkpoint_reported_stored_reads_back_when_the_group_is_deleted() {
             [Error::Ledger(LedgerError::CheckpointNotCopied { .. })]
         ),
         "{refused:?}"
+    );
+}
+
+/// The same, with the group's copy deleted by OffsetDelete while the lock is held in
+/// consumer-compatible mode (its members subscribe to the lock topic, not the ledger, so Apache
+/// lets the ledger partition's offset go while the group is active, as the offsets' expiry does
+/// 7 days after the last commit). Breaks as the test above does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_reported_stored_reads_back_after_an_offset_delete_while_held() {
+    support::init_tracing();
+    let bootstrap = kafka().bootstrap();
+    let ledger = support::unique_group("ledger-odel");
+    create_topic_with(&bootstrap, &ledger, 1, &[("max.message.bytes", "1024")]);
+    let topic = new_ledger(&bootstrap, "ledger-odel-topic");
+    let group = support::unique_group("ledger-odel-lock");
+    let o = opts(&bootstrap, &group, &ledger).consumer_topic(&topic);
+    let guard = o.acquire(Some(BOUND)).await.expect("acquire");
+    let long = format!("long {}", "x".repeat(2000));
+    let mut stored = Vec::new();
+    for value in ["short", long.as_str()] {
+        if guard.checkpoint(value).await.is_ok() {
+            stored.push(value.to_owned());
+        }
+    }
+    delete_offsets(&bootstrap, &group, &ledger).expect("OffsetDelete while held");
+    assert_eq!(o.committed_checkpoint().await.expect("committed"), None);
+    let read = o
+        .last_checkpoint()
+        .await
+        .expect("last checkpoint")
+        .map(|c| (c.value, c.source));
+    assert!(guard.is_held());
+    guard.release().await.expect("release");
+    let last_stored = stored
+        .last()
+        .cloned()
+        .map(|v| (v, CheckpointSource::Ledger));
+    assert!(
+        read == last_stored,
+        "the last checkpoint reported stored does not read back: read {:?}, stored {:?}",
+        read.as_ref().map(|(v, _)| v.len()),
+        last_stored.as_ref().map(|(v, _)| v.len())
     );
 }
 
