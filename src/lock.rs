@@ -612,11 +612,13 @@ impl LockOptions {
     }
 
     /// The lock's last checkpoint: the one its group has committed, or, when the group has none
-    /// (deleted, or its offsets expired: see `docs/design.md`, "Checkpoints"), the last one the
-    /// ledger recorded among its most recent records. That read goes back from the ledger's end
-    /// in growing windows and stops at the first window holding a checkpoint of this lock, at
-    /// most 32768 offsets (about 3 MiB of records of every lock sharing the topic), so its cost
-    /// does not grow with the ledger; an older checkpoint is not found (a warning says so), but
+    /// (deleted, or its offsets expired: see `docs/design.md`, "Checkpoints"), the ledger's copy
+    /// of the newest hold's last checkpoint among its most recent records. Either way it is never
+    /// older than a checkpoint [`LockGuard::checkpoint`] reported stored. The ledger is read back
+    /// from its end in growing windows until it shows a checkpoint of hold T and every offset
+    /// above T (no newer hold's copy can lie below), at most 32768 offsets (about 3 MiB of
+    /// records of every lock sharing the topic), so its cost does not grow with the ledger; an
+    /// older checkpoint is not found (a warning says so), but
     /// [`LockOptions::history`] reads the whole ledger and its
     /// [`History::last_checkpoint`] finds it. Needs no membership.
     pub async fn last_checkpoint(&self) -> Result<Option<Checkpoint>> {
@@ -1267,7 +1269,11 @@ impl LockGuard {
     /// ledger partition, carrying the hold's generation and member id, so the broker itself
     /// rejects it ([`Error::Broker`] with ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID or
     /// FENCED_INSTANCE_ID) if this holder is no longer the current one. Once accepted it is also
-    /// recorded in the ledger, which outlives the group. A value longer than
+    /// copied into the ledger, which outlives the group, and `Ok` comes only once that copy is
+    /// acknowledged too: a checkpoint reported stored never reads back older, even after the
+    /// group's offsets are deleted or expire. When the copy fails the outcome is
+    /// [`LedgerError::CheckpointNotCopied`] (the group has the value; storing it again is safe).
+    /// A value longer than
     /// [`LockOptions::checkpoint_max_bytes`] is refused before anything is sent. If the hold
     /// ends while the request is on its way, its answer still decides; when none comes the
     /// outcome is [`LedgerError::CheckpointUnknown`]: the broker may have stored it. A lock with

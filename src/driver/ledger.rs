@@ -132,8 +132,9 @@ pub(crate) const TAIL_MAX_OFFSETS: i64 = 32 * 1024;
 enum Span {
     /// All that is retained.
     Whole,
-    /// From the end backwards, in growing windows, until a window shows a checkpoint of the
-    /// lock, the start is reached, or `max` offsets were read.
+    /// From the end backwards, in growing windows, until what was read shows the lock's last
+    /// checkpoint ([`ledger::tail_settles_checkpoint`]), the start is reached, or `max` offsets
+    /// were read.
     CheckpointTail { max: i64 },
 }
 
@@ -142,9 +143,10 @@ pub(crate) async fn read_history(reach: &Reach, lock: &str, topic: &str) -> Resu
     read_ledger(reach, lock, topic, Span::Whole).await
 }
 
-/// Reads `lock`'s records from the ledger's end backwards until one of its checkpoints shows up,
-/// at most `max` offsets: a history of that tail ([`History::first_offset`] tells where it
-/// begins). A checkpoint older than that is not found; the whole history is.
+/// Reads `lock`'s records from the ledger's end backwards until its last checkpoint is settled
+/// (one is found and every offset above its hold's token is read), at most `max` offsets: a
+/// history of that tail ([`History::first_offset`] tells where it begins). A checkpoint older
+/// than that is not found; the whole history is.
 pub(crate) async fn read_checkpoint_tail(
     reach: &Reach,
     lock: &str,
@@ -232,11 +234,18 @@ async fn read_history_once(
                 unreadable = u;
                 let h = folded(&values, unreadable.clone(), lo, end);
                 // A closed connection: a batch too large to read ended the read (noted in `h`).
-                if h.last_checkpoint().is_some() || lo <= floor || conn.is_closed() {
-                    if h.last_checkpoint().is_none() && floor > start {
-                        warn!(%lock, %topic, from = floor, to = end,
-                              "no checkpoint of this lock among the ledger's last records; older \
-                               ones were not read (`kafka-lock history` reads them all)");
+                let settled = ledger::tail_settles_checkpoint(&h);
+                if settled || lo <= floor || conn.is_closed() {
+                    if !settled && floor > start {
+                        match h.last_checkpoint() {
+                            None => warn!(%lock, %topic, from = floor, to = end,
+                                "no checkpoint of this lock among the ledger's last records; \
+                                 older ones were not read (`kafka-lock history` reads them all)"),
+                            Some((_, hold, _)) => warn!(%lock, %topic, from = floor, to = end,
+                                hold, "the last checkpoint found among the ledger's last records \
+                                 is of a hold that began before them; a later hold's checkpoint \
+                                 could lie before them (`kafka-lock history` reads them all)"),
+                        }
                     }
                     break Ok(h);
                 }

@@ -65,6 +65,11 @@ enum Slot {
     Coordinator(Broker, Lane),
     /// The ledger partition's leader, on one of its two lanes.
     Leader(Broker, LeaderLane),
+    /// The group coordinator, for the ledger's OffsetCommits: Apache may hold one for up to
+    /// `offsets.commit.timeout.ms` while the offsets partition's replicas catch up, and answers
+    /// a connection's requests in order, so a commit on the heartbeats' connection would delay
+    /// them and, timed out locally, fail them with it.
+    Commit(Broker),
 }
 
 impl Net {
@@ -85,7 +90,7 @@ impl Net {
                     Backoff::new(self.retry_backoff, self.retry_backoff_max, 2.0, 0.5);
                 connect_any(&self.bootstrap, &self.conn, &mut backoff, &self.limits).await?
             }
-            Slot::Coordinator(broker, _) => {
+            Slot::Coordinator(broker, _) | Slot::Commit(broker) => {
                 Connection::connect(&format!("{}:{}", broker.host, broker.port), &self.conn).await?
             }
             Slot::Leader(broker, _) => {
@@ -477,7 +482,7 @@ fn send_ledger(net: &Arc<Net>, t: ledger::Transmit, answers: mpsc::UnboundedSend
         let slot = match &t.target {
             ledger::Target::Any => Slot::Bootstrap,
             ledger::Target::Leader { broker, lane } => Slot::Leader(broker.clone(), *lane),
-            ledger::Target::Coordinator(broker) => Slot::Coordinator(broker.clone(), Lane::Control),
+            ledger::Target::Coordinator(broker) => Slot::Commit(broker.clone()),
         };
         let result = async {
             let conn = net.connection(&slot).await?;

@@ -40,7 +40,9 @@
 //!   point is not in any Fetch from it.
 //! - **Checkpoints** are OffsetCommits on the lock's group for the ledger partition, with the
 //!   hold's generation and member id, so the broker rejects a holder that is no longer current.
-//!   An accepted one is copied into the ledger (a CHECKPOINT record), which outlives the group.
+//!   An accepted one is copied into the ledger (a CHECKPOINT record), which outlives the group,
+//!   and only once that copy is acknowledged is the checkpoint reported stored: the group's copy
+//!   alone can be deleted or expire, and a reader would then find an older one in the ledger.
 //!
 //! Appends go out one at a time on one connection, in order. The partition's leader is found
 //! with Metadata and looked up again after NOT_LEADER_OR_FOLLOWER and similar answers or a
@@ -102,6 +104,18 @@ pub const LEDGER_MAX_FRAME_SIZE: usize = crate::wire::DEFAULT_MAX_FRAME_SIZE + 6
 /// Highest OffsetCommit and OffsetFetch versions kafka-protocol 0.18 can *encode* (its response
 /// decoders go one further).
 const OFFSET_REQUEST_MAX_VERSION: i16 = 9;
+/// Apache Kafka's default `offsets.commit.timeout.ms`: how long its group coordinator may hold
+/// an OffsetCommit while the offsets partition's replicas catch up before answering
+/// REQUEST_TIMED_OUT (GroupCoordinatorService.commitOffsets schedules the write with it).
+pub const BROKER_COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The local timeout of a request the broker bounds itself (`broker_bound`): that bound plus
+/// the request timeout for the way there and back, so the broker's own answer (a clean
+/// REQUEST_TIMED_OUT) arrives before the connection is given up. A local timeout that fired
+/// first would close the connection under the request and fail whatever waits behind it.
+pub fn parked_timeout(broker_bound: Duration, request_timeout: Duration) -> Duration {
+    broker_bound.saturating_add(request_timeout)
+}
 
 /// Why the ledger cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -176,6 +190,18 @@ pub enum LedgerError {
         /// The lock.
         lock: String,
         /// Why no answer came.
+        reason: String,
+    },
+    /// The broker accepted the checkpoint's fenced commit, but its copy in the ledger could not
+    /// be appended. It is not reported stored: the group's copy alone can be deleted or expire,
+    /// and the last checkpoint would then read back older. Storing it again is safe.
+    #[error(
+        "the checkpoint of lock {lock:?} was committed to its group, but its copy in the ledger          could not be appended ({reason}); it is not reported stored, since the group's copy          alone can be deleted or expire and an older checkpoint would then read back: store it          again"
+    )]
+    CheckpointNotCopied {
+        /// The lock.
+        lock: String,
+        /// Why the copy failed.
         reason: String,
     },
     /// The ledger topic was deleted and created again (its id changed) while this process used
@@ -267,7 +293,8 @@ pub struct Now {
 /// Which connection to the partition leader a request uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum LeaderLane {
-    /// Produce and ListOffsets: answered at once.
+    /// Produce and ListOffsets. An acks=all Produce waits for the replicas, up to its own
+    /// timeout; nothing of the membership goes here.
     Append,
     /// The waiters' parked Fetch: a broker answers one connection's requests in order, so
     /// nothing else may queue behind it.
@@ -286,7 +313,9 @@ pub enum Target {
         /// The connection.
         lane: LeaderLane,
     },
-    /// The group coordinator's control lane (OffsetCommit): the same connection as heartbeats.
+    /// The group coordinator, on a connection of the ledger's own (OffsetCommit): Apache may
+    /// hold a commit for up to `offsets.commit.timeout.ms` and answers a connection's requests
+    /// in order, so it must never sit in front of a heartbeat.
     Coordinator(Broker),
 }
 
@@ -526,6 +555,17 @@ pub fn offset_fetched(resp: &Response, topic: &str) -> Result<Option<(i64, Strin
     }
 }
 
+/// Whether `tail`, a lock's history folded from its records in `[tail.first_offset, end)`, shows
+/// the lock's last checkpoint in the whole ledger. The last one is that of the newest hold that
+/// stored any, so finding *a* checkpoint does not settle it: a copy can be appended late (it
+/// follows the commit, and other records in between), so a copy of hold T can lie above a newer
+/// hold's copy. But every record of a hold T' > T lies above its ACQUIRED record at offset T',
+/// so once the read covers every offset above T, no newer hold's checkpoint is left unread.
+pub fn tail_settles_checkpoint(tail: &History) -> bool {
+    tail.last_checkpoint()
+        .is_some_and(|(_, hold, _)| tail.first_offset <= hold.saturating_add(1))
+}
+
 /// What a Metadata answer says about the ledger topic: its leader and id, or why it cannot serve.
 /// `Ok(None)`: the topic is there but has no leader right now (an election); ask again.
 pub fn ledger_partition(resp: &MetadataResponse, topic: &str) -> Result<Option<Partition>, Error> {
@@ -635,6 +675,9 @@ struct Append {
     /// For an ACQUIRED record: the try it begins and the token it was written with. Its answer
     /// counts for that try only; a later try has a record of its own.
     attempt: Option<(u64, FencingToken)>,
+    /// For a CHECKPOINT record: the ticket of the checkpoint it copies, which is reported stored
+    /// only once this record is acknowledged.
+    ticket: Option<u64>,
 }
 
 /// A checkpoint on its way to the coordinator, with the hold it was sent under: its answer
@@ -870,7 +913,7 @@ impl Ledger {
         self.checkpoints.push_back(CheckpointOp {
             ticket,
             value,
-            deadline: now.mono + self.cfg.request_timeout.saturating_mul(2),
+            deadline: now.mono + self.checkpoint_window(),
             last_error: None,
         });
         self.drive(view, now);
@@ -903,6 +946,7 @@ impl Ledger {
                         batch,
                         deadline,
                         attempt: Some((attempt, token.clone())),
+                        ticket: None,
                     });
                     self.hold = HoldState::Appending {
                         attempt,
@@ -1094,6 +1138,7 @@ impl Ledger {
             batch,
             deadline: now.mono + self.cfg.request_timeout,
             attempt: None,
+            ticket: None,
         });
         // Written once: the state keeps the offset, but the record is queued now.
         if let HoldState::Ending { token, .. } = &mut self.hold {
@@ -1124,6 +1169,13 @@ impl Ledger {
         // One small record always fits the format's 32-bit lengths.
         encode_batch(&[record], &mut out).expect("a ledger record is far below the batch limits");
         out.freeze()
+    }
+
+    /// How long a checkpoint's commit is tried: one the broker holds to its bound, and retries
+    /// for a request timeout after that.
+    fn checkpoint_window(&self) -> Duration {
+        parked_timeout(BROKER_COMMIT_TIMEOUT, self.cfg.request_timeout)
+            .saturating_add(self.cfg.request_timeout)
     }
 
     fn tp(&self) -> TopicPartition {
@@ -1167,12 +1219,14 @@ impl Ledger {
                 self.give_up_hold(view, now);
             }
         }
-        // Appends that ran out of time are dropped (an end or checkpoint record is best effort).
+        // Appends that ran out of time are dropped (an end record is best effort; a checkpoint
+        // whose copy is dropped is not reported stored).
         while let Some(a) = self.appends.front() {
             if a.purpose != Purpose::Acquired && now.mono >= a.deadline {
                 warn!(lock = %self.cfg.lock, topic = %self.cfg.topic, purpose = ?a.purpose,
                       "could not append a record to the ledger in time; it is missing from the history");
-                self.appends.pop_front();
+                let a = self.appends.pop_front().expect("front exists");
+                self.not_copied(&a, "the ledger did not acknowledge it in time".into());
             } else {
                 break;
             }
@@ -1211,7 +1265,10 @@ impl Ledger {
                         broker: p.leader.clone(),
                         lane: LeaderLane::Append,
                     };
-                    let id = self.push(target, op, self.cfg.request_timeout);
+                    // acks=all: the broker holds it up to the Produce's own timeout.
+                    let timeout =
+                        parked_timeout(self.cfg.request_timeout, self.cfg.request_timeout);
+                    let id = self.push(target, op, timeout);
                     self.in_flight.append = Some((id, a));
                 }
                 // Sent, or waiting for the membership's news (which calls in again): either way
@@ -1339,7 +1396,9 @@ impl Ledger {
                 self.poll = Poll::Off;
                 self.fail_hold(e, now);
                 // Records of this process's holds would land among the new topic's tokens.
-                self.appends.clear();
+                for a in std::mem::take(&mut self.appends) {
+                    self.not_copied(&a, "the ledger topic was deleted and created again".into());
+                }
                 self.metadata_retry_at = Some(now.mono + self.cfg.poll_wait);
             }
             Ok(Some(p)) => {
@@ -1406,6 +1465,10 @@ impl Ledger {
             Ok(appended) => {
                 self.backoff.reset();
                 let offset = appended.base_offset;
+                if let Some(ticket) = sent.ticket {
+                    info!(lock = %self.cfg.lock, copy = offset, "checkpoint stored");
+                    self.checkpoint_results.push_back((ticket, Ok(())));
+                }
                 match (try_state, sent.attempt) {
                     (Some(Try::Appending), _) => self.acquired_at(offset, view, now),
                     // The end record will name it.
@@ -1436,6 +1499,7 @@ impl Ledger {
                             batch,
                             deadline: now.mono + self.cfg.request_timeout,
                             attempt: None,
+                            ticket: None,
                         });
                     }
                     _ => {}
@@ -1468,11 +1532,23 @@ impl Ledger {
                 } else {
                     warn!(lock = %self.cfg.lock, error = %e, ?purpose,
                           "the ledger refused a record; it is missing from the history");
+                    self.not_copied(&sent, e.to_string());
                 }
             }
         }
         // The end record waited for this answer, which told the offset (or that there is none).
         self.queue_end_record(false, now);
+    }
+
+    /// `a` will not be appended; a checkpoint it copies fails, though its group has it.
+    fn not_copied(&mut self, a: &Append, reason: String) {
+        if let Some(ticket) = a.ticket {
+            let e = LedgerError::CheckpointNotCopied {
+                lock: self.cfg.lock.clone(),
+                reason,
+            };
+            self.checkpoint_results.push_back((ticket, Err(e.into())));
+        }
     }
 
     /// The ACQUIRED record of the try now appending is durable at `offset`.
@@ -1649,7 +1725,7 @@ impl Ledger {
             let op = self.checkpoints.pop_front().expect("front exists");
             let error = op.last_error.unwrap_or(Error::Timeout {
                 op: "storing the checkpoint (OffsetCommit)".into(),
-                after: self.cfg.request_timeout.saturating_mul(2),
+                after: self.checkpoint_window(),
             });
             self.checkpoint_results.push_back((op.ticket, Err(error)));
             return;
@@ -1686,11 +1762,8 @@ impl Ledger {
             offset: token.ledger_offset.unwrap_or(0),
             metadata: op.value.clone(),
         };
-        let id = self.push(
-            Target::Coordinator(coordinator),
-            request,
-            self.cfg.request_timeout,
-        );
+        let timeout = parked_timeout(BROKER_COMMIT_TIMEOUT, self.cfg.request_timeout);
+        let id = self.push(Target::Coordinator(coordinator), request, timeout);
         let op = self.checkpoints.pop_front().expect("front exists");
         self.in_flight.commit = Some(SentCommit {
             id,
@@ -1739,7 +1812,8 @@ impl Ledger {
             None => {
                 // Stored under the hold it was sent with, even if that hold has ended since:
                 // the broker checked the generation when it took it.
-                info!(lock = %self.cfg.lock, hold = token.ledger_offset, "checkpoint stored");
+                debug!(lock = %self.cfg.lock, hold = token.ledger_offset,
+                       "checkpoint committed; copying it into the ledger");
                 let batch = self.record_batch(
                     &token,
                     token.ledger_offset.unwrap_or(0),
@@ -1748,13 +1822,14 @@ impl Ledger {
                     },
                     now,
                 );
+                // Reported stored once the copy is acknowledged too (`on_append`).
                 self.appends.push_back(Append {
                     purpose: Purpose::Checkpoint,
                     batch,
-                    deadline: now.mono + self.cfg.request_timeout,
+                    deadline: now.mono + self.cfg.request_timeout.saturating_mul(2),
                     attempt: None,
+                    ticket: Some(op.ticket),
                 });
-                self.checkpoint_results.push_back((op.ticket, Ok(())));
             }
             Some(e) => {
                 let fenced =

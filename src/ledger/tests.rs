@@ -908,12 +908,10 @@ fn a_checkpoint_is_a_fenced_commit_then_a_ledger_record() {
         (LOCK, 5, "m-1", 42, "up to 2026-11-29")
     );
     r.answer(t.id, commit_answer(0));
-    assert!(
-        matches!(r.checkpoints[..], [(1, Ok(()))]),
-        "{:?}",
-        r.checkpoints
-    );
-    let rec = appended(r.last());
+    // Committed, but not reported stored until the ledger has its copy.
+    assert!(r.checkpoints.is_empty(), "{:?}", r.checkpoints);
+    let copy = r.last().clone();
+    let rec = appended(&copy);
     assert_eq!(
         (rec.hold, rec.kind),
         (
@@ -923,6 +921,132 @@ fn a_checkpoint_is_a_fenced_commit_then_a_ledger_record() {
             }
         )
     );
+    r.answer(copy.id, produced_at(57));
+    assert!(
+        matches!(r.checkpoints[..], [(1, Ok(()))]),
+        "{:?}",
+        r.checkpoints
+    );
+}
+
+/// Requests the broker holds to a bound of its own (an acks=all Produce to its timeout, an
+/// OffsetCommit to `offsets.commit.timeout.ms`) time out locally only after that bound, so the
+/// broker's REQUEST_TIMED_OUT arrives rather than the connection being given up under them; the
+/// commit goes to a connection of its own. Breaks if either local timeout were the request
+/// timeout.
+#[test]
+fn requests_the_broker_holds_outlast_its_bound() {
+    let mut r = Rig::new();
+    r.membership_acquires(3);
+    let acquired = r.last().clone();
+    let Op::Produce { timeout, .. } = &acquired.op else {
+        panic!("{acquired:?}")
+    };
+    assert!(acquired.timeout > *timeout, "{acquired:?}");
+    r.answer(acquired.id, produced_at(42));
+    let (view, now) = (r.view.clone(), r.t());
+    r.l.checkpoint(1, "v".into(), &view, now);
+    r.drain();
+    let commit = r.last().clone();
+    assert!(matches!(commit.op, Op::Commit { .. }));
+    assert_eq!(commit.target, Target::Coordinator(broker(2)));
+    assert!(commit.timeout > BROKER_COMMIT_TIMEOUT, "{commit:?}");
+    // Held to the broker's bound and answered REQUEST_TIMED_OUT: retried, and stored.
+    r.advance(BROKER_COMMIT_TIMEOUT);
+    r.answer(commit.id, commit_answer(7));
+    r.advance(Duration::from_secs(1));
+    let retry = r.last().clone();
+    assert!(matches!(retry.op, Op::Commit { .. }), "{retry:?}");
+    r.answer(retry.id, commit_answer(0));
+    let copy = r.last().id;
+    r.answer(copy, produced_at(43));
+    assert!(
+        matches!(r.checkpoints[..], [(1, Ok(()))]),
+        "{:?}",
+        r.checkpoints
+    );
+}
+
+/// A checkpoint reported stored is in the ledger too: when the group's copy is deleted or
+/// expires, the ledger's is no older than any checkpoint reported stored. Breaks if the
+/// checkpoint were reported stored once committed, with the copy best effort.
+#[test]
+fn a_checkpoint_whose_ledger_copy_fails_is_not_reported_stored() {
+    // Refused by the ledger (MESSAGE_TOO_LARGE), or never acknowledged in time.
+    for refused in [true, false] {
+        let mut r = Rig::new();
+        r.holding_at(42);
+        let (view, now) = (r.view.clone(), r.t());
+        r.l.checkpoint(1, "v".into(), &view, now);
+        r.drain();
+        let commit = r.last().clone();
+        r.answer(commit.id, commit_answer(0));
+        let copy = r.last().clone();
+        assert!(matches!(
+            appended(&copy).kind,
+            RecordKind::Checkpoint { .. }
+        ));
+        if refused {
+            r.answer(copy.id, produce_answer(10, -1));
+        } else {
+            r.answer(
+                copy.id,
+                Err(Error::Timeout {
+                    op: "Produce".into(),
+                    after: REQUEST,
+                }),
+            );
+            r.advance(REQUEST * 3);
+        }
+        assert!(
+            matches!(
+                r.checkpoints[..],
+                [(
+                    1,
+                    Err(Error::Ledger(LedgerError::CheckpointNotCopied { .. }))
+                )]
+            ),
+            "refused {refused}: {:?}",
+            r.checkpoints
+        );
+    }
+}
+
+/// The tail read of the last checkpoint stops only once no newer hold's checkpoint can lie below
+/// what it read: a late copy of hold 10 above hold 20's copy does not settle it. Breaks if the
+/// read stopped at the first window with any checkpoint of the lock.
+#[test]
+fn a_late_copy_of_an_older_hold_does_not_settle_the_tail_read() {
+    let rec = |kind: RecordKind, hold: i64| record(kind, hold).encode();
+    let acq = RecordKind::Acquired { lease_ms: 9000 };
+    let cp = |v: &str| RecordKind::Checkpoint { value: v.into() };
+    let all = [
+        (10, rec(acq.clone(), -1)),
+        (20, rec(acq, -1)),
+        (25, rec(cp("new"), 20)),
+        (5000, rec(cp("old, late"), 10)),
+    ];
+    let tail_from = |from: i64| {
+        let values = all.iter().filter(|(o, _)| *o >= from);
+        fold(values.map(|(o, v)| (*o, Some(&v[..]))), from, 5001)
+    };
+    // Only the late copy: hold 10's checkpoint, and offsets above 10 unread.
+    let top = tail_from(2953);
+    assert_eq!(top.last_checkpoint().map(|c| c.0), Some("old, late"));
+    assert!(!tail_settles_checkpoint(&top));
+    // Down to hold 20's copy: the newest hold's checkpoint, but offsets 11..=20 unread, where
+    // hold 20's ACQUIRED lies, and no other newer one could.
+    let below = tail_from(22);
+    assert_eq!(
+        below.last_checkpoint().map(|c| (c.0, c.1)),
+        Some(("new", 20))
+    );
+    assert!(!tail_settles_checkpoint(&below));
+    let settled = tail_from(21);
+    assert!(tail_settles_checkpoint(&settled));
+    assert_eq!(settled.last_checkpoint().map(|c| c.0), Some("new"));
+    // Nothing found settles nothing.
+    assert!(!tail_settles_checkpoint(&tail_from(5001)));
 }
 
 #[test]
@@ -964,6 +1088,8 @@ fn a_checkpoint_during_a_rebalance_is_retried_with_the_new_generation() {
     let t = r.last().clone();
     assert!(matches!(t.op, Op::Commit { generation: 4, .. }), "{t:?}");
     r.answer(t.id, commit_answer(0));
+    let copy = r.last().id;
+    r.answer(copy, produced_at(43));
     assert!(matches!(r.checkpoints[..], [(1, Ok(()))]));
 }
 
@@ -1143,13 +1269,24 @@ fn an_old_commit_answer_does_not_complete_a_new_checkpoint() {
     r.l.checkpoint(2, "c2".into(), &v, n);
     r.drain();
     r.answer(c1.id, commit_answer(0));
+    // The broker took c1 while hold 10 was current: it is stored once its copy, naming hold 10,
+    // is in the ledger.
+    let copy = r
+        .sent
+        .iter()
+        .rev()
+        .find(|t| {
+            matches!(t.op, Op::Produce { .. })
+                && matches!(appended(t).kind, RecordKind::Checkpoint { .. })
+        })
+        .expect("c1's copy is sent")
+        .id;
+    r.answer(copy, produced_at(13));
     assert!(
         !r.checkpoints.iter().any(|(t, res)| *t == 2 && res.is_ok()),
         "{:?}",
         r.checkpoints
     );
-    // The broker took c1 while hold 10 was current: that checkpoint is stored, and its ledger
-    // copy names hold 10.
     assert!(
         r.checkpoints.iter().any(|(t, res)| *t == 1 && res.is_ok()),
         "{:?}",

@@ -2,10 +2,12 @@
 //! cannot be made to show: it answers each request with whatever the test's closure returns.
 //!
 //! It speaks just enough of the protocol: ApiVersions (Apache 4.x's ranges for the APIs
-//! kafka-lock uses), FindCoordinator naming itself, and everything else through the closure.
+//! kafka-lock uses), FindCoordinator naming itself, and everything else through the closure,
+//! which may hold an answer (`start_parking`) as Apache holds a request waiting for replicas.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
 use kafka_protocol::messages::api_versions_response::{ApiVersion, ApiVersionsResponse};
@@ -18,6 +20,13 @@ use tokio::net::TcpListener;
 /// What a scripted answer is: the encoded body for (api, version, request body bytes), or None to
 /// close the connection.
 pub type Script = dyn Fn(ApiKey, i16, &mut BytesMut) -> Option<BytesMut> + Send + Sync;
+
+/// A script that may hold its answer: for (connection number, api, version, body) the encoded
+/// body and how long to wait before sending it, or None to close the connection. Each connection
+/// is served one request at a time, in order, as Apache's socket server does: a held answer
+/// holds every later request on its connection.
+pub type ParkingScript =
+    dyn Fn(usize, ApiKey, i16, &mut BytesMut) -> Option<(BytesMut, Duration)> + Send + Sync;
 
 /// A running fake; it stops when dropped (the runtime that owns it ends with the test).
 pub struct FakeBroker {
@@ -42,16 +51,30 @@ const RANGES: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DescribeGroups, 0, 5),
     (ApiKey::OffsetCommit, 0, 9),
     (ApiKey::OffsetFetch, 0, 9),
+    (ApiKey::Produce, 3, 11),
+    (ApiKey::Fetch, 4, 12),
+    (ApiKey::ListOffsets, 1, 7),
 ];
 
 pub async fn start(script: Arc<Script>) -> FakeBroker {
+    start_parking(Arc::new(move |_conn, api, version, body: &mut BytesMut| {
+        script(api, version, body).map(|b| (b, Duration::ZERO))
+    }))
+    .await
+}
+
+/// [`start`] with answers the script may hold.
+pub async fn start_parking(script: Arc<ParkingScript>) -> FakeBroker {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let task = tokio::spawn(async move {
+        let mut connections = 0;
         loop {
             let Ok((mut sock, _)) = listener.accept().await else {
                 return;
             };
+            connections += 1;
+            let conn = connections;
             let script = script.clone();
             tokio::spawn(async move {
                 loop {
@@ -69,12 +92,15 @@ pub async fn start(script: Arc<Script>) -> FakeBroker {
                     let header =
                         RequestHeader::decode(&mut buf, api.request_header_version(version))
                             .unwrap();
-                    let body = match api {
-                        ApiKey::ApiVersions => Some(api_versions(version)),
-                        ApiKey::FindCoordinator => Some(find_coordinator(addr, version)),
-                        _ => script(api, version, &mut buf),
+                    let answer = match api {
+                        ApiKey::ApiVersions => Some((api_versions(version), Duration::ZERO)),
+                        ApiKey::FindCoordinator => {
+                            Some((find_coordinator(addr, version), Duration::ZERO))
+                        }
+                        _ => script(conn, api, version, &mut buf),
                     };
-                    let Some(body) = body else { return };
+                    let Some((body, hold)) = answer else { return };
+                    tokio::time::sleep(hold).await;
                     let mut out = BytesMut::new();
                     let mut rh = ResponseHeader::default();
                     rh.correlation_id = header.correlation_id;

@@ -16,8 +16,8 @@ use kafka_protocol::messages::{ApiKey, GroupId};
 use kafka_protocol::protocol::StrBytes;
 use tokio::sync::mpsc;
 
-use crate::support::kafka::admin::delete_group;
-use crate::support::kafka::probe::create_topic;
+use crate::support::kafka::admin::{delete_group, delete_offsets};
+use crate::support::kafka::probe::{create_topic, create_topic_with};
 use crate::support::kafka::{kafka, KafkaCluster, KafkaOptions};
 use crate::support::{self, ChildGuard};
 
@@ -872,6 +872,156 @@ async fn the_ledgers_checkpoint_copy_is_read_only_from_its_tail() {
     );
 }
 
+/// A checkpoint reported stored reads back after the group's copy is gone (DeleteGroups here;
+/// OffsetDelete and the expiry of consumer-mode offsets leave the same empty group): the ledger
+/// holds a copy of every checkpoint reported stored. The ledger topic's max.message.bytes lets
+/// the broker commit a long checkpoint (offset.metadata.max.bytes 4096) but refuse its copy.
+/// Breaks if a checkpoint were reported stored once committed, its copy best effort: the long
+/// one is reported stored and the read after the deletion finds the short one, older.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_reported_stored_reads_back_when_the_group_is_deleted() {
+    support::init_tracing();
+    let bootstrap = kafka().bootstrap();
+    let ledger = support::unique_group("ledger-copy");
+    create_topic_with(&bootstrap, &ledger, 1, &[("max.message.bytes", "1024")]);
+    let group = support::unique_group("ledger-copy-lock");
+    let o = opts(&bootstrap, &group, &ledger);
+    let guard = o.acquire(Some(BOUND)).await.expect("acquire");
+    let long = format!("long {}", "x".repeat(2000));
+    let mut stored = Vec::new();
+    let mut refused = Vec::new();
+    for value in ["short", long.as_str()] {
+        match guard.checkpoint(value).await {
+            Ok(()) => stored.push(value.to_owned()),
+            Err(e) => refused.push(e),
+        }
+    }
+    // The group has the long one: the broker took the commit.
+    let committed = o.committed_checkpoint().await.expect("committed");
+    assert_eq!(committed.map(|c| c.value), Some(long.clone()));
+    guard.release().await.expect("release");
+    delete_group(&bootstrap, &group).expect("delete the empty group");
+    assert_eq!(o.committed_checkpoint().await.expect("committed"), None);
+    let read = o
+        .last_checkpoint()
+        .await
+        .expect("last checkpoint")
+        .map(|c| (c.value, c.source));
+    let last_stored = stored
+        .last()
+        .cloned()
+        .map(|v| (v, CheckpointSource::Ledger));
+    // Long values are compared whole but shown by their start.
+    let short = |c: &Option<(String, CheckpointSource)>| {
+        c.as_ref()
+            .map(|(v, s)| (v.chars().take(24).collect::<String>(), v.len(), *s))
+    };
+    assert!(
+        read == last_stored,
+        "the last checkpoint reported stored does not read back: read {:?}, stored {:?}",
+        short(&read),
+        short(&last_stored)
+    );
+    assert_eq!(stored, ["short"]);
+    assert!(
+        matches!(
+            refused[..],
+            [Error::Ledger(LedgerError::CheckpointNotCopied { .. })]
+        ),
+        "{refused:?}"
+    );
+}
+
+/// The same, with the group's copy deleted by OffsetDelete while the lock is held in
+/// consumer-compatible mode (its members subscribe to the lock topic, not the ledger, so Apache
+/// lets the ledger partition's offset go while the group is active, as the offsets' expiry does
+/// 7 days after the last commit). Breaks as the test above does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_reported_stored_reads_back_after_an_offset_delete_while_held() {
+    support::init_tracing();
+    let bootstrap = kafka().bootstrap();
+    let ledger = support::unique_group("ledger-odel");
+    create_topic_with(&bootstrap, &ledger, 1, &[("max.message.bytes", "1024")]);
+    let topic = new_ledger(&bootstrap, "ledger-odel-topic");
+    let group = support::unique_group("ledger-odel-lock");
+    let o = opts(&bootstrap, &group, &ledger).consumer_topic(&topic);
+    let guard = o.acquire(Some(BOUND)).await.expect("acquire");
+    let long = format!("long {}", "x".repeat(2000));
+    let mut stored = Vec::new();
+    for value in ["short", long.as_str()] {
+        if guard.checkpoint(value).await.is_ok() {
+            stored.push(value.to_owned());
+        }
+    }
+    delete_offsets(&bootstrap, &group, &ledger).expect("OffsetDelete while held");
+    assert_eq!(o.committed_checkpoint().await.expect("committed"), None);
+    let read = o
+        .last_checkpoint()
+        .await
+        .expect("last checkpoint")
+        .map(|c| (c.value, c.source));
+    assert!(guard.is_held());
+    guard.release().await.expect("release");
+    let last_stored = stored
+        .last()
+        .cloned()
+        .map(|v| (v, CheckpointSource::Ledger));
+    assert!(
+        read == last_stored,
+        "the last checkpoint reported stored does not read back: read {:?}, stored {:?}",
+        read.as_ref().map(|(v, _)| v.len()),
+        last_stored.as_ref().map(|(v, _)| v.len())
+    );
+}
+
+/// The last checkpoint is the newest hold's, even when an older hold's copy was appended late,
+/// above it (a copy follows its commit, and can be retried past a leader change while the lock
+/// changes hands). The late copy is written here as its holder would have written it; the newer
+/// hold's copy lies just below the first window the tail read looks at (2048 offsets). Breaks if
+/// the tail read stopped at the first window holding any checkpoint of the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_copy_of_an_older_hold_does_not_hide_a_newer_checkpoint() {
+    use kafka_lock::ledger::{LedgerRecord, RecordKind};
+    support::init_tracing();
+    let bootstrap = kafka().bootstrap();
+    let ledger = new_ledger(&bootstrap, "ledger-late");
+    let group = support::unique_group("ledger-late-lock");
+    let o = opts(&bootstrap, &group, &ledger);
+    let older = o.acquire(Some(BOUND)).await.expect("acquire");
+    let (t_old, member_old) = (older.token(), older.member_id());
+    older.release().await.expect("release");
+    let newer = o.acquire(Some(BOUND)).await.expect("acquire");
+    newer.checkpoint("new").await.expect("checkpoint");
+    let t_new = newer.token();
+    newer.release().await.expect("release");
+    assert!(t_new.value() > t_old.value());
+    append_raw(&bootstrap, &ledger, "another-lock", b"x", 2100, 2100).await;
+    let late = LedgerRecord {
+        unix_ms: 1_800_000_000_000,
+        hold: t_old.value(),
+        generation: t_old.generation,
+        member_id: member_old,
+        label: None,
+        host: None,
+        pid: None,
+        slot: 0,
+        kind: RecordKind::Checkpoint {
+            value: "old, copied late".into(),
+        },
+    };
+    append_raw(&bootstrap, &ledger, &group, &late.encode(), 1, 1).await;
+    delete_group(&bootstrap, &group).expect("delete the empty group");
+    let found = o
+        .last_checkpoint()
+        .await
+        .expect("last checkpoint")
+        .expect("found");
+    assert_eq!(
+        (found.value.as_str(), found.token, found.source),
+        ("new", t_new.value(), CheckpointSource::Ledger)
+    );
+}
+
 /// A batch as large as the broker accepts by default (message.max.bytes 1048588, above the
 /// default 1 MiB frame limit) in a ledger topic created without max.message.bytes: Kafka sends
 /// a Fetch's first batch whole (KIP-74), so it must fit a ledger connection's frame. History,
@@ -1019,4 +1169,33 @@ fn the_cli_runs_a_semaphore_with_a_ledger() {
     assert_eq!(holds[0]["token"], token, "{stdout}");
     assert_eq!(holds[0]["permit"], permit, "{stdout}");
     assert_eq!(holds[0]["end"], "released", "{stdout}");
+}
+
+/// Not a test: the time `checkpoint()` takes on the shared single-node Apache broker, 50
+/// checkpoints under one hold (BENCHMARKS.md). Run with
+/// `cargo test --all-features --test it -- --ignored ledger::checkpoint_latency --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement, not a test"]
+async fn checkpoint_latency() {
+    support::init_tracing();
+    let bootstrap = kafka().bootstrap();
+    let ledger = new_ledger(&bootstrap, "ledger-bench");
+    let group = support::unique_group("ledger-bench-lock");
+    let o = opts(&bootstrap, &group, &ledger);
+    let guard = o.acquire(Some(BOUND)).await.expect("acquire");
+    let mut took = Vec::new();
+    for i in 0..50 {
+        let start = Instant::now();
+        guard.checkpoint(format!("c{i}")).await.expect("checkpoint");
+        took.push(start.elapsed());
+    }
+    guard.release().await.expect("release");
+    took.sort();
+    println!(
+        "checkpoint: p50 {:?}, p90 {:?}, max {:?} (n = {})",
+        took[took.len() / 2],
+        took[took.len() * 9 / 10],
+        took[took.len() - 1],
+        took.len()
+    );
 }

@@ -6,6 +6,8 @@
 //   java -cp '.tools/kafka/libs/*' tests/java/KafkaAdmin.java BOOTSTRAP create-topic NAME PARTITIONS
 //   java -cp '.tools/kafka/libs/*' tests/java/KafkaAdmin.java BOOTSTRAP delete-group GROUP
 //   java -cp '.tools/kafka/libs/*' tests/java/KafkaAdmin.java BOOTSTRAP describe-group GROUP
+//   java -cp '.tools/kafka/libs/*' tests/java/KafkaAdmin.java BOOTSTRAP delete-offsets GROUP TOPIC
+//     (OffsetDelete of partition 0 of TOPIC in GROUP)
 //
 // describe-group prints one `group` line, then one `member` line per member: tab-separated
 // key=value fields (ids never contain tabs). Any failure prints `error\t<exception class>\t<message>`
@@ -15,6 +17,7 @@
 import java.util.List;
 import java.util.Optional;
 import java.util.Properties;
+import java.util.Set;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.TimeUnit;
 import java.util.stream.Collectors;
@@ -24,13 +27,15 @@ import org.apache.kafka.clients.admin.AdminClientConfig;
 import org.apache.kafka.clients.admin.ClassicGroupDescription;
 import org.apache.kafka.clients.admin.MemberDescription;
 import org.apache.kafka.clients.admin.NewTopic;
+import org.apache.kafka.common.TopicPartition;
 
 public class KafkaAdmin {
     // Bounds every call: a test must fail, not hang, when the broker does not answer.
     private static final int TIMEOUT_MS = 30_000;
 
     public static void main(String[] args) throws Exception {
-        if (args.length != 3 && !(args.length == 4 && args[1].equals("create-topic"))) {
+        if (args.length != 3 && !(args.length == 4
+                && (args[1].equals("create-topic") || args[1].equals("delete-offsets")))) {
             usage();
         }
         Properties props = new Properties();
@@ -44,6 +49,9 @@ public class KafkaAdmin {
                 case "delete-group" -> admin.deleteConsumerGroups(List.of(args[2])).all()
                         .get(TIMEOUT_MS, TimeUnit.MILLISECONDS);
                 case "describe-group" -> describeGroup(admin, args[2]);
+                case "delete-offsets" -> admin.deleteConsumerGroupOffsets(args[2],
+                        Set.of(new TopicPartition(args[3], 0))).all()
+                        .get(TIMEOUT_MS, TimeUnit.MILLISECONDS);
                 default -> usage();
             }
         } catch (ExecutionException e) {
@@ -91,7 +99,7 @@ public class KafkaAdmin {
 
     private static void usage() {
         System.err.println("usage: KafkaAdmin BOOTSTRAP (create-topic NAME PARTITIONS"
-                + " | delete-group GROUP | describe-group GROUP)");
+                + " | delete-group GROUP | describe-group GROUP | delete-offsets GROUP TOPIC)");
         System.exit(2);
     }
 }

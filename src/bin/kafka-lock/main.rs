@@ -82,9 +82,11 @@ names a regular file (in a directory of kafka-lock's own; a FIFO, device or link
 command may write. If the command exits 0 and the file exists, kafka-lock stores its content
 (UTF-8 without NUL, at most --checkpoint-max-bytes) as the new checkpoint before it releases the lock: an
 OffsetCommit carrying the hold's generation and member id, which the broker rejects if this holder
-is no longer the current one. A rejected or failed commit is status 74; content that is too long
-or not UTF-8 is status 78. Either way the lock's checkpoint stays the previous one, unless the
-hold ended before the broker answered: then it may or may not be stored, and the message says so.
+is no longer the current one, then copied into the ledger; it counts as stored only once both are
+acknowledged. A rejected or failed commit is status 74; content that is too long or not UTF-8 is
+status 78. Either way the lock's checkpoint stays the previous one, unless the hold ended before
+the broker answered, or the broker took the commit but the ledger refused the copy (status 74):
+then it may or may not be read back, and the message says so.
 When the group has no checkpoint (deleted, or its offsets expired), the ledger's copy is looked
 for among the ledger's last 32768 records only; `kafka-lock history` reads them all.
 

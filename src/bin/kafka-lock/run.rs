@@ -1225,9 +1225,11 @@ impl CheckpointDir {
                     }
                     _ => "it could not be stored",
                 };
-                if let kafka_lock::Error::Ledger(kafka_lock::LedgerError::CheckpointUnknown {
-                    ..
-                }) = &e
+                // Either may have left the new value in the group: the previous one is not kept.
+                if let kafka_lock::Error::Ledger(
+                    kafka_lock::LedgerError::CheckpointUnknown { .. }
+                    | kafka_lock::LedgerError::CheckpointNotCopied { .. },
+                ) = &e
                 {
                     return Some(Failure::new(
                         status,

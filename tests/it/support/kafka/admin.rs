@@ -76,6 +76,12 @@ pub fn delete_group(bootstrap: &str, group: &str) -> Result<(), String> {
     run(bootstrap, &["delete-group", group]).map(|_| ())
 }
 
+/// Deletes `group`'s committed offset of partition 0 of `topic` (Admin.deleteConsumerGroupOffsets,
+/// i.e. OffsetDelete). The broker refuses while a member of the group subscribes to `topic`.
+pub fn delete_offsets(bootstrap: &str, group: &str, topic: &str) -> Result<(), String> {
+    run(bootstrap, &["delete-offsets", group, topic]).map(|_| ())
+}
+
 /// Describes `group` (Admin.describeClassicGroups, i.e. DescribeGroups). `Err` carries the Java
 /// exception, e.g. `...GroupIdNotFoundException: ...` for a group that does not exist.
 pub fn describe_group(bootstrap: &str, group: &str) -> Result<GroupDescription, String> {

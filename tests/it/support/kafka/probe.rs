@@ -123,9 +123,17 @@ pub async fn describe_group(addr: &str, group: &str) -> Result<DescribedGroup, S
 /// # Panics
 /// When the broker refuses (the topic exists, say) or the partitions get no leader in time.
 pub fn create_topic(bootstrap: &str, name: &str, partitions: i32) {
+    create_topic_with(bootstrap, name, partitions, &[]);
+}
+
+/// [`create_topic`] with topic configs (`max.message.bytes`, ...).
+///
+/// # Panics
+/// As [`create_topic`], and when the broker refuses a config.
+pub fn create_topic_with(bootstrap: &str, name: &str, partitions: i32, configs: &[(&str, &str)]) {
     let addrs: Vec<&str> = bootstrap.split(',').collect();
     // Any broker forwards CreateTopics to the controller.
-    if let Err(e) = send_create_topics(addrs[0], name, partitions) {
+    if let Err(e) = send_create_topics(addrs[0], name, partitions, configs) {
         panic!(
             "creating topic {name} ({partitions} partitions) at {}: {e}",
             addrs[0]
@@ -173,9 +181,14 @@ fn leaders(addr: &str, topic: &str) -> Result<usize, String> {
     })
 }
 
-fn send_create_topics(addr: &str, name: &str, partitions: i32) -> Result<(), String> {
+fn send_create_topics(
+    addr: &str,
+    name: &str,
+    partitions: i32,
+    configs: &[(&str, &str)],
+) -> Result<(), String> {
     use bytes::{Buf, BytesMut};
-    use kafka_protocol::messages::create_topics_request::CreatableTopic;
+    use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
     use kafka_protocol::messages::{
         CreateTopicsRequest, CreateTopicsResponse, RequestHeader, ResponseHeader,
     };
@@ -198,7 +211,17 @@ fn send_create_topics(addr: &str, name: &str, partitions: i32) -> Result<(), Str
     let topic = CreatableTopic::default()
         .with_name(TopicName(StrBytes::from_string(name.to_owned())))
         .with_num_partitions(partitions)
-        .with_replication_factor(-1);
+        .with_replication_factor(-1)
+        .with_configs(
+            configs
+                .iter()
+                .map(|(k, v)| {
+                    CreatableTopicConfig::default()
+                        .with_name(StrBytes::from_string((*k).to_owned()))
+                        .with_value(Some(StrBytes::from_string((*v).to_owned())))
+                })
+                .collect(),
+        );
     let req = CreateTopicsRequest::default()
         .with_topics(vec![topic])
         .with_timeout_ms(30_000);

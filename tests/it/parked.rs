@@ -1,0 +1,199 @@
+//! Requests Apache Kafka may hold before answering, on a scripted broker that holds them as
+//! Apache does (its socket server answers a connection's requests one at a time, in order): a
+//! held request must never sit in front of a heartbeat, and its local timeout must outlast the
+//! broker's own bound, so the broker's answer arrives instead of a closed connection.
+
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use kafka_lock::LockOptions;
+use kafka_protocol::messages::join_group_response::JoinGroupResponseMember;
+use kafka_protocol::messages::leave_group_response::MemberResponse;
+use kafka_protocol::messages::metadata_response::{
+    MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
+};
+use kafka_protocol::messages::offset_commit_response::{
+    OffsetCommitResponsePartition, OffsetCommitResponseTopic,
+};
+use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
+use kafka_protocol::messages::{
+    ApiKey, BrokerId, HeartbeatResponse, JoinGroupRequest, JoinGroupResponse, LeaveGroupResponse,
+    MetadataResponse, OffsetCommitResponse, ProduceResponse, SyncGroupRequest, SyncGroupResponse,
+    TopicName,
+};
+use kafka_protocol::protocol::{Decodable, StrBytes};
+
+use crate::fake_broker::{self, encode};
+
+const LEDGER: &str = "ledger";
+const MEMBER: &str = "m-1";
+/// Bound on anything the test waits for; reached only when it fails.
+const BOUND: Duration = Duration::from_secs(60);
+/// How long the scripted coordinator holds the first OffsetCommit before answering
+/// REQUEST_TIMED_OUT, as Apache does while the offsets partition's replicas catch up (at most
+/// `offsets.commit.timeout.ms`, 5 s by default): longer than the request timeout below.
+const HELD: Duration = Duration::from_secs(4);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What the scripted broker received: when, on which connection, what.
+type Log = Arc<Mutex<Vec<(Instant, usize, ApiKey)>>>;
+
+fn script(addr: Arc<OnceLock<std::net::SocketAddr>>, log: Log) -> Arc<fake_broker::ParkingScript> {
+    let produced = Arc::new(Mutex::new(0i64));
+    Arc::new(move |conn, api, version, body: &mut BytesMut| {
+        let commits = {
+            let mut log = log.lock().unwrap();
+            log.push((Instant::now(), conn, api));
+            log.iter().filter(|e| e.2 == ApiKey::OffsetCommit).count()
+        };
+        let at_once = |b: BytesMut| Some((b, Duration::ZERO));
+        match api {
+            ApiKey::Metadata => {
+                let addr = addr.get().expect("the address is known before any request");
+                let broker = MetadataResponseBroker::default()
+                    .with_node_id(BrokerId(1))
+                    .with_host(StrBytes::from_string(addr.ip().to_string()))
+                    .with_port(i32::from(addr.port()));
+                let topic = MetadataResponseTopic::default()
+                    .with_name(Some(TopicName(StrBytes::from_static_str(LEDGER))))
+                    .with_partitions(vec![MetadataResponsePartition::default()
+                        .with_partition_index(0)
+                        .with_leader_id(BrokerId(1))]);
+                let r = MetadataResponse::default()
+                    .with_brokers(vec![broker])
+                    .with_topics(vec![topic]);
+                at_once(encode(&r, version))
+            }
+            ApiKey::JoinGroup => {
+                let req = JoinGroupRequest::decode(body, version).expect("JoinGroup");
+                let protocol = req.protocols.first().expect("a protocol");
+                let r = JoinGroupResponse::default()
+                    .with_generation_id(1)
+                    .with_protocol_type(Some(req.protocol_type.clone()))
+                    .with_protocol_name(Some(protocol.name.clone()))
+                    .with_leader(StrBytes::from_static_str(MEMBER))
+                    .with_member_id(StrBytes::from_static_str(MEMBER))
+                    .with_members(vec![JoinGroupResponseMember::default()
+                        .with_member_id(StrBytes::from_static_str(MEMBER))
+                        .with_metadata(protocol.metadata.clone())]);
+                at_once(encode(&r, version))
+            }
+            ApiKey::SyncGroup => {
+                // The only member leads: it gets the assignment it computed for itself.
+                let req = SyncGroupRequest::decode(body, version).expect("SyncGroup");
+                let mine = req
+                    .assignments
+                    .iter()
+                    .find(|a| a.member_id.as_str() == MEMBER)
+                    .map(|a| a.assignment.clone())
+                    .unwrap_or_default();
+                let r = SyncGroupResponse::default()
+                    .with_protocol_type(req.protocol_type.clone())
+                    .with_protocol_name(req.protocol_name.clone())
+                    .with_assignment(mine);
+                at_once(encode(&r, version))
+            }
+            ApiKey::Heartbeat => at_once(encode(&HeartbeatResponse::default(), version)),
+            ApiKey::Produce => {
+                let mut next = produced.lock().unwrap();
+                let r =
+                    ProduceResponse::default().with_responses(vec![TopicProduceResponse::default(
+                    )
+                    .with_name(TopicName(StrBytes::from_static_str(LEDGER)))
+                    .with_partition_responses(vec![PartitionProduceResponse::default()
+                        .with_index(0)
+                        .with_base_offset(*next)])]);
+                *next += 1;
+                at_once(encode(&r, version))
+            }
+            ApiKey::OffsetCommit => {
+                // The first is held, then timed out by the broker itself; the next is taken.
+                let (code, hold) = if commits == 1 {
+                    (7, HELD)
+                } else {
+                    (0, Duration::ZERO)
+                };
+                let r = OffsetCommitResponse::default().with_topics(vec![
+                    OffsetCommitResponseTopic::default()
+                        .with_name(TopicName(StrBytes::from_static_str(LEDGER)))
+                        .with_partitions(vec![OffsetCommitResponsePartition::default()
+                            .with_partition_index(0)
+                            .with_error_code(code)]),
+                ]);
+                Some((encode(&r, version), hold))
+            }
+            ApiKey::LeaveGroup => {
+                let r =
+                    LeaveGroupResponse::default()
+                        .with_members(vec![MemberResponse::default()
+                            .with_member_id(StrBytes::from_static_str(MEMBER))]);
+                at_once(encode(&r, version))
+            }
+            _ => None,
+        }
+    })
+}
+
+/// A checkpoint's OffsetCommit that the coordinator holds (as Apache does for up to
+/// `offsets.commit.timeout.ms` while the offsets partition's replicas catch up) delays no
+/// heartbeat, and its answer, REQUEST_TIMED_OUT after the broker's bound, is awaited and retried
+/// rather than the connection given up at the request timeout. Breaks if the commit went on the
+/// heartbeats' connection (a heartbeat shares its connection), or if its local timeout were the
+/// request timeout (the retry goes out before the broker answered the first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_checkpoint_commit_delays_no_heartbeat_and_gets_the_brokers_answer() {
+    crate::support::init_tracing();
+    let addr = Arc::new(OnceLock::new());
+    let log: Log = Arc::default();
+    let fake = fake_broker::start_parking(script(addr.clone(), log.clone())).await;
+    addr.set(fake.addr).expect("set once");
+    let o = LockOptions::new(fake.addr.to_string(), "lock")
+        .session_timeout(Duration::from_secs(6))
+        .rebalance_timeout(Duration::from_secs(6))
+        .heartbeat_interval(Duration::from_millis(300))
+        .lease_margin(Duration::from_secs(1))
+        .request_timeout(REQUEST_TIMEOUT)
+        .ledger_topic(LEDGER)
+        .ledger_push(false);
+    let guard = o.acquire(Some(BOUND)).await.expect("acquire");
+    tokio::time::timeout(BOUND, guard.checkpoint("c"))
+        .await
+        .expect("the checkpoint's outcome within the bound")
+        .expect("stored once the broker takes the second commit");
+    assert!(guard.is_held(), "the hold survived the held commit");
+    tokio::time::timeout(BOUND, guard.release())
+        .await
+        .expect("release within the bound")
+        .expect("release");
+
+    let log = log.lock().unwrap().clone();
+    let commits: Vec<(Instant, usize)> = log
+        .iter()
+        .filter(|e| e.2 == ApiKey::OffsetCommit)
+        .map(|e| (e.0, e.1))
+        .collect();
+    assert_eq!(commits.len(), 2, "{log:?}");
+    let shared: Vec<usize> = log
+        .iter()
+        .filter(|e| e.2 == ApiKey::Heartbeat && commits.iter().any(|c| c.1 == e.1))
+        .map(|e| e.1)
+        .collect();
+    assert!(
+        shared.is_empty(),
+        "heartbeats went on the connection of a held commit: {log:?}"
+    );
+    // The retry follows the broker's answer, which came no sooner than HELD after the first.
+    assert!(
+        commits[1].0.duration_since(commits[0].0) >= HELD,
+        "the commit was retried before the broker answered it: {log:?}"
+    );
+    let heartbeats_while_held = log
+        .iter()
+        .filter(|e| e.2 == ApiKey::Heartbeat && e.0 > commits[0].0 && e.0 < commits[1].0)
+        .count();
+    assert!(
+        heartbeats_while_held > 0,
+        "no heartbeat while the commit was held: {log:?}"
+    );
+}
