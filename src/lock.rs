@@ -1059,10 +1059,12 @@ impl LockOptions {
     }
 }
 
+/// The generation is named as such: with a ledger the holder's fencing token is another
+/// number, which a waiter does not know.
 fn describe_holder(h: &HolderInfo) -> String {
     match &h.label {
-        Some(l) => format!("{l} (member {}, token {})", h.member_id, h.generation),
-        None => format!("member {} (token {})", h.member_id, h.generation),
+        Some(l) => format!("{l} (member {}, generation {})", h.member_id, h.generation),
+        None => format!("member {} (generation {})", h.member_id, h.generation),
     }
 }
 

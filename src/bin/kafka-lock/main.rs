@@ -73,7 +73,7 @@ slot, 0 unless --permits is above 1) in its environment. With
 backwards, whatever happens to the group. Without one it is the group generation, which starts
 again at 1 when the group is deleted (by an administrator, or by the broker 0-10 minutes after it
 was left empty with no committed offsets). A rebalance while holding (another member joining)
-moves the generation on, reported as token_changed by --events json; the ledger token stays.
+moves the generation on, reported as token_changed by --events json; with a ledger the token stays.
 
 Checkpoint (needs --ledger-topic): KAFKA_LOCK_CHECKPOINT holds the lock's last checkpoint, if it
 has one, and KAFKA_LOCK_CHECKPOINT_FILE names a file (in a directory of kafka-lock's own) that the
