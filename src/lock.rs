@@ -819,13 +819,66 @@ impl LockOptions {
             })
     }
 
-    /// Takes the lock only if the first completed generation gives it to us; otherwise leaves
-    /// the group (waiting at most the leave timeout for the coordinator to confirm it) and
-    /// returns `Ok(None)`. The CLI's `--wait 0`.
+    /// Takes the lock only if it is free; otherwise returns `Ok(None)`. The CLI's `--wait 0`.
+    ///
+    /// It looks first (one DescribeGroups, which does not join the group): a stable group
+    /// whose assignment in force names a holder for every permit answers `Ok(None)` at once,
+    /// so probing a held lock never makes its holder rebalance. Otherwise it joins, takes the
+    /// lock if the first completed generation gives it to us, and else leaves the group
+    /// (waiting at most the leave timeout for the coordinator to confirm it).
+    ///
+    /// The look can be out of date by the time it is answered: a lock released just after it
+    /// is reported busy, as if the try had come a moment earlier. The reverse cannot happen:
+    /// "free" is never read from the look, only from a generation that gave us the lock.
     pub async fn try_acquire(&self) -> Result<Option<LockGuard>> {
+        self.validate()?;
+        if let Some(holders) = self.busy_at_a_look().await {
+            if let Some(tx) = &self.events {
+                let _ = tx.send(LockEvent::Waiting {
+                    member_id: String::new(),
+                    holder: holders.first().cloned(),
+                    holders,
+                    position: -1,
+                });
+            }
+            return Ok(None);
+        }
         self.acquire_inner(None, true)
             .await
             .map_err(|e| self.name_refusal(e))
+    }
+
+    /// The holders, when one DescribeGroups shows the lock held by a stable group on every
+    /// permit this lock has. Anything less certain (an error, a rebalance, another protocol or
+    /// number of permits, a free permit) is `None`: the join then decides, and reports errors.
+    async fn busy_at_a_look(&self) -> Option<Vec<HolderInfo>> {
+        if !matches!(self.mode, Mode::Native) {
+            return None;
+        }
+        // One attempt: a failed look costs the join nothing but the time of that attempt.
+        let mut watch = crate::driver::describe::GroupWatch::new(self.reach(), &self.name);
+        let d = watch.describe_once().await;
+        watch.close();
+        let d = d.ok()?;
+        let full = d.state == crate::describe::LockState::Held
+            && d.group_state == "Stable"
+            && d.protocol == crate::describe::LockProtocol::Native
+            && d.permits == Some(self.permits)
+            && d.holders.len() >= usize::from(self.permits);
+        if !full {
+            return None;
+        }
+        d.holders
+            .iter()
+            .map(|h| {
+                Some(HolderInfo {
+                    member_id: h.member.member_id.clone(),
+                    label: h.member.label.clone(),
+                    generation: h.generation?,
+                    slot: u16::try_from(h.permit).ok()?,
+                })
+            })
+            .collect()
     }
 
     /// An ACL refusal of the lock's group or topic, named as such (the broker's code alone does

@@ -111,7 +111,7 @@ only. Being in its own process group, the command cannot read from the terminal.
 
 Signals: SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1 and SIGUSR2 sent to kafka-lock are passed on to
 the command's process group while it runs, and the lock is released once everything it started is
-gone; while waiting for the lock they make kafka-lock leave the group and exit 128+N; during the
+gone; a command still running --kill-grace after a SIGTERM gets SIGKILL; while waiting for the lock they make kafka-lock leave the group and exit 128+N; during the
 final release they cut it short (the broker then frees the lock after the session timeout).
 SIGPIPE is ignored (a stderr whose reader is gone shows as EPIPE, which kafka-lock survives).
 Other terminating signals end kafka-lock at once; the supervisor then stops the command as it does
@@ -338,7 +338,7 @@ struct RunArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     lease_margin: Option<Duration>,
     /// Time between SIGTERM and SIGKILL when the command is stopped (lease end, loss, exit of
-    /// kafka-lock); at most --lease-margin. [default: 2s, or a fifth of the smaller of the
+    /// kafka-lock, a SIGTERM to kafka-lock that the command outlives); at most --lease-margin. [default: 2s, or a fifth of the smaller of the
     /// session and rebalance timeouts if that is shorter]
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     kill_grace: Option<Duration>,

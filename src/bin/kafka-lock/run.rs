@@ -369,6 +369,11 @@ pub(crate) fn conclude(
             };
             rep.failed(f.status, kind, &f.line);
             rep.exit(f.status, Source::KafkaLock);
+            // `-E 0` asked for a busy lock to be a success, and a success says nothing (as
+            // flock's): a cron job probing a held lock sends no mail.
+            if f.status == 0 && kind == exit::kind(exit::NOT_ACQUIRED) {
+                return Ok(0);
+            }
             Err(f)
         }
     }
@@ -756,6 +761,9 @@ async fn hold(
     let mut watching = true;
     let mut pending_signal: Option<i32> = None;
     let mut sup_error: Option<String> = None;
+    // A command still running --kill-grace after a SIGTERM passed on to it is killed, as on a
+    // loss: kafka-lock asked to stop must not wait forever for a command that ignores it.
+    let mut kill_after_term: Option<tokio::time::Instant> = None;
     let ending = loop {
         tokio::select! {
             // The supervisor's news first: it is what actually happened to the command.
@@ -847,6 +855,16 @@ async fn hold(
                     (Some(_), None) => link.send(ToSupervisor::Signal(sig)),
                     (None, None) => pending_signal = Some(sig),
                     _ => {}
+                }
+                if sig == Signal::TERM.as_raw() && end.is_none() && kill_after_term.is_none() {
+                    kill_after_term = Some(tokio::time::Instant::now() + t.kill_grace);
+                }
+            }
+            _ = sleep_until(kill_after_term), if kill_after_term.is_some() && end.is_none() => {
+                kill_after_term = None;
+                match child {
+                    Some(_) => link.send(ToSupervisor::Signal(Signal::KILL.as_raw())),
+                    None => pending_signal = Some(Signal::KILL.as_raw()),
                 }
             }
         }

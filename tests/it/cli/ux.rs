@@ -91,3 +91,94 @@ fn token_means_the_fencing_token_in_every_view() {
     holder.close_stdin();
     assert_eq!(holder.finish(STEP), 0, "{}", holder.transcript());
 }
+
+/// Probes of a held lock (`--wait 0`) answer busy from one DescribeGroups, without joining: the
+/// holder sees no rebalance, however many probes come. Breaks (the holder gets a rebalance or
+/// two per probe) if a probe joined the group before looking.
+#[test]
+fn a_try_on_a_held_lock_does_not_rebalance_the_holder() {
+    const PROBES: usize = 3;
+    let broker = broker();
+    let b = broker.bootstrap();
+    let lock = lock_name("probe");
+    let (mut holder, acquired) = start_holder(&b, &lock, "probed holder");
+    for _ in 0..PROBES {
+        let mut args = vec!["--wait", "0"];
+        args.extend(CONTENDED);
+        let mut probe = run_cmd(&b, &lock, &args, &["true"]).spawn();
+        assert_eq!(probe.finish(STEP), 75, "{}", probe.transcript());
+        let line = probe.failure_line();
+        assert!(line.contains("probed holder"), "names the holder: {line}");
+        let waiting = probe.named("waiting");
+        assert_eq!(
+            waiting[0]["holder"]["member_id"],
+            acquired["member_id"],
+            "{}",
+            probe.transcript()
+        );
+    }
+    let s = status_json(&b, &lock);
+    assert_eq!(s["state"], "Stable", "{s}");
+    assert_eq!(s["generation"], acquired["generation"], "{s}");
+    holder.close_stdin();
+    assert_eq!(holder.finish(STEP), 0, "{}", holder.transcript());
+    let rebalances = holder.named("token_changed").len();
+    eprintln!("holder rebalances per probe: {rebalances} over {PROBES} probes");
+    assert_eq!(rebalances, 0, "{}", holder.transcript());
+}
+
+/// SIGTERM to kafka-lock reaches the command; one that ignores it is killed --kill-grace
+/// later, and the lock is released. Breaks (kafka-lock waits forever) without the escalation.
+#[test]
+fn sigterm_to_kafka_lock_kills_a_command_that_ignores_it_after_the_grace() {
+    let broker = broker();
+    // SIG_IGN survives exec, so the `sleep` children ignore SIGTERM too.
+    let script = r#"exec 2>/dev/null; trap '' TERM; echo ready; while :; do sleep 1; done"#;
+    let mut args = vec!["--kill-grace", "1s"];
+    args.extend(QUICK);
+    let mut run = run_cmd(
+        &broker.bootstrap(),
+        &lock_name("ignore-term"),
+        &args,
+        &sh(script),
+    )
+    .spawn();
+    run.stdout_line("ready", STEP);
+    let sent = mono_now();
+    run.signal("TERM");
+    let exited = run.event("child_exited", STEP);
+    assert_eq!(exited["signal"], 9, "{exited}");
+    assert!(
+        mono(&exited, "mono_ns") >= sent + 1_000_000_000,
+        "killed before the grace: {exited}"
+    );
+    assert_eq!(run.finish(STEP), 128 + 9, "{}", run.transcript());
+    assert_eq!(run.named("released").len(), 1, "{}", run.transcript());
+}
+
+/// `-E 0` makes a busy lock a quiet success: status 0 and not a word on stderr (the events
+/// still tell). Breaks if the "not acquired" line were printed.
+#[test]
+fn conflict_exit_code_zero_is_quiet() {
+    let broker = broker();
+    let b = broker.bootstrap();
+    let lock = lock_name("quiet");
+    let (mut holder, _) = start_holder(&b, &lock, "quiet holder");
+    let dir = scratch_dir("cli-quiet");
+    let marker = dir.join("ran");
+    let touch = format!("touch {}", marker.display());
+    let mut args = vec!["--wait", "0", "-E", "0"];
+    args.extend(CONTENDED);
+    let mut probe = run_cmd(&b, &lock, &args, &sh(&touch)).spawn();
+    assert_eq!(probe.finish(STEP), 0, "{}", probe.transcript());
+    assert!(probe.texts().is_empty(), "{}", probe.transcript());
+    assert_eq!(
+        probe.named("failed")[0]["status"],
+        0,
+        "{}",
+        probe.transcript()
+    );
+    assert!(!marker.exists(), "the command ran on a held lock");
+    holder.close_stdin();
+    assert_eq!(holder.finish(STEP), 0, "{}", holder.transcript());
+}
