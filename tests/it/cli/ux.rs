@@ -118,13 +118,17 @@ fn a_try_on_a_held_lock_does_not_rebalance_the_holder() {
         );
     }
     let s = status_json(&b, &lock);
-    assert_eq!(s["state"], "Stable", "{s}");
-    assert_eq!(s["generation"], acquired["generation"], "{s}");
     holder.close_stdin();
     assert_eq!(holder.finish(STEP), 0, "{}", holder.transcript());
     let rebalances = holder.named("token_changed").len();
-    eprintln!("holder rebalances per probe: {rebalances} over {PROBES} probes");
+    eprintln!(
+        "holder: {rebalances} token_changed over {PROBES} probes; generation {} at the grant, \
+         {} and {} after the probes",
+        acquired["generation"], s["generation"], s["state"]
+    );
     assert_eq!(rebalances, 0, "{}", holder.transcript());
+    assert_eq!(s["state"], "Stable", "{s}");
+    assert_eq!(s["generation"], acquired["generation"], "{s}");
 }
 
 /// SIGTERM to kafka-lock reaches the command; one that ignores it is killed --kill-grace
