@@ -107,7 +107,12 @@ without the lock); everything the command started, if kafka-lock and the supervi
 SIGKILLed at once (the broker then gives the lock to another member after the session timeout;
 the fencing token still tells them apart); and the timing, if the supervisor itself is stopped or
 starved of CPU for longer than --lease-margin minus --kill-grace. kafka-lock is built for Linux
-only. Being in its own process group, the command cannot read from the terminal.
+only.
+
+The terminal: when kafka-lock runs in the foreground of a terminal (stdin), the command's process
+group is made the terminal's foreground group while it runs, as a shell does for a job: it can
+read the terminal, and Ctrl-C reaches it directly (kafka-lock then releases the lock once it is
+gone). kafka-lock takes the terminal back when the command ends.
 
 Signals: SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1 and SIGUSR2 sent to kafka-lock are passed on to
 the command's process group while it runs, and the lock is released once everything it started is

@@ -764,6 +764,8 @@ async fn hold(
     // A command still running --kill-grace after a SIGTERM passed on to it is killed, as on a
     // loss: kafka-lock asked to stop must not wait forever for a command that ignores it.
     let mut kill_after_term: Option<tokio::time::Instant> = None;
+    // Dropped (the terminal taken back) when the command ends, or however this returns.
+    let mut terminal: Option<TakeTerminalBack> = None;
     let ending = loop {
         tokio::select! {
             // The supervisor's news first: it is what actually happened to the command.
@@ -772,6 +774,11 @@ async fn hold(
                 Ok(Some(Ok(m))) => match m {
                     FromSupervisor::Pid(pid) => {
                         child = Some(pid);
+                        // An interactive command reads the terminal: its group must be the
+                        // foreground one, or the first read stops it (SIGTTIN) for good.
+                        if sys::give_terminal(pid) {
+                            terminal = Some(TakeTerminalBack);
+                        }
                         rep.child_started(pid, link.pid);
                         if let Some(sig) = pending_signal.take() {
                             link.send(ToSupervisor::Signal(sig));
@@ -788,6 +795,7 @@ async fn hold(
                         }
                     }
                     FromSupervisor::Exit(e) => {
+                        terminal.take();
                         // The lease may have run out in the same instant the command ended: then
                         // it ran without the lock at the end, and that must not pass as success.
                         if lost.is_none() && !watch.is_held() {
@@ -1004,6 +1012,15 @@ async fn hold(
                 ),
             ))
         }
+    }
+}
+
+/// Gives the terminal's foreground back to kafka-lock's process group when dropped.
+struct TakeTerminalBack;
+
+impl Drop for TakeTerminalBack {
+    fn drop(&mut self) {
+        sys::take_terminal();
     }
 }
 

@@ -186,3 +186,90 @@ fn conflict_exit_code_zero_is_quiet() {
     holder.close_stdin();
     assert_eq!(holder.finish(STEP), 0, "{}", holder.transcript());
 }
+
+/// Runs `kafka-lock ARGS` on a new pseudo-terminal (Python's pty module: kafka-lock is the
+/// session leader, in the terminal's foreground group, as under an interactive shell), types
+/// `input` into it and returns everything the terminal showed and kafka-lock's status. The
+/// Python side kills kafka-lock (whose supervisor then stops the command) if it has not ended
+/// within `within`, and reports that as status -1.
+fn on_a_terminal(args: &[&str], input: &str, within: Duration) -> (i32, String) {
+    const DRIVER: &str = r#"
+import os, pty, select, signal, sys, time
+argv, data, within = sys.argv[2:], sys.argv[1].encode(), float(os.environ["PTY_WITHIN"])
+pid, fd = pty.fork()
+if pid == 0:
+    os.execvp(argv[0], argv)
+os.write(fd, data)
+out, deadline, status = b"", time.monotonic() + within, None
+while status is None:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        status = -1
+        break
+    r, _, _ = select.select([fd], [], [], min(left, 0.5))
+    if r:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            chunk = b""
+        out += chunk
+    done, st = os.waitpid(pid, os.WNOHANG)
+    if done:
+        status = os.waitstatus_to_exitcode(st)
+        try:
+            while select.select([fd], [], [], 0.2)[0]:
+                out += os.read(fd, 4096)
+        except OSError:
+            pass
+sys.stdout.write(out.decode("utf-8", "replace"))
+sys.stdout.write("\n[status %d]\n" % status)
+"#;
+    let mut cmd = Command::new("python3");
+    cmd.args(["-c", DRIVER, input, BIN])
+        .args(args)
+        .env("PTY_WITHIN", within.as_secs_f64().to_string())
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit());
+    hermetic(&mut cmd);
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run python3 (needed for its pty module): {e}"));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let status = text
+        .rsplit_once("[status ")
+        .and_then(|(_, s)| s.trim().trim_end_matches(']').parse().ok())
+        .unwrap_or_else(|| panic!("the pty driver said no status: {text}"));
+    (status, text)
+}
+
+/// An interactive command reads the terminal kafka-lock was started on: its process group is
+/// made the foreground group while it runs, and kafka-lock gets the terminal back afterwards.
+/// Breaks (the command stops on SIGTTIN and kafka-lock waits for it forever) without the
+/// hand-over.
+#[test]
+fn an_interactive_command_reads_the_terminal() {
+    let broker = broker();
+    let b = broker.bootstrap();
+    let lock = lock_name("tty");
+    let (status, text) = on_a_terminal(
+        &[
+            "run",
+            "--bootstrap",
+            &b,
+            "--lock",
+            &lock,
+            "--session-timeout",
+            "6s",
+            "--",
+            "sh",
+            "-c",
+            "read x; echo got $x",
+        ],
+        "hello\n",
+        STEP,
+    );
+    assert_eq!(status, 0, "{text}");
+    assert!(text.contains("got hello"), "{text}");
+}
