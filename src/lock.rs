@@ -809,13 +809,37 @@ impl LockOptions {
     /// the caller may try again. The ledger topic's check before joining is bounded by the
     /// request timeout, not by `wait`.
     pub async fn acquire(&self, wait: Option<Duration>) -> Result<LockGuard> {
+        // A bounded wait may end before our own join's rebalance completes, when the session
+        // cannot name the holder yet: a look before joining (bounded by the wait) can.
+        let seen = match wait {
+            Some(w) => tokio::time::timeout(w, self.look())
+                .await
+                .ok()
+                .flatten()
+                .and_then(|d| d.holders.first().map(|h| describe_lock_holder(h))),
+            None => None,
+        };
+        let name_holder = |e: Error| match e {
+            Error::NotAcquired {
+                lock,
+                waited,
+                holder: None,
+            } => Error::NotAcquired {
+                lock,
+                waited,
+                holder: seen.clone(),
+            },
+            other => other,
+        };
         self.acquire_inner(wait, false)
             .await
-            .map_err(|e| self.name_refusal(e))?
-            .ok_or_else(|| Error::NotAcquired {
-                lock: self.name.clone(),
-                waited: wait.unwrap_or_default(),
-                holder: None,
+            .map_err(|e| name_holder(self.name_refusal(e)))?
+            .ok_or_else(|| {
+                name_holder(Error::NotAcquired {
+                    lock: self.name.clone(),
+                    waited: wait.unwrap_or_default(),
+                    holder: None,
+                })
             })
     }
 
@@ -848,18 +872,24 @@ impl LockOptions {
             .map_err(|e| self.name_refusal(e))
     }
 
+    /// One DescribeGroups of the lock's group in native mode (consumer-compatible groups do not
+    /// show their holder from outside), one attempt: a failed look costs what comes next
+    /// nothing but the time of that attempt.
+    async fn look(&self) -> Option<crate::describe::LockDescription> {
+        if !matches!(self.mode, Mode::Native) {
+            return None;
+        }
+        let mut watch = crate::driver::describe::GroupWatch::new(self.reach(), &self.name);
+        let d = watch.describe_once().await;
+        watch.close();
+        d.ok()
+    }
+
     /// The holders, when one DescribeGroups shows the lock held by a stable group on every
     /// permit this lock has. Anything less certain (an error, a rebalance, another protocol or
     /// number of permits, a free permit) is `None`: the join then decides, and reports errors.
     async fn busy_at_a_look(&self) -> Option<Vec<HolderInfo>> {
-        if !matches!(self.mode, Mode::Native) {
-            return None;
-        }
-        // One attempt: a failed look costs the join nothing but the time of that attempt.
-        let mut watch = crate::driver::describe::GroupWatch::new(self.reach(), &self.name);
-        let d = watch.describe_once().await;
-        watch.close();
-        let d = d.ok()?;
+        let d = self.look().await?;
         let full = d.state == crate::describe::LockState::Held
             && d.group_state == "Stable"
             && d.protocol == crate::describe::LockProtocol::Native
@@ -1109,6 +1139,18 @@ impl LockOptions {
                 Err(e)
             }
         }
+    }
+}
+
+/// As [`describe_holder`], from a look at the group.
+fn describe_lock_holder(h: &crate::describe::LockHolder) -> String {
+    let generation = h
+        .generation
+        .map(|g| format!(", generation {g}"))
+        .unwrap_or_default();
+    match &h.member.label {
+        Some(l) => format!("{l} (member {}{generation})", h.member.member_id),
+        None => format!("member {}{generation}", h.member.member_id),
     }
 }
 
