@@ -816,7 +816,7 @@ impl LockOptions {
                 .await
                 .ok()
                 .flatten()
-                .and_then(|d| d.holders.first().map(|h| describe_lock_holder(h))),
+                .and_then(|d| d.holders.first().map(describe_lock_holder)),
             None => None,
         };
         let name_holder = |e: Error| match e {

@@ -321,8 +321,9 @@ struct RunArgs {
     /// command (status 74).
     #[arg(long, value_name = "TOPIC")]
     topic: Option<String>,
-    /// Give up (status 75) if the lock is not held within this time; 0 makes one try. Giving up
-    /// takes at most 2 s more, to leave the group. [default: wait forever]
+    /// Give up (status 75) if the lock is not held within this time; 0 makes one try, which
+    /// answers busy without joining when a stable group holds the lock. Giving up takes at most
+    /// 2 s more, to leave the group. [default: wait forever]
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     wait: Option<Duration>,
     /// How long the broker keeps a silent member, so how long a crashed holder blocks the lock.
