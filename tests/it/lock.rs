@@ -655,9 +655,9 @@ async fn a_release_the_coordinator_never_answers_is_unconfirmed_and_bounded() {
     );
 }
 
+on_brokers!(a_short_acquire_names_the_holder: apache);
 /// A bounded acquire that ends before its own join's rebalance completed still names the
 /// holder (from a look before joining), as the CLI does. Breaks (`holder: None`) without it.
-on_brokers!(a_short_acquire_names_the_holder: apache);
 async fn a_short_acquire_names_the_holder(broker: Broker) {
     support::init_tracing();
     let group = support::unique_group("short-names");

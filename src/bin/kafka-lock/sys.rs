@@ -103,29 +103,6 @@ pub fn human(d: Duration) -> String {
     humantime::format_duration(Duration::from_millis(ms)).to_string()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_monotonic_reading_of_an_instant_matches_the_clock() {
-        let now = Instant::now();
-        let a = mono_ns();
-        let b = mono_ns_of(now);
-        let c = mono_ns();
-        assert!(b <= c && a.abs_diff(b) < 1_000_000_000, "{a} {b} {c}");
-        let later = mono_ns_of(now + Duration::from_secs(5));
-        assert!(later.abs_diff(b + 5_000_000_000) < 1_000_000, "{b} {later}");
-    }
-
-    #[test]
-    fn group_zero_one_and_out_of_range_are_refused() {
-        for bad in [0, 1, u32::MAX] {
-            assert!(kill_group(bad, Signal::CONT).is_err(), "{bad}");
-        }
-    }
-}
-
 /// Makes the process group `pgid` (the command's) the foreground group of the terminal on stdin,
 /// as a shell does for the job it runs, and wakes it in case it already stopped on reading the
 /// terminal (SIGTTIN) before it got it. Only when kafka-lock itself is in the terminal's
@@ -172,5 +149,28 @@ fn without_sigttou<T>(f: impl FnOnce() -> T) -> T {
         let out = f();
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_monotonic_reading_of_an_instant_matches_the_clock() {
+        let now = Instant::now();
+        let a = mono_ns();
+        let b = mono_ns_of(now);
+        let c = mono_ns();
+        assert!(b <= c && a.abs_diff(b) < 1_000_000_000, "{a} {b} {c}");
+        let later = mono_ns_of(now + Duration::from_secs(5));
+        assert!(later.abs_diff(b + 5_000_000_000) < 1_000_000, "{b} {later}");
+    }
+
+    #[test]
+    fn group_zero_one_and_out_of_range_are_refused() {
+        for bad in [0, 1, u32::MAX] {
+            assert!(kill_group(bad, Signal::CONT).is_err(), "{bad}");
+        }
     }
 }
