@@ -273,3 +273,49 @@ fn an_interactive_command_reads_the_terminal() {
     assert_eq!(status, 0, "{text}");
     assert!(text.contains("got hello"), "{text}");
 }
+
+/// A ledger topic that does not exist, or has more than one partition, is a setting (78) with
+/// advice about the topic, not an unavailable cluster (69). Breaks if the ledger's errors fell
+/// back to 69.
+#[test]
+fn a_missing_or_partitioned_ledger_topic_exits_78_with_advice_about_the_topic() {
+    let broker = broker();
+    let b = broker.bootstrap();
+    let lock = lock_name("ledger-setting");
+    let missing = lock_name("no-such-ledger");
+    let (code, _, err) = one_shot(&[
+        "run",
+        "--bootstrap",
+        &b,
+        "--lock",
+        &lock,
+        "--ledger-topic",
+        &missing,
+        "--",
+        "true",
+    ]);
+    assert_eq!(code, 78, "{err}");
+    assert!(err.contains("does not exist"), "{err}");
+    assert!(err.contains("kafka-topics.sh --create"), "{err}");
+    assert!(
+        err.contains("--replication-factor 1"),
+        "single-broker variant: {err}"
+    );
+    assert!(!err.contains("--bootstrap"), "{err}");
+
+    let three = lock_name("three-partition-ledger");
+    create_topic(&b, &three, 3);
+    let (code, _, err) = one_shot(&[
+        "run",
+        "--bootstrap",
+        &b,
+        "--lock",
+        &lock,
+        "--ledger-topic",
+        &three,
+        "--",
+        "true",
+    ]);
+    assert_eq!(code, 78, "{err}");
+    assert!(err.contains("has 3 partitions"), "{err}");
+}
