@@ -150,3 +150,8 @@ pub use security::{
     SecurityProtocol, Tls, TokenFuture,
 };
 pub use wire::versions::VersionError;
+
+/// The README's Rust example, compiled as a doctest exactly as the README shows it.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
