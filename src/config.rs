@@ -838,14 +838,24 @@ impl ClientConfig {
     }
 
     /// Settings from a properties file (UTF-8, or ISO 8859-1 as Java reads it).
-    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let options = kafka_lock::ClientConfig::from_file("client.properties")?
+    ///     .lock_options("nightly")?;
+    /// # let _ = options;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
         let mut c = Self::new();
         c.load_file(path)?;
         Ok(c)
     }
 
     /// Adds the settings of a properties file, replacing earlier settings of the same keys.
-    pub fn load_file(&mut self, path: &Path) -> Result<(), ConfigError> {
+    pub fn load_file(&mut self, path: impl AsRef<Path>) -> Result<(), ConfigError> {
+        let path = path.as_ref();
         let bytes = std::fs::read(path).map_err(|e| ConfigError::Io {
             path: path.to_owned(),
             message: e.to_string(),

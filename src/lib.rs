@@ -32,8 +32,10 @@
 //! [`LockOptions::acquire`] waits at most its `wait` for the lock, then at most the leave timeout
 //! ([`LockOptions::leave_timeout`], default 2 s) for the coordinator to confirm that the waiter
 //! left the group: it returns within `wait + leave_timeout`, plus scheduling delays. Connecting
-//! to the cluster counts against the wait. [`LockOptions::try_acquire`] answers once the first
-//! generation completes, then leaves within the same leave timeout.
+//! to the cluster counts against the wait. [`LockOptions::try_acquire`] answers "busy" from one
+//! DescribeGroups, without joining, when a stable group holds the lock (so probing does not
+//! disturb the holder); otherwise it joins, answers once the first generation completes, then
+//! leaves within the same leave timeout.
 //!
 //! # The fencing token
 //!
@@ -150,3 +152,8 @@ pub use security::{
     SecurityProtocol, Tls, TokenFuture,
 };
 pub use wire::versions::VersionError;
+
+/// The README's Rust example, compiled as a doctest exactly as the README shows it.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

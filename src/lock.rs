@@ -818,23 +818,106 @@ impl LockOptions {
     /// the caller may try again. The ledger topic's check before joining is bounded by the
     /// request timeout, not by `wait`.
     pub async fn acquire(&self, wait: Option<Duration>) -> Result<LockGuard> {
+        // A bounded wait may end before our own join's rebalance completes, when the session
+        // cannot name the holder yet: a look before joining (bounded by the wait) can.
+        let seen = match wait {
+            Some(w) => tokio::time::timeout(w, self.look())
+                .await
+                .ok()
+                .flatten()
+                .and_then(|d| d.holders.first().map(describe_lock_holder)),
+            None => None,
+        };
+        let name_holder = |e: Error| match e {
+            Error::NotAcquired {
+                lock,
+                waited,
+                holder: None,
+            } => Error::NotAcquired {
+                lock,
+                waited,
+                holder: seen.clone(),
+            },
+            other => other,
+        };
         self.acquire_inner(wait, false)
             .await
-            .map_err(|e| self.name_refusal(e))?
-            .ok_or_else(|| Error::NotAcquired {
-                lock: self.name.clone(),
-                waited: wait.unwrap_or_default(),
-                holder: None,
+            .map_err(|e| name_holder(self.name_refusal(e)))?
+            .ok_or_else(|| {
+                name_holder(Error::NotAcquired {
+                    lock: self.name.clone(),
+                    waited: wait.unwrap_or_default(),
+                    holder: None,
+                })
             })
     }
 
-    /// Takes the lock only if the first completed generation gives it to us; otherwise leaves
-    /// the group (waiting at most the leave timeout for the coordinator to confirm it) and
-    /// returns `Ok(None)`. The CLI's `--wait 0`.
+    /// Takes the lock only if it is free; otherwise returns `Ok(None)`. The CLI's `--wait 0`.
+    ///
+    /// It looks first (one DescribeGroups, which does not join the group): a stable group
+    /// whose assignment in force names a holder for every permit answers `Ok(None)` at once,
+    /// so probing a held lock never makes its holder rebalance. Otherwise it joins, takes the
+    /// lock if the first completed generation gives it to us, and else leaves the group
+    /// (waiting at most the leave timeout for the coordinator to confirm it).
+    ///
+    /// The look can be out of date by the time it is answered: a lock released just after it
+    /// is reported busy, as if the try had come a moment earlier. The reverse cannot happen:
+    /// "free" is never read from the look, only from a generation that gave us the lock.
     pub async fn try_acquire(&self) -> Result<Option<LockGuard>> {
+        self.validate()?;
+        if let Some(holders) = self.busy_at_a_look().await {
+            if let Some(tx) = &self.events {
+                let _ = tx.send(LockEvent::Waiting {
+                    member_id: String::new(),
+                    holder: holders.first().cloned(),
+                    holders,
+                    position: -1,
+                });
+            }
+            return Ok(None);
+        }
         self.acquire_inner(None, true)
             .await
             .map_err(|e| self.name_refusal(e))
+    }
+
+    /// One DescribeGroups of the lock's group in native mode (consumer-compatible groups do not
+    /// show their holder from outside), one attempt: a failed look costs what comes next
+    /// nothing but the time of that attempt.
+    async fn look(&self) -> Option<crate::describe::LockDescription> {
+        if !matches!(self.mode, Mode::Native) {
+            return None;
+        }
+        let mut watch = crate::driver::describe::GroupWatch::new(self.reach(), &self.name);
+        let d = watch.describe_once().await;
+        watch.close();
+        d.ok()
+    }
+
+    /// The holders, when one DescribeGroups shows the lock held by a stable group on every
+    /// permit this lock has. Anything less certain (an error, a rebalance, another protocol or
+    /// number of permits, a free permit) is `None`: the join then decides, and reports errors.
+    async fn busy_at_a_look(&self) -> Option<Vec<HolderInfo>> {
+        let d = self.look().await?;
+        let full = d.state == crate::describe::LockState::Held
+            && d.group_state == "Stable"
+            && d.protocol == crate::describe::LockProtocol::Native
+            && d.permits == Some(self.permits)
+            && d.holders.len() >= usize::from(self.permits);
+        if !full {
+            return None;
+        }
+        d.holders
+            .iter()
+            .map(|h| {
+                Some(HolderInfo {
+                    member_id: h.member.member_id.clone(),
+                    label: h.member.label.clone(),
+                    generation: h.generation?,
+                    slot: u16::try_from(h.permit).ok()?,
+                })
+            })
+            .collect()
     }
 
     /// An ACL refusal of the lock's group or topic, named as such (the broker's code alone does
@@ -1068,10 +1151,24 @@ impl LockOptions {
     }
 }
 
+/// As [`describe_holder`], from a look at the group.
+fn describe_lock_holder(h: &crate::describe::LockHolder) -> String {
+    let generation = h
+        .generation
+        .map(|g| format!(", generation {g}"))
+        .unwrap_or_default();
+    match &h.member.label {
+        Some(l) => format!("{l} (member {}{generation})", h.member.member_id),
+        None => format!("member {}{generation}", h.member.member_id),
+    }
+}
+
+/// The generation is named as such: with a ledger the holder's fencing token is another
+/// number, which a waiter does not know.
 fn describe_holder(h: &HolderInfo) -> String {
     match &h.label {
-        Some(l) => format!("{l} (member {}, token {})", h.member_id, h.generation),
-        None => format!("member {} (token {})", h.member_id, h.generation),
+        Some(l) => format!("{l} (member {}, generation {})", h.member_id, h.generation),
+        None => format!("member {} (generation {})", h.member_id, h.generation),
     }
 }
 

@@ -26,7 +26,7 @@ pub const HELD: &str = "kafka_lock_held";
 /// Histogram, seconds: the length of each hold, recorded when it ends (released, lost, or the
 /// session gone).
 pub const HOLD_SECONDS: &str = "kafka_lock_hold_seconds";
-/// Counter: rebalances that began while the lock was held (each can move the token on).
+/// Counter: rebalances that began while the lock was held (each moves the generation on).
 pub const REBALANCES_WHILE_HELD: &str = "kafka_lock_rebalances_while_held_total";
 /// Counter: holds lost, labelled `reason` ([`LOSS_REASONS`]).
 pub const LOSSES: &str = "kafka_lock_losses_total";

@@ -59,7 +59,7 @@ impl GroupWatch {
         }
     }
 
-    async fn describe_once(&mut self) -> Result<LockDescription> {
+    pub(crate) async fn describe_once(&mut self) -> Result<LockDescription> {
         if self.coordinator.is_none() {
             let first = self.reach.connect_any().await?;
             let addr = match coordinator(&first, &self.lock, &self.reach).await {

@@ -128,7 +128,8 @@ pub enum LedgerError {
          kafka-topics.sh --create --topic {topic} --partitions 1 --replication-factor 3 \
          --config min.insync.replicas=2 --config unclean.leader.election.enable=false \
          --config cleanup.policy=delete --config compression.type=producer \
-         --config max.message.bytes=65536 (docs/design.md, \"The ledger\")"
+         --config max.message.bytes=65536 (on a single broker: --replication-factor 1 \
+         --config min.insync.replicas=1; docs/design.md, \"The ledger\")"
     )]
     TopicMissing {
         /// The topic.

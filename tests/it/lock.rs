@@ -654,3 +654,32 @@ async fn a_release_the_coordinator_never_answers_is_unconfirmed_and_bounded() {
         "the hold ends before the LeaveGroup goes out"
     );
 }
+
+on_brokers!(a_short_acquire_names_the_holder: apache);
+/// A bounded acquire that ends before its own join's rebalance completed still names the
+/// holder (from a look before joining), as the CLI does. Breaks (`holder: None`) without it.
+async fn a_short_acquire_names_the_holder(broker: Broker) {
+    support::init_tracing();
+    let group = support::unique_group("short-names");
+    let bound = broker.rebalance_bound(HEARTBEAT);
+    // Heartbeats seconds apart: the holder is slow to rejoin, so the waiter's 1 s ends while
+    // its join's rebalance is still in progress.
+    let holder = LockOptions::new(broker.bootstrap(), &group)
+        .session_timeout(Duration::from_secs(10))
+        .heartbeat_interval(Duration::from_secs(3))
+        .label("the named holder")
+        .acquire(Some(bound))
+        .await
+        .unwrap();
+    let err = opts(broker, &group)
+        .acquire(Some(Duration::from_secs(1)))
+        .await
+        .unwrap_err();
+    match &err {
+        Error::NotAcquired {
+            holder: Some(h), ..
+        } => assert!(h.contains("the named holder"), "{err}"),
+        other => panic!("expected NotAcquired naming the holder, got {other:?}"),
+    }
+    holder.release().await.unwrap();
+}

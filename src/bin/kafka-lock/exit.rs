@@ -1,5 +1,6 @@
 //! Exit statuses of kafka-lock's own (sysexits.h numbers) and the one line each prints.
 
+use kafka_lock::ledger::LedgerError;
 use kafka_lock::security::{AuthFailure, SecurityError};
 use kafka_lock::{Error, KafkaCode};
 
@@ -119,6 +120,10 @@ pub fn status_of(err: &Error) -> u8 {
     match err {
         Error::NotAcquired { .. } => NOT_ACQUIRED,
         Error::Config(_) | Error::PermitsMismatch { .. } | Error::LedgerMismatch { .. } => CONFIG,
+        // The cluster answered; the topic named by --ledger-topic is what is wrong.
+        Error::Ledger(LedgerError::TopicMissing { .. } | LedgerError::NotOnePartition { .. }) => {
+            CONFIG
+        }
         Error::Broker { code, .. } if SETTING_CODES.contains(code) => CONFIG,
         Error::Lost { .. } => LOST,
         Error::Poisoned(inner) => status_of(inner),
@@ -171,6 +176,8 @@ pub fn failure(err: &Error, lock: &str, bootstrap: &str) -> Failure {
                 "{err}; give --ledger-topic (or $KAFKA_LOCK_LEDGER_TOPIC) the setting the other \
                  members use, or change every member's (docs/protocol.md, \"Ledger setting\")"
             ),
+            // Its own text says how to create the topic.
+            Error::Ledger(_) => format!("{err}; or fix --ledger-topic (lock {lock:?})"),
             _ => format!("{err}; fix the setting (see kafka-lock run --help)"),
         },
         LOST => format!("{err}; run the command again to take the lock anew"),

@@ -20,6 +20,10 @@ reads and writes but never creates. Create it once, for example:
     --config cleanup.policy=delete --config retention.ms=7776000000 \\
     --config compression.type=producer
 
+On a single broker, use --replication-factor 1 --config min.insync.replicas=1 instead (with
+min.insync.replicas=2 and one replica every append fails). A ledger topic that does not exist or
+has another partition count is a setting error: status 78.
+
 Its record offsets are the locks' fencing tokens, so they must never go backwards: never delete
 and recreate it, and keep unclean leader election off (an unclean election can lose records a
 holder was told are durable). It is a log, not a compacted topic: retention (time or size) is how

@@ -73,7 +73,7 @@ slot, 0 unless --permits is above 1) in its environment. With
 backwards, whatever happens to the group. Without one it is the group generation, which starts
 again at 1 when the group is deleted (by an administrator, or by the broker 0-10 minutes after it
 was left empty with no committed offsets). A rebalance while holding (another member joining)
-moves the generation on, reported as token_changed by --events json; the ledger token stays.
+moves the generation on, reported as token_changed by --events json; with a ledger the token stays.
 
 Checkpoint (needs --ledger-topic): KAFKA_LOCK_CHECKPOINT holds the lock's last checkpoint, if it
 has one (one that holds a NUL or is over 64 KiB is in the file named by
@@ -111,11 +111,16 @@ without the lock); everything the command started, if kafka-lock and the supervi
 SIGKILLed at once (the broker then gives the lock to another member after the session timeout;
 the fencing token still tells them apart); and the timing, if the supervisor itself is stopped or
 starved of CPU for longer than --lease-margin minus --kill-grace. kafka-lock is built for Linux
-only. Being in its own process group, the command cannot read from the terminal.
+only.
+
+The terminal: when kafka-lock runs in the foreground of a terminal (stdin), the command's process
+group is made the terminal's foreground group while it runs, as a shell does for a job: it can
+read the terminal, and Ctrl-C reaches it directly (kafka-lock then releases the lock once it is
+gone). kafka-lock takes the terminal back when the command ends.
 
 Signals: SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1 and SIGUSR2 sent to kafka-lock are passed on to
 the command's process group while it runs, and the lock is released once everything it started is
-gone; while waiting for the lock they make kafka-lock leave the group and exit 128+N; during the
+gone; a command still running --kill-grace after a SIGTERM gets SIGKILL; while waiting for the lock they make kafka-lock leave the group and exit 128+N; during the
 final release they cut it short (the broker then frees the lock after the session timeout).
 SIGPIPE is ignored (a stderr whose reader is gone shows as EPIPE, which kafka-lock survives).
 Other terminating signals end kafka-lock at once; the supervisor then stops the command as it does
@@ -342,7 +347,7 @@ struct HoldArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     lease_margin: Option<Duration>,
     /// Time between SIGTERM and SIGKILL when the command is stopped (lease end, loss, exit of
-    /// kafka-lock); at most --lease-margin. [default: 2s, or a fifth of the smaller of the
+    /// kafka-lock, a SIGTERM to kafka-lock that the command outlives); at most --lease-margin. [default: 2s, or a fifth of the smaller of the
     /// session and rebalance timeouts if that is shorter]
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     kill_grace: Option<Duration>,
@@ -382,9 +387,10 @@ struct HoldArgs {
 struct RunArgs {
     #[command(flatten)]
     hold: HoldArgs,
-    /// Give up (status 75) if the lock is not held within this time; 0 makes one try. A bare
-    /// number is seconds (5, 0.5), as for flock -w and timeout. Giving up takes at most 2 s more,
-    /// to leave the group. [default: wait forever]
+    /// Give up (status 75) if the lock is not held within this time; 0 makes one try, which
+    /// answers busy without joining when a stable group holds the lock. A bare number is seconds
+    /// (5, 0.5), as for flock -w and timeout. Giving up takes at most 2 s more, to leave the
+    /// group. [default: wait forever]
     #[arg(short = 'w', long, value_name = "DURATION", value_parser = parse_wait)]
     wait: Option<Duration>,
     /// One try: the same as --wait 0 (as flock -n).

@@ -12,9 +12,12 @@ use crate::exit::{self, Failure};
 use crate::history;
 use crate::json::Obj;
 use crate::output::shown;
-use crate::report::SCHEMA_VERSION;
 use crate::run::Signals;
 use crate::sys;
+
+/// The version of `observe --json`'s schema (docs/events.md), kept apart from the `run`
+/// events' own: its fields have kept their meaning.
+const SCHEMA_VERSION: i32 = 1;
 
 #[derive(Debug, Clone)]
 pub struct ObserveConfig {
@@ -74,10 +77,16 @@ pub fn to_text(l: &Leadership) -> String {
     let what = match (&l.leader, &l.state) {
         (Some(x), _) => {
             let mut details = vec![format!("member {}", shown(&x.member_id))];
-            if let Some(t) = x.ledger_token {
-                details.push(format!("token {t}"));
-            } else if let Some(g) = x.generation {
-                details.push(format!("token {g}"));
+            if let Some(g) = x.generation {
+                details.push(format!("generation {g}"));
+            }
+            // Only the ledger knows the fencing token: without it, say so rather than give
+            // the generation under the token's name.
+            match x.ledger_token {
+                Some(t) => details.push(format!("token {t}")),
+                None => details.push(
+                    "token unknown (only its ledger hold tells it: --ledger-topic)".to_owned(),
+                ),
             }
             if let Some(h) = &x.host {
                 details.push(format!("from {}", shown(h)));
@@ -106,6 +115,7 @@ pub fn to_json(lock: &str, l: &Leadership) -> String {
             .opt_str("host", x.host.as_deref())
             .opt_int("generation", x.generation)
             .opt_int("ledger_token", x.ledger_token)
+            .opt_int("token", x.ledger_token)
             .opt_int("since_unix_ms", x.since_unix_ms)
             .finish()
     });

@@ -14,8 +14,10 @@ use crate::json::Obj;
 use crate::{output, sys};
 
 /// The version of the events' schema (docs/events.md), the `v` of every event. Adding events or
-/// fields keeps it; removing or renaming one, or changing what one means, raises it.
-pub const SCHEMA_VERSION: i32 = 1;
+/// fields keeps it; removing or renaming one, or changing what one means, raises it. Version 2:
+/// `waiting`'s holders carry their `generation`, and their `token` is null, where version 1
+/// called the generation `token` (not the fencing token when the holder uses a ledger).
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// Whose exit status kafka-lock exits with, for the final `exit` event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,7 +80,7 @@ impl Reporter {
         self.tty
     }
 
-    /// The holder named by the last assignment, as "label (member m, token g)".
+    /// The holder named by the last assignment, as "label (member m, generation g)".
     pub fn holder_text(&self) -> Option<String> {
         self.holder.as_ref().map(|(h, _)| describe(h))
     }
@@ -166,7 +168,9 @@ impl Reporter {
                 &Obj::new()
                     .str("member_id", &h.member_id)
                     .opt_str("label", h.label.as_deref())
-                    .int("token", h.generation)
+                    .int("generation", h.generation)
+                    // A waiter reads no ledger, so it cannot know the holder's fencing token.
+                    .null("token")
                     .finish(),
             ),
             None => obj.null("holder"),
@@ -178,7 +182,8 @@ impl Reporter {
                 Obj::new()
                     .str("member_id", &h.member_id)
                     .opt_str("label", h.label.as_deref())
-                    .int("token", h.generation)
+                    .int("generation", h.generation)
+                    .null("token")
                     .int("permit", h.slot)
                     .finish()
             })
@@ -329,14 +334,16 @@ impl Reporter {
 
 fn describe(h: &HolderInfo) -> String {
     match &h.label {
+        // The generation, never called the token: with a ledger the holder's fencing token is
+        // another number, which a waiter does not know.
         Some(l) => format!(
-            "{} (member {}, token {})",
+            "{} (member {}, generation {})",
             output::shown(l),
             output::shown(&h.member_id),
             h.generation
         ),
         None => format!(
-            "member {} (token {})",
+            "member {} (generation {})",
             output::shown(&h.member_id),
             h.generation
         ),

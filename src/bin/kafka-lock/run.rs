@@ -369,6 +369,11 @@ pub(crate) fn conclude(
             };
             rep.failed(f.status, kind, &f.line);
             rep.exit(f.status, Source::KafkaLock);
+            // `-E 0` asked for a busy lock to be a success, and a success says nothing (as
+            // flock's): a cron job probing a held lock sends no mail.
+            if f.status == 0 && kind == exit::kind(exit::NOT_ACQUIRED) {
+                return Ok(0);
+            }
             Err(f)
         }
     }
@@ -773,6 +778,11 @@ async fn hold(
     let mut watching = true;
     let mut pending_signal: Option<i32> = None;
     let mut sup_error: Option<String> = None;
+    // A command still running --kill-grace after a SIGTERM passed on to it is killed, as on a
+    // loss: kafka-lock asked to stop must not wait forever for a command that ignores it.
+    let mut kill_after_term: Option<tokio::time::Instant> = None;
+    // Dropped (the terminal taken back) when the command ends, or however this returns.
+    let mut terminal: Option<TakeTerminalBack> = None;
     let ending = loop {
         tokio::select! {
             // The supervisor's news first: it is what actually happened to the command.
@@ -782,6 +792,11 @@ async fn hold(
                     FromSupervisor::Pid(pid) => {
                         child = Some(pid);
                         child_group = tree::PinnedGroup::pin(pid, &[link.pid, std::process::id()]);
+                        // An interactive command reads the terminal: its group must be the
+                        // foreground one, or the first read stops it (SIGTTIN) for good.
+                        if sys::give_terminal(pid) {
+                            terminal = Some(TakeTerminalBack);
+                        }
                         rep.child_started(pid, link.pid);
                         if let Some(sig) = pending_signal.take() {
                             link.send(ToSupervisor::Signal(sig));
@@ -798,6 +813,7 @@ async fn hold(
                         }
                     }
                     FromSupervisor::Exit(e) => {
+                        terminal.take();
                         // The lease may have run out in the same instant the command ended: then
                         // it ran without the lock at the end, and that must not pass as success.
                         if lost.is_none() && !watch.is_held() {
@@ -865,6 +881,16 @@ async fn hold(
                     (Some(_), None) => link.send(ToSupervisor::Signal(sig)),
                     (None, None) => pending_signal = Some(sig),
                     _ => {}
+                }
+                if sig == Signal::TERM.as_raw() && end.is_none() && kill_after_term.is_none() {
+                    kill_after_term = Some(tokio::time::Instant::now() + t.kill_grace);
+                }
+            }
+            _ = sleep_until(kill_after_term), if kill_after_term.is_some() && end.is_none() => {
+                kill_after_term = None;
+                match child {
+                    Some(_) => link.send(ToSupervisor::Signal(Signal::KILL.as_raw())),
+                    None => pending_signal = Some(Signal::KILL.as_raw()),
                 }
             }
         }
@@ -1004,6 +1030,15 @@ async fn hold(
                 ),
             ))
         }
+    }
+}
+
+/// Gives the terminal's foreground back to kafka-lock's process group when dropped.
+struct TakeTerminalBack;
+
+impl Drop for TakeTerminalBack {
+    fn drop(&mut self) {
+        sys::take_terminal();
     }
 }
 

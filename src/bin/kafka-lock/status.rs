@@ -245,10 +245,13 @@ fn holder_text(h: &LockHolder) -> String {
     let m = &h.member;
     let mut token = h
         .generation
-        .map(|t| format!(", token {t}"))
+        .map(|g| format!(", generation {g}"))
         .unwrap_or_default();
-    if let Some(t) = h.ledger_token {
-        token.push_str(&format!(", ledger token {t}"));
+    // The fencing token is the ledger's: without an open hold read from it, say so rather than
+    // give the generation under the token's name.
+    match h.ledger_token {
+        Some(t) => token.push_str(&format!(", token {t}")),
+        None => token.push_str(", token unknown (only its ledger hold tells it: --ledger-topic)"),
     }
     match &m.label {
         Some(l) => format!("{} (member {}{token})", shown(l), shown(&m.member_id)),
@@ -260,7 +263,9 @@ fn holder_json(h: &LockHolder) -> String {
     Obj::new()
         .str("member_id", &h.member.member_id)
         .opt_str("label", h.member.label.as_deref())
-        .opt_int("token", h.generation)
+        .opt_int("generation", h.generation)
+        // The fencing token, null when no ledger hold of this holder was read.
+        .opt_int("token", h.ledger_token)
         .opt_int("ledger_token", h.ledger_token)
         .str("client_id", &h.member.client_id)
         .str("client_host", &h.member.client_host)
@@ -380,9 +385,12 @@ mod tests {
             member("b", meta("job b", false), assignment(1)),
         ]);
         let d = analyse("l", "h:1", &g);
-        assert!(to_text(&d).contains("holder: job a (member a, token 7)"));
+        assert!(to_text(&d).contains(
+            "holder: job a (member a, generation 7, token unknown (only its ledger hold tells it"
+        ));
         assert_eq!(exit_status(&d), 0);
-        assert!(to_json(&d).contains(r#""holder":{"member_id":"a","label":"job a","token":7"#));
+        assert!(to_json(&d)
+            .contains(r#""holder":{"member_id":"a","label":"job a","generation":7,"token":null"#));
         assert!(to_json(&d).contains(r#""lock_state":"held","generation":7"#));
     }
 

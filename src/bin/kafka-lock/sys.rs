@@ -1,6 +1,8 @@
 //! The operating-system calls std does not offer, through rustix (raw Linux system calls, no C
-//! library bindings, no `unsafe` here): the CLOCK_MONOTONIC reading, signals, the child-subreaper
-//! flag, the dumpable flag, the host name and the terminal width.
+//! library bindings): the CLOCK_MONOTONIC reading, signals, the child-subreaper flag, the dumpable
+//! flag, the host name, the terminal width and its foreground process group. The one exception,
+//! and the one `unsafe`, is blocking SIGTTOU for a moment (pthread_sigmask, which rustix does not
+//! offer).
 
 use std::io;
 use std::os::fd::AsFd;
@@ -129,6 +131,55 @@ pub fn human(d: Duration) -> String {
     // Whole milliseconds: humantime would otherwise print nanoseconds of timer noise.
     let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     humantime::format_duration(Duration::from_millis(ms)).to_string()
+}
+
+/// Makes the process group `pgid` (the command's) the foreground group of the terminal on stdin,
+/// as a shell does for the job it runs, and wakes it in case it already stopped on reading the
+/// terminal (SIGTTIN) before it got it. Only when kafka-lock itself is in the terminal's
+/// foreground; returns whether it handed the terminal over.
+pub fn give_terminal(pgid: u32) -> bool {
+    let stdin = io::stdin();
+    let Ok(fg) = rustix::termios::tcgetpgrp(stdin.as_fd()) else {
+        return false; // not a terminal, or not ours
+    };
+    if fg != rustix::process::getpgrp() {
+        return false; // started in the background (`&`): the terminal is not ours to give
+    }
+    let Some(group) = pid(pgid) else {
+        return false;
+    };
+    if without_sigttou(|| rustix::termios::tcsetpgrp(stdin.as_fd(), group)).is_err() {
+        return false;
+    }
+    let _ = kill_group(pgid, Signal::CONT);
+    true
+}
+
+/// Makes kafka-lock's own process group the terminal's foreground group again, after
+/// [`give_terminal`]. kafka-lock is then a background process, which may change the foreground
+/// group only with SIGTTOU blocked (otherwise the terminal would stop it).
+pub fn take_terminal() {
+    let stdin = io::stdin();
+    let _ =
+        without_sigttou(|| rustix::termios::tcsetpgrp(stdin.as_fd(), rustix::process::getpgrp()));
+}
+
+/// Runs `f` with SIGTTOU blocked on this thread only (so nothing another thread starts inherits
+/// the mask), then restores the mask.
+#[allow(unsafe_code)]
+fn without_sigttou<T>(f: impl FnOnce() -> T) -> T {
+    // SAFETY: plain calls on sigset_t values that live on this stack and are initialised by
+    // sigemptyset before use; pthread_sigmask only changes this thread's mask, restored below.
+    unsafe {
+        let mut block: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut block);
+        libc::sigaddset(&mut block, libc::SIGTTOU);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &block, &mut old);
+        let out = f();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        out
+    }
 }
 
 #[cfg(test)]
