@@ -139,8 +139,8 @@ scripts/check-static.sh x86_64
 # The ARM64 binary is built and checked too; it runs here only where qemu-user is installed.
 scripts/build-static.sh aarch64
 scripts/check-static.sh aarch64
-# Both, on the secured test broker: a SASL_SSL run, each through qemu where it is another
-# architecture (skipped, and said so, without qemu-user-static).
+# Both, on the secured test broker over SASL_SSL (`status`; `run` where native), the aarch64 one
+# through qemu-aarch64-static (skipped, and said so, without qemu-user-static).
 command -v qemu-aarch64-static >/dev/null 2>&1 || export KAFKA_LOCK_ALLOW_NO_QEMU=1
 timeout --kill-after=30s 15m cargo test --all-features --test it -- --ignored --exact \
     cli::secured::static_binaries_over_sasl_ssl
