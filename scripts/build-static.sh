@@ -5,8 +5,9 @@
 #
 #   scripts/build-static.sh [x86_64|aarch64]   then   scripts/check-static.sh [x86_64|aarch64]
 #
-# Output: $CARGO_TARGET_DIR (default target/)/x86_64-unknown-linux-musl/release/kafka-lock. The release profile in Cargo.toml
-# (strip, LTO, opt-level "z", panic = "abort") keeps it small.
+# Output: $CARGO_TARGET_DIR (default target/)/<arch>-unknown-linux-musl/release/kafka-lock, with
+# TLS on both architectures. The release profile in Cargo.toml (strip, LTO, opt-level "z",
+# panic = "abort") keeps it small.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -25,7 +26,7 @@ say() { printf 'build-static: %s\n' "$*"; }
 die() { printf 'build-static: ERROR: %s\n' "$*" >&2; exit 1; }
 
 # The musl target ships with rustup as a prebuilt standard library (and its own linker support):
-# no musl-gcc or C toolchain for musl is needed, because kafka-lock has no C dependencies.
+# no musl-gcc or C toolchain for musl is needed, because this build has no C dependencies.
 if command -v rustup >/dev/null 2>&1; then
     if ! rustup target list --installed | grep -qx "$TARGET"; then
         say "adding the Rust target $TARGET"
@@ -36,31 +37,19 @@ else
         || die "no rustup, and this Rust toolchain has no $TARGET standard library; install the target"
 fi
 
-# TLS (the `tls` feature, in `cli`) needs ring's C and assembly compiled for the target. For
-# x86_64 the host's C compiler does; for aarch64 a cross C compiler is needed (CC_aarch64_unknown_
-# linux_musl, aarch64-linux-musl-gcc, aarch64-linux-gnu-gcc or clang). Without one, the aarch64
-# binary is built without TLS (`cli-base`): it refuses SSL and SASL_SSL with a message saying so.
-features=cli
-if [[ "$TARGET" == x86_64-* && -z "${CC_x86_64_unknown_linux_musl:-}" ]] \
+# TLS with the graviola crypto provider (`tls-graviola`): pure Rust, so neither target needs a C
+# compiler and both binaries carry TLS. graviola needs CPU extensions (x86_64: AVX2, BMI2, ADX,
+# AES-NI, PCLMULQDQ, from about 2014 on; aarch64: AES, SHA2, PMULL, as a Raspberry Pi 5 or any
+# Graviton has); on a CPU without them kafka-lock refuses SSL and SASL_SSL with exit 78 and names
+# what is missing. KAFKA_LOCK_STATIC_FEATURES=cli builds with ring instead (C: needs a C compiler
+# for the target).
+features=${KAFKA_LOCK_STATIC_FEATURES:-cli-base,tls-graviola}
+if [[ ",$features," == *",cli,"* || ",$features," == *",tls,"* ]] \
+    && [[ "$TARGET" == x86_64-* && -z "${CC_x86_64_unknown_linux_musl:-}" ]] \
     && ! command -v x86_64-linux-musl-gcc >/dev/null 2>&1 && ! command -v musl-gcc >/dev/null 2>&1; then
     # ring's C needs only the compiler's own headers (stdint.h, stddef.h), so the host's x86_64
     # compiler builds it for musl as well; the Rust linker makes the binary static.
     export CC_x86_64_unknown_linux_musl=cc
-fi
-if [[ "$TARGET" == aarch64-* ]]; then
-    cross_cc=${CC_aarch64_unknown_linux_musl:-}
-    if [[ -z "$cross_cc" ]]; then
-        for c in aarch64-linux-musl-gcc aarch64-linux-gnu-gcc clang; do
-            if command -v "$c" >/dev/null 2>&1; then cross_cc=$c; break; fi
-        done
-    fi
-    if [[ -z "$cross_cc" ]]; then
-        say "no aarch64 C compiler for ring: building the aarch64 binary WITHOUT TLS (cli-base)"
-        features=cli-base
-    else
-        export CC_aarch64_unknown_linux_musl="$cross_cc"
-        [[ "$cross_cc" == clang ]] && export CFLAGS_aarch64_unknown_linux_musl="--target=aarch64-linux-musl"
-    fi
 fi
 
 say "cargo build --release --target $TARGET --no-default-features --features $features --bin kafka-lock"

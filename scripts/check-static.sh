@@ -9,6 +9,12 @@
 # An aarch64 binary is run through qemu-aarch64-static when it is installed (Debian's
 # qemu-user-static); without it the run is skipped and the script says so.
 #
+# A binary with the graviola TLS provider (the default of scripts/build-static.sh; not when
+# KAFKA_LOCK_STATIC_FEATURES names another) is also run on an emulated CPU that lacks what graviola
+# needs (qemu-x86_64-static -cpu Nehalem, 2008: no AES-NI, AVX, BMI or ADX), asking for TLS: it
+# must exit 78 with one line naming the missing features, not crash. Skipped, and said so,
+# without qemu-user-static.
+#
 # Reads the ELF headers with Python's standard library, so it needs neither `file` nor `readelf`.
 set -euo pipefail
 
@@ -143,3 +149,25 @@ print(f"check-static: OK: {path}")
 print(f"check-static: {version}; {MACHINES.get(e_machine)} {kind}, stripped, no shared libraries; "
       f"{size} bytes ({size / 1e6:.2f} MB, {size / 1048576:.2f} MiB) of a {max_bytes / 1e6:g} MB budget")
 PY
+
+features=${KAFKA_LOCK_STATIC_FEATURES:-cli-base,tls-graviola}
+if [[ ",$features," == *",tls-graviola,"* ]]; then
+    machine=$("$PYTHON" -c 'import struct,sys; print(struct.unpack_from("<H", open(sys.argv[1],"rb").read(20), 18)[0])' "$bin")
+    if [[ "$machine" != 62 ]]; then
+        # qemu's aarch64 CPU models all have the crypto extensions graviola needs.
+        printf 'check-static: older-CPU check: only for x86_64 binaries (no qemu aarch64 CPU model lacks AES/PMULL/SHA2)\n'
+    elif ! command -v qemu-x86_64-static >/dev/null 2>&1; then
+        printf 'check-static: older-CPU check SKIPPED: no qemu-x86_64-static (install qemu-user-static)\n' >&2
+    else
+        set +e
+        err=$(timeout 60 qemu-x86_64-static -cpu Nehalem "$bin" run --bootstrap 127.0.0.1:9 --lock cpu-check \
+            -X security.protocol=SSL -- true 2>&1 >/dev/null)
+        status=$?
+        set -e
+        if [[ $status != 78 || "$err" != *"lacks"*"avx2"* || $(wc -l <<<"$err") != 1 ]]; then
+            printf 'check-static: FAIL: on an emulated Nehalem CPU, TLS should exit 78 naming avx2 in one line; got %s: %s\n' "$status" "$err" >&2
+            exit 1
+        fi
+        printf 'check-static: OK: on an emulated Nehalem CPU, TLS exits 78: %s\n' "$err"
+    fi
+fi

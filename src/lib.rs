@@ -149,7 +149,7 @@ pub use lock::{
 };
 pub use security::{
     AuthFailure, Pem, Sasl, SaslMechanism, SaslTokenProvider, Secret, Security, SecurityError,
-    SecurityProtocol, Tls, TokenFuture,
+    SecurityProtocol, Tls, TlsProvider, TokenFuture,
 };
 pub use wire::versions::VersionError;
 

@@ -24,8 +24,10 @@
 //! | `ssl.certificate.location` / `ssl.key.location` | [`Tls::client_cert_files`] (mTLS) |
 //! | `ssl.endpoint.identification.algorithm=` (empty) | [`Tls::dangerous_disable_hostname_verification`] |
 //!
-//! TLS needs the `tls` cargo feature (on with `cli`); without it, a [`Security`] that asks for
-//! TLS is refused by [`Security::validate`] with a message saying so. SASL needs no feature.
+//! TLS needs the `tls` cargo feature (the `ring` crypto provider; on with `cli`) or
+//! `tls-graviola` (the pure-Rust `graviola` provider, see [`TlsProvider`]); without either, a
+//! [`Security`] that asks for TLS is refused by [`Security::validate`] with a message saying so.
+//! SASL needs no feature.
 //!
 //! Token mechanisms (OAUTHBEARER, AWS MSK IAM) plug in through [`SaslTokenProvider`]: the
 //! driver sends the provider's message as the one SaslAuthenticate of a connection.
@@ -163,12 +165,106 @@ impl fmt::Debug for Pem {
     }
 }
 
+/// The crypto library under TLS (a rustls crypto provider). Which exist depends on the cargo
+/// features: `tls` brings [`TlsProvider::Ring`], `tls-graviola` brings [`TlsProvider::Graviola`].
+/// Both offer the same cipher suites, key exchanges and signature algorithms to the broker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum TlsProvider {
+    /// `ring` (feature `tls`): C and assembly built with a C compiler; long proven.
+    Ring,
+    /// `graviola` (feature `tls-graviola`): pure Rust, no C compiler for any target; x86_64
+    /// and aarch64 CPUs with the extensions it needs (x86_64: aes, pclmulqdq, ssse3, avx, avx2,
+    /// bmi1, bmi2, adx; aarch64: neon, aes, pmull, sha2), checked before any TLS.
+    Graviola,
+}
+
+impl TlsProvider {
+    /// The providers this build has, its default first: graviola when `tls-graviola` is on
+    /// (enabling it is the deliberate choice; `tls` often comes with `cli`), else ring.
+    pub fn compiled() -> &'static [TlsProvider] {
+        &[
+            #[cfg(feature = "tls-graviola")]
+            TlsProvider::Graviola,
+            #[cfg(feature = "tls")]
+            TlsProvider::Ring,
+        ]
+    }
+
+    /// The provider used when [`Tls::crypto_provider`] is not set; `None` in a build without
+    /// TLS.
+    pub fn build_default() -> Option<TlsProvider> {
+        Self::compiled().first().copied()
+    }
+
+    /// Its name: `ring` or `graviola`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TlsProvider::Ring => "ring",
+            TlsProvider::Graviola => "graviola",
+        }
+    }
+
+    /// The cargo feature that brings it.
+    pub fn feature(self) -> &'static str {
+        match self {
+            TlsProvider::Ring => "tls",
+            TlsProvider::Graviola => "tls-graviola",
+        }
+    }
+
+    /// Whether this build has it and this machine can run it; the error says what is missing.
+    pub fn check(self) -> crate::Result<()> {
+        if !Self::compiled().contains(&self) {
+            return Err(crate::Error::Config(format!(
+                "this build of kafka-lock has no TLS provider {self} (the `{}` cargo feature){}",
+                self.feature(),
+                match Self::compiled() {
+                    [] => String::new(),
+                    have => format!(
+                        "; it has {}",
+                        have.iter()
+                            .map(|p| p.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                }
+            )));
+        }
+        #[cfg(feature = "tls-graviola")]
+        if self == TlsProvider::Graviola {
+            crate::driver::graviola_cpu_check().map_err(crate::Error::Security)?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for TlsProvider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for TlsProvider {
+    type Err = crate::Error;
+
+    fn from_str(s: &str) -> crate::Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "ring" => Ok(TlsProvider::Ring),
+            "graviola" => Ok(TlsProvider::Graviola),
+            _ => Err(crate::Error::Config(format!(
+                "unknown TLS provider {s:?}; expected ring or graviola"
+            ))),
+        }
+    }
+}
+
 /// TLS settings (`ssl.*`).
 ///
 /// Defaults: the server's certificate is verified against the bundled Mozilla roots
 /// (`webpki-roots`, so a `FROM scratch` image needs no CA store), its name against the host
 /// of the address dialled (DNS names as DNS SANs, IP addresses as IP SANs), no client
-/// certificate. TLS 1.2 and 1.3.
+/// certificate. TLS 1.2 and 1.3, with the build's default [`TlsProvider`].
 #[derive(Clone, PartialEq, Eq, Debug, Default)]
 #[non_exhaustive]
 pub struct Tls {
@@ -181,6 +277,8 @@ pub struct Tls {
     /// any certificate signed by a trusted CA impersonate any broker; kafka-lock logs a warning
     /// on every connection made without it.
     pub verify_hostname: bool,
+    /// The crypto provider; `None` is [`TlsProvider::build_default`].
+    pub provider: Option<TlsProvider>,
 }
 
 impl Tls {
@@ -190,7 +288,20 @@ impl Tls {
             ca: None,
             client_cert: None,
             verify_hostname: true,
+            provider: None,
         }
+    }
+
+    /// Uses this crypto provider instead of the build's default (a build with both `tls` and
+    /// `tls-graviola` has both).
+    pub fn crypto_provider(mut self, provider: TlsProvider) -> Self {
+        self.provider = Some(provider);
+        self
+    }
+
+    /// The provider connections use: the one set, else the build's default.
+    pub fn effective_provider(&self) -> Option<TlsProvider> {
+        self.provider.or_else(TlsProvider::build_default)
     }
 
     /// Trusts the CA certificates in this PEM file (one or more) instead of the bundled roots.
@@ -421,7 +532,8 @@ impl Security {
     }
 
     /// Checks that the settings fit together and that this build can honour them: SASL
-    /// protocols need credentials, TLS protocols need the `tls` feature. TLS or SASL settings
+    /// protocols need credentials, TLS protocols need a TLS provider this build has and this
+    /// CPU can run ([`TlsProvider::check`]). TLS or SASL settings
     /// the protocol does not use are ignored (as Kafka's clients do).
     pub fn validate(&self) -> crate::Result<()> {
         if self.protocol.uses_sasl() && self.sasl.is_none() {
@@ -436,12 +548,19 @@ impl Security {
                 return Err(crate::Error::Config("sasl.username is empty".into()));
             }
         }
-        if self.protocol.uses_tls() && !cfg!(feature = "tls") {
-            return Err(crate::Error::Config(format!(
-                "security.protocol={} needs TLS, and this build of kafka-lock has no TLS \
-                 (the `tls` cargo feature)",
-                self.protocol
-            )));
+        if self.protocol.uses_tls() {
+            let provider = match &self.tls {
+                Some(tls) => tls.effective_provider(),
+                None => TlsProvider::build_default(),
+            };
+            let Some(provider) = provider else {
+                return Err(crate::Error::Config(format!(
+                    "security.protocol={} needs TLS, and this build of kafka-lock has no TLS \
+                     (the `tls` or `tls-graviola` cargo feature)",
+                    self.protocol
+                )));
+            };
+            provider.check()?;
         }
         Ok(())
     }
@@ -502,6 +621,17 @@ pub enum SecurityError {
         broker: String,
         /// What failed.
         detail: String,
+    },
+    /// The TLS crypto provider cannot run on this CPU: it lacks an extension the provider's
+    /// routines are written for. Checked before any TLS, so nothing crashes.
+    #[error("this {arch} CPU lacks {} which the TLS provider {provider} needs; run a kafka-lock built with the ring provider (cargo feature `tls`) on this machine", .missing.join(", "))]
+    UnsupportedCpu {
+        /// The provider that cannot run.
+        provider: TlsProvider,
+        /// The CPU architecture (`x86_64`, `aarch64`).
+        arch: String,
+        /// The CPU features it lacks (in `is_x86_feature_detected!`'s names).
+        missing: Vec<String>,
     },
     /// TLS settings that cannot be used (unreadable or empty PEM, key that does not parse).
     #[error("TLS settings: {0}")]

@@ -372,7 +372,7 @@ async fn establish(addr: &str, cfg: &ConnConfig, dialer: &Dialer) -> Result<Esta
     let setup = async {
         let tcp = dialer.connect(addr, cfg.connect_timeout).await?;
         if cfg.security.protocol.uses_tls() {
-            #[cfg(feature = "tls")]
+            #[cfg(any(feature = "tls", feature = "tls-graviola"))]
             {
                 let default = crate::security::Tls::new();
                 let tls = cfg.security.tls.as_ref().unwrap_or(&default);
@@ -381,12 +381,12 @@ async fn establish(addr: &str, cfg: &ConnConfig, dialer: &Dialer) -> Result<Esta
                     .await
                     .map_err(|e| refused_after_handshake(e, addr, tls));
             }
-            #[cfg(not(feature = "tls"))]
+            #[cfg(not(any(feature = "tls", feature = "tls-graviola")))]
             {
                 drop(tcp);
                 return Err(Error::Config(format!(
                     "security.protocol={} needs TLS, and this build of kafka-lock has no TLS \
-                     (the `tls` cargo feature)",
+                     (the `tls` or `tls-graviola` cargo feature)",
                     cfg.security.protocol
                 )));
             }
@@ -408,7 +408,7 @@ async fn establish(addr: &str, cfg: &ConnConfig, dialer: &Dialer) -> Result<Esta
 /// certificate, so a broker that requires one (`ssl.client.auth=required`) and got none, or one
 /// it does not trust, answers the first request with a fatal alert instead. The reader reports it
 /// as an I/O error carrying rustls's text ("received fatal alert: ...").
-#[cfg(feature = "tls")]
+#[cfg(any(feature = "tls", feature = "tls-graviola"))]
 fn refused_after_handshake(e: Error, addr: &str, tls: &crate::security::Tls) -> Error {
     let text = match &e {
         Error::Io { source, .. } => source.to_string(),

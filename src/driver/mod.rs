@@ -16,6 +16,8 @@
 
 mod bootstrap;
 mod conn;
+#[cfg(feature = "tls-graviola")]
+mod cpu;
 pub(crate) mod describe;
 mod dial;
 mod secure;
@@ -24,5 +26,7 @@ mod tests;
 
 pub use bootstrap::{connect_any, BootstrapAttempt, BootstrapConfig, BootstrapError};
 pub use conn::{ConnConfig, Connection, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT};
+#[cfg(feature = "tls-graviola")]
+pub(crate) use cpu::check as graviola_cpu_check;
 pub(crate) mod ledger;
 pub(crate) mod session;

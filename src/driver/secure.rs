@@ -1,5 +1,5 @@
 //! The secured part of establishing a connection: the TLS handshake on the dialled TCP stream
-//! (feature `tls`), and the SASL exchange that follows ApiVersions.
+//! (feature `tls` or `tls-graviola`), and the SASL exchange that follows ApiVersions.
 //!
 //! ```text
 //!  dial (TCP) ─► TLS handshake ─► ApiVersions ─► SaslHandshake ─► SaslAuthenticate … ─► requests
@@ -245,10 +245,10 @@ fn nonce() -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
-#[cfg(feature = "tls")]
+#[cfg(any(feature = "tls", feature = "tls-graviola"))]
 pub(super) use tls::connect as tls_connect;
 
-#[cfg(feature = "tls")]
+#[cfg(any(feature = "tls", feature = "tls-graviola"))]
 mod tls {
     use std::io;
     use std::net::IpAddr;
@@ -265,13 +265,41 @@ mod tls {
     use tracing::warn;
 
     use crate::error::{Error, Result};
-    use crate::security::{Pem, SecurityError, Tls};
+    use crate::security::{Pem, SecurityError, Tls, TlsProvider};
 
     /// The stream a TLS connection runs over.
     pub(crate) type TlsStream = tokio_rustls::client::TlsStream<TcpStream>;
 
-    fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-        Arc::new(rustls::crypto::ring::default_provider())
+    /// The rustls provider for `tls`'s choice, once this build and CPU are known to run it.
+    fn provider(tls: &Tls) -> Result<Arc<rustls::crypto::CryptoProvider>> {
+        let Some(choice) = tls.effective_provider() else {
+            return Err(config_error("this build has no TLS crypto provider".into()));
+        };
+        choice.check()?;
+        static PROVIDERS: LazyLock<Vec<(TlsProvider, Arc<rustls::crypto::CryptoProvider>)>> =
+            LazyLock::new(|| {
+                TlsProvider::compiled()
+                    .iter()
+                    .map(|&p| (p, Arc::new(build(p))))
+                    .collect()
+            });
+        PROVIDERS
+            .iter()
+            .find(|(p, _)| *p == choice)
+            .map(|(_, provider)| Arc::clone(provider))
+            .ok_or_else(|| config_error(format!("this build has no TLS provider {choice}")))
+    }
+
+    fn build(provider: TlsProvider) -> rustls::crypto::CryptoProvider {
+        match provider {
+            #[cfg(feature = "tls")]
+            TlsProvider::Ring => rustls::crypto::ring::default_provider(),
+            #[cfg(feature = "tls-graviola")]
+            TlsProvider::Graviola => rustls_graviola::default_provider(),
+            // TlsProvider::compiled() lists only the providers compiled in.
+            #[allow(unreachable_patterns)]
+            other => unreachable!("{other} is not compiled in"),
+        }
     }
 
     /// Mozilla's roots, parsed once.
@@ -313,6 +341,7 @@ mod tls {
     /// The rustls configuration for `tls`, read afresh on every connection so that rotated
     /// certificate files are picked up.
     fn client_config(tls: &Tls) -> Result<ClientConfig> {
+        let provider = provider(tls)?;
         let roots = match &tls.ca {
             None => Arc::clone(&BUNDLED),
             Some(pem) => {
@@ -325,7 +354,7 @@ mod tls {
                 Arc::new(store)
             }
         };
-        let webpki = WebPkiServerVerifier::builder_with_provider(roots, provider())
+        let webpki = WebPkiServerVerifier::builder_with_provider(roots, Arc::clone(&provider))
             .build()
             .map_err(|e| config_error(format!("no usable CA certificate: {e}")))?;
         let verifier: Arc<dyn ServerCertVerifier> = if tls.verify_hostname {
@@ -333,7 +362,7 @@ mod tls {
         } else {
             Arc::new(AnyName(webpki))
         };
-        let builder = ClientConfig::builder_with_provider(provider())
+        let builder = ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(|e| config_error(e.to_string()))?
             .dangerous()

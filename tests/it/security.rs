@@ -1,6 +1,8 @@
 //! Secured connections on real Apache Kafka (`support::kafka::secure`): the lock over SASL_SSL
 //! with each mechanism, mTLS, SASL_PLAINTEXT, KIP-368 re-authentication across a long hold, the
-//! one-line error of each misconfiguration, and secrets kept out of logs and `Debug`.
+//! one-line error of each misconfiguration, and secrets kept out of logs and `Debug`. Every test
+//! that makes TLS connections runs once per crypto provider the build has
+//! (`security::ring::…`, `security::graviola::…`; `--all-features` has both).
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -9,6 +11,7 @@ use std::time::{Duration, Instant};
 use kafka_lock::driver::{ConnConfig, Connection};
 use kafka_lock::security::{
     AuthFailure, Sasl, SaslMechanism, Secret, Security, SecurityError, SecurityProtocol, Tls,
+    TlsProvider,
 };
 use kafka_lock::{Error, LockOptions};
 use kafka_protocol::messages::MetadataRequest;
@@ -19,13 +22,53 @@ use crate::support::kafka::secure::{
 };
 use crate::support::unique_group;
 
-fn tls() -> Tls {
-    Tls::new().ca_file(&secure_kafka().certs().ca)
+/// Defines each named `async fn(TlsProvider)` as a test in `ring` (feature `tls`) and in
+/// `graviola` (feature `tls-graviola`).
+macro_rules! per_provider {
+    ($($test:ident),* $(,)?) => {
+        #[cfg(feature = "tls")]
+        mod ring {
+            $(#[tokio::test]
+            async fn $test() {
+                super::$test(kafka_lock::TlsProvider::Ring).await
+            })*
+        }
+        #[cfg(feature = "tls-graviola")]
+        mod graviola {
+            $(#[tokio::test]
+            async fn $test() {
+                super::$test(kafka_lock::TlsProvider::Graviola).await
+            })*
+        }
+    };
 }
 
-fn sasl_ssl(mechanism: SaslMechanism, (user, password): (&str, &str)) -> Security {
+per_provider!(
+    sasl_ssl_plain,
+    sasl_ssl_scram_sha_256,
+    sasl_ssl_scram_sha_512,
+    ssl_with_client_certificate,
+    ssl_without_client_certificate,
+    tls_client_on_a_plaintext_listener,
+    unknown_ca,
+    hostname_mismatch,
+    wrong_password,
+    group_not_authorized,
+);
+
+fn tls(provider: TlsProvider) -> Tls {
+    Tls::new()
+        .ca_file(&secure_kafka().certs().ca)
+        .crypto_provider(provider)
+}
+
+fn sasl_ssl(
+    provider: TlsProvider,
+    mechanism: SaslMechanism,
+    (user, password): (&str, &str),
+) -> Security {
     Security::new(SecurityProtocol::SaslSsl)
-        .with_tls(tls())
+        .with_tls(tls(provider))
         .with_sasl(Sasl::new(mechanism, user, Secret::new(password)))
 }
 
@@ -63,31 +106,28 @@ async fn acquire_and_hand_over(options: LockOptions) {
     second.release().await.expect("release");
 }
 
-#[tokio::test]
-async fn sasl_ssl_plain() {
+async fn sasl_ssl_plain(p: TlsProvider) {
     acquire_and_hand_over(opts(
         "SASL_SSL",
-        sasl_ssl(SaslMechanism::Plain, PLAIN_USER),
+        sasl_ssl(p, SaslMechanism::Plain, PLAIN_USER),
         "sec-plain",
     ))
     .await;
 }
 
-#[tokio::test]
-async fn sasl_ssl_scram_sha_256() {
+async fn sasl_ssl_scram_sha_256(p: TlsProvider) {
     acquire_and_hand_over(opts(
         "SASL_SSL",
-        sasl_ssl(SaslMechanism::ScramSha256, SCRAM256_USER),
+        sasl_ssl(p, SaslMechanism::ScramSha256, SCRAM256_USER),
         "sec-scram256",
     ))
     .await;
 }
 
-#[tokio::test]
-async fn sasl_ssl_scram_sha_512() {
+async fn sasl_ssl_scram_sha_512(p: TlsProvider) {
     acquire_and_hand_over(opts(
         "SASL_SSL",
-        sasl_ssl(SaslMechanism::ScramSha512, SCRAM512_USER),
+        sasl_ssl(p, SaslMechanism::ScramSha512, SCRAM512_USER),
         "sec-scram512",
     ))
     .await;
@@ -103,19 +143,17 @@ async fn sasl_plaintext_scram() {
 }
 
 /// The SSL listener requires a client certificate; the principal is the certificate's DN.
-#[tokio::test]
-async fn ssl_with_client_certificate() {
+async fn ssl_with_client_certificate(p: TlsProvider) {
     let certs = secure_kafka().certs();
     let security = Security::new(SecurityProtocol::Ssl)
-        .with_tls(tls().client_cert_files(&certs.client_cert, &certs.client_key));
+        .with_tls(tls(p).client_cert_files(&certs.client_cert, &certs.client_key));
     acquire_and_hand_over(opts("SSL", security, "sec-mtls")).await;
     assert!(!CLIENT_CN.is_empty());
 }
 
 /// Without a client certificate the SSL listener refuses the session; the error says to set one.
-#[tokio::test]
-async fn ssl_without_client_certificate() {
-    let security = Security::new(SecurityProtocol::Ssl).with_tls(tls());
+async fn ssl_without_client_certificate(p: TlsProvider) {
+    let security = Security::new(SecurityProtocol::Ssl).with_tls(tls(p));
     let err = acquire_error(opts("SSL", security, "sec-err-nocert")).await;
     assert!(
         matches!(security_error(&err), SecurityError::Tls { .. }),
@@ -125,6 +163,10 @@ async fn ssl_without_client_certificate() {
         err.to_string().contains("ssl.certificate.location"),
         "{err}"
     );
+}
+
+fn default_provider() -> TlsProvider {
+    TlsProvider::build_default().expect("the integration tests are built with TLS")
 }
 
 /// What an acquire fails with, within a bound that no retry loop may exceed.
@@ -168,9 +210,8 @@ async fn plaintext_client_on_a_tls_listener() {
     assert_eq!(err.auth_failure(), None);
 }
 
-#[tokio::test]
-async fn tls_client_on_a_plaintext_listener() {
-    let security = Security::new(SecurityProtocol::Ssl).with_tls(tls());
+async fn tls_client_on_a_plaintext_listener(p: TlsProvider) {
+    let security = Security::new(SecurityProtocol::Ssl).with_tls(tls(p));
     let err = acquire_error(opts("PLAINTEXT", security, "sec-err-plainlistener")).await;
     assert!(
         matches!(
@@ -182,10 +223,13 @@ async fn tls_client_on_a_plaintext_listener() {
     assert!(err.to_string().contains("plaintext listener"), "{err}");
 }
 
-#[tokio::test]
-async fn unknown_ca() {
+async fn unknown_ca(p: TlsProvider) {
     let security = Security::new(SecurityProtocol::SaslSsl)
-        .with_tls(Tls::new().ca_file(&secure_kafka().certs().other_ca))
+        .with_tls(
+            Tls::new()
+                .ca_file(&secure_kafka().certs().other_ca)
+                .crypto_provider(p),
+        )
         .with_sasl(Sasl::plain(PLAIN_USER.0, Secret::new(PLAIN_USER.1)));
     let err = acquire_error(opts("SASL_SSL", security, "sec-err-ca")).await;
     assert!(
@@ -197,8 +241,7 @@ async fn unknown_ca() {
 
 /// The server certificate names only 127.0.0.1; `localhost` is not it. With hostname
 /// verification off the same connection works.
-#[tokio::test]
-async fn hostname_mismatch() {
+async fn hostname_mismatch(p: TlsProvider) {
     let port = secure_kafka()
         .addr("SSL")
         .rsplit_once(':')
@@ -206,7 +249,7 @@ async fn hostname_mismatch() {
         .1
         .to_owned();
     let certs = secure_kafka().certs();
-    let mtls = tls().client_cert_files(&certs.client_cert, &certs.client_key);
+    let mtls = tls(p).client_cert_files(&certs.client_cert, &certs.client_key);
     let by_name = |tls: Tls| {
         opts(
             "SSL",
@@ -233,14 +276,13 @@ async fn hostname_mismatch() {
     guard.release().await.unwrap();
 }
 
-#[tokio::test]
-async fn wrong_password() {
+async fn wrong_password(p: TlsProvider) {
     for mechanism in [SaslMechanism::Plain, SaslMechanism::ScramSha512] {
         let user = match mechanism {
             SaslMechanism::Plain => PLAIN_USER.0,
             _ => SCRAM512_USER.0,
         };
-        let security = sasl_ssl(mechanism, (user, "not-the-password"));
+        let security = sasl_ssl(p, mechanism, (user, "not-the-password"));
         let err = acquire_error(opts("SASL_SSL", security, "sec-err-pw")).await;
         assert!(
             matches!(
@@ -275,11 +317,10 @@ async fn mechanism_not_enabled() {
     assert!(err.to_string().contains("SCRAM-SHA-256"), "{err}");
 }
 
-#[tokio::test]
-async fn group_not_authorized() {
+async fn group_not_authorized(p: TlsProvider) {
     let options = opts(
         "SASL_SSL",
-        sasl_ssl(SaslMechanism::ScramSha512, NOBODY),
+        sasl_ssl(p, SaslMechanism::ScramSha512, NOBODY),
         "sec-err-acl",
     );
     let err = acquire_error(options.clone()).await;
@@ -385,7 +426,11 @@ fn secrets_stay_out_of_logs_errors_and_debug() {
     rt.block_on(async {
         let good = opts(
             "SASL_SSL",
-            sasl_ssl(SaslMechanism::ScramSha512, SCRAM512_USER),
+            sasl_ssl(
+                default_provider(),
+                SaslMechanism::ScramSha512,
+                SCRAM512_USER,
+            ),
             "sec-secrets",
         );
         let guard = good.acquire(Some(SECURE_WAIT)).await.expect("acquire");
@@ -393,7 +438,11 @@ fn secrets_stay_out_of_logs_errors_and_debug() {
         guard.release().await.unwrap();
         let bad = opts(
             "SASL_SSL",
-            sasl_ssl(SaslMechanism::Plain, (PLAIN_USER.0, "wrong-secret-Hq8v")),
+            sasl_ssl(
+                default_provider(),
+                SaslMechanism::Plain,
+                (PLAIN_USER.0, "wrong-secret-Hq8v"),
+            ),
             "sec-secrets",
         );
         let err = bad.acquire(Some(SECURE_WAIT)).await.unwrap_err();
@@ -424,7 +473,11 @@ fn secrets_stay_out_of_logs_errors_and_debug() {
 #[ignore = "benchmark: run by hand, see BENCHMARKS.md"]
 async fn bench_acquire_sasl_ssl_vs_plaintext() {
     const REPS: usize = 30;
-    let secured = sasl_ssl(SaslMechanism::ScramSha512, SCRAM512_USER);
+    let secured = sasl_ssl(
+        default_provider(),
+        SaslMechanism::ScramSha512,
+        SCRAM512_USER,
+    );
     let mut times: [(&str, Vec<Duration>); 2] = [("PLAINTEXT", vec![]), ("SASL_SSL", vec![])];
     // Warm both paths (JIT of the broker, first PBKDF2 on its side).
     for rep in 0..REPS + 2 {
@@ -456,4 +509,121 @@ async fn bench_acquire_sasl_ssl_vs_plaintext() {
             samples[samples.len() - 1]
         );
     }
+}
+
+/// The crypto providers side by side on the secured node, alternating, 2 warm-up rounds then
+/// `REPS` of each, printing the distributions (asserts nothing about speed; BENCHMARKS.md has
+/// the command and a run):
+///
+/// - a full TLS handshake: `Connection::connect` to the SSL listener (TCP, a TLS 1.3 handshake
+///   with no session to resume, as every connection makes one, with the client certificate, and
+///   ApiVersions), next to the same connect on PLAINTEXT;
+/// - with `KAFKA_LOCK_BENCH_CLI=ring=PATH,graviola=PATH` (release builds of the CLI, e.g. the
+///   static binaries), `PATH run … -- true` over SASL_SSL with SCRAM-SHA-512: the whole process,
+///   whose time is the acquire (two connections) and the release.
+#[tokio::test]
+#[ignore = "benchmark: run by hand, see BENCHMARKS.md"]
+async fn bench_tls_providers() {
+    const REPS: usize = 30;
+    let certs = secure_kafka().certs();
+    let mut rows: Vec<(String, Vec<Duration>)> = vec![("PLAINTEXT connect".into(), vec![])];
+    let mut configs = vec![ConnConfig::default()];
+    for &p in TlsProvider::compiled() {
+        rows.push((format!("SSL connect, {p}"), vec![]));
+        configs.push(
+            ConnConfig::default().with_security(
+                Security::new(SecurityProtocol::Ssl)
+                    .with_tls(tls(p).client_cert_files(&certs.client_cert, &certs.client_key)),
+            ),
+        );
+    }
+    for rep in 0..REPS + 2 {
+        for ((_, samples), cfg) in rows.iter_mut().zip(&configs) {
+            let listener = if cfg.security.protocol.uses_tls() {
+                "SSL"
+            } else {
+                "PLAINTEXT"
+            };
+            let started = Instant::now();
+            let conn = Connection::connect(&secure_kafka().addr(listener), cfg)
+                .await
+                .expect("connect");
+            let took = started.elapsed();
+            drop(conn);
+            if rep >= 2 {
+                samples.push(took);
+            }
+        }
+    }
+    if let Ok(spec) = std::env::var("KAFKA_LOCK_BENCH_CLI") {
+        let bins: Vec<(String, String)> = spec
+            .split(',')
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        let mut cli_rows: Vec<(String, Vec<Duration>)> = bins
+            .iter()
+            .map(|(name, _)| (format!("CLI run over SASL_SSL, {name}"), vec![]))
+            .collect();
+        for rep in 0..REPS + 2 {
+            for ((_, path), (_, samples)) in bins.iter().zip(cli_rows.iter_mut()) {
+                let took = time_cli_run(path, &unique_group("sec-bench-cli")).await;
+                if rep >= 2 {
+                    samples.push(took);
+                }
+            }
+        }
+        rows.extend(cli_rows);
+    }
+    for (what, samples) in &mut rows {
+        samples.sort();
+        let pct = |p: usize| samples[(samples.len() - 1) * p / 100];
+        println!(
+            "{what:<34} n={} min={:?} p50={:?} p90={:?} max={:?}",
+            samples.len(),
+            samples[0],
+            pct(50),
+            pct(90),
+            samples[samples.len() - 1]
+        );
+    }
+}
+
+/// The wall time of one `kafka-lock run -- true` over SASL_SSL (SCRAM-SHA-512); the process is
+/// killed if it runs past a bound.
+async fn time_cli_run(bin: &str, lock: &str) -> Duration {
+    let k = secure_kafka();
+    let started = Instant::now();
+    let child = tokio::process::Command::new(bin)
+        .args(["run", "--bootstrap", &k.addr("SASL_SSL"), "--lock", lock])
+        .args([
+            "--session-timeout",
+            "6s",
+            "-X",
+            "security.protocol=SASL_SSL",
+        ])
+        .args(["-X", "sasl.mechanism=SCRAM-SHA-512"])
+        .arg("-X")
+        .arg(format!("sasl.username={}", SCRAM512_USER.0))
+        .arg("-X")
+        .arg(format!("ssl.ca.location={}", k.certs().ca.display()))
+        .args(["--", "true"])
+        .env("KAFKA_LOCK_X_SASL_PASSWORD", SCRAM512_USER.1)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {bin}: {e}"));
+    let out = tokio::time::timeout(SECURE_WAIT, child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("{bin} run did not finish within {SECURE_WAIT:?}"))
+        .expect("wait");
+    let took = started.elapsed();
+    assert!(
+        out.status.success(),
+        "{bin}: {}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    took
 }

@@ -114,6 +114,9 @@ pub fn status_of(err: &Error) -> u8 {
         // Local TLS settings that cannot be used: an unreadable CA file, a key that does not
         // parse.
         Some(SecurityError::TlsConfig(_)) => return CONFIG,
+        // The build's TLS provider cannot run on this CPU: a deployment to change (another
+        // build, or another machine), not a refusal by the cluster.
+        Some(SecurityError::UnsupportedCpu { .. }) => return CONFIG,
         Some(_) => return NOPERM,
         None => {}
     }
@@ -159,6 +162,9 @@ pub fn failure(err: &Error, lock: &str, bootstrap: &str) -> Failure {
                  sasl.mechanism, sasl.username and sasl.password"
             ),
         },
+        CONFIG if matches!(security_error(err), Some(SecurityError::UnsupportedCpu { .. })) => {
+            format!("cannot use TLS on this machine for lock {lock:?}: {err}")
+        }
         CONFIG if security_error(err).is_some() => format!(
             "cannot set up TLS for the Kafka cluster at {bootstrap}: {err}; fix ssl.ca.location, \
              ssl.certificate.location or ssl.key.location"
@@ -254,5 +260,23 @@ mod tests {
             "{}",
             f.line
         );
+    }
+
+    /// A CPU that cannot run the TLS provider is a setting to change (78), said in one line
+    /// naming what the CPU lacks, with no advice about certificate files.
+    #[test]
+    fn a_cpu_without_the_providers_features_is_78() {
+        let err = Error::Security(SecurityError::UnsupportedCpu {
+            provider: kafka_lock::TlsProvider::Graviola,
+            arch: "x86_64".into(),
+            missing: vec!["avx2".into(), "adx".into()],
+        });
+        assert_eq!(status_of(&err), CONFIG);
+        let f = failure(&err, "nightly", "127.0.0.1:9093");
+        assert_eq!(f.status, CONFIG);
+        assert!(f.line.contains("lacks avx2, adx"), "{}", f.line);
+        assert!(f.line.contains("graviola"), "{}", f.line);
+        assert!(!f.line.contains("ssl.ca.location"), "{}", f.line);
+        assert!(!f.line.contains('\n'), "{}", f.line);
     }
 }

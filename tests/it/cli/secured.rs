@@ -784,3 +784,114 @@ fn ledger_run_and_history_over_sasl_ssl() {
         .unwrap_or_else(|| panic!("no holds: {v}"));
     assert_eq!(holds.len(), 1, "{v}");
 }
+
+/// The static binaries of scripts/build-static.sh (TLS with graviola, on both architectures)
+/// over SASL_SSL on the secured node: `--version`, `status` (a free lock: 3), and where the
+/// binary runs natively `run` with the token shown. An aarch64 binary runs under
+/// qemu-aarch64-static. scripts/test.sh builds them first and runs this; without
+/// qemu-user-static, KAFKA_LOCK_ALLOW_NO_QEMU=1 skips (and names) the binary that needs it.
+#[tokio::test]
+#[ignore = "needs scripts/build-static.sh x86_64 and aarch64 first; scripts/test.sh runs it"]
+async fn static_binaries_over_sasl_ssl() {
+    // BIN is <target dir>/debug/kafka-lock.
+    let target_dir = Path::new(BIN).parent().and_then(Path::parent).unwrap();
+    let host = std::env::consts::ARCH;
+    for arch in ["x86_64", "aarch64"] {
+        let bin = target_dir.join(format!("{arch}-unknown-linux-musl/release/kafka-lock"));
+        assert!(
+            bin.is_file(),
+            "{} does not exist: run scripts/build-static.sh {arch}",
+            bin.display()
+        );
+        let mut argv: Vec<String> = vec![];
+        if arch != host {
+            let qemu = format!("qemu-{arch}-static");
+            let found = std::env::var_os("PATH")
+                .map(|p| std::env::split_paths(&p).any(|d| d.join(&qemu).is_file()))
+                .unwrap_or(false);
+            if !found {
+                let why = format!(
+                    "{qemu} not found: cannot run the {arch} binary here; install \
+                     qemu-user-static (scripts/install-test-deps.sh does, with apt-get as root)"
+                );
+                if std::env::var_os("KAFKA_LOCK_ALLOW_NO_QEMU").is_some() {
+                    eprintln!("SKIPPED: {why}");
+                    continue;
+                }
+                panic!("{why}; or set KAFKA_LOCK_ALLOW_NO_QEMU=1 to skip it");
+            }
+            argv.push(qemu);
+        }
+        argv.push(bin.display().to_string());
+
+        let (code, out, err) = static_run(&argv, &["--version"]).await;
+        assert_eq!(code, Some(0), "{argv:?} --version: {err}");
+        assert!(out.starts_with("kafka-lock "), "{out}");
+
+        let k = secure_kafka();
+        let lock = lock_name(&format!("static-{arch}"));
+        let (user, ca) = (
+            format!("sasl.username={}", SCRAM512_USER.0),
+            format!("ssl.ca.location={}", k.certs().ca.display()),
+        );
+        let secured = [
+            "--bootstrap",
+            &k.addr("SASL_SSL"),
+            "--lock",
+            &lock,
+            "-X",
+            "security.protocol=SASL_SSL",
+            "-X",
+            "sasl.mechanism=SCRAM-SHA-512",
+            "-X",
+            &user,
+            "-X",
+            &ca,
+        ];
+        // `status`: TLS handshake, SASL, FindCoordinator, DescribeGroups; 3 = free.
+        let (code, out, err) = static_run(&argv, &[&["status"], &secured[..]].concat()).await;
+        assert_eq!(
+            code,
+            Some(3),
+            "{arch} status: {out} {err}\n{}",
+            k.log_tail()
+        );
+        // `run` needs PR_SET_CHILD_SUBREAPER, which qemu's user mode does not emulate (EINVAL):
+        // only where the binary runs natively.
+        if argv.len() == 1 {
+            let run = [
+                &["run", "--session-timeout", "6s"][..],
+                &secured[..],
+                &["--", "sh", "-c", "echo token=$KAFKA_LOCK_TOKEN"][..],
+            ]
+            .concat();
+            let (code, out, err) = static_run(&argv, &run).await;
+            assert_eq!(code, Some(0), "{arch}: {err}\n{}", k.log_tail());
+            assert!(out.contains("token="), "{arch}: {out} {err}");
+        }
+        eprintln!("{arch}: {} over SASL_SSL: ok", argv.join(" "));
+    }
+}
+
+/// Runs `argv` + `args` to the end within [`STEP`]: (status, stdout, stderr); killed past it.
+async fn static_run(argv: &[String], args: &[&str]) -> (Option<i32>, String, String) {
+    let child = tokio::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .args(args)
+        .env("KAFKA_LOCK_X_SASL_PASSWORD", SCRAM512_USER.1)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {argv:?}: {e}"));
+    let out = tokio::time::timeout(STEP, child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("{argv:?} {args:?} did not finish within {STEP:?}"))
+        .expect("wait");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
