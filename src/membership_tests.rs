@@ -1814,3 +1814,93 @@ fn another_number_of_permits_fails_with_both_numbers_and_leaves() {
     ));
     h.take(ApiKey::LeaveGroup);
 }
+
+// ---- the lease is min(session, rebalance) − margin, whichever of the two is shorter ----------
+//
+// The broker drops a member whose session timer runs out, and also one that does not rejoin a
+// rebalance within the rebalance timeout: the lease may not outlast either.
+
+/// A native machine with these two timeouts that holds the lock at generation 3; returns it and
+/// the instant the Heartbeat that began the hold was sent.
+fn holding_with(session: Duration, rebalance: Duration) -> (H, Instant) {
+    let mut h = H::with(MembershipConfig {
+        session_timeout: session,
+        rebalance_timeout: rebalance,
+        ..config(Mode::Native)
+    });
+    h.find_ok();
+    let sync = h.join_as("m1", 3, false, &[]);
+    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), 3, 0))));
+    let sent = h.now;
+    h.confirm();
+    (h, sent)
+}
+
+/// The hold is lost exactly `lease` after `sent`, with no renewal in between.
+fn lost_exactly_at(h: &mut H, sent: Instant, lease: Duration) {
+    let acquired = h.take_events();
+    assert!(
+        acquired.iter().any(|e| matches!(e,
+            Event::Acquired { lease_end, .. } if *lease_end == sent + lease)),
+        "the hold must begin with a lease of {lease:?}: {acquired:?}"
+    );
+    assert_eq!(h.m.lease_end(), Some(sent + lease));
+    // Every heartbeat goes unanswered: nothing renews the lease.
+    h.advance(lease - Duration::from_millis(1));
+    assert!(
+        lost(&h.take_events()).is_none(),
+        "lost before the {lease:?} lease ended"
+    );
+    h.advance(Duration::from_millis(1));
+    assert_eq!(
+        lost(&h.take_events()),
+        Some(LossReason::LeaseExpired),
+        "still holding at the end of the {lease:?} lease"
+    );
+}
+
+#[test]
+fn a_rebalance_timeout_shorter_than_the_session_shortens_the_lease() {
+    let (session, rebalance) = (Duration::from_secs(10), Duration::from_secs(3));
+    let cfg = MembershipConfig {
+        session_timeout: session,
+        rebalance_timeout: rebalance,
+        ..config(Mode::Native)
+    };
+    assert_eq!(cfg.lease_length(), rebalance - MARGIN);
+    let (mut h, sent) = holding_with(session, rebalance);
+    lost_exactly_at(&mut h, sent, rebalance - MARGIN);
+}
+
+#[test]
+fn a_rebalance_timeout_longer_than_the_session_does_not_lengthen_the_lease() {
+    let (session, rebalance) = (Duration::from_secs(10), Duration::from_secs(30));
+    let cfg = MembershipConfig {
+        session_timeout: session,
+        rebalance_timeout: rebalance,
+        ..config(Mode::Native)
+    };
+    assert_eq!(cfg.lease_length(), session - MARGIN);
+    let (mut h, sent) = holding_with(session, rebalance);
+    lost_exactly_at(&mut h, sent, session - MARGIN);
+}
+
+#[test]
+fn a_renewal_buys_the_shorter_of_the_two_timeouts() {
+    for (session, rebalance) in [
+        (Duration::from_secs(10), Duration::from_secs(4)),
+        (Duration::from_secs(4), Duration::from_secs(10)),
+    ] {
+        let (mut h, _) = holding_with(session, rebalance);
+        h.advance(HB);
+        let beat = h.take(ApiKey::Heartbeat);
+        let sent = h.now;
+        h.advance(Duration::from_millis(500));
+        h.reply(beat.id, Ok(hb(0)));
+        assert_eq!(
+            h.m.lease_end(),
+            Some(sent + Duration::from_secs(4) - MARGIN),
+            "session {session:?}, rebalance {rebalance:?}"
+        );
+    }
+}
