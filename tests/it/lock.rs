@@ -198,7 +198,11 @@ async fn newly_joining_waiters_never_take_the_lock_from_the_holder(broker: Broke
             .label(format!("waiter-{i}"))
             .client_id("a-smaller-client-id")
             .events(tx);
-        waiters.push((tokio::spawn(async move { o.acquire(None).await }), rx, None));
+        waiters.push((
+            tokio::spawn(async move { o.acquire(None).await }),
+            rx,
+            None::<(i32, i32, String)>,
+        ));
     }
     // Every waiter completes a generation naming the original holder; the positions that count
     // are those of the generation with all three of them, which the holder's token names.
