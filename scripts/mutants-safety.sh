@@ -20,8 +20,9 @@ root=$PWD
 export KAFKA_LOCK_TANSU=${KAFKA_LOCK_TANSU:-$root/.tools/bin/tansu}
 export KAFKA_LOCK_PYTHON=${KAFKA_LOCK_PYTHON:-$root/.tools/venv/bin/python}
 export KAFKA_LOCK_KAFKA_LIBS=${KAFKA_LOCK_KAFKA_LIBS:-$root/.tools/kafka/libs}
-# Dependencies stay built between runs and files.
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target/mutants}
+# The dependencies of an ordinary build are reused (the scratch copy's own crate builds apart
+# from the tree's, under its own path); without it every run first compiles all of them.
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target}
 
 SCOPE=(
     src/membership.rs
