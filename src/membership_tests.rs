@@ -1904,3 +1904,48 @@ fn a_renewal_buys_the_shorter_of_the_two_timeouts() {
         );
     }
 }
+
+// ---- what the driver reads between steps (mutation testing found these unpinned) ------------
+
+#[test]
+fn the_coordinator_found_is_the_one_reported() {
+    let mut h = H::new(Mode::Native);
+    assert_eq!(h.m.coordinator(), None);
+    h.find_ok();
+    assert_eq!(h.m.coordinator(), Some(&coordinator()));
+}
+
+/// The driver sleeps until `poll_timeout`; the harness's `advance` also fires the timer at the
+/// end of every step, which would hide a heartbeat that `poll_timeout` leaves out.
+#[test]
+fn the_next_heartbeat_is_announced_by_poll_timeout() {
+    let mut h = H::holding(2);
+    let due = h.now + HB;
+    assert_eq!(h.m.poll_timeout(), Some(due));
+    h.now = due;
+    h.m.handle_timeout(due);
+    h.drain();
+    h.take(ApiKey::Heartbeat);
+}
+
+/// Answers are matched to requests by id: no two requests share one.
+#[test]
+fn every_request_has_an_id_of_its_own() {
+    let mut h = H::new(Mode::Native);
+    let mut ids = Vec::new();
+    let find = h.take(ApiKey::FindCoordinator);
+    ids.push(find.id);
+    h.reply(find.id, Ok(find_ok()));
+    let probe = h.take(ApiKey::ApiVersions);
+    ids.push(probe.id);
+    h.reply(probe.id, Ok(api_versions(crate::wire::versions::SUPPORTED)));
+    let sync = h.join_as("m1", 3, false, &[]);
+    ids.push(sync.id);
+    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), 3, 0))));
+    let beat = h.take(ApiKey::Heartbeat);
+    ids.push(beat.id);
+    let mut distinct = ids.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), ids.len(), "ids {ids:?}");
+}
