@@ -1949,3 +1949,21 @@ fn every_request_has_an_id_of_its_own() {
     distinct.dedup();
     assert_eq!(distinct.len(), ids.len(), "ids {ids:?}");
 }
+
+/// A release while the coordinator lookup waits out its backoff looks the coordinator up at
+/// once, so the LeaveGroup is not held back by the retry delay.
+#[test]
+fn a_leave_during_a_lookup_backoff_looks_the_coordinator_up_at_once() {
+    let mut h = H::holding(3);
+    h.advance(HB);
+    let beat = h.take(ApiKey::Heartbeat);
+    h.reply(beat.id, Err(Error::Closed));
+    assert!(
+        !h.apis().contains(&ApiKey::FindCoordinator),
+        "the lookup waits for its backoff: {:?}",
+        h.apis()
+    );
+    h.m.handle_command(Command::Leave, h.now);
+    h.drain();
+    h.take(ApiKey::FindCoordinator);
+}
