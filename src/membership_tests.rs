@@ -1967,3 +1967,17 @@ fn a_leave_during_a_lookup_backoff_looks_the_coordinator_up_at_once() {
     h.drain();
     h.take(ApiKey::FindCoordinator);
 }
+
+/// COORDINATOR_LOAD_IN_PROGRESS on a holder's heartbeat: the same coordinator is loading the
+/// group, so the holder heartbeats again after a backoff, without rejoining.
+#[test]
+fn a_holders_heartbeat_met_by_load_in_progress_is_retried_not_a_rejoin() {
+    let mut h = H::holding(3);
+    h.advance(HB);
+    let beat = h.take(ApiKey::Heartbeat);
+    h.reply(beat.id, Ok(hb(14)));
+    h.advance(Duration::from_millis(100));
+    assert_eq!(h.apis(), [ApiKey::Heartbeat], "retried as a heartbeat");
+    assert!(lost(&h.take_events()).is_none());
+    assert!(h.m.token().is_some());
+}
