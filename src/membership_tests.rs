@@ -1981,3 +1981,35 @@ fn a_holders_heartbeat_met_by_load_in_progress_is_retried_not_a_rejoin() {
     assert!(lost(&h.take_events()).is_none());
     assert!(h.m.token().is_some());
 }
+
+/// A member's place in the queue is the generation of its first completed join, carried in the
+/// metadata of every later JoinGroup.
+#[test]
+fn a_rejoining_waiter_keeps_the_generation_of_its_first_join() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let sync = h.join_as("m2", 3, false, &[]);
+    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), 3, 1))));
+    h.advance(HB);
+    let beat = h.take(ApiKey::Heartbeat);
+    h.reply(beat.id, Ok(hb(27)));
+    let j = h.take(ApiKey::JoinGroup);
+    let md = MemberMetadata::decode(&join_request(&j).protocols[0].metadata).expect("metadata");
+    assert_eq!(md.first_joined_generation, 3, "{md:?}");
+}
+
+/// A retriable code the machine has no special case for is retried; it does not end the hold.
+#[test]
+fn a_retriable_heartbeat_error_keeps_the_hold() {
+    let mut h = H::holding(3);
+    h.advance(HB);
+    let beat = h.take(ApiKey::Heartbeat);
+    h.reply(beat.id, Ok(hb(7))); // REQUEST_TIMED_OUT
+    let events = h.take_events();
+    assert!(
+        failed(&events).is_none() && lost(&events).is_none(),
+        "{events:?}"
+    );
+    h.advance(Duration::from_millis(100));
+    assert_eq!(h.apis(), [ApiKey::Heartbeat]);
+}
