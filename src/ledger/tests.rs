@@ -1753,3 +1753,22 @@ fn a_checkpoint_commit_is_encoded_with_the_holds_generation_and_member_id() {
         );
     }
 }
+
+/// Broker ids start at 0: a ledger partition led by broker 0 has a leader.
+#[test]
+fn a_ledger_partition_led_by_broker_zero_has_a_leader() {
+    let resp = MetadataResponse::default()
+        .with_brokers(vec![MetadataResponseBroker::default()
+            .with_node_id(BrokerId(0))
+            .with_host(StrBytes::from_static_str("127.0.0.1"))
+            .with_port(9090)])
+        .with_topics(vec![MetadataResponseTopic::default()
+            .with_name(Some(StrBytes::from_static_str(TOPIC).into()))
+            .with_partitions(vec![MetadataResponsePartition::default()
+                .with_partition_index(0)
+                .with_leader_id(BrokerId(0))])]);
+    let p = ledger_partition(&resp, TOPIC)
+        .expect("a valid answer")
+        .expect("a leader");
+    assert_eq!(p.leader.node_id, 0);
+}
