@@ -1581,4 +1581,97 @@ mod tests {
             m.handle_command(Command::Leave, now);
         }
     }
+
+    // ---- the lease clock of a guard whose session task cannot run --------------------------
+
+    /// A guard and a watch of it over a session state that says `Held` until `lease_end`; the
+    /// returned sender stands for the session task, which never gets to send anything.
+    fn held_guard(lease_end: Instant) -> (LockGuard, watch::Sender<SessionState>) {
+        let token = FencingToken::new(Some(7), 3, "m-1");
+        let (state_tx, state) = watch::channel(SessionState::Held(token.clone(), lease_end, 0));
+        let (commands, _) = mpsc::unbounded_channel();
+        let (_, left) = watch::channel(None);
+        let (_, member_id) = watch::channel("m-1".to_owned());
+        let options = LockOptions::new("127.0.0.1:9", "lock");
+        let guard = LockGuard {
+            name: options.name.clone(),
+            leave_timeout: options.leave_timeout,
+            options: Box::new(options),
+            handle: SessionHandle {
+                commands,
+                state,
+                left,
+            },
+            token,
+            lease_end,
+            permit: 0,
+            member_id,
+            released: false,
+        };
+        (guard, state_tx)
+    }
+
+    /// Blocks the calling thread (the runtime's only one) until the monotonic clock has passed
+    /// `t`: no task of that runtime runs meanwhile.
+    fn block_until(t: Instant) {
+        while let Some(left) = t.checked_duration_since(Instant::now()) {
+            std::thread::sleep(left.max(Duration::from_millis(1)));
+        }
+    }
+
+    /// lock.rs promises that `is_held` "turns false on time even if that task is starved": the
+    /// session task that would report the loss shares a current-thread runtime with code that
+    /// blocks it past the lease end. `run` chooses between `released` and `lost` with this.
+    #[test]
+    fn is_held_turns_false_at_the_lease_end_even_if_the_session_task_is_starved() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("a runtime");
+        rt.block_on(async {
+            let lease_end = Instant::now() + Duration::from_millis(200);
+            let (guard, state_tx) = held_guard(lease_end);
+            let watch = guard.watch();
+            // What the session task would do at the lease end, on this same thread.
+            let session = tokio::spawn(async move {
+                tokio::time::sleep_until(tokio::time::Instant::from_std(lease_end)).await;
+                let _ = state_tx.send(SessionState::Ended(End::Lost(LossReason::LeaseExpired)));
+                state_tx
+            });
+            assert!(
+                guard.is_held() && watch.is_held(),
+                "held before the lease end"
+            );
+            block_until(lease_end);
+            assert!(
+                matches!(*watch.rx.borrow(), SessionState::Held(..)),
+                "the session task ran although the runtime's only thread was blocked"
+            );
+            assert!(!guard.is_held(), "LockGuard::is_held past the lease end");
+            assert!(!watch.is_held(), "HoldWatch::is_held past the lease end");
+            assert_eq!(guard.lease_end(), lease_end);
+            assert_eq!(watch.lease_end(), Some(lease_end));
+            session.abort();
+        });
+    }
+
+    /// `lost` has a timer of its own: with a session task that never reports anything, it still
+    /// resolves at the lease end, as a lease expiry.
+    #[test]
+    fn lost_resolves_at_the_lease_end_without_the_session_task() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("a runtime");
+        rt.block_on(async {
+            let lease_end = Instant::now() + Duration::from_millis(200);
+            let (guard, _silent_session) = held_guard(lease_end);
+            let reason = tokio::time::timeout(Duration::from_secs(30), guard.lost())
+                .await
+                .expect("lost() resolves without the session task");
+            assert_eq!(reason, LossReason::LeaseExpired);
+            assert!(Instant::now() >= lease_end, "lost before the lease end");
+            assert!(!guard.is_held());
+        });
+    }
 }

@@ -2307,3 +2307,202 @@ fn review_a_new_member_id_takes_a_fresh_anchor_even_at_a_known_generation_number
         "a confirmed assignment of the new member id began no hold"
     );
 }
+
+// ---- the lease is min(session, rebalance) − margin, whichever of the two is shorter ----------
+//
+// The broker drops a member whose session timer runs out, and also one that does not rejoin a
+// rebalance within the rebalance timeout: the lease may not outlast either.
+
+/// A native machine with these two timeouts that holds the lock at generation 3; returns it and
+/// the instant the Heartbeat that began the hold was sent.
+fn holding_with(session: Duration, rebalance: Duration) -> (H, Instant) {
+    let mut h = H::with(MembershipConfig {
+        session_timeout: session,
+        rebalance_timeout: rebalance,
+        ..config(Mode::Native)
+    });
+    h.find_ok();
+    let sync = h.join_as("m1", 3, false, &[]);
+    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), 3, 0))));
+    let sent = h.now;
+    h.confirm();
+    (h, sent)
+}
+
+/// The hold is lost exactly `lease` after `sent`, with no renewal in between.
+fn lost_exactly_at(h: &mut H, sent: Instant, lease: Duration) {
+    let acquired = h.take_events();
+    assert!(
+        acquired.iter().any(|e| matches!(e,
+            Event::Acquired { lease_end, .. } if *lease_end == sent + lease)),
+        "the hold must begin with a lease of {lease:?}: {acquired:?}"
+    );
+    assert_eq!(h.m.lease_end(), Some(sent + lease));
+    // Every heartbeat goes unanswered: nothing renews the lease.
+    h.advance(lease - Duration::from_millis(1));
+    assert!(
+        lost(&h.take_events()).is_none(),
+        "lost before the {lease:?} lease ended"
+    );
+    h.advance(Duration::from_millis(1));
+    assert_eq!(
+        lost(&h.take_events()),
+        Some(LossReason::LeaseExpired),
+        "still holding at the end of the {lease:?} lease"
+    );
+}
+
+#[test]
+fn a_rebalance_timeout_shorter_than_the_session_shortens_the_lease() {
+    let (session, rebalance) = (Duration::from_secs(10), Duration::from_secs(3));
+    let cfg = MembershipConfig {
+        session_timeout: session,
+        rebalance_timeout: rebalance,
+        ..config(Mode::Native)
+    };
+    assert_eq!(cfg.lease_length(), rebalance - MARGIN);
+    let (mut h, sent) = holding_with(session, rebalance);
+    lost_exactly_at(&mut h, sent, rebalance - MARGIN);
+}
+
+#[test]
+fn a_rebalance_timeout_longer_than_the_session_does_not_lengthen_the_lease() {
+    let (session, rebalance) = (Duration::from_secs(10), Duration::from_secs(30));
+    let cfg = MembershipConfig {
+        session_timeout: session,
+        rebalance_timeout: rebalance,
+        ..config(Mode::Native)
+    };
+    assert_eq!(cfg.lease_length(), session - MARGIN);
+    let (mut h, sent) = holding_with(session, rebalance);
+    lost_exactly_at(&mut h, sent, session - MARGIN);
+}
+
+#[test]
+fn a_renewal_buys_the_shorter_of_the_two_timeouts() {
+    for (session, rebalance) in [
+        (Duration::from_secs(10), Duration::from_secs(4)),
+        (Duration::from_secs(4), Duration::from_secs(10)),
+    ] {
+        let (mut h, _) = holding_with(session, rebalance);
+        h.advance(HB);
+        let beat = h.take(ApiKey::Heartbeat);
+        let sent = h.now;
+        h.advance(Duration::from_millis(500));
+        h.reply(beat.id, Ok(hb(0)));
+        assert_eq!(
+            h.m.lease_end(),
+            Some(sent + Duration::from_secs(4) - MARGIN),
+            "session {session:?}, rebalance {rebalance:?}"
+        );
+    }
+}
+
+// ---- what the driver reads between steps (mutation testing found these unpinned) ------------
+
+#[test]
+fn the_coordinator_found_is_the_one_reported() {
+    let mut h = H::new(Mode::Native);
+    assert_eq!(h.m.coordinator(), None);
+    h.find_ok();
+    assert_eq!(h.m.coordinator(), Some(&coordinator()));
+}
+
+/// The driver sleeps until `poll_timeout`; the harness's `advance` also fires the timer at the
+/// end of every step, which would hide a heartbeat that `poll_timeout` leaves out.
+#[test]
+fn the_next_heartbeat_is_announced_by_poll_timeout() {
+    let mut h = H::holding(2);
+    let due = h.now + HB;
+    assert_eq!(h.m.poll_timeout(), Some(due));
+    h.now = due;
+    h.m.handle_timeout(due);
+    h.drain();
+    h.take(ApiKey::Heartbeat);
+}
+
+/// Answers are matched to requests by id: no two requests share one.
+#[test]
+fn every_request_has_an_id_of_its_own() {
+    let mut h = H::new(Mode::Native);
+    let mut ids = Vec::new();
+    let find = h.take(ApiKey::FindCoordinator);
+    ids.push(find.id);
+    h.reply(find.id, Ok(find_ok()));
+    let probe = h.take(ApiKey::ApiVersions);
+    ids.push(probe.id);
+    h.reply(probe.id, Ok(api_versions(crate::wire::versions::SUPPORTED)));
+    let sync = h.join_as("m1", 3, false, &[]);
+    ids.push(sync.id);
+    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), 3, 0))));
+    let beat = h.take(ApiKey::Heartbeat);
+    ids.push(beat.id);
+    let mut distinct = ids.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), ids.len(), "ids {ids:?}");
+}
+
+/// A release while the coordinator lookup waits out its backoff looks the coordinator up at
+/// once, so the LeaveGroup is not held back by the retry delay.
+#[test]
+fn a_leave_during_a_lookup_backoff_looks_the_coordinator_up_at_once() {
+    let mut h = H::holding(3);
+    h.advance(HB);
+    let beat = h.take(ApiKey::Heartbeat);
+    h.reply(beat.id, Err(Error::Closed));
+    assert!(
+        !h.apis().contains(&ApiKey::FindCoordinator),
+        "the lookup waits for its backoff: {:?}",
+        h.apis()
+    );
+    h.m.handle_command(Command::Leave, h.now);
+    h.drain();
+    h.take(ApiKey::FindCoordinator);
+}
+
+/// COORDINATOR_LOAD_IN_PROGRESS on a holder's heartbeat: the same coordinator is loading the
+/// group, so the holder heartbeats again after a backoff, without rejoining.
+#[test]
+fn a_holders_heartbeat_met_by_load_in_progress_is_retried_not_a_rejoin() {
+    let mut h = H::holding(3);
+    h.advance(HB);
+    let beat = h.take(ApiKey::Heartbeat);
+    h.reply(beat.id, Ok(hb(14)));
+    h.advance(Duration::from_millis(100));
+    assert_eq!(h.apis(), [ApiKey::Heartbeat], "retried as a heartbeat");
+    assert!(lost(&h.take_events()).is_none());
+    assert!(h.m.token().is_some());
+}
+
+/// A member's place in the queue is the generation of its first completed join, carried in the
+/// metadata of every later JoinGroup.
+#[test]
+fn a_rejoining_waiter_keeps_the_generation_of_its_first_join() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let sync = h.join_as("m2", 3, false, &[]);
+    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), 3, 1))));
+    h.advance(HB);
+    let beat = h.take(ApiKey::Heartbeat);
+    h.reply(beat.id, Ok(hb(27)));
+    let j = h.take(ApiKey::JoinGroup);
+    let md = MemberMetadata::decode(&join_request(&j).protocols[0].metadata).expect("metadata");
+    assert_eq!(md.first_joined_generation, 3, "{md:?}");
+}
+
+/// A retriable code the machine has no special case for is retried; it does not end the hold.
+#[test]
+fn a_retriable_heartbeat_error_keeps_the_hold() {
+    let mut h = H::holding(3);
+    h.advance(HB);
+    let beat = h.take(ApiKey::Heartbeat);
+    h.reply(beat.id, Ok(hb(7))); // REQUEST_TIMED_OUT
+    let events = h.take_events();
+    assert!(
+        failed(&events).is_none() && lost(&events).is_none(),
+        "{events:?}"
+    );
+    h.advance(Duration::from_millis(100));
+    assert_eq!(h.apis(), [ApiKey::Heartbeat]);
+}

@@ -1918,3 +1918,140 @@ fn every_record_of_a_hold_names_its_slot() {
     let end = appended(r.last());
     assert_eq!((end.kind.name(), end.hold, end.slot), ("released", 42, 2));
 }
+
+// ---- the lease clock and the fenced commit, each on its own -------------------------------------
+
+/// The membership's timer fires a little after the lease end (tokio timers are up to a
+/// millisecond late, a loaded machine later still): the ledger may see the ACQUIRED record's
+/// acknowledgement while the membership still reports holding past its lease. The lease clock
+/// alone must then refuse the hold.
+#[test]
+fn an_ack_after_the_lease_end_is_refused_while_the_membership_still_says_holding() {
+    for late in [
+        Duration::ZERO,
+        Duration::from_millis(1),
+        Duration::from_secs(2),
+    ] {
+        let mut r = Rig::new();
+        r.membership_acquires(3);
+        let t = r.last().clone();
+        r.advance(LEASE + late);
+        assert!(
+            r.view.holding,
+            "the membership has not noticed the lease end"
+        );
+        r.answer(t.id, produced_at(42));
+        assert!(
+            !r.events.iter().any(|e| matches!(e, Event::Acquired { .. })),
+            "an ACQUIRED acknowledged {late:?} after the lease end began a hold: {:?}",
+            r.events
+        );
+        assert!(
+            matches!(
+                r.events.last(),
+                Some(Event::Lost {
+                    reason: LossReason::Ledger,
+                    ..
+                })
+            ),
+            "{:?}",
+            r.events
+        );
+        assert_eq!(r.commands, [Command::Leave]);
+        assert!(r.l.token().is_none(), "{:?}", r.l.token());
+    }
+}
+
+/// The OffsetCommit on the wire is what fences a checkpoint: the broker compares its generation
+/// and member id with the group's (GroupMetadataManager.validateOffsetCommit in Apache Kafka
+/// 4.1.2). A commit that left either out, or sent -1 / "", would be accepted from anyone
+/// (Apache Kafka takes generation -1 with an empty member id as a commit from outside the
+/// group), so the request is checked as encoded at every version kafka-lock may choose.
+#[test]
+fn a_checkpoint_commit_is_encoded_with_the_holds_generation_and_member_id() {
+    use crate::wire::frame::{decode_frame, DEFAULT_MAX_FRAME_SIZE};
+    use kafka_protocol::messages::api_versions_response::ApiVersion;
+    use kafka_protocol::messages::{ApiVersionsResponse, OffsetCommitRequest};
+    use kafka_protocol::protocol::{decode_request_header_from_buffer, Decodable};
+
+    let mut r = Rig::new();
+    r.holding_at(42);
+    r.view.generation = 7;
+    r.view.member_id = "m-7".into();
+    let (view, now) = (r.view.clone(), r.t());
+    r.l.checkpoint(1, "up to 2026-11-29".into(), &view, now);
+    r.drain();
+    let op = r.last().op.clone();
+    assert!(matches!(op, Op::Commit { .. }), "{op:?}");
+
+    let (ours_min, ours_max) = crate::wire::versions::supported_range(ApiKey::OffsetCommit)
+        .expect("kafka-lock implements OffsetCommit");
+    for broker_max in ours_min..=ours_max {
+        let offered = ApiVersionsResponse::default().with_api_keys(
+            crate::wire::SUPPORTED
+                .iter()
+                .map(|&(api, min, max)| {
+                    let max = if api == ApiKey::OffsetCommit {
+                        broker_max
+                    } else {
+                        max
+                    };
+                    ApiVersion::default()
+                        .with_api_key(api as i16)
+                        .with_min_version(min)
+                        .with_max_version(max)
+                })
+                .collect(),
+        );
+        let versions = crate::wire::negotiate(&offered).expect("negotiates");
+        let (req, v) = build(&op, &versions).expect("builds");
+        assert!(v <= broker_max, "v{v} sent to a broker with v{broker_max}");
+        let mut out = BytesMut::new();
+        crate::wire::encode_request(&req, v, 1, Some("kafka-lock"), &mut out).expect("encodes");
+        let mut frame = decode_frame(&mut out, DEFAULT_MAX_FRAME_SIZE)
+            .expect("a frame")
+            .expect("a whole frame");
+        let header = decode_request_header_from_buffer(&mut frame).expect("a header");
+        assert_eq!(header.request_api_key, ApiKey::OffsetCommit as i16);
+        assert_eq!(header.request_api_version, v);
+        let sent = OffsetCommitRequest::decode(&mut frame, v).expect("decodes");
+        assert_eq!(sent.group_id.as_str(), LOCK, "v{v}");
+        assert_eq!(sent.generation_id_or_member_epoch, 7, "v{v}");
+        assert_eq!(sent.member_id.as_str(), "m-7", "v{v}");
+        let [topic] = &sent.topics[..] else {
+            panic!("v{v}: {sent:?}")
+        };
+        assert_eq!(topic.name.as_str(), TOPIC, "v{v}");
+        let [p] = &topic.partitions[..] else {
+            panic!("v{v}: {sent:?}")
+        };
+        assert_eq!(
+            (
+                p.partition_index,
+                p.committed_offset,
+                p.committed_metadata.as_deref()
+            ),
+            (0, 42, Some("up to 2026-11-29")),
+            "v{v}"
+        );
+    }
+}
+
+/// Broker ids start at 0: a ledger partition led by broker 0 has a leader.
+#[test]
+fn a_ledger_partition_led_by_broker_zero_has_a_leader() {
+    let resp = MetadataResponse::default()
+        .with_brokers(vec![MetadataResponseBroker::default()
+            .with_node_id(BrokerId(0))
+            .with_host(StrBytes::from_static_str("127.0.0.1"))
+            .with_port(9090)])
+        .with_topics(vec![MetadataResponseTopic::default()
+            .with_name(Some(StrBytes::from_static_str(TOPIC).into()))
+            .with_partitions(vec![MetadataResponsePartition::default()
+                .with_partition_index(0)
+                .with_leader_id(BrokerId(0))])]);
+    let p = ledger_partition(&resp, TOPIC)
+        .expect("a valid answer")
+        .expect("a leader");
+    assert_eq!(p.leader.node_id, 0);
+}

@@ -170,6 +170,25 @@ async fn newly_joining_waiters_never_take_the_lock_from_the_holder(broker: Broke
         .await
         .unwrap();
     let token = holder.token();
+
+    // A newcomer that sorts before the holder in FIFO order: its metadata says it first joined
+    // in generation 0 (as a member that joined an earlier incarnation of a deleted group would).
+    // Only stickiness keeps the lock with the holder; without it this newcomer takes it.
+    let early = raw::EarlyJoiner::join(broker, &group, bound * 3).await;
+    assert_eq!(
+        early
+            .assignment
+            .holder
+            .as_ref()
+            .map(|h| h.member_id.as_str()),
+        Some(token.member_id.as_str()),
+        "a newcomer that sorts first in FIFO order was given the lock: {:?}",
+        early.assignment
+    );
+    assert!(early.assignment.position >= 1, "{:?}", early.assignment);
+    assert!(holder.is_held(), "the holder lost its lock to the newcomer");
+    early.leave(bound).await;
+
     let mut waiters = Vec::new();
     for i in 0..3 {
         let (tx, rx) = mpsc::unbounded_channel();
@@ -179,37 +198,75 @@ async fn newly_joining_waiters_never_take_the_lock_from_the_holder(broker: Broke
             .label(format!("waiter-{i}"))
             .client_id("a-smaller-client-id")
             .events(tx);
-        waiters.push((tokio::spawn(async move { o.acquire(None).await }), rx));
+        waiters.push((
+            tokio::spawn(async move { o.acquire(None).await }),
+            rx,
+            None::<(i32, i32, String)>,
+        ));
     }
-    // Every waiter completes a generation naming the original holder.
-    for (_, rx) in waiters.iter_mut() {
-        loop {
-            match tokio::time::timeout(bound * 3, rx.recv())
+    // Every waiter completes a generation naming the original holder; the positions that count
+    // are those of the generation with all three of them, which the holder's token names.
+    let deadline = tokio::time::Instant::now() + bound * 6;
+    let queue: Vec<(i32, String)> = loop {
+        // The newest generation anyone has seen: the holder's token moves to each one it keeps
+        // the lock through, and the waiters' events name it.
+        let newest = waiters
+            .iter()
+            .filter_map(|w| w.2.as_ref().map(|l| l.0))
+            .fold(holder.token().generation, i32::max);
+        match waiters
+            .iter_mut()
+            .find(|w| w.2.as_ref().is_none_or(|l| l.0 < newest))
+        {
+            Some((_, rx, latest)) => match tokio::time::timeout_at(deadline, rx.recv())
                 .await
-                .expect("waiter event")
+                .expect("every waiter learns its place behind the holder")
             {
                 Some(LockEvent::Waiting {
-                    holder: Some(h), ..
-                }) if h.member_id == token.member_id => break,
+                    holder: Some(h),
+                    position,
+                    member_id,
+                    ..
+                }) => {
+                    assert_eq!(
+                        h.member_id, token.member_id,
+                        "a joining waiter took the lock"
+                    );
+                    *latest = Some((h.generation, position, member_id));
+                }
                 Some(LockEvent::Acquired { .. }) => panic!("a joining waiter took the lock"),
                 Some(_) => {}
                 None => panic!("waiter ended early"),
+            },
+            None => {
+                // All three report the same generation: their places in it.
+                let mut queue: Vec<(i32, String)> = waiters
+                    .iter()
+                    .map(|w| {
+                        let (_, position, member) = w.2.clone().expect("seen");
+                        (position, member)
+                    })
+                    .collect();
+                queue.sort();
+                let positions: Vec<i32> = queue.iter().map(|q| q.0).collect();
+                assert_eq!(positions, [1, 2, 3], "not a queue of three: {queue:?}");
+                break queue;
             }
         }
-    }
+    };
     assert!(holder.is_held());
     assert!(
         holder.token().generation >= token.generation,
         "the token only moves forward"
     );
     holder.release().await.unwrap();
-    // They get it one at a time, in whatever order the queue gives, each after the previous one
+    // They get it one at a time, in the order of the queue, each after the previous one
     // released.
     let mut set = tokio::task::JoinSet::new();
-    for (task, _) in waiters {
+    for (task, _, _) in waiters {
         set.spawn(task);
     }
-    let mut generations = Vec::new();
+    let mut acquired = Vec::new();
     while let Some(joined) = tokio::time::timeout(bound * 3, set.join_next())
         .await
         .expect("waiters finish")
@@ -218,44 +275,65 @@ async fn newly_joining_waiters_never_take_the_lock_from_the_holder(broker: Broke
             .unwrap()
             .unwrap()
             .expect("each waiter acquires in turn");
-        generations.push(guard.token().generation);
+        acquired.push((guard.token().generation, guard.member_id()));
         guard.release().await.unwrap();
     }
-    assert_eq!(generations.len(), 3);
+    assert_eq!(acquired.len(), 3);
     assert!(
-        generations.windows(2).all(|w| w[0] < w[1]),
-        "tokens in acquisition order: {generations:?}"
+        acquired.windows(2).all(|w| w[0].0 < w[1].0),
+        "tokens in acquisition order: {acquired:?}"
     );
-    assert!(generations.iter().all(|g| *g > token.generation));
+    assert!(acquired.iter().all(|(g, _)| *g > token.generation));
+    let order: Vec<&str> = acquired.iter().map(|a| a.1.as_str()).collect();
+    let expected: Vec<&str> = queue.iter().map(|q| q.1.as_str()).collect();
+    assert_eq!(
+        order, expected,
+        "the waiters took the lock out of queue order"
+    );
 }
 
 on_brokers!(try_acquire_is_prompt_both_ways: apache);
 async fn try_acquire_is_prompt_both_ways(broker: Broker) {
     support::init_tracing();
     let group = support::unique_group("try");
+    // The shared broker starts on first use: up before the clock starts.
+    broker.bootstrap();
+    // Each await has a bound well past what it may take, so a hang fails here rather than at
+    // the suite's limit; the timing assertions are separate.
+    let hang = SLACK * 4;
     let started = Instant::now();
-    let got = opts(broker, &group)
-        .try_acquire()
+    let got = tokio::time::timeout(hang, opts(broker, &group).try_acquire())
         .await
+        .expect("try_acquire of a free lock returns")
         .unwrap()
         .expect("a free lock is taken");
     // A lone member's join completes at once (initial delay 0): a handful of round trips.
     assert!(started.elapsed() < SLACK, "{:?}", started.elapsed());
     let (tx, rx) = mpsc::unbounded_channel();
     let waiting = first_waiting(rx);
-    let other = opts(broker, &group).events(tx).try_acquire().await.unwrap();
+    let other = tokio::time::timeout(hang, opts(broker, &group).events(tx).try_acquire())
+        .await
+        .expect("try_acquire of a held lock returns")
+        .unwrap();
     let returned = Instant::now();
     assert!(other.is_none(), "a held lock is not taken");
     // The try is over once the first generation completed without us; only the LeaveGroup is
     // left, which is one request.
-    let waiting_at = waiting.await.unwrap().expect("the generation was reported");
+    let waiting_at = tokio::time::timeout(hang, waiting)
+        .await
+        .expect("the event stream ends")
+        .unwrap()
+        .expect("the generation was reported");
     assert!(
         returned.duration_since(waiting_at) < LEAVE_BOUND,
         "try_acquire returned {:?} after its generation completed",
         returned.duration_since(waiting_at)
     );
     assert!(got.is_held());
-    got.release().await.unwrap();
+    tokio::time::timeout(hang, got.release())
+        .await
+        .expect("release returns")
+        .unwrap();
 }
 
 /// How long leaving may take after the outcome is known: one LeaveGroup on loopback, with room
@@ -682,4 +760,131 @@ async fn a_short_acquire_names_the_holder(broker: Broker) {
         other => panic!("expected NotAcquired naming the holder, got {other:?}"),
     }
     holder.release().await.unwrap();
+}
+
+/// A native member driven by hand, for what kafka-lock itself never sends.
+mod raw {
+    use std::time::Duration;
+
+    use kafka_lock::assign::{MemberMetadata, NativeAssignment, NATIVE_PROTOCOL, PROTOCOL_TYPE};
+    use kafka_lock::driver::Connection;
+    use kafka_lock::wire::Response;
+    use kafka_protocol::messages::join_group_request::{
+        JoinGroupRequest, JoinGroupRequestProtocol,
+    };
+    use kafka_protocol::messages::leave_group_request::{LeaveGroupRequest, MemberIdentity};
+    use kafka_protocol::messages::sync_group_request::SyncGroupRequest;
+    use kafka_protocol::messages::{ApiKey, GroupId};
+    use kafka_protocol::protocol::StrBytes;
+
+    use crate::support::brokers::Broker;
+    use crate::support::kafka::probe::coordinator_connection;
+
+    const MEMBER_ID_REQUIRED: i16 = 79;
+
+    fn sb(s: &str) -> StrBytes {
+        StrBytes::from_string(s.to_owned())
+    }
+
+    /// A member whose metadata claims it first joined in generation 0: in FIFO order it comes
+    /// before any member of the group as it is now.
+    pub struct EarlyJoiner {
+        conn: Connection,
+        group: String,
+        member: String,
+        pub assignment: NativeAssignment,
+    }
+
+    impl EarlyJoiner {
+        /// Joins (twice, when the broker asks for a member id first) and syncs as a follower;
+        /// every request is bounded by `bound`.
+        pub async fn join(broker: Broker, group: &str, bound: Duration) -> EarlyJoiner {
+            let conn = coordinator_connection(&broker.bootstrap(), group)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            let metadata = MemberMetadata {
+                holds: false,
+                first_joined_generation: 0,
+                holder_generation: -1,
+                label: Some("early".into()),
+                permits: 1,
+                slot: 0,
+                ledger: None,
+            }
+            .encode();
+            let mut member = String::new();
+            let joined = loop {
+                let mut p = JoinGroupRequestProtocol::default();
+                p.name = sb(NATIVE_PROTOCOL);
+                p.metadata = metadata.clone();
+                let mut req = JoinGroupRequest::default();
+                req.group_id = GroupId(sb(group));
+                req.session_timeout_ms = 6000;
+                req.rebalance_timeout_ms = 6000;
+                req.member_id = sb(&member);
+                req.protocol_type = sb(PROTOCOL_TYPE);
+                req.protocols = vec![p];
+                let resp = match conn.request_with_timeout(req, bound).await {
+                    Ok(Response::JoinGroup(r)) => r,
+                    other => panic!("JoinGroup: {other:?}"),
+                };
+                match resp.error_code {
+                    0 => break resp,
+                    MEMBER_ID_REQUIRED if member.is_empty() => member = resp.member_id.to_string(),
+                    code => panic!("JoinGroup answered {code}: {resp:?}"),
+                }
+            };
+            member = joined.member_id.to_string();
+            assert_ne!(
+                joined.leader.as_str(),
+                member,
+                "the hand-driven member was made leader; it cannot assign"
+            );
+            let version = conn.versions().get(ApiKey::SyncGroup).expect("SyncGroup");
+            let mut req = SyncGroupRequest::default();
+            req.group_id = GroupId(sb(group));
+            req.generation_id = joined.generation_id;
+            req.member_id = sb(&member);
+            if version >= 5 {
+                req.protocol_type = Some(sb(PROTOCOL_TYPE));
+                req.protocol_name = Some(sb(NATIVE_PROTOCOL));
+            }
+            let synced = match conn.request_at(req, version, bound).await {
+                Ok(Response::SyncGroup(r)) => r,
+                other => panic!("SyncGroup: {other:?}"),
+            };
+            assert_eq!(synced.error_code, 0, "{synced:?}");
+            let assignment =
+                NativeAssignment::decode(&synced.assignment).expect("a native assignment");
+            EarlyJoiner {
+                conn,
+                group: group.to_owned(),
+                member,
+                assignment,
+            }
+        }
+
+        /// Leaves the group, bounded by `bound`, and closes the connection.
+        pub async fn leave(self, bound: Duration) {
+            let version = self
+                .conn
+                .versions()
+                .get(ApiKey::LeaveGroup)
+                .expect("LeaveGroup");
+            let mut req = LeaveGroupRequest::default();
+            req.group_id = GroupId(sb(&self.group));
+            if version >= 3 {
+                let mut m = MemberIdentity::default();
+                m.member_id = sb(&self.member);
+                req.members = vec![m];
+            } else {
+                req.member_id = sb(&self.member);
+            }
+            match self.conn.request_at(req, version, bound).await {
+                Ok(Response::LeaveGroup(r)) => assert_eq!(r.error_code, 0, "{r:?}"),
+                other => panic!("LeaveGroup: {other:?}"),
+            }
+            self.conn.close();
+        }
+    }
 }

@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Mutation testing of the safety scope: every file whose breakage could let a holder act after
+# the broker may have moved on, each against the tests that can catch its mutants (lib tests
+# where they suffice, the CLI's unit tests and a subset of the integration tests where they do
+# not). docs/testing.md, "Mutation testing", has the results and what each run costs.
+#
+#   scripts/mutants-safety.sh                     # the whole scope, file by file (many hours)
+#   scripts/mutants-safety.sh src/membership.rs   # one or more files of the scope
+#   SHARD=0/4 scripts/mutants-safety.sh src/ledger/mod.rs   # a round-robin quarter of a file
+#   LIST=1 scripts/mutants-safety.sh              # only count the mutants per file
+#
+# Results go to target/mutants-safety/<file>/mutants.out (outcomes.json, caught.txt,
+# missed.txt, timeout.txt, unviable.txt). Not run by CI or scripts/test.sh: too slow.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+# cargo-mutants builds in a copy of the tree without the ignored .tools: the tests find the
+# brokers and Python through these instead.
+export KAFKA_LOCK_TANSU=${KAFKA_LOCK_TANSU:-$root/.tools/bin/tansu}
+export KAFKA_LOCK_PYTHON=${KAFKA_LOCK_PYTHON:-$root/.tools/venv/bin/python}
+export KAFKA_LOCK_KAFKA_LIBS=${KAFKA_LOCK_KAFKA_LIBS:-$root/.tools/kafka/libs}
+# The dependencies of an ordinary build are reused (the scratch copy's own crate builds apart
+# from the tree's, under its own path); without it every run first compiles all of them.
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target}
+
+SCOPE=(
+    src/membership.rs
+    src/ledger/mod.rs
+    src/assign/native.rs
+    src/assign/consumer.rs
+    src/lock.rs
+    src/driver/ledger.rs
+    src/bin/kafka-lock/run.rs
+    src/bin/kafka-lock/supervise.rs
+    src/bin/kafka-lock/tree.rs
+)
+
+# The integration tests that exercise each file where unit tests cannot, chosen to keep one
+# mutant under a few minutes on two cores. Names are test-name filters of tests/it.
+LOCK_IT=(
+    lock::try_acquire_is_prompt_both_ways::apache
+    lock::release_hands_the_lock_to_a_waiter::apache
+    lock::newly_joining_waiters_never_take_the_lock_from_the_holder::apache
+    failover::
+)
+LEDGER_IT=(
+    ledger::a_stale_holders_checkpoint_is_rejected_by_the_broker
+    ledger::waiters_learn_of_a_release_from_the_ledger_at_once
+    ledger::a_ledger_topic_with_two_partitions_is_refused
+)
+CLI_IT=(
+    cli::the_command_is_stopped_when_the_lease_runs_out_and_kafka_lock_exits_74
+    cli::a_command_that_ignores_sigterm_is_killed_after_the_grace
+    cli::a_stopped_kafka_lock_cannot_keep_its_command_running_past_the_lease
+    cli::killing_kafka_lock_stops_everything_the_command_started
+    cli::what_an_exited_command_left_running_is_stopped_before_the_release
+    cli::a_dead_supervisor_is_replaced_by_kafka_lock_stopping_everything_then_releasing
+    cli::supervisor_
+)
+
+# The tests of one file: `cargo test` arguments, then test-name filters.
+test_args() {
+    local a
+    for a in "$@"; do printf -- '--cargo-test-arg=%s ' "$a"; done
+}
+
+# Prints the cargo-mutants arguments that select the tests for one file.
+selection() {
+    case "$1" in
+    src/membership.rs | src/ledger/mod.rs | src/assign/native.rs | src/assign/consumer.rs)
+        # The sans-I/O machines: their unit tests are the reference.
+        echo "--cargo-arg=--lib"
+        ;;
+    src/lock.rs)
+        echo "--cargo-arg=--lib --cargo-arg=--test=it $(test_args -- lock::tests:: "${LOCK_IT[@]}")"
+        ;;
+    src/driver/ledger.rs)
+        echo "--cargo-arg=--lib --cargo-arg=--test=it $(test_args -- ledger:: "${LEDGER_IT[@]}")"
+        ;;
+    src/bin/kafka-lock/*)
+        echo "--cargo-arg=--bin=kafka-lock --cargo-arg=--test=it $(test_args -- run:: supervise:: tree:: "${CLI_IT[@]}")"
+        ;;
+    *)
+        echo "$1 is not in the safety scope: ${SCOPE[*]}" >&2
+        return 1
+        ;;
+    esac
+}
+
+files=("$@")
+[ ${#files[@]} -gt 0 ] || files=("${SCOPE[@]}")
+for f in "${files[@]}"; do
+    args=$(selection "$f")
+    re="^$(printf '%s' "$f" | sed 's/[.]/\\./g'):"
+    out="$root/target/mutants-safety/$(printf '%s' "$f" | tr / _)"
+    mkdir -p "$out"
+    common=(--config "$root/.cargo/mutants-safety.toml" --re "$re" --output "$out")
+    if [ -n "${LIST:-}" ]; then
+        printf '%s\t' "$f"
+        # shellcheck disable=SC2086
+        cargo mutants "${common[@]}" --list | wc -l
+        continue
+    fi
+    shard=()
+    [ -z "${SHARD:-}" ] || shard=(--shard "$SHARD" --sharding round-robin)
+    echo "== $f (${SHARD:-all})" >&2
+    # shellcheck disable=SC2086
+    nice -n 19 cargo mutants -j 1 "${common[@]}" "${shard[@]}" $args || true
+done
