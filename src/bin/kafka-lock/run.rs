@@ -794,8 +794,13 @@ async fn hold(
                         child_group = tree::PinnedGroup::pin(pid, &[link.pid, std::process::id()]);
                         // An interactive command reads the terminal: its group must be the
                         // foreground one, or the first read stops it (SIGTTIN) for good.
+                        // Ignored before the hand-over: from then on a line of ours must not
+                        // stop us (stty tostop) while the lease is ours to renew.
+                        sys::ignore_sigttou(true);
                         if sys::give_terminal(pid) {
                             terminal = Some(TakeTerminalBack);
+                        } else {
+                            sys::ignore_sigttou(false);
                         }
                         rep.child_started(pid, link.pid);
                         if let Some(sig) = pending_signal.take() {
@@ -1039,6 +1044,8 @@ struct TakeTerminalBack;
 impl Drop for TakeTerminalBack {
     fn drop(&mut self) {
         sys::take_terminal();
+        // In the foreground again: a supervisor started later must not inherit SIGTTOU ignored.
+        sys::ignore_sigttou(false);
     }
 }
 
