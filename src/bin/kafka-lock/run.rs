@@ -922,7 +922,10 @@ async fn hold(
             // Everything the supervisor started is re-parented here (we are a subreaper): stop
             // it all the way the supervisor would have, then release.
             let group = child_group.take().filter(|_| end.is_none());
-            let kill_by = sent_lease.checked_add(t.kill_grace);
+            // On CLOCK_BOOTTIME, as the supervisor counts: a suspend during the stop counts.
+            let kill_by = sent_lease
+                .checked_add(t.kill_grace)
+                .map(|at| sys::mono_to_boot(sys::mono_ns_of(at), sys::mono_ns(), sys::boot_ns()));
             let grace = t.kill_grace;
             let reaped = tokio::task::spawn_blocking(move || {
                 let mut exits = Vec::new();
