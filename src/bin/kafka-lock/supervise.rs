@@ -481,10 +481,6 @@ fn lease_end_on_boottime(
     suspended_before: Option<u64>,
 ) -> u64 {
     let end = sys::mono_to_boot(end_mono, now_mono, now_boot);
-    // The behaviour under review: the end moved by the whole suspend so far.
-    if suspended_before.is_some() {
-        return end;
-    }
     match suspended_before {
         Some(before) => {
             end.saturating_sub(now_boot.saturating_sub(now_mono).saturating_sub(before))
