@@ -794,8 +794,13 @@ async fn hold(
                         child_group = tree::PinnedGroup::pin(pid, &[link.pid, std::process::id()]);
                         // An interactive command reads the terminal: its group must be the
                         // foreground one, or the first read stops it (SIGTTIN) for good.
+                        // Ignored before the hand-over: from then on a line of ours must not
+                        // stop us (stty tostop) while the lease is ours to renew.
+                        sys::ignore_sigttou(true);
                         if sys::give_terminal(pid) {
                             terminal = Some(TakeTerminalBack);
+                        } else {
+                            sys::ignore_sigttou(false);
                         }
                         rep.child_started(pid, link.pid);
                         if let Some(sig) = pending_signal.take() {
@@ -917,7 +922,10 @@ async fn hold(
             // Everything the supervisor started is re-parented here (we are a subreaper): stop
             // it all the way the supervisor would have, then release.
             let group = child_group.take().filter(|_| end.is_none());
-            let kill_by = sent_lease.checked_add(t.kill_grace);
+            // On CLOCK_BOOTTIME, as the supervisor counts: a suspend during the stop counts.
+            let kill_by = sent_lease
+                .checked_add(t.kill_grace)
+                .map(|at| sys::mono_to_boot(sys::mono_ns_of(at), sys::mono_ns(), sys::boot_ns()));
             let grace = t.kill_grace;
             let reaped = tokio::task::spawn_blocking(move || {
                 let mut exits = Vec::new();
@@ -1039,6 +1047,8 @@ struct TakeTerminalBack;
 impl Drop for TakeTerminalBack {
     fn drop(&mut self) {
         sys::take_terminal();
+        // In the foreground again: a supervisor started later must not inherit SIGTTOU ignored.
+        sys::ignore_sigttou(false);
     }
 }
 

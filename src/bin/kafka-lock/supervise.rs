@@ -143,6 +143,8 @@ struct Supervisor {
     lease_end_ns: Option<u64>,
     /// The same lease end on CLOCK_BOOTTIME, which P counts on.
     lease_end_boot: Option<u64>,
+    /// CLOCK_BOOTTIME minus CLOCK_MONOTONIC when the last lease end arrived: the suspend so far.
+    suspended_at_last_lease: Option<u64>,
     /// A CLOCK_BOOTTIME timer armed at P's next deadline; None where the kernel has none
     /// (before Linux 3.15), and then poll's timeout alone wakes P.
     timer: Option<OwnedFd>,
@@ -163,6 +165,7 @@ impl Supervisor {
             command: args.command,
             lease_end_ns: None,
             lease_end_boot: None,
+            suspended_at_last_lease: None,
             timer: rustix::time::timerfd_create(
                 rustix::time::TimerfdClockId::Boottime,
                 rustix::time::TimerfdFlags::CLOEXEC | rustix::time::TimerfdFlags::NONBLOCK,
@@ -388,7 +391,10 @@ impl Supervisor {
                     return;
                 }
                 let now = sys::boot_ns();
-                let end_boot = sys::mono_to_boot(end_ns, sys::mono_ns(), now);
+                let now_mono = sys::mono_ns();
+                let end_boot =
+                    lease_end_on_boottime(end_ns, now_mono, now, self.suspended_at_last_lease);
+                self.suspended_at_last_lease = Some(now.saturating_sub(now_mono));
                 self.lease_end_ns = Some(end_ns);
                 self.lease_end_boot = Some(end_boot);
                 if self.child.is_none() {
@@ -461,9 +467,60 @@ impl Supervisor {
     }
 }
 
+/// A lease end K sent as a CLOCK_MONOTONIC reading, on CLOCK_BOOTTIME. The library times a
+/// renewal from its heartbeat's send; if the host was suspended between that send and this
+/// message, moving the end by the whole suspend so far would make it later than the broker's by
+/// that suspend (the broker's session ran on). A suspend since the previous lease end arrived
+/// may have come after the send, so it is taken off: at worst (it came before the send) this one
+/// lease end is early by it, and the next is exact again. `suspended_before`: boottime minus
+/// monotonic when the previous lease end arrived.
+fn lease_end_on_boottime(
+    end_mono: u64,
+    now_mono: u64,
+    now_boot: u64,
+    suspended_before: Option<u64>,
+) -> u64 {
+    let end = sys::mono_to_boot(end_mono, now_mono, now_boot);
+    match suspended_before {
+        Some(before) => {
+            end.saturating_sub(now_boot.saturating_sub(now_mono).saturating_sub(before))
+        }
+        None => end,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// adversarial review: a renewal whose heartbeat was sent before a host suspend and whose
+    /// answer is read after it. The broker counted the session from before the suspend, so the
+    /// lease ends at send + lease on the clock that ran on; P must not place it later. Before,
+    /// P moved the end by the whole suspend so far and let the command run a whole suspend past
+    /// the broker's session (a suspend longer than the session: while another member holds it).
+    #[test]
+    fn adversarial_review_a_renewal_sent_before_a_suspend_is_not_moved_by_it() {
+        let s = 1_000_000_000u64;
+        let (lease, suspend) = (9 * s, 60 * s);
+        // Boottime is 100 s ahead of monotonic (earlier suspends) when the last lease arrived.
+        let offset = 100 * s;
+        let sent_mono = 1_000 * s;
+        // The answer is read and the lease end reaches P 10 ms after waking.
+        let now_mono = sent_mono + 10_000_000;
+        let now_boot = now_mono + offset + suspend;
+        let broker_end_boot = sent_mono + offset + lease;
+        let end = lease_end_on_boottime(sent_mono + lease, now_mono, now_boot, Some(offset));
+        assert!(end <= broker_end_boot, "{end} > {broker_end_boot}");
+        assert!(end <= now_boot, "the lease must be over on waking");
+        // No suspend since the last lease end: moved exactly as before.
+        let end =
+            lease_end_on_boottime(sent_mono + lease, now_mono, now_mono + offset, Some(offset));
+        assert_eq!(end, broker_end_boot);
+        assert_eq!(
+            lease_end_on_boottime(sent_mono + lease, now_mono, now_mono + offset, None),
+            broker_end_boot
+        );
+    }
 
     fn os(v: &[&str]) -> Vec<OsString> {
         v.iter().map(OsString::from).collect()

@@ -164,6 +164,22 @@ pub fn take_terminal() {
         without_sigttou(|| rustix::termios::tcsetpgrp(stdin.as_fd(), rustix::process::getpgrp()));
 }
 
+/// Sets whether this process ignores SIGTTOU. `kafka-lock run` ignores it while its command has
+/// the terminal: kafka-lock is then a background process of that terminal, and with `stty
+/// tostop` its next line of output (an event, a warning) would stop it, so it would renew
+/// nothing and the lock would be lost under a command doing fine. With SIGTTOU ignored the
+/// write goes through. Ignored signals stay ignored across execve, so this is set only after
+/// the supervisor is started and put back when the terminal is taken back.
+#[allow(unsafe_code)]
+pub fn ignore_sigttou(ignore: bool) {
+    let action = if ignore { libc::SIG_IGN } else { libc::SIG_DFL };
+    // SAFETY: SIG_IGN and SIG_DFL install no handler, so no code of ours runs in signal context;
+    // only this process's disposition of SIGTTOU changes.
+    unsafe {
+        libc::signal(libc::SIGTTOU, action);
+    }
+}
+
 /// Runs `f` with SIGTTOU blocked on this thread only (so nothing another thread starts inherits
 /// the mask), then restores the mask.
 #[allow(unsafe_code)]

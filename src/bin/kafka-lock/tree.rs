@@ -7,7 +7,7 @@
 //! has a living parent below us, or has been re-parented to us.
 
 use std::os::fd::{AsFd, OwnedFd};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rustix::io::Errno;
 use rustix::process::{Pid, Signal, WaitOptions, WaitStatus};
@@ -188,32 +188,33 @@ impl PinnedGroup {
 /// Stops everything below this process, blocking: SIGTERM to the command's group (while it is
 /// provably the command's, see [`PinnedGroup`]) and every other descendant, then SIGKILL to
 /// whatever is left after `grace` (or at `kill_by`, if earlier), again and again until no child
-/// remains. Used by `kafka-lock run` when its supervisor is gone.
+/// remains. Used by `kafka-lock run` when its supervisor is gone. Counts on CLOCK_BOOTTIME, as
+/// the supervisor does: `kill_by` is a CLOCK_BOOTTIME reading, and a host suspend while waiting
+/// counts as time passed (a sleep on CLOCK_MONOTONIC would not see it, and the command would
+/// outlive the lease by the suspend).
 pub fn stop_everything(
     group: Option<PinnedGroup>,
     grace: Duration,
-    kill_by: Option<Instant>,
+    kill_by: Option<u64>,
     mut on_exit: impl FnMut(u32, Option<ChildExit>),
 ) {
     // Asked again before each signal: this thread is the only reaper, so nothing can reap the
     // leader between the question and the signal.
     let pgid = || group.as_ref().and_then(PinnedGroup::group);
-    let now = Instant::now();
-    let mut kill_at = now.checked_add(grace).unwrap_or(now);
-    if let Some(by) = kill_by {
-        kill_at = kill_at.min(by.max(now));
-    }
+    let now = sys::boot_ns();
+    let kill_at = kill_deadline(now, grace, kill_by);
     if kill_at > now {
         signal_tree(pgid(), Signal::TERM);
         loop {
             if !reap(&mut on_exit) {
                 return;
             }
-            let left = kill_at.saturating_duration_since(Instant::now());
-            if left.is_zero() {
+            let left = kill_at.saturating_sub(sys::boot_ns());
+            if left == 0 {
                 break;
             }
-            std::thread::sleep(left.min(TICK));
+            // Never longer than a tick: a sleep does not count a suspend, the next look does.
+            std::thread::sleep(Duration::from_nanos(left).min(TICK));
         }
     }
     loop {
@@ -225,9 +226,45 @@ pub fn stop_everything(
     }
 }
 
+/// When [`stop_everything`] sends SIGKILL: `grace` after `now`, but never after `kill_by`
+/// (CLOCK_BOOTTIME ns, like `now`); at once if `kill_by` has passed.
+fn kill_deadline(now: u64, grace: Duration, kill_by: Option<u64>) -> u64 {
+    let after_grace = now.saturating_add(sys::nanos(grace));
+    match kill_by {
+        Some(by) => after_grace.min(by.max(now)),
+        None => after_grace,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
+
+    /// adversarial review: the fallback's SIGKILL deadline is a CLOCK_BOOTTIME reading, so a
+    /// lease end moved to boottime (`sys::mono_to_boot`) is kept as is, and never pushed later
+    /// by the grace. Before, `kill_by` was an `Instant` (CLOCK_MONOTONIC) and the wait slept on
+    /// it: an hour of host suspend during the grace left the command running an hour past the
+    /// lease the broker had already ended.
+    #[test]
+    fn adversarial_review_the_fallback_kills_by_the_boottime_lease_end() {
+        let hour = 3_600_000_000_000u64;
+        let grace = Duration::from_secs(2);
+        // An hour of suspend so far; the lease (monotonic 10h + 1s) ends at boottime 11h + 1s.
+        let (now_mono, now_boot) = (10 * hour, 11 * hour);
+        let lease_end_boot = sys::mono_to_boot(now_mono + 1_000_000_000, now_mono, now_boot);
+        assert_eq!(
+            kill_deadline(now_boot, grace, Some(lease_end_boot)),
+            lease_end_boot
+        );
+        // Woken after the lease end (the suspend came during the grace): SIGKILL at once.
+        let woke = lease_end_boot + hour;
+        assert_eq!(kill_deadline(woke, grace, Some(lease_end_boot)), woke);
+        assert_eq!(
+            kill_deadline(now_boot, grace, None),
+            now_boot + 2_000_000_000
+        );
+    }
 
     fn stat(ppid: u32, pgrp: u32) -> Stat {
         Stat {

@@ -319,3 +319,112 @@ fn a_missing_or_partitioned_ledger_topic_exits_78_with_advice_about_the_topic() 
     assert_eq!(code, 78, "{err}");
     assert!(err.contains("has 3 partitions"), "{err}");
 }
+
+/// Runs `kafka-lock ARGS` as a job of a small job-control shell on a new pseudo-terminal with
+/// `stty tostop` set: the shell (the session leader) puts kafka-lock in a process group of its
+/// own, gives it the terminal and waits for it as an interactive shell does (WUNTRACED), so a
+/// SIGTTOU or SIGTTIN really stops kafka-lock (in the bare `on_a_terminal` kafka-lock's group is
+/// orphaned, and the kernel fails the write with EIO instead). Returns the job's exit status, or
+/// 200 + the signal that stopped it (the shell then kills it), or -1 if it ran past `within`.
+fn as_a_job_with_tostop(args: &[&str], within: Duration) -> (i32, String) {
+    const DRIVER: &str = r#"
+import os, pty, select, signal, sys, termios, time
+argv, within = sys.argv[1:], float(os.environ["PTY_WITHIN"])
+pid, fd = pty.fork()
+if pid == 0:
+    attrs = termios.tcgetattr(0)
+    attrs[3] |= termios.TOSTOP
+    termios.tcsetattr(0, termios.TCSANOW, attrs)
+    signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    job = os.fork()
+    if job == 0:
+        os.setpgid(0, 0)
+        os.tcsetpgrp(0, os.getpid())
+        signal.signal(signal.SIGTTOU, signal.SIG_DFL)
+        os.execvp(argv[0], argv)
+    try:
+        os.setpgid(job, job)
+    except OSError:
+        pass
+    signal.signal(signal.SIGALRM, lambda *_: (os.killpg(job, signal.SIGKILL), os._exit(199)))
+    signal.alarm(int(within))
+    _, st = os.waitpid(job, os.WUNTRACED)
+    if os.WIFSTOPPED(st):
+        os.killpg(job, signal.SIGKILL)
+        os.waitpid(job, 0)
+        os._exit(200 + os.WSTOPSIG(st))
+    os._exit(os.waitstatus_to_exitcode(st) & 255)
+out, deadline, status = b"", time.monotonic() + within + 5, None
+while status is None:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        status = -1
+        break
+    r, _, _ = select.select([fd], [], [], min(left, 0.5))
+    if r:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            chunk = b""
+        out += chunk
+    done, st = os.waitpid(pid, os.WNOHANG)
+    if done:
+        status = os.waitstatus_to_exitcode(st)
+        if status == 199:
+            status = -1
+sys.stdout.write(out.decode("utf-8", "replace"))
+sys.stdout.write("\n[status %d]\n" % status)
+"#;
+    let mut cmd = Command::new("python3");
+    cmd.args(["-c", DRIVER, BIN])
+        .args(args)
+        .env("PTY_WITHIN", within.as_secs_f64().to_string())
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit());
+    hermetic(&mut cmd);
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run python3 (needed for its pty module): {e}"));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let status = text
+        .rsplit_once("[status ")
+        .and_then(|(_, s)| s.trim().trim_end_matches(']').parse().ok())
+        .unwrap_or_else(|| panic!("the pty driver said no status: {text}"));
+    (status, text)
+}
+
+/// adversarial review: with `stty tostop`, a kafka-lock that has handed the terminal to its
+/// command and then writes a line (here the `child_started` event, right after the hand-over)
+/// must not be stopped by SIGTTOU: a stopped kafka-lock renews nothing, so the lock is lost
+/// under a command that was doing fine, and the job sits stopped in the shell. Breaks (the job
+/// stops with SIGTTOU, status 222) if kafka-lock takes the default action of SIGTTOU while in
+/// the background of its own terminal.
+#[test]
+fn adversarial_review_tostop_does_not_stop_kafka_lock_behind_its_command() {
+    let broker = broker();
+    let b = broker.bootstrap();
+    let lock = lock_name("tostop");
+    let (status, text) = as_a_job_with_tostop(
+        &[
+            "run",
+            "--bootstrap",
+            &b,
+            "--lock",
+            &lock,
+            "--session-timeout",
+            "6s",
+            "--events",
+            "json",
+            "--",
+            "sh",
+            "-c",
+            "sleep 1; echo done",
+        ],
+        STEP,
+    );
+    assert_eq!(status, 0, "{text}");
+    assert!(text.contains("done"), "{text}");
+    assert!(text.contains("\"released\""), "{text}");
+}
