@@ -128,11 +128,9 @@ pub enum LedgerError {
     /// ledger, whose offsets would start again at 0.
     #[error(
         "ledger topic {topic:?} does not exist; create it once with exactly one partition, e.g. \
-         kafka-topics.sh --create --topic {topic} --partitions 1 --replication-factor 3 \
-         --config min.insync.replicas=2 --config unclean.leader.election.enable=false \
-         --config cleanup.policy=delete --config compression.type=producer \
-         --config max.message.bytes=65536 (on a single broker: --replication-factor 1 \
-         --config min.insync.replicas=1; docs/design.md, \"The ledger\")"
+         {create} (on a single broker: {single}; docs/design.md, \"The ledger\")",
+        create = create_topic_command(.topic),
+        single = SINGLE_BROKER_SETTINGS
     )]
     TopicMissing {
         /// The topic.
@@ -584,6 +582,23 @@ pub fn offset_fetched(resp: &Response, topic: &str) -> Result<Option<(i64, Strin
 pub fn tail_settles_checkpoint(tail: &History) -> bool {
     tail.last_checkpoint()
         .is_some_and(|(_, hold, _)| tail.first_offset <= hold.saturating_add(1))
+}
+
+/// What follows `kafka-topics.sh --create --topic T` for a ledger topic: one partition, and the
+/// settings docs/design.md ("The ledger") explains. The error for a missing topic, `history
+/// --help` and the README give this same text (a test compares the README's).
+pub const LEDGER_TOPIC_SETTINGS: &str = "--partitions 1 --replication-factor 3 \
+     --config min.insync.replicas=2 --config unclean.leader.election.enable=false \
+     --config cleanup.policy=delete --config retention.ms=7776000000 \
+     --config compression.type=producer --config max.message.bytes=65536";
+
+/// What replaces the replication settings of [`LEDGER_TOPIC_SETTINGS`] on a single broker (with
+/// `min.insync.replicas=2` and one replica every append fails).
+pub const SINGLE_BROKER_SETTINGS: &str = "--replication-factor 1 --config min.insync.replicas=1";
+
+/// The command that creates `topic` as a ledger.
+pub fn create_topic_command(topic: &str) -> String {
+    format!("kafka-topics.sh --create --topic {topic} {LEDGER_TOPIC_SETTINGS}")
 }
 
 /// The command that gives `topic` a compression setting kafka-lock can read.

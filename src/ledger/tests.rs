@@ -2123,3 +2123,19 @@ fn a_garbage_describe_configs_answer_is_a_typed_error() {
         Err(crate::wire::codec::DecodeError::Malformed { .. })
     ));
 }
+
+/// The README gives the same ledger-topic creation command as the error and `history --help`.
+#[test]
+fn the_readme_gives_the_ledger_topic_command_of_the_library() {
+    let readme: String = include_str!("../../README.md")
+        .replace('`', "")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    let create = create_topic_command("kafka-lock-ledger");
+    assert!(readme.contains(&create), "README lacks: {create}");
+    assert!(
+        readme.contains(SINGLE_BROKER_SETTINGS),
+        "README lacks: {SINGLE_BROKER_SETTINGS}"
+    );
+}
