@@ -43,6 +43,8 @@ pub enum Api {
     SaslHandshake,
     /// ApiVersions (key 18).
     ApiVersions,
+    /// DescribeConfigs (key 32).
+    DescribeConfigs,
     /// SaslAuthenticate (key 36).
     SaslAuthenticate,
     /// A key this version of kafka-lock does not name.
@@ -50,7 +52,7 @@ pub enum Api {
 }
 
 /// (variant, key, name), the one table both directions read.
-const NAMED: [(Api, i16, &str); 15] = [
+const NAMED: [(Api, i16, &str); 16] = [
     (Api::Produce, 0, "Produce"),
     (Api::Fetch, 1, "Fetch"),
     (Api::ListOffsets, 2, "ListOffsets"),
@@ -65,6 +67,7 @@ const NAMED: [(Api, i16, &str); 15] = [
     (Api::DescribeGroups, 15, "DescribeGroups"),
     (Api::SaslHandshake, 17, "SaslHandshake"),
     (Api::ApiVersions, 18, "ApiVersions"),
+    (Api::DescribeConfigs, 32, "DescribeConfigs"),
     (Api::SaslAuthenticate, 36, "SaslAuthenticate"),
 ];
 

@@ -11,7 +11,7 @@ use super::bootstrap::{connect_any, BootstrapConfig};
 use super::conn::{ConnConfig, Connection};
 use crate::backoff::Backoff;
 use crate::error::{Error, Result};
-use crate::ledger::{self, fold, History, LedgerError, Op, Partition};
+use crate::ledger::{self, fold, Compression, History, LedgerError, Op, Partition};
 use crate::wire::coordinator::{find_coordinator_request, found_coordinator};
 use crate::wire::log::{
     fetched, listed, FetchOptions, Isolation, LogError, OffsetSpec, TopicPartition,
@@ -75,13 +75,55 @@ pub(crate) async fn check_ledger_topic(
     let op = Op::Metadata {
         topic: topic.to_owned(),
     };
-    match call(conn, &op, timeout).await? {
-        (Response::Metadata(r), _) => ledger::ledger_partition(&r, topic),
-        (other, _) => Err(Error::Protocol(format!(
-            "expected Metadata, got {:?}",
-            other.api_key()
-        ))),
+    let partition = match call(conn, &op, timeout).await? {
+        (Response::Metadata(r), _) => ledger::ledger_partition(&r, topic)?,
+        (other, _) => {
+            return Err(Error::Protocol(format!(
+                "expected Metadata, got {:?}",
+                other.api_key()
+            )))
+        }
+    };
+    check_compression(conn, topic, timeout).await?;
+    Ok(partition)
+}
+
+/// Refuses a ledger topic whose `compression.type` makes the broker recompress kafka-lock's
+/// records ([`LedgerError::Compressed`]). When the setting cannot be known (no DescribeConfigs
+/// on the broker, or no DescribeConfigs ACL on the topic) the check warns and lets the ledger run.
+async fn check_compression(conn: &Connection, topic: &str, timeout: Duration) -> Result<()> {
+    let Some(v) = conn.versions().get(ApiKey::DescribeConfigs) else {
+        debug!(
+            topic,
+            "the broker has no DescribeConfigs; the ledger's compression.type is not checked"
+        );
+        return Ok(());
+    };
+    let resp = conn
+        .request_at(ledger::compression_request(topic), v, timeout)
+        .await?;
+    let Response::DescribeConfigs(r) = resp else {
+        return Err(Error::Protocol(format!(
+            "expected DescribeConfigs, got {:?}",
+            resp.api_key()
+        )));
+    };
+    match ledger::ledger_compression(&r, topic)? {
+        Compression::Kept => {}
+        Compression::NotAuthorized => warn!(
+            topic,
+            "not allowed to describe the ledger topic's configs (grant DescribeConfigs on the \
+             topic); its compression.type is not checked, and anything but producer or \
+             uncompressed would make the ledger's records unreadable"
+        ),
+        Compression::Unknown(why) => warn!(
+            topic,
+            why = %why,
+            "the ledger topic's compression.type is unknown; anything but producer or \
+             uncompressed would make the ledger's records unreadable"
+        ),
     }
+    Ok(())
 }
 
 /// The ledger partition's leader, asked of `first` until it names one.

@@ -58,6 +58,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
+use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
 use kafka_protocol::messages::metadata_request::{MetadataRequest, MetadataRequestTopic};
 use kafka_protocol::messages::offset_commit_request::{
     OffsetCommitRequest, OffsetCommitRequestPartition, OffsetCommitRequestTopic,
@@ -65,7 +66,9 @@ use kafka_protocol::messages::offset_commit_request::{
 use kafka_protocol::messages::offset_fetch_request::{
     OffsetFetchRequest, OffsetFetchRequestGroup, OffsetFetchRequestTopic, OffsetFetchRequestTopics,
 };
-use kafka_protocol::messages::{ApiKey, GroupId, MetadataResponse, TopicName};
+use kafka_protocol::messages::{
+    ApiKey, DescribeConfigsRequest, DescribeConfigsResponse, GroupId, MetadataResponse, TopicName,
+};
 use kafka_protocol::protocol::StrBytes;
 use tracing::{debug, info, warn};
 
@@ -125,11 +128,9 @@ pub enum LedgerError {
     /// ledger, whose offsets would start again at 0.
     #[error(
         "ledger topic {topic:?} does not exist; create it once with exactly one partition, e.g. \
-         kafka-topics.sh --create --topic {topic} --partitions 1 --replication-factor 3 \
-         --config min.insync.replicas=2 --config unclean.leader.election.enable=false \
-         --config cleanup.policy=delete --config compression.type=producer \
-         --config max.message.bytes=65536 (on a single broker: --replication-factor 1 \
-         --config min.insync.replicas=1; docs/design.md, \"The ledger\")"
+         {create} (on a single broker: {single}; docs/design.md, \"The ledger\")",
+        create = create_topic_command(.topic),
+        single = SINGLE_BROKER_SETTINGS
     )]
     TopicMissing {
         /// The topic.
@@ -147,6 +148,22 @@ pub enum LedgerError {
         topic: String,
         /// How many it has.
         partitions: usize,
+    },
+    /// The ledger topic's `compression.type` makes the broker recompress kafka-lock's records
+    /// (anything but `producer` or `uncompressed`). kafka-lock writes and reads its own records
+    /// uncompressed, so on such a topic history would list no holds, and push handover and the
+    /// checkpoint copies would stop working without a word.
+    #[error(
+        "ledger topic {topic:?} has compression.type={codec}, so the broker recompresses \
+         kafka-lock's records and they cannot be read back; set it with \
+         {fix}",
+        fix = compression_fix(.topic)
+    )]
+    Compressed {
+        /// The topic.
+        topic: String,
+        /// The topic's setting.
+        codec: String,
     },
     /// A checkpoint longer than the limit.
     #[error(
@@ -565,6 +582,109 @@ pub fn offset_fetched(resp: &Response, topic: &str) -> Result<Option<(i64, Strin
 pub fn tail_settles_checkpoint(tail: &History) -> bool {
     tail.last_checkpoint()
         .is_some_and(|(_, hold, _)| tail.first_offset <= hold.saturating_add(1))
+}
+
+/// What follows `kafka-topics.sh --create --topic T` for a ledger topic: one partition, and the
+/// settings docs/design.md ("The ledger") explains. The error for a missing topic, `history
+/// --help` and the README give this same text (a test compares the README's).
+pub const LEDGER_TOPIC_SETTINGS: &str = "--partitions 1 --replication-factor 3 \
+     --config min.insync.replicas=2 --config unclean.leader.election.enable=false \
+     --config cleanup.policy=delete --config retention.ms=7776000000 \
+     --config compression.type=producer --config max.message.bytes=65536";
+
+/// What replaces the replication settings of [`LEDGER_TOPIC_SETTINGS`] on a single broker (with
+/// `min.insync.replicas=2` and one replica every append fails).
+pub const SINGLE_BROKER_SETTINGS: &str = "--replication-factor 1 --config min.insync.replicas=1";
+
+/// The command that creates `topic` as a ledger.
+pub fn create_topic_command(topic: &str) -> String {
+    format!("kafka-topics.sh --create --topic {topic} {LEDGER_TOPIC_SETTINGS}")
+}
+
+/// The command that gives `topic` a compression setting kafka-lock can read.
+pub fn compression_fix(topic: &str) -> String {
+    format!(
+        "kafka-configs.sh --alter --entity-type topics --entity-name {topic} \
+         --add-config compression.type=producer"
+    )
+}
+
+/// The ledger topic's config key kafka-lock checks at start.
+pub const COMPRESSION_TYPE: &str = "compression.type";
+/// DescribeConfigs' resource type for a topic.
+const TOPIC_RESOURCE: i8 = 2;
+
+/// DescribeConfigs for `topic`'s `compression.type` only.
+pub fn compression_request(topic: &str) -> DescribeConfigsRequest {
+    let mut r = DescribeConfigsResource::default();
+    r.resource_type = TOPIC_RESOURCE;
+    r.resource_name = StrBytes::from_string(topic.to_owned());
+    r.configuration_keys = Some(vec![StrBytes::from_static_str(COMPRESSION_TYPE)]);
+    let mut req = DescribeConfigsRequest::default();
+    req.resources = vec![r];
+    req
+}
+
+/// What a DescribeConfigs answer says about the ledger topic's compression.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Compression {
+    /// `producer` or `uncompressed`: the broker keeps kafka-lock's batches as written.
+    Kept,
+    /// The principal may not describe the topic's configs (TOPIC_AUTHORIZATION_FAILED): the
+    /// setting is unknown.
+    NotAuthorized,
+    /// The broker answered without the setting (or with an error for it): unknown.
+    Unknown(String),
+}
+
+/// Reads `compression.type` for `topic` from a DescribeConfigs answer. A recompressing setting is
+/// [`LedgerError::Compressed`]; an answer about some other resource is a protocol error.
+pub fn ledger_compression(
+    resp: &DescribeConfigsResponse,
+    topic: &str,
+) -> Result<Compression, Error> {
+    let Some(r) = resp
+        .results
+        .iter()
+        .find(|r| r.resource_type == TOPIC_RESOURCE && r.resource_name.as_str() == topic)
+    else {
+        return Err(Error::Protocol(format!(
+            "DescribeConfigs answered without a result for topic {topic:?}"
+        )));
+    };
+    match r.error_code {
+        0 => {}
+        29 => return Ok(Compression::NotAuthorized),
+        code => {
+            return Ok(Compression::Unknown(format!(
+                "DescribeConfigs error {code}{}",
+                r.error_message
+                    .as_ref()
+                    .map(|m| format!(": {}", m.as_str()))
+                    .unwrap_or_default()
+            )))
+        }
+    }
+    let Some(c) = r
+        .configs
+        .iter()
+        .find(|c| c.name.as_str() == COMPRESSION_TYPE)
+    else {
+        return Ok(Compression::Unknown(format!(
+            "no {COMPRESSION_TYPE} in the answer"
+        )));
+    };
+    match c.value.as_ref().map(|v| v.as_str()) {
+        Some("producer" | "uncompressed") => Ok(Compression::Kept),
+        Some(codec) => Err(LedgerError::Compressed {
+            topic: topic.to_owned(),
+            codec: codec.to_owned(),
+        }
+        .into()),
+        None => Ok(Compression::Unknown(format!(
+            "{COMPRESSION_TYPE} has no value"
+        ))),
+    }
 }
 
 /// What a Metadata answer says about the ledger topic: its leader and id, or why it cannot serve.

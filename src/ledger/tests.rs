@@ -2055,3 +2055,87 @@ fn a_ledger_partition_led_by_broker_zero_has_a_leader() {
         .expect("a leader");
     assert_eq!(p.leader.node_id, 0);
 }
+
+/// A DescribeConfigs answer for the ledger topic with `compression.type` set to `value`, as the
+/// broker's bytes at `version`, read back through the decoding guard.
+fn compression_answer(value: &str, error_code: i16, version: i16) -> Result<Compression, Error> {
+    use kafka_protocol::messages::describe_configs_response::{
+        DescribeConfigsResourceResult, DescribeConfigsResult,
+    };
+    use kafka_protocol::protocol::Encodable;
+    let resp =
+        DescribeConfigsResponse::default().with_results(vec![DescribeConfigsResult::default()
+            .with_error_code(error_code)
+            .with_resource_type(2)
+            .with_resource_name(StrBytes::from_static_str(TOPIC))
+            .with_configs(vec![DescribeConfigsResourceResult::default()
+                .with_name(StrBytes::from_static_str(COMPRESSION_TYPE))
+                .with_value(Some(StrBytes::from_string(value.to_owned())))])]);
+    let mut body = BytesMut::new();
+    resp.encode(&mut body, version).expect("encodes");
+    let decoded = crate::wire::codec::decode_response(ApiKey::DescribeConfigs, version, &body)
+        .expect("a valid answer decodes");
+    let crate::wire::Response::DescribeConfigs(r) = decoded else {
+        panic!("decoded as another API");
+    };
+    ledger_compression(&r, TOPIC)
+}
+
+#[test]
+fn a_recompressing_ledger_topic_is_refused_with_the_fix() {
+    for version in [1, 4] {
+        for kept in ["producer", "uncompressed"] {
+            assert_eq!(
+                compression_answer(kept, 0, version).expect("kept"),
+                Compression::Kept
+            );
+        }
+        let err = compression_answer("gzip", 0, version).expect_err("gzip is refused");
+        assert!(
+            matches!(&err, Error::Ledger(LedgerError::Compressed { codec, .. }) if codec == "gzip"),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains(&compression_fix(TOPIC)), "{err}");
+        // TOPIC_AUTHORIZATION_FAILED: the setting is unknown, not refused.
+        assert_eq!(
+            compression_answer("gzip", 29, version).expect("not refused"),
+            Compression::NotAuthorized
+        );
+    }
+    // An answer about another topic is not an answer about the ledger.
+    let other = DescribeConfigsResponse::default().with_results(vec![
+        kafka_protocol::messages::describe_configs_response::DescribeConfigsResult::default()
+            .with_resource_type(2)
+            .with_resource_name(StrBytes::from_static_str("other")),
+    ]);
+    assert!(matches!(
+        ledger_compression(&other, TOPIC),
+        Err(Error::Protocol(_))
+    ));
+}
+
+#[test]
+fn a_garbage_describe_configs_answer_is_a_typed_error() {
+    // One result claimed, then the body ends.
+    let body = [0, 0, 0, 0, 0, 0, 0, 1];
+    assert!(matches!(
+        crate::wire::codec::decode_response(ApiKey::DescribeConfigs, 1, &body),
+        Err(crate::wire::codec::DecodeError::Malformed { .. })
+    ));
+}
+
+/// The README gives the same ledger-topic creation command as the error and `history --help`.
+#[test]
+fn the_readme_gives_the_ledger_topic_command_of_the_library() {
+    let readme: String = include_str!("../../README.md")
+        .replace('`', "")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    let create = create_topic_command("kafka-lock-ledger");
+    assert!(readme.contains(&create), "README lacks: {create}");
+    assert!(
+        readme.contains(SINGLE_BROKER_SETTINGS),
+        "README lacks: {SINGLE_BROKER_SETTINGS}"
+    );
+}

@@ -10,8 +10,9 @@ use std::error::Error as StdError;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{
-    ApiKey, ApiVersionsRequest, ApiVersionsResponse, DescribeGroupsRequest, DescribeGroupsResponse,
-    FetchRequest, FetchResponse, FindCoordinatorRequest, FindCoordinatorResponse, HeartbeatRequest,
+    ApiKey, ApiVersionsRequest, ApiVersionsResponse, DescribeConfigsRequest,
+    DescribeConfigsResponse, DescribeGroupsRequest, DescribeGroupsResponse, FetchRequest,
+    FetchResponse, FindCoordinatorRequest, FindCoordinatorResponse, HeartbeatRequest,
     HeartbeatResponse, JoinGroupRequest, JoinGroupResponse, LeaveGroupRequest, LeaveGroupResponse,
     ListOffsetsRequest, ListOffsetsResponse, MetadataRequest, MetadataResponse,
     OffsetCommitRequest, OffsetCommitResponse, OffsetFetchRequest, OffsetFetchResponse,
@@ -107,6 +108,7 @@ api_enums! {
     Produce(ProduceRequest, ProduceResponse),
     Fetch(FetchRequest, FetchResponse),
     ListOffsets(ListOffsetsRequest, ListOffsetsResponse),
+    DescribeConfigs(DescribeConfigsRequest, DescribeConfigsResponse),
     SaslHandshake(SaslHandshakeRequest, SaslHandshakeResponse),
     SaslAuthenticate(SaslAuthenticateRequest, SaslAuthenticateResponse),
 }

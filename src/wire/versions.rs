@@ -39,6 +39,7 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::Produce, 3, 13),
     (ApiKey::Fetch, 4, 18),
     (ApiKey::ListOffsets, 1, 10),
+    (ApiKey::DescribeConfigs, 1, 4),
     (ApiKey::SaslHandshake, 0, 1),
     (ApiKey::SaslAuthenticate, 0, 2),
 ];
@@ -256,6 +257,7 @@ mod tests {
             (ApiKey::LeaveGroup, 0, 5),
             (ApiKey::SyncGroup, 0, 5),
             (ApiKey::DescribeGroups, 0, 6),
+            (ApiKey::DescribeConfigs, 1, 4),
             (ApiKey::ApiVersions, 0, 4),
             (ApiKey::SaslHandshake, 0, 1),
             (ApiKey::SaslAuthenticate, 0, 2),

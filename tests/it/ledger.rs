@@ -123,6 +123,38 @@ async fn a_ledger_topic_with_two_partitions_is_refused() {
     assert!(err.to_string().contains("--partitions 1"), "{err}");
 }
 
+/// A ledger topic whose compression.type makes the broker recompress kafka-lock's records is
+/// refused before the lock is joined, with the command that fixes it; `producer` is accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recompressing_ledger_topic_is_refused() {
+    support::init_tracing();
+    let bootstrap = kafka().bootstrap();
+    let gzip = support::unique_group("ledger-gzip");
+    create_topic_with(&bootstrap, &gzip, 1, &[("compression.type", "gzip")]);
+    let group = support::unique_group("ledger-gzip-lock");
+    let err = opts(&bootstrap, &group, &gzip)
+        .acquire(Some(BOUND))
+        .await
+        .expect_err("a gzip ledger must be refused");
+    assert!(
+        matches!(&err, Error::Ledger(LedgerError::Compressed { codec, .. }) if codec == "gzip"),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains(&kafka_lock::ledger::compression_fix(&gzip)),
+        "{err}"
+    );
+    let producer = support::unique_group("ledger-producer");
+    create_topic_with(
+        &bootstrap,
+        &producer,
+        1,
+        &[("compression.type", "producer")],
+    );
+    hold_once(&opts(&bootstrap, &group, &producer)).await;
+}
+
 /// The coordinator of `group`, connected.
 async fn coordinator(bootstrap: &str, group: &str) -> Connection {
     let first = Connection::connect(bootstrap.split(',').next().unwrap(), &ConnConfig::default())

@@ -124,9 +124,11 @@ pub fn status_of(err: &Error) -> u8 {
         Error::NotAcquired { .. } => NOT_ACQUIRED,
         Error::Config(_) | Error::PermitsMismatch { .. } | Error::LedgerMismatch { .. } => CONFIG,
         // The cluster answered; the topic named by --ledger-topic is what is wrong.
-        Error::Ledger(LedgerError::TopicMissing { .. } | LedgerError::NotOnePartition { .. }) => {
-            CONFIG
-        }
+        Error::Ledger(
+            LedgerError::TopicMissing { .. }
+            | LedgerError::NotOnePartition { .. }
+            | LedgerError::Compressed { .. },
+        ) => CONFIG,
         Error::Broker { code, .. } if SETTING_CODES.contains(code) => CONFIG,
         Error::Lost { .. } => LOST,
         Error::Poisoned(inner) => status_of(inner),

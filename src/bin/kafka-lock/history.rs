@@ -11,16 +11,16 @@ use crate::json::{self, Obj};
 use crate::output::shown;
 use crate::sys;
 
-pub const AFTER_HELP: &str = "\
+/// `history --help`'s text after the options; the creation command is the library's.
+pub fn after_help() -> String {
+    format!(
+        "\
 The ledger is a topic with exactly one partition, shared by any number of locks, which kafka-lock
 reads and writes but never creates. Create it once, for example:
 
-  kafka-topics.sh --create --topic kafka-lock-ledger --partitions 1 --replication-factor 3 \\
-    --config min.insync.replicas=2 --config unclean.leader.election.enable=false \\
-    --config cleanup.policy=delete --config retention.ms=7776000000 \\
-    --config compression.type=producer
+  {create}
 
-On a single broker, use --replication-factor 1 --config min.insync.replicas=1 instead (with
+On a single broker, use {single} instead (with
 min.insync.replicas=2 and one replica every append fails). A ledger topic that does not exist or
 has another partition count is a setting error: status 78.
 
@@ -28,14 +28,18 @@ Its record offsets are the locks' fencing tokens, so they must never go backward
 and recreate it, and keep unclean leader election off (an unclean election can lose records a
 holder was told are durable). It is a log, not a compacted topic: retention (time or size) is how
 far back the history reaches. kafka-lock reads only uncompressed batches, so compression.type must
-stay producer (or uncompressed).
+stay producer (or uncompressed); a ledger topic with another is refused at start (status 78).
 
 How each hold ended: released; lost (the reason, as the holder recorded it); silent (no end
 record, and a later hold began: the holder was killed, or cut off for good, and the lock moved on
 after its session timeout); retried (an ACQUIRED record whose append was retried; the retry is the
 hold); open (no end record and no later hold: still holding, or its holder died and nobody has
 taken the lock since). Times are the writers' wall clocks, in UTC; how long a hold lasted is the
-holder's own monotonic measure.";
+holder's own monotonic measure.",
+        create = kafka_lock::ledger::create_topic_command("kafka-lock-ledger"),
+        single = kafka_lock::ledger::SINGLE_BROKER_SETTINGS,
+    )
+}
 
 #[derive(Debug, Clone)]
 pub struct HistoryConfig {

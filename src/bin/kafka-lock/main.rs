@@ -251,7 +251,7 @@ enum Command {
     #[command(after_help = AFTER_STATUS_HELP)]
     Status(StatusArgs),
     /// Show who held the lock, when, for how long, and how each hold ended (needs a ledger).
-    #[command(after_help = history::AFTER_HELP)]
+    #[command(after_help = history::after_help())]
     History(HistoryArgs),
     /// Leader election: run the command while this process leads (holds the lock), then
     /// campaign again when it ends, is stopped or leadership is lost, until SIGINT or SIGTERM.

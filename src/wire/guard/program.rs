@@ -64,7 +64,7 @@ pub(super) struct Program {
 
 pub(super) fn min_size(ty: Ty, version: i16, flexible: bool) -> usize {
     match ty {
-        Bool => 1,
+        Bool | Int8 => 1,
         Int16 => 2,
         Int32 => 4,
         Int64 => 8,
@@ -131,7 +131,7 @@ impl Compiler<'_> {
             }
             close_run(&mut open_run, labels);
             match field.ty {
-                Bool | Int16 | Int32 | Int64 | Uuid => {
+                Bool | Int8 | Int16 | Int32 | Int64 | Uuid => {
                     let n = min_size(field.ty, version, self.flexible) as u32;
                     match open_skip {
                         Some(i) => {
@@ -162,7 +162,7 @@ impl Compiler<'_> {
 
     fn ty(&mut self, ty: Ty, label: Label, ops: &mut Vec<Op>, labels: &mut Vec<Label>) {
         let op = match ty {
-            Bool | Int16 | Int32 | Int64 | Uuid => {
+            Bool | Int8 | Int16 | Int32 | Int64 | Uuid => {
                 Op::Skip(min_size(ty, self.version, self.flexible) as u32)
             }
             Str | Blob if self.flexible => Op::Compacts(1),

@@ -10,10 +10,11 @@
 use std::mem::size_of;
 
 use kafka_protocol::messages::{
-    api_versions_response, describe_groups_response, fetch_response, find_coordinator_response,
-    heartbeat_response, join_group_response, leave_group_response, list_offsets_response,
-    metadata_response, offset_commit_response, offset_fetch_response, produce_response,
-    sasl_authenticate_response, sasl_handshake_response, sync_group_response, ApiKey,
+    api_versions_response, describe_configs_response, describe_groups_response, fetch_response,
+    find_coordinator_response, heartbeat_response, join_group_response, leave_group_response,
+    list_offsets_response, metadata_response, offset_commit_response, offset_fetch_response,
+    produce_response, sasl_authenticate_response, sasl_handshake_response, sync_group_response,
+    ApiKey,
 };
 
 /// The wire type of a field. Nullability is not tracked: a null has the same layout as an empty
@@ -21,6 +22,7 @@ use kafka_protocol::messages::{
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Ty {
     Bool,
+    Int8,
     Int16,
     Int32,
     Int64,
@@ -475,6 +477,37 @@ schema! {
     }
 }
 
+// DescribeConfigs reads the ledger topic's compression.type at start (a recompressing topic is
+// refused); v1 is kafka-protocol's first version.
+schema! {
+    static DESCRIBE_CONFIGS_SYNONYM = describe_configs_response::DescribeConfigsSynonym {
+        name: Str [0..],
+        value: Str [0..],
+        source: Int8 [0..],
+    }
+    static DESCRIBE_CONFIGS_ENTRY = describe_configs_response::DescribeConfigsResourceResult {
+        name: Str [0..],
+        value: Str [0..],
+        read_only: Bool [0..],
+        config_source: Int8 [0..],
+        is_sensitive: Bool [0..],
+        synonyms: Array(DESCRIBE_CONFIGS_SYNONYM) [0..],
+        config_type: Int8 [3..],
+        documentation: Str [3..],
+    }
+    static DESCRIBE_CONFIGS_RESULT = describe_configs_response::DescribeConfigsResult {
+        error_code: Int16 [0..],
+        error_message: Str [0..],
+        resource_type: Int8 [0..],
+        resource_name: Str [0..],
+        configs: Array(DESCRIBE_CONFIGS_ENTRY) [0..],
+    }
+    static DESCRIBE_CONFIGS_RESPONSE = describe_configs_response::DescribeConfigsResponse {
+        throttle_time_ms: Int32 [0..],
+        results: Array(DESCRIBE_CONFIGS_RESULT) [0..],
+    }
+}
+
 const fn message(
     api: ApiKey,
     (min, max): (i16, i16),
@@ -493,7 +526,7 @@ const fn message(
 /// Every response the guard covers, with the versions its tables describe. These ranges are
 /// exactly kafka-protocol 0.18's for these messages (and, for Produce and Fetch, exactly what
 /// Apache Kafka 4.1 advertises).
-pub(crate) static MESSAGES: [MessageSchema; 15] = [
+pub(crate) static MESSAGES: [MessageSchema; 16] = [
     message(ApiKey::ApiVersions, (0, 4), 3, &API_VERSIONS_RESPONSE),
     message(ApiKey::Metadata, (0, 13), 9, &METADATA_RESPONSE),
     message(
@@ -512,6 +545,12 @@ pub(crate) static MESSAGES: [MessageSchema; 15] = [
     message(ApiKey::Produce, (3, 13), 9, &PRODUCE_RESPONSE),
     message(ApiKey::Fetch, (4, 18), 12, &FETCH_RESPONSE),
     message(ApiKey::ListOffsets, (1, 10), 6, &LIST_OFFSETS_RESPONSE),
+    message(
+        ApiKey::DescribeConfigs,
+        (1, 4),
+        4,
+        &DESCRIBE_CONFIGS_RESPONSE,
+    ),
     // SaslHandshake has no flexible version.
     message(ApiKey::SaslHandshake, (0, 1), ANY, &SASL_HANDSHAKE_RESPONSE),
     message(

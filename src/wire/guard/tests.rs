@@ -3,10 +3,10 @@ use super::tables::{message_index, StructSchema, Ty, MESSAGES};
 use super::*;
 use bytes::Buf;
 use kafka_protocol::messages::{
-    ApiVersionsResponse, DescribeGroupsResponse, FetchResponse, FindCoordinatorResponse,
-    HeartbeatResponse, JoinGroupResponse, LeaveGroupResponse, ListOffsetsResponse,
-    MetadataResponse, OffsetCommitResponse, OffsetFetchResponse, ProduceResponse,
-    SaslAuthenticateResponse, SaslHandshakeResponse, SyncGroupResponse,
+    ApiVersionsResponse, DescribeConfigsResponse, DescribeGroupsResponse, FetchResponse,
+    FindCoordinatorResponse, HeartbeatResponse, JoinGroupResponse, LeaveGroupResponse,
+    ListOffsetsResponse, MetadataResponse, OffsetCommitResponse, OffsetFetchResponse,
+    ProduceResponse, SaslAuthenticateResponse, SaslHandshakeResponse, SyncGroupResponse,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, Message};
 use proptest::prelude::*;
@@ -61,6 +61,7 @@ impl Gen<'_> {
             } else {
                 self.rng.below(2) as u8
             }),
+            Int8 => out.push(self.rng.next() as u8),
             Int16 => out.extend_from_slice(&(self.rng.next() as i16).to_be_bytes()),
             Int32 => out.extend_from_slice(&(self.rng.next() as i32).to_be_bytes()),
             Int64 => {
@@ -188,6 +189,7 @@ macro_rules! by_response_type {
             ApiKey::Produce => $f::<ProduceResponse>($($arg),*),
             ApiKey::Fetch => $f::<FetchResponse>($($arg),*),
             ApiKey::ListOffsets => $f::<ListOffsetsResponse>($($arg),*),
+            ApiKey::DescribeConfigs => $f::<DescribeConfigsResponse>($($arg),*),
             ApiKey::SaslHandshake => $f::<SaslHandshakeResponse>($($arg),*),
             ApiKey::SaslAuthenticate => $f::<SaslAuthenticateResponse>($($arg),*),
             other => panic!("{other:?} has no table"),

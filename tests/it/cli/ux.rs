@@ -2,7 +2,7 @@
 //! the holder, interactive commands, quiet busy locks and setting errors that name the setting.
 
 use super::*;
-use crate::support::kafka::probe::create_topic;
+use crate::support::kafka::probe::{create_topic, create_topic_with};
 
 /// `kafka-lock ARGS` run to its end (bounded), its status, stdout and stderr.
 fn one_shot(args: &[&str]) -> (i32, String, String) {
@@ -318,6 +318,31 @@ fn a_missing_or_partitioned_ledger_topic_exits_78_with_advice_about_the_topic() 
     ]);
     assert_eq!(code, 78, "{err}");
     assert!(err.contains("has 3 partitions"), "{err}");
+
+    // A topic the broker recompresses (an administrator's compression.type=gzip).
+    let gzip = lock_name("gzip-ledger");
+    create_topic_with(&b, &gzip, 1, &[("compression.type", "gzip")]);
+    let (code, _, err) = one_shot(&[
+        "run",
+        "--bootstrap",
+        &b,
+        "--lock",
+        &lock,
+        "--ledger-topic",
+        &gzip,
+        "--",
+        "true",
+    ]);
+    assert_eq!(code, 78, "{err}");
+    assert!(err.contains("compression.type=gzip"), "{err}");
+    assert!(
+        err.contains(&format!(
+            "kafka-configs.sh --alter --entity-type topics --entity-name {gzip} \
+             --add-config compression.type=producer"
+        )),
+        "the fix: {err}"
+    );
+    assert!(!err.contains("--bootstrap"), "{err}");
 }
 
 /// Runs `kafka-lock ARGS` as a job of a small job-control shell on a new pseudo-terminal with
