@@ -517,8 +517,14 @@ fn the_last_event_says_whose_status_it_is_and_e_replaces_75() {
         seen.extend(names(&events));
     }
 
-    // The waiters' joins were rebalances the holder kept the lock through, under new tokens;
-    // the library counts each before it reports the new token.
+    // A `--wait 0` try finds the stable holder with a look and never joins; a waiter with a
+    // bounded wait does join, a rebalance the holder keeps the lock through under a new
+    // generation, which the library counts before it reports the change.
+    let mut args = vec!["--wait", "2s"];
+    args.extend(CONTENDED);
+    let mut waiter = run_cmd(&b, &lock, &args, &["true"]).spawn();
+    assert_eq!(waiter.finish(STEP), 75, "{}", waiter.transcript());
+    seen.extend(names(&waiter.events()));
     holder.event("token_changed", STEP);
     let addr = holder.named("metrics_listening")[0]["address"]
         .as_str()
