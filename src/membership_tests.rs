@@ -2352,30 +2352,28 @@ fn lost_exactly_at(h: &mut H, sent: Instant, lease: Duration) {
     );
 }
 
-#[test]
-fn a_rebalance_timeout_shorter_than_the_session_shortens_the_lease() {
-    let (session, rebalance) = (Duration::from_secs(10), Duration::from_secs(3));
+/// The configured lease and the held lease both end `lease` after the confirming heartbeat.
+fn the_lease_is(session: Duration, rebalance: Duration, lease: Duration) {
     let cfg = MembershipConfig {
         session_timeout: session,
         rebalance_timeout: rebalance,
         ..config(Mode::Native)
     };
-    assert_eq!(cfg.lease_length(), rebalance - MARGIN);
+    assert_eq!(cfg.lease_length(), lease);
     let (mut h, sent) = holding_with(session, rebalance);
-    lost_exactly_at(&mut h, sent, rebalance - MARGIN);
+    lost_exactly_at(&mut h, sent, lease);
+}
+
+#[test]
+fn a_rebalance_timeout_shorter_than_the_session_shortens_the_lease() {
+    let (session, rebalance) = (Duration::from_secs(10), Duration::from_secs(3));
+    the_lease_is(session, rebalance, rebalance - MARGIN);
 }
 
 #[test]
 fn a_rebalance_timeout_longer_than_the_session_does_not_lengthen_the_lease() {
     let (session, rebalance) = (Duration::from_secs(10), Duration::from_secs(30));
-    let cfg = MembershipConfig {
-        session_timeout: session,
-        rebalance_timeout: rebalance,
-        ..config(Mode::Native)
-    };
-    assert_eq!(cfg.lease_length(), session - MARGIN);
-    let (mut h, sent) = holding_with(session, rebalance);
-    lost_exactly_at(&mut h, sent, session - MARGIN);
+    the_lease_is(session, rebalance, session - MARGIN);
 }
 
 #[test]
