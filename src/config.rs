@@ -567,6 +567,17 @@ pub const ACCEPTED_KEYS: &[&str] = &[
     "sasl.username",
     "sasl.password",
     "sasl.jaas.config",
+    "sasl.oauthbearer.token.endpoint.url",
+    "sasl.oauthbearer.scope",
+    "sasl.oauthbearer.scope.claim.name",
+    "sasl.oauthbearer.sub.claim.name",
+    "sasl.oauthbearer.client.credentials.client.id",
+    "sasl.oauthbearer.client.credentials.client.secret",
+    "sasl.oauthbearer.method",
+    "sasl.oauthbearer.client.id",
+    "sasl.oauthbearer.client.secret",
+    "sasl.login.callback.handler.class",
+    "https.ca.location",
     "ssl.ca.location",
     "ssl.certificate.location",
     "ssl.key.location",
@@ -652,6 +663,16 @@ pub const IGNORED_KEYS: &[&str] = &[
     "ssl.secure.random.implementation",
     "ssl.truststore.password",
     "ssl.keystore.password",
+    // OAUTHBEARER tuning: kafka-lock refreshes at 80 % of a token's life and retries with the
+    // lock's own backoff.
+    "sasl.login.refresh.window.factor",
+    "sasl.login.refresh.window.jitter",
+    "sasl.login.refresh.min.period.seconds",
+    "sasl.login.refresh.buffer.seconds",
+    "sasl.login.connect.timeout.ms",
+    "sasl.login.read.timeout.ms",
+    "sasl.login.retry.backoff.ms",
+    "sasl.login.retry.backoff.max.ms",
     // librdkafka.
     "api.version.request",
     "broker.version.fallback",
@@ -687,10 +708,6 @@ const REFUSED: &[(&str, &str)] = &[
         "kafka-lock's TLS is rustls; Java classes cannot be loaded",
     ),
     (
-        "sasl.login.callback.handler.class",
-        "Java callback handlers (such as AWS MSK IAM's) cannot be loaded; use SCRAM or PLAIN",
-    ),
-    (
         "sasl.client.callback.handler.class",
         "Java callback handlers (such as AWS MSK IAM's) cannot be loaded; use SCRAM or PLAIN",
     ),
@@ -701,10 +718,6 @@ const REFUSED: &[(&str, &str)] = &[
     (
         "sasl.kerberos.service.name",
         "Kerberos (GSSAPI) is not supported; use SCRAM or PLAIN",
-    ),
-    (
-        "sasl.oauthbearer.token.endpoint.url",
-        "OAUTHBEARER is not supported by kafka-lock's settings yet; use SCRAM or PLAIN",
     ),
 ];
 
@@ -812,6 +825,10 @@ pub struct ClientConfig {
     username: Option<Set<String>>,
     password: Option<Set<Secret>>,
     jaas: Option<Set<Jaas>>,
+    /// Where `sasl.mechanism=OAUTHBEARER` was given (`mechanism` is then `None`).
+    oauthbearer: Option<String>,
+    /// The `sasl.oauthbearer.*` settings (and `https.ca.location`), by key.
+    oauth: BTreeMap<&'static str, Set<String>>,
     ca: Option<Set<Pem>>,
     certificate: Option<Set<Pem>>,
     key: Option<Set<Pem>>,
@@ -913,7 +930,12 @@ impl ClientConfig {
                     "SCRAM-SHA-256" => SaslMechanism::ScramSha256,
                     "SCRAM-SHA-512" => SaslMechanism::ScramSha512,
                     "GSSAPI" => return Err(bad("PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; Kerberos (GSSAPI) is not supported")),
-                    "OAUTHBEARER" | "AWS_MSK_IAM" => return Err(bad("PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; token mechanisms are not supported by kafka-lock's settings yet")),
+                    "OAUTHBEARER" => {
+                        self.mechanism = None;
+                        self.oauthbearer = Some(o());
+                        return Ok(());
+                    }
+                    "AWS_MSK_IAM" => return Err(bad("PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER; AWS_MSK_IAM is not supported by kafka-lock's settings")),
                     other => {
                         let upper = other.to_ascii_uppercase().replace('_', "-");
                         let hint = match upper.as_str() {
@@ -925,6 +947,7 @@ impl ClientConfig {
                         return Err(bad(&hint));
                     }
                 };
+                self.oauthbearer = None;
                 self.mechanism = Some(Set {
                     value: m,
                     origin: o(),
@@ -1034,6 +1057,49 @@ impl ClientConfig {
                 }
                 _ => return Err(bad("true")),
             },
+            "sasl.login.callback.handler.class" => {
+                // Kafka's own OAuth login handler is what kafka-lock does itself; any other
+                // class is Java code it cannot run.
+                let class = value.trim();
+                if !class.ends_with(".OAuthBearerLoginCallbackHandler")
+                    || !class.starts_with("org.apache.kafka.common.security.oauthbearer.")
+                {
+                    return Err(ConfigError::Refused {
+                        key: key.to_owned(),
+                        origin: o(),
+                        reason: "Java callback handlers (such as AWS MSK IAM's) cannot be loaded; \
+                                 kafka-lock does Kafka's OAuthBearerLoginCallbackHandler itself"
+                            .into(),
+                    });
+                }
+            }
+            "sasl.oauthbearer.method" => {
+                if !value.trim().eq_ignore_ascii_case("oidc") {
+                    return Err(bad("oidc (the client credentials grant)"));
+                }
+            }
+            "sasl.oauthbearer.token.endpoint.url"
+            | "sasl.oauthbearer.scope"
+            | "sasl.oauthbearer.scope.claim.name"
+            | "sasl.oauthbearer.sub.claim.name"
+            | "sasl.oauthbearer.client.credentials.client.id"
+            | "sasl.oauthbearer.client.credentials.client.secret"
+            | "sasl.oauthbearer.client.id"
+            | "sasl.oauthbearer.client.secret"
+            | "https.ca.location" => {
+                if value.trim().is_empty() {
+                    return Err(bad("a value"));
+                }
+                // librdkafka's names for the client credentials are Kafka 4.1's.
+                let k = match key {
+                    "sasl.oauthbearer.client.id" => "sasl.oauthbearer.client.credentials.client.id",
+                    "sasl.oauthbearer.client.secret" => {
+                        "sasl.oauthbearer.client.credentials.client.secret"
+                    }
+                    _ => ACCEPTED_KEYS.iter().copied().find(|k| *k == key).unwrap_or("https.ca.location"),
+                };
+                self.oauth.insert(k, at(value.trim().to_owned()));
+            }
             "group.protocol" => {
                 if !value.trim().eq_ignore_ascii_case("classic") {
                     return Err(bad(
@@ -1168,7 +1234,10 @@ impl ClientConfig {
         let sasl_given: Vec<(&str, &str)> = [
             (
                 "sasl.mechanism",
-                self.mechanism.as_ref().map(|s| s.origin.as_str()),
+                self.mechanism
+                    .as_ref()
+                    .map(|s| s.origin.as_str())
+                    .or(self.oauthbearer.as_deref()),
             ),
             (
                 "sasl.username",
@@ -1248,13 +1317,13 @@ impl ClientConfig {
             }
         }
 
-        let sasl = if protocol.uses_sasl() {
-            Some(self.sasl()?)
+        let tls = if protocol.uses_tls() {
+            Some(self.tls()?)
         } else {
             None
         };
-        let tls = if protocol.uses_tls() {
-            Some(self.tls()?)
+        let sasl = if protocol.uses_sasl() {
+            Some(self.sasl(tls.as_ref())?)
         } else {
             None
         };
@@ -1268,8 +1337,17 @@ impl ClientConfig {
         Ok(security)
     }
 
-    fn sasl(&self) -> Result<Sasl, ConfigError> {
+    fn sasl(&self, tls: Option<&Tls>) -> Result<Sasl, ConfigError> {
         let conflict = |m: String| Err(ConfigError::Conflict(m));
+        if let Some(origin) = &self.oauthbearer {
+            return self.oauth_sasl(origin, tls);
+        }
+        if let Some((k, s)) = self.oauth.iter().next() {
+            return conflict(format!(
+                "{k} is set ({}) but sasl.mechanism is not OAUTHBEARER; set sasl.mechanism=OAUTHBEARER",
+                s.origin
+            ));
+        }
         let Some(mechanism) = &self.mechanism else {
             return conflict(
                 "security.protocol asks for SASL but sasl.mechanism is not set (Kafka's default, \
@@ -1367,6 +1445,136 @@ impl ClientConfig {
                     .into(),
             ),
         }
+    }
+
+    /// OAUTHBEARER's settings: the token endpoint, and the client credentials from
+    /// `sasl.jaas.config` (Kafka's `OAuthBearerLoginModule` with `clientId`, `clientSecret`,
+    /// `scope`, `extension_<name>`) or from Kafka 4.1's and librdkafka's keys, not both.
+    #[cfg(feature = "oauth")]
+    fn oauth_sasl(&self, origin: &str, tls: Option<&Tls>) -> Result<Sasl, ConfigError> {
+        use crate::oauth::OAuthBearer;
+        let conflict = |m: String| Err(ConfigError::Conflict(m));
+        let get = |k: &str| self.oauth.get(k);
+        if let Some((k, s)) = [("sasl.username", &self.username)]
+            .into_iter()
+            .find_map(|(k, s)| s.as_ref().map(|s| (k, s)))
+        {
+            return conflict(format!(
+                "{k} is set ({}) but sasl.mechanism is OAUTHBEARER ({origin}), which takes \
+                 clientId and clientSecret in sasl.jaas.config",
+                s.origin
+            ));
+        }
+        if let Some(p) = &self.password {
+            return conflict(format!(
+                "sasl.password is set ({}) but sasl.mechanism is OAUTHBEARER ({origin}), which \
+                 takes clientId and clientSecret in sasl.jaas.config",
+                p.origin
+            ));
+        }
+        let Some(endpoint) = get("sasl.oauthbearer.token.endpoint.url") else {
+            return conflict(format!(
+                "sasl.mechanism=OAUTHBEARER ({origin}) needs sasl.oauthbearer.token.endpoint.url \
+                 (kafka-lock gets tokens with the client credentials grant)"
+            ));
+        };
+        let mut id = get("sasl.oauthbearer.client.credentials.client.id").map(|s| s.value.clone());
+        let mut secret =
+            get("sasl.oauthbearer.client.credentials.client.secret").map(|s| s.value.clone());
+        let mut scope = get("sasl.oauthbearer.scope").map(|s| s.value.clone());
+        let mut extensions = Vec::new();
+        if let Some(jaas) = &self.jaas {
+            let expected = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule";
+            if jaas.value.module != expected {
+                return conflict(format!(
+                    "sasl.jaas.config ({}) uses the login module {} but sasl.mechanism is \
+                     OAUTHBEARER ({origin}); OAUTHBEARER takes {expected}",
+                    jaas.origin, jaas.value.module
+                ));
+            }
+            for (k, v) in &jaas.value.options {
+                let from_jaas = |slot: &mut Option<String>, key: &str| {
+                    if let Some(s) = get(key) {
+                        return Err(ConfigError::Conflict(format!(
+                            "both sasl.jaas.config ({}) and {key} ({}) give {k}; use one",
+                            jaas.origin, s.origin
+                        )));
+                    }
+                    *slot = Some(v.clone());
+                    Ok(())
+                };
+                match k.as_str() {
+                    "clientId" => from_jaas(&mut id, "sasl.oauthbearer.client.credentials.client.id")?,
+                    "clientSecret" => {
+                        from_jaas(&mut secret, "sasl.oauthbearer.client.credentials.client.secret")?
+                    }
+                    "scope" => from_jaas(&mut scope, "sasl.oauthbearer.scope")?,
+                    other if other.starts_with("extension_") => {
+                        extensions.push((other["extension_".len()..].to_owned(), v.clone()))
+                    }
+                    // Kafka's unsecured-token options make the client sign its own tokens.
+                    other if other.starts_with("unsecuredLogin") => {
+                        return conflict(format!(
+                            "sasl.jaas.config ({}) asks for unsecured tokens ({other}), which \
+                             kafka-lock does not make; give clientId and clientSecret and \
+                             sasl.oauthbearer.token.endpoint.url",
+                            jaas.origin
+                        ))
+                    }
+                    other => {
+                        return conflict(format!(
+                            "sasl.jaas.config ({}) has the option {other:?}, which \
+                             OAuthBearerLoginModule does not take here; it takes clientId, \
+                             clientSecret, scope and extension_<name>",
+                            jaas.origin
+                        ))
+                    }
+                }
+            }
+        }
+        let (Some(id), Some(secret)) = (id, secret) else {
+            return conflict(format!(
+                "sasl.mechanism=OAUTHBEARER ({origin}) needs the client credentials: clientId and \
+                 clientSecret in sasl.jaas.config (org.apache.kafka.common.security.oauthbearer.\
+                 OAuthBearerLoginModule required clientId=\"...\" clientSecret=\"...\";)"
+            ));
+        };
+        let config_error = |e: crate::Error| {
+            ConfigError::Conflict(match e {
+                crate::Error::Config(m) => m,
+                other => other.to_string(),
+            })
+        };
+        let mut oauth =
+            OAuthBearer::client_credentials(&endpoint.value, id, Secret::new(secret))
+                .map_err(config_error)?;
+        if let Some(scope) = scope {
+            oauth = oauth.scope(scope);
+        }
+        if let Some(s) = get("sasl.oauthbearer.sub.claim.name") {
+            oauth = oauth.sub_claim(&s.value);
+        }
+        if let Some(s) = get("sasl.oauthbearer.scope.claim.name") {
+            oauth = oauth.scope_claim(&s.value);
+        }
+        if let Some(s) = get("https.ca.location") {
+            oauth = oauth.ca(Pem::File(PathBuf::from(&s.value)));
+        }
+        if let Some(p) = tls.and_then(|t| t.provider) {
+            oauth = oauth.crypto_provider(p);
+        }
+        for (k, v) in extensions {
+            oauth = oauth.extension(&k, &v).map_err(config_error)?;
+        }
+        Ok(Sasl::oauthbearer(oauth))
+    }
+
+    #[cfg(not(feature = "oauth"))]
+    fn oauth_sasl(&self, origin: &str, _tls: Option<&Tls>) -> Result<Sasl, ConfigError> {
+        Err(ConfigError::Conflict(format!(
+            "sasl.mechanism=OAUTHBEARER ({origin}) needs a kafka-lock built with the `oauth` \
+             cargo feature"
+        )))
     }
 
     fn tls(&self) -> Result<Tls, ConfigError> {

@@ -124,6 +124,8 @@ pub mod ledger;
 pub mod lock;
 #[doc(hidden)]
 pub mod membership;
+#[cfg(feature = "oauth")]
+pub mod oauth;
 #[doc(hidden)]
 pub mod security;
 #[doc(hidden)]

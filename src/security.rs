@@ -377,9 +377,9 @@ impl FromStr for SaslMechanism {
             "SCRAM-SHA-256" => Ok(SaslMechanism::ScramSha256),
             "SCRAM-SHA-512" => Ok(SaslMechanism::ScramSha512),
             "OAUTHBEARER" | "AWS_MSK_IAM" | "GSSAPI" => Err(crate::Error::Config(format!(
-                "sasl.mechanism {s} has no built-in support; PLAIN, SCRAM-SHA-256 and \
-                 SCRAM-SHA-512 do (library users can plug token mechanisms in with \
-                 Sasl::token)"
+                "sasl.mechanism {s} takes no username and password; PLAIN, SCRAM-SHA-256 and \
+                 SCRAM-SHA-512 do (OAUTHBEARER: Sasl::oauthbearer with the `oauth` feature; \
+                 other token mechanisms plug in with Sasl::token)"
             ))),
             _ => Err(crate::Error::Config(format!(
                 "sasl.mechanism {s:?} is not one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512"
@@ -420,6 +420,8 @@ pub(crate) enum SaslKind {
         password: Secret,
     },
     Token(Arc<dyn SaslTokenProvider>),
+    #[cfg(feature = "oauth")]
+    OAuth(Arc<crate::oauth::OAuthBearer>),
 }
 
 impl PartialEq for Sasl {
@@ -438,6 +440,8 @@ impl PartialEq for Sasl {
                 },
             ) => m1 == m2 && u1 == u2 && p1 == p2,
             (SaslKind::Token(a), SaslKind::Token(b)) => Arc::ptr_eq(a, b),
+            #[cfg(feature = "oauth")]
+            (SaslKind::OAuth(a), SaslKind::OAuth(b)) => Arc::ptr_eq(a, b),
             _ => false,
         }
     }
@@ -475,11 +479,19 @@ impl Sasl {
         Sasl(SaslKind::Token(provider))
     }
 
+    /// `OAUTHBEARER` with tokens from an OAuth 2 token endpoint (feature `oauth`).
+    #[cfg(feature = "oauth")]
+    pub fn oauthbearer(oauth: crate::oauth::OAuthBearer) -> Self {
+        Sasl(SaslKind::OAuth(Arc::new(oauth)))
+    }
+
     /// The mechanism's name as sent in SaslHandshake.
     pub fn mechanism_name(&self) -> &str {
         match &self.0 {
             SaslKind::Password { mechanism, .. } => mechanism.as_str(),
             SaslKind::Token(p) => p.mechanism(),
+            #[cfg(feature = "oauth")]
+            SaslKind::OAuth(_) => "OAUTHBEARER",
         }
     }
 
@@ -487,7 +499,7 @@ impl Sasl {
     pub fn username(&self) -> Option<&str> {
         match &self.0 {
             SaslKind::Password { username, .. } => Some(username),
-            SaslKind::Token(_) => None,
+            _ => None,
         }
     }
 }
@@ -670,6 +682,26 @@ pub enum SecurityError {
         /// What was wrong.
         detail: String,
     },
+    /// The OAuth token endpoint could not be reached, or answered something that is not a
+    /// token (feature `oauth`). The CLI exits 69, as for a cluster it cannot reach.
+    #[error("the OAuth token endpoint {endpoint} gave no token: {detail}")]
+    TokenEndpoint {
+        /// `sasl.oauthbearer.token.endpoint.url`.
+        endpoint: String,
+        /// What went wrong (never the client secret or a token).
+        detail: String,
+    },
+    /// The OAuth token endpoint refused the client credentials (HTTP 400, 401 or 403). An
+    /// authentication failure: the CLI exits 77.
+    #[error("the OAuth token endpoint {endpoint} refused the client credentials (HTTP {status}: {reason}); check clientId, clientSecret and scope")]
+    TokenRefused {
+        /// `sasl.oauthbearer.token.endpoint.url`.
+        endpoint: String,
+        /// The HTTP status.
+        status: u16,
+        /// The OAuth `error` and `error_description` it gave.
+        reason: String,
+    },
     /// The principal may not use the lock's group (GROUP_AUTHORIZATION_FAILED, 30).
     #[error("not authorized for group {group:?}: grant the principal Read on the group (and Describe for status)")]
     GroupAuthorizationFailed {
@@ -690,7 +722,8 @@ impl SecurityError {
     pub fn auth_failure(&self) -> Option<AuthFailure> {
         match self {
             SecurityError::AuthenticationFailed { .. }
-            | SecurityError::MechanismNotEnabled { .. } => Some(AuthFailure::Authentication),
+            | SecurityError::MechanismNotEnabled { .. }
+            | SecurityError::TokenRefused { .. } => Some(AuthFailure::Authentication),
             SecurityError::GroupAuthorizationFailed { .. }
             | SecurityError::TopicAuthorizationFailed { .. } => Some(AuthFailure::Authorization),
             _ => None,

@@ -26,6 +26,8 @@ mod tests;
 
 pub use bootstrap::{connect_any, BootstrapAttempt, BootstrapConfig, BootstrapError};
 pub use conn::{ConnConfig, Connection, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT};
+#[cfg(all(feature = "oauth", any(feature = "tls", feature = "tls-graviola")))]
+pub(crate) use secure::crypto_provider;
 #[cfg(feature = "tls-graviola")]
 pub(crate) use cpu::check as graviola_cpu_check;
 pub(crate) mod ledger;

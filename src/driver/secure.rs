@@ -150,6 +150,12 @@ pub(super) async fn authenticate(
             who.auth(link, Bytes::copy_from_slice(msg.expose().as_bytes()))
                 .await?
         }
+        #[cfg(feature = "oauth")]
+        SaslKind::OAuth(oauth) => {
+            let msg = oauth.initial_response().await?;
+            who.auth(link, Bytes::copy_from_slice(msg.expose().as_bytes()))
+                .await?
+        }
     };
     let lifetime = lifetime(last.session_lifetime_ms);
     debug!(peer, %mechanism, ?lifetime, "SASL authenticated");
@@ -247,6 +253,8 @@ fn nonce() -> String {
 
 #[cfg(any(feature = "tls", feature = "tls-graviola"))]
 pub(super) use tls::connect as tls_connect;
+#[cfg(any(feature = "tls", feature = "tls-graviola"))]
+pub(crate) use tls::crypto_provider;
 
 #[cfg(any(feature = "tls", feature = "tls-graviola"))]
 mod tls {
@@ -272,7 +280,15 @@ mod tls {
 
     /// The rustls provider for `tls`'s choice, once this build and CPU are known to run it.
     fn provider(tls: &Tls) -> Result<Arc<rustls::crypto::CryptoProvider>> {
-        let Some(choice) = tls.effective_provider() else {
+        crypto_provider(tls.effective_provider())
+    }
+
+    /// The rustls provider `choice` (the build's default when `None`), once this build and CPU
+    /// are known to run it; also what the OAuth token endpoint's HTTPS runs on.
+    pub(crate) fn crypto_provider(
+        choice: Option<TlsProvider>,
+    ) -> Result<Arc<rustls::crypto::CryptoProvider>> {
+        let Some(choice) = choice.or_else(TlsProvider::build_default) else {
             return Err(config_error("this build has no TLS crypto provider".into()));
         };
         choice.check()?;

@@ -38,6 +38,8 @@ mod election;
 use conventions::check_event;
 // run and status on secured listeners (TLS, SASL), configured as Kafka clients are.
 mod secured;
+// run with SASL/OAUTHBEARER: a good token, a refused one, an unreachable token endpoint.
+mod oauth;
 // Help, value forms, hints, completions, man pages and the docs' command lines.
 mod surface;
 // One meaning of "token", tries that do not join, terminals, quiet and setting errors.

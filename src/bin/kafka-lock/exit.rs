@@ -117,6 +117,9 @@ pub fn status_of(err: &Error) -> u8 {
         // The build's TLS provider cannot run on this CPU: a deployment to change (another
         // build, or another machine), not a refusal by the cluster.
         Some(SecurityError::UnsupportedCpu { .. }) => return CONFIG,
+        // The OAuth token endpoint is down or answers nonsense: a service kafka-lock needs
+        // cannot be reached, as when the cluster cannot.
+        Some(SecurityError::TokenEndpoint { .. }) => return UNAVAILABLE,
         Some(_) => return NOPERM,
         None => {}
     }

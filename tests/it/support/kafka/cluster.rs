@@ -31,6 +31,8 @@ pub struct KafkaOptions {
     scram: Vec<String>,
     /// Told each node's client port once they are chosen, before any node starts.
     on_ports: Option<PortsHook>,
+    /// `-Dkey=value` arguments for each node's JVM.
+    jvm_args: Vec<String>,
 }
 
 type PortsHook = std::sync::Arc<dyn Fn(&[u16]) + Send + Sync>;
@@ -55,6 +57,7 @@ impl KafkaOptions {
             listeners: Vec::new(),
             scram: Vec::new(),
             on_ports: None,
+            jvm_args: Vec::new(),
         }
     }
 
@@ -96,6 +99,13 @@ impl KafkaOptions {
     /// serves clients.
     pub fn scram(mut self, spec: &str) -> KafkaOptions {
         self.scram.push(spec.to_owned());
+        self
+    }
+
+    /// A Java system property for each node's JVM (`-Dkey=value`), for settings Kafka reads
+    /// only from system properties (such as the OAuth URLs a broker may reach).
+    pub fn jvm_property(mut self, key: &str, value: impl ToString) -> KafkaOptions {
+        self.jvm_args.push(format!("-D{key}={}", value.to_string()));
         self
     }
 
@@ -237,6 +247,7 @@ impl KafkaCluster {
                     dir.path().join(format!("node-{id}")),
                 )
                 .with_listeners(extra)
+                .with_jvm_args(options.jvm_args.clone())
             })
             .collect();
         let voters = nodes

@@ -23,6 +23,7 @@
 pub mod admin;
 mod cluster;
 mod node;
+pub mod oauth;
 pub mod peer;
 pub mod probe;
 mod scratch;

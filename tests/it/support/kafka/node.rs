@@ -25,6 +25,8 @@ pub struct KafkaNode {
     controller_port: u16,
     /// Extra listeners: (name, security protocol, port).
     listeners: Vec<(String, String, u16)>,
+    /// Extra JVM arguments (`-Dkey=value`).
+    jvm_args: Vec<String>,
     dir: PathBuf,
     process: Option<Supervised>,
     /// SIGSTOPped and not yet continued: alive, but answers nothing.
@@ -41,12 +43,18 @@ impl KafkaNode {
             port,
             controller_port,
             listeners: Vec::new(),
+            jvm_args: Vec::new(),
             dir,
             process: None,
             paused: false,
             started_at: None,
             ready_after: None,
         }
+    }
+
+    pub(super) fn with_jvm_args(mut self, args: Vec<String>) -> KafkaNode {
+        self.jvm_args = args;
+        self
     }
 
     pub(super) fn with_listeners(mut self, listeners: Vec<(String, String, u16)>) -> KafkaNode {
@@ -217,7 +225,9 @@ impl KafkaNode {
             self.id
         );
         let mut cmd = jvm().command(BROKER_HEAP);
-        cmd.arg("kafka.Kafka").arg(self.config_path());
+        cmd.args(&self.jvm_args)
+            .arg("kafka.Kafka")
+            .arg(self.config_path());
         let log = self.log_path();
         let started_at = Instant::now();
         let (process, _) = Supervised::spawn(&cmd, Output::Log(&log), None)?;

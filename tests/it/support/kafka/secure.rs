@@ -113,7 +113,7 @@ impl Certs {
     }
 }
 
-fn make_ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
+pub(super) fn make_ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
     let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     params.distinguished_name.push(DnType::CommonName, name);
