@@ -1504,10 +1504,13 @@ impl ClientConfig {
                     Ok(())
                 };
                 match k.as_str() {
-                    "clientId" => from_jaas(&mut id, "sasl.oauthbearer.client.credentials.client.id")?,
-                    "clientSecret" => {
-                        from_jaas(&mut secret, "sasl.oauthbearer.client.credentials.client.secret")?
+                    "clientId" => {
+                        from_jaas(&mut id, "sasl.oauthbearer.client.credentials.client.id")?
                     }
+                    "clientSecret" => from_jaas(
+                        &mut secret,
+                        "sasl.oauthbearer.client.credentials.client.secret",
+                    )?,
                     "scope" => from_jaas(&mut scope, "sasl.oauthbearer.scope")?,
                     other if other.starts_with("extension_") => {
                         extensions.push((other["extension_".len()..].to_owned(), v.clone()))
@@ -1545,9 +1548,8 @@ impl ClientConfig {
                 other => other.to_string(),
             })
         };
-        let mut oauth =
-            OAuthBearer::client_credentials(&endpoint.value, id, Secret::new(secret))
-                .map_err(config_error)?;
+        let mut oauth = OAuthBearer::client_credentials(&endpoint.value, id, Secret::new(secret))
+            .map_err(config_error)?;
         if let Some(scope) = scope {
             oauth = oauth.scope(scope);
         }

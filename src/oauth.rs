@@ -160,9 +160,8 @@ impl OAuthBearer {
     /// e.g. Confluent Cloud's `logicalCluster` and `identityPoolId`). Names are letters only and
     /// `auth` is reserved, as RFC 7628 and Kafka's `SaslExtensions` define them.
     pub fn extension(mut self, name: &str, value: &str) -> crate::Result<Self> {
-        let name_ok = !name.is_empty()
-            && name.chars().all(|c| c.is_ascii_alphabetic())
-            && name != "auth";
+        let name_ok =
+            !name.is_empty() && name.chars().all(|c| c.is_ascii_alphabetic()) && name != "auth";
         if !name_ok {
             return Err(crate::Error::Config(format!(
                 "SASL extension name {name:?} must be letters only and not \"auth\""
@@ -231,12 +230,11 @@ impl OAuthBearer {
                 endpoint,
                 detail: format!("the token request did not finish: {e}"),
             })??;
-        let claims = claims(&answer, &self.sub_claim).map_err(|detail| {
-            SecurityError::TokenEndpoint {
+        let claims =
+            claims(&answer, &self.sub_claim).map_err(|detail| SecurityError::TokenEndpoint {
                 endpoint: self.endpoint.clone(),
                 detail,
-            }
-        })?;
+            })?;
         let now = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .unwrap_or_default()
@@ -257,8 +255,8 @@ impl OAuthBearer {
             lifetime_s = left,
             "fetched an OAuth token"
         );
-        let stale_in = Duration::try_from_secs_f64(left.max(0.0) * REFRESH_FACTOR)
-            .unwrap_or(Duration::ZERO);
+        let stale_in =
+            Duration::try_from_secs_f64(left.max(0.0) * REFRESH_FACTOR).unwrap_or(Duration::ZERO);
         Ok(Cached {
             token: answer,
             stale_at: Instant::now() + stale_in,
@@ -324,7 +322,9 @@ impl Request {
             .with_config()
             .limit(MAX_ANSWER)
             .read_to_string()
-            .map_err(|e| self.unavailable(format!("reading its answer failed: {}", describe(&e))))?;
+            .map_err(|e| {
+                self.unavailable(format!("reading its answer failed: {}", describe(&e)))
+            })?;
         let json: Option<serde_json::Value> = serde_json::from_str(&text).ok();
         if !(200..300).contains(&status) {
             // RFC 6749 section 5.2: `error` and `error_description`; never the body itself,
@@ -425,6 +425,18 @@ fn describe(e: &ureq::Error) -> String {
         ureq::Error::Timeout(t) => {
             format!("no answer within {REQUEST_TIMEOUT:?} ({t})")
         }
+        ureq::Error::Io(io)
+            if matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionRefused
+                    | std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::AddrNotAvailable
+                    | std::io::ErrorKind::HostUnreachable
+                    | std::io::ErrorKind::NetworkUnreachable
+            ) =>
+        {
+            format!("cannot connect to it: {io}")
+        }
         ureq::Error::Io(io) => format!("cannot talk to it: {io}"),
         other => other.to_string(),
     }
@@ -478,9 +490,7 @@ fn claims(token: &Secret, sub_claim: &str) -> Result<Claims, String> {
         .and_then(|v| v.as_str())
         .filter(|s| !s.trim().is_empty())
         .ok_or_else(|| {
-            format!(
-                "the access token has no {sub_claim:?} claim (sasl.oauthbearer.sub.claim.name)"
-            )
+            format!("the access token has no {sub_claim:?} claim (sasl.oauthbearer.sub.claim.name)")
         })?
         .to_owned();
     let scope = json.get("scope").map(|v| match v {
@@ -505,8 +515,11 @@ mod tests {
 
     #[test]
     fn reads_exp_and_subject() {
-        let c = claims(&jwt(r#"{"exp":1700000000,"sub":"locker","scope":"kafka"}"#), "sub")
-            .unwrap();
+        let c = claims(
+            &jwt(r#"{"exp":1700000000,"sub":"locker","scope":"kafka"}"#),
+            "sub",
+        )
+        .unwrap();
         assert_eq!(
             c,
             Claims {
@@ -555,7 +568,10 @@ mod tests {
             .build()
             .unwrap();
         let msg = rt.block_on(o.initial_response()).unwrap();
-        assert_eq!(msg.expose(), "n,,\x01auth=Bearer T\x01logicalCluster=lkc-1\x01\x01");
+        assert_eq!(
+            msg.expose(),
+            "n,,\x01auth=Bearer T\x01logicalCluster=lkc-1\x01\x01"
+        );
     }
 
     #[test]

@@ -26,9 +26,9 @@ mod tests;
 
 pub use bootstrap::{connect_any, BootstrapAttempt, BootstrapConfig, BootstrapError};
 pub use conn::{ConnConfig, Connection, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT};
-#[cfg(all(feature = "oauth", any(feature = "tls", feature = "tls-graviola")))]
-pub(crate) use secure::crypto_provider;
 #[cfg(feature = "tls-graviola")]
 pub(crate) use cpu::check as graviola_cpu_check;
+#[cfg(all(feature = "oauth", any(feature = "tls", feature = "tls-graviola")))]
+pub(crate) use secure::crypto_provider;
 pub(crate) mod ledger;
 pub(crate) mod session;

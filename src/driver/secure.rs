@@ -147,19 +147,60 @@ pub(super) async fn authenticate(
                     message: format!("the token provider failed: {reason}"),
                 })
             })?;
-            who.auth(link, Bytes::copy_from_slice(msg.expose().as_bytes()))
-                .await?
+            let answer = who
+                .auth(link, Bytes::copy_from_slice(msg.expose().as_bytes()))
+                .await?;
+            if mechanism.eq_ignore_ascii_case("OAUTHBEARER") {
+                oauthbearer_outcome(&who, link, answer).await?
+            } else {
+                answer
+            }
         }
         #[cfg(feature = "oauth")]
         SaslKind::OAuth(oauth) => {
             let msg = oauth.initial_response().await?;
-            who.auth(link, Bytes::copy_from_slice(msg.expose().as_bytes()))
-                .await?
+            let answer = who
+                .auth(link, Bytes::copy_from_slice(msg.expose().as_bytes()))
+                .await?;
+            oauthbearer_outcome(&who, link, answer).await?
         }
     };
     let lifetime = lifetime(last.session_lifetime_ms);
     debug!(peer, %mechanism, ?lifetime, "SASL authenticated");
     Ok(Authenticated { lifetime })
+}
+
+/// RFC 7628 section 3.2.2: a server that refuses the token answers with a JSON error (`status`,
+/// `scope`, `openid-configuration`) instead of failing at once, and fails the exchange only after
+/// the client's `%x01`, as Kafka's `OAuthBearerSaslServer` does. An empty answer is success.
+async fn oauthbearer_outcome(
+    who: &Who<'_>,
+    link: &impl Exchange,
+    answer: SaslAuthenticateResponse,
+) -> Result<SaslAuthenticateResponse> {
+    if answer.auth_bytes.is_empty() {
+        return Ok(answer);
+    }
+    let challenge: String = String::from_utf8_lossy(&answer.auth_bytes)
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(300)
+        .collect();
+    let refused = |message: String| {
+        Error::Security(SecurityError::AuthenticationFailed {
+            broker: who.peer.to_owned(),
+            mechanism: who.mechanism.to_owned(),
+            user: String::new(),
+            message: format!("the broker refused the token ({challenge}){message}"),
+        })
+    };
+    match who.auth(link, Bytes::from_static(b"\x01")).await {
+        Err(Error::Security(SecurityError::AuthenticationFailed { message, .. })) => {
+            Err(refused(format!(": {message}")))
+        }
+        Err(other) => Err(other),
+        Ok(_) => Err(refused(String::new())),
+    }
 }
 
 /// Names the exchange in errors.

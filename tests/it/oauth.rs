@@ -112,7 +112,13 @@ async fn expired_token_is_refused_by_the_broker() {
 #[tokio::test]
 async fn wrong_audience_is_refused_by_the_broker() {
     let k = oauth_kafka();
-    let err = acquire_error(options(WRONG_AUDIENCE, CLIENT_SECRET, &k.idp().url, "oauth-aud")).await;
+    let err = acquire_error(options(
+        WRONG_AUDIENCE,
+        CLIENT_SECRET,
+        &k.idp().url,
+        "oauth-aud",
+    ))
+    .await;
     assert!(
         matches!(
             security_error(&err),

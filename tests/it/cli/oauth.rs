@@ -52,7 +52,10 @@ fn oauthbearer_good_expired_and_endpoint_down() {
 
     let (code, stderr, _) = run(EXPIRED, &k.idp().url);
     assert_eq!(code, 77, "{stderr:?}");
-    assert!(stderr.iter().any(|l| l.contains("OAUTHBEARER")), "{stderr:?}");
+    assert!(
+        stderr.iter().any(|l| l.contains("OAUTHBEARER")),
+        "{stderr:?}"
+    );
 
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -64,5 +67,8 @@ fn oauthbearer_good_expired_and_endpoint_down() {
         stderr.iter().any(|l| l.contains("token endpoint")),
         "{stderr:?}"
     );
-    assert!(!stderr.iter().any(|l| l.contains(CLIENT_SECRET)), "{stderr:?}");
+    assert!(
+        !stderr.iter().any(|l| l.contains(CLIENT_SECRET)),
+        "{stderr:?}"
+    );
 }

@@ -171,7 +171,9 @@ impl Idp {
     fn start(dir: &ScratchDir, key: EcdsaKeyPair) -> Idp {
         let ca = make_ca("kafka-lock test IdP CA");
         let mut params = CertificateParams::new(vec!["127.0.0.1".to_owned()]).expect("params");
-        params.distinguished_name.push(DnType::CommonName, "127.0.0.1");
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "127.0.0.1");
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         let leaf_key = KeyPair::generate().expect("key");
         let leaf = params.signed_by(&leaf_key, &ca).expect("sign");
@@ -255,7 +257,9 @@ async fn serve(
     let header = |name: &str| {
         head.lines().find_map(|l| {
             let (k, v) = l.split_once(':')?;
-            k.trim().eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
+            k.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_owned())
         })
     };
     let length: usize = header("content-length")
@@ -275,11 +279,16 @@ async fn serve(
         .and_then(|b| String::from_utf8(b).ok())
         .and_then(|s| s.split_once(':').map(|(a, b)| (a.to_owned(), b.to_owned())));
     let grant_ok = head.starts_with("POST /token ")
-        && body.split('&').any(|p| p == "grant_type=client_credentials");
+        && body
+            .split('&')
+            .any(|p| p == "grant_type=client_credentials");
     let now = now();
     let token = match credentials {
         Some((id, secret)) if grant_ok && secret == CLIENT_SECRET => match id.as_str() {
-            GOOD => Some((id, jwt(key, GOOD, AUDIENCE, now, now + TOKEN_LIFETIME.as_secs()))),
+            GOOD => Some((
+                id,
+                jwt(key, GOOD, AUDIENCE, now, now + TOKEN_LIFETIME.as_secs()),
+            )),
             EXPIRED => Some((id, jwt(key, EXPIRED, AUDIENCE, now - 1200, now - 600))),
             WRONG_AUDIENCE => Some((id, jwt(key, WRONG_AUDIENCE, "someone-else", now, now + 600))),
             _ => None,
