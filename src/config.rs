@@ -25,7 +25,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::lock::LockOptions;
-use crate::security::{Pem, Sasl, SaslMechanism, Secret, Security, SecurityProtocol, Tls};
+use crate::security::{
+    Pem, Sasl, SaslMechanism, Secret, Security, SecurityProtocol, Tls, TlsProvider,
+};
 
 /// A settings error: the key it concerns is always named; the value only when the key is not a
 /// secret.
@@ -593,6 +595,7 @@ pub const ACCEPTED_KEYS: &[&str] = &[
     "ssl.keystore.type",
     "ssl.endpoint.identification.algorithm",
     "enable.ssl.certificate.verification",
+    "ssl.crypto.provider",
     "session.timeout.ms",
     "heartbeat.interval.ms",
     "max.poll.interval.ms",
@@ -837,6 +840,7 @@ pub struct ClientConfig {
     keystore: Option<Set<PathBuf>>,
     keystore_type: Option<Set<String>>,
     verify_hostname: Option<Set<bool>>,
+    tls_provider: Option<Set<TlsProvider>>,
     timeouts: BTreeMap<&'static str, Set<Duration>>,
     ignored: Vec<(String, String)>,
 }
@@ -1043,6 +1047,22 @@ impl ClientConfig {
                 };
                 self.verify_hostname = Some(Set {
                     value: on,
+                    origin: o(),
+                });
+            }
+            "ssl.crypto.provider" => {
+                let p: TlsProvider = value.trim().parse().map_err(|_| {
+                    bad(&format!(
+                        "ring or graviola (this build has: {})",
+                        TlsProvider::compiled()
+                            .iter()
+                            .map(|p| p.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ))
+                })?;
+                self.tls_provider = Some(Set {
+                    value: p,
                     origin: o(),
                 });
             }
@@ -1323,7 +1343,7 @@ impl ClientConfig {
             None
         };
         let sasl = if protocol.uses_sasl() {
-            Some(self.sasl(tls.as_ref())?)
+            Some(self.sasl()?)
         } else {
             None
         };
@@ -1337,10 +1357,10 @@ impl ClientConfig {
         Ok(security)
     }
 
-    fn sasl(&self, tls: Option<&Tls>) -> Result<Sasl, ConfigError> {
+    fn sasl(&self) -> Result<Sasl, ConfigError> {
         let conflict = |m: String| Err(ConfigError::Conflict(m));
         if let Some(origin) = &self.oauthbearer {
-            return self.oauth_sasl(origin, tls);
+            return self.oauth_sasl(origin);
         }
         if let Some((k, s)) = self.oauth.iter().next() {
             return conflict(format!(
@@ -1451,7 +1471,7 @@ impl ClientConfig {
     /// `sasl.jaas.config` (Kafka's `OAuthBearerLoginModule` with `clientId`, `clientSecret`,
     /// `scope`, `extension_<name>`) or from Kafka 4.1's and librdkafka's keys, not both.
     #[cfg(feature = "oauth")]
-    fn oauth_sasl(&self, origin: &str, tls: Option<&Tls>) -> Result<Sasl, ConfigError> {
+    fn oauth_sasl(&self, origin: &str) -> Result<Sasl, ConfigError> {
         use crate::oauth::OAuthBearer;
         let conflict = |m: String| Err(ConfigError::Conflict(m));
         let get = |k: &str| self.oauth.get(k);
@@ -1562,8 +1582,8 @@ impl ClientConfig {
         if let Some(s) = get("https.ca.location") {
             oauth = oauth.ca(Pem::File(PathBuf::from(&s.value)));
         }
-        if let Some(p) = tls.and_then(|t| t.provider) {
-            oauth = oauth.crypto_provider(p);
+        if let Some(p) = &self.tls_provider {
+            oauth = oauth.crypto_provider(p.value);
         }
         for (k, v) in extensions {
             oauth = oauth.extension(&k, &v).map_err(config_error)?;
@@ -1572,7 +1592,7 @@ impl ClientConfig {
     }
 
     #[cfg(not(feature = "oauth"))]
-    fn oauth_sasl(&self, origin: &str, _tls: Option<&Tls>) -> Result<Sasl, ConfigError> {
+    fn oauth_sasl(&self, origin: &str) -> Result<Sasl, ConfigError> {
         Err(ConfigError::Conflict(format!(
             "sasl.mechanism=OAUTHBEARER ({origin}) needs a kafka-lock built with the `oauth` \
              cargo feature"
@@ -1646,6 +1666,9 @@ impl ClientConfig {
         tls.client_cert = client;
         if self.verify_hostname.as_ref().is_some_and(|s| !s.value) {
             tls = tls.dangerous_disable_hostname_verification();
+        }
+        if let Some(p) = &self.tls_provider {
+            tls = tls.crypto_provider(p.value);
         }
         Ok(tls)
     }

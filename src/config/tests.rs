@@ -582,3 +582,130 @@ proptest! {
         prop_assert_eq!(parsed, vec![(key, value)]);
     }
 }
+
+#[cfg(feature = "oauth")]
+const OAUTH_MODULE: &str = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule";
+
+/// Kafka's OAUTHBEARER client settings (KIP-768, with the login handler class Kafka 4 names)
+/// give an OAUTHBEARER Sasl whose Debug holds no secret.
+#[cfg(feature = "oauth")]
+#[test]
+fn oauthbearer_from_kafka_client_settings() {
+    let text = format!(
+        "security.protocol=SASL_SSL\n\
+         sasl.mechanism=OAUTHBEARER\n\
+         sasl.login.callback.handler.class=org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginCallbackHandler\n\
+         sasl.oauthbearer.token.endpoint.url=https://idp.example/token\n\
+         sasl.oauthbearer.sub.claim.name=client_id\n\
+         sasl.login.refresh.window.factor=0.8\n\
+         sasl.jaas.config={OAUTH_MODULE} required clientId=\"locker\" clientSecret=\"hunter2\" \
+         scope=\"kafka\" extension_logicalCluster=\"lkc-1\";\n"
+    );
+    let c = ClientConfig::from_properties(&text, "f").unwrap();
+    let s = c.security().unwrap();
+    let sasl = s.sasl.as_ref().unwrap();
+    assert_eq!(sasl.mechanism_name(), "OAUTHBEARER");
+    let dbg = format!("{s:?}");
+    assert!(
+        dbg.contains("idp.example") && !dbg.contains("hunter2"),
+        "{dbg}"
+    );
+    assert!(c
+        .warnings()
+        .iter()
+        .any(|w| w.contains("sasl.login.refresh.window.factor")));
+
+    // Kafka 4.1's keys (and librdkafka's) instead of the JAAS options.
+    let mut c = ClientConfig::new();
+    for (k, v) in [
+        ("security.protocol", "SASL_SSL"),
+        ("sasl.mechanism", "OAUTHBEARER"),
+        ("sasl.oauthbearer.method", "oidc"),
+        (
+            "sasl.oauthbearer.token.endpoint.url",
+            "https://idp.example/token",
+        ),
+        ("sasl.oauthbearer.client.id", "locker"),
+        (
+            "sasl.oauthbearer.client.credentials.client.secret",
+            "hunter2",
+        ),
+    ] {
+        c.set(k, v).unwrap();
+    }
+    assert!(c.security().is_ok());
+}
+
+#[cfg(feature = "oauth")]
+#[test]
+fn oauthbearer_conflicts() {
+    let base = [
+        ("security.protocol", "SASL_SSL"),
+        ("sasl.mechanism", "OAUTHBEARER"),
+    ];
+    let with = |more: &[(&str, &str)]| {
+        let mut v = base.to_vec();
+        v.extend_from_slice(more);
+        conflict(&v)
+    };
+    assert!(with(&[]).contains("sasl.oauthbearer.token.endpoint.url"));
+    let m = with(&[("sasl.oauthbearer.token.endpoint.url", "https://idp/t")]);
+    assert!(m.contains("clientId") && m.contains("clientSecret"), "{m}");
+    let m = with(&[
+        ("sasl.oauthbearer.token.endpoint.url", "http://idp/t"),
+        ("sasl.oauthbearer.client.id", "a"),
+        ("sasl.oauthbearer.client.secret", "hunter2"),
+    ]);
+    assert!(m.contains("https://") && !m.contains("hunter2"), "{m}");
+    let jaas = format!("{OAUTH_MODULE} required clientId=\"a\" clientSecret=\"hunter2\";");
+    let m = with(&[
+        ("sasl.oauthbearer.token.endpoint.url", "https://idp/t"),
+        ("sasl.jaas.config", &jaas),
+        ("sasl.oauthbearer.client.id", "b"),
+    ]);
+    assert!(m.contains("give clientId; use one"), "{m}");
+    let jaas = format!("{OAUTH_MODULE} required unsecuredLoginStringClaim_sub=\"x\";");
+    let m = with(&[
+        ("sasl.oauthbearer.token.endpoint.url", "https://idp/t"),
+        ("sasl.jaas.config", &jaas),
+    ]);
+    assert!(m.contains("unsecured"), "{m}");
+    let m = conflict(&[
+        ("security.protocol", "SASL_SSL"),
+        ("sasl.mechanism", "PLAIN"),
+        ("sasl.username", "u"),
+        ("sasl.password", "p"),
+        ("sasl.oauthbearer.token.endpoint.url", "https://idp/t"),
+    ]);
+    assert!(m.contains("not OAUTHBEARER"), "{m}");
+    let mut c = ClientConfig::new();
+    assert!(matches!(
+        c.set(
+            "sasl.login.callback.handler.class",
+            "software.amazon.msk.auth.iam.IAMClientCallbackHandler"
+        ),
+        Err(ConfigError::Refused { .. })
+    ));
+}
+
+/// `ssl.crypto.provider` picks the TLS provider of a build that has both; a name this build
+/// lacks is refused when the settings are checked.
+#[test]
+fn tls_provider_setting() {
+    let mut c = ClientConfig::new();
+    assert!(c.set("ssl.crypto.provider", "openssl").is_err());
+    c.set("security.protocol", "SSL").unwrap();
+    c.set("ssl.crypto.provider", "ring").unwrap();
+    let s = c.security().unwrap();
+    assert_eq!(s.tls.as_ref().unwrap().provider, Some(TlsProvider::Ring));
+    assert_eq!(
+        s.validate().is_ok(),
+        TlsProvider::compiled().contains(&TlsProvider::Ring)
+    );
+    c.set("ssl.crypto.provider", "Graviola").unwrap();
+    let s = c.security().unwrap();
+    assert_eq!(
+        s.tls.as_ref().unwrap().provider,
+        Some(TlsProvider::Graviola)
+    );
+}
