@@ -42,8 +42,8 @@ fi
 # AES-NI, PCLMULQDQ, from about 2014 on; aarch64: AES, SHA2, PMULL, as a Raspberry Pi 5 or any
 # Graviton has); on a CPU without them kafka-lock refuses SSL and SASL_SSL with exit 78 and names
 # what is missing. KAFKA_LOCK_STATIC_FEATURES=cli builds with ring instead (C: needs a C compiler
-# for the target).
-features=${KAFKA_LOCK_STATIC_FEATURES:-cli-base,tls-graviola}
+# for the target). `oauth` (SASL/OAUTHBEARER; ureq on the same rustls) brings no C either.
+features=${KAFKA_LOCK_STATIC_FEATURES:-cli-base,tls-graviola,oauth}
 if [[ ",$features," == *",cli,"* || ",$features," == *",tls,"* ]] \
     && [[ "$TARGET" == x86_64-* && -z "${CC_x86_64_unknown_linux_musl:-}" ]] \
     && ! command -v x86_64-linux-musl-gcc >/dev/null 2>&1 && ! command -v musl-gcc >/dev/null 2>&1; then

@@ -54,9 +54,10 @@ echo "ok: $(wc -l <<<"$deps") crates; C only in ring (through cc), no -sys but l
 step "no C at all in the graviola TLS builds: cargo tree -e normal,build --features tls-graviola (x86_64, aarch64)"
 # The library with `tls-graviola`, and the static CLI's feature set (scripts/build-static.sh), for
 # both targets of the static binaries: no `cc`, and no -sys crate but linux-raw-sys (the kernel's
-# ABI as Rust source, nothing to compile or link).
+# ABI as Rust source, nothing to compile or link). The CLI's set includes `oauth` (ureq on the same
+# rustls, without a provider of its own).
 for target in x86_64-unknown-linux-musl aarch64-unknown-linux-musl; do
-    for features in tls-graviola cli-base,tls-graviola; do
+    for features in tls-graviola cli-base,tls-graviola,oauth; do
         deps=$(cargo tree -e normal,build --no-default-features --features "$features" --target "$target" \
             --prefix none --format '{p}' | awk '{print $1}' | sort -u)
         grep -qx 'rustls-graviola' <<<"$deps" || { echo "$features on $target: no rustls-graviola in the graph" >&2; exit 1; }

@@ -125,6 +125,7 @@ pub mod lock;
 #[doc(hidden)]
 pub mod membership;
 #[cfg(feature = "oauth")]
+#[doc(hidden)]
 pub mod oauth;
 #[doc(hidden)]
 pub mod security;
@@ -149,6 +150,8 @@ pub use lock::{
     DEFAULT_LEAVE_TIMEOUT, DEFAULT_REBALANCE_TIMEOUT, DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_RETRY_BACKOFF, DEFAULT_RETRY_BACKOFF_MAX, DEFAULT_SESSION_TIMEOUT, MAX_SETTING,
 };
+#[cfg(feature = "oauth")]
+pub use oauth::OAuthBearer;
 pub use security::{
     AuthFailure, Pem, Sasl, SaslMechanism, SaslTokenProvider, Secret, Security, SecurityError,
     SecurityProtocol, Tls, TlsProvider, TokenFuture,

@@ -39,7 +39,7 @@ const MAX_ANSWER: u64 = 256 * 1024;
 /// with [`OAuthBearer::client_credentials`] and hand it to [`crate::security::Sasl::oauthbearer`].
 ///
 /// ```
-/// use kafka_lock::oauth::OAuthBearer;
+/// use kafka_lock::OAuthBearer;
 /// use kafka_lock::security::Secret;
 /// let oauth = OAuthBearer::client_credentials(
 ///     "https://idp.example.com/oauth2/token",

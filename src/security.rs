@@ -18,19 +18,22 @@
 //! | Kafka setting | here |
 //! |---|---|
 //! | `security.protocol` | [`SecurityProtocol`] (parses `PLAINTEXT`, `SSL`, `SASL_PLAINTEXT`, `SASL_SSL`) |
-//! | `sasl.mechanism` | [`SaslMechanism`] (parses `PLAIN`, `SCRAM-SHA-256`, `SCRAM-SHA-512`) |
+//! | `sasl.mechanism` | [`SaslMechanism`] (parses `PLAIN`, `SCRAM-SHA-256`, `SCRAM-SHA-512`); `OAUTHBEARER`: [`Sasl::oauthbearer`] (feature `oauth`) |
 //! | `sasl.username` / `sasl.password` | [`Sasl::new`] |
 //! | `ssl.ca.location` | [`Tls::ca_file`] (else the bundled Mozilla roots: [`Tls::new`]) |
 //! | `ssl.certificate.location` / `ssl.key.location` | [`Tls::client_cert_files`] (mTLS) |
 //! | `ssl.endpoint.identification.algorithm=` (empty) | [`Tls::dangerous_disable_hostname_verification`] |
+//! | `ssl.crypto.provider` (kafka-lock's own) | [`Tls::crypto_provider`] |
 //!
 //! TLS needs the `tls` cargo feature (the `ring` crypto provider; on with `cli`) or
 //! `tls-graviola` (the pure-Rust `graviola` provider, see [`TlsProvider`]); without either, a
 //! [`Security`] that asks for TLS is refused by [`Security::validate`] with a message saying so.
 //! SASL needs no feature.
 //!
-//! Token mechanisms (OAUTHBEARER, AWS MSK IAM) plug in through [`SaslTokenProvider`]: the
-//! driver sends the provider's message as the one SaslAuthenticate of a connection.
+//! OAUTHBEARER with the OAuth client credentials grant is built in (feature `oauth`,
+//! `crate::OAuthBearer`). Other token mechanisms (AWS MSK IAM, or OAUTHBEARER with tokens from
+//! elsewhere) plug in through [`SaslTokenProvider`]: the driver sends the provider's message as
+//! the one SaslAuthenticate of a connection.
 
 use std::fmt;
 use std::future::Future;
@@ -396,8 +399,10 @@ pub type TokenFuture<'a> = Pin<Box<dyn Future<Output = Result<Secret, String>> +
 /// re-authentication (KIP-368), sends it as the only SaslAuthenticate, and treats the broker's
 /// answer as the end of the exchange.
 ///
-/// Not implemented by kafka-lock itself; it is the hook for token sources that need their own
-/// dependencies (an HTTP client for an OAuth token endpoint, AWS request signing).
+/// The hook for token sources kafka-lock does not build in (AWS request signing, tokens from a
+/// file or another library); the client credentials grant is built in (`Sasl::oauthbearer`,
+/// feature `oauth`). For `OAUTHBEARER`, a token the broker refuses is reported with the broker's
+/// RFC 7628 error.
 pub trait SaslTokenProvider: Send + Sync + fmt::Debug + 'static {
     /// The mechanism name sent in SaslHandshake, e.g. `OAUTHBEARER`.
     fn mechanism(&self) -> &str;
