@@ -179,7 +179,7 @@ fn exit_status(page: Option<Page>) -> &'static str {
         None => {
             "kafka-lock run and elect: the command's status (128+N when signal N ended it); 75 \
 not acquired within --wait (or -E N); 74 the lock was lost while the command ran (or \
---lost-exit-code N); 69 the cluster cannot be reached or answered something invalid; 77 the \
+--lost-exit-code N); 69 the cluster (or the OAuth token endpoint) cannot be reached or answered something invalid; 77 the \
 cluster refused the credentials or an operation, or the secured connection could not be made; 78 \
 a setting is invalid or the broker rejected it; 71 the system refused something kafka-lock needs, \
 or its supervisor died; 64 usage error; 126 and 127 the command cannot be run.
@@ -190,7 +190,7 @@ has the details."
         Some(Page::Run) => {
             "The command's status (128+N if signal N ended it). 75 not acquired \
 within --wait (or the status -E gives); 74 the lock was lost while the command ran, or its \
-checkpoint not stored (or --lost-exit-code); 69 the cluster cannot be reached or answered \
+checkpoint not stored (or --lost-exit-code); 69 the cluster (or the OAuth token endpoint) cannot be reached or answered \
 something invalid; 77 the cluster refused the credentials or an operation, or the secured \
 connection could not be made; 78 a setting is invalid or the broker rejected it; 71 the system \
 refused something kafka-lock needs, or the supervisor died; 64 usage error, or a nested run of \
@@ -200,12 +200,12 @@ the lock the calling command holds; 126 the command cannot be executed, 127 it d
         Some(Page::Status) => {
             "0 the lock is held; 3 the lock is free (also a lock nobody ever \
 used); 4 unknown (the broker does not report assignments, or the group is between generations); \
-69 the cluster cannot be reached or answered something invalid; 77 the cluster refused the \
+69 the cluster (or the OAuth token endpoint) cannot be reached or answered something invalid; 77 the cluster refused the \
 credentials or the lookup; 78 a setting is invalid or the broker rejected it; 64 usage error."
         }
         Some(Page::History) => {
             "0 the history was printed (also when it has no holds); 69 the \
-cluster cannot be reached or answered something invalid; 77 the cluster refused the credentials \
+cluster (or the OAuth token endpoint) cannot be reached or answered something invalid; 77 the cluster refused the credentials \
 or the read; 78 a setting is invalid, the ledger topic is missing or unusable, or the broker \
 rejected a setting; 64 usage error (no --ledger-topic)."
         }

@@ -137,7 +137,7 @@ The schema: docs/events.md.
 
 Exit status: the command's (128+N if signal N ended it); 75 not acquired within --wait (or the
 status -E gives); 74 lock lost while the command ran, or its checkpoint not stored (or
---lost-exit-code); 69 the cluster cannot be reached or answered something invalid; 77 the cluster
+--lost-exit-code); 69 the cluster (or the OAuth token endpoint) cannot be reached or answered something invalid; 77 the cluster
 refused the credentials or an operation (an ACL), or the secured connection could not be made (a
 TLS listener reached without TLS or the other way round, an unknown CA, a certificate for another
 host); 78 a setting is invalid or the broker rejected it (including an events target or metrics
@@ -216,7 +216,7 @@ Exit status, for scripts (3 and 4 are the LSB init scripts' 'not running' and 'u
       were not given the lock yet)
   4   unknown: the broker does not report member assignments (tansu, for one), the group is
       between generations, or another application uses the group id
-  69  the cluster cannot be reached or answered something invalid
+  69  the cluster (or the OAuth token endpoint) cannot be reached or answered something invalid
   77  the cluster refused the credentials or the lookup (grant Describe on the group), or the
       secured connection could not be made
   78  a setting is invalid or the broker rejected it
