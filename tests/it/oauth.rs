@@ -94,6 +94,43 @@ async fn good_token_holds_across_reauthentication_with_fresh_tokens() {
     assert!(stats.losses.iter().all(|(_, n)| *n == 0), "{stats:?}");
 }
 
+/// OAUTHBEARER inside TLS, with each TLS provider the build has, chosen with the
+/// `ssl.crypto.provider` setting (which the token endpoint's HTTPS uses too).
+#[tokio::test]
+async fn sasl_ssl_with_each_tls_provider() {
+    let k = oauth_kafka();
+    for provider in kafka_lock::TlsProvider::compiled() {
+        let text = format!(
+            "bootstrap.servers={}\n\
+             security.protocol=SASL_SSL\n\
+             ssl.ca.location={ca}\n\
+             ssl.crypto.provider={provider}\n\
+             sasl.mechanism=OAUTHBEARER\n\
+             sasl.oauthbearer.token.endpoint.url={}\n\
+             https.ca.location={ca}\n\
+             sasl.oauthbearer.client.credentials.client.id={GOOD}\n\
+             sasl.oauthbearer.client.credentials.client.secret={CLIENT_SECRET}\n",
+            k.ssl_addr(),
+            k.idp().url,
+            ca = k.idp().ca.display()
+        );
+        let opts = ClientConfig::from_properties(&text, "oauth ssl test")
+            .expect("settings")
+            .lock_options(unique_group("oauth-ssl"))
+            .expect("options");
+        let tls = opts.security_settings().tls.clone().expect("tls");
+        assert_eq!(tls.provider, Some(*provider));
+        let guard = tokio::time::timeout(WAIT * 2, opts.acquire(Some(WAIT)))
+            .await
+            .expect("acquire within its bound")
+            .unwrap_or_else(|e| panic!("acquire with {provider}: {e}\n{}", k.log_tail()));
+        tokio::time::timeout(WAIT, guard.release())
+            .await
+            .expect("release within its bound")
+            .expect("release");
+    }
+}
+
 /// A token that expired ten minutes ago is refused by the broker's validator.
 #[tokio::test]
 async fn expired_token_is_refused_by_the_broker() {

@@ -13,8 +13,9 @@
 //! | any other | HTTP 401 `invalid_client` |
 //!
 //! Every client must send [`CLIENT_SECRET`]; a wrong one is answered 401 too. The broker's
-//! listener `OAUTH` is SASL_PLAINTEXT with `connections.max.reauth.ms` of a minute, so the
-//! session lifetime the broker grants is the token's remaining life (KIP-368).
+//! listeners `OAUTH` (SASL_PLAINTEXT, with `connections.max.reauth.ms` of a minute, so the
+//! session lifetime the broker grants is the token's remaining life, KIP-368) and `OAUTH_SSL`
+//! (SASL_SSL, its certificate from the IdP's CA) take OAUTHBEARER only.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -91,20 +92,15 @@ impl OAuthKafka {
         }]});
         let jwks_path = dir.path().join("jwks.json");
         std::fs::write(&jwks_path, jwks.to_string()).expect("write the JWKS");
-        let idp = Idp::start(&dir, key);
+        let (idp, keystore) = Idp::start(&dir, key);
 
         let jwks_url = format!("file:{}", jwks_path.display());
         let options = KafkaOptions::single_node()
             .listener("OAUTH", "SASL_PLAINTEXT")
-            .property("listener.name.oauth.sasl.enabled.mechanisms", "OAUTHBEARER")
-            .property(
-                "listener.name.oauth.oauthbearer.sasl.jaas.config",
-                "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required ;",
-            )
-            .property(
-                "listener.name.oauth.oauthbearer.sasl.server.callback.handler.class",
-                "org.apache.kafka.common.security.oauthbearer.OAuthBearerValidatorCallbackHandler",
-            )
+            .listener("OAUTH_SSL", "SASL_SSL")
+            // The broker's certificate comes from the IdP's CA (one trust file for the tests).
+            .property("ssl.keystore.type", "PEM")
+            .property("ssl.keystore.location", keystore.display())
             .property("sasl.oauthbearer.jwks.endpoint.url", &jwks_url)
             .property("sasl.oauthbearer.expected.audience", AUDIENCE)
             .property("sasl.oauthbearer.expected.issuer", ISSUER)
@@ -116,6 +112,22 @@ impl OAuthKafka {
                 "org.apache.kafka.sasl.oauthbearer.allowed.files",
                 jwks_path.display(),
             );
+        let mut options = options;
+        for listener in ["oauth", "oauth_ssl"] {
+            options = options
+                .property(
+                    &format!("listener.name.{listener}.sasl.enabled.mechanisms"),
+                    "OAUTHBEARER",
+                )
+                .property(
+                    &format!("listener.name.{listener}.oauthbearer.sasl.jaas.config"),
+                    "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required ;",
+                )
+                .property(
+                    &format!("listener.name.{listener}.oauthbearer.sasl.server.callback.handler.class"),
+                    "org.apache.kafka.common.security.oauthbearer.OAuthBearerValidatorCallbackHandler",
+                );
+        }
         let cluster = KafkaCluster::start(options);
         OAuthKafka {
             cluster,
@@ -124,9 +136,15 @@ impl OAuthKafka {
         }
     }
 
-    /// `127.0.0.1:PORT` of the OAUTHBEARER listener.
+    /// `127.0.0.1:PORT` of the SASL_PLAINTEXT OAUTHBEARER listener.
     pub fn addr(&self) -> String {
         self.cluster.nodes()[0].listener_addr("OAUTH")
+    }
+
+    /// `127.0.0.1:PORT` of the SASL_SSL OAUTHBEARER listener, whose certificate is signed by
+    /// [`Idp::ca`].
+    pub fn ssl_addr(&self) -> String {
+        self.cluster.nodes()[0].listener_addr("OAUTH_SSL")
     }
 
     /// The token endpoint.
@@ -168,7 +186,8 @@ fn jwt(key: &EcdsaKeyPair, sub: &str, audience: &str, iat: u64, exp: u64) -> Str
 impl Idp {
     /// Serves the token endpoint on a thread of its own (with its own runtime, since the tests'
     /// runtimes come and go) for as long as the test binary runs.
-    fn start(dir: &ScratchDir, key: EcdsaKeyPair) -> Idp {
+    /// Also returns the PEM key store (key, certificate, CA) the broker's TLS listener uses.
+    fn start(dir: &ScratchDir, key: EcdsaKeyPair) -> (Idp, PathBuf) {
         let ca = make_ca("kafka-lock test IdP CA");
         let mut params = CertificateParams::new(vec!["127.0.0.1".to_owned()]).expect("params");
         params
@@ -179,6 +198,12 @@ impl Idp {
         let leaf = params.signed_by(&leaf_key, &ca).expect("sign");
         let ca_path = dir.path().join("idp-ca.pem");
         std::fs::write(&ca_path, ca.pem()).expect("write the IdP CA");
+        let keystore = dir.path().join("server.pem");
+        std::fs::write(
+            &keystore,
+            format!("{}{}{}", leaf_key.serialize_pem(), leaf.pem(), ca.pem()),
+        )
+        .expect("write the broker's key store");
 
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let config = rustls::ServerConfig::builder_with_provider(provider)
@@ -227,11 +252,12 @@ impl Idp {
                 })
             })
             .expect("spawn the IdP thread");
-        Idp {
+        let idp = Idp {
             url: format!("https://127.0.0.1:{port}/token"),
             ca: ca_path,
             issued,
-        }
+        };
+        (idp, keystore)
     }
 }
 
