@@ -1003,6 +1003,104 @@ fn runs_on_one_lock_never_overlap_and_tokens_increase() {
     }
 }
 
+/// The children of `pid` in /proc, with their command lines (NULs as spaces).
+fn children_of(pid: u32) -> Vec<(u32, String)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(child) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
+            continue;
+        };
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(pid) {
+            let cmdline = std::fs::read(format!("/proc/{child}/cmdline")).unwrap_or_default();
+            out.push((child, String::from_utf8_lossy(&cmdline).replace('\0', " ")));
+        }
+    }
+    out
+}
+
+/// The supervisor starts while kafka-lock waits for the lock, so that its start is off the path
+/// from the grant to the command; it must start nothing before the hold begins, and the command
+/// must get the token of the hold it runs under, which exists only after the grant.
+#[test]
+fn a_waiters_supervisor_starts_early_and_runs_nothing_before_the_hold() {
+    let bootstrap = broker().bootstrap();
+    let lock = lock_name("early-supervisor");
+    let (mut holder, held) = start_holder(&bootstrap, &lock, "first");
+    let mut waiter = run_cmd(
+        &bootstrap,
+        &lock,
+        CONTENDED,
+        &sh(r#"printf '%s|%s\n' "$KAFKA_LOCK_TOKEN" "$KAFKA_LOCK_MEMBER_ID""#),
+    )
+    .spawn();
+    waiter.event("waiting", STEP);
+    let supervisors: Vec<(u32, String)> = children_of(waiter.pid)
+        .into_iter()
+        .filter(|(_, cmd)| cmd.contains("__supervise"))
+        .collect();
+    assert_eq!(
+        supervisors.len(),
+        1,
+        "one supervisor below the waiting kafka-lock, got {supervisors:?}"
+    );
+    let early = supervisors[0].0;
+    // The holder rejoins every rebalance within its lease; waiting through a few heartbeats
+    // gives an early start of the command every chance to show.
+    let until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < until {
+        assert!(
+            children_of(early).is_empty(),
+            "the waiter's supervisor started {:?} while the lock was held by another",
+            children_of(early)
+        );
+        assert!(
+            waiter.stdout.try_recv().is_err(),
+            "the waiter's command ran while the lock was held by another: {}",
+            waiter.transcript()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    holder.close_stdin();
+    assert_eq!(holder.finish(STEP), 0, "{}", holder.transcript());
+    let acquired = waiter.event("acquired", STEP);
+    let started = waiter.event("child_started", STEP);
+    assert_eq!(waiter.finish(STEP), 0, "{}", waiter.transcript());
+    assert_eq!(started["supervisor_pid"].as_u64(), Some(u64::from(early)));
+    let released = &holder.named("released")[0];
+    assert!(mono(&acquired, "mono_ns") > mono(released, "mono_ns"));
+    assert!(mono(&started, "mono_ns") >= mono(&acquired, "mono_ns"));
+    assert!(token(&acquired) > token(&held));
+    let line = waiter
+        .stdout
+        .recv_timeout(STEP)
+        .expect("the command printed its environment");
+    assert_eq!(
+        line,
+        format!(
+            "{}|{}",
+            token(&acquired),
+            acquired["member_id"].as_str().unwrap_or("?")
+        )
+    );
+    // The supervisor ended with the run.
+    assert_eq!(
+        proc_state(early),
+        None,
+        "supervisor {early} outlived its run"
+    );
+}
+
 /// A holder behind a proxy that can cut it off from the broker: a private Apache Kafka advertises
 /// the proxy's address, so the coordinator connections pass through it too.
 fn partitioned_holder(extra: &[&str], script: &str) -> (Arc<Proxy>, KafkaCluster, Run, Value) {

@@ -46,6 +46,7 @@ mod sink;
 mod status;
 mod supervise;
 mod sys;
+mod trace;
 mod tree;
 
 // The supervisor is made of Linux: child subreapers, pidfds, /proc, SOCK_SEQPACKET pairs.
