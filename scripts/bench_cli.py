@@ -105,14 +105,14 @@ class Tool:
         return spawn(self.wrap(lock, ["bash", "-c", script]), env=self.env, log=log)
 
 
-def kafka_lock_tool(binary, bootstrap, ledger=None, env=None):
+def kafka_lock_tool(binary, bootstrap, ledger=None, env=None, tag=""):
     def wrap(lock, cmd):
         argv = [binary, "run", "--bootstrap", bootstrap, "--lock", lock,
                 "--session-timeout", f"{SESSION_S}s", "--heartbeat-interval", "1s"]
         if ledger:
             argv += ["--ledger-topic", ledger]
         return argv + ["--", *cmd]
-    name = "kafka-lock run --ledger-topic" if ledger else "kafka-lock run"
+    name = ("kafka-lock run --ledger-topic" if ledger else "kafka-lock run") + tag
     return Tool(name, wrap, env)
 
 
@@ -183,6 +183,60 @@ def contended(tool, work, i, delay, kill):
     return (t1 - t0) / 1e6
 
 
+def log_stamps(path, who):
+    """(realtime ns, who, what) of every request and answer in a KAFKA_LOCK_LOG=trace log."""
+    import datetime
+    import re
+    out = []
+    for line in Path(path).read_text(errors="replace").splitlines():
+        m = re.match(r"(\S+Z)\s+\w+\s+(\S+): (.*)", line)
+        if not m:
+            continue
+        ts, target, rest = m.groups()
+        frac = ts[19:-1].lstrip(".")
+        t = datetime.datetime.strptime(ts[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=datetime.timezone.utc)
+        ns = int(t.timestamp()) * 10**9 + int((frac + "000000000")[:9])
+        api = re.search(r"api=(\w+)", rest)
+        corr = re.search(r"correlation_id=(\d+)", rest)
+        peer = re.search(r"peer=(\S+)", rest)
+        word = rest.split()[0] if rest else ""
+        if api and word in ("request", "response"):
+            out.append((ns, who, f"{word} {api.group(1)} #{corr.group(1) if corr else '?'} {peer.group(1) if peer else ''}"))
+        elif "driver" not in target:
+            out.append((ns, who, rest[:90]))
+    return out
+
+
+def timeline(work, i):
+    """One handover as a table, times relative to the holder's command's last line."""
+    rows = []
+    a, b = stamps(work / f"a-{i}"), stamps(work / f"b-{i}")
+    rows += [(a["end"], "A command", "last line (end)"), (b["start"], "B command", "first line")]
+    roles = {}
+    for line in (work / "trace").read_text().splitlines():
+        mono, real, pid, parent, role, step = line.split()
+        roles.setdefault(pid, (role, parent))
+        rows.append((int(real), pid, step))
+    rows += log_stamps(work / f"a-{i}.log", "A run")
+    rows += log_stamps(work / f"b-{i}.log", "B run")
+    # Name processes: A's and B's kafka-lock by which log holds their pid's first stamp time.
+    names = {}
+    ks = [pid for pid, (role, _) in roles.items() if role == "run"]
+    for pid in ks:
+        first = min(r[0] for r in rows if r[1] == pid)
+        names[pid] = "A run" if first < a["held"] else "B run"
+    for pid, (role, parent) in roles.items():
+        if role == "supervisor":
+            names[pid] = names.get(parent, "?")[0] + " supervisor"
+    t0 = a["end"]
+    rows = [(t, names.get(w, w), s) for t, w, s in rows if t >= t0 - 5_000_000]
+    rows.sort()
+    out = ["| ms after A's command ended | process | step |", "|---|---|---|"]
+    for t, w, s in rows:
+        out.append(f"| {(t - t0) / 1e6:8.2f} | {w} | {s} |")
+    return "\n".join(out)
+
+
 SCENARIOS = {
     "acquire": acquire,
     "handover": lambda t, w, i, d: contended(t, w, i, d, kill=False),
@@ -196,10 +250,18 @@ def main():
     ap.add_argument("--only", default="acquire,handover,failover", help="comma-separated scenarios")
     ap.add_argument("--binary", default=str(ROOT / "target/release/kafka-lock"))
     ap.add_argument("--no-etcd", action="store_true", help="leave etcd out")
+    ap.add_argument("--compare", metavar="BINARY",
+                    help="another kafka-lock binary (an earlier build) measured in the same rounds")
     ap.add_argument("--json", help="write every measurement here")
     ap.add_argument("--seed", type=int, default=26)
+    ap.add_argument("--trace", action="store_true",
+                    help="one handover of each kafka-lock variant, taken apart: the step stamps of both "
+                         "kafka-lock processes and both supervisors (KAFKA_LOCK_TRACE_FILE), their "
+                         "requests and answers (KAFKA_LOCK_LOG=trace) and the commands' readings")
     args = ap.parse_args()
     only = [s for s in args.only.split(",") if s]
+    if args.trace:
+        args.no_etcd = True
     for s in only:
         if s not in SCENARIOS:
             raise SystemExit(f"unknown scenario {s!r}; known: {', '.join(SCENARIOS)}")
@@ -222,10 +284,25 @@ def main():
                 else:
                     print("etcd or etcdctl not found (apt-get install etcd-server etcd-client): "
                           "etcd is left out", file=sys.stderr)
-            trace = {k: v for k, v in os.environ.items() if k == "KAFKA_LOCK_TRACE"}
+            trace = {}
+            if args.trace:
+                trace = {"KAFKA_LOCK_TRACE_FILE": str(work / "trace"),
+                         "KAFKA_LOCK_LOG": "kafka_lock=trace"}
             tools.append(kafka_lock_tool(args.binary, kafka.bootstrap, env=trace))
             tools.append(kafka_lock_tool(args.binary, kafka.bootstrap, ledger, env=trace))
+            if args.compare and not args.trace:
+                tag = f" ({Path(args.compare).name})"
+                tools.append(kafka_lock_tool(args.compare, kafka.bootstrap, tag=tag))
+                tools.append(kafka_lock_tool(args.compare, kafka.bootstrap, ledger, tag=tag))
             load = os.getloadavg()
+            if args.trace:
+                for k, tool in enumerate(tools):
+                    contended(tool, work, f"trace-warm-{k}", 1.0, kill=False)
+                    (work / "trace").unlink(missing_ok=True)
+                    ms = contended(tool, work, f"trace-{k}", 1.5, kill=False)
+                    print(f"\n{tool.name}: handover {ms:.1f} ms\n")
+                    print(timeline(work, f"trace-{k}"))
+                return
             for scen in only:
                 rng = random.Random(args.seed)
                 delays = [1 + rng.random() for _ in range(args.rounds + 1)]

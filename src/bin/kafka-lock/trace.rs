@@ -1,6 +1,6 @@
 //! Step stamps for taking a handover apart: with `KAFKA_LOCK_TRACE_FILE` set, `kafka-lock run`
 //! and its supervisor append one line per step to that file,
-//! `<CLOCK_MONOTONIC ns> <CLOCK_REALTIME ns> <pid> <role> <step>`. Off unless the variable is set.
+//! `<CLOCK_MONOTONIC ns> <CLOCK_REALTIME ns> <pid> <parent pid> <role> <step>`. Off unless the variable is set.
 //! The realtime reading lines the stamps up with the protocol log (`KAFKA_LOCK_LOG=trace`, which
 //! prints realtime) and with the commands' own readings; `scripts/bench_cli.py --trace` merges
 //! them. The file is opened for appending: a regular file's append neither blocks for long nor
@@ -33,7 +33,13 @@ pub fn stamp(role: &str, step: &str) {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())
             .unwrap_or(0);
-        let _ =
-            f.write_all(format!("{mono} {real} {} {role} {step}\n", std::process::id()).as_bytes());
+        let parent = rustix::process::getppid().map_or(0, |p| p.as_raw_nonzero().get());
+        let _ = f.write_all(
+            format!(
+                "{mono} {real} {} {parent} {role} {step}\n",
+                std::process::id()
+            )
+            .as_bytes(),
+        );
     }
 }
