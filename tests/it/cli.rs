@@ -17,7 +17,7 @@ use std::ffi::OsString;
 use std::io::{BufRead, BufReader};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -2237,6 +2237,20 @@ struct Sup {
 }
 
 fn supervisor(grace: Duration, command: &[&str]) -> Sup {
+    supervisor_with_queued(grace, command, &[], false, None)
+}
+
+/// A supervisor that finds `queued` already waiting on its socket when it starts (as when
+/// kafka-lock run sends faster than a starved or stopped supervisor reads), followed by end of
+/// file if `then_eof` (kafka-lock died after sending them). With `trace`, the supervisor stamps
+/// its steps into that file (KAFKA_LOCK_TRACE_FILE).
+fn supervisor_with_queued(
+    grace: Duration,
+    command: &[&str],
+    queued: &[String],
+    then_eof: bool,
+    trace: Option<&Path>,
+) -> Sup {
     use rustix::net::{AddressFamily, SocketFlags, SocketType};
     let (ours, theirs) = rustix::net::socketpair(
         AddressFamily::UNIX,
@@ -2245,9 +2259,20 @@ fn supervisor(grace: Duration, command: &[&str]) -> Sup {
         None,
     )
     .expect("socketpair");
+    for msg in queued {
+        rustix::net::send(&ours, msg.as_bytes(), rustix::net::SendFlags::NOSIGNAL)
+            .expect("queue a message for the supervisor");
+    }
+    if then_eof {
+        rustix::net::shutdown(&ours, rustix::net::Shutdown::Write).expect("shutdown");
+    }
     // The supervisor's end goes in as stdin and is moved to descriptor 3 by the shell, so no
     // other process the tests start (concurrently, from other threads) can inherit it.
-    let mut child = Command::new("sh")
+    let mut sh = Command::new("sh");
+    if let Some(trace) = trace {
+        sh.env("KAFKA_LOCK_TRACE_FILE", trace);
+    }
+    let mut child = sh
         .arg("-c")
         .arg(r#"bin=$0; grace=$1; shift; exec "$bin" __supervise 3 "$grace" -- "$@" 3<&0 </dev/null"#)
         .arg(BIN)
@@ -2407,6 +2432,52 @@ fn supervisor_never_starts_a_command_on_a_lease_that_has_ended() {
     assert_eq!(sup.recv(), "GONE");
     assert!(sup.exit().success());
     assert!(!marker.exists(), "the command ran");
+}
+
+/// The hold was lost (STOP), or kafka-lock died (end of file), after it sent the hold's
+/// environment and lease end but before the supervisor read them: the command must not start
+/// under a hold kafka-lock already knows is over, not even until the STOP is read. The
+/// supervisor's own trace stamps show whether it spawned the command.
+#[test]
+fn supervisor_starts_nothing_when_a_stop_or_eof_is_queued_behind_the_lease() {
+    for then_eof in [false, true] {
+        let dir = scratch_dir("cli-sup-queued-stop");
+        let marker = dir.join("ran");
+        let trace = dir.join("trace");
+        let mut queued = vec![
+            "ENV KAFKA_LOCK_TOKEN=7".to_owned(),
+            format!("LEASE {}", mono_now() + 600_000_000_000),
+        ];
+        if !then_eof {
+            queued.push("STOP".to_owned());
+        }
+        let mut sup = supervisor_with_queued(
+            Duration::from_secs(1),
+            &[
+                "sh",
+                "-c",
+                &format!("touch {}; sleep 600", marker.display()),
+            ],
+            &queued,
+            then_eof,
+            Some(&trace),
+        );
+        if !then_eof {
+            let first = sup.recv();
+            assert_eq!(
+                first, "GONE",
+                "the command was started: the supervisor said {first:?} first"
+            );
+        }
+        // Without K (end of file) the supervisor reports nothing; its exit is the end.
+        assert!(sup.exit().success());
+        let stamps = std::fs::read_to_string(&trace).unwrap_or_default();
+        assert!(
+            !stamps.contains("command-spawned"),
+            "the command was started (then_eof {then_eof}):\n{stamps}"
+        );
+        assert!(!marker.exists(), "the command ran (then_eof {then_eof})");
+    }
 }
 
 #[test]

@@ -5,7 +5,8 @@
 //! K → P   ENV <NAME>=<val>  one variable of the command's environment for this hold (raw
 //!                           bytes, up to 65 KiB: the one message that is not a short line)
 //!         LEASE <ns>        the lease now ends at this CLOCK_MONOTONIC reading; the first
-//!                           one, after the ENVs, starts the command
+//!                           one, after the ENVs, starts the command (once every
+//!                           message queued behind it is read: a STOP there wins)
 //!         STOP              the lock is lost: stop the command's tree now
 //!         SIGNAL <n>        pass signal n on to the command's process group
 //! P → K   PID <pid>         the command runs, in process group <pid>

@@ -158,6 +158,9 @@ struct Supervisor {
     child_pidfd: Option<OwnedFd>,
     child_ended: bool,
     stopping: Option<Stopping>,
+    /// A LEASE asked for the command to start; it starts once every message K queued has been
+    /// read (see `read_messages`).
+    start_pending: bool,
 }
 
 impl Supervisor {
@@ -180,6 +183,7 @@ impl Supervisor {
             child_pidfd: None,
             child_ended: false,
             stopping: None,
+            start_pending: false,
         }
     }
 
@@ -365,6 +369,29 @@ impl Supervisor {
     }
 
     fn read_messages(&mut self) {
+        self.drain_socket();
+        // The command starts only after everything K queued is read: a STOP (the hold was lost)
+        // or end of file (K died) queued behind the LEASE, because P woke up late (a starved or
+        // stopped P, or one still starting when K got the lock), means it must not start at all,
+        // rather than start and be stopped at once under a hold K already knows is gone.
+        if std::mem::take(&mut self.start_pending)
+            && self.stopping.is_none()
+            && self.child.is_none()
+        {
+            let now = sys::boot_ns();
+            match (self.lease_end_ns, self.lease_end_boot) {
+                (Some(_), Some(end)) if end > now => self.start(),
+                (end_ns, _) => {
+                    self.send(&FromSupervisor::Expired {
+                        lease_end_ns: end_ns.unwrap_or(0),
+                    });
+                    self.begin_stop(now);
+                }
+            }
+        }
+    }
+
+    fn drain_socket(&mut self) {
         let mut buf = vec![0u8; MAX_ENV_MESSAGE + 1];
         while self.k_alive {
             match rustix::net::recv(
@@ -425,7 +452,7 @@ impl Supervisor {
                 self.lease_end_boot = Some(end_boot);
                 if self.child.is_none() {
                     if end_boot > now {
-                        self.start();
+                        self.start_pending = true;
                     } else {
                         self.send(&FromSupervisor::Expired {
                             lease_end_ns: end_ns,
