@@ -926,8 +926,12 @@ fn a_signal_while_waiting_leaves_and_exits_128_plus_n() {
     )
     .spawn();
     waiter.event("waiting", STEP);
+    // The supervisor already runs while kafka-lock waits; it must be gone, reaped, when
+    // kafka-lock returns.
+    let early = early_supervisor(waiter.pid);
     waiter.signal("TERM");
     assert_eq!(waiter.finish(STEP), 128 + 15, "{}", waiter.transcript());
+    assert_eq!(proc_state(early), None, "supervisor {early} outlived its run");
     let line = waiter.failure_line();
     assert!(
         line.contains("SIGTERM") && line.contains("while waiting"),
@@ -1099,6 +1103,48 @@ fn a_waiters_supervisor_starts_early_and_runs_nothing_before_the_hold() {
         None,
         "supervisor {early} outlived its run"
     );
+}
+
+/// The one supervisor below a waiting kafka-lock.
+fn early_supervisor(kafka_lock: u32) -> u32 {
+    let supervisors: Vec<(u32, String)> = children_of(kafka_lock)
+        .into_iter()
+        .filter(|(_, cmd)| cmd.contains("__supervise"))
+        .collect();
+    assert_eq!(
+        supervisors.len(),
+        1,
+        "one supervisor below the waiting kafka-lock, got {supervisors:?}"
+    );
+    supervisors[0].0
+}
+
+/// kafka-lock SIGKILLed while it waits: its early supervisor sees end of file, exits at once,
+/// and never starts the command, even once the lock is free.
+#[test]
+fn a_waiter_killed_while_waiting_leaves_no_supervisor_and_runs_nothing() {
+    let bootstrap = broker().bootstrap();
+    let lock = lock_name("killed-waiter");
+    let dir = scratch_dir("cli-killed-waiter");
+    let marker = dir.join("ran");
+    let (mut holder, _) = start_holder(&bootstrap, &lock, "holder");
+    let mut waiter = run_cmd(
+        &bootstrap,
+        &lock,
+        CONTENDED,
+        &sh(&format!("touch {}", marker.display())),
+    )
+    .spawn();
+    waiter.event("waiting", STEP);
+    let early = Liveness::watch(early_supervisor(waiter.pid));
+    waiter.signal("KILL");
+    early.gone_within(STEP);
+    // Only the supervisor could have started the command; with it gone, the marker's absence
+    // now is final, and freeing the lock cannot change it.
+    assert!(!marker.exists(), "the killed waiter's command ran");
+    holder.close_stdin();
+    assert_eq!(holder.finish(STEP), 0, "{}", holder.transcript());
+    assert!(!marker.exists(), "the killed waiter's command ran");
 }
 
 /// A holder behind a proxy that can cut it off from the broker: a private Apache Kafka advertises
