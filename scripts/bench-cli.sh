@@ -7,8 +7,8 @@
 #   scripts/bench-cli.sh                 # 10 rounds of each
 #   scripts/bench-cli.sh --rounds 3      # a quick check; its numbers are not results
 #   scripts/bench-cli.sh --only handover --json handover.json
-#   KAFKA_LOCK_TRACE_FILE=/tmp/t scripts/bench-cli.sh --only handover --rounds 1 --no-etcd
-#                                        # steps of kafka-lock and its supervisor, stamped
+#   scripts/bench-cli.sh --trace         # one handover of each kafka-lock variant taken apart:
+#                                        # the steps of both processes, stamped, and their requests
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -118,7 +118,7 @@ def kafka_lock_tool(binary, bootstrap, ledger=None, env=None, tag=""):
 
 def etcd_tool(etcd):
     return Tool(f"etcdctl lock --ttl {SESSION_S}",
-                lambda lock, cmd: etcd.ctl("lock", "--ttl", str(SESSION_S), lock, *cmd),
+                lambda lock, cmd: etcd.ctl("lock", "--ttl", str(SESSION_S), lock, "--", *cmd),
                 {"ETCDCTL_API": "3"})
 
 
