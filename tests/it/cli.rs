@@ -931,7 +931,11 @@ fn a_signal_while_waiting_leaves_and_exits_128_plus_n() {
     let early = early_supervisor(waiter.pid);
     waiter.signal("TERM");
     assert_eq!(waiter.finish(STEP), 128 + 15, "{}", waiter.transcript());
-    assert_eq!(proc_state(early), None, "supervisor {early} outlived its run");
+    assert_eq!(
+        proc_state(early),
+        None,
+        "supervisor {early} outlived its run"
+    );
     let line = waiter.failure_line();
     assert!(
         line.contains("SIGTERM") && line.contains("while waiting"),
