@@ -2091,6 +2091,53 @@ fn a_stopped_kafka_lock_cannot_keep_its_command_running_past_the_lease() {
     assert_eq!(run.named("child_exited")[0]["signal"], 15);
 }
 
+/// A kafka-lock stopped after its command ended, and resumed only once the broker has given the
+/// lock to the next holder, does not claim a hold up to the instant it woke: it says the hold was
+/// lost at its lease end, before the next holder's acquisition, and exits 74; it never says
+/// `released`. (The fault suite's mixed pause-during-slow-broker episode found the `released`.)
+#[test]
+fn a_kafka_lock_stopped_after_its_command_ended_does_not_claim_the_hold_past_its_lease() {
+    let lock = lock_name("stopped-after");
+    let dir = scratch_dir("stopped-after");
+    let pidfile = dir.join("pid");
+    // The command stops kafka-lock (not its own supervisor) and ends: kafka-lock is stopped
+    // before it can learn of the end.
+    let script = format!(
+        "while [ ! -s '{p}' ]; do sleep 0.05; done; kill -STOP \"$(cat '{p}')\"; echo stopped",
+        p = pidfile.display()
+    );
+    let mut run = run_cmd(&broker().bootstrap(), &lock, CONTENDED, &sh(&script)).spawn();
+    run.event("child_started", STEP);
+    std::fs::write(&pidfile, run.pid.to_string()).expect("write the pid file");
+    run.stdout_line("stopped", STEP);
+    let deadline = Instant::now() + STEP;
+    while proc_state(run.pid) != Some('T') {
+        assert!(Instant::now() < deadline, "kafka-lock was never stopped");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The next holder gets the lock once the broker has dropped the stopped member.
+    let mut next = run_cmd(&broker().bootstrap(), &lock, CONTENDED, &["true"]).spawn();
+    let next_acquired = mono(&next.event("acquired", STEP), "mono_ns");
+    assert_eq!(next.finish(STEP), 0, "{}", next.transcript());
+    run.signal("CONT");
+    let status = run.finish(STEP);
+    assert!(
+        run.named("released").is_empty(),
+        "a hold reported released after the next holder acquired: {}",
+        run.transcript()
+    );
+    let lost = run.named("lost");
+    assert_eq!(lost.len(), 1, "{}", run.transcript());
+    assert_eq!(lost[0]["reason"], "lease_expired", "{}", run.transcript());
+    let lease_end = mono(lost[0], "lease_end_mono_ns");
+    assert!(
+        lease_end < next_acquired,
+        "the stopped hold's lease ended {} ms after the next holder acquired",
+        (lease_end - next_acquired) / 1_000_000
+    );
+    assert_eq!(status, 74, "{}", run.transcript());
+}
+
 /// Issue: SIGHUP killed kafka-lock (129) without passing it on or releasing. HUP, QUIT and
 /// USR1 are passed on to the command's group like TERM and INT; HUP while waiting leaves.
 #[test]

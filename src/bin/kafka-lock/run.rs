@@ -1058,7 +1058,7 @@ async fn hold(
         } else {
             exit::CANNOT_EXECUTE
         };
-        rep.released();
+        report_end(&guard, rep).await;
         let cut = release(guard, signals).await;
         return Err(Failure::new(
             status,
@@ -1094,10 +1094,15 @@ async fn hold(
             ));
         }
     }
+    // A lease that ran out after the command ended (kafka-lock stopped or starved in between)
+    // is a loss: the hold cannot be claimed up to the release.
+    let ran_out = lost.is_none();
+    let lost = match lost {
+        Some(reason) => Some(reason),
+        None => report_end(&guard, rep).await,
+    };
     match lost {
         None => {
-            // The hold ends here, before the LeaveGroup goes out.
-            rep.released();
             stamp("run", "release");
             let cut = release(guard, signals).await;
             stamp("run", "release-answered");
@@ -1111,6 +1116,20 @@ async fn hold(
                 ));
             }
             Ok(end.status)
+        }
+        Some(reason) if ran_out => {
+            let cut = release(guard, signals).await;
+            Err(Failure::new(
+                exit::LOST,
+                format!(
+                    "the lease of lock {:?} ran out after the command ended with status {} and \
+                     before the lock could be released ({reason}; was kafka-lock stopped?): the \
+                     next holder may already hold it{}",
+                    c.lock,
+                    end.status,
+                    release_note(cut, t.session)
+                ),
+            ))
         }
         Some(reason) => {
             let cut = release(guard, signals).await;
@@ -1406,23 +1425,36 @@ fn report_lost_fallback(
     rep.lost(reason, ns);
 }
 
-/// Releases the lock (bounded by the library), unless one of the caught signals arrives first:
-/// then the broker frees the lock after the session timeout. Returns that signal.
-/// Ends a hold under which the command never started, saying in the events how it ended: a
-/// hold whose lease already ran out was lost (at its lease end), any other is released. Without
-/// this the events would show an acquisition that never ends.
+/// Ends a hold under which the command never started, saying in the events how it ended (see
+/// [`report_end`]); without this the events would show an acquisition that never ends.
 async fn give_back(guard: LockGuard, signals: &mut Signals, rep: &mut Reporter) -> Option<i32> {
-    let watch = guard.watch();
-    if watch.is_held() {
-        rep.released();
-    } else {
-        let reason = guard.lost().await;
-        let lease_end = watch.lease_end().unwrap_or_else(|| guard.lease_end());
-        rep.lost(&reason, Some(sys::mono_ns_of(lease_end)));
-    }
+    report_end(&guard, rep).await;
     release(guard, signals).await
 }
 
+/// Says in the events how a hold ends once the command and its tree are gone, before the
+/// LeaveGroup goes out: `released` if the lease still runs, else `lost` at its lease end, and
+/// then returns why it was lost.
+///
+/// The lease is read once, and the instant it was read is the last one the hold is claimed for
+/// (`held_until_mono_ns`): a kafka-lock stopped (SIGSTOP, a starved runtime) between the
+/// command's exit and this line says its hold ended at the lease end, not when it woke, which
+/// may be after the broker gave the lock to someone else.
+async fn report_end(guard: &LockGuard, rep: &mut Reporter) -> Option<LossReason> {
+    let watch = guard.watch();
+    let now = std::time::Instant::now();
+    if watch.lease_end().is_some_and(|end| now < end) {
+        rep.released(sys::mono_ns_of(now));
+        return None;
+    }
+    let reason = guard.lost().await;
+    let lease_end = watch.lease_end().unwrap_or_else(|| guard.lease_end());
+    rep.lost(&reason, Some(sys::mono_ns_of(lease_end)));
+    Some(reason)
+}
+
+/// Releases the lock (bounded by the library), unless one of the caught signals arrives first:
+/// then the broker frees the lock after the session timeout. Returns that signal.
 async fn release(guard: LockGuard, signals: &mut Signals) -> Option<i32> {
     tokio::select! {
         _ = guard.release() => None,
