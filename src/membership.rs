@@ -59,9 +59,10 @@
 //! The lease ends at `send_time(last renewal) + min(session, rebalance timeout) − margin`, where a
 //! renewal is a **Heartbeat answered NONE** and nothing else. Apache Kafka re-arms a member's
 //! session timer when such a Heartbeat *arrives*, which is after it was built here, so the lease
-//! ends before the broker can drop the member. A JoinGroup or SyncGroup answered NONE renews
-//! nothing: the broker answers a follower's rejoin of a STABLE group and a SyncGroup in STABLE at
-//! once, without re-arming the timer. The rebalance timeout is in the formula because a broker
+//! ends before the broker can drop the member. A new hold's first lease ends at the assignment's
+//! deadline, timed from the JoinGroup whose join phase re-armed the timer. A JoinGroup or
+//! SyncGroup answered NONE renews nothing: the broker answers a follower's rejoin of a STABLE
+//! group and a SyncGroup in STABLE at once, without re-arming the timer. The rebalance timeout is in the formula because a broker
 //! drops a member that does not rejoin within it once a rebalance starts. REBALANCE_IN_PROGRESS
 //! heartbeats do not renew: the rebalance may have started before them. docs/design.md cites the
 //! broker code each step relies on.
