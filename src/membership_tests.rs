@@ -1894,13 +1894,14 @@ fn a_holder_told_of_another_ledger_setting_loses_at_once() {
     h.take(ApiKey::LeaveGroup);
 }
 
-// ---- a pending hold has a deadline ---------------------------------------------------------
+// ---- an assignment has a deadline -----------------------------------------------------------
 //
-// A SyncGroup answer naming us makes the hold pending; the broker's session timer for us was last
-// re-armed when the join phase of that generation completed, which is after our JoinGroup was
-// sent, and nothing later is proof. A coordinator that is still loading the group answers a
-// Heartbeat NONE blindly, also for a member it is about to forget, so a NONE arriving after that
-// JoinGroup's send instant + the lease length proves nothing and must not begin the hold.
+// The broker's session timer for us was last re-armed when the join phase of the generation
+// completed, which is after our JoinGroup was sent, and nothing later is proof. A SyncGroup answer
+// naming us (never given blindly) begins the hold only before that JoinGroup's send instant + the
+// lease length, and the first lease ends there. A coordinator that is still loading the group
+// answers a Heartbeat NONE blindly, also for a member it is about to forget, so only a NONE
+// handled before the lease end may renew it.
 
 fn acquired_at(events: &[Event], generation: i32) -> bool {
     events
@@ -2460,7 +2461,7 @@ fn lost_exactly_at(h: &mut H, sent: Instant, lease: Duration) {
     );
 }
 
-/// The configured lease and the held lease both end `lease` after the confirming heartbeat.
+/// The configured lease and the held lease both end `lease` after the renewing heartbeat.
 fn the_lease_is(session: Duration, rebalance: Duration, lease: Duration) {
     let cfg = MembershipConfig {
         session_timeout: session,
