@@ -22,7 +22,7 @@
 //!
 //! [`ProxySet::cut_after_sync`] arms a trigger instead: the next SyncGroup answer through any of
 //! the set's proxies is delivered, and then every proxy of the set black-holes both ways. A
-//! member whose assignment names it is cut off before its confirming Heartbeat can get out.
+//! member whose assignment names it is cut off before its first Heartbeat can get out.
 
 use std::collections::HashMap;
 use std::io;
