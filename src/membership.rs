@@ -28,13 +28,15 @@
 //!
 //! # The lock on top of membership
 //! A SyncGroup answer whose assignment names the member starts the hold if it is handled before
-//! the assignment's deadline: the send instant of the first JoinGroup of the generation + the
-//! lease length. Completing that join phase re-armed the broker's session timer for every member
-//! after that JoinGroup arrived, so the first lease ends at the deadline; the Heartbeat sent at
+//! the assignment's deadline: the send instant of the first JoinGroup of the generation (or of an
+//! earlier JoinGroup of the same member id that was never answered, which the broker may still
+//! receive and count) + the lease length. Completing that join phase re-armed the broker's
+//! session timer for every member after that JoinGroup arrived, so the first lease ends at the
+//! deadline; the Heartbeat sent at
 //! once renews it. A SyncGroup is never answered blindly (a coordinator still loading the group
 //! answers it with an error), unlike a Heartbeat. An assignment handled at or after its deadline
 //! starts nothing: the member leaves under its id and joins again as a new member, at the back of
-//! the queue. The member holds until one of: the local lease
+//! the queue unless only a lost JoinGroup cut the deadline short. The member holds until one of: the local lease
 //! runs out, the broker says the membership is gone (UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION,
 //! FENCED_INSTANCE_ID), a later assignment names someone else, a rebalance starts while the
 //! group runs an eager consumer protocol (`range`, `roundrobin`), or the user releases it. Every
