@@ -28,13 +28,15 @@
 //!
 //! # The lock on top of membership
 //! A SyncGroup answer whose assignment names the member starts the hold if it is handled before
-//! the assignment's deadline: the send instant of the first JoinGroup of the generation + the
-//! lease length. Completing that join phase re-armed the broker's session timer for every member
-//! after that JoinGroup arrived, so the first lease ends at the deadline; the Heartbeat sent at
+//! the assignment's deadline: the send instant of the first JoinGroup of the generation (or of an
+//! earlier JoinGroup of the same member id that was never answered, which the broker may still
+//! receive and count) + the lease length. Completing that join phase re-armed the broker's
+//! session timer for every member after that JoinGroup arrived, so the first lease ends at the
+//! deadline; the Heartbeat sent at
 //! once renews it. A SyncGroup is never answered blindly (a coordinator still loading the group
 //! answers it with an error), unlike a Heartbeat. An assignment handled at or after its deadline
 //! starts nothing: the member leaves under its id and joins again as a new member, at the back of
-//! the queue. The member holds until one of: the local lease
+//! the queue unless only a lost JoinGroup cut the deadline short. The member holds until one of: the local lease
 //! runs out, the broker says the membership is gone (UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION,
 //! FENCED_INSTANCE_ID), a later assignment names someone else, a rebalance starts while the
 //! group runs an eager consumer protocol (`range`, `roundrobin`), or the user releases it. Every
@@ -532,6 +534,13 @@ pub struct Membership {
     /// the current generation: when the earliest JoinGroup that can have been counted in that
     /// phase was sent. An assignment's deadline, and a new hold's first lease, are timed from it.
     generation_anchor: Option<Instant>,
+    /// No later than the send of the earliest JoinGroup under the current member id that was
+    /// never answered. The broker may still receive it (a cut connection's data is retransmitted
+    /// when the cut heals) after a later JoinGroup of ours was answered, count it in a join phase
+    /// and complete that phase before our next JoinGroup is sent: that completion is then our
+    /// last re-arm. So every assignment's deadline is timed from it too, for as long as the id
+    /// lives.
+    unanswered_join: Option<Instant>,
     /// The user asked to leave; nothing may be acquired any more.
     leaving: bool,
     /// Leaving is best effort: past this instant the machine stops trying to reach the
@@ -588,6 +597,7 @@ impl Membership {
             hold: None,
             join_sent: None,
             generation_anchor: None,
+            unanswered_join: None,
             leaving: false,
             leave_deadline: None,
             last_waiting: None,
@@ -752,19 +762,23 @@ impl Membership {
     /// leaves under its old id and starts over under a new one. The LeaveGroup matters for
     /// progress: a member id left to expire would hold up the next join phase for up to a
     /// rebalance timeout, longer than the new assignment's deadline, over and over. And the
-    /// member gives up its place in the queue: a member whose joins keep outlasting a lease (a
-    /// slow coordinator, a slow link) would otherwise be named again at every generation, and
-    /// the lock would stay free while everyone behind it waits.
-    fn assignment_ran_out(&mut self, generation: i32, now: Instant) {
+    /// member gives up its place in the queue when its join phase was too slow (`slow_join`): a
+    /// member whose joins keep outlasting a lease (a slow coordinator, a slow link) would
+    /// otherwise be named again at every generation, and the lock would stay free while everyone
+    /// behind it waits. A deadline cut short by a lost JoinGroup (`unanswered_join`) is the old
+    /// id's alone, so that member keeps its place.
+    fn assignment_ran_out(&mut self, generation: i32, now: Instant, slow_join: bool) {
         warn!(group = %self.cfg.group_id, member_id = %self.member_id, generation,
-              "assigned the lock after the assignment's deadline; leaving, then joining again as a new member at the back of the queue");
+              slow_join, "assigned the lock after the assignment's deadline; leaving, then joining again as a new member");
         if let Some(target) = self.coordinator_target(Lane::Control) {
             let old = self.member_id.clone();
             let id = self.push_leave(target, &old, "kafka-lock: assignment came too late");
             self.in_flight.parting = Some(id);
         }
         self.reset_member();
-        self.first_joined = -1;
+        if slow_join {
+            self.first_joined = -1;
+        }
         self.generation_anchor = None;
         self.rejoin(now, false);
     }
@@ -861,6 +875,7 @@ impl Membership {
 
     fn reset_member(&mut self) {
         self.member_id.clear();
+        self.unanswered_join = None;
         self.generation = -1;
         self.leader = false;
         self.protocol = None;
@@ -1340,6 +1355,12 @@ impl Membership {
                 return;
             }
             Err(e) => {
+                // Under an empty id the broker would make a new pending member: not us.
+                if !self.member_id.is_empty() {
+                    if let Some(sent) = self.join_sent {
+                        self.unanswered_join.get_or_insert(sent);
+                    }
+                }
                 self.join_phase_unanswered(ApiKey::JoinGroup, e, now);
                 return;
             }
@@ -1572,11 +1593,18 @@ impl Membership {
                     // no removal that the lease covers can drop us before the anchor + the lease
                     // length, and the hold runs until then unless a Heartbeat renews it. Without
                     // an anchor (never expected) the deadline is now: nothing begins.
-                    let deadline = self
+                    // A JoinGroup of this id never answered may have been counted in a later
+                    // join phase than the one it was sent for (see `unanswered_join`).
+                    let joined_in_time = self
                         .generation_anchor
                         .map_or(now, |a| a + self.cfg.lease_length());
+                    let deadline = self.unanswered_join.map_or(joined_in_time, |u| {
+                        joined_in_time.min(u + self.cfg.lease_length())
+                    });
                     if now >= deadline {
-                        self.assignment_ran_out(token.generation, now);
+                        // Only a slow join phase costs the place in the queue: a lost
+                        // JoinGroup is the old id's alone, and a new id starts without one.
+                        self.assignment_ran_out(token.generation, now, now >= joined_in_time);
                         return;
                     }
                     info!(group = %self.cfg.group_id, member_id = %self.member_id, generation = self.generation,

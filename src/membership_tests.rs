@@ -2613,3 +2613,89 @@ fn a_retriable_heartbeat_error_keeps_the_hold() {
     h.advance(Duration::from_millis(100));
     assert_eq!(h.apis(), [ApiKey::Heartbeat]);
 }
+
+/// A JoinGroup that was never answered can still reach the broker later, after a later
+/// JoinGroup of the same member was answered (a network cut: the kernel retransmits the
+/// abandoned request on its old connection when the cut heals, while the resend went out on a
+/// new connection), and be counted in a join phase that completes before the member sends its
+/// next JoinGroup. That completion is the member's last re-arm (a JoinGroup answered at once in
+/// COMPLETING_REBALANCE or STABLE and a SyncGroup answered at once in STABLE re-arm nothing), so
+/// the next assignment's deadline must not be timed from a send after it.
+///
+/// Here: m1's JoinGroup X (t0) is lost; the resend is answered at generation 1 (w holds). At
+/// t0 + 5 s w starts a rebalance, X reaches the broker and completes it at once: generation 2,
+/// m1 re-armed at t0 + 5 s, session until t0 + 15 s. m1's heartbeats fail until t0 + 9 s (a slow
+/// coordinator), then ILLEGAL_GENERATION; its rejoin is answered at once with generation 2, and
+/// the SyncGroup (STABLE, the leader synced long ago) names m1. A hold begun there with a first
+/// lease to the rejoin's send + 9 s would run to about t0 + 18 s, three seconds after the broker
+/// could drop m1 and give the lock to w. The machine times the deadline from X instead (t0 +
+/// 9 s), which has passed: no hold; it leaves and joins again as a new member, and holds then.
+#[test]
+fn a_join_lost_before_an_earlier_generation_still_anchors_a_later_assignment() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let t = h.take(ApiKey::JoinGroup);
+    h.reply(t.id, Ok(join_err(79, "m1")));
+    let x = h.take(ApiKey::JoinGroup);
+    assert_eq!(join_request(&x).member_id.as_str(), "m1");
+    let t0 = h.now;
+    h.advance(Duration::from_millis(500));
+    h.reply(x.id, Err(Error::Closed));
+    let lease = SESSION - MARGIN;
+    let mut places = Vec::new();
+    let events = serve(
+        &mut h,
+        t0 + 3 * SESSION,
+        Duration::from_millis(100),
+        |now, t| {
+            let broker_slow =
+                now >= t0 + Duration::from_secs(5) && now < t0 + Duration::from_secs(9);
+            Some(match &t.request {
+                Request::FindCoordinator(_) if broker_slow => Ok(find_err(15)),
+                Request::FindCoordinator(_) => Ok(find_ok()),
+                Request::ApiVersions(_) => Ok(api_versions(crate::wire::versions::SUPPORTED)),
+                Request::JoinGroup(r) if r.member_id.is_empty() => Ok(join_err(79, "m2")),
+                Request::JoinGroup(r) if r.member_id.as_str() == "m2" => {
+                    let md = MemberMetadata::decode(&r.protocols[0].metadata).unwrap();
+                    places.push(md.first_joined_generation);
+                    Ok(join_ok("m2", 3, "w", &[]))
+                }
+                Request::JoinGroup(_) if now < t0 + Duration::from_secs(5) => {
+                    Ok(join_ok("m1", 1, "w", &[]))
+                }
+                Request::JoinGroup(_) => Ok(join_ok("m1", 2, "w", &[])),
+                Request::SyncGroup(r) => {
+                    Ok(sync_ok(match (r.member_id.as_str(), r.generation_id) {
+                        ("m1", 1) => native_assignment(Some("w"), 1, 1),
+                        (m, g) => native_assignment(Some(m), g, 0),
+                    }))
+                }
+                Request::Heartbeat(_) if broker_slow => Err(Error::Closed),
+                Request::Heartbeat(r)
+                    if r.generation_id == 1 && now >= t0 + Duration::from_secs(5) =>
+                {
+                    Ok(hb(22))
+                }
+                Request::Heartbeat(_) => Ok(hb(0)),
+                Request::LeaveGroup(_) => Ok(leave_ok()),
+                other => panic!("unexpected {:?}", other.api_key()),
+            })
+        },
+    );
+    if let Some(end) = acquired_lease(&events, 2) {
+        panic!(
+            "held at generation 2 with a first lease {:?} past the lost JoinGroup's send + the \
+             lease, though that JoinGroup may have been the member's last re-arm: {events:?}",
+            end.saturating_duration_since(t0 + lease)
+        );
+    }
+    assert!(
+        acquired_lease(&events, 3).is_some(),
+        "never held as a new member: {events:?}"
+    );
+    assert_eq!(
+        places.first(),
+        Some(&1),
+        "the new member should keep the place in the queue a lost JoinGroup did not forfeit"
+    );
+}
