@@ -812,11 +812,12 @@ impl LockOptions {
     /// Errors: [`Error::NotAcquired`] when the wait ends (the group is left before returning),
     /// [`Error::Config`] for invalid settings, connection errors when the cluster cannot be
     /// reached, and [`Error::Broker`] when the broker rejects the settings. With a ledger also
-    /// [`Error::Ledger`] when the topic cannot serve (missing, not one partition, replaced), and
-    /// [`Error::Lost`] before the wait ends when the group gave us the lock but its ACQUIRED
-    /// record was not acknowledged within the lease (reason `ledger`): the group is left, and
-    /// the caller may try again. The ledger topic's check before joining is bounded by the
-    /// request timeout, not by `wait`.
+    /// [`Error::Ledger`] when the topic cannot serve (missing, not one partition, replaced). A
+    /// hold that ends before it is handed to the caller (the group gave us the lock but its
+    /// ACQUIRED record was not acknowledged within the lease, or the first lease ran out before a
+    /// heartbeat renewed it) is no acquisition: the group is left and the wait goes on with a
+    /// new membership, at the back of the queue. The ledger topic's check before joining is
+    /// bounded by the request timeout, not by `wait`.
     pub async fn acquire(&self, wait: Option<Duration>) -> Result<LockGuard> {
         // A bounded wait may end before our own join's rebalance completes, when the session
         // cannot name the holder yet: a look before joining (bounded by the wait) can.
@@ -942,6 +943,40 @@ impl LockOptions {
     }
 
     async fn acquire_inner(&self, wait: Option<Duration>, once: bool) -> Result<Option<LockGuard>> {
+        let started = Instant::now();
+        loop {
+            let left = wait.map(|w| w.saturating_sub(started.elapsed()));
+            match self.acquire_session(left, once).await {
+                // A hold that ended before the caller had it is no acquisition; a try has its
+                // answer, a wait goes on under a new membership.
+                Err(Error::Lost { .. }) if once => return Ok(None),
+                Err(Error::Lost { lock, reason }) => {
+                    if wait.is_some_and(|w| started.elapsed() >= w) {
+                        return Err(Error::NotAcquired {
+                            lock,
+                            waited: wait.unwrap_or_default(),
+                            holder: None,
+                        });
+                    }
+                    tracing::info!(lock = %lock, %reason, "the hold ended before it was handed over; waiting on");
+                }
+                Err(Error::NotAcquired { lock, holder, .. }) => {
+                    return Err(Error::NotAcquired {
+                        lock,
+                        waited: wait.unwrap_or_default(),
+                        holder,
+                    })
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn acquire_session(
+        &self,
+        wait: Option<Duration>,
+        once: bool,
+    ) -> Result<Option<LockGuard>> {
         self.validate()?;
         let started = Instant::now();
         // A wait too long to represent is no deadline at all.

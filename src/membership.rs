@@ -17,23 +17,26 @@
 //!   │   │            │ JoinGroup ok     │ UNKNOWN_MEMBER_ID: forget the id, rejoin at once
 //!   │   │            ▼                  │ REBALANCE_IN_PROGRESS / ILLEGAL_GENERATION: rejoin
 //!   │   │          Sync ────────────────┘
-//!   │   │            │ SyncGroup ok: the assignment decides holder (pending) / waiting
+//!   │   │            │ SyncGroup ok: the assignment decides holder / waiting
 //!   │   │            ▼
 //!   │   └─────── Stable (heartbeat every interval, one in flight; at once after an
-//!   │  REBALANCE_IN_PROGRESS    assignment naming us: its NONE starts or renews the hold)
+//!   │  REBALANCE_IN_PROGRESS    assignment naming us: its NONE renews the hold)
 //!   │                │ leave command, or the lock was lost
 //!   │                ▼
 //!   └─────────────  Leave ── LeaveGroup answered or failed ──► Done
 //! ```
 //!
 //! # The lock on top of membership
-//! A SyncGroup answer whose assignment names the member makes the hold *pending*; the member
-//! *holds* the lock from the first Heartbeat answered NONE after it, if that answer is handled
-//! before the pending hold's deadline (the send instant of the first JoinGroup of the generation +
-//! the lease length: a coordinator still loading the group answers NONE blindly, which proves
-//! nothing for a member the broker may have dropped), and on the same coordinator connection (a
-//! heartbeat failure or a rediscovery drops the pending hold and rejoins; past the deadline the
-//! member leaves under its id and joins again as a new member), until one of: the local lease
+//! A SyncGroup answer whose assignment names the member starts the hold if it is handled before
+//! the assignment's deadline: the send instant of the first JoinGroup of the generation (or of an
+//! earlier JoinGroup of the same member id that was never answered, which the broker may still
+//! receive and count) + the lease length. Completing that join phase re-armed the broker's
+//! session timer for every member after that JoinGroup arrived, so the first lease ends at the
+//! deadline; the Heartbeat sent at
+//! once renews it. A SyncGroup is never answered blindly (a coordinator still loading the group
+//! answers it with an error), unlike a Heartbeat. An assignment handled at or after its deadline
+//! starts nothing: the member leaves under its id and joins again as a new member, at the back of
+//! the queue unless only a lost JoinGroup cut the deadline short. The member holds until one of: the local lease
 //! runs out, the broker says the membership is gone (UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION,
 //! FENCED_INSTANCE_ID), a later assignment names someone else, a rebalance starts while the
 //! group runs an eager consumer protocol (`range`, `roundrobin`), or the user releases it. Every
@@ -58,9 +61,10 @@
 //! The lease ends at `send_time(last renewal) + min(session, rebalance timeout) − margin`, where a
 //! renewal is a **Heartbeat answered NONE** and nothing else. Apache Kafka re-arms a member's
 //! session timer when such a Heartbeat *arrives*, which is after it was built here, so the lease
-//! ends before the broker can drop the member. A JoinGroup or SyncGroup answered NONE renews
-//! nothing: the broker answers a follower's rejoin of a STABLE group and a SyncGroup in STABLE at
-//! once, without re-arming the timer. The rebalance timeout is in the formula because a broker
+//! ends before the broker can drop the member. A new hold's first lease ends at the assignment's
+//! deadline, timed from the JoinGroup whose join phase re-armed the timer. A JoinGroup or
+//! SyncGroup answered NONE renews nothing: the broker answers a follower's rejoin of a STABLE
+//! group and a SyncGroup in STABLE at once, without re-arming the timer. The rebalance timeout is in the formula because a broker
 //! drops a member that does not rejoin within it once a rebalance starts. REBALANCE_IN_PROGRESS
 //! heartbeats do not renew: the rebalance may have started before them. docs/design.md cites the
 //! broker code each step relies on.
@@ -504,16 +508,6 @@ struct InFlight {
     parting: Option<u64>,
 }
 
-/// An assignment that names us, waiting for the Heartbeat that begins the hold.
-#[derive(Debug)]
-struct Pending {
-    token: FencingToken,
-    slot: u16,
-    /// A confirming NONE handled at or after this instant begins nothing: the broker may have
-    /// dropped us by then, and a coordinator still loading the group answers NONE blindly.
-    deadline: Instant,
-}
-
 /// The membership state machine. See the [module docs](self).
 pub struct Membership {
     cfg: MembershipConfig,
@@ -534,15 +528,19 @@ pub struct Membership {
     /// The JoinGroup in flight offered only `cooperative-sticky` (consumer mode, holding).
     offered_cooperative_only: bool,
     hold: Option<Hold>,
-    /// A SyncGroup answer named us, but no Heartbeat has yet proved that the broker's session
-    /// timer for us was re-armed after it: the hold begins with that proof (see the module docs).
-    pending: Option<Pending>,
     /// When the first JoinGroup since the machine last learned a generation was sent.
     join_sent: Option<Instant>,
     /// No later than the broker's last re-arm of our session timer by a completed join phase of
     /// the current generation: when the earliest JoinGroup that can have been counted in that
-    /// phase was sent. A pending hold's deadline is timed from it.
+    /// phase was sent. An assignment's deadline, and a new hold's first lease, are timed from it.
     generation_anchor: Option<Instant>,
+    /// No later than the send of the earliest JoinGroup under the current member id that was
+    /// never answered. The broker may still receive it (a cut connection's data is retransmitted
+    /// when the cut heals) after a later JoinGroup of ours was answered, count it in a join phase
+    /// and complete that phase before our next JoinGroup is sent: that completion is then our
+    /// last re-arm. So every assignment's deadline is timed from it too, for as long as the id
+    /// lives.
+    unanswered_join: Option<Instant>,
     /// The user asked to leave; nothing may be acquired any more.
     leaving: bool,
     /// Leaving is best effort: past this instant the machine stops trying to reach the
@@ -597,9 +595,9 @@ impl Membership {
             protocol: None,
             offered_cooperative_only: false,
             hold: None,
-            pending: None,
             join_sent: None,
             generation_anchor: None,
+            unanswered_join: None,
             leaving: false,
             leave_deadline: None,
             last_waiting: None,
@@ -672,11 +670,7 @@ impl Membership {
 
     /// When to call [`Membership::handle_timeout`] next, if anything is scheduled.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let mut at: Option<Instant> = self
-            .hold
-            .as_ref()
-            .map(|h| h.lease_end)
-            .or(self.pending.as_ref().map(|p| p.deadline));
+        let mut at: Option<Instant> = self.hold.as_ref().map(|h| h.lease_end);
         let mut consider = |t: Option<Instant>| {
             if let Some(t) = t {
                 at = Some(at.map_or(t, |a| a.min(t)));
@@ -760,51 +754,33 @@ impl Membership {
                 self.lose(LossReason::LeaseExpired, now);
             }
         }
-        if self.pending.as_ref().is_some_and(|p| now >= p.deadline) {
-            self.pending_ran_out(now);
-        }
     }
 
-    /// The assignment naming us was not confirmed in time. The broker may have dropped us, or
-    /// still count us with a session timer that nothing we can prove re-armed; a rejoin under the
-    /// same id may be answered at once with this same generation, which re-arms nothing and so
-    /// could never confirm it. So the member leaves under its old id and starts over under a new
-    /// one, and no hold ever begins for the old one. The LeaveGroup matters for progress: a
-    /// member id left to expire would hold up the next join phase for up to a rebalance timeout,
-    /// longer than the new assignment's deadline, over and over.
-    fn pending_ran_out(&mut self, now: Instant) {
-        let Some(p) = self.pending.take() else {
-            return;
-        };
-        warn!(group = %self.cfg.group_id, member_id = %self.member_id, generation = p.token.generation,
-              "assigned the lock, but no heartbeat confirmed the membership in time; leaving, then joining again as a new member");
+    /// An assignment naming us was handled at or after its deadline: the broker may have dropped
+    /// us by then, so no hold begins. A rejoin under the same id may be answered at once with
+    /// this same generation, which re-arms nothing and so could never start a hold; so the member
+    /// leaves under its old id and starts over under a new one. The LeaveGroup matters for
+    /// progress: a member id left to expire would hold up the next join phase for up to a
+    /// rebalance timeout, longer than the new assignment's deadline, over and over. And the
+    /// member gives up its place in the queue when its join phase was too slow (`slow_join`): a
+    /// member whose joins keep outlasting a lease (a slow coordinator, a slow link) would
+    /// otherwise be named again at every generation, and the lock would stay free while everyone
+    /// behind it waits. A deadline cut short by a lost JoinGroup (`unanswered_join`) is the old
+    /// id's alone, so that member keeps its place.
+    fn assignment_ran_out(&mut self, generation: i32, now: Instant, slow_join: bool) {
+        warn!(group = %self.cfg.group_id, member_id = %self.member_id, generation,
+              slow_join, "assigned the lock after the assignment's deadline; leaving, then joining again as a new member");
         if let Some(target) = self.coordinator_target(Lane::Control) {
             let old = self.member_id.clone();
-            let id = self.push_leave(target, &old, "kafka-lock: assignment not confirmed in time");
+            let id = self.push_leave(target, &old, "kafka-lock: assignment came too late");
             self.in_flight.parting = Some(id);
         }
         self.reset_member();
-        match self.phase {
-            // Only a Stable member has a pending hold (a rediscovery drops it); these are for
-            // safety should that change.
-            Phase::Discover | Phase::Probe => self.resume = Phase::Join,
-            Phase::Stable => self.rejoin(now, false),
-            Phase::Join | Phase::Sync | Phase::Leave | Phase::Done => {}
+        if slow_join {
+            self.first_joined = -1;
         }
-    }
-
-    /// The assignment naming us cannot be confirmed on this coordinator connection: drop it and
-    /// rejoin. A JoinGroup, unlike a Heartbeat, is never answered blindly by a coordinator that
-    /// is loading the group (GroupCoordinatorService `joinGroup` answers
-    /// COORDINATOR_LOAD_IN_PROGRESS), and a later generation brings its own deadline.
-    fn drop_pending(&mut self) -> bool {
-        if let Some(p) = self.pending.take() {
-            info!(group = %self.cfg.group_id, member_id = %self.member_id, generation = p.token.generation,
-                  "the heartbeat confirming the assignment failed; rejoining");
-            true
-        } else {
-            false
-        }
+        self.generation_anchor = None;
+        self.rejoin(now, false);
     }
 
     fn drive(&mut self, now: Instant) {
@@ -882,11 +858,7 @@ impl Membership {
         info!(group = %self.cfg.group_id, member_id = %self.member_id, generation = self.generation,
               "coordinator lost; looking it up again");
         self.coordinator = None;
-        self.resume = if self.drop_pending() && resume == Phase::Stable {
-            Phase::Join
-        } else {
-            resume
-        };
+        self.resume = resume;
         self.phase = Phase::Discover;
         self.schedule_retry(now);
     }
@@ -894,7 +866,6 @@ impl Membership {
     fn rejoin(&mut self, now: Instant, immediately: bool) {
         self.phase = Phase::Join;
         self.in_flight.heartbeat = None;
-        self.pending = None;
         if immediately {
             self.retry_now(now);
         } else {
@@ -903,8 +874,8 @@ impl Membership {
     }
 
     fn reset_member(&mut self) {
-        self.pending = None;
         self.member_id.clear();
+        self.unanswered_join = None;
         self.generation = -1;
         self.leader = false;
         self.protocol = None;
@@ -955,7 +926,6 @@ impl Membership {
                 });
             }
         }
-        self.pending = None;
         self.phase = Phase::Done;
         self.emit(Event::Failed(std::sync::Arc::new(error)));
     }
@@ -972,7 +942,6 @@ impl Membership {
         if self.phase == Phase::Done {
             return;
         }
-        self.pending = None;
         if !self.leaving {
             self.leaving = true;
             // Room for a parked JoinGroup, the leader's SyncGroup, then the LeaveGroup itself.
@@ -1386,6 +1355,12 @@ impl Membership {
                 return;
             }
             Err(e) => {
+                // Under an empty id the broker would make a new pending member: not us.
+                if !self.member_id.is_empty() {
+                    if let Some(sent) = self.join_sent {
+                        self.unanswered_join.get_or_insert(sent);
+                    }
+                }
                 self.join_phase_unanswered(ApiKey::JoinGroup, e, now);
                 return;
             }
@@ -1600,8 +1575,7 @@ impl Membership {
             };
             // A SyncGroup answer proves the assignment but not that the broker re-armed our
             // session timer (in STABLE it answers at once without doing so), so it renews
-            // nothing. The next Heartbeat goes out now: its NONE is the renewal, and for a new
-            // hold the start of it.
+            // nothing. The next Heartbeat goes out now: its NONE is the renewal.
             self.next_heartbeat = Some(now);
             match &mut self.hold {
                 Some(hold) => {
@@ -1613,18 +1587,39 @@ impl Membership {
                     }
                 }
                 None => {
-                    debug!(group = %self.cfg.group_id, member_id = %self.member_id, generation = self.generation,
-                           permit = slot, "assigned the lock; a heartbeat confirms the membership before the hold begins");
-                    // Without an anchor (never expected) the deadline is now: nothing begins.
-                    let deadline = self
+                    // The join phase that formed this generation re-armed our session timer
+                    // after the anchor (see `generation_anchor`), and this answer is not blind:
+                    // a coordinator still loading the group answers SyncGroup with an error. So
+                    // no removal that the lease covers can drop us before the anchor + the lease
+                    // length, and the hold runs until then unless a Heartbeat renews it. Without
+                    // an anchor (never expected) the deadline is now: nothing begins.
+                    // A JoinGroup of this id never answered may have been counted in a later
+                    // join phase than the one it was sent for (see `unanswered_join`).
+                    let joined_in_time = self
                         .generation_anchor
                         .map_or(now, |a| a + self.cfg.lease_length());
-                    self.pending = Some(Pending {
-                        token,
-                        slot,
-                        deadline,
+                    let deadline = self.unanswered_join.map_or(joined_in_time, |u| {
+                        joined_in_time.min(u + self.cfg.lease_length())
                     });
-                    self.check_lease(now);
+                    if now >= deadline {
+                        // Only a slow join phase costs the place in the queue: a lost
+                        // JoinGroup is the old id's alone, and a new id starts without one.
+                        self.assignment_ran_out(token.generation, now, now >= joined_in_time);
+                        return;
+                    }
+                    info!(group = %self.cfg.group_id, member_id = %self.member_id, generation = self.generation,
+                          permit = slot, "lock acquired");
+                    self.hold = Some(Hold {
+                        token: token.clone(),
+                        lease_end: deadline,
+                        since: self.generation,
+                        slot,
+                    });
+                    self.emit(Event::Acquired {
+                        token,
+                        lease_end: deadline,
+                        permit: slot,
+                    });
                 }
             }
             self.last_waiting = None;
@@ -1743,7 +1738,6 @@ impl Membership {
                 lease_end: hold.lease_end.min(now),
             });
         }
-        self.pending = None;
         self.emit(Event::Failed(std::sync::Arc::new(error)));
         self.begin_leave(now);
     }
@@ -1780,29 +1774,7 @@ impl Membership {
         match code {
             0 => {
                 self.backoff.reset();
-                if let Some(Pending { token, slot, .. }) = self.pending.take() {
-                    // `handle_response` dropped a pending hold whose deadline passed, so we were
-                    // still a member when this NONE was given: the broker re-armed our timer when
-                    // this Heartbeat arrived, or (a coordinator loading a group that has us)
-                    // re-arms it when the load completes, later still. The hold begins, timed
-                    // from when the Heartbeat was sent.
-                    let lease_end = sent + self.cfg.lease_length();
-                    info!(group = %self.cfg.group_id, member_id = %self.member_id, generation = self.generation,
-                          permit = slot, "lock acquired");
-                    self.hold = Some(Hold {
-                        token: token.clone(),
-                        lease_end,
-                        since: self.generation,
-                        slot,
-                    });
-                    self.emit(Event::Acquired {
-                        token,
-                        lease_end,
-                        permit: slot,
-                    });
-                } else {
-                    self.renew(sent);
-                }
+                self.renew(sent);
             }
             27 => {
                 info!(group = %self.cfg.group_id, member_id = %self.member_id, generation = self.generation,
@@ -1838,9 +1810,6 @@ impl Membership {
             _ => {
                 if !self.on_group_error(ApiKey::Heartbeat, code, Phase::Stable, now) {
                     self.next_heartbeat = Some(now + self.backoff.next_delay());
-                }
-                if self.phase == Phase::Stable && self.drop_pending() {
-                    self.rejoin(now, false);
                 }
             }
         }

@@ -376,13 +376,6 @@ fn member_id_required_then_success() {
     assert_eq!(sync_request(&sync).assignments.len(), 1);
     let assignment = sync_request(&sync).assignments[0].assignment.clone();
     h.reply(sync.id, Ok(sync_ok(assignment)));
-    assert!(
-        !h.take_events()
-            .iter()
-            .any(|e| matches!(e, Event::Acquired { .. })),
-        "no hold before a Heartbeat proves the broker re-armed our session"
-    );
-    h.confirm();
     let ev = h.take_events();
     let token = ev.iter().find_map(|e| match e {
         Event::Acquired { token, .. } => Some(token.clone()),
@@ -1103,41 +1096,12 @@ fn join_and_sync_answered_at_once_renew_nothing() {
     assert!(h.m.token().is_none(), "a late NONE revives nothing");
 }
 
-/// The first hold starts the same way: the assignment alone proves nothing about the session
-/// timer, so the hold begins with the first Heartbeat answered NONE after it, timed from when
-/// that Heartbeat was sent.
+/// The Heartbeat right after the assignment is a holder's: ILLEGAL_GENERATION or
+/// UNKNOWN_MEMBER_ID ends the hold that began with the assignment (an instant removal), and
+/// REBALANCE_IN_PROGRESS keeps it into the next generation (native mode).
 #[test]
-fn a_hold_begins_with_a_heartbeat_after_the_assignment() {
-    let mut h = H::new(Mode::Native);
-    h.find_ok();
-    let sync = h.join_as("m1", 4, false, &[]);
-    h.advance(Duration::from_millis(300));
-    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), 4, 0))));
-    assert!(h.m.token().is_none(), "not held on the SyncGroup answer");
-    assert!(!h
-        .take_events()
-        .iter()
-        .any(|e| matches!(e, Event::Acquired { .. })));
-    // The confirming heartbeat goes out at once, not after an interval.
-    let beat = h.take(ApiKey::Heartbeat);
-    let sent = h.now;
-    h.advance(Duration::from_millis(20));
-    h.reply(beat.id, Ok(hb(0)));
-    let acquired = h.take_events().into_iter().find_map(|e| match e {
-        Event::Acquired {
-            token, lease_end, ..
-        } => Some((token, lease_end)),
-        _ => None,
-    });
-    let (token, lease_end) = acquired.expect("held after the heartbeat");
-    assert_eq!(token.generation, 4);
-    assert_eq!(lease_end, sent + lease_length());
-}
-
-/// A confirming heartbeat that meets a new rebalance starts no hold; the next generation decides.
-#[test]
-fn an_assignment_whose_heartbeat_meets_a_rebalance_is_not_a_hold() {
-    for code in [22, 25, 27] {
+fn a_heartbeat_right_after_the_assignment_is_a_holders() {
+    for code in [22, 25] {
         let mut h = H::new(Mode::Native);
         h.find_ok();
         let sync = h.join_as("m1", 4, false, &[]);
@@ -1145,18 +1109,23 @@ fn an_assignment_whose_heartbeat_meets_a_rebalance_is_not_a_hold() {
         let beat = h.take(ApiKey::Heartbeat);
         h.reply(beat.id, Ok(hb(code)));
         let ev = h.take_events();
-        assert!(
-            !ev.iter().any(|e| matches!(e, Event::Acquired { .. })),
-            "code {code}: {ev:?}"
-        );
+        assert!(acquired_at(&ev, 4), "code {code}: {ev:?}");
+        assert_eq!(lost(&ev), Some(LossReason::Fenced(KafkaCode(code))));
         assert!(h.m.token().is_none());
-        // A later NONE for another generation's heartbeat must not start it either.
-        let j = h.take(ApiKey::JoinGroup);
-        h.reply(j.id, Ok(join_ok("m1", 5, "m2", &[])));
-        let sync = h.take(ApiKey::SyncGroup);
-        h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m2"), 5, 1))));
-        assert!(h.m.token().is_none(), "code {code}");
     }
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let sync = h.join_as("m1", 4, false, &[]);
+    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), 4, 0))));
+    let beat = h.take(ApiKey::Heartbeat);
+    h.reply(beat.id, Ok(hb(27)));
+    let j = h.take(ApiKey::JoinGroup);
+    let md = MemberMetadata::decode(&join_request(&j).protocols[0].metadata).expect("metadata");
+    assert!(md.holds, "{md:?}");
+    h.reply(j.id, Ok(join_ok("m1", 5, "m2", &[])));
+    let sync = h.take(ApiKey::SyncGroup);
+    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), 5, 0))));
+    assert_eq!(h.m.token().map(|t| t.generation), Some(5));
 }
 
 /// After a rebalance the holder heartbeats at once: its lease was not moved by the rebalance,
@@ -1925,13 +1894,14 @@ fn a_holder_told_of_another_ledger_setting_loses_at_once() {
     h.take(ApiKey::LeaveGroup);
 }
 
-// ---- a pending hold has a deadline ---------------------------------------------------------
+// ---- an assignment has a deadline -----------------------------------------------------------
 //
-// A SyncGroup answer naming us makes the hold pending; the broker's session timer for us was last
-// re-armed when the join phase of that generation completed, which is after our JoinGroup was
-// sent, and nothing later is proof. A coordinator that is still loading the group answers a
-// Heartbeat NONE blindly, also for a member it is about to forget, so a NONE arriving after that
-// JoinGroup's send instant + the lease length proves nothing and must not begin the hold.
+// The broker's session timer for us was last re-armed when the join phase of the generation
+// completed, which is after our JoinGroup was sent, and nothing later is proof. A SyncGroup answer
+// naming us (never given blindly) begins the hold only before that JoinGroup's send instant + the
+// lease length, and the first lease ends there. A coordinator that is still loading the group
+// answers a Heartbeat NONE blindly, also for a member it is about to forget, so only a NONE
+// handled before the lease end may renew it.
 
 fn acquired_at(events: &[Event], generation: i32) -> bool {
     events
@@ -1961,23 +1931,35 @@ fn serve(
     events
 }
 
+/// The first lease of a hold, from the assignment: acquired at generation 4 with this lease end.
+fn acquired_lease(events: &[Event], generation: i32) -> Option<Instant> {
+    events.iter().find_map(|e| match e {
+        Event::Acquired {
+            token, lease_end, ..
+        } if token.generation == generation => Some(*lease_end),
+        _ => None,
+    })
+}
+
 /// The path of a hold begun late: the member is assigned the lock at generation 4; every
 /// Heartbeat fails for three session timeouts while FindCoordinator keeps naming node 1 (which
 /// dropped the member long ago and gave the lock to someone else); then the group moves to node 2,
 /// which is still loading and answers the Heartbeat NONE blindly (GroupCoordinatorService
 /// `heartbeat`) and a JoinGroup with COORDINATOR_LOAD_IN_PROGRESS, then UNKNOWN_MEMBER_ID once
-/// loaded, since the member is not in the group it loaded.
+/// loaded, since the member is not in the group it loaded. The hold begins at the assignment and
+/// ends at its first lease end, the JoinGroup's send + the lease length, long before the broker
+/// could drop the member; the blind NONE comes after that and revives nothing.
 #[test]
-fn a_pending_hold_cut_off_for_three_sessions_never_begins_on_a_blind_none() {
+fn a_hold_cut_off_for_three_sessions_ends_at_its_first_lease_and_a_blind_none_revives_nothing() {
     let mut h = H::new(Mode::Native);
     h.find_ok();
     let t0 = h.now;
     let sync = h.join_as("m1", 4, false, &[]);
     h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), 4, 0))));
-    assert!(h.m.token().is_none());
     let moved = t0 + 3 * SESSION;
     let loaded = moved + Duration::from_secs(2);
-    let events = serve(
+    let mut events = h.take_events();
+    events.extend(serve(
         &mut h,
         loaded + SESSION,
         Duration::from_millis(100),
@@ -1996,64 +1978,183 @@ fn a_pending_hold_cut_off_for_three_sessions_never_begins_on_a_blind_none() {
                 ApiKey::JoinGroup if now < loaded => Ok(join_err(14, "")),
                 ApiKey::JoinGroup if join_request(t).member_id.is_empty() => return None,
                 ApiKey::JoinGroup => Ok(join_err(25, "")),
+                ApiKey::LeaveGroup if before => Err(Error::Closed),
                 ApiKey::LeaveGroup => Ok(leave_ok()),
                 other => panic!("unexpected {other:?}"),
             })
         },
+    ));
+    assert_eq!(
+        acquired_lease(&events, 4),
+        Some(t0 + lease_length()),
+        "{events:?}"
     );
-    assert!(
-        !acquired_at(&events, 4),
-        "a hold began at generation 4 long after the broker dropped the member: {events:?}"
+    let ended = events.iter().find_map(|e| match e {
+        Event::Lost { reason, lease_end } => Some((reason.clone(), *lease_end)),
+        _ => None,
+    });
+    assert_eq!(
+        ended,
+        Some((LossReason::LeaseExpired, t0 + lease_length())),
+        "{events:?}"
+    );
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| matches!(e, Event::Acquired { .. }))
+            .count(),
+        1,
+        "{events:?}"
     );
     assert!(h.m.token().is_none());
 }
 
-/// The process is paused between the SyncGroup answer and the confirming Heartbeat's answer: a
-/// NONE handled at or after the JoinGroup's send instant + the lease length begins nothing (the
-/// broker may have dropped the member by then, and a loading coordinator answers NONE blindly);
-/// one handled just before it begins the hold, timed from the Heartbeat.
+/// The live-lock of a 120-episode fault-suite run (seed 20261202, episodes 47 and 49): a member
+/// first in line keeps being assigned the lock, its join phases are slow and its confirming
+/// Heartbeat's NONE (the coordinator defers a Heartbeat until earlier writes are committed) comes
+/// after the deadline, so it left and rejoined every lease length for 330 s while the lock stayed
+/// free. The SyncGroup answer, which came in time, now begins the hold, with the lease the join
+/// phase proves; the slow NONE renews it. Each cycle here: the JoinGroup is answered 3.5 s after
+/// it was sent, the SyncGroup 0.1 s later, the Heartbeat 6 s after it was sent (lease 9 s).
 #[test]
-fn a_confirming_none_after_the_pending_deadline_begins_no_hold() {
-    for (late, expect_hold) in [(Duration::ZERO, false), (Duration::from_millis(1), true)] {
+fn a_slow_confirming_heartbeat_does_not_keep_an_assigned_member_from_holding() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let t0 = h.now;
+    let mut joined: Option<Instant> = None;
+    let mut sync_at: Option<(Instant, u64, String)> = None;
+    let mut beats: Vec<(Instant, u64)> = Vec::new();
+    let mut events = Vec::new();
+    let mut pending_joins: Vec<(Instant, u64, String)> = Vec::new();
+    let mut generation = 3;
+    while h.now < t0 + 4 * SESSION && h.m.token().is_none() && !h.m.is_done() {
+        for t in std::mem::take(&mut h.sent) {
+            match t.request.api_key() {
+                ApiKey::JoinGroup => {
+                    let id = join_request(&t).member_id.to_string();
+                    if id.is_empty() {
+                        h.reply(t.id, Ok(join_err(79, &format!("m1-{generation}"))));
+                    } else {
+                        pending_joins.push((h.now + Duration::from_millis(3_500), t.id, id));
+                    }
+                }
+                ApiKey::SyncGroup => {
+                    let me = sync_request(&t).member_id.to_string();
+                    sync_at = Some((h.now + Duration::from_millis(100), t.id, me));
+                }
+                ApiKey::Heartbeat => beats.push((h.now + Duration::from_secs(6), t.id)),
+                ApiKey::LeaveGroup => h.reply(t.id, Ok(leave_ok())),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        if let Some(i) = pending_joins.iter().position(|(at, ..)| *at <= h.now) {
+            let (_, id, member) = pending_joins.remove(i);
+            generation += 1;
+            joined = Some(h.now);
+            h.reply(id, Ok(join_ok(&member, generation, "m2", &[])));
+        }
+        if let Some((_, id, me)) = sync_at.take_if(|(at, ..)| *at <= h.now) {
+            h.reply(id, Ok(sync_ok(native_assignment(Some(&me), generation, 0))));
+        }
+        while let Some(i) = beats.iter().position(|(at, _)| *at <= h.now) {
+            let (_, id) = beats.remove(i);
+            h.reply(id, Ok(hb(0)));
+        }
+        events.extend(h.take_events());
+        h.advance(Duration::from_millis(50));
+        events.extend(h.take_events());
+    }
+    assert!(joined.is_some());
+    let acquired = events
+        .iter()
+        .find_map(|e| match e {
+            Event::Acquired { token, .. } => Some(token.generation),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("never held in four session timeouts: {events:?}"));
+    assert_eq!(acquired, 4, "held at the first assignment: {events:?}");
+}
+
+/// An assignment whose SyncGroup answer is handled at the JoinGroup's send instant + the lease
+/// length begins nothing (the broker may have dropped the member by then); one handled 1 ms
+/// before begins a hold whose lease ends at that instant, and a Heartbeat NONE handled after it
+/// renews nothing.
+#[test]
+fn an_assignment_handled_at_its_deadline_begins_no_hold() {
+    for (early, expect_hold) in [(Duration::ZERO, false), (Duration::from_millis(1), true)] {
         let mut h = H::new(Mode::Native);
         h.find_ok();
         let joined_sent = h.now;
         let j = h.take(ApiKey::JoinGroup);
-        // The join phase waits a second for the other members.
         h.advance(Duration::from_secs(1));
         h.reply(j.id, Ok(join_ok("m1", 4, "m2", &[])));
         let sync = h.take(ApiKey::SyncGroup);
-        h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), 4, 0))));
-        let beat = h.take(ApiKey::Heartbeat);
-        let sent = h.now;
-        let at = joined_sent + lease_length() - late;
-        h.m.handle_response(beat.id, Ok(hb(0)), at);
+        let deadline = joined_sent + lease_length();
+        h.now = deadline - early;
+        h.m.handle_response(
+            sync.id,
+            Ok(sync_ok(native_assignment(Some("m1"), 4, 0))),
+            h.now,
+        );
         h.drain();
         let events = h.take_events();
-        assert_eq!(acquired_at(&events, 4), expect_hold, "{late:?}: {events:?}");
         if expect_hold {
-            assert_eq!(h.m.lease_end(), Some(sent + lease_length()));
+            assert_eq!(acquired_lease(&events, 4), Some(deadline), "{events:?}");
+            let beat = h.take(ApiKey::Heartbeat);
+            h.m.handle_response(beat.id, Ok(hb(0)), deadline);
+            h.drain();
+            assert_eq!(lost(&h.take_events()), Some(LossReason::LeaseExpired));
         } else {
-            assert!(h.m.token().is_none());
+            assert_eq!(acquired_lease(&events, 4), None, "{events:?}");
         }
+        assert!(h.m.token().is_none());
     }
+}
+
+/// The hold begins at the SyncGroup answer, without waiting for a Heartbeat: its first lease
+/// ends at the JoinGroup's send instant + the lease length (the join phase that formed the
+/// generation re-armed the session timer after that JoinGroup arrived). The Heartbeat that goes
+/// out at once renews it, timed from its own send.
+#[test]
+fn a_hold_begins_at_the_assignment_with_the_lease_the_join_proves() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let joined_sent = h.now;
+    let j = h.take(ApiKey::JoinGroup);
+    h.advance(Duration::from_millis(700));
+    h.reply(j.id, Ok(join_ok("m1", 4, "m2", &[])));
+    let sync = h.take(ApiKey::SyncGroup);
+    h.advance(Duration::from_millis(300));
+    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), 4, 0))));
+    let events = h.take_events();
+    assert_eq!(
+        acquired_lease(&events, 4),
+        Some(joined_sent + lease_length()),
+        "{events:?}"
+    );
+    assert_eq!(h.m.token().map(|t| t.generation), Some(4));
+    // The renewing heartbeat goes out at once, not after an interval.
+    let beat = h.take(ApiKey::Heartbeat);
+    let sent = h.now;
+    h.advance(Duration::from_millis(20));
+    h.reply(beat.id, Ok(hb(0)));
+    assert_eq!(h.m.lease_end(), Some(sent + lease_length()));
 }
 
 /// A JoinGroup answered with the generation the member already knows completed no join phase
 /// (Apache answers a follower of a STABLE group at once, GMM classicGroupJoinExistingMember), so
-/// it re-armed nothing: the pending deadline stays where the JoinGroup that first brought that
-/// generation put it. Here the confirming Heartbeat fails, the coordinator takes 9.5 seconds to
-/// find again (past the deadline), and the rejoin is answered with the same generation and the same assignment.
+/// it re-armed nothing: the deadline stays where the JoinGroup that first brought that generation
+/// put it. Here the first SyncGroup goes unanswered (connection closed), the coordinator takes
+/// 9.5 seconds to find again (past the deadline), and the rejoin is answered with the same
+/// generation and the same assignment: no hold at generation 4.
 #[test]
-fn a_rejoin_answered_with_the_same_generation_does_not_move_the_pending_deadline() {
+fn a_rejoin_answered_with_the_same_generation_does_not_move_the_deadline() {
     let mut h = H::new(Mode::Native);
     h.find_ok();
     let joined_sent = h.now;
     let sync = h.join_as("m1", 4, false, &[]);
-    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), 4, 0))));
-    let beat = h.take(ApiKey::Heartbeat);
     h.advance(Duration::from_millis(500));
-    h.reply(beat.id, Err(Error::Closed));
+    h.reply(sync.id, Err(Error::Closed));
     let events = serve(
         &mut h,
         joined_sent + 2 * SESSION,
@@ -2063,16 +2164,8 @@ fn a_rejoin_answered_with_the_same_generation_does_not_move_the_pending_deadline
             Some(match t.request.api_key() {
                 ApiKey::FindCoordinator if found => Ok(find_ok()),
                 ApiKey::FindCoordinator => Ok(find_err(15)),
-                ApiKey::JoinGroup => Ok(join_ok(
-                    if join_request(t).member_id.is_empty() {
-                        "m1-new"
-                    } else {
-                        "m1"
-                    },
-                    4,
-                    "m2",
-                    &[],
-                )),
+                ApiKey::JoinGroup if join_request(t).member_id.is_empty() => return None,
+                ApiKey::JoinGroup => Ok(join_ok("m1", 4, "m2", &[])),
                 ApiKey::SyncGroup => Ok(sync_ok(native_assignment(Some("m1"), 4, 0))),
                 ApiKey::Heartbeat => Ok(hb(0)),
                 ApiKey::ApiVersions => Ok(api_versions(crate::wire::versions::SUPPORTED)),
@@ -2081,14 +2174,11 @@ fn a_rejoin_answered_with_the_same_generation_does_not_move_the_pending_deadline
             })
         },
     );
-    let late = events.iter().find_map(|e| match e {
-        Event::Acquired { token, .. } if token.generation == 4 => Some(token.clone()),
-        _ => None,
-    });
     assert!(
-        late.is_none(),
+        acquired_lease(&events, 4).is_none(),
         "held at generation 4 after its deadline: {events:?}"
     );
+    assert!(h.m.token().is_none());
 }
 
 /// A renewal is applied only before the lease end. Here the Heartbeat is built 1 ms before the
@@ -2126,42 +2216,38 @@ fn a_renewal_built_before_the_lease_end_and_answered_after_renews_nothing() {
         .any(|e| matches!(e, Event::Acquired { .. } | Event::TokenChanged { .. })));
 }
 
-/// A confirming Heartbeat that fails (transport, NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE)
-/// drops the pending hold: after the coordinator is found again the member rejoins, because a
-/// JoinGroup is never answered blindly by a coordinator that is loading the group, where a
-/// Heartbeat is.
+/// A hold whose first Heartbeat fails (transport, NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE)
+/// is a hold like any other: the member finds the coordinator again and heartbeats; only a NONE
+/// handled before the first lease end renews it, and until then the join phase's re-arm keeps the
+/// member in any group a coordinator loads, so even a blind NONE is harmless.
 #[test]
-fn a_failed_confirming_heartbeat_drops_the_pending_hold_and_rejoins() {
+fn a_failed_first_heartbeat_keeps_the_first_lease_and_renews_only_in_it() {
     for code in [None, Some(16), Some(15)] {
         let failure = || code.map_or(Err(Error::Closed), |c| Ok(hb(c)));
         let mut h = H::new(Mode::Native);
         h.find_ok();
+        let joined_sent = h.now;
         let sync = h.join_as("m1", 4, false, &[]);
         h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), 4, 0))));
+        assert_eq!(h.m.lease_end(), Some(joined_sent + lease_length()));
         let beat = h.take(ApiKey::Heartbeat);
         h.reply(beat.id, failure());
         h.advance(Duration::from_millis(100));
         let find = h.take(ApiKey::FindCoordinator);
         h.reply(find.id, Ok(find_ok()));
-        assert_eq!(h.apis(), [ApiKey::JoinGroup], "{code:?}");
-        let j = h.take(ApiKey::JoinGroup);
-        assert_eq!(join_request(&j).member_id.as_str(), "m1");
-        // A new generation, a new deadline: the hold begins with its own confirmation.
-        h.reply(j.id, Ok(join_ok("m1", 5, "m2", &[])));
-        let sync = h.take(ApiKey::SyncGroup);
-        h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), 5, 0))));
-        h.confirm();
-        let events = h.take_events();
-        assert!(!acquired_at(&events, 4), "{code:?}: {events:?}");
-        assert!(acquired_at(&events, 5), "{code:?}: {events:?}");
+        assert_eq!(h.apis(), [ApiKey::Heartbeat], "{code:?}");
+        let beat = h.take(ApiKey::Heartbeat);
+        let sent = h.now;
+        h.reply(beat.id, Ok(hb(0)));
+        assert_eq!(h.m.lease_end(), Some(sent + lease_length()), "{code:?}");
+        assert_eq!(h.m.token().map(|t| t.generation), Some(4), "{code:?}");
     }
 }
 
-/// Nothing confirms the assignment before its deadline (the Heartbeat is never answered): the
-/// machine wakes at the deadline by itself, leaves under the old member id and joins as a new
-/// member.
+/// A hold whose Heartbeats are never answered ends at its first lease end, the JoinGroup's send
+/// instant + the lease length, on the machine's own timer; the member then leaves.
 #[test]
-fn an_unconfirmed_assignment_runs_out_at_its_deadline_and_the_member_starts_over() {
+fn an_unrenewed_first_lease_runs_out_at_the_deadline() {
     let mut h = H::new(Mode::Native);
     h.find_ok();
     let joined_sent = h.now;
@@ -2170,10 +2256,31 @@ fn an_unconfirmed_assignment_runs_out_at_its_deadline_and_the_member_starts_over
     let beat = h.take(ApiKey::Heartbeat);
     assert_eq!(h.m.poll_timeout(), Some(joined_sent + lease_length()));
     h.advance(lease_length() - Duration::from_millis(1));
-    assert!(h.apis().iter().all(|a| *a != ApiKey::JoinGroup));
+    assert!(h.m.token().is_some());
     h.advance(Duration::from_millis(1));
+    let events = h.take_events();
+    assert_eq!(lost(&events), Some(LossReason::LeaseExpired), "{events:?}");
+    // The old Heartbeat's NONE, arriving now, revives nothing.
+    h.reply(beat.id, Ok(hb(0)));
+    assert!(h.m.token().is_none());
+}
+
+/// An assignment handled after its deadline (the join phase outlasted a lease) begins nothing.
+/// The member leaves under its old id at once, so that no join phase waits for it to expire, and
+/// joins as a new member with no place in the queue (`first_joined_generation` -1), so that a
+/// member whose joins keep outlasting a lease does not keep the lock from everyone behind it.
+#[test]
+fn an_assignment_after_its_deadline_starts_over_at_the_back_of_the_queue() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let j = h.take(ApiKey::JoinGroup);
+    h.advance(lease_length() + Duration::from_millis(100));
+    h.reply(j.id, Ok(join_ok("m1", 4, "m2", &[])));
+    let sync = h.take(ApiKey::SyncGroup);
+    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), 4, 0))));
+    assert_eq!(acquired_lease(&h.take_events(), 4), None);
+    assert!(h.m.token().is_none());
     assert_eq!(h.m.generation(), -1);
-    // The old id leaves at once, so that no join phase waits for it to expire.
     let leave = h.take(ApiKey::LeaveGroup);
     match &leave.request {
         Request::LeaveGroup(r) => assert_eq!(r.members[0].member_id.as_str(), "m1"),
@@ -2182,12 +2289,10 @@ fn an_unconfirmed_assignment_runs_out_at_its_deadline_and_the_member_starts_over
     h.advance(Duration::from_secs(1));
     let j = h.take(ApiKey::JoinGroup);
     assert_eq!(join_request(&j).member_id.as_str(), "");
+    let md = MemberMetadata::decode(&join_request(&j).protocols[0].metadata).expect("metadata");
+    assert_eq!(md.first_joined_generation, -1, "{md:?}");
     h.reply(leave.id, Ok(leave_ok()));
     assert!(!h.m.is_done(), "the parting leave ends nothing");
-    // The old Heartbeat's NONE, arriving now, begins nothing.
-    h.reply(beat.id, Ok(hb(0)));
-    assert!(!acquired_at(&h.take_events(), 4));
-    assert!(h.m.token().is_none());
 }
 
 /// Apache removes an existing member at once when its rejoin finds the group at group.max.size
@@ -2231,16 +2336,16 @@ fn a_holder_refused_for_group_max_size_loses_the_lock_at_once() {
 
 // ---- adversarial review findings ----
 //
-// Interleavings tried against the pending hold's deadline. None broke it; these pin down the
-// paths whose safety rests on one line (`join_sent.get_or_insert`, the generation comparison in
-// `on_join`), so that a change there fails a test.
+// Interleavings tried against the assignment's deadline. These pin down the paths whose safety
+// rests on one line (`join_sent.get_or_insert`, the generation comparison in `on_join`), so that
+// a change there fails a test.
 
 /// The first JoinGroup of a generation (sent at `t0`) reaches the broker and is counted in the
 /// join phase, but its answer is lost (connection closed 5 s later); the resend goes out on a new
 /// connection and is answered at once from the completed phase (GMM `classicGroupJoin` in
 /// COMPLETING_REBALANCE with unchanged metadata answers without re-arming the timer). The
 /// broker's re-arm may be as early as just after `t0`, so the deadline is timed from `t0`, not
-/// from the resend: a confirming NONE handled at `t0 + 9.5 s` (lease 9 s) begins nothing. The
+/// from the resend: a SyncGroup answer handled at `t0 + 9.5 s` (lease 9 s) begins nothing. The
 /// same holds when the first JoinGroup is answered MEMBER_ID_REQUIRED late.
 #[test]
 fn review_a_resent_join_does_not_move_the_anchor_past_the_first_send() {
@@ -2261,50 +2366,54 @@ fn review_a_resent_join_does_not_move_the_anchor_past_the_first_send() {
         assert!(h.now >= t0 + Duration::from_secs(5));
         h.reply(j2.id, Ok(join_ok("m1", 4, "m2", &[])));
         let sync = h.take(ApiKey::SyncGroup);
-        h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), 4, 0))));
-        let beat = h.take(ApiKey::Heartbeat);
-        h.m.handle_response(beat.id, Ok(hb(0)), t0 + Duration::from_millis(9_500));
+        h.now = t0 + Duration::from_millis(9_500);
+        h.m.handle_response(
+            sync.id,
+            Ok(sync_ok(native_assignment(Some("m1"), 4, 0))),
+            h.now,
+        );
         h.drain();
         let events = h.take_events();
         assert!(
-            !acquired_at(&events, 4) && h.m.token().is_none(),
-            "held on a NONE handled after the first JoinGroup's send + lease: {events:?}"
+            acquired_lease(&events, 4).is_none() && h.m.token().is_none(),
+            "held on an assignment handled after the first JoinGroup's send + lease: {events:?}"
         );
     }
 }
 
-/// The member leaves the group as a new member after an unconfirmed assignment; its first
+/// The member starts over as a new member after an assignment that came too late; its first
 /// JoinGroup under the new id is answered with a generation whose number the old id had already
 /// seen (the broker's generation did not move because the old id's removal completed no phase
 /// yet). A generation equal to the one remembered must not be mistaken for "nothing completed"
 /// after the member id changed: the new id was counted in a completed phase, so the anchor is
-/// the new JoinGroup's send, and a NONE handled before it + lease begins the hold.
+/// the new JoinGroup's send.
 #[test]
 fn review_a_new_member_id_takes_a_fresh_anchor_even_at_a_known_generation_number() {
     let mut h = H::new(Mode::Native);
     h.find_ok();
-    let sync = h.join_as("m1", 4, false, &[]);
-    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), 4, 0))));
-    let _lost_beat = h.take(ApiKey::Heartbeat);
-    // No answer: the pending hold runs out; the member leaves under m1 and joins afresh.
+    let j = h.take(ApiKey::JoinGroup);
     h.advance(SESSION);
+    h.reply(j.id, Ok(join_ok("m1", 4, "m2", &[])));
+    let sync = h.take(ApiKey::SyncGroup);
+    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), 4, 0))));
+    assert!(h.m.token().is_none());
     let _parting = h.take(ApiKey::LeaveGroup);
-    h.advance(Duration::from_secs(2));
+    // The rejoin goes out after the first retry delay (100 ms, no jitter here).
+    h.advance(Duration::from_millis(100));
     let j = h.take(ApiKey::JoinGroup);
     assert_eq!(join_request(&j).member_id.as_str(), "");
     let sent = h.now;
     h.reply(j.id, Ok(join_ok("m1-new", 4, "m1-new", &[])));
     let sync = h.take(ApiKey::SyncGroup);
+    h.advance(Duration::from_secs(1));
     h.reply(
         sync.id,
         Ok(sync_ok(native_assignment(Some("m1-new"), 4, 0))),
     );
-    let beat = h.take(ApiKey::Heartbeat);
-    h.m.handle_response(beat.id, Ok(hb(0)), sent + Duration::from_secs(1));
-    h.drain();
-    assert!(
-        acquired_at(&h.take_events(), 4),
-        "a confirmed assignment of the new member id began no hold"
+    assert_eq!(
+        acquired_lease(&h.take_events(), 4),
+        Some(sent + lease_length()),
+        "the new member id's assignment began no hold, or not with its own anchor"
     );
 }
 
@@ -2352,7 +2461,7 @@ fn lost_exactly_at(h: &mut H, sent: Instant, lease: Duration) {
     );
 }
 
-/// The configured lease and the held lease both end `lease` after the confirming heartbeat.
+/// The configured lease and the held lease both end `lease` after the renewing heartbeat.
 fn the_lease_is(session: Duration, rebalance: Duration, lease: Duration) {
     let cfg = MembershipConfig {
         session_timeout: session,
@@ -2503,4 +2612,90 @@ fn a_retriable_heartbeat_error_keeps_the_hold() {
     );
     h.advance(Duration::from_millis(100));
     assert_eq!(h.apis(), [ApiKey::Heartbeat]);
+}
+
+/// A JoinGroup that was never answered can still reach the broker later, after a later
+/// JoinGroup of the same member was answered (a network cut: the kernel retransmits the
+/// abandoned request on its old connection when the cut heals, while the resend went out on a
+/// new connection), and be counted in a join phase that completes before the member sends its
+/// next JoinGroup. That completion is the member's last re-arm (a JoinGroup answered at once in
+/// COMPLETING_REBALANCE or STABLE and a SyncGroup answered at once in STABLE re-arm nothing), so
+/// the next assignment's deadline must not be timed from a send after it.
+///
+/// Here: m1's JoinGroup X (t0) is lost; the resend is answered at generation 1 (w holds). At
+/// t0 + 5 s w starts a rebalance, X reaches the broker and completes it at once: generation 2,
+/// m1 re-armed at t0 + 5 s, session until t0 + 15 s. m1's heartbeats fail until t0 + 9 s (a slow
+/// coordinator), then ILLEGAL_GENERATION; its rejoin is answered at once with generation 2, and
+/// the SyncGroup (STABLE, the leader synced long ago) names m1. A hold begun there with a first
+/// lease to the rejoin's send + 9 s would run to about t0 + 18 s, three seconds after the broker
+/// could drop m1 and give the lock to w. The machine times the deadline from X instead (t0 +
+/// 9 s), which has passed: no hold; it leaves and joins again as a new member, and holds then.
+#[test]
+fn a_join_lost_before_an_earlier_generation_still_anchors_a_later_assignment() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let t = h.take(ApiKey::JoinGroup);
+    h.reply(t.id, Ok(join_err(79, "m1")));
+    let x = h.take(ApiKey::JoinGroup);
+    assert_eq!(join_request(&x).member_id.as_str(), "m1");
+    let t0 = h.now;
+    h.advance(Duration::from_millis(500));
+    h.reply(x.id, Err(Error::Closed));
+    let lease = SESSION - MARGIN;
+    let mut places = Vec::new();
+    let events = serve(
+        &mut h,
+        t0 + 3 * SESSION,
+        Duration::from_millis(100),
+        |now, t| {
+            let broker_slow =
+                now >= t0 + Duration::from_secs(5) && now < t0 + Duration::from_secs(9);
+            Some(match &t.request {
+                Request::FindCoordinator(_) if broker_slow => Ok(find_err(15)),
+                Request::FindCoordinator(_) => Ok(find_ok()),
+                Request::ApiVersions(_) => Ok(api_versions(crate::wire::versions::SUPPORTED)),
+                Request::JoinGroup(r) if r.member_id.is_empty() => Ok(join_err(79, "m2")),
+                Request::JoinGroup(r) if r.member_id.as_str() == "m2" => {
+                    let md = MemberMetadata::decode(&r.protocols[0].metadata).unwrap();
+                    places.push(md.first_joined_generation);
+                    Ok(join_ok("m2", 3, "w", &[]))
+                }
+                Request::JoinGroup(_) if now < t0 + Duration::from_secs(5) => {
+                    Ok(join_ok("m1", 1, "w", &[]))
+                }
+                Request::JoinGroup(_) => Ok(join_ok("m1", 2, "w", &[])),
+                Request::SyncGroup(r) => {
+                    Ok(sync_ok(match (r.member_id.as_str(), r.generation_id) {
+                        ("m1", 1) => native_assignment(Some("w"), 1, 1),
+                        (m, g) => native_assignment(Some(m), g, 0),
+                    }))
+                }
+                Request::Heartbeat(_) if broker_slow => Err(Error::Closed),
+                Request::Heartbeat(r)
+                    if r.generation_id == 1 && now >= t0 + Duration::from_secs(5) =>
+                {
+                    Ok(hb(22))
+                }
+                Request::Heartbeat(_) => Ok(hb(0)),
+                Request::LeaveGroup(_) => Ok(leave_ok()),
+                other => panic!("unexpected {:?}", other.api_key()),
+            })
+        },
+    );
+    if let Some(end) = acquired_lease(&events, 2) {
+        panic!(
+            "held at generation 2 with a first lease {:?} past the lost JoinGroup's send + the \
+             lease, though that JoinGroup may have been the member's last re-arm: {events:?}",
+            end.saturating_duration_since(t0 + lease)
+        );
+    }
+    assert!(
+        acquired_lease(&events, 3).is_some(),
+        "never held as a new member: {events:?}"
+    );
+    assert_eq!(
+        places.first(),
+        Some(&1),
+        "the new member should keep the place in the queue a lost JoinGroup did not forfeit"
+    );
 }

@@ -17,7 +17,7 @@ use std::ffi::OsString;
 use std::io::{BufRead, BufReader};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -928,8 +928,16 @@ fn a_signal_while_waiting_leaves_and_exits_128_plus_n() {
     )
     .spawn();
     waiter.event("waiting", STEP);
+    // The supervisor already runs while kafka-lock waits; it must be gone, reaped, when
+    // kafka-lock returns.
+    let early = early_supervisor(waiter.pid);
     waiter.signal("TERM");
     assert_eq!(waiter.finish(STEP), 128 + 15, "{}", waiter.transcript());
+    assert_eq!(
+        proc_state(early),
+        None,
+        "supervisor {early} outlived its run"
+    );
     let line = waiter.failure_line();
     assert!(
         line.contains("SIGTERM") && line.contains("while waiting"),
@@ -1003,6 +1011,146 @@ fn runs_on_one_lock_never_overlap_and_tokens_increase() {
             a.2
         );
     }
+}
+
+/// The children of `pid` in /proc, with their command lines (NULs as spaces).
+fn children_of(pid: u32) -> Vec<(u32, String)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(child) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
+            continue;
+        };
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(pid) {
+            let cmdline = std::fs::read(format!("/proc/{child}/cmdline")).unwrap_or_default();
+            out.push((child, String::from_utf8_lossy(&cmdline).replace('\0', " ")));
+        }
+    }
+    out
+}
+
+/// The supervisor starts while kafka-lock waits for the lock, so that its start is off the path
+/// from the grant to the command; it must start nothing before the hold begins, and the command
+/// must get the token of the hold it runs under, which exists only after the grant.
+#[test]
+fn a_waiters_supervisor_starts_early_and_runs_nothing_before_the_hold() {
+    let bootstrap = broker().bootstrap();
+    let lock = lock_name("early-supervisor");
+    let (mut holder, held) = start_holder(&bootstrap, &lock, "first");
+    let mut waiter = run_cmd(
+        &bootstrap,
+        &lock,
+        CONTENDED,
+        &sh(r#"printf '%s|%s\n' "$KAFKA_LOCK_TOKEN" "$KAFKA_LOCK_MEMBER_ID""#),
+    )
+    .spawn();
+    waiter.event("waiting", STEP);
+    let supervisors: Vec<(u32, String)> = children_of(waiter.pid)
+        .into_iter()
+        .filter(|(_, cmd)| cmd.contains("__supervise"))
+        .collect();
+    assert_eq!(
+        supervisors.len(),
+        1,
+        "one supervisor below the waiting kafka-lock, got {supervisors:?}"
+    );
+    let early = supervisors[0].0;
+    // The holder rejoins every rebalance within its lease; waiting through a few heartbeats
+    // gives an early start of the command every chance to show.
+    let until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < until {
+        assert!(
+            children_of(early).is_empty(),
+            "the waiter's supervisor started {:?} while the lock was held by another",
+            children_of(early)
+        );
+        assert!(
+            waiter.stdout.try_recv().is_err(),
+            "the waiter's command ran while the lock was held by another: {}",
+            waiter.transcript()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    holder.close_stdin();
+    assert_eq!(holder.finish(STEP), 0, "{}", holder.transcript());
+    let acquired = waiter.event("acquired", STEP);
+    let started = waiter.event("child_started", STEP);
+    assert_eq!(waiter.finish(STEP), 0, "{}", waiter.transcript());
+    assert_eq!(started["supervisor_pid"].as_u64(), Some(u64::from(early)));
+    let released = &holder.named("released")[0];
+    assert!(mono(&acquired, "mono_ns") > mono(released, "mono_ns"));
+    assert!(mono(&started, "mono_ns") >= mono(&acquired, "mono_ns"));
+    assert!(token(&acquired) > token(&held));
+    let line = waiter
+        .stdout
+        .recv_timeout(STEP)
+        .expect("the command printed its environment");
+    assert_eq!(
+        line,
+        format!(
+            "{}|{}",
+            token(&acquired),
+            acquired["member_id"].as_str().unwrap_or("?")
+        )
+    );
+    // The supervisor ended with the run.
+    assert_eq!(
+        proc_state(early),
+        None,
+        "supervisor {early} outlived its run"
+    );
+}
+
+/// The one supervisor below a waiting kafka-lock.
+fn early_supervisor(kafka_lock: u32) -> u32 {
+    let supervisors: Vec<(u32, String)> = children_of(kafka_lock)
+        .into_iter()
+        .filter(|(_, cmd)| cmd.contains("__supervise"))
+        .collect();
+    assert_eq!(
+        supervisors.len(),
+        1,
+        "one supervisor below the waiting kafka-lock, got {supervisors:?}"
+    );
+    supervisors[0].0
+}
+
+/// kafka-lock SIGKILLed while it waits: its early supervisor sees end of file, exits at once,
+/// and never starts the command, even once the lock is free.
+#[test]
+fn a_waiter_killed_while_waiting_leaves_no_supervisor_and_runs_nothing() {
+    let bootstrap = broker().bootstrap();
+    let lock = lock_name("killed-waiter");
+    let dir = scratch_dir("cli-killed-waiter");
+    let marker = dir.join("ran");
+    let (mut holder, _) = start_holder(&bootstrap, &lock, "holder");
+    let mut waiter = run_cmd(
+        &bootstrap,
+        &lock,
+        CONTENDED,
+        &sh(&format!("touch {}", marker.display())),
+    )
+    .spawn();
+    waiter.event("waiting", STEP);
+    let early = Liveness::watch(early_supervisor(waiter.pid));
+    waiter.signal("KILL");
+    early.gone_within(STEP);
+    // Only the supervisor could have started the command; with it gone, the marker's absence
+    // now is final, and freeing the lock cannot change it.
+    assert!(!marker.exists(), "the killed waiter's command ran");
+    holder.close_stdin();
+    assert_eq!(holder.finish(STEP), 0, "{}", holder.transcript());
+    assert!(!marker.exists(), "the killed waiter's command ran");
 }
 
 /// A holder behind a proxy that can cut it off from the broker: a private Apache Kafka advertises
@@ -1945,6 +2093,53 @@ fn a_stopped_kafka_lock_cannot_keep_its_command_running_past_the_lease() {
     assert_eq!(run.named("child_exited")[0]["signal"], 15);
 }
 
+/// A kafka-lock stopped after its command ended, and resumed only once the broker has given the
+/// lock to the next holder, does not claim a hold up to the instant it woke: it says the hold was
+/// lost at its lease end, before the next holder's acquisition, and exits 74; it never says
+/// `released`. (The fault suite's mixed pause-during-slow-broker episode found the `released`.)
+#[test]
+fn a_kafka_lock_stopped_after_its_command_ended_does_not_claim_the_hold_past_its_lease() {
+    let lock = lock_name("stopped-after");
+    let dir = scratch_dir("stopped-after");
+    let pidfile = dir.join("pid");
+    // The command stops kafka-lock (not its own supervisor) and ends: kafka-lock is stopped
+    // before it can learn of the end.
+    let script = format!(
+        "while [ ! -s '{p}' ]; do sleep 0.05; done; kill -STOP \"$(cat '{p}')\"; echo stopped",
+        p = pidfile.display()
+    );
+    let mut run = run_cmd(&broker().bootstrap(), &lock, CONTENDED, &sh(&script)).spawn();
+    run.event("child_started", STEP);
+    std::fs::write(&pidfile, run.pid.to_string()).expect("write the pid file");
+    run.stdout_line("stopped", STEP);
+    let deadline = Instant::now() + STEP;
+    while proc_state(run.pid) != Some('T') {
+        assert!(Instant::now() < deadline, "kafka-lock was never stopped");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The next holder gets the lock once the broker has dropped the stopped member.
+    let mut next = run_cmd(&broker().bootstrap(), &lock, CONTENDED, &["true"]).spawn();
+    let next_acquired = mono(&next.event("acquired", STEP), "mono_ns");
+    assert_eq!(next.finish(STEP), 0, "{}", next.transcript());
+    run.signal("CONT");
+    let status = run.finish(STEP);
+    assert!(
+        run.named("released").is_empty(),
+        "a hold reported released after the next holder acquired: {}",
+        run.transcript()
+    );
+    let lost = run.named("lost");
+    assert_eq!(lost.len(), 1, "{}", run.transcript());
+    assert_eq!(lost[0]["reason"], "lease_expired", "{}", run.transcript());
+    let lease_end = mono(lost[0], "lease_end_mono_ns");
+    assert!(
+        lease_end < next_acquired,
+        "the stopped hold's lease ended {} ms after the next holder acquired",
+        (lease_end - next_acquired) / 1_000_000
+    );
+    assert_eq!(status, 74, "{}", run.transcript());
+}
+
 /// Issue: SIGHUP killed kafka-lock (129) without passing it on or releasing. HUP, QUIT and
 /// USR1 are passed on to the command's group like TERM and INT; HUP while waiting leaves.
 #[test]
@@ -2141,6 +2336,20 @@ struct Sup {
 }
 
 fn supervisor(grace: Duration, command: &[&str]) -> Sup {
+    supervisor_with_queued(grace, command, &[], false, None)
+}
+
+/// A supervisor that finds `queued` already waiting on its socket when it starts (as when
+/// kafka-lock run sends faster than a starved or stopped supervisor reads), followed by end of
+/// file if `then_eof` (kafka-lock died after sending them). With `trace`, the supervisor stamps
+/// its steps into that file (KAFKA_LOCK_TRACE_FILE).
+fn supervisor_with_queued(
+    grace: Duration,
+    command: &[&str],
+    queued: &[String],
+    then_eof: bool,
+    trace: Option<&Path>,
+) -> Sup {
     use rustix::net::{AddressFamily, SocketFlags, SocketType};
     let (ours, theirs) = rustix::net::socketpair(
         AddressFamily::UNIX,
@@ -2149,9 +2358,20 @@ fn supervisor(grace: Duration, command: &[&str]) -> Sup {
         None,
     )
     .expect("socketpair");
+    for msg in queued {
+        rustix::net::send(&ours, msg.as_bytes(), rustix::net::SendFlags::NOSIGNAL)
+            .expect("queue a message for the supervisor");
+    }
+    if then_eof {
+        rustix::net::shutdown(&ours, rustix::net::Shutdown::Write).expect("shutdown");
+    }
     // The supervisor's end goes in as stdin and is moved to descriptor 3 by the shell, so no
     // other process the tests start (concurrently, from other threads) can inherit it.
-    let mut child = Command::new("sh")
+    let mut sh = Command::new("sh");
+    if let Some(trace) = trace {
+        sh.env("KAFKA_LOCK_TRACE_FILE", trace);
+    }
+    let mut child = sh
         .arg("-c")
         .arg(r#"bin=$0; grace=$1; shift; exec "$bin" __supervise 3 "$grace" -- "$@" 3<&0 </dev/null"#)
         .arg(BIN)
@@ -2311,6 +2531,52 @@ fn supervisor_never_starts_a_command_on_a_lease_that_has_ended() {
     assert_eq!(sup.recv(), "GONE");
     assert!(sup.exit().success());
     assert!(!marker.exists(), "the command ran");
+}
+
+/// The hold was lost (STOP), or kafka-lock died (end of file), after it sent the hold's
+/// environment and lease end but before the supervisor read them: the command must not start
+/// under a hold kafka-lock already knows is over, not even until the STOP is read. The
+/// supervisor's own trace stamps show whether it spawned the command.
+#[test]
+fn supervisor_starts_nothing_when_a_stop_or_eof_is_queued_behind_the_lease() {
+    for then_eof in [false, true] {
+        let dir = scratch_dir("cli-sup-queued-stop");
+        let marker = dir.join("ran");
+        let trace = dir.join("trace");
+        let mut queued = vec![
+            "ENV KAFKA_LOCK_TOKEN=7".to_owned(),
+            format!("LEASE {}", mono_now() + 600_000_000_000),
+        ];
+        if !then_eof {
+            queued.push("STOP".to_owned());
+        }
+        let mut sup = supervisor_with_queued(
+            Duration::from_secs(1),
+            &[
+                "sh",
+                "-c",
+                &format!("touch {}; sleep 600", marker.display()),
+            ],
+            &queued,
+            then_eof,
+            Some(&trace),
+        );
+        if !then_eof {
+            let first = sup.recv();
+            assert_eq!(
+                first, "GONE",
+                "the command was started: the supervisor said {first:?} first"
+            );
+        }
+        // Without K (end of file) the supervisor reports nothing; its exit is the end.
+        assert!(sup.exit().success());
+        let stamps = std::fs::read_to_string(&trace).unwrap_or_default();
+        assert!(
+            !stamps.contains("command-spawned"),
+            "the command was started (then_eof {then_eof}):\n{stamps}"
+        );
+        assert!(!marker.exists(), "the command ran (then_eof {then_eof})");
+    }
 }
 
 #[test]

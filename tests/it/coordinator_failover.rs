@@ -404,12 +404,13 @@ async fn stranger_heartbeat(addr: &str, group: &str) -> Result<KafkaCode, String
 
 /// The path of a hold begun late, on three Apache Kafka nodes with a ledger: member A's
 /// connections are cut (every frame held, both ways) right after its SyncGroup answer names it
-/// holder, so its confirming Heartbeat never gets out; the coordinator drops it after its session
-/// timeout and member B holds at the next generation; the coordinator's node is killed, so the
-/// group moves, and the cut heals as soon as FindCoordinator names the new coordinator, while it
-/// loads a filled offsets partition (and would answer a Heartbeat NONE blindly). No hold may
-/// begin for A's old membership: A holds only later, under a new member id and a larger
-/// generation; no two holds overlap; ledger tokens only go up.
+/// holder, so neither its renewing Heartbeat nor its ACQUIRED record gets out; the coordinator
+/// drops it after its session timeout and member B holds at the next generation; the
+/// coordinator's node is killed, so the group moves, and the cut heals as soon as FindCoordinator
+/// names the new coordinator, while it loads a filled offsets partition (and would answer a
+/// Heartbeat NONE blindly). A's old membership's hold ends at its first lease end and is never
+/// handed to A: A holds only later, under a new member id and a larger generation; no two holds
+/// overlap; ledger tokens only go up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_cut_off_after_its_assignment_holds_nothing_when_the_group_moves() {
     use crate::fault::kproxy::{Fault, ProxySet};

@@ -197,3 +197,100 @@ async fn a_held_checkpoint_commit_delays_no_heartbeat_and_gets_the_brokers_answe
         "no heartbeat while the commit was held: {log:?}"
     );
 }
+
+/// A holder's renewal is applied only before its lease end, also when the Heartbeat was built
+/// before the lease end and its connection was opened inside the request: the coordinator closes
+/// the connection on the fourth Heartbeat, so the fifth goes out, after the coordinator is looked
+/// up again, on a connection opened for it, and the coordinator holds its NONE for longer than a
+/// lease (as Apache holds a Heartbeat until its earlier writes are committed). The hold is lost
+/// at its lease end, timed from the third Heartbeat (the last NONE in time), before that late
+/// NONE is even sent, and the NONE revives nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_on_a_connection_opened_inside_the_request_counts_only_before_the_lease_end() {
+    const LEASE: Duration = Duration::from_secs(5);
+    const HELD_NONE: Duration = Duration::from_secs(6);
+    crate::support::init_tracing();
+    let held_answer: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let fourth: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let heartbeats = Arc::new(Mutex::new(0usize));
+    let (held, beats, cut) = (held_answer.clone(), heartbeats.clone(), fourth.clone());
+    let base = script(Arc::new(OnceLock::new()), Log::default());
+    let fake =
+        fake_broker::start_parking(Arc::new(move |conn, api, version, body: &mut BytesMut| {
+            if api != ApiKey::Heartbeat {
+                return base(conn, api, version, body);
+            }
+            let n = {
+                let mut b = beats.lock().unwrap();
+                *b += 1;
+                *b
+            };
+            let none = encode(&HeartbeatResponse::default(), version);
+            match n {
+                1..=3 => Some((none, Duration::ZERO)),
+                4 => {
+                    *cut.lock().unwrap() = Some(Instant::now());
+                    None
+                }
+                5 => {
+                    *held.lock().unwrap() = Some(Instant::now() + HELD_NONE);
+                    Some((none, HELD_NONE))
+                }
+                _ => Some((none, Duration::ZERO)),
+            }
+        }))
+        .await;
+    let o = LockOptions::new(fake.addr.to_string(), "lock")
+        .session_timeout(LEASE + Duration::from_secs(1))
+        .rebalance_timeout(LEASE + Duration::from_secs(1))
+        .heartbeat_interval(Duration::from_millis(300))
+        .lease_margin(Duration::from_secs(1))
+        .request_timeout(Duration::from_secs(10));
+    let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+    let guard = o.events(tx).acquire(Some(BOUND)).await.expect("acquire");
+    let reason = tokio::time::timeout(BOUND, guard.lost())
+        .await
+        .expect("the hold ends within the bound");
+    let lost_at = Instant::now();
+    assert_eq!(reason, kafka_lock::LossReason::LeaseExpired);
+    let answered = held_answer
+        .lock()
+        .unwrap()
+        .expect("the fifth heartbeat reached the coordinator");
+    assert!(
+        lost_at < answered,
+        "the hold lasted until the late NONE ({:?} after it)",
+        lost_at.duration_since(answered)
+    );
+    // The late NONE arrives: nothing is held again.
+    tokio::time::sleep_until(tokio::time::Instant::from_std(
+        answered + Duration::from_millis(500),
+    ))
+    .await;
+    assert!(!guard.is_held());
+    assert!(*heartbeats.lock().unwrap() >= 5);
+    // The loss's lease end is the one the last NONE in time gave: before the fourth Heartbeat
+    // arrived + a lease. A renewal by the late NONE would put it after.
+    let cut = fourth
+        .lock()
+        .unwrap()
+        .expect("the fourth heartbeat arrived");
+    let lease_end = loop {
+        match tokio::time::timeout(BOUND, events.recv()).await {
+            Ok(Some(kafka_lock::LockEvent::Lost { lease_end, .. })) => break lease_end,
+            Ok(Some(_)) => {}
+            other => panic!("no Lost event: {other:?}"),
+        }
+    };
+    eprintln!(
+        "lost at {:?} after the fourth heartbeat, lease end {:?} after it; the late NONE {:?} after it",
+        lost_at.duration_since(cut),
+        lease_end.duration_since(cut),
+        answered.duration_since(cut)
+    );
+    assert!(
+        lease_end < cut + LEASE,
+        "the lease was renewed by a NONE handled after it ended ({:?} past the fourth heartbeat + a lease)",
+        lease_end.duration_since(cut + LEASE)
+    );
+}

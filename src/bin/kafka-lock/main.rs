@@ -46,6 +46,7 @@ mod sink;
 mod status;
 mod supervise;
 mod sys;
+mod trace;
 mod tree;
 
 // The supervisor is made of Linux: child subreapers, pidfds, /proc, SOCK_SEQPACKET pairs.
@@ -91,18 +92,19 @@ When the group has no checkpoint (deleted, or its offsets expired), the ledger's
 for among the ledger's last 32768 records only; `kafka-lock history` reads them all.
 
 What stops the command. kafka-lock starts a supervisor process (itself, re-executed, in a process
-group of its own), which starts the command in a process group of its own. The supervisor owns the
-lease end, which kafka-lock moves forward at each renewal: at the lease end it sends SIGTERM to
-every process the command started, and SIGKILL after --kill-grace, unless the lease was renewed by
-then. Nothing that blocks or pauses kafka-lock itself (a stderr nobody reads, SIGSTOP) delays that.
-The lease ends --lease-margin (at least --kill-grace) before the broker could give the lock to
-anyone else, so the command is dead by then. The same stop (SIGTERM, then SIGKILL after the grace)
-happens at once when the lock is lost, when kafka-lock dies (even by SIGKILL), and, for whatever
-the command leaves running, when the command itself ends. 'Every process the command started' is
-its process group and every descendant that left it (setsid, double fork): kafka-lock and the
-supervisor are both child subreapers, so orphans are re-parented to them, not to init. The lock is
-released only once all of them are gone. If the supervisor dies, kafka-lock stops everything the
-same way, then releases the lock and exits 71.
+group of its own) while it waits for the lock, and the supervisor starts the command, in a process
+group of its own, only once the lock is held and kafka-lock has told it the lease end. The
+supervisor owns the lease end, which kafka-lock moves forward at each renewal: at the lease end it
+sends SIGTERM to every process the command started, and SIGKILL after --kill-grace, unless the
+lease was renewed by then. Nothing that blocks or pauses kafka-lock itself (a stderr nobody reads,
+SIGSTOP) delays that. The lease ends --lease-margin (at least --kill-grace) before the broker could
+give the lock to anyone else, so the command is dead by then. The same stop (SIGTERM, then SIGKILL
+after the grace) happens at once when the lock is lost, when kafka-lock dies (even by SIGKILL),
+and, for whatever the command leaves running, when the command itself ends. 'Every process the
+command started' is its process group and every descendant that left it (setsid, double fork):
+kafka-lock and the supervisor are both child subreapers, so orphans are re-parented to them, not to
+init. The lock is released only once all of them are gone. If the supervisor dies, kafka-lock stops
+everything the same way, then releases the lock and exits 71.
 
 What can escape: processes started through another service (systemd-run, at, ssh, docker exec),
 which are not the command's descendants; processes running as another user (sudo, setuid

@@ -2,7 +2,11 @@
 //! a SOCK_SEQPACKET socket pair, as one short ASCII line each.
 //!
 //! ```text
-//! K → P   LEASE <ns>        the lease now ends at this CLOCK_MONOTONIC reading
+//! K → P   ENV <NAME>=<val>  one variable of the command's environment for this hold (raw
+//!                           bytes, up to 65 KiB: the one message that is not a short line)
+//!         LEASE <ns>        the lease now ends at this CLOCK_MONOTONIC reading; the first
+//!                           one, after the ENVs, starts the command (once every
+//!                           message queued behind it is read: a STOP there wins)
 //!         STOP              the lock is lost: stop the command's tree now
 //!         SIGNAL <n>        pass signal n on to the command's process group
 //! P → K   PID <pid>         the command runs, in process group <pid>
@@ -22,6 +26,58 @@ use std::fmt;
 
 /// Longer datagrams are refused: every valid message is far shorter.
 pub const MAX_MESSAGE: usize = 256;
+
+/// The longest ENV datagram: room for the largest checkpoint passed in the environment
+/// (64 KiB, run.rs), its name and the verb.
+pub const MAX_ENV_MESSAGE: usize = 65 * 1024;
+
+/// Names K may pass with ENV: the hold's own variables, nothing that could change what the
+/// command is or how it is found.
+const ENV_PREFIX: &str = "KAFKA_LOCK_";
+
+/// `ENV <NAME>=<value>`: one variable of the command's environment for this hold, sent by K
+/// before the first LEASE. The value is raw bytes (a path, a checkpoint): anything but NUL,
+/// which no environment can hold.
+pub fn encode_env(name: &str, value: &std::ffi::OsStr) -> Result<Vec<u8>, ProtoError> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut msg = Vec::with_capacity(4 + name.len() + 1 + value.len());
+    msg.extend_from_slice(b"ENV ");
+    msg.extend_from_slice(name.as_bytes());
+    msg.push(b'=');
+    msg.extend_from_slice(value.as_bytes());
+    parse_env(&msg).unwrap_or(Err(ProtoError::Empty))?;
+    Ok(msg)
+}
+
+/// The variable an ENV datagram carries; `None` if the datagram is not ENV.
+#[allow(clippy::type_complexity)]
+pub fn parse_env(
+    bytes: &[u8],
+) -> Option<Result<(std::ffi::OsString, std::ffi::OsString), ProtoError>> {
+    use std::os::unix::ffi::OsStrExt;
+    let rest = bytes.strip_prefix(b"ENV ")?;
+    if bytes.len() > MAX_ENV_MESSAGE {
+        return Some(Err(ProtoError::TooLong(bytes.len())));
+    }
+    let Some(eq) = rest.iter().position(|b| *b == b'=') else {
+        return Some(Err(bad("ENV", String::from_utf8_lossy(rest))));
+    };
+    let (name, value) = (&rest[..eq], &rest[eq + 1..]);
+    let name_ok = name.starts_with(ENV_PREFIX.as_bytes())
+        && name
+            .iter()
+            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || *b == b'_');
+    if !name_ok {
+        return Some(Err(bad("ENV", String::from_utf8_lossy(name))));
+    }
+    if value.contains(&0) {
+        return Some(Err(bad("ENV", "a value with a NUL byte")));
+    }
+    Some(Ok((
+        std::ffi::OsStr::from_bytes(name).to_owned(),
+        std::ffi::OsStr::from_bytes(value).to_owned(),
+    )))
+}
 
 /// What K tells P.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -322,6 +378,42 @@ mod tests {
             ToSupervisor::parse(&[b'A'; MAX_MESSAGE + 1]),
             Err(ProtoError::TooLong(MAX_MESSAGE + 1))
         );
+    }
+
+    #[test]
+    fn env_messages_carry_raw_values_and_only_the_holds_names() {
+        use std::ffi::OsStr;
+        use std::os::unix::ffi::OsStrExt;
+        let value = OsStr::from_bytes(b"caf\xc3\xa9 \xff\n=x");
+        let msg = encode_env("KAFKA_LOCK_CHECKPOINT", value).unwrap();
+        assert_eq!(
+            parse_env(&msg),
+            Some(Ok(("KAFKA_LOCK_CHECKPOINT".into(), value.to_owned())))
+        );
+        let big = vec![b'x'; 64 * 1024];
+        assert!(encode_env("KAFKA_LOCK_CHECKPOINT", OsStr::from_bytes(&big)).is_ok());
+        for bad in [
+            &b"ENV PATH=/tmp"[..],
+            b"ENV LD_PRELOAD=/x.so",
+            b"ENV KAFKA_LOCK_TOKEN",
+            b"ENV kafka_lock_token=1",
+            b"ENV KAFKA_LOCK_TOKEN=1\x002",
+            b"ENV KAFKA_LOCK_X Y=1",
+        ] {
+            assert!(
+                matches!(parse_env(bad), Some(Err(_))),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        let mut long = b"ENV KAFKA_LOCK_CHECKPOINT=".to_vec();
+        long.resize(MAX_ENV_MESSAGE + 1, b'x');
+        assert!(matches!(
+            parse_env(&long),
+            Some(Err(ProtoError::TooLong(_)))
+        ));
+        assert_eq!(parse_env(b"LEASE 5"), None);
+        assert!(ToSupervisor::parse(&msg).is_err());
     }
 
     #[test]

@@ -275,8 +275,13 @@ impl Reporter {
         self.emit(obj);
     }
 
-    pub fn released(&mut self) {
-        self.emit(self.event("released"));
+    /// The hold ended at `held_until_ns` (on the `mono_ns` clock, inside the lease), with the
+    /// command and everything it started gone; the LeaveGroup goes out next.
+    pub fn released(&mut self, held_until_ns: u64) {
+        let obj = self
+            .event("released")
+            .int("held_until_mono_ns", held_until_ns);
+        self.emit(obj);
     }
 
     /// `elect`: a term (or a campaign that ended without one) is over; the next campaign

@@ -19,7 +19,7 @@ use kafka_lock::lock::{
     DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_LEASE_MARGIN, DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_SESSION_TIMEOUT,
 };
-use kafka_lock::{FencingToken, LockEvent, LockGuard, LockOptions, LossReason};
+use kafka_lock::{LockEvent, LockGuard, LockOptions, LossReason};
 use rustix::io::{Errno, FdFlags};
 use rustix::net::{AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType};
 use rustix::process::Signal;
@@ -30,8 +30,9 @@ use tokio::sync::mpsc;
 
 use crate::environ::{self, FromEnv};
 use crate::exit::{self, Failure};
-use crate::proto::{ChildExit, FromSupervisor, ProtoError, ToSupervisor, MAX_MESSAGE};
+use crate::proto::{self, ChildExit, FromSupervisor, ProtoError, ToSupervisor, MAX_MESSAGE};
 use crate::report::{ChildEnd, Reporter, Source};
+use crate::trace::stamp;
 use crate::{serve, settings, supervise, sys, tree};
 
 /// The longest default grace between SIGTERM and SIGKILL.
@@ -436,7 +437,39 @@ pub(crate) async fn term(
     c: &RunConfig,
     t: Timing,
     opts: LockOptions,
+    rx: mpsc::UnboundedReceiver<LockEvent>,
+    signals: &mut Signals,
+    rep: &mut Reporter,
+    acquired_at: &mut Option<Instant>,
+) -> Result<u8, Failure> {
+    // The supervisor starts now, while the lock is still to be had: its start (a fork and exec)
+    // is then off the path from the grant to the command. It only idles until it is told the
+    // hold's environment and the lease end, which exist only once the lock is held, and exits
+    // when this process goes (end of file on its socket) or drops the link.
+    // Should the supervisor die, the command and its descendants are re-parented here, where
+    // they can still be found and stopped before the lock is released.
+    if let Err(e) = sys::become_subreaper() {
+        return Err(Failure::new(
+            exit::OSERR,
+            format!("cannot become a child subreaper (PR_SET_CHILD_SUBREAPER, Linux 3.4+): {e}; the command was not run"),
+        ));
+    }
+    stamp("run", "supervisor-spawn");
+    let link = Link::spawn(c, t.kill_grace)?;
+    let result = wait_and_hold(c, t, opts, rx, &link, signals, rep, acquired_at).await;
+    // After GONE it has exited; otherwise the closed socket tells it to.
+    link.close().await;
+    result
+}
+
+/// The rest of a term, with its supervisor started.
+#[allow(clippy::too_many_arguments)]
+async fn wait_and_hold(
+    c: &RunConfig,
+    t: Timing,
+    opts: LockOptions,
     mut rx: mpsc::UnboundedReceiver<LockEvent>,
+    link: &Link,
     signals: &mut Signals,
     rep: &mut Reporter,
     acquired_at: &mut Option<Instant>,
@@ -444,6 +477,7 @@ pub(crate) async fn term(
     // Waiting for the lock. `--wait 0` is one try: the first completed generation decides.
     let outcome = {
         let once = t.wait == Some(Duration::ZERO);
+        stamp("run", "acquire");
         let acquire = async {
             if once {
                 opts.try_acquire().await
@@ -516,9 +550,10 @@ pub(crate) async fn term(
     while let Ok(ev) = rx.try_recv() {
         waiting_event(rep, ev);
     }
+    stamp("run", "acquired");
     *acquired_at = Some(Instant::now());
     rep.acquired(&guard.token(), guard.permit());
-    hold(c, t, guard, rx, signals, rep).await
+    hold(c, t, guard, link, rx, signals, rep).await
 }
 
 fn waiting_event(rep: &mut Reporter, ev: LockEvent) {
@@ -539,23 +574,22 @@ struct Link {
     /// write is a rustix recv/send of one whole datagram.
     sock: UnixStream,
     pid: u32,
+    /// Readable once the supervisor has exited; None without pidfd support (Linux before 5.3).
+    pidfd: Option<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>>,
+    /// Set once the supervisor is reaped (its pid may then be another process's).
+    reaped: std::cell::Cell<bool>,
 }
 
 impl Link {
-    /// Starts the supervisor (this binary, re-executed) with the command to run; `env` is added
-    /// to the command's environment.
-    fn spawn(
-        c: &RunConfig,
-        token: &FencingToken,
-        env: &[(&str, OsString)],
-        grace: Duration,
-    ) -> Result<Link, Failure> {
+    /// Starts the supervisor (this binary, re-executed) with the command to run. It waits for
+    /// the hold's environment ([`Link::send_env`]) and a lease end before it starts anything.
+    fn spawn(c: &RunConfig, grace: Duration) -> Result<Link, Failure> {
         let oserr = |what: &str, e: &dyn std::fmt::Display| {
             Failure::new(
                 exit::OSERR,
                 format!(
-                    "{what}: {e}; the command was not run and the lock is released (kafka-lock run \
-                     needs Linux with /proc mounted)"
+                    "{what}: {e}; the command was not run (kafka-lock run needs Linux with /proc \
+                     mounted)"
                 ),
             )
         };
@@ -593,10 +627,6 @@ impl Link {
         }
         cmd.args(argv)
             .env("KAFKA_LOCK_NAME", &c.lock)
-            .env("KAFKA_LOCK_TOKEN", token.value().to_string())
-            .env("KAFKA_LOCK_GENERATION", token.generation.to_string())
-            .env("KAFKA_LOCK_MEMBER_ID", &token.member_id)
-            .envs(env.iter().map(|(k, v)| (*k, v)))
             // Its own process group: a signal to ours (a terminal's Ctrl-C, `kill -9 -PGID`)
             // must not take the supervisor along with us.
             .process_group(0);
@@ -612,7 +642,34 @@ impl Link {
         drop(child);
         let sock = UnixStream::from_std(std::os::unix::net::UnixStream::from(ours))
             .map_err(|e| oserr("cannot watch the supervisor's socket", &e))?;
-        Ok(Link { sock, pid })
+        // Our unreaped child: the pid is still the supervisor's.
+        let pidfd = sys::pid(pid)
+            .and_then(|p| rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok())
+            .and_then(watch_pidfd);
+        Ok(Link {
+            sock,
+            pid,
+            pidfd,
+            reaped: std::cell::Cell::new(false),
+        })
+    }
+
+    /// Passes the variables the command gets for this hold, one ENV datagram each. Unlike the
+    /// other messages a failed send is an error: the command must not start without them.
+    fn send_env(&self, env: &[(&str, OsString)]) -> io::Result<()> {
+        for (name, value) in env {
+            let msg = proto::encode_env(name, value)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+            rustix::net::send(&self.sock, &msg, SendFlags::DONTWAIT | SendFlags::NOSIGNAL)?;
+        }
+        Ok(())
+    }
+
+    /// Ends the link: the supervisor, if it still runs, sees end of file and exits (it has
+    /// started nothing, or stops what it started); then it is reaped.
+    async fn close(&self) {
+        let _ = rustix::net::shutdown(&self.sock, rustix::net::Shutdown::Both);
+        self.reap().await;
     }
 
     /// Sends without waiting. A full socket (a stopped supervisor) drops the message: the
@@ -666,20 +723,39 @@ impl Link {
         }
     }
 
-    /// Reaps the supervisor after it said GONE (it exits right after).
+    /// Reaps the supervisor after it said GONE (it exits right after). Its pidfd, readable once
+    /// it has exited, wakes us the moment it has, instead of a poll: the release waits on this.
     async fn reap(&self) {
+        if self.reaped.get() {
+            return;
+        }
         let Some(p) = sys::pid(self.pid) else { return };
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        if let Some(fd) = &self.pidfd {
+            let _ = tokio::time::timeout_at(deadline, fd.readable()).await;
+        }
         loop {
             match rustix::process::waitpid(Some(p), rustix::process::WaitOptions::NOHANG) {
                 Ok(None) if tokio::time::Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(2)).await
                 }
                 Err(Errno::INTR) => {}
+                Ok(Some(_)) | Err(Errno::CHILD) => {
+                    self.reaped.set(true);
+                    return;
+                }
                 _ => return,
             }
         }
     }
+}
+
+/// A pidfd registered with the runtime, readable once its process has exited.
+#[allow(unsafe_code)]
+fn watch_pidfd(fd: std::os::fd::OwnedFd) -> Option<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>> {
+    // SAFETY: the AsyncFd takes the descriptor by value and owns it from here on; nothing else
+    // holds, replaces or closes it while it is registered.
+    unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, Interest::READABLE).ok() }
 }
 
 /// How the hold ended, from the supervisor's side.
@@ -696,6 +772,7 @@ async fn hold(
     c: &RunConfig,
     t: Timing,
     guard: LockGuard,
+    link: &Link,
     mut rx: mpsc::UnboundedReceiver<LockEvent>,
     signals: &mut Signals,
     rep: &mut Reporter,
@@ -733,15 +810,6 @@ async fn hold(
             ));
         }
     };
-    // Should the supervisor die, the command and its descendants are re-parented here, where
-    // they can still be found and stopped before the lock is released.
-    if let Err(e) = sys::become_subreaper() {
-        let _ = give_back(guard, signals, rep).await;
-        return Err(Failure::new(
-            exit::OSERR,
-            format!("cannot become a child subreaper (PR_SET_CHILD_SUBREAPER, Linux 3.4+): {e}; the command was not run"),
-        ));
-    }
     let mut env = checkpoint
         .as_ref()
         .map(CheckpointDir::env)
@@ -756,17 +824,25 @@ async fn hold(
         ));
     }
     env.push(("KAFKA_LOCK_PERMIT", guard.permit().to_string().into()));
-    let link = match Link::spawn(c, &token, &env, t.kill_grace) {
-        Ok(link) => link,
-        Err(f) => {
-            let _ = give_back(guard, signals, rep).await;
-            return Err(f);
-        }
-    };
+    env.push(("KAFKA_LOCK_TOKEN", token.value().to_string().into()));
+    env.push(("KAFKA_LOCK_GENERATION", token.generation.to_string().into()));
+    env.push(("KAFKA_LOCK_MEMBER_ID", token.member_id.clone().into()));
+    // The environment first: the supervisor starts the command only on the LEASE after it.
+    if let Err(e) = link.send_env(&env) {
+        let _ = give_back(guard, signals, rep).await;
+        return Err(Failure::new(
+            exit::OSERR,
+            format!(
+                "cannot pass the hold's environment to the supervisor process: {e}; the command \
+                 was not run and the lock is released"
+            ),
+        ));
+    }
     let mut sent_lease = lease_end;
     link.send(ToSupervisor::Lease {
         end_ns: sys::mono_ns_of(lease_end),
     });
+    stamp("run", "lease-sent");
 
     let mut child: Option<u32> = None;
     let mut child_group: Option<tree::PinnedGroup> = None;
@@ -790,6 +866,7 @@ async fn hold(
             msg = link.recv() => match msg {
                 Ok(Some(Ok(m))) => match m {
                     FromSupervisor::Pid(pid) => {
+                        stamp("run", "child-started");
                         child = Some(pid);
                         child_group = tree::PinnedGroup::pin(pid, &[link.pid, std::process::id()]);
                         // An interactive command reads the terminal: its group must be the
@@ -818,6 +895,7 @@ async fn hold(
                         }
                     }
                     FromSupervisor::Exit(e) => {
+                        stamp("run", "child-exited");
                         terminal.take();
                         // The lease may have run out in the same instant the command ended: then
                         // it ran without the lock at the end, and that must not pass as success.
@@ -829,7 +907,10 @@ async fn hold(
                         end = Some(e);
                         rep.child_exited(child_end(e));
                     }
-                    FromSupervisor::Gone => break Ending::Gone,
+                    FromSupervisor::Gone => {
+                        stamp("run", "gone");
+                        break Ending::Gone;
+                    }
                     FromSupervisor::Error(text) => {
                         exit::print_line(&format!("the supervisor process reports: {text}"));
                         sup_error = Some(text);
@@ -917,7 +998,10 @@ async fn hold(
     }
 
     match ending {
-        Ending::Gone => link.reap().await,
+        Ending::Gone => {
+            link.reap().await;
+            stamp("run", "supervisor-reaped");
+        }
         Ending::SupervisorLost { why } => {
             // Everything the supervisor started is re-parented here (we are a subreaper): stop
             // it all the way the supervisor would have, then release.
@@ -934,6 +1018,8 @@ async fn hold(
             })
             .await
             .unwrap_or_default();
+            // It ran until no child was left: the supervisor is among the reaped.
+            link.reaped.set(true);
             let how = reaped
                 .iter()
                 .find(|(pid, _)| *pid == link.pid)
@@ -972,7 +1058,7 @@ async fn hold(
         } else {
             exit::CANNOT_EXECUTE
         };
-        rep.released();
+        report_end(&guard, rep).await;
         let cut = release(guard, signals).await;
         return Err(Failure::new(
             status,
@@ -1008,11 +1094,19 @@ async fn hold(
             ));
         }
     }
+    // A lease that ran out after the command ended (kafka-lock stopped or starved in between)
+    // is a loss: the hold cannot be claimed up to the release.
+    let ran_out = lost.is_none();
+    let lost = match lost {
+        Some(reason) => Some(reason),
+        None => report_end(&guard, rep).await,
+    };
     match lost {
         None => {
-            // The hold ends here, before the LeaveGroup goes out.
-            rep.released();
-            if let Some(sig) = release(guard, signals).await {
+            stamp("run", "release");
+            let cut = release(guard, signals).await;
+            stamp("run", "release-answered");
+            if let Some(sig) = cut {
                 exit::print_line(&format!(
                     "releasing lock {:?} was cut short by {}; the broker frees it after the session \
                      timeout ({})",
@@ -1022,6 +1116,20 @@ async fn hold(
                 ));
             }
             Ok(end.status)
+        }
+        Some(reason) if ran_out => {
+            let cut = release(guard, signals).await;
+            Err(Failure::new(
+                exit::LOST,
+                format!(
+                    "the lease of lock {:?} ran out after the command ended with status {} and \
+                     before the lock could be released ({reason}; was kafka-lock stopped?): the \
+                     next holder may already hold it{}",
+                    c.lock,
+                    end.status,
+                    release_note(cut, t.session)
+                ),
+            ))
         }
         Some(reason) => {
             let cut = release(guard, signals).await;
@@ -1317,23 +1425,36 @@ fn report_lost_fallback(
     rep.lost(reason, ns);
 }
 
-/// Releases the lock (bounded by the library), unless one of the caught signals arrives first:
-/// then the broker frees the lock after the session timeout. Returns that signal.
-/// Ends a hold under which the command never started, saying in the events how it ended: a
-/// hold whose lease already ran out was lost (at its lease end), any other is released. Without
-/// this the events would show an acquisition that never ends.
+/// Ends a hold under which the command never started, saying in the events how it ended (see
+/// [`report_end`]); without this the events would show an acquisition that never ends.
 async fn give_back(guard: LockGuard, signals: &mut Signals, rep: &mut Reporter) -> Option<i32> {
-    let watch = guard.watch();
-    if watch.is_held() {
-        rep.released();
-    } else {
-        let reason = guard.lost().await;
-        let lease_end = watch.lease_end().unwrap_or_else(|| guard.lease_end());
-        rep.lost(&reason, Some(sys::mono_ns_of(lease_end)));
-    }
+    report_end(&guard, rep).await;
     release(guard, signals).await
 }
 
+/// Says in the events how a hold ends once the command and its tree are gone, before the
+/// LeaveGroup goes out: `released` if the lease still runs, else `lost` at its lease end, and
+/// then returns why it was lost.
+///
+/// The lease is read once, and the instant it was read is the last one the hold is claimed for
+/// (`held_until_mono_ns`): a kafka-lock stopped (SIGSTOP, a starved runtime) between the
+/// command's exit and this line says its hold ended at the lease end, not when it woke, which
+/// may be after the broker gave the lock to someone else.
+async fn report_end(guard: &LockGuard, rep: &mut Reporter) -> Option<LossReason> {
+    let watch = guard.watch();
+    let now = std::time::Instant::now();
+    if watch.lease_end().is_some_and(|end| now < end) {
+        rep.released(sys::mono_ns_of(now));
+        return None;
+    }
+    let reason = guard.lost().await;
+    let lease_end = watch.lease_end().unwrap_or_else(|| guard.lease_end());
+    rep.lost(&reason, Some(sys::mono_ns_of(lease_end)));
+    Some(reason)
+}
+
+/// Releases the lock (bounded by the library), unless one of the caught signals arrives first:
+/// then the broker frees the lock after the session timeout. Returns that signal.
 async fn release(guard: LockGuard, signals: &mut Signals) -> Option<i32> {
     tokio::select! {
         _ = guard.release() => None,

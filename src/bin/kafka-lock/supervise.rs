@@ -36,7 +36,8 @@ use rustix::net::{RecvFlags, SendFlags, SocketType};
 use rustix::process::Signal;
 use rustix::time::{Itimerspec, TimerfdTimerFlags};
 
-use crate::proto::{ChildExit, FromSupervisor, ToSupervisor, MAX_MESSAGE};
+use crate::proto::{self, ChildExit, FromSupervisor, ToSupervisor, MAX_ENV_MESSAGE};
+use crate::trace::stamp;
 use crate::{sys, tree};
 
 /// argv[1] that selects this mode. Not a subcommand clap knows: nobody should type it.
@@ -87,6 +88,7 @@ impl Args {
 
 /// Runs P. `argv` is the whole command line, argv\[0\] included.
 pub fn main(argv: Vec<OsString>) -> ExitCode {
+    stamp("supervisor", "start");
     let args = match Args::parse(argv.get(1..).unwrap_or_default()) {
         Ok(a) => a,
         Err(e) => return fatal_before_start(&e),
@@ -139,6 +141,8 @@ struct Supervisor {
     k_alive: bool,
     grace_ns: u64,
     command: Vec<OsString>,
+    /// The hold's variables for the command (ENV), sent by K once the lock is held.
+    env: Vec<(OsString, OsString)>,
     /// The lease end K sent last, as K sent it (CLOCK_MONOTONIC ns: events report it so).
     lease_end_ns: Option<u64>,
     /// The same lease end on CLOCK_BOOTTIME, which P counts on.
@@ -154,6 +158,9 @@ struct Supervisor {
     child_pidfd: Option<OwnedFd>,
     child_ended: bool,
     stopping: Option<Stopping>,
+    /// A LEASE asked for the command to start; it starts once every message K queued has been
+    /// read (see `read_messages`).
+    start_pending: bool,
 }
 
 impl Supervisor {
@@ -163,6 +170,7 @@ impl Supervisor {
             k_alive: true,
             grace_ns: args.grace_ns,
             command: args.command,
+            env: Vec::new(),
             lease_end_ns: None,
             lease_end_boot: None,
             suspended_at_last_lease: None,
@@ -175,6 +183,7 @@ impl Supervisor {
             child_pidfd: None,
             child_ended: false,
             stopping: None,
+            start_pending: false,
         }
     }
 
@@ -211,6 +220,7 @@ impl Supervisor {
                 }
                 if !remain {
                     self.send(&FromSupervisor::Gone);
+                    stamp("supervisor", "gone");
                     return ExitCode::SUCCESS;
                 }
             }
@@ -244,12 +254,23 @@ impl Supervisor {
             ended = Some(ChildExit::Signal(Signal::KILL.as_raw()));
         }
         if let Some(exit) = ended {
+            stamp("supervisor", "command-reaped");
             self.child_ended = true;
             self.child_pidfd = None;
             self.send(&FromSupervisor::Exit(exit));
-            // Whatever the command left behind runs without anyone waiting for it: stop it
-            // before K may release the lock.
-            self.begin_stop(sys::boot_ns());
+            if remain {
+                // Whatever the command left behind runs without anyone waiting for it: stop it
+                // before K may release the lock.
+                self.begin_stop(sys::boot_ns());
+            } else {
+                // ECHILD: as a subreaper, every descendant is our child or has a living parent
+                // below us, so nothing is left to signal, and the walk of /proc that a stop
+                // begins with would only delay GONE (and the release after it).
+                self.stopping = Some(Stopping {
+                    kill_at_ns: sys::boot_ns(),
+                    killing: true,
+                });
+            }
         }
         remain
     }
@@ -287,7 +308,8 @@ impl Supervisor {
                 // No pidfd (kernels before 5.3): the command's end is noticed by polling.
                 end.min(now.saturating_add(sys::nanos(tree::TICK) * 5))
             }),
-            // Before the command starts, only K can move things on.
+            // Before the command starts (while K waits for the lock, too), only K can move
+            // things on.
             _ => None,
         };
         let timeout = deadline.map(|d| {
@@ -347,7 +369,30 @@ impl Supervisor {
     }
 
     fn read_messages(&mut self) {
-        let mut buf = [0u8; MAX_MESSAGE + 1];
+        self.drain_socket();
+        // The command starts only after everything K queued is read: a STOP (the hold was lost)
+        // or end of file (K died) queued behind the LEASE, because P woke up late (a starved or
+        // stopped P, or one still starting when K got the lock), means it must not start at all,
+        // rather than start and be stopped at once under a hold K already knows is gone.
+        if std::mem::take(&mut self.start_pending)
+            && self.stopping.is_none()
+            && self.child.is_none()
+        {
+            let now = sys::boot_ns();
+            match (self.lease_end_ns, self.lease_end_boot) {
+                (Some(_), Some(end)) if end > now => self.start(),
+                (end_ns, _) => {
+                    self.send(&FromSupervisor::Expired {
+                        lease_end_ns: end_ns.unwrap_or(0),
+                    });
+                    self.begin_stop(now);
+                }
+            }
+        }
+    }
+
+    fn drain_socket(&mut self) {
+        let mut buf = vec![0u8; MAX_ENV_MESSAGE + 1];
         while self.k_alive {
             match rustix::net::recv(
                 &self.sock,
@@ -358,11 +403,18 @@ impl Supervisor {
                 Ok((n, len)) => {
                     let msg = if len > n {
                         Err(crate::proto::ProtoError::TooLong(len))
+                    } else if let Some(var) = proto::parse_env(&buf[..n]) {
+                        var.map(|(name, value)| {
+                            // Only before the command starts: its environment is fixed then.
+                            if self.child.is_none() {
+                                self.env.push((name, value));
+                            }
+                        })
                     } else {
-                        ToSupervisor::parse(&buf[..n])
+                        ToSupervisor::parse(&buf[..n]).map(|m| self.handle(m))
                     };
                     match msg {
-                        Ok(m) => self.handle(m),
+                        Ok(()) => {}
                         Err(e) => {
                             self.send(&FromSupervisor::Error(format!(
                                 "the supervisor got {e} from kafka-lock run; stopping the command"
@@ -387,6 +439,7 @@ impl Supervisor {
     fn handle(&mut self, msg: ToSupervisor) {
         match msg {
             ToSupervisor::Lease { end_ns } => {
+                stamp("supervisor", "lease");
                 if self.stopping.is_some() {
                     return;
                 }
@@ -399,7 +452,7 @@ impl Supervisor {
                 self.lease_end_boot = Some(end_boot);
                 if self.child.is_none() {
                     if end_boot > now {
-                        self.start();
+                        self.start_pending = true;
                     } else {
                         self.send(&FromSupervisor::Expired {
                             lease_end_ns: end_ns,
@@ -427,7 +480,9 @@ impl Supervisor {
         let mut cmd = std::process::Command::new(program);
         // Its own process group: a loss stops everything it started at once, and a terminal's
         // Ctrl-C reaches it only through K, which releases the lock after it is gone.
-        cmd.args(args).process_group(0);
+        cmd.args(args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .process_group(0);
         match cmd.spawn() {
             Ok(child) => {
                 let pid = child.id();
@@ -438,6 +493,7 @@ impl Supervisor {
                     rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()
                 });
                 self.send(&FromSupervisor::Pid(pid));
+                stamp("supervisor", "command-spawned");
             }
             Err(e) => {
                 self.send(&FromSupervisor::Failed {

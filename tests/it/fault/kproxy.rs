@@ -19,10 +19,15 @@
 //!   healed before the peers gave up.
 //! - [`Fault::Reset`]: close every connection with an RST (zero linger), and reset new ones.
 //! - [`Fault::Delay`]: deliver each frame that long after it was read, in order.
+//! - [`Fault::Stall`] ([`ProxySet::stall`]): hold, both ways, only the connections open when it
+//!   began, as a path that stopped carrying some flows; new connections pass. A client that gave
+//!   up on a stalled request and resent it on a new connection has its resend delivered first,
+//!   and the stale request after the heal, even if it closed the old connection meanwhile (a
+//!   client's frames read before its end of stream are delivered before the proxy closes).
 //!
 //! [`ProxySet::cut_after_sync`] arms a trigger instead: the next SyncGroup answer through any of
 //! the set's proxies is delivered, and then every proxy of the set black-holes both ways. A
-//! member whose assignment names it is cut off before its confirming Heartbeat can get out.
+//! member whose assignment names it is cut off before its first Heartbeat can get out.
 
 use std::collections::HashMap;
 use std::io;
@@ -68,11 +73,17 @@ pub enum Fault {
     Blackhole(Dir),
     Reset,
     Delay(Duration, Dir),
+    /// Hold the connections numbered below this (the set's connection count when it began).
+    Stall(u64),
 }
 
 impl Fault {
-    fn holds(self, d: Dir) -> bool {
-        matches!(self, Fault::Blackhole(x) if x.covers(d))
+    fn holds(self, d: Dir, connection: u64) -> bool {
+        match self {
+            Fault::Blackhole(x) => x.covers(d),
+            Fault::Stall(before) => connection < before,
+            _ => false,
+        }
     }
 
     fn delay(self, d: Dir) -> Duration {
@@ -203,6 +214,12 @@ impl ProxySet {
         }
     }
 
+    /// Stalls the connections to broker `node_id` open now; later ones pass. Cleared by `set`.
+    pub fn stall(&self, node_id: i32) {
+        let open = self.stats.connections.load(Ordering::SeqCst);
+        self.set(node_id, Fault::Stall(open));
+    }
+
     /// Sets the fault on every proxy of the set: the contender cut off from the whole cluster.
     /// Disarms [`ProxySet::cut_after_sync`] if it has not fired.
     pub fn set_all(&self, fault: Fault) {
@@ -239,8 +256,9 @@ async fn accept_loop(
         let Ok((client, _)) = listener.accept().await else {
             continue;
         };
-        stats.connections.fetch_add(1, Ordering::Relaxed);
+        let number = stats.connections.fetch_add(1, Ordering::SeqCst);
         tokio::spawn(connection(
+            number,
             client,
             target,
             ports.clone(),
@@ -257,6 +275,7 @@ fn reset(stream: &TcpStream) {
 }
 
 async fn connection(
+    number: u64,
     client: TcpStream,
     target: SocketAddr,
     ports: Arc<HashMap<i32, u16>>,
@@ -286,7 +305,7 @@ async fn connection(
     let (down_tx, down_rx) = mpsc::unbounded_channel();
     let requests = inflight.clone();
     let counts = stats.clone();
-    let up_read = pump_in(cr, Dir::Up, fault.clone(), up_tx, move |frame| {
+    let up_read = pump_in(cr, Dir::Up, number, fault.clone(), up_tx, move |frame| {
         note_request(&frame, &requests);
         if frame.len() >= 2 {
             let key = i16::from_be_bytes([frame[0], frame[1]]);
@@ -302,9 +321,14 @@ async fn connection(
     let answers = inflight;
     // The frame handed back is queued for the client whatever the fault becomes meanwhile, so
     // a cut set here comes right after it.
-    let down_read = pump_in(ur, Dir::Down, fault.clone(), down_tx, move |frame| {
-        rewrite_answer(frame, &answers, &ports, &stats, &cut)
-    });
+    let down_read = pump_in(
+        ur,
+        Dir::Down,
+        number,
+        fault.clone(),
+        down_tx,
+        move |frame| rewrite_answer(frame, &answers, &ports, &stats, &cut),
+    );
     let reset_now = async {
         loop {
             if *fault.borrow_and_update() == Fault::Reset {
@@ -315,10 +339,14 @@ async fn connection(
             }
         }
     };
+    // At the client's end of stream, what it sent before is still delivered (its sender is
+    // dropped with `up_read`, so `pump_out` ends once it has written the rest).
+    let up = async {
+        let _ = tokio::join!(up_read, pump_out(&mut uw, up_rx));
+    };
     let was_reset = tokio::select! {
-        _ = up_read => false,
+        _ = up => false,
         _ = down_read => false,
-        _ = pump_out(&mut uw, up_rx) => false,
         _ = pump_out(&mut cw, down_rx) => false,
         _ = reset_now => true,
     };
@@ -334,18 +362,19 @@ type Timed = (Bytes, Instant);
 async fn pump_in(
     mut from: OwnedReadHalf,
     dir: Dir,
+    connection: u64,
     mut fault: watch::Receiver<Fault>,
     to: mpsc::UnboundedSender<Timed>,
     mut each: impl FnMut(Bytes) -> Bytes,
 ) -> io::Result<()> {
     loop {
-        wait_unheld(&mut fault, dir).await;
+        wait_unheld(&mut fault, dir, connection).await;
         let Some(frame) = read_frame(&mut from).await? else {
             return Ok(());
         };
         let read_at = Instant::now();
         // A frame read just before a black-hole began is held with the rest.
-        wait_unheld(&mut fault, dir).await;
+        wait_unheld(&mut fault, dir, connection).await;
         let due = read_at + fault.borrow().delay(dir);
         if to.send((each(frame), due)).is_err() {
             return Ok(());
@@ -353,8 +382,8 @@ async fn pump_in(
     }
 }
 
-async fn wait_unheld(fault: &mut watch::Receiver<Fault>, dir: Dir) {
-    while fault.borrow_and_update().holds(dir) {
+async fn wait_unheld(fault: &mut watch::Receiver<Fault>, dir: Dir, connection: u64) {
+    while fault.borrow_and_update().holds(dir, connection) {
         if fault.changed().await.is_err() {
             std::future::pending::<()>().await;
         }
@@ -574,5 +603,71 @@ mod tests {
             };
             assert_eq!(port, 40002, "v{version}");
         }
+    }
+
+    /// The stall nemesis reorders a client's requests as a per-flow cut does: a request sent on
+    /// a connection open when the stall began is held, even after the client closed that
+    /// connection; the resend on a new connection goes through; the stale request reaches the
+    /// broker only after the heal, second.
+    #[test]
+    fn a_stalled_connections_request_reaches_the_broker_after_a_resend_on_a_new_one() {
+        use std::io::{Read, Write};
+        use std::sync::mpsc as std_mpsc;
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let broker = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = broker.local_addr().unwrap();
+        let (got_tx, got) = std_mpsc::channel::<Vec<u8>>();
+        std::thread::spawn(move || {
+            for conn in broker.incoming() {
+                let Ok(mut conn) = conn else { return };
+                let got_tx = got_tx.clone();
+                std::thread::spawn(move || loop {
+                    let mut len = [0u8; 4];
+                    if conn.read_exact(&mut len).is_err() {
+                        return;
+                    }
+                    let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+                    if conn.read_exact(&mut body).is_err() || got_tx.send(body).is_err() {
+                        return;
+                    }
+                });
+            }
+        });
+        let set = ProxySet::start(rt.handle(), &[(1, addr)]);
+        let proxy = set.bootstrap();
+        let frame = |tag: u8| {
+            // A JoinGroup-like header (key 11, version 5, correlation 1) and one byte.
+            let body = [0u8, 11, 0, 5, 0, 0, 0, 1, tag];
+            let mut out = (body.len() as u32).to_be_bytes().to_vec();
+            out.extend_from_slice(&body);
+            out
+        };
+        let bound = Duration::from_secs(10);
+        let mut old = std::net::TcpStream::connect(&proxy).unwrap();
+        old.write_all(&frame(b'0')).unwrap();
+        assert_eq!(
+            got.recv_timeout(bound).expect("the first frame").last(),
+            Some(&b'0')
+        );
+        set.stall(1);
+        old.write_all(&frame(b'x')).unwrap();
+        drop(old);
+        let mut new = std::net::TcpStream::connect(&proxy).unwrap();
+        new.write_all(&frame(b'y')).unwrap();
+        assert_eq!(
+            got.recv_timeout(bound)
+                .expect("the resend on a new connection")
+                .last(),
+            Some(&b'y')
+        );
+        set.set(1, Fault::Clear);
+        assert_eq!(
+            got.recv_timeout(bound)
+                .expect("the stale frame after the heal")
+                .last(),
+            Some(&b'x')
+        );
+        drop(new);
+        drop(set);
     }
 }

@@ -607,7 +607,11 @@ fn forward_cli_events(
             kind,
             mono,
             token: v["token"].as_i64(),
-            lease_end: v["lease_end_mono_ns"].as_i64(),
+            // A release says until when the hold is claimed (the instant the lease was read),
+            // which is before the event's line if kafka-lock was stopped in between.
+            lease_end: v["lease_end_mono_ns"]
+                .as_i64()
+                .or_else(|| v["held_until_mono_ns"].as_i64()),
         });
     }
 }
