@@ -8,7 +8,8 @@ For each initial rebalance delay and each N it runs
 
 (build it first: `cargo build --release --no-default-features --example many_locks`), waits for
 its `acquired A of N in S s` line, lets it settle for SETTLE seconds, then counts its sockets
-(/proc/PID/fd entries that are sockets) and measures its CPU over IDLE seconds; peak RSS is
+(/proc/PID/fd entries that are sockets; once right after the acquisitions, with the lanes they
+opened still idle, and again while idle, once those are closed) and measures its CPU over IDLE seconds; peak RSS is
 VmHWM read just before it prints `held at end H of N`.
 
     python3 benches/many_locks_bench.py [--delays 3000,0] [--ns 1,100,1000,10000] [--nodes 1]
@@ -31,7 +32,9 @@ from local_kafka import LocalKafka  # noqa: E402
 TARGET = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
 EXAMPLE = TARGET / "release/examples/many_locks"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-SETTLE = 5.0
+# Past pool::IDLE_AFTER (60 s) plus a reaper period (15 s): the lanes the acquisitions opened
+# are closed by then, and what is left is what holding costs.
+SETTLE = 80.0
 IDLE = 30.0
 
 
@@ -50,13 +53,23 @@ def status_kb(pid, key):
 
 
 def sockets(pid):
+    """TCP sockets of the process (the runtime's Unix-domain socketpair is not a connection)."""
+    tcp = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/{pid}/net/{table}") as f:
+                next(f)
+                tcp.update(line.split()[9] for line in f)
+        except OSError:
+            pass
     n = 0
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
-            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:"):
-                n += 1
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
         except OSError:
-            pass
+            continue
+        if link.startswith("socket:[") and link[8:-1] in tcp:
+            n += 1
     return n
 
 
@@ -74,6 +87,7 @@ def run(bootstrap, n, acquire_bound):
             return row
         row["acquired"] = line.split()[1]
         row["acquire_s"] = float(line.split()[-2])
+        row["sockets_after_acquire"] = sockets(proc.pid)
         time.sleep(SETTLE)
         t0, c0 = time.monotonic(), cpu_s(proc.pid)
         while time.monotonic() - t0 < IDLE:

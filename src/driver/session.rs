@@ -418,22 +418,54 @@ fn send(pool: &Arc<Pool>, t: Transmit, park: Park, answers: mpsc::UnboundedSende
         let api = t.request.api_key();
         let version = t.version;
         let request = t.request;
-        let result = exchange(&pool, route, |_| Ok((request, version)), t.timeout);
         // The connect and the request together stay within the transmit's timeout plus the
         // connect timeout, so the machine always hears back.
         let bound = t.timeout.saturating_add(pool.conn.connect_timeout);
-        let result = match tokio::time::timeout(bound, result).await {
-            Ok(r) => r,
-            Err(_) => Err(Error::Timeout {
-                op: format!("{api:?}"),
-                after: bound,
-            }),
+        let result = match route {
+            // A first join has no lease at stake: it waits its turn for a lane (the semaphore
+            // is FIFO) outside the bound, instead of timing out and joining the back of the
+            // queue again. The acquire's own wait bounds it for the caller.
+            Route::Lane(broker, Park::Fresh) => match pool.lane(&broker, Park::Fresh).await {
+                // The session ended while this waited: the member it was for is gone.
+                Ok(lane) if answers.is_closed() => {
+                    lane.done();
+                    return;
+                }
+                Ok(lane) => {
+                    let exchange = async {
+                        let response = lane.conn().request_at(request, version, t.timeout).await?;
+                        lane.done();
+                        Ok((response, version))
+                    };
+                    bounded(bound, exchange, || format!("{api:?}")).await
+                }
+                Err(e) => Err(e),
+            },
+            route => {
+                let exchange = exchange(&pool, route, |_| Ok((request, version)), t.timeout);
+                bounded(bound, exchange, || format!("{api:?}")).await
+            }
         };
         if let Err(e) = &result {
             warn!(?api, error = %e, "request failed");
         }
         let _ = answers.send((Source::Member, t.id, result));
     });
+}
+
+/// `exchange`, or a timeout error naming `op` once `bound` has passed.
+async fn bounded<T>(
+    bound: Duration,
+    exchange: impl std::future::Future<Output = Result<T>>,
+    op: impl FnOnce() -> String,
+) -> Result<T> {
+    match tokio::time::timeout(bound, exchange).await {
+        Ok(r) => r,
+        Err(_) => Err(Error::Timeout {
+            op: op(),
+            after: bound,
+        }),
+    }
 }
 
 /// Sends a ledger request, built for the versions the connection it goes out on negotiated.
@@ -464,13 +496,7 @@ fn send_ledger(pool: &Arc<Pool>, t: ledger::Transmit, answers: mpsc::UnboundedSe
             t.timeout,
         );
         let bound = t.timeout.saturating_add(pool.conn.connect_timeout);
-        let result = match tokio::time::timeout(bound, result).await {
-            Ok(r) => r,
-            Err(_) => Err(Error::Timeout {
-                op: op.name().into(),
-                after: bound,
-            }),
-        };
+        let result = bounded(bound, result, || op.name().into()).await;
         if let Err(e) = &result {
             debug!(op = op.name(), error = %e, "ledger request failed");
         }

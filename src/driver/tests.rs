@@ -1404,12 +1404,15 @@ async fn fresh_requests_leave_the_reserve_lanes_to_urgent_ones() {
         let (pool, broker) = (pool.clone(), broker.clone());
         async move { pool.lane(&broker, Park::Fresh).await.map(|l| l.done()) }
     });
-    // Four connections, one per lane lent.
+    // Four connections, one per lane lent (kept open on the broker's side).
+    let mut servers = Vec::new();
     for _ in 0..4 {
-        tokio::time::timeout(PROMPTLY, accepted.recv())
-            .await
-            .expect("a connection per lane")
-            .unwrap();
+        servers.push(
+            tokio::time::timeout(PROMPTLY, accepted.recv())
+                .await
+                .expect("a connection per lane")
+                .unwrap(),
+        );
     }
     // The fourth fresh request has no lane while three fresh ones are out (the urgent one
     // coming back does not help it).
@@ -1428,6 +1431,7 @@ async fn fresh_requests_leave_the_reserve_lanes_to_urgent_ones() {
         .unwrap();
     // Returned lanes were reused: nothing new was dialled.
     assert!(accepted.try_recv().is_err());
+    drop(servers);
 }
 
 /// A lane whose request was abandoned may still get its answer: it is closed, not lent again.
