@@ -492,7 +492,7 @@ fn send_ledger(pool: &Arc<Pool>, t: ledger::Transmit, answers: mpsc::UnboundedSe
         let result = exchange(
             &pool,
             route,
-            |conn| ledger::build(&op, conn.versions()).map_err(Error::from),
+            |conn| ledger::build(&op, conn.versions()),
             t.timeout,
         );
         let bound = t.timeout.saturating_add(pool.conn.connect_timeout);
