@@ -9,18 +9,19 @@
 //! every connection is hanging.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, warn, Instrument};
 
 use super::conn::Connection;
-use super::pool::{Park, Pool};
+use super::pool::{self, Park, Pool};
 use crate::error::{Error, Result};
 use crate::ledger::{self, LeaderLane, Ledger, LedgerError, MemberView, Now};
-use crate::membership::{Command, Event, Lane, Membership, Target, Transmit};
+use crate::membership::{Broker, Command, Event, Lane, Membership, Target, Transmit};
 use crate::wire::Response;
+use kafka_protocol::messages::ApiKey;
 
 /// What the session publishes for guards and waiters.
 #[derive(Debug, Clone)]
@@ -104,6 +105,7 @@ pub(crate) fn spawn(
     let net = Session {
         pool: params.pool,
         private: params.private,
+        join_lane: Arc::default(),
     };
     net.pool.offer_bootstrap(&params.first);
     // The ACQUIRED record is on the acquisition's critical path: a lane to the leader is opened
@@ -210,7 +212,7 @@ async fn run(
             } else {
                 Park::Fresh
             };
-            send(&net.pool, t, park, answers_tx.clone());
+            send(&net, t, park, answers_tx.clone());
         }
         while let Some(e) = m.poll_event() {
             match &mut ledger {
@@ -301,6 +303,14 @@ async fn run(
         }
         unset
     });
+    if let Some((_, lane)) = net
+        .join_lane
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+    {
+        lane.done();
+    }
     if net.private {
         net.pool.close_all();
     }
@@ -360,6 +370,35 @@ fn publish(state: &watch::Sender<SessionState>, e: &Event) {
 struct Session {
     pool: Arc<Pool>,
     private: bool,
+    /// The lane the member's join phase goes on, kept from its first JoinGroup to its SyncGroup's
+    /// answer. Without it each step of a join (MEMBER_ID_REQUIRED, the JoinGroup that parks, the
+    /// SyncGroup) would queue for a lane again, behind every other lock's first join: with a
+    /// line longer than the session timeout the broker drops the pending member id meanwhile,
+    /// and the join starts over (seen with 1,000 acquisitions at once under a 3 s delay).
+    join_lane: JoinLane,
+}
+
+type JoinLane = Arc<Mutex<Option<(Broker, pool::Lane)>>>;
+
+/// The kept join lane if it goes to `broker` and is open; a lane to another broker goes back.
+fn take_join_lane(kept: &JoinLane, broker: &Broker) -> Option<pool::Lane> {
+    let (to, lane) = kept.lock().unwrap_or_else(|p| p.into_inner()).take()?;
+    if to == *broker && !lane.conn().is_closed() {
+        Some(lane)
+    } else {
+        lane.done();
+        None
+    }
+}
+
+fn keep_join_lane(kept: &JoinLane, broker: Broker, lane: pool::Lane) {
+    let old = kept
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .replace((broker, lane));
+    if let Some((_, old)) = old {
+        old.done();
+    }
 }
 
 /// Sends `request` on the connection its kind calls for: the broker's quick connection, or a
@@ -391,7 +430,9 @@ enum Route {
     Lane(crate::membership::Broker, Park),
 }
 
-fn send(pool: &Arc<Pool>, t: Transmit, park: Park, answers: mpsc::UnboundedSender<Answer>) {
+fn send(net: &Session, t: Transmit, park: Park, answers: mpsc::UnboundedSender<Answer>) {
+    let pool = &net.pool;
+    let kept = net.join_lane.clone();
     let route = match &t.target {
         Target::Any => Route::Quick(None),
         Target::Coordinator {
@@ -422,25 +463,38 @@ fn send(pool: &Arc<Pool>, t: Transmit, park: Park, answers: mpsc::UnboundedSende
         // connect timeout, so the machine always hears back.
         let bound = t.timeout.saturating_add(pool.conn.connect_timeout);
         let result = match route {
-            // A first join has no lease at stake: it waits its turn for a lane (the semaphore
-            // is FIFO) outside the bound, instead of timing out and joining the back of the
-            // queue again. The acquire's own wait bounds it for the caller.
-            Route::Lane(broker, Park::Fresh) => match pool.lane(&broker, Park::Fresh).await {
-                // The session ended while this waited: the member it was for is gone.
-                Ok(lane) if answers.is_closed() => {
-                    lane.done();
-                    return;
-                }
-                Ok(lane) => {
-                    let exchange = async {
-                        let response = lane.conn().request_at(request, version, t.timeout).await?;
+            Route::Lane(broker, park) => {
+                let lane = match take_join_lane(&kept, &broker) {
+                    Some(lane) => Ok(lane),
+                    // A first join has no lease at stake: it waits its turn for a lane (the
+                    // semaphore is FIFO) outside the bound, instead of timing out and joining
+                    // the back of the line again. The acquire's own wait bounds it for the
+                    // caller.
+                    None if park == Park::Fresh => pool.lane(&broker, park).await,
+                    None => bounded(bound, pool.lane(&broker, park), || format!("{api:?}")).await,
+                };
+                match lane {
+                    // The session ended while this waited: the member it was for is gone.
+                    Ok(lane) if answers.is_closed() => {
                         lane.done();
-                        Ok((response, version))
-                    };
-                    bounded(bound, exchange, || format!("{api:?}")).await
+                        return;
+                    }
+                    Ok(lane) => {
+                        let exchange = async {
+                            let response =
+                                lane.conn().request_at(request, version, t.timeout).await?;
+                            if api == ApiKey::SyncGroup {
+                                lane.done();
+                            } else {
+                                keep_join_lane(&kept, broker, lane);
+                            }
+                            Ok((response, version))
+                        };
+                        bounded(bound, exchange, || format!("{api:?}")).await
+                    }
+                    Err(e) => Err(e),
                 }
-                Err(e) => Err(e),
-            },
+            }
             route => {
                 let exchange = exchange(&pool, route, |_| Ok((request, version)), t.timeout);
                 bounded(bound, exchange, || format!("{api:?}")).await
