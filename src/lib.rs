@@ -97,6 +97,7 @@
 #![deny(rustdoc::broken_intra_doc_links)]
 
 mod api;
+mod client;
 pub mod codec;
 mod error;
 #[cfg(test)]
@@ -133,6 +134,7 @@ pub mod security;
 pub mod wire;
 
 pub use api::Api;
+pub use client::{Client, DEFAULT_PARKING_LANES};
 pub use config::{ClientConfig, ConfigError, Timeouts};
 pub use describe::{
     LedgerSummary, LockDescription, LockHolder, LockMember, LockProtocol, LockState,

@@ -47,7 +47,7 @@ use crate::driver::ledger::Reach;
 use crate::driver::session::{
     self, End, SessionCommand, SessionHandle, SessionParams, SessionState,
 };
-use crate::driver::{connect_any, BootstrapConfig, ConnConfig, Connection};
+use crate::driver::{BootstrapConfig, ConnConfig, Connection};
 use crate::error::{Error, KafkaCode, Result};
 use crate::ledger::{History, Ledger, LedgerConfig, LedgerError};
 use crate::membership::{Command, Event, GroupVersions, Membership, MembershipConfig, Mode};
@@ -239,6 +239,8 @@ pub struct LockOptions {
     permits: u16,
     events: Option<mpsc::UnboundedSender<LockEvent>>,
     stats: Arc<Mutex<StatsInner>>,
+    /// The client whose connections the lock uses; `None`: connections of its own.
+    client: Option<crate::client::Client>,
 }
 
 fn split_bootstrap(bootstrap: &str) -> Vec<String> {
@@ -277,6 +279,36 @@ impl LockOptions {
             permits: 1,
             events: None,
             stats: Arc::default(),
+            client: None,
+        }
+    }
+
+    pub(crate) fn with_client(mut self, client: crate::client::Client) -> Self {
+        self.client = Some(client);
+        self
+    }
+
+    /// What a pool of connections for these options is made with.
+    pub(crate) fn pool_config(&self, parking_lanes: usize) -> crate::driver::pool::PoolConfig {
+        crate::client::pool_config(
+            self.bootstrap.clone(),
+            self.conn_config(),
+            self.bootstrap_limits(),
+            (self.retry_backoff, self.retry_backoff_max),
+            parking_lanes,
+        )
+    }
+
+    /// The connections the lock uses, and whether they are its own (closed with its session).
+    fn pool(&self) -> (Arc<crate::driver::pool::Pool>, bool) {
+        match &self.client {
+            Some(c) => (c.pool().clone(), false),
+            None => (
+                Arc::new(crate::driver::pool::Pool::new(
+                    self.pool_config(crate::client::DEFAULT_PARKING_LANES),
+                )),
+                true,
+            ),
         }
     }
 
@@ -482,6 +514,21 @@ impl LockOptions {
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Config(m));
         self.security.validate()?;
+        if let Some(client) = &self.client {
+            let c = client.settings();
+            if split_bootstrap(&c.bootstrap) != self.bootstrap
+                || c.client_id != self.client_id
+                || c.connect_timeout != self.connect_timeout
+                || c.security != self.security
+            {
+                return bad(format!(
+                    "lock {:?} was made by a Client, whose connections it shares: set the \
+                     bootstrap list, client id, connect timeout and security on the Client, \
+                     not on the lock",
+                    self.name
+                ));
+            }
+        }
         if self.bootstrap.is_empty() {
             return bad("no bootstrap broker given; pass host:port[,host:port...]".into());
         }
@@ -781,13 +828,13 @@ impl LockOptions {
     /// checking its topic there.
     async fn first_connection(
         &self,
-        cfg: &ConnConfig,
+        pool: &Arc<crate::driver::pool::Pool>,
         backoff: &mut Backoff,
     ) -> Result<Connection> {
         let limits = self.bootstrap_limits();
         let give_up = Instant::now().checked_add(limits.deadline);
         loop {
-            let conn = connect_any(&self.bootstrap, cfg, backoff, &limits).await?;
+            let conn = pool.quick(None).await?;
             let Mode::Consumer { topic } = &self.mode else {
                 return Ok(conn);
             };
@@ -795,6 +842,8 @@ impl LockOptions {
                 Ok(()) => return Ok(conn),
                 Err(e) if e.is_retriable() && give_up.is_none_or(|t| Instant::now() < t) => {
                     tracing::debug!(lock = %self.name, error = %e, "checking the lock topic failed; trying again");
+                    // On a fresh connection, as the broker answering may be on its way out.
+                    conn.close();
                     tokio::time::sleep(backoff.next_delay()).await;
                 }
                 Err(e) => return Err(e),
@@ -981,11 +1030,11 @@ impl LockOptions {
         let started = Instant::now();
         // A wait too long to represent is no deadline at all.
         let deadline = wait.and_then(|w| tokio::time::Instant::now().checked_add(w));
-        let conn_cfg = self.conn_config();
         let mut backoff = Backoff::new(self.retry_backoff, self.retry_backoff_max, 2.0, 0.5);
+        let (pool, private) = self.pool();
         // The wait bounds reaching the cluster too: a caller that gave 2 s gets its answer
         // after 2 s, not after every bootstrap broker's connect timeout.
-        let connect = self.first_connection(&conn_cfg, &mut backoff);
+        let connect = self.first_connection(&pool, &mut backoff);
         let first = match deadline {
             Some(d) => match tokio::time::timeout_at(d, connect).await {
                 Ok(first) => first?,
@@ -1032,11 +1081,8 @@ impl LockOptions {
             &self.name,
             machine,
             SessionParams {
-                bootstrap: self.bootstrap.clone(),
-                conn: conn_cfg,
-                limits: self.bootstrap_limits(),
-                retry_backoff: self.retry_backoff,
-                retry_backoff_max: self.retry_backoff_max,
+                pool,
+                private,
                 first,
                 ledger,
             },

@@ -8,11 +8,16 @@
 //!   exponential backoff.
 //! - `dial`: name resolution off the runtime and Happy Eyeballs over the resolved addresses.
 //!
+//! - `pool`: a client's connections, shared by its locks: per broker one quick connection and a
+//!   capped pool of parking lanes (one parkable request each); see docs/design.md, "Many locks
+//!   over one client".
+//! - `secure`: the TLS handshake (features `tls`, `tls-graviola`) and the SASL exchange, run by
+//!   [`Connection::connect`] before any other request; KIP-368 re-authentication by replacing
+//!   the connection's link.
+//!
 //! # Transport boundary
-//! [`Connection::from_stream`] accepts any `AsyncRead + AsyncWrite + Send + Unpin` byte stream, so
-//! TLS can later be layered by wrapping the `TcpStream` before handing it over, and SASL by running
-//! its exchange on the stream before (or, for KIP-152 framed SASL, right after) the ApiVersions
-//! handshake. Neither is implemented yet.
+//! [`Connection::from_stream`] accepts any `AsyncRead + AsyncWrite + Send + Unpin` byte stream
+//! already set up (TLS included); it runs the ApiVersions handshake and SASL over it.
 
 mod bootstrap;
 mod conn;
@@ -20,6 +25,7 @@ mod conn;
 mod cpu;
 pub(crate) mod describe;
 mod dial;
+pub(crate) mod pool;
 mod secure;
 #[cfg(test)]
 mod tests;

@@ -15,15 +15,13 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, warn, Instrument};
 
-use super::bootstrap::{connect_any, BootstrapConfig};
-use super::conn::{ConnConfig, Connection};
-use crate::backoff::Backoff;
+use super::conn::Connection;
+use super::pool::{self, Park, Pool};
 use crate::error::{Error, Result};
-use crate::ledger::{
-    self, LeaderLane, Ledger, LedgerError, MemberView, Now, LEDGER_MAX_FRAME_SIZE,
-};
+use crate::ledger::{self, LeaderLane, Ledger, LedgerError, MemberView, Now};
 use crate::membership::{Broker, Command, Event, Lane, Membership, Target, Transmit};
 use crate::wire::Response;
+use kafka_protocol::messages::ApiKey;
 
 /// What the session publishes for guards and waiters.
 #[derive(Debug, Clone)]
@@ -45,74 +43,6 @@ pub(crate) enum End {
     Released,
     Failed(Arc<Error>),
     Left,
-}
-
-/// Where the connections go.
-struct Net {
-    bootstrap: Vec<String>,
-    conn: ConnConfig,
-    limits: BootstrapConfig,
-    retry_backoff: Duration,
-    retry_backoff_max: Duration,
-    /// Cached connections; a slot is locked while it is being (re)connected so two lanes never
-    /// race to open the same one.
-    slots: Mutex<HashMap<Slot, Arc<tokio::sync::Mutex<Option<Connection>>>>>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-enum Slot {
-    Bootstrap,
-    Coordinator(Broker, Lane),
-    /// The ledger partition's leader, on one of its two lanes.
-    Leader(Broker, LeaderLane),
-    /// The group coordinator, for the ledger's OffsetCommits: Apache may hold one for up to
-    /// `offsets.commit.timeout.ms` while the offsets partition's replicas catch up, and answers
-    /// a connection's requests in order, so a commit on the heartbeats' connection would delay
-    /// them and, timed out locally, fail them with it.
-    Commit(Broker),
-}
-
-impl Net {
-    async fn connection(&self, slot: &Slot) -> Result<Connection> {
-        let cell = {
-            let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-            slots.entry(slot.clone()).or_default().clone()
-        };
-        let mut guard = cell.lock().await;
-        if let Some(c) = guard.as_ref() {
-            if !c.is_closed() {
-                return Ok(c.clone());
-            }
-        }
-        let conn = match slot {
-            Slot::Bootstrap => {
-                let mut backoff =
-                    Backoff::new(self.retry_backoff, self.retry_backoff_max, 2.0, 0.5);
-                connect_any(&self.bootstrap, &self.conn, &mut backoff, &self.limits).await?
-            }
-            Slot::Coordinator(broker, _) | Slot::Commit(broker) => {
-                Connection::connect(&format!("{}:{}", broker.host, broker.port), &self.conn).await?
-            }
-            Slot::Leader(broker, _) => {
-                let max = self.conn.max_frame_size.max(LEDGER_MAX_FRAME_SIZE);
-                let cfg = self.conn.clone().with_max_frame_size(max);
-                Connection::connect(&format!("{}:{}", broker.host, broker.port), &cfg).await?
-            }
-        };
-        *guard = Some(conn.clone());
-        Ok(conn)
-    }
-
-    fn close_all(&self) {
-        let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        for cell in slots.values() {
-            if let Ok(g) = cell.try_lock() {
-                if let Some(c) = g.as_ref() {
-                    c.close();
-                }
-            }
-        }
-    }
 }
 
 /// What the lock's owner can ask of the session.
@@ -143,11 +73,10 @@ pub(crate) struct SessionHandle {
 }
 
 pub(crate) struct SessionParams {
-    pub(crate) bootstrap: Vec<String>,
-    pub(crate) conn: ConnConfig,
-    pub(crate) limits: BootstrapConfig,
-    pub(crate) retry_backoff: Duration,
-    pub(crate) retry_backoff_max: Duration,
+    /// The client's connections, shared with its other locks.
+    pub(crate) pool: Arc<Pool>,
+    /// Whether the pool is this lock's alone: its connections then close with the session.
+    pub(crate) private: bool,
     pub(crate) first: Connection,
     /// The lock's ledger machine, if it has a ledger.
     pub(crate) ledger: Option<Ledger>,
@@ -173,30 +102,20 @@ pub(crate) fn spawn(
         holder: None,
         generation: -1,
     });
-    let net = Arc::new(Net {
-        bootstrap: params.bootstrap,
-        conn: params.conn,
-        limits: params.limits,
-        retry_backoff: params.retry_backoff,
-        retry_backoff_max: params.retry_backoff_max,
-        slots: Mutex::new(HashMap::new()),
-    });
-    {
-        let mut slots = net.slots.lock().unwrap_or_else(|p| p.into_inner());
-        slots.insert(
-            Slot::Bootstrap,
-            Arc::new(tokio::sync::Mutex::new(Some(params.first))),
-        );
-    }
-    // The ACQUIRED record is on the acquisition's critical path: its connection is opened now,
-    // while the membership joins.
+    let net = Session {
+        pool: params.pool,
+        private: params.private,
+        join_lane: Arc::default(),
+    };
+    net.pool.offer_bootstrap(&params.first);
+    // The ACQUIRED record is on the acquisition's critical path: a lane to the leader is opened
+    // now, while the membership joins.
     if let Some(p) = params.ledger.as_ref().and_then(Ledger::partition) {
-        let (net, slot) = (
-            net.clone(),
-            Slot::Leader(p.leader.clone(), LeaderLane::Append),
-        );
+        let (pool, leader) = (net.pool.clone(), p.leader.clone());
         tokio::spawn(async move {
-            let _ = net.connection(&slot).await;
+            if let Ok(lane) = pool.lane(&leader, Park::Urgent).await {
+                lane.done();
+            }
         });
     }
     let (left_tx, left_rx) = watch::channel(None);
@@ -261,7 +180,7 @@ async fn run(
     mut m: Membership,
     mut ledger: Option<Ledger>,
     lock: String,
-    net: Arc<Net>,
+    net: Session,
     mut commands: mpsc::UnboundedReceiver<SessionCommand>,
     outputs: Outputs,
 ) {
@@ -286,7 +205,14 @@ async fn run(
     m.handle_timeout(now());
     loop {
         while let Some(t) = m.poll_transmit() {
-            send(&net, t, answers_tx.clone());
+            // A member of a completed generation rejoins to keep what it has: its JoinGroup
+            // may take the lanes first joins cannot.
+            let park = if m.generation() >= 0 || m.token().is_some() {
+                Park::Urgent
+            } else {
+                Park::Fresh
+            };
+            send(&net, t, park, answers_tx.clone());
         }
         while let Some(e) = m.poll_event() {
             match &mut ledger {
@@ -296,7 +222,7 @@ async fn run(
         }
         if let Some(l) = &mut ledger {
             while let Some(t) = l.poll_transmit() {
-                send_ledger(&net, t, answers_tx.clone());
+                send_ledger(&net.pool, t, answers_tx.clone());
             }
             while let Some(e) = l.poll_event() {
                 out(e);
@@ -377,7 +303,17 @@ async fn run(
         }
         unset
     });
-    net.close_all();
+    if let Some((_, lane)) = net
+        .join_lane
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+    {
+        lane.done();
+    }
+    if net.private {
+        net.pool.close_all();
+    }
     debug!("session ended");
 }
 
@@ -430,76 +366,193 @@ fn publish(state: &watch::Sender<SessionState>, e: &Event) {
     state.send_replace(next);
 }
 
-fn send(net: &Arc<Net>, t: Transmit, answers: mpsc::UnboundedSender<Answer>) {
-    if let Target::Coordinator {
-        broker,
-        lane: Lane::Join,
-    } = &t.target
-    {
-        // The first Heartbeat follows the SyncGroup at once, on the other lane: opening it now,
-        // while the JoinGroup is with the broker, keeps its connect off the acquisition's path.
-        let (net, control) = (
-            net.clone(),
-            Slot::Coordinator(broker.clone(), Lane::Control),
-        );
-        tokio::spawn(async move {
-            let _ = tokio::time::timeout(net.conn.connect_timeout, net.connection(&control)).await;
-        });
+/// The session's view of the client's connections.
+struct Session {
+    pool: Arc<Pool>,
+    private: bool,
+    /// The lane the member's join phase goes on, kept from its first JoinGroup to its SyncGroup's
+    /// answer. Without it each step of a join (MEMBER_ID_REQUIRED, the JoinGroup that parks, the
+    /// SyncGroup) would queue for a lane again, behind every other lock's first join: with a
+    /// line longer than the session timeout the broker can drop the pending member id
+    /// meanwhile, and the join starts over.
+    join_lane: JoinLane,
+}
+
+type JoinLane = Arc<Mutex<Option<(Broker, pool::Lane)>>>;
+
+/// The kept join lane if it goes to `broker` and is open; a lane to another broker goes back.
+fn take_join_lane(kept: &JoinLane, broker: &Broker) -> Option<pool::Lane> {
+    let (to, lane) = kept.lock().unwrap_or_else(|p| p.into_inner()).take()?;
+    if to == *broker && !lane.conn().is_closed() {
+        Some(lane)
+    } else {
+        lane.done();
+        None
     }
-    let net = net.clone();
+}
+
+fn keep_join_lane(kept: &JoinLane, broker: Broker, lane: pool::Lane) {
+    let old = kept
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .replace((broker, lane));
+    if let Some((_, old)) = old {
+        old.done();
+    }
+}
+
+/// Sends `request` on the connection its kind calls for: the broker's quick connection, or a
+/// parking lane lent for this one request.
+async fn exchange(
+    pool: &Arc<Pool>,
+    route: Route,
+    build: impl FnOnce(&Connection) -> Result<(crate::wire::Request, i16)>,
+    timeout: Duration,
+) -> Result<(Response, i16)> {
+    match route {
+        Route::Quick(broker) => {
+            let conn = pool.quick(broker.as_ref()).await?;
+            let (request, version) = build(&conn)?;
+            Ok((conn.request_at(request, version, timeout).await?, version))
+        }
+        Route::Lane(broker, park) => {
+            let lane = pool.lane(&broker, park).await?;
+            let (request, version) = build(lane.conn())?;
+            let response = lane.conn().request_at(request, version, timeout).await?;
+            lane.done();
+            Ok((response, version))
+        }
+    }
+}
+
+enum Route {
+    Quick(Option<crate::membership::Broker>),
+    Lane(crate::membership::Broker, Park),
+}
+
+fn send(net: &Session, t: Transmit, park: Park, answers: mpsc::UnboundedSender<Answer>) {
+    let pool = &net.pool;
+    let kept = net.join_lane.clone();
+    let route = match &t.target {
+        Target::Any => Route::Quick(None),
+        Target::Coordinator {
+            broker,
+            lane: Lane::Control,
+        } => Route::Quick(Some(broker.clone())),
+        Target::Coordinator {
+            broker,
+            lane: Lane::Join,
+        } => {
+            // The first Heartbeat follows the SyncGroup at once, on the quick connection:
+            // opening it now, while the JoinGroup is with the broker, keeps its connect off the
+            // acquisition's path.
+            let (pool, quick) = (pool.clone(), broker.clone());
+            let connect_timeout = pool.conn.connect_timeout;
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(connect_timeout, pool.quick(Some(&quick))).await;
+            });
+            Route::Lane(broker.clone(), park)
+        }
+    };
+    let pool = pool.clone();
     tokio::spawn(async move {
-        let slot = match &t.target {
-            Target::Any => Slot::Bootstrap,
-            Target::Coordinator { broker, lane } => Slot::Coordinator(broker.clone(), *lane),
-        };
         let api = t.request.api_key();
         let version = t.version;
-        let result = async {
-            let conn = net.connection(&slot).await?;
-            conn.request_at(t.request, version, t.timeout).await
-        };
+        let request = t.request;
         // The connect and the request together stay within the transmit's timeout plus the
         // connect timeout, so the machine always hears back.
-        let bound = t.timeout.saturating_add(net.conn.connect_timeout);
-        let result = match tokio::time::timeout(bound, result).await {
-            Ok(r) => r,
-            Err(_) => Err(Error::Timeout {
-                op: format!("{api:?}"),
-                after: bound,
-            }),
+        let bound = t.timeout.saturating_add(pool.conn.connect_timeout);
+        let result = match route {
+            Route::Lane(broker, park) => {
+                let lane = match take_join_lane(&kept, &broker) {
+                    Some(lane) => Ok(lane),
+                    // A first join has no lease at stake: it waits its turn for a lane (the
+                    // semaphore is FIFO) outside the bound, instead of timing out and joining
+                    // the back of the line again. The acquire's own wait bounds it for the
+                    // caller.
+                    None if park == Park::Fresh => pool.lane(&broker, park).await,
+                    None => bounded(bound, pool.lane(&broker, park), || format!("{api:?}")).await,
+                };
+                match lane {
+                    // The session ended while this waited: the member it was for is gone.
+                    Ok(lane) if answers.is_closed() => {
+                        lane.done();
+                        return;
+                    }
+                    Ok(lane) => {
+                        let exchange = async {
+                            let response =
+                                lane.conn().request_at(request, version, t.timeout).await?;
+                            if api == ApiKey::SyncGroup {
+                                lane.done();
+                            } else {
+                                keep_join_lane(&kept, broker, lane);
+                            }
+                            Ok((response, version))
+                        };
+                        bounded(bound, exchange, || format!("{api:?}")).await
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            route => {
+                let exchange = exchange(&pool, route, |_| Ok((request, version)), t.timeout);
+                bounded(bound, exchange, || format!("{api:?}")).await
+            }
         };
         if let Err(e) = &result {
             warn!(?api, error = %e, "request failed");
         }
-        let _ = answers.send((Source::Member, t.id, result.map(|r| (r, version))));
+        let _ = answers.send((Source::Member, t.id, result));
     });
 }
 
+/// `exchange`, or a timeout error naming `op` once `bound` has passed.
+async fn bounded<T>(
+    bound: Duration,
+    exchange: impl std::future::Future<Output = Result<T>>,
+    op: impl FnOnce() -> String,
+) -> Result<T> {
+    match tokio::time::timeout(bound, exchange).await {
+        Ok(r) => r,
+        Err(_) => Err(Error::Timeout {
+            op: op(),
+            after: bound,
+        }),
+    }
+}
+
 /// Sends a ledger request, built for the versions the connection it goes out on negotiated.
-fn send_ledger(net: &Arc<Net>, t: ledger::Transmit, answers: mpsc::UnboundedSender<Answer>) {
-    let net = net.clone();
+fn send_ledger(pool: &Arc<Pool>, t: ledger::Transmit, answers: mpsc::UnboundedSender<Answer>) {
+    let route = match &t.target {
+        ledger::Target::Any => Route::Quick(None),
+        // The ACQUIRED, RELEASED and LOST appends wait for the replicas (acks=all).
+        ledger::Target::Leader {
+            broker,
+            lane: LeaderLane::Append,
+        } => Route::Lane(broker.clone(), Park::Urgent),
+        // A waiter's long poll: never in the way of a membership in force.
+        ledger::Target::Leader {
+            broker,
+            lane: LeaderLane::Poll,
+        } => Route::Lane(broker.clone(), Park::Fresh),
+        // Apache may hold an OffsetCommit for up to `offsets.commit.timeout.ms` while the
+        // offsets partition's replicas catch up.
+        ledger::Target::Coordinator(broker) => Route::Lane(broker.clone(), Park::Urgent),
+    };
+    let pool = pool.clone();
     tokio::spawn(async move {
-        let slot = match &t.target {
-            ledger::Target::Any => Slot::Bootstrap,
-            ledger::Target::Leader { broker, lane } => Slot::Leader(broker.clone(), *lane),
-            ledger::Target::Coordinator(broker) => Slot::Commit(broker.clone()),
-        };
-        let result = async {
-            let conn = net.connection(&slot).await?;
-            let (request, version) = ledger::build(&t.op, conn.versions())?;
-            let response = conn.request_at(request, version, t.timeout).await?;
-            Ok((response, version))
-        };
-        let bound = t.timeout.saturating_add(net.conn.connect_timeout);
-        let result = match tokio::time::timeout(bound, result).await {
-            Ok(r) => r,
-            Err(_) => Err(Error::Timeout {
-                op: t.op.name().into(),
-                after: bound,
-            }),
-        };
+        let op = t.op;
+        let result = exchange(
+            &pool,
+            route,
+            |conn| ledger::build(&op, conn.versions()),
+            t.timeout,
+        );
+        let bound = t.timeout.saturating_add(pool.conn.connect_timeout);
+        let result = bounded(bound, result, || op.name().into()).await;
         if let Err(e) = &result {
-            debug!(op = t.op.name(), error = %e, "ledger request failed");
+            debug!(op = op.name(), error = %e, "ledger request failed");
         }
         let _ = answers.send((Source::Ledger, t.id, result));
     });

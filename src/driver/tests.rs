@@ -1342,3 +1342,120 @@ fn request_enum_accepts_typed_requests() {
     let r: Request = heartbeat(1).into();
     assert_eq!(r.api_key(), ApiKey::Heartbeat);
 }
+
+/// A scripted broker for the pool: accepts connections on loopback, answers each one's
+/// ApiVersions, then reports it (the server side) on `accepted`.
+async fn lane_broker() -> (
+    crate::membership::Broker,
+    tokio::sync::mpsc::UnboundedReceiver<Peer<tokio::net::TcpStream>>,
+) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            let mut peer = Peer::new(socket);
+            peer.handshake(BROKER_APIS).await;
+            if tx.send(peer).is_err() {
+                return;
+            }
+        }
+    });
+    let broker = crate::membership::Broker {
+        node_id: 1,
+        host: "127.0.0.1".into(),
+        port: i32::from(port),
+    };
+    (broker, rx)
+}
+
+fn lane_pool(cap: usize) -> Arc<pool::Pool> {
+    Arc::new(pool::Pool::new(pool::PoolConfig {
+        bootstrap: vec![],
+        conn: ConnConfig::default(),
+        limits: BootstrapConfig::default(),
+        retry_backoff: Duration::from_millis(10),
+        retry_backoff_max: Duration::from_millis(100),
+        parking_lanes: cap,
+    }))
+}
+
+/// First joins and polls take at most `cap - cap/4` lanes; what a membership in force needs
+/// still gets one when they are all taken, and a fresh request waits until one comes back.
+#[tokio::test]
+async fn fresh_requests_leave_the_reserve_lanes_to_urgent_ones() {
+    use pool::Park;
+    let (broker, mut accepted) = lane_broker().await;
+    let pool = lane_pool(4);
+    let mut fresh = Vec::new();
+    for _ in 0..3 {
+        fresh.push(
+            tokio::time::timeout(PROMPTLY, pool.lane(&broker, Park::Fresh))
+                .await
+                .expect("a free lane is lent at once")
+                .unwrap(),
+        );
+    }
+    let urgent = tokio::time::timeout(PROMPTLY, pool.lane(&broker, Park::Urgent))
+        .await
+        .expect("the reserve lane is lent while the fresh ones are taken")
+        .unwrap();
+    let mut waiting = tokio::spawn({
+        let (pool, broker) = (pool.clone(), broker.clone());
+        async move { pool.lane(&broker, Park::Fresh).await.map(|l| l.done()) }
+    });
+    // Four connections, one per lane lent (kept open on the broker's side).
+    let mut servers = Vec::new();
+    for _ in 0..4 {
+        servers.push(
+            tokio::time::timeout(PROMPTLY, accepted.recv())
+                .await
+                .expect("a connection per lane")
+                .unwrap(),
+        );
+    }
+    // The fourth fresh request has no lane while three fresh ones are out (the urgent one
+    // coming back does not help it).
+    urgent.done();
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), &mut waiting)
+            .await
+            .is_err(),
+        "a fourth fresh request took the reserve lane"
+    );
+    fresh.pop().unwrap().done();
+    tokio::time::timeout(PROMPTLY, waiting)
+        .await
+        .expect("a returned lane serves the waiting request")
+        .unwrap()
+        .unwrap();
+    // Returned lanes were reused: nothing new was dialled.
+    assert!(accepted.try_recv().is_err());
+    drop(servers);
+}
+
+/// A lane whose request was abandoned may still get its answer: it is closed, not lent again.
+#[tokio::test]
+async fn a_lane_dropped_before_its_answer_is_closed_not_reused() {
+    use pool::Park;
+    let (broker, mut accepted) = lane_broker().await;
+    let pool = lane_pool(4);
+    let lane = pool.lane(&broker, Park::Urgent).await.unwrap();
+    let mut server = tokio::time::timeout(PROMPTLY, accepted.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    let conn = lane.conn().clone();
+    let asked = tokio::spawn(async move { conn.request(heartbeat(1)).await });
+    let _ = server.recv().await;
+    drop(lane);
+    server.expect_closed().await;
+    assert!(asked.await.unwrap().is_err());
+    // The next request gets a new connection.
+    let next = pool.lane(&broker, Park::Urgent).await.unwrap();
+    tokio::time::timeout(PROMPTLY, accepted.recv())
+        .await
+        .expect("a fresh connection for the next lane")
+        .unwrap();
+    next.done();
+}

@@ -14,6 +14,7 @@ mod interop;
 mod java_peers;
 mod ledger;
 mod lock;
+mod many_locks;
 mod oauth;
 mod parked;
 mod proxy;

@@ -364,6 +364,49 @@ async fn long_hold_survives_reauthentication() {
     assert!(stats.losses.iter().all(|(_, n)| *n == 0), "{stats:?}");
 }
 
+/// KIP-368 with many locks over one `Client`: every connection they share re-authenticates on
+/// its own schedule, and none of the locks loses its hold across several session deadlines.
+#[tokio::test]
+async fn many_locks_of_one_client_survive_reauthentication() {
+    crate::support::init_tracing();
+    let security = Security::new(SecurityProtocol::SaslPlaintext).with_sasl(Sasl::scram_sha512(
+        SCRAM512_USER.0,
+        Secret::new(SCRAM512_USER.1),
+    ));
+    let client = kafka_lock::Client::new(secure_kafka().addr("REAUTH"))
+        .security(security)
+        .connect_timeout(Duration::from_secs(10));
+    let prefix = unique_group("sec-reauth-many");
+    let mut held = Vec::new();
+    for i in 0..6 {
+        let options = client
+            .lock(format!("{prefix}-{i}"))
+            .session_timeout(Duration::from_secs(6))
+            .rebalance_timeout(Duration::from_secs(6))
+            .heartbeat_interval(Duration::from_millis(500))
+            .lease_margin(Duration::from_secs(1));
+        let guard = options.acquire(Some(SECURE_WAIT)).await.expect("acquire");
+        held.push((options, guard));
+    }
+    let until = Instant::now() + Duration::from_millis(REAUTH_MS * 3 + 1000);
+    while Instant::now() < until {
+        for (options, guard) in &held {
+            assert!(
+                guard.is_held(),
+                "{} ended during re-authentication",
+                options.name()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    for (options, guard) in held {
+        assert!(guard.is_held());
+        guard.release().await.expect("release");
+        let stats = options.stats();
+        assert!(stats.losses.iter().all(|(_, n)| *n == 0), "{stats:?}");
+    }
+}
+
 /// The same kind of connection without renewal (`from_stream` has no address to redial) is
 /// closed by the broker once the session lifetime has passed: the renewal above is what keeps
 /// connections alive, and this test shows the broker really enforces the deadline.

@@ -1,0 +1,354 @@
+//! The connections of one client, shared by every lock it makes.
+//!
+//! Apache Kafka serves a connection one request at a time, in order: the socket server mutes a
+//! channel once it has read a request and unmutes it only after the response is sent
+//! (SocketServer.scala `processCompletedReceives`, `selector.mute`). A request the broker parks
+//! therefore blocks every later request on its connection, whatever the client pipelines. So
+//! requests are split by how the broker answers them:
+//!
+//! - **quick**: one connection per broker (and one to a bootstrap broker) for the requests
+//!   Apache answers without parking them on purpose: Heartbeat, LeaveGroup, FindCoordinator,
+//!   Metadata, ListOffsets, DescribeGroups, OffsetFetch. Every lock of the client shares it.
+//! - **parking lanes**: per broker, an elastic pool of connections that each carry at most one
+//!   request at a time: JoinGroup, SyncGroup, the waiters' long-poll Fetch, acks=all Produce,
+//!   OffsetCommit. A lane is opened when no idle one is left, goes back to the pool when its
+//!   answer is in, and is closed after [`IDLE_AFTER`] unused. At most `cap` lanes per broker
+//!   exist at once; a request that finds them all busy waits for one, within its own timeout.
+//!
+//! First joins (a member that has never completed a generation) and waiters' polls may take at
+//! most `cap - reserve` lanes, so the `reserve` lanes left are always there for the requests a
+//! membership in force needs in time: a rejoin during a rebalance (missing the rebalance timeout
+//! costs the member its membership), the ACQUIRED append and a holder's checkpoint.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+use super::bootstrap::{connect_any, BootstrapConfig};
+use super::conn::{ConnConfig, Connection};
+use crate::backoff::Backoff;
+use crate::error::{Error, Result};
+use crate::membership::Broker;
+
+/// Default cap on the parking lanes of one client to one broker. Each lane is a socket (with
+/// its TLS session and SASL exchange) the broker keeps, and small managed brokers allow a few
+/// hundred client connections in all; 32 leaves room for several processes per broker while
+/// letting 24 first joins park at once (about 8 acquisitions a second per broker under Apache's
+/// default 3 s `group.initial.rebalance.delay.ms`; with a delay of 0 a lane is busy for a round
+/// trip only).
+pub const DEFAULT_PARKING_LANES: usize = 32;
+
+/// A connection unused this long is closed: lanes after a burst of acquisitions, and the quick
+/// connection of a broker that coordinates none of the client's locks any more.
+pub(crate) const IDLE_AFTER: Duration = Duration::from_secs(60);
+
+/// Which lanes a parked request may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Park {
+    /// A first join or a waiter's poll: never more than `cap - reserve` at once.
+    Fresh,
+    /// A membership in force (rejoin), the ACQUIRED append, a checkpoint: may take any lane.
+    Urgent,
+}
+
+/// Where the connections go, and the ones open now.
+pub(crate) struct Pool {
+    pub(crate) bootstrap: Vec<String>,
+    pub(crate) conn: ConnConfig,
+    /// For parking lanes, which may carry ledger Fetches (larger frames).
+    park_conn: ConnConfig,
+    pub(crate) limits: BootstrapConfig,
+    pub(crate) retry_backoff: Duration,
+    pub(crate) retry_backoff_max: Duration,
+    cap: usize,
+    /// Quick connections by broker (`None`: the bootstrap connection). A cell is locked while
+    /// its connection is being opened, so two requests never race to open the same one.
+    quick: Mutex<HashMap<Option<Broker>, Arc<QuickCell>>>,
+    parking: Mutex<HashMap<Broker, Arc<Lanes>>>,
+    reaper: AtomicBool,
+}
+
+#[derive(Default)]
+struct QuickCell {
+    conn: tokio::sync::Mutex<Option<Connection>>,
+    last_used: Mutex<Option<Instant>>,
+}
+
+struct Lanes {
+    all: Arc<Semaphore>,
+    fresh: Arc<Semaphore>,
+    idle: Mutex<Vec<(Connection, Instant)>>,
+}
+
+/// A parking lane lent to one request. Dropped before [`Lane::done`] (its request cancelled or
+/// timed out with an answer maybe still to come), its connection is closed rather than lent
+/// again: the next request would queue behind the parked one.
+pub(crate) struct Lane {
+    conn: Option<Connection>,
+    lanes: Arc<Lanes>,
+    _all: OwnedSemaphorePermit,
+    _fresh: Option<OwnedSemaphorePermit>,
+}
+
+impl Lane {
+    pub(crate) fn conn(&self) -> &Connection {
+        self.conn.as_ref().expect("taken only by done or drop")
+    }
+
+    /// The request is answered: the lane may serve another.
+    pub(crate) fn done(mut self) {
+        if let Some(c) = self.conn.take() {
+            if !c.is_closed() {
+                let mut idle = self.lanes.idle.lock().unwrap_or_else(|p| p.into_inner());
+                idle.push((c, Instant::now()));
+            }
+        }
+    }
+}
+
+impl Drop for Lane {
+    fn drop(&mut self) {
+        if let Some(c) = self.conn.take() {
+            c.close();
+        }
+    }
+}
+
+/// The settings a pool is made with.
+pub(crate) struct PoolConfig {
+    pub(crate) bootstrap: Vec<String>,
+    pub(crate) conn: ConnConfig,
+    pub(crate) limits: BootstrapConfig,
+    pub(crate) retry_backoff: Duration,
+    pub(crate) retry_backoff_max: Duration,
+    pub(crate) parking_lanes: usize,
+}
+
+impl Pool {
+    pub(crate) fn new(cfg: PoolConfig) -> Pool {
+        let frame = cfg
+            .conn
+            .max_frame_size
+            .max(crate::ledger::LEDGER_MAX_FRAME_SIZE);
+        Pool {
+            bootstrap: cfg.bootstrap,
+            park_conn: cfg.conn.clone().with_max_frame_size(frame),
+            conn: cfg.conn,
+            limits: cfg.limits,
+            retry_backoff: cfg.retry_backoff,
+            retry_backoff_max: cfg.retry_backoff_max,
+            cap: cfg.parking_lanes.max(1),
+            quick: Mutex::new(HashMap::new()),
+            parking: Mutex::new(HashMap::new()),
+            reaper: AtomicBool::new(false),
+        }
+    }
+
+    /// Lanes kept for [`Park::Urgent`]: a quarter of the cap, at least one when the cap allows
+    /// two lanes.
+    fn reserve(&self) -> usize {
+        if self.cap < 2 {
+            0
+        } else {
+            (self.cap / 4).max(1)
+        }
+    }
+
+    /// The quick connection to `broker` (`None`: any bootstrap broker), opened if needed.
+    pub(crate) async fn quick(self: &Arc<Self>, broker: Option<&Broker>) -> Result<Connection> {
+        self.start_reaper();
+        let cell = {
+            let mut quick = self.quick.lock().unwrap_or_else(|p| p.into_inner());
+            quick.entry(broker.cloned()).or_default().clone()
+        };
+        *cell.last_used.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        let mut guard = cell.conn.lock().await;
+        if let Some(c) = guard.as_ref() {
+            if !c.is_closed() {
+                return Ok(c.clone());
+            }
+        }
+        let conn = match broker {
+            None => {
+                let mut backoff =
+                    Backoff::new(self.retry_backoff, self.retry_backoff_max, 2.0, 0.5);
+                connect_any(&self.bootstrap, &self.conn, &mut backoff, &self.limits).await?
+            }
+            Some(b) => Connection::connect(&address(b), &self.conn).await?,
+        };
+        *guard = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// Makes `conn` the bootstrap connection unless one is open already.
+    pub(crate) fn offer_bootstrap(&self, conn: &Connection) {
+        let cell = {
+            let mut quick = self.quick.lock().unwrap_or_else(|p| p.into_inner());
+            quick.entry(None).or_default().clone()
+        };
+        let offered = match cell.conn.try_lock() {
+            Ok(mut g) if g.as_ref().is_none_or(Connection::is_closed) => {
+                *g = Some(conn.clone());
+                true
+            }
+            _ => false,
+        };
+        if offered {
+            *cell.last_used.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        }
+    }
+
+    /// A parking lane to `broker`: an idle one, or a new one while fewer than the cap exist;
+    /// otherwise waits for one to come free.
+    pub(crate) async fn lane(self: &Arc<Self>, broker: &Broker, park: Park) -> Result<Lane> {
+        self.start_reaper();
+        let lanes = {
+            let mut parking = self.parking.lock().unwrap_or_else(|p| p.into_inner());
+            parking
+                .entry(broker.clone())
+                .or_insert_with(|| {
+                    Arc::new(Lanes {
+                        all: Arc::new(Semaphore::new(self.cap)),
+                        fresh: Arc::new(Semaphore::new(self.cap - self.reserve())),
+                        idle: Mutex::new(Vec::new()),
+                    })
+                })
+                .clone()
+        };
+        let fresh = match park {
+            Park::Fresh => Some(
+                lanes
+                    .fresh
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .map_err(|_| Error::Closed)?,
+            ),
+            Park::Urgent => None,
+        };
+        let all = lanes
+            .all
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| Error::Closed)?;
+        let reuse = {
+            let mut idle = lanes.idle.lock().unwrap_or_else(|p| p.into_inner());
+            idle.retain(|(c, _)| !c.is_closed());
+            idle.pop().map(|(c, _)| c)
+        };
+        let conn = match reuse {
+            Some(c) => c,
+            None => Connection::connect(&address(broker), &self.park_conn).await?,
+        };
+        Ok(Lane {
+            conn: Some(conn),
+            lanes,
+            _all: all,
+            _fresh: fresh,
+        })
+    }
+
+    /// Closes every connection the pool holds now (the pool stays usable; later requests open
+    /// fresh ones).
+    pub(crate) fn close_all(&self) {
+        let quick: Vec<_> = self
+            .quick
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for cell in quick {
+            if let Ok(g) = cell.conn.try_lock() {
+                if let Some(c) = g.as_ref() {
+                    c.close();
+                }
+            }
+        }
+        let parking: Vec<_> = self
+            .parking
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for lanes in parking {
+            for (c, _) in lanes
+                .idle
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .drain(..)
+            {
+                c.close();
+            }
+        }
+    }
+
+    fn start_reaper(self: &Arc<Self>) {
+        if self.reaper.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        tokio::spawn(reap(Arc::downgrade(self)));
+    }
+
+    /// Closes what has been unused for [`IDLE_AFTER`].
+    fn reap_once(&self, now: Instant) {
+        let cells: Vec<_> = self
+            .quick
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for cell in cells {
+            let stale = cell
+                .last_used
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_some_and(|t| now.saturating_duration_since(t) >= IDLE_AFTER);
+            if stale {
+                if let Ok(mut g) = cell.conn.try_lock() {
+                    if let Some(c) = g.take() {
+                        c.close();
+                    }
+                }
+            }
+        }
+        let parking: Vec<_> = self
+            .parking
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for lanes in parking {
+            let mut idle = lanes.idle.lock().unwrap_or_else(|p| p.into_inner());
+            idle.retain(|(c, since)| {
+                let keep = !c.is_closed() && now.saturating_duration_since(*since) < IDLE_AFTER;
+                if !keep {
+                    c.close();
+                }
+                keep
+            });
+        }
+    }
+}
+
+async fn reap(pool: Weak<Pool>) {
+    loop {
+        tokio::time::sleep(IDLE_AFTER / 4).await;
+        match pool.upgrade() {
+            Some(p) => p.reap_once(Instant::now()),
+            None => return,
+        }
+    }
+}
+
+fn address(b: &Broker) -> String {
+    format!("{}:{}", b.host, b.port)
+}

@@ -1,0 +1,123 @@
+//! Many locks through one `Client` on Apache Kafka: every lock still excludes and fences on its
+//! own while the locks share their connections, and a request the broker parks on one lock's
+//! behalf never holds back another lock's heartbeats.
+
+use std::time::{Duration, Instant};
+
+use kafka_lock::{Client, LockEvent, LockOptions};
+
+use crate::support;
+use crate::support::brokers::SLACK;
+use crate::support::holds::Holds;
+use crate::support::kafka::{kafka, kafka_default_delay};
+
+/// Apache Kafka's smallest session by default, a short heartbeat: handovers are quick.
+fn tune(o: LockOptions) -> LockOptions {
+    o.session_timeout(Duration::from_secs(6))
+        .rebalance_timeout(Duration::from_secs(6))
+        .heartbeat_interval(Duration::from_millis(500))
+        .lease_margin(Duration::from_secs(1))
+}
+
+/// LOCKS locks, each contended by a member of the shared client and a member of a second client
+/// (connections of its own, as another process would have): per lock, the holds never overlap
+/// and each holder's token is greater than every earlier holder's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_locks_through_one_client_exclude_and_fence_each_lock_on_its_own() {
+    support::init_tracing();
+    const LOCKS: usize = 24;
+    const ROUNDS: usize = 2;
+    let shared = Client::new(kafka().bootstrap());
+    let other = Client::new(kafka().bootstrap());
+    let prefix = support::unique_group("many");
+    let work = Duration::from_millis(300);
+    // Each round of each contender: at most a handover, a rebalance and the work.
+    let wait = Duration::from_secs(60);
+    let mut per_lock = Vec::new();
+    let mut tasks = Vec::new();
+    for i in 0..LOCKS {
+        let name = format!("{prefix}-{i}");
+        let holds = Holds::new();
+        for (who, client) in [("shared", &shared), ("other", &other)] {
+            let (options, _events) = holds.record(who, tune(client.lock(&name)).label(who));
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..ROUNDS {
+                    let guard = options.acquire(Some(wait)).await.expect("acquire");
+                    tokio::time::sleep(work).await;
+                    assert!(guard.is_held(), "lost while working: {:?}", options.stats());
+                    guard.release().await.expect("release");
+                }
+                options.stats()
+            }));
+        }
+        per_lock.push(holds);
+    }
+    for t in tasks {
+        let stats = tokio::time::timeout(wait * ROUNDS as u32 * 2 + SLACK, t)
+            .await
+            .expect("every contender finishes its rounds")
+            .unwrap();
+        assert_eq!(stats.acquisitions, ROUNDS as u64);
+        assert!(stats.losses.is_empty(), "{stats:?}");
+    }
+    for (i, holds) in per_lock.iter().enumerate() {
+        // No overlap; strictly increasing generations (the token without a ledger).
+        let held = holds.check_when_ended(SLACK).await;
+        assert_eq!(held.len(), 2 * ROUNDS, "lock {i}: {held:#?}");
+        assert!(held.iter().all(|h| h.lost.is_none()), "lock {i}: {held:#?}");
+    }
+}
+
+/// On a broker with Apache's default 3 s `group.initial.rebalance.delay.ms`, lock B's first
+/// JoinGroup is parked for 3 s. Lock A, held through the same client on the same broker, keeps
+/// renewing its lease meanwhile: its heartbeats do not queue behind B's JoinGroup (a connection
+/// serves one request at a time, so on a shared connection they would wait the whole 3 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_join_of_one_lock_does_not_hold_back_another_locks_heartbeats() {
+    support::init_tracing();
+    let delay = Duration::from_millis(3000);
+    let heartbeat = Duration::from_millis(300);
+    let client = Client::new(kafka_default_delay().bootstrap());
+    let a = tune(client.lock(support::unique_group("parked-a"))).heartbeat_interval(heartbeat);
+    let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+    let b = tune(client.lock(support::unique_group("parked-b")))
+        .heartbeat_interval(heartbeat)
+        .events(tx);
+    let held_a = a.acquire(Some(delay * 3 + SLACK)).await.expect("acquire A");
+    let mut watch = held_a.watch();
+
+    let started = Instant::now();
+    let acquire_b = tokio::spawn(async move { b.acquire(Some(delay * 3 + SLACK)).await });
+    // A's renewals until B holds; B's acquisition includes its 3 s parked JoinGroup.
+    let mut renewals = 0;
+    let bound = delay * 3 + SLACK;
+    loop {
+        tokio::select! {
+            changed = tokio::time::timeout(bound, watch.changed()) => {
+                assert!(
+                    matches!(changed, Ok(true)) && watch.is_held(),
+                    "A's hold ended while B joined"
+                );
+                renewals += 1;
+            }
+            e = tokio::time::timeout(bound, events.recv()) => match e {
+                Ok(Some(LockEvent::Acquired { .. })) => break,
+                Ok(Some(_)) => {}
+                other => panic!("B never acquired: {other:?}"),
+            },
+        }
+    }
+    let window = started.elapsed();
+    let held_b = acquire_b.await.unwrap().expect("acquire B");
+    eprintln!("A renewed {renewals} times while B's acquisition took {window:?}");
+    assert!(window >= delay, "B's join was not parked: {window:?}");
+    // A heartbeat every 300 ms: about ten renewals in the window; two at most if they queued
+    // behind B's JoinGroup (one before it reached the broker, one after it was answered).
+    assert!(
+        renewals >= 3,
+        "A renewed only {renewals} times in {window:?}"
+    );
+    assert!(held_a.is_held());
+    held_b.release().await.unwrap();
+    held_a.release().await.unwrap();
+}
