@@ -184,6 +184,26 @@ impl Pool {
         Ok(conn)
     }
 
+    /// Stops lending `conn` as the quick connection to `broker`: later requests get a fresh
+    /// one. `conn` itself stays open for the requests still on it and closes when the last
+    /// handle goes.
+    pub(crate) fn retire_quick(&self, broker: Option<&Broker>, conn: &Connection) {
+        let cell = match self
+            .quick
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&broker.cloned())
+        {
+            Some(cell) => cell.clone(),
+            None => return,
+        };
+        if let Ok(mut g) = cell.conn.try_lock() {
+            if g.as_ref().is_some_and(|c| c.same(conn)) {
+                *g = None;
+            }
+        };
+    }
+
     /// Makes `conn` the bootstrap connection unless one is open already.
     pub(crate) fn offer_bootstrap(&self, conn: &Connection) {
         let cell = {
