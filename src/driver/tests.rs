@@ -1576,3 +1576,25 @@ async fn one_locks_held_heartbeat_timing_out_does_not_fail_anothers_on_the_quick
     assert_eq!(id, 3);
     result.expect("the retry is answered on the fresh connection");
 }
+
+/// With every lane taken, an urgent request (a rejoin of a membership in force) does not wait:
+/// it gets a lane beyond the cap, closed once its answer is in.
+#[tokio::test]
+async fn an_urgent_request_gets_an_overflow_lane_when_every_lane_is_taken() {
+    use pool::Park;
+    let (broker, mut accepted) = lane_broker().await;
+    let pool = lane_pool(1);
+    let fresh = pool.lane(&broker, Park::Fresh).await.unwrap();
+    let urgent = tokio::time::timeout(PROMPTLY, pool.lane(&broker, Park::Urgent))
+        .await
+        .expect("an urgent request never waits for a lane")
+        .unwrap();
+    let _first = accepted.recv().await.unwrap();
+    let mut overflow = tokio::time::timeout(PROMPTLY, accepted.recv())
+        .await
+        .expect("a connection for the overflow lane")
+        .unwrap();
+    urgent.done();
+    overflow.expect_closed().await;
+    fresh.done();
+}
