@@ -498,8 +498,12 @@ pub(super) fn send(net: &Session, t: Transmit, park: Park, answers: mpsc::Unboun
                     // A first join has no lease at stake: it waits its turn for a lane (the
                     // semaphore is FIFO) outside the bound, instead of timing out and joining
                     // the back of the line again. The acquire's own wait bounds it for the
-                    // caller.
-                    None if park == Park::Fresh => pool.lane(&broker, park).await,
+                    // caller. If the session ends meanwhile the wait ends with it: a dead
+                    // member's place in line would delay the live ones behind it.
+                    None if park == Park::Fresh => tokio::select! {
+                        lane = pool.lane(&broker, park) => lane,
+                        () = answers.closed() => return,
+                    },
                     None => bounded(bound, pool.lane(&broker, park), || format!("{api:?}")).await,
                 };
                 match lane {

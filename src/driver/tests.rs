@@ -1598,3 +1598,50 @@ async fn an_urgent_request_gets_an_overflow_lane_when_every_lane_is_taken() {
     overflow.expect_closed().await;
     fresh.done();
 }
+
+/// A first join waiting for a lane when its session ends leaves the line: it neither takes the
+/// next lane nor dials a connection for a member that is gone.
+#[tokio::test]
+async fn a_first_join_waiting_for_a_lane_leaves_the_line_with_its_session() {
+    use crate::membership::{Lane, Target, Transmit};
+    use kafka_protocol::messages::JoinGroupRequest;
+    let (broker, mut accepted) = lane_broker().await;
+    let net = session::Session {
+        pool: lane_pool(1),
+        private: false,
+        join_lane: Default::default(),
+    };
+    let taken = net.pool.lane(&broker, pool::Park::Fresh).await.unwrap();
+    let _server = accepted.recv().await.unwrap();
+    let (answers_tx, answers) = tokio::sync::mpsc::unbounded_channel();
+    let join = Transmit {
+        id: 1,
+        target: Target::Coordinator {
+            broker: broker.clone(),
+            lane: Lane::Join,
+        },
+        request: JoinGroupRequest::default().into(),
+        version: 5,
+        timeout: Duration::from_secs(1),
+    };
+    session::send(&net, join, pool::Park::Fresh, answers_tx);
+    // The quick connection dialled ahead for the member's first Heartbeat.
+    let _quick = tokio::time::timeout(PROMPTLY, accepted.recv())
+        .await
+        .expect("the quick connection is opened ahead")
+        .unwrap();
+    drop(answers);
+    // The lane comes back closed: a waiter still in line would dial a new one.
+    drop(taken);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), accepted.recv())
+            .await
+            .is_err(),
+        "a connection was dialled for a join whose session had ended"
+    );
+    let fresh = tokio::time::timeout(PROMPTLY, net.pool.lane(&broker, pool::Park::Fresh))
+        .await
+        .expect("the lane is free for a live request")
+        .unwrap();
+    fresh.done();
+}
