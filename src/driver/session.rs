@@ -373,8 +373,8 @@ pub(super) struct Session {
     /// The lane the member's join phase goes on, kept from its first JoinGroup to its SyncGroup's
     /// answer. Without it each step of a join (MEMBER_ID_REQUIRED, the JoinGroup that parks, the
     /// SyncGroup) would queue for a lane again, behind every other lock's first join: with a
-    /// line longer than the session timeout the broker drops the pending member id meanwhile,
-    /// and the join starts over (seen with 1,000 acquisitions at once under a 3 s delay).
+    /// line longer than the session timeout the broker can drop the pending member id
+    /// meanwhile, and the join starts over.
     pub(super) join_lane: JoinLane,
 }
 
