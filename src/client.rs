@@ -123,8 +123,10 @@ impl Client {
     /// (JoinGroup, SyncGroup, acks=all Produce, OffsetCommit, a waiter's long poll), one such
     /// request each (default [`DEFAULT_PARKING_LANES`], at least 1). A quarter of them is kept
     /// for members that already belong to a generation (rejoins, appends, checkpoints), so a
-    /// burst of first joins never delays a rebalance of a held lock. `docs/design.md` gives the
-    /// throughput this implies.
+    /// burst of first joins never delays a rebalance of a held lock; such a request that finds
+    /// every lane busy opens one beyond the cap for its one request rather than wait (a parked
+    /// rejoin may be what the busy lanes wait for). `docs/design.md` gives the throughput this
+    /// implies.
     #[must_use = "the client is changed in the value returned"]
     pub fn parking_lanes(self, n: usize) -> Self {
         self.change(|s| s.parking_lanes = n.max(1))

@@ -339,6 +339,11 @@ impl Connection {
         self.current.link().shared.fail(Arc::new(Error::Closed));
     }
 
+    /// Whether `self` and `other` are handles of the same connection.
+    pub(crate) fn same(&self, other: &Connection) -> bool {
+        Arc::ptr_eq(&self.current, &other.current)
+    }
+
     /// Whether the connection has failed or been closed; a closed connection never reopens.
     pub fn is_closed(&self) -> bool {
         self.current.link().shared.failure().is_some()

@@ -13,12 +13,16 @@
 //!   request at a time: JoinGroup, SyncGroup, the waiters' long-poll Fetch, acks=all Produce,
 //!   OffsetCommit. A lane is opened when no idle one is left, goes back to the pool when its
 //!   answer is in, and is closed after [`IDLE_AFTER`] unused. At most `cap` lanes per broker
-//!   exist at once; a request that finds them all busy waits for one, within its own timeout.
+//!   exist at once, but for urgent ones (below); a first join or a poll that finds them all
+//!   busy waits for one.
 //!
 //! First joins (a member that has never completed a generation) and waiters' polls may take at
 //! most `cap - reserve` lanes, so the `reserve` lanes left are always there for the requests a
 //! membership in force needs in time: a rejoin during a rebalance (missing the rebalance timeout
-//! costs the member its membership), the ACQUIRED append and a holder's checkpoint.
+//! costs the member its membership), the ACQUIRED append and a holder's checkpoint. Those
+//! never wait: with every lane busy they get an overflow lane beyond the cap, closed after
+//! their request, since a rejoin parked behind requests that themselves wait for it (another
+//! member of its group, in the same client) would only end at the rebalance timeout.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -90,7 +94,8 @@ struct Lanes {
 pub(crate) struct Lane {
     conn: Option<Connection>,
     lanes: Arc<Lanes>,
-    _all: OwnedSemaphorePermit,
+    /// `None`: an overflow lane, lent to an urgent request beyond the cap and closed after it.
+    all: Option<OwnedSemaphorePermit>,
     _fresh: Option<OwnedSemaphorePermit>,
 }
 
@@ -99,10 +104,12 @@ impl Lane {
         self.conn.as_ref().expect("taken only by done or drop")
     }
 
-    /// The request is answered: the lane may serve another.
+    /// The request is answered: the lane may serve another (an overflow lane is closed).
     pub(crate) fn done(mut self) {
         if let Some(c) = self.conn.take() {
-            if !c.is_closed() {
+            if self.all.is_none() {
+                c.close();
+            } else if !c.is_closed() {
                 let mut idle = self.lanes.idle.lock().unwrap_or_else(|p| p.into_inner());
                 idle.push((c, Instant::now()));
             }
@@ -184,6 +191,26 @@ impl Pool {
         Ok(conn)
     }
 
+    /// Stops lending `conn` as the quick connection to `broker`: later requests get a fresh
+    /// one. `conn` itself stays open for the requests still on it and closes when the last
+    /// handle goes.
+    pub(crate) fn retire_quick(&self, broker: Option<&Broker>, conn: &Connection) {
+        let cell = match self
+            .quick
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&broker.cloned())
+        {
+            Some(cell) => cell.clone(),
+            None => return,
+        };
+        if let Ok(mut g) = cell.conn.try_lock() {
+            if g.as_ref().is_some_and(|c| c.same(conn)) {
+                *g = None;
+            }
+        };
+    }
+
     /// Makes `conn` the bootstrap connection unless one is open already.
     pub(crate) fn offer_bootstrap(&self, conn: &Connection) {
         let cell = {
@@ -230,12 +257,22 @@ impl Pool {
             ),
             Park::Urgent => None,
         };
-        let all = lanes
-            .all
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| Error::Closed)?;
+        // A membership in force never waits for a lane: its parked rejoin may be what the
+        // requests holding every lane wait for (the broker ends a join phase only when all of
+        // the group's members have rejoined, and they may all be this client's), and waiting
+        // past the rebalance timeout costs it its membership. It opens one beyond the cap
+        // instead; such lanes number at most the client's memberships rebalancing at once.
+        let all = match park {
+            Park::Urgent => lanes.all.clone().try_acquire_owned().ok(),
+            Park::Fresh => Some(
+                lanes
+                    .all
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .map_err(|_| Error::Closed)?,
+            ),
+        };
         let reuse = {
             let mut idle = lanes.idle.lock().unwrap_or_else(|p| p.into_inner());
             idle.retain(|(c, _)| !c.is_closed());
@@ -248,7 +285,7 @@ impl Pool {
         Ok(Lane {
             conn: Some(conn),
             lanes,
-            _all: all,
+            all,
             _fresh: fresh,
         })
     }

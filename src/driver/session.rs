@@ -169,12 +169,12 @@ fn view(m: &Membership) -> MemberView {
 
 /// Which machine a request came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Source {
+pub(super) enum Source {
     Member,
     Ledger,
 }
 
-type Answer = (Source, u64, Result<(Response, i16)>);
+pub(super) type Answer = (Source, u64, Result<(Response, i16)>);
 
 async fn run(
     mut m: Membership,
@@ -367,18 +367,18 @@ fn publish(state: &watch::Sender<SessionState>, e: &Event) {
 }
 
 /// The session's view of the client's connections.
-struct Session {
-    pool: Arc<Pool>,
-    private: bool,
+pub(super) struct Session {
+    pub(super) pool: Arc<Pool>,
+    pub(super) private: bool,
     /// The lane the member's join phase goes on, kept from its first JoinGroup to its SyncGroup's
     /// answer. Without it each step of a join (MEMBER_ID_REQUIRED, the JoinGroup that parks, the
     /// SyncGroup) would queue for a lane again, behind every other lock's first join: with a
     /// line longer than the session timeout the broker can drop the pending member id
     /// meanwhile, and the join starts over.
-    join_lane: JoinLane,
+    pub(super) join_lane: JoinLane,
 }
 
-type JoinLane = Arc<Mutex<Option<(Broker, pool::Lane)>>>;
+pub(super) type JoinLane = Arc<Mutex<Option<(Broker, pool::Lane)>>>;
 
 /// The kept join lane if it goes to `broker` and is open; a lane to another broker goes back.
 fn take_join_lane(kept: &JoinLane, broker: &Broker) -> Option<pool::Lane> {
@@ -413,7 +413,27 @@ async fn exchange(
         Route::Quick(broker) => {
             let conn = pool.quick(broker.as_ref()).await?;
             let (request, version) = build(&conn)?;
-            Ok((conn.request_at(request, version, timeout).await?, version))
+            let api = request.api_key();
+            if !held_by_the_broker(api) {
+                return Ok((conn.request_at(request, version, timeout).await?, version));
+            }
+            // The caller hears of a timeout at `timeout`, as on a connection of its own, but
+            // the request stays registered with the connection until past the broker's own
+            // bound: its late answer is then read and dropped, and the connection, shared by
+            // every lock of the client, is not closed under the requests queued behind it.
+            // Later requests go on a fresh connection, in case this one is dead rather than
+            // held (a black hole would otherwise keep every retry until the longer bound).
+            let keep = ledger::parked_timeout(ledger::BROKER_COMMIT_TIMEOUT, timeout);
+            match tokio::time::timeout(timeout, conn.request_at(request, version, keep)).await {
+                Ok(r) => Ok((r?, version)),
+                Err(_) => {
+                    pool.retire_quick(broker.as_ref(), &conn);
+                    Err(Error::Timeout {
+                        op: format!("{api:?}"),
+                        after: timeout,
+                    })
+                }
+            }
         }
         Route::Lane(broker, park) => {
             let lane = pool.lane(&broker, park).await?;
@@ -425,12 +445,21 @@ async fn exchange(
     }
 }
 
+/// Requests Apache runs as coordinator writes (GroupCoordinatorService `heartbeat` and
+/// `leaveGroup`: `scheduleWriteOperation(..., offsetCommitTimeoutMs)`): it may defer their
+/// answer for up to `offsets.commit.timeout.ms` while the group's offsets partition has
+/// uncommitted writes, and answers them by then. A local timeout counted from when the request
+/// was queued fires first.
+fn held_by_the_broker(api: ApiKey) -> bool {
+    matches!(api, ApiKey::Heartbeat | ApiKey::LeaveGroup)
+}
+
 enum Route {
     Quick(Option<crate::membership::Broker>),
     Lane(crate::membership::Broker, Park),
 }
 
-fn send(net: &Session, t: Transmit, park: Park, answers: mpsc::UnboundedSender<Answer>) {
+pub(super) fn send(net: &Session, t: Transmit, park: Park, answers: mpsc::UnboundedSender<Answer>) {
     let pool = &net.pool;
     let kept = net.join_lane.clone();
     let route = match &t.target {
@@ -469,8 +498,12 @@ fn send(net: &Session, t: Transmit, park: Park, answers: mpsc::UnboundedSender<A
                     // A first join has no lease at stake: it waits its turn for a lane (the
                     // semaphore is FIFO) outside the bound, instead of timing out and joining
                     // the back of the line again. The acquire's own wait bounds it for the
-                    // caller.
-                    None if park == Park::Fresh => pool.lane(&broker, park).await,
+                    // caller. If the session ends meanwhile the wait ends with it: a dead
+                    // member's place in line would delay the live ones behind it.
+                    None if park == Park::Fresh => tokio::select! {
+                        lane = pool.lane(&broker, park) => lane,
+                        () = answers.closed() => return,
+                    },
                     None => bounded(bound, pool.lane(&broker, park), || format!("{api:?}")).await,
                 };
                 match lane {

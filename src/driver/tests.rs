@@ -144,6 +144,25 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Peer<S> {
         self.io.write_all(bytes).await.expect("peer write failed");
     }
 
+    /// Answers like [`Peer::reply`] unless the client has closed the connection; tells which.
+    async fn reply_if_open(&mut self, header: &RequestHeader, body: &HeartbeatResponse) -> bool {
+        let mut payload = BytesMut::new();
+        let version = header.request_api_version;
+        ResponseHeader::default()
+            .with_correlation_id(header.correlation_id)
+            .encode(
+                &mut payload,
+                ApiKey::Heartbeat.response_header_version(version),
+            )
+            .expect("encode response header");
+        body.encode(&mut payload, version)
+            .expect("encode response body");
+        let mut frame = BytesMut::new();
+        frame.put_i32(payload.len() as i32);
+        frame.put_slice(&payload);
+        self.io.write_all(&frame).await.is_ok() && self.io.flush().await.is_ok()
+    }
+
     /// Answers the client's ApiVersions v3 with `apis`.
     async fn handshake(&mut self, apis: &[(ApiKey, i16, i16)]) {
         let (header, req) = self
@@ -1458,4 +1477,171 @@ async fn a_lane_dropped_before_its_answer_is_closed_not_reused() {
         .expect("a fresh connection for the next lane")
         .unwrap();
     next.done();
+}
+
+/// Apache schedules a classic Heartbeat as a coordinator write bounded by
+/// `offsets.commit.timeout.ms` (GroupCoordinatorService.heartbeat, `scheduleWriteOperation(
+/// "classic-group-heartbeat", ..., config.offsetCommitTimeoutMs())`), deferred while the group's
+/// offsets partition has uncommitted writes, and answers it at that bound at the latest; its
+/// muted channel holds every later request on the connection meanwhile. Lock A's heartbeat is
+/// held that way; lock B's, behind it on the client's shared quick connection, must get its
+/// answer once the broker answers A's. A's local timeout (the request timeout, counted from
+/// when it was queued, so it fires before the broker's bound) may report A's request as timed
+/// out, but must not close the shared connection under B's.
+#[tokio::test]
+async fn one_locks_held_heartbeat_timing_out_does_not_fail_anothers_on_the_quick_connection() {
+    use crate::membership::{Lane, Target, Transmit};
+    let (broker, mut accepted) = lane_broker().await;
+    let net = session::Session {
+        pool: lane_pool(4),
+        private: false,
+        join_lane: Default::default(),
+    };
+    let (answers_tx, mut answers) = tokio::sync::mpsc::unbounded_channel();
+    let request_timeout = Duration::from_millis(600);
+    let heartbeat_of = |id: u64| Transmit {
+        id,
+        target: Target::Coordinator {
+            broker: broker.clone(),
+            lane: Lane::Control,
+        },
+        request: heartbeat(1).into(),
+        version: 4,
+        timeout: request_timeout,
+    };
+    session::send(
+        &net,
+        heartbeat_of(1),
+        pool::Park::Urgent,
+        answers_tx.clone(),
+    );
+    let mut server = tokio::time::timeout(PROMPTLY, accepted.recv())
+        .await
+        .expect("the quick connection is opened")
+        .unwrap();
+    let (a, _) = server.recv().await;
+    let held_since = tokio::time::Instant::now();
+    // B's turn to heartbeat comes while A's is held (within A's request timeout).
+    tokio::time::sleep_until(held_since + request_timeout / 2).await;
+    session::send(
+        &net,
+        heartbeat_of(2),
+        pool::Park::Urgent,
+        answers_tx.clone(),
+    );
+    let (b, _) = server.recv().await;
+    // The broker answers A's at its own bound, just after A's local timeout (the broker's clock
+    // starts when it has read the request), then B's at once, in order.
+    tokio::time::sleep_until(held_since + request_timeout + Duration::from_millis(150)).await;
+    let open = server
+        .reply_if_open(&a, &HeartbeatResponse::default())
+        .await
+        && server
+            .reply_if_open(&b, &HeartbeatResponse::default())
+            .await;
+    assert!(
+        open,
+        "A's local timeout closed the shared connection under B's heartbeat"
+    );
+    let mut got = std::collections::HashMap::new();
+    while got.len() < 2 {
+        let (_, id, result) = tokio::time::timeout(PROMPTLY, answers.recv())
+            .await
+            .expect("every request is answered or failed")
+            .unwrap();
+        got.insert(id, result);
+    }
+    assert!(
+        got[&2].is_ok(),
+        "B's heartbeat failed with A's timeout: {:?}",
+        got[&2].as_ref().err()
+    );
+    // A's retry goes on a fresh connection (the old one might have been dead, not held).
+    session::send(
+        &net,
+        heartbeat_of(3),
+        pool::Park::Urgent,
+        answers_tx.clone(),
+    );
+    let mut fresh = tokio::time::timeout(PROMPTLY, accepted.recv())
+        .await
+        .expect("a fresh quick connection after a timeout")
+        .unwrap();
+    let (c, _) = fresh.recv().await;
+    fresh.reply(&c, &HeartbeatResponse::default()).await;
+    let (_, id, result) = tokio::time::timeout(PROMPTLY, answers.recv())
+        .await
+        .expect("the retry is answered")
+        .unwrap();
+    assert_eq!(id, 3);
+    result.expect("the retry is answered on the fresh connection");
+}
+
+/// With every lane taken, an urgent request (a rejoin of a membership in force) does not wait:
+/// it gets a lane beyond the cap, closed once its answer is in.
+#[tokio::test]
+async fn an_urgent_request_gets_an_overflow_lane_when_every_lane_is_taken() {
+    use pool::Park;
+    let (broker, mut accepted) = lane_broker().await;
+    let pool = lane_pool(1);
+    let fresh = pool.lane(&broker, Park::Fresh).await.unwrap();
+    let urgent = tokio::time::timeout(PROMPTLY, pool.lane(&broker, Park::Urgent))
+        .await
+        .expect("an urgent request never waits for a lane")
+        .unwrap();
+    let _first = accepted.recv().await.unwrap();
+    let mut overflow = tokio::time::timeout(PROMPTLY, accepted.recv())
+        .await
+        .expect("a connection for the overflow lane")
+        .unwrap();
+    urgent.done();
+    overflow.expect_closed().await;
+    fresh.done();
+}
+
+/// A first join waiting for a lane when its session ends leaves the line: it neither takes the
+/// next lane nor dials a connection for a member that is gone.
+#[tokio::test]
+async fn a_first_join_waiting_for_a_lane_leaves_the_line_with_its_session() {
+    use crate::membership::{Lane, Target, Transmit};
+    use kafka_protocol::messages::JoinGroupRequest;
+    let (broker, mut accepted) = lane_broker().await;
+    let net = session::Session {
+        pool: lane_pool(1),
+        private: false,
+        join_lane: Default::default(),
+    };
+    let taken = net.pool.lane(&broker, pool::Park::Fresh).await.unwrap();
+    let _server = accepted.recv().await.unwrap();
+    let (answers_tx, answers) = tokio::sync::mpsc::unbounded_channel();
+    let join = Transmit {
+        id: 1,
+        target: Target::Coordinator {
+            broker: broker.clone(),
+            lane: Lane::Join,
+        },
+        request: JoinGroupRequest::default().into(),
+        version: 5,
+        timeout: Duration::from_secs(1),
+    };
+    session::send(&net, join, pool::Park::Fresh, answers_tx);
+    // The quick connection dialled ahead for the member's first Heartbeat.
+    let _quick = tokio::time::timeout(PROMPTLY, accepted.recv())
+        .await
+        .expect("the quick connection is opened ahead")
+        .unwrap();
+    drop(answers);
+    // The lane comes back closed: a waiter still in line would dial a new one.
+    drop(taken);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), accepted.recv())
+            .await
+            .is_err(),
+        "a connection was dialled for a join whose session had ended"
+    );
+    let fresh = tokio::time::timeout(PROMPTLY, net.pool.lane(&broker, pool::Park::Fresh))
+        .await
+        .expect("the lane is free for a live request")
+        .unwrap();
+    fresh.done();
 }

@@ -121,3 +121,44 @@ async fn a_parked_join_of_one_lock_does_not_hold_back_another_locks_heartbeats()
     held_b.release().await.unwrap();
     held_a.release().await.unwrap();
 }
+
+/// A holder and a newcomer to the same lock through one client whose parking lanes are all
+/// taken (a cap of 1 makes it one lane): the newcomer's JoinGroup parks on the lane until every
+/// member of the group has rejoined, and the holder's rejoin must not wait for that lane, or
+/// the group's rebalance ends at the rebalance timeout without the holder and the holder loses a
+/// lock it was renewing all along. (With any cap, the members of groups rebalancing at once in
+/// one client can outnumber the lanes: their parked rejoins wait for each other.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holders_rejoin_never_waits_for_a_lane_its_own_groups_newcomer_parks() {
+    support::init_tracing();
+    let client = Client::new(kafka().bootstrap()).parking_lanes(1);
+    let name = support::unique_group("lanes-rejoin");
+    let rebalance = Duration::from_secs(6);
+    let held = tune(client.lock(&name))
+        .acquire(Some(rebalance * 3 + SLACK))
+        .await
+        .expect("acquire");
+    let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+    let newcomer = tune(client.lock(&name)).events(tx);
+    let waiter = tokio::spawn(async move { newcomer.acquire(Some(rebalance * 4 + SLACK)).await });
+    // The rebalance the newcomer starts ends with both members: it waits behind the holder.
+    let first = loop {
+        match tokio::time::timeout(rebalance * 3 + SLACK, events.recv()).await {
+            Ok(Some(e @ (LockEvent::Waiting { .. } | LockEvent::Acquired { .. }))) => break e,
+            Ok(Some(_)) => {}
+            other => panic!("the newcomer never joined: {other:?}"),
+        }
+    };
+    assert!(
+        matches!(first, LockEvent::Waiting { .. }),
+        "the newcomer took the lock from a holder that kept renewing: {first:?}"
+    );
+    assert!(held.is_held(), "the holder lost the lock in the rebalance");
+    held.release().await.expect("release");
+    let next = tokio::time::timeout(rebalance * 3 + SLACK, waiter)
+        .await
+        .expect("the newcomer acquires after the release")
+        .unwrap()
+        .expect("acquire");
+    next.release().await.expect("release");
+}
