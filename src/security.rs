@@ -18,7 +18,7 @@
 //! | Kafka setting | here |
 //! |---|---|
 //! | `security.protocol` | [`SecurityProtocol`] (parses `PLAINTEXT`, `SSL`, `SASL_PLAINTEXT`, `SASL_SSL`) |
-//! | `sasl.mechanism` | [`SaslMechanism`] (parses `PLAIN`, `SCRAM-SHA-256`, `SCRAM-SHA-512`); `OAUTHBEARER`: [`Sasl::oauthbearer`] (feature `oauth`) |
+//! | `sasl.mechanism` | [`SaslMechanism`] (parses `PLAIN`, `SCRAM-SHA-256`, `SCRAM-SHA-512`); `OAUTHBEARER`: `Sasl::oauthbearer` (feature `oauth`) |
 //! | `sasl.username` / `sasl.password` | [`Sasl::new`] |
 //! | `ssl.ca.location` | [`Tls::ca_file`] (else the bundled Mozilla roots: [`Tls::new`]) |
 //! | `ssl.certificate.location` / `ssl.key.location` | [`Tls::client_cert_files`] (mTLS) |
