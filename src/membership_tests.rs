@@ -2699,3 +2699,51 @@ fn a_join_lost_before_an_earlier_generation_still_anchors_a_later_assignment() {
         "the new member should keep the place in the queue a lost JoinGroup did not forfeit"
     );
 }
+
+/// The bound a lost JoinGroup sets is its send + the lease, and no earlier: an assignment handled
+/// inside it begins a hold whose first lease ends exactly there (before the later join's own
+/// bound), without a new member id.
+#[test]
+fn an_assignment_inside_a_lost_joins_bound_holds_until_that_bound() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let t = h.take(ApiKey::JoinGroup);
+    h.reply(t.id, Ok(join_err(79, "m1")));
+    let x = h.take(ApiKey::JoinGroup);
+    let t0 = h.now;
+    h.advance(Duration::from_millis(500));
+    h.reply(x.id, Err(Error::Closed));
+    let lease = SESSION - MARGIN;
+    let events = serve(
+        &mut h,
+        t0 + 2 * SESSION,
+        Duration::from_millis(100),
+        |now, t| {
+            Some(match &t.request {
+                Request::FindCoordinator(_) => Ok(find_ok()),
+                Request::ApiVersions(_) => Ok(api_versions(crate::wire::versions::SUPPORTED)),
+                Request::JoinGroup(r) if r.member_id.as_str() != "m1" => {
+                    panic!("joined under a new member id: {:?}", r.member_id)
+                }
+                Request::JoinGroup(_) if now < t0 + Duration::from_millis(1500) => {
+                    Ok(join_ok("m1", 1, "w", &[]))
+                }
+                Request::JoinGroup(_) => Ok(join_ok("m1", 2, "w", &[])),
+                Request::SyncGroup(r) => Ok(sync_ok(match r.generation_id {
+                    1 => native_assignment(Some("w"), 1, 1),
+                    g => native_assignment(Some("m1"), g, 0),
+                })),
+                Request::Heartbeat(r) if r.generation_id == 1 => Ok(hb(27)),
+                Request::Heartbeat(_) => Ok(hb(0)),
+                Request::LeaveGroup(_) => Ok(leave_ok()),
+                other => panic!("unexpected {:?}", other.api_key()),
+            })
+        },
+    );
+    assert_eq!(
+        acquired_lease(&events, 2),
+        Some(t0 + lease),
+        "the hold at generation 2 should begin with its first lease ending at the lost \
+         JoinGroup's send + the lease: {events:?}"
+    );
+}
