@@ -106,6 +106,7 @@ pub(crate) fn spawn(
         pool: params.pool,
         private: params.private,
         join_lane: Arc::default(),
+        sent: Arc::default(),
     };
     net.pool.offer_bootstrap(&params.first);
     // The ACQUIRED record is on the acquisition's critical path: a lane to the leader is opened
@@ -289,7 +290,14 @@ async fn run(
                 }
             },
             Some((source, id, result)) = answers.recv() => match (source, &mut ledger) {
-                (Source::Member, _) => m.handle_response(id, result.map(|(r, _)| r), now()),
+                (Source::Member, _) => {
+                    // Written before the request, so it is here before the answer.
+                    let sent = net.sent.lock().unwrap_or_else(|p| p.into_inner()).take();
+                    if let Some((sent, at)) = sent {
+                        m.handle_sent(sent, at);
+                    }
+                    m.handle_response(id, result.map(|(r, _)| r), now());
+                }
                 (Source::Ledger, Some(l)) => l.handle_response(id, result, &view(&m), clock()),
                 (Source::Ledger, None) => {}
             },
@@ -376,7 +384,12 @@ pub(super) struct Session {
     /// line longer than the session timeout the broker can drop the pending member id
     /// meanwhile, and the join starts over.
     pub(super) join_lane: JoinLane,
+    /// The member's last request that left later than the machine emitted it (a join that
+    /// waited for a lane), and when it left: see [`Membership::handle_sent`].
+    pub(super) sent: SentAt,
 }
+
+pub(super) type SentAt = Arc<Mutex<Option<(u64, Instant)>>>;
 
 pub(super) type JoinLane = Arc<Mutex<Option<(Broker, pool::Lane)>>>;
 
@@ -462,6 +475,7 @@ enum Route {
 pub(super) fn send(net: &Session, t: Transmit, park: Park, answers: mpsc::UnboundedSender<Answer>) {
     let pool = &net.pool;
     let kept = net.join_lane.clone();
+    let sent = net.sent.clone();
     let route = match &t.target {
         Target::Any => Route::Quick(None),
         Target::Coordinator {
@@ -513,6 +527,9 @@ pub(super) fn send(net: &Session, t: Transmit, park: Park, answers: mpsc::Unboun
                         return;
                     }
                     Ok(lane) => {
+                        // Nothing of it can have reached the broker before now, however long
+                        // it waited for the lane.
+                        *sent.lock().unwrap_or_else(|p| p.into_inner()) = Some((t.id, now()));
                         let exchange = async {
                             let response =
                                 lane.conn().request_at(request, version, t.timeout).await?;

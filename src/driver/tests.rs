@@ -1496,6 +1496,7 @@ async fn one_locks_held_heartbeat_timing_out_does_not_fail_anothers_on_the_quick
         pool: lane_pool(4),
         private: false,
         join_lane: Default::default(),
+        sent: Default::default(),
     };
     let (answers_tx, mut answers) = tokio::sync::mpsc::unbounded_channel();
     let request_timeout = Duration::from_millis(600);
@@ -1610,6 +1611,7 @@ async fn a_first_join_waiting_for_a_lane_leaves_the_line_with_its_session() {
         pool: lane_pool(1),
         private: false,
         join_lane: Default::default(),
+        sent: Default::default(),
     };
     let taken = net.pool.lane(&broker, pool::Park::Fresh).await.unwrap();
     let _server = accepted.recv().await.unwrap();
