@@ -50,7 +50,8 @@ pub const DEFAULT_PARKING_LANES: usize = 32;
 /// connection of a broker that coordinates none of the client's locks any more.
 pub(crate) const IDLE_AFTER: Duration = Duration::from_secs(60);
 
-/// Default number of quick connections per broker: see [`Pool::stripe`].
+/// Default number of quick connections per broker (`Client::quick_connections`): a lock's
+/// Heartbeats take the one of its group's `__consumer_offsets` partition.
 pub const DEFAULT_QUICK_CONNECTIONS: usize = 4;
 
 /// Apache's default `offsets.topic.num.partitions`: a group's coordinator partition is
