@@ -8,7 +8,8 @@
 //! The locks are `LOCK_PREFIX-0` .. `LOCK_PREFIX-(N-1)` (prefix default `many-locks`), taken all
 //! at once with a 3 s heartbeat. It prints exactly two lines: `acquired A of N in S s` once every
 //! acquisition has ended (A of them with the lock), and `held at end H of N` after HOLD_SECS,
-//! before releasing.
+//! before releasing. `KAFKA_LOCK_LOG=warn` (or `debug`, any `tracing` filter) logs the protocol
+//! on stderr. `MANY_LOCKS_QUICK_CONNECTIONS=k` sets `Client::quick_connections`.
 
 use std::time::{Duration, Instant};
 
@@ -19,6 +20,12 @@ const ACQUIRE_WAIT: Duration = Duration::from_secs(600);
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    if let Ok(filter) = std::env::var("KAFKA_LOCK_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let usage = "usage: many_locks BOOTSTRAP N HOLD_SECS [LOCK_PREFIX]";
     let mut args = std::env::args().skip(1);
     let bootstrap = args.next().ok_or(usage)?;
@@ -26,7 +33,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let hold: u64 = args.next().ok_or(usage)?.parse().map_err(|_| usage)?;
     let prefix = args.next().unwrap_or_else(|| "many-locks".to_owned());
 
-    let client = Client::new(&bootstrap);
+    let mut client = Client::new(&bootstrap);
+    // The quick connections per broker (`Client::quick_connections`), default if unset.
+    if let Ok(k) = std::env::var("MANY_LOCKS_QUICK_CONNECTIONS") {
+        client = client.quick_connections(k.parse().map_err(|_| usage)?);
+    }
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..n {

@@ -26,7 +26,7 @@ use crate::driver::{BootstrapConfig, ConnConfig};
 use crate::lock::LockOptions;
 use crate::security::Security;
 
-pub use crate::driver::pool::DEFAULT_PARKING_LANES;
+pub use crate::driver::pool::{DEFAULT_PARKING_LANES, DEFAULT_QUICK_CONNECTIONS};
 
 /// A cluster's connections, shared by the locks made from it ([`Client::lock`]).
 ///
@@ -48,6 +48,7 @@ pub(crate) struct Settings {
     pub(crate) retry_backoff: Duration,
     pub(crate) retry_backoff_max: Duration,
     pub(crate) parking_lanes: usize,
+    pub(crate) quick_connections: usize,
 }
 
 impl fmt::Debug for Client {
@@ -55,6 +56,7 @@ impl fmt::Debug for Client {
         f.debug_struct("Client")
             .field("bootstrap", &self.settings.bootstrap)
             .field("parking_lanes", &self.settings.parking_lanes)
+            .field("quick_connections", &self.settings.quick_connections)
             .finish_non_exhaustive()
     }
 }
@@ -73,6 +75,7 @@ impl Client {
             retry_backoff,
             retry_backoff_max,
             parking_lanes: DEFAULT_PARKING_LANES,
+            quick_connections: DEFAULT_QUICK_CONNECTIONS,
         })
     }
 
@@ -132,6 +135,18 @@ impl Client {
         self.change(|s| s.parking_lanes = n.max(1))
     }
 
+    /// How many connections to one broker carry the requests it answers without parking them
+    /// (Heartbeat, LeaveGroup, FindCoordinator, Metadata, ...), shared by every lock (default
+    /// [`DEFAULT_QUICK_CONNECTIONS`], at least 1). A lock's requests always take the same one,
+    /// chosen by its group's `__consumer_offsets` partition: Apache serves a connection one
+    /// request at a time, so this bounds the heartbeats a second the client can have answered
+    /// per broker, and a Heartbeat the broker defers while its partition has uncommitted writes
+    /// holds back only the locks that share its connection.
+    #[must_use = "the client is changed in the value returned"]
+    pub fn quick_connections(self, n: usize) -> Self {
+        self.change(|s| s.quick_connections = n.max(1))
+    }
+
     /// Options for the lock `name` taken through this client's connections. Connection settings
     /// (bootstrap, security, client id, connect timeout) are the client's; everything else can
     /// be set on the options as usual.
@@ -161,7 +176,9 @@ impl Settings {
             .connect_timeout(self.connect_timeout)
             .security(self.security.clone())
             .retry_backoff(self.retry_backoff, self.retry_backoff_max);
-        opts.pool_config(self.parking_lanes)
+        let mut cfg = opts.pool_config(self.parking_lanes);
+        cfg.quick_connections = self.quick_connections;
+        cfg
     }
 }
 
@@ -180,5 +197,6 @@ pub(crate) fn pool_config(
         retry_backoff: backoff.0,
         retry_backoff_max: backoff.1,
         parking_lanes,
+        quick_connections: 1,
     }
 }

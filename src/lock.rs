@@ -834,7 +834,7 @@ impl LockOptions {
         let limits = self.bootstrap_limits();
         let give_up = Instant::now().checked_add(limits.deadline);
         loop {
-            let conn = pool.quick(None).await?;
+            let conn = pool.quick(None, 0).await?;
             let Mode::Consumer { topic } = &self.mode else {
                 return Ok(conn);
             };

@@ -530,6 +530,9 @@ pub struct Membership {
     hold: Option<Hold>,
     /// When the first JoinGroup since the machine last learned a generation was sent.
     join_sent: Option<Instant>,
+    /// The transmit `join_sent` was taken for: the driver may say it left later
+    /// ([`Membership::handle_sent`]).
+    join_sent_by: Option<u64>,
     /// No later than the broker's last re-arm of our session timer by a completed join phase of
     /// the current generation: when the earliest JoinGroup that can have been counted in that
     /// phase was sent. An assignment's deadline, and a new hold's first lease, are timed from it.
@@ -596,6 +599,7 @@ impl Membership {
             offered_cooperative_only: false,
             hold: None,
             join_sent: None,
+            join_sent_by: None,
             generation_anchor: None,
             unanswered_join: None,
             leaving: false,
@@ -708,6 +712,22 @@ impl Membership {
             }
         }
         self.drive(now);
+    }
+
+    /// The transmit `id` leaves for the broker at `at`, later than the machine emitted it: the
+    /// driver kept it back (a JoinGroup waiting for a free connection behind other locks'
+    /// joins). The broker cannot have read it before `at`, so an assignment's deadline timed
+    /// from its first JoinGroup may start there; timed from the emission instead, a wait longer
+    /// than the lease would make every assignment arrive too late, and the member would join
+    /// again at the back of the same line. `at` must be no later than the request's first byte
+    /// is written; an earlier or unknown `at` changes nothing.
+    pub fn handle_sent(&mut self, id: u64, at: Instant) {
+        if self.in_flight.join != Some(id) || self.join_sent_by != Some(id) {
+            return;
+        }
+        if let Some(sent) = &mut self.join_sent {
+            *sent = (*sent).max(at);
+        }
     }
 
     /// The answer (or failure) for the transmit `id`. Answers the machine no longer waits for are
@@ -1052,7 +1072,10 @@ impl Membership {
         debug!(group = %self.cfg.group_id, member_id = %self.member_id, version = v, "JoinGroup");
         let id = self.push(target, req.into(), v, self.cfg.join_timeout());
         self.in_flight.join = Some(id);
-        self.join_sent.get_or_insert(now);
+        if self.join_sent.is_none() {
+            self.join_sent = Some(now);
+            self.join_sent_by = Some(id);
+        }
         self.retry_at = None;
     }
 

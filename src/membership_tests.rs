@@ -2747,3 +2747,31 @@ fn an_assignment_inside_a_lost_joins_bound_holds_until_that_bound() {
          JoinGroup's send + the lease: {events:?}"
     );
 }
+
+/// A first JoinGroup the driver kept back (waiting for a free connection behind other locks'
+/// joins) cannot have reached the broker before it left: the assignment's deadline and the first
+/// lease are timed from then, through the MEMBER_ID_REQUIRED round, and a wait longer than the
+/// lease does not make the assignment late.
+#[test]
+fn a_join_kept_back_by_the_driver_times_its_deadline_from_when_it_left() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let j = h.take(ApiKey::JoinGroup);
+    h.advance(lease_length() * 3);
+    let left = h.now;
+    h.m.handle_sent(j.id, left);
+    h.reply(j.id, Ok(join_err(79, "m1")));
+    let j = h.take(ApiKey::JoinGroup);
+    // Only the first JoinGroup of the round moves the anchor, and never earlier.
+    h.m.handle_sent(j.id, left + lease_length());
+    h.m.handle_sent(j.id, left - lease_length());
+    h.advance(Duration::from_secs(3));
+    h.reply(j.id, Ok(join_ok("m1", 1, "m2", &[])));
+    let sync = h.take(ApiKey::SyncGroup);
+    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), 1, 0))));
+    assert_eq!(
+        acquired_lease(&h.take_events(), 1),
+        Some(left + lease_length()),
+        "the deadline is timed from when the first JoinGroup left"
+    );
+}

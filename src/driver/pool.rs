@@ -50,6 +50,14 @@ pub const DEFAULT_PARKING_LANES: usize = 32;
 /// connection of a broker that coordinates none of the client's locks any more.
 pub(crate) const IDLE_AFTER: Duration = Duration::from_secs(60);
 
+/// Default number of quick connections per broker (`Client::quick_connections`): a lock's
+/// Heartbeats take the one of its group's `__consumer_offsets` partition.
+pub const DEFAULT_QUICK_CONNECTIONS: usize = 4;
+
+/// Apache's default `offsets.topic.num.partitions`: a group's coordinator partition is
+/// `Utils.abs(groupId.hashCode()) % partitions` (GroupCoordinatorService `partitionFor`).
+const OFFSETS_PARTITIONS: u32 = 50;
+
 /// Which lanes a parked request may take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Park {
@@ -69,12 +77,17 @@ pub(crate) struct Pool {
     pub(crate) retry_backoff: Duration,
     pub(crate) retry_backoff_max: Duration,
     cap: usize,
-    /// Quick connections by broker (`None`: the bootstrap connection). A cell is locked while
-    /// its connection is being opened, so two requests never race to open the same one.
-    quick: Mutex<HashMap<Option<Broker>, Arc<QuickCell>>>,
+    stripes: usize,
+    /// Quick connections by broker (`None`: the bootstrap connection) and stripe. A cell is
+    /// locked while its connection is being opened, so two requests never race to open the
+    /// same one.
+    quick: Mutex<HashMap<QuickKey, Arc<QuickCell>>>,
     parking: Mutex<HashMap<Broker, Arc<Lanes>>>,
     reaper: AtomicBool,
 }
+
+/// A broker (`None`: the bootstrap connection) and a stripe.
+type QuickKey = (Option<Broker>, usize);
 
 #[derive(Default)]
 struct QuickCell {
@@ -133,6 +146,7 @@ pub(crate) struct PoolConfig {
     pub(crate) retry_backoff: Duration,
     pub(crate) retry_backoff_max: Duration,
     pub(crate) parking_lanes: usize,
+    pub(crate) quick_connections: usize,
 }
 
 impl Pool {
@@ -149,6 +163,7 @@ impl Pool {
             retry_backoff: cfg.retry_backoff,
             retry_backoff_max: cfg.retry_backoff_max,
             cap: cfg.parking_lanes.max(1),
+            stripes: cfg.quick_connections.max(1),
             quick: Mutex::new(HashMap::new()),
             parking: Mutex::new(HashMap::new()),
             reaper: AtomicBool::new(false),
@@ -165,12 +180,36 @@ impl Pool {
         }
     }
 
-    /// The quick connection to `broker` (`None`: any bootstrap broker), opened if needed.
-    pub(crate) async fn quick(self: &Arc<Self>, broker: Option<&Broker>) -> Result<Connection> {
+    /// Which of a broker's quick connections carries the requests of `group`. Apache serves a
+    /// connection one request at a time and may defer a Heartbeat while the group's
+    /// `__consumer_offsets` partition has uncommitted writes, holding every later request on
+    /// the connection; groups of one partition go on one stripe, so a deferral holds the
+    /// groups whose partition is slow anyway and the other stripes' go on. The partition is
+    /// Apache's `Utils.abs(groupId.hashCode()) % offsets.topic.num.partitions` for the default
+    /// 50 partitions; with another count this is still a hash of the group id, which spreads
+    /// groups over the stripes, only without following partitions.
+    pub(crate) fn stripe(&self, group: &str) -> usize {
+        // Java's String.hashCode, over UTF-16 code units.
+        let h = group
+            .encode_utf16()
+            .fold(0i32, |h, c| h.wrapping_mul(31).wrapping_add(i32::from(c)));
+        // Utils.abs: Integer.MIN_VALUE maps to 0.
+        let abs = if h == i32::MIN { 0 } else { h.unsigned_abs() };
+        (abs % OFFSETS_PARTITIONS) as usize % self.stripes
+    }
+
+    /// The quick connection to `broker` (`None`: any bootstrap broker) of `stripe`
+    /// ([`Pool::stripe`]; the bootstrap connection has one stripe), opened if needed.
+    pub(crate) async fn quick(
+        self: &Arc<Self>,
+        broker: Option<&Broker>,
+        stripe: usize,
+    ) -> Result<Connection> {
         self.start_reaper();
+        let key = (broker.cloned(), if broker.is_some() { stripe } else { 0 });
         let cell = {
             let mut quick = self.quick.lock().unwrap_or_else(|p| p.into_inner());
-            quick.entry(broker.cloned()).or_default().clone()
+            quick.entry(key).or_default().clone()
         };
         *cell.last_used.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
         let mut guard = cell.conn.lock().await;
@@ -194,12 +233,13 @@ impl Pool {
     /// Stops lending `conn` as the quick connection to `broker`: later requests get a fresh
     /// one. `conn` itself stays open for the requests still on it and closes when the last
     /// handle goes.
-    pub(crate) fn retire_quick(&self, broker: Option<&Broker>, conn: &Connection) {
+    pub(crate) fn retire_quick(&self, broker: Option<&Broker>, stripe: usize, conn: &Connection) {
+        let key = (broker.cloned(), if broker.is_some() { stripe } else { 0 });
         let cell = match self
             .quick
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get(&broker.cloned())
+            .get(&key)
         {
             Some(cell) => cell.clone(),
             None => return,
@@ -215,7 +255,7 @@ impl Pool {
     pub(crate) fn offer_bootstrap(&self, conn: &Connection) {
         let cell = {
             let mut quick = self.quick.lock().unwrap_or_else(|p| p.into_inner());
-            quick.entry(None).or_default().clone()
+            quick.entry((None, 0)).or_default().clone()
         };
         let offered = match cell.conn.try_lock() {
             Ok(mut g) if g.as_ref().is_none_or(Connection::is_closed) => {

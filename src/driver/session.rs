@@ -102,10 +102,13 @@ pub(crate) fn spawn(
         holder: None,
         generation: -1,
     });
+    let stripe = params.pool.stripe(group);
     let net = Session {
         pool: params.pool,
         private: params.private,
         join_lane: Arc::default(),
+        sent: Arc::default(),
+        stripe,
     };
     net.pool.offer_bootstrap(&params.first);
     // The ACQUIRED record is on the acquisition's critical path: a lane to the leader is opened
@@ -222,7 +225,7 @@ async fn run(
         }
         if let Some(l) = &mut ledger {
             while let Some(t) = l.poll_transmit() {
-                send_ledger(&net.pool, t, answers_tx.clone());
+                send_ledger(&net.pool, net.stripe, t, answers_tx.clone());
             }
             while let Some(e) = l.poll_event() {
                 out(e);
@@ -289,7 +292,14 @@ async fn run(
                 }
             },
             Some((source, id, result)) = answers.recv() => match (source, &mut ledger) {
-                (Source::Member, _) => m.handle_response(id, result.map(|(r, _)| r), now()),
+                (Source::Member, _) => {
+                    // Written before the request, so it is here before the answer.
+                    let sent = net.sent.lock().unwrap_or_else(|p| p.into_inner()).take();
+                    if let Some((sent, at)) = sent {
+                        m.handle_sent(sent, at);
+                    }
+                    m.handle_response(id, result.map(|(r, _)| r), now());
+                }
                 (Source::Ledger, Some(l)) => l.handle_response(id, result, &view(&m), clock()),
                 (Source::Ledger, None) => {}
             },
@@ -376,7 +386,14 @@ pub(super) struct Session {
     /// line longer than the session timeout the broker can drop the pending member id
     /// meanwhile, and the join starts over.
     pub(super) join_lane: JoinLane,
+    /// The member's last request that left later than the machine emitted it (a join that
+    /// waited for a lane), and when it left: see [`Membership::handle_sent`].
+    pub(super) sent: SentAt,
+    /// Which of a broker's quick connections the lock's requests take ([`Pool::stripe`]).
+    pub(super) stripe: usize,
 }
+
+pub(super) type SentAt = Arc<Mutex<Option<(u64, Instant)>>>;
 
 pub(super) type JoinLane = Arc<Mutex<Option<(Broker, pool::Lane)>>>;
 
@@ -405,13 +422,14 @@ fn keep_join_lane(kept: &JoinLane, broker: Broker, lane: pool::Lane) {
 /// parking lane lent for this one request.
 async fn exchange(
     pool: &Arc<Pool>,
+    stripe: usize,
     route: Route,
     build: impl FnOnce(&Connection) -> Result<(crate::wire::Request, i16)>,
     timeout: Duration,
 ) -> Result<(Response, i16)> {
     match route {
         Route::Quick(broker) => {
-            let conn = pool.quick(broker.as_ref()).await?;
+            let conn = pool.quick(broker.as_ref(), stripe).await?;
             let (request, version) = build(&conn)?;
             let api = request.api_key();
             if !held_by_the_broker(api) {
@@ -427,7 +445,7 @@ async fn exchange(
             match tokio::time::timeout(timeout, conn.request_at(request, version, keep)).await {
                 Ok(r) => Ok((r?, version)),
                 Err(_) => {
-                    pool.retire_quick(broker.as_ref(), &conn);
+                    pool.retire_quick(broker.as_ref(), stripe, &conn);
                     Err(Error::Timeout {
                         op: format!("{api:?}"),
                         after: timeout,
@@ -462,6 +480,8 @@ enum Route {
 pub(super) fn send(net: &Session, t: Transmit, park: Park, answers: mpsc::UnboundedSender<Answer>) {
     let pool = &net.pool;
     let kept = net.join_lane.clone();
+    let sent = net.sent.clone();
+    let stripe = net.stripe;
     let route = match &t.target {
         Target::Any => Route::Quick(None),
         Target::Coordinator {
@@ -478,7 +498,8 @@ pub(super) fn send(net: &Session, t: Transmit, park: Park, answers: mpsc::Unboun
             let (pool, quick) = (pool.clone(), broker.clone());
             let connect_timeout = pool.conn.connect_timeout;
             tokio::spawn(async move {
-                let _ = tokio::time::timeout(connect_timeout, pool.quick(Some(&quick))).await;
+                let _ =
+                    tokio::time::timeout(connect_timeout, pool.quick(Some(&quick), stripe)).await;
             });
             Route::Lane(broker.clone(), park)
         }
@@ -513,6 +534,9 @@ pub(super) fn send(net: &Session, t: Transmit, park: Park, answers: mpsc::Unboun
                         return;
                     }
                     Ok(lane) => {
+                        // Nothing of it can have reached the broker before now, however long
+                        // it waited for the lane.
+                        *sent.lock().unwrap_or_else(|p| p.into_inner()) = Some((t.id, now()));
                         let exchange = async {
                             let response =
                                 lane.conn().request_at(request, version, t.timeout).await?;
@@ -529,7 +553,8 @@ pub(super) fn send(net: &Session, t: Transmit, park: Park, answers: mpsc::Unboun
                 }
             }
             route => {
-                let exchange = exchange(&pool, route, |_| Ok((request, version)), t.timeout);
+                let exchange =
+                    exchange(&pool, stripe, route, |_| Ok((request, version)), t.timeout);
                 bounded(bound, exchange, || format!("{api:?}")).await
             }
         };
@@ -556,7 +581,12 @@ async fn bounded<T>(
 }
 
 /// Sends a ledger request, built for the versions the connection it goes out on negotiated.
-fn send_ledger(pool: &Arc<Pool>, t: ledger::Transmit, answers: mpsc::UnboundedSender<Answer>) {
+fn send_ledger(
+    pool: &Arc<Pool>,
+    stripe: usize,
+    t: ledger::Transmit,
+    answers: mpsc::UnboundedSender<Answer>,
+) {
     let route = match &t.target {
         ledger::Target::Any => Route::Quick(None),
         // The ACQUIRED, RELEASED and LOST appends wait for the replicas (acks=all).
@@ -578,6 +608,7 @@ fn send_ledger(pool: &Arc<Pool>, t: ledger::Transmit, answers: mpsc::UnboundedSe
         let op = t.op;
         let result = exchange(
             &pool,
+            stripe,
             route,
             |conn| ledger::build(&op, conn.versions()),
             t.timeout,

@@ -1389,6 +1389,10 @@ async fn lane_broker() -> (
 }
 
 fn lane_pool(cap: usize) -> Arc<pool::Pool> {
+    striped_pool(cap, 1)
+}
+
+fn striped_pool(cap: usize, quick_connections: usize) -> Arc<pool::Pool> {
     Arc::new(pool::Pool::new(pool::PoolConfig {
         bootstrap: vec![],
         conn: ConnConfig::default(),
@@ -1396,6 +1400,7 @@ fn lane_pool(cap: usize) -> Arc<pool::Pool> {
         retry_backoff: Duration::from_millis(10),
         retry_backoff_max: Duration::from_millis(100),
         parking_lanes: cap,
+        quick_connections,
     }))
 }
 
@@ -1496,6 +1501,8 @@ async fn one_locks_held_heartbeat_timing_out_does_not_fail_anothers_on_the_quick
         pool: lane_pool(4),
         private: false,
         join_lane: Default::default(),
+        sent: Default::default(),
+        stripe: 0,
     };
     let (answers_tx, mut answers) = tokio::sync::mpsc::unbounded_channel();
     let request_timeout = Duration::from_millis(600);
@@ -1610,6 +1617,8 @@ async fn a_first_join_waiting_for_a_lane_leaves_the_line_with_its_session() {
         pool: lane_pool(1),
         private: false,
         join_lane: Default::default(),
+        sent: Default::default(),
+        stripe: 0,
     };
     let taken = net.pool.lane(&broker, pool::Park::Fresh).await.unwrap();
     let _server = accepted.recv().await.unwrap();
@@ -1644,4 +1653,77 @@ async fn a_first_join_waiting_for_a_lane_leaves_the_line_with_its_session() {
         .expect("the lane is free for a live request")
         .unwrap();
     fresh.done();
+}
+
+/// A group's stripe follows Apache's coordinator partition for the default 50 partitions,
+/// `Utils.abs(groupId.hashCode()) % 50` (Java's String.hashCode; Utils.abs maps
+/// Integer.MIN_VALUE to 0).
+#[test]
+fn a_groups_quick_connection_stripe_follows_its_offsets_partition() {
+    let pool = striped_pool(4, 4);
+    // "hello".hashCode() = 99162322: partition 22.
+    assert_eq!(pool.stripe("hello"), 22 % 4);
+    // "polygenelubricants".hashCode() = Integer.MIN_VALUE: partition 0.
+    assert_eq!(pool.stripe("polygenelubricants"), 0);
+    // "zz".hashCode() = 122 * 31 + 122 = 3904: partition 4.
+    assert_eq!(pool.stripe("zz"), 0);
+    assert_eq!(striped_pool(4, 3).stripe("zz"), 4 % 3);
+    assert_eq!(striped_pool(4, 1).stripe("hello"), 0);
+}
+
+/// Locks on different stripes of one broker use different quick connections: a Heartbeat the
+/// broker holds (a deferred coordinator write) does not hold another stripe's.
+#[tokio::test]
+async fn a_held_heartbeat_holds_back_only_its_own_stripe() {
+    use crate::membership::{Lane, Target, Transmit};
+    let (broker, mut accepted) = lane_broker().await;
+    let pool = striped_pool(4, 2);
+    let session = |stripe| session::Session {
+        pool: pool.clone(),
+        private: false,
+        join_lane: Default::default(),
+        sent: Default::default(),
+        stripe,
+    };
+    let (answers_tx, mut answers) = tokio::sync::mpsc::unbounded_channel();
+    let heartbeat_of = |id: u64| Transmit {
+        id,
+        target: Target::Coordinator {
+            broker: broker.clone(),
+            lane: Lane::Control,
+        },
+        request: heartbeat(1).into(),
+        version: 4,
+        timeout: Duration::from_secs(5),
+    };
+    session::send(
+        &session(0),
+        heartbeat_of(1),
+        pool::Park::Urgent,
+        answers_tx.clone(),
+    );
+    let mut first = tokio::time::timeout(PROMPTLY, accepted.recv())
+        .await
+        .expect("the quick connection of stripe 0 is opened")
+        .unwrap();
+    let (held, _) = first.recv().await;
+    session::send(
+        &session(1),
+        heartbeat_of(2),
+        pool::Park::Urgent,
+        answers_tx.clone(),
+    );
+    let mut second = tokio::time::timeout(PROMPTLY, accepted.recv())
+        .await
+        .expect("stripe 1 has a quick connection of its own, not queued behind the held one")
+        .unwrap();
+    let (b, _) = second.recv().await;
+    second.reply(&b, &HeartbeatResponse::default()).await;
+    let (_, id, result) = tokio::time::timeout(PROMPTLY, answers.recv())
+        .await
+        .expect("stripe 1's heartbeat is answered while stripe 0's is held")
+        .unwrap();
+    assert_eq!(id, 2);
+    result.expect("stripe 1's heartbeat");
+    first.reply(&held, &HeartbeatResponse::default()).await;
 }

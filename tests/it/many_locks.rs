@@ -162,3 +162,48 @@ async fn a_holders_rejoin_never_waits_for_a_lane_its_own_groups_newcomer_parks()
         .expect("acquire");
     next.release().await.expect("release");
 }
+
+/// A burst of first acquisitions larger than the parking lanes, on a broker with Apache's
+/// default 3 s `group.initial.rebalance.delay.ms`: with one lane, the locks' first JoinGroups
+/// take turns on it, 3 s each, so the later ones wait in line for longer than a lease (5 s
+/// here). The broker only sees a JoinGroup when it leaves the line, so each assignment's
+/// deadline is timed from then; timed from when the join was queued, every lock but the first
+/// is assigned after its deadline, leaves, joins the back of the line again, and none ever
+/// gets the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_first_joins_waiting_in_line_for_a_lane_all_acquire() {
+    support::init_tracing();
+    const LOCKS: usize = 4;
+    let delay = Duration::from_millis(3000);
+    let client = Client::new(kafka_default_delay().bootstrap()).parking_lanes(1);
+    let prefix = support::unique_group("lanes-burst");
+    // The joins take turns: a delay each, plus a round of rejoins if an unlucky one started over.
+    let wait = delay * (2 * LOCKS as u32) + SLACK;
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..LOCKS {
+        let lock = tune(client.lock(format!("{prefix}-{i}")));
+        tasks.spawn(async move { lock.acquire(Some(wait)).await.map(|g| (g, lock.stats())) });
+    }
+    let mut guards = Vec::new();
+    let mut failed = Vec::new();
+    while let Some(joined) = tokio::time::timeout(wait + SLACK, tasks.join_next())
+        .await
+        .expect("every acquisition ends within its wait")
+    {
+        match joined.unwrap() {
+            Ok(g) => guards.push(g),
+            Err(e) => failed.push(e.to_string()),
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of {LOCKS} acquired in {:?} with one lane; the others: {failed:#?}",
+        guards.len(),
+        started.elapsed()
+    );
+    for (guard, stats) in guards {
+        assert!(guard.is_held(), "{stats:?}");
+        guard.release().await.expect("release");
+    }
+}
