@@ -28,6 +28,9 @@
 //! [`ProxySet::cut_after_sync`] arms a trigger instead: the next SyncGroup answer through any of
 //! the set's proxies is delivered, and then every proxy of the set black-holes both ways. A
 //! member whose assignment names it is cut off before its first Heartbeat can get out.
+//! [`ProxySet::stall_next_join`] arms another: the next JoinGroup through any of the set's
+//! proxies is held, with the connection it came on (a stall of that proxy's open connections),
+//! so the broker receives it only at the heal, whenever that is.
 
 use std::collections::HashMap;
 use std::io;
@@ -119,6 +122,27 @@ pub struct ProxySet {
     proxies: Vec<BrokerProxy>,
     stats: Arc<ProxyStats>,
     sync_cut: Arc<SyncCut>,
+    join_stall: Arc<JoinStall>,
+}
+
+/// The trigger of [`ProxySet::stall_next_join`], shared by every connection of a set.
+#[derive(Default)]
+struct JoinStall {
+    armed: std::sync::atomic::AtomicBool,
+    fired: std::sync::atomic::AtomicBool,
+}
+
+impl JoinStall {
+    /// A request was read from the client: if it is a JoinGroup and the trigger is armed,
+    /// stall the connections of this proxy open now, this one included, before it is forwarded.
+    fn request_read(&self, frame: &[u8], fault: &watch::Sender<Fault>, stats: &ProxyStats) {
+        let join = frame.len() >= 2
+            && ApiKey::try_from(i16::from_be_bytes([frame[0], frame[1]])) == Ok(ApiKey::JoinGroup);
+        if join && self.armed.swap(false, Ordering::SeqCst) {
+            fault.send_replace(Fault::Stall(stats.connections.load(Ordering::SeqCst)));
+            self.fired.store(true, Ordering::SeqCst);
+        }
+    }
 }
 
 /// The trigger of [`ProxySet::cut_after_sync`], shared by every connection of a set.
@@ -161,6 +185,7 @@ impl ProxySet {
         );
         let stats = Arc::new(ProxyStats::default());
         let sync_cut = Arc::new(SyncCut::default());
+        let join_stall = Arc::new(JoinStall::default());
         let proxies: Vec<BrokerProxy> = brokers
             .iter()
             .zip(listeners)
@@ -168,10 +193,11 @@ impl ProxySet {
                 let port = ports[&node_id];
                 let (fault, rx) = watch::channel(Fault::Clear);
                 let (ports, stats, cut) = (ports.clone(), stats.clone(), sync_cut.clone());
+                let stall = (fault.clone(), join_stall.clone());
                 let accept = rt
                     .spawn(async move {
                         let listener = TcpListener::from_std(listener).expect("register listener");
-                        accept_loop(listener, target, ports, rx, stats, cut).await;
+                        accept_loop(listener, target, ports, rx, stats, cut, stall).await;
                     })
                     .abort_handle();
                 BrokerProxy {
@@ -189,6 +215,7 @@ impl ProxySet {
             proxies,
             stats,
             sync_cut,
+            join_stall,
         }
     }
 
@@ -196,6 +223,25 @@ impl ProxySet {
     /// proxy of the set black-holes both ways (until [`ProxySet::set_all`] clears it).
     pub fn cut_after_sync(&self) {
         self.sync_cut.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the trigger armed by [`ProxySet::cut_after_sync`] is still waiting.
+    pub fn cut_after_sync_pending(&self) -> bool {
+        self.sync_cut.armed.load(Ordering::SeqCst)
+    }
+
+    /// Arms the trigger: the next JoinGroup from this contender is held, with every connection
+    /// open then to the broker it was sent to (a [`Fault::Stall`] of that proxy), until
+    /// [`ProxySet::set`] or [`ProxySet::set_all`] clears it. New connections pass, so a resend
+    /// is answered while the stalled JoinGroup waits.
+    pub fn stall_next_join(&self) {
+        self.join_stall.fired.store(false, Ordering::SeqCst);
+        self.join_stall.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the trigger armed by [`ProxySet::stall_next_join`] has held a JoinGroup.
+    pub fn join_stalled(&self) -> bool {
+        self.join_stall.fired.load(Ordering::SeqCst)
     }
 
     /// The proxies' addresses, for the contender's bootstrap list.
@@ -221,9 +267,11 @@ impl ProxySet {
     }
 
     /// Sets the fault on every proxy of the set: the contender cut off from the whole cluster.
-    /// Disarms [`ProxySet::cut_after_sync`] if it has not fired.
+    /// Disarms [`ProxySet::cut_after_sync`] and [`ProxySet::stall_next_join`] if they have not
+    /// fired.
     pub fn set_all(&self, fault: Fault) {
         self.sync_cut.armed.store(false, Ordering::SeqCst);
+        self.join_stall.armed.store(false, Ordering::SeqCst);
         for p in &self.proxies {
             p.fault.send_replace(fault);
         }
@@ -251,6 +299,7 @@ async fn accept_loop(
     fault: watch::Receiver<Fault>,
     stats: Arc<ProxyStats>,
     cut: Arc<SyncCut>,
+    stall: (watch::Sender<Fault>, Arc<JoinStall>),
 ) {
     loop {
         let Ok((client, _)) = listener.accept().await else {
@@ -265,6 +314,7 @@ async fn accept_loop(
             fault.clone(),
             stats.clone(),
             cut.clone(),
+            stall.clone(),
         ));
     }
 }
@@ -282,6 +332,7 @@ async fn connection(
     mut fault: watch::Receiver<Fault>,
     stats: Arc<ProxyStats>,
     cut: Arc<SyncCut>,
+    (own_fault, join_stall): (watch::Sender<Fault>, Arc<JoinStall>),
 ) {
     if *fault.borrow_and_update() == Fault::Reset {
         reset(&client);
@@ -305,19 +356,29 @@ async fn connection(
     let (down_tx, down_rx) = mpsc::unbounded_channel();
     let requests = inflight.clone();
     let counts = stats.clone();
-    let up_read = pump_in(cr, Dir::Up, number, fault.clone(), up_tx, move |frame| {
-        note_request(&frame, &requests);
-        if frame.len() >= 2 {
-            let key = i16::from_be_bytes([frame[0], frame[1]]);
-            *counts
-                .requests
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .entry(key)
-                .or_default() += 1;
-        }
-        frame
-    });
+    let seen = stats.clone();
+    let read = move |frame: &Bytes| join_stall.request_read(frame, &own_fault, &seen);
+    let up_read = pump_in(
+        cr,
+        Dir::Up,
+        number,
+        fault.clone(),
+        up_tx,
+        read,
+        move |frame| {
+            note_request(&frame, &requests);
+            if frame.len() >= 2 {
+                let key = i16::from_be_bytes([frame[0], frame[1]]);
+                *counts
+                    .requests
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry(key)
+                    .or_default() += 1;
+            }
+            frame
+        },
+    );
     let answers = inflight;
     // The frame handed back is queued for the client whatever the fault becomes meanwhile, so
     // a cut set here comes right after it.
@@ -327,6 +388,7 @@ async fn connection(
         number,
         fault.clone(),
         down_tx,
+        |_| {},
         move |frame| rewrite_answer(frame, &answers, &ports, &stats, &cut),
     );
     let reset_now = async {
@@ -359,12 +421,14 @@ async fn connection(
 type Timed = (Bytes, Instant);
 
 /// Reads frames from one side and queues them, each with the time it is due at the other side.
+/// `read` sees each frame as soon as it is read, and may set a fault that holds it.
 async fn pump_in(
     mut from: OwnedReadHalf,
     dir: Dir,
     connection: u64,
     mut fault: watch::Receiver<Fault>,
     to: mpsc::UnboundedSender<Timed>,
+    mut read: impl FnMut(&Bytes),
     mut each: impl FnMut(Bytes) -> Bytes,
 ) -> io::Result<()> {
     loop {
@@ -373,6 +437,7 @@ async fn pump_in(
             return Ok(());
         };
         let read_at = Instant::now();
+        read(&frame);
         // A frame read just before a black-hole began is held with the rest.
         wait_unheld(&mut fault, dir, connection).await;
         let due = read_at + fault.borrow().delay(dir);

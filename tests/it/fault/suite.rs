@@ -37,12 +37,27 @@ pub struct Config {
     /// Permits of the native lock (`KAFKA_LOCK_FAULT_PERMITS`, 1 = a mutex): above 1 it is a
     /// semaphore and the checker runs in semaphore mode on it.
     pub permits: u16,
+    /// The nemeses drawn (`KAFKA_LOCK_FAULT_KINDS`, names separated by commas; empty: all).
+    pub kinds: Vec<Kind>,
 }
 
 impl Config {
     /// From `KAFKA_LOCK_FAULT_SEED` (else from the clock, printed so it can be replayed) and
-    /// `KAFKA_LOCK_FAULT_EPISODES` (else one of each kind in CI mode, 200 in the long mode).
+    /// `KAFKA_LOCK_FAULT_EPISODES` (else one of each kind in CI mode, 200 in the long mode),
+    /// and `KAFKA_LOCK_FAULT_KINDS` (e.g. `stall-join,cut-move`: only those nemeses).
     pub fn from_env(ci: bool) -> Config {
+        let kinds: Vec<Kind> = std::env::var("KAFKA_LOCK_FAULT_KINDS")
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|s| {
+                Kind::from_name(s).unwrap_or_else(|| {
+                    let names: Vec<_> = Kind::ALL.iter().map(|k| k.name()).collect();
+                    panic!("KAFKA_LOCK_FAULT_KINDS: no nemesis {s:?}; the names: {names:?}")
+                })
+            })
+            .collect();
         let seed = std::env::var("KAFKA_LOCK_FAULT_SEED")
             .ok()
             .map(|s| s.parse().expect("KAFKA_LOCK_FAULT_SEED must be a number"))
@@ -53,7 +68,15 @@ impl Config {
                 s.parse()
                     .expect("KAFKA_LOCK_FAULT_EPISODES must be a number")
             })
-            .unwrap_or(if ci { Kind::ALL.len() } else { 200 });
+            .unwrap_or(if ci {
+                if kinds.is_empty() {
+                    Kind::ALL.len()
+                } else {
+                    kinds.len()
+                }
+            } else {
+                200
+            });
         let permits = std::env::var("KAFKA_LOCK_FAULT_PERMITS")
             .ok()
             .map_or(1, |s| {
@@ -67,6 +90,7 @@ impl Config {
             episodes,
             ci,
             permits,
+            kinds,
         }
     }
 }
@@ -108,7 +132,7 @@ pub fn run(cfg: Config) {
     ));
     let logs = out.join("logs");
     std::fs::create_dir_all(&logs).expect("create the run's directory");
-    let plan = schedule(cfg.seed, cfg.episodes, cfg.ci);
+    let plan = schedule(cfg.seed, cfg.episodes, cfg.ci, &cfg.kinds);
     println!(
         "fault suite ({mode}): seed {}, {} episodes; replay with KAFKA_LOCK_FAULT_SEED={} \
          KAFKA_LOCK_FAULT_EPISODES={}; files in {}",
@@ -451,6 +475,12 @@ impl Run {
                 target = t;
                 note = n;
             }
+            Kind::StallJoin => {
+                start = mono_ns();
+                let (t, n) = self.stall_join(&plan, &lock, &mut rng);
+                target = t;
+                note = n;
+            }
             Kind::Herd => {
                 start = mono_ns();
                 let acquired = self.herd(n, &plan, &lock, &mut rng);
@@ -534,6 +564,115 @@ impl Run {
         (
             Some(target.clone()),
             format!("{target}: {what}; node {node} killed, cut healed when node {new} was named"),
+        )
+    }
+
+    /// The stall-join nemesis: a waiter's next JoinGroup is held with its connection, past the
+    /// waiter's join timeout, so the waiter resends on a new connection and goes on with the
+    /// answer to that. The stalled JoinGroup is delivered when a hold that began after the
+    /// resend is released, as the rebalance that release starts is under way: the broker counts
+    /// it in that join phase and re-arms the waiter's session timer then, unknown to the waiter.
+    /// The waiter's connections to the coordinator are then refused for a few seconds (it learns
+    /// late of that generation and joins it late), and it is cut off right after its next
+    /// SyncGroup answer for longer than the session timeout: if that answer begins a hold
+    /// counted from the late JoinGroup, the broker drops it before the hold's lease ends.
+    fn stall_join(
+        &mut self,
+        plan: &Episode,
+        lock: &str,
+        rng: &mut Rng,
+    ) -> (Option<String>, String) {
+        let holder = self.holder(lock, HOLDER_BOUND);
+        let waiters: Vec<String> = self
+            .pool
+            .proxied(lock)
+            .into_iter()
+            .filter(|id| Some(id) != holder.as_ref())
+            .collect();
+        if waiters.is_empty() {
+            return (None, String::new());
+        }
+        let w = rng.pick(&waiters).clone();
+        let stalled = |pool: &Pool| {
+            let mut fired = false;
+            pool.proxies_of(&w, |p| fired = p.join_stalled());
+            fired
+        };
+        self.pool.proxies_of(&w, |p| p.stall_next_join());
+        // The holders release within seconds, so the waiter joins a rebalance soon.
+        let deadline = Instant::now() + HOLDER_BOUND;
+        while !stalled(&self.pool) {
+            if Instant::now() >= deadline || self.pool.role_of(&w).is_none() {
+                self.pool.proxies_of(&w, |p| p.set_all(Fault::Clear));
+                return (None, String::new());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The join timeout of the suite's contenders (the rebalance timeout, SESSION, + 5 s,
+        // above the 5 s request timeout: `MemberConfig::join_timeout`).
+        std::thread::sleep(SESSION + Duration::from_secs(5) + plan.length);
+        let resent = mono_ns();
+        let heal_bound = Instant::now() + RECOVERY_BOUND;
+        let released = loop {
+            let after = {
+                let log = self.checker.lock();
+                log.events
+                    .iter()
+                    .filter(|e| checker::base(&e.lock) == lock && e.mono > resent)
+                    .filter(|e| matches!(e.kind, Ev::Acquired))
+                    .map(|e| (e.id.clone(), e.mono))
+                    .last()
+                    .and_then(|(id, at)| {
+                        log.events
+                            .iter()
+                            .any(|e| e.id == id && e.kind == Ev::Released && e.mono > at)
+                            .then_some(id)
+                    })
+            };
+            if after.is_some() || Instant::now() >= heal_bound {
+                break after;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        // The release is reported just before the LeaveGroup; the other members rejoin within
+        // a heartbeat interval of it, so the join phase is under way a little after.
+        std::thread::sleep(super::HEARTBEAT / 3);
+        let coordinator = self.cluster.coordinator(lock);
+        self.pool.proxies_of(&w, |p| p.set_all(Fault::Clear));
+        // Let the stalled JoinGroup out before the refusal resets the connection it is on.
+        std::thread::sleep(Duration::from_millis(200));
+        self.pool
+            .proxies_of(&w, |p| p.set(coordinator, Fault::Reset));
+        std::thread::sleep(plan.delay);
+        self.pool.proxies_of(&w, |p| {
+            p.set_all(Fault::Clear);
+            p.cut_after_sync();
+        });
+        let cut_bound = Instant::now() + 3 * SESSION;
+        let mut cut = false;
+        while Instant::now() < cut_bound && !cut {
+            self.pool
+                .proxies_of(&w, |p| cut = !p.cut_after_sync_pending());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if cut {
+            std::thread::sleep(SESSION + Duration::from_secs(1));
+        }
+        self.pool.proxies_of(&w, |p| p.set_all(Fault::Clear));
+        (
+            Some(w.clone()),
+            format!(
+                "{w}: JoinGroup stalled, delivered {} to node {coordinator}; {}",
+                match released {
+                    Some(h) => format!("as {h} released"),
+                    None => "with no release seen".to_owned(),
+                },
+                if cut {
+                    "cut after its next SyncGroup answer"
+                } else {
+                    "no SyncGroup answer to cut after"
+                }
+            ),
         )
     }
 
@@ -662,7 +801,12 @@ impl Run {
             );
         }
         if self.cfg.ci {
-            for kind in Kind::ALL {
+            let kinds: &[Kind] = if self.cfg.kinds.is_empty() {
+                &Kind::ALL
+            } else {
+                &self.cfg.kinds
+            };
+            for &kind in kinds {
                 let ran = self
                     .records
                     .iter()
