@@ -125,6 +125,15 @@ pub struct ProxySet {
     join_stall: Arc<JoinStall>,
 }
 
+/// What a connection may trip: the set's triggers, and its own proxy's fault, which a stalled
+/// JoinGroup sets.
+#[derive(Clone)]
+struct Triggers {
+    sync_cut: Arc<SyncCut>,
+    join_stall: Arc<JoinStall>,
+    fault: watch::Sender<Fault>,
+}
+
 /// The trigger of [`ProxySet::stall_next_join`], shared by every connection of a set.
 #[derive(Default)]
 struct JoinStall {
@@ -192,12 +201,16 @@ impl ProxySet {
             .map(|(&(node_id, target), listener)| {
                 let port = ports[&node_id];
                 let (fault, rx) = watch::channel(Fault::Clear);
-                let (ports, stats, cut) = (ports.clone(), stats.clone(), sync_cut.clone());
-                let stall = (fault.clone(), join_stall.clone());
+                let (ports, stats) = (ports.clone(), stats.clone());
+                let triggers = Triggers {
+                    sync_cut: sync_cut.clone(),
+                    join_stall: join_stall.clone(),
+                    fault: fault.clone(),
+                };
                 let accept = rt
                     .spawn(async move {
                         let listener = TcpListener::from_std(listener).expect("register listener");
-                        accept_loop(listener, target, ports, rx, stats, cut, stall).await;
+                        accept_loop(listener, target, ports, rx, stats, triggers).await;
                     })
                     .abort_handle();
                 BrokerProxy {
@@ -298,8 +311,7 @@ async fn accept_loop(
     ports: Arc<HashMap<i32, u16>>,
     fault: watch::Receiver<Fault>,
     stats: Arc<ProxyStats>,
-    cut: Arc<SyncCut>,
-    stall: (watch::Sender<Fault>, Arc<JoinStall>),
+    triggers: Triggers,
 ) {
     loop {
         let Ok((client, _)) = listener.accept().await else {
@@ -313,8 +325,7 @@ async fn accept_loop(
             ports.clone(),
             fault.clone(),
             stats.clone(),
-            cut.clone(),
-            stall.clone(),
+            triggers.clone(),
         ));
     }
 }
@@ -331,8 +342,7 @@ async fn connection(
     ports: Arc<HashMap<i32, u16>>,
     mut fault: watch::Receiver<Fault>,
     stats: Arc<ProxyStats>,
-    cut: Arc<SyncCut>,
-    (own_fault, join_stall): (watch::Sender<Fault>, Arc<JoinStall>),
+    triggers: Triggers,
 ) {
     if *fault.borrow_and_update() == Fault::Reset {
         reset(&client);
@@ -357,6 +367,11 @@ async fn connection(
     let requests = inflight.clone();
     let counts = stats.clone();
     let seen = stats.clone();
+    let Triggers {
+        sync_cut: cut,
+        join_stall,
+        fault: own_fault,
+    } = triggers;
     let read = move |frame: &Bytes| join_stall.request_read(frame, &own_fault, &seen);
     let up_read = pump_in(
         cr,

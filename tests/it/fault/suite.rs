@@ -621,7 +621,7 @@ impl Run {
                     .filter(|e| checker::base(&e.lock) == lock && e.mono > resent)
                     .filter(|e| matches!(e.kind, Ev::Acquired))
                     .map(|e| (e.id.clone(), e.mono))
-                    .last()
+                    .next_back()
                     .and_then(|(id, at)| {
                         log.events
                             .iter()
