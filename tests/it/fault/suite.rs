@@ -593,17 +593,24 @@ impl Run {
             return (None, String::new());
         }
         let w = rng.pick(&waiters).clone();
+        // The proxies belong to the slot: a CLI contender exits after its hold, and the faults
+        // set on its proxies must still be healed.
+        let slot = w.rsplit_once('.').map_or(w.as_str(), |(s, _)| s).to_owned();
+        let mine = |id: &str| {
+            id.strip_prefix(slot.as_str())
+                .is_some_and(|r| r.starts_with('.'))
+        };
         let stalled = |pool: &Pool| {
             let mut fired = false;
-            pool.proxies_of(&w, |p| fired = p.join_stalled());
+            pool.slot_proxies(&slot, |p| fired = p.join_stalled());
             fired
         };
-        self.pool.proxies_of(&w, |p| p.stall_next_join());
+        self.pool.slot_proxies(&slot, |p| p.stall_next_join());
         // The holders release within seconds, so the waiter joins a rebalance soon.
         let deadline = Instant::now() + HOLDER_BOUND;
         while !stalled(&self.pool) {
             if Instant::now() >= deadline || self.pool.role_of(&w).is_none() {
-                self.pool.proxies_of(&w, |p| p.set_all(Fault::Clear));
+                self.pool.slot_proxies(&slot, |p| p.set_all(Fault::Clear));
                 return (None, String::new());
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -612,25 +619,33 @@ impl Run {
         // above the 5 s request timeout: `MemberConfig::join_timeout`).
         std::thread::sleep(SESSION + Duration::from_secs(5) + plan.length);
         let resent = mono_ns();
+        // Heal as another contender releases a hold begun after the resend. If the waiter
+        // itself acquires or exits first, its member id is gone and the stalled JoinGroup can
+        // only be refused: heal then.
         let heal_bound = Instant::now() + RECOVERY_BOUND;
-        let released = loop {
-            let after = {
+        let (released, moot) = loop {
+            let (released, moot) = {
                 let log = self.checker.lock();
-                log.events
-                    .iter()
-                    .filter(|e| checker::base(&e.lock) == lock && e.mono > resent)
-                    .filter(|e| matches!(e.kind, Ev::Acquired))
+                let recent = || {
+                    log.events
+                        .iter()
+                        .filter(|e| checker::base(&e.lock) == lock && e.mono > resent)
+                };
+                let moot = recent().any(|e| mine(&e.id) && e.kind != Ev::Waiting)
+                    || self.pool.role_of(&w).is_none();
+                let released = recent()
+                    .filter(|e| e.kind == Ev::Acquired && !mine(&e.id))
                     .map(|e| (e.id.clone(), e.mono))
                     .next_back()
                     .and_then(|(id, at)| {
-                        log.events
-                            .iter()
+                        recent()
                             .any(|e| e.id == id && e.kind == Ev::Released && e.mono > at)
                             .then_some(id)
-                    })
+                    });
+                (released, moot)
             };
-            if after.is_some() || Instant::now() >= heal_bound {
-                break after;
+            if released.is_some() || moot || Instant::now() >= heal_bound {
+                break (released, moot);
             }
             std::thread::sleep(Duration::from_millis(10));
         };
@@ -638,13 +653,13 @@ impl Run {
         // a heartbeat interval of it, so the join phase is under way a little after.
         std::thread::sleep(super::HEARTBEAT / 3);
         let coordinator = self.cluster.coordinator(lock);
-        self.pool.proxies_of(&w, |p| p.set_all(Fault::Clear));
+        self.pool.slot_proxies(&slot, |p| p.set_all(Fault::Clear));
         // Let the stalled JoinGroup out before the refusal resets the connection it is on.
         std::thread::sleep(Duration::from_millis(200));
         self.pool
-            .proxies_of(&w, |p| p.set(coordinator, Fault::Reset));
+            .slot_proxies(&slot, |p| p.set(coordinator, Fault::Reset));
         std::thread::sleep(plan.delay);
-        self.pool.proxies_of(&w, |p| {
+        self.pool.slot_proxies(&slot, |p| {
             p.set_all(Fault::Clear);
             p.cut_after_sync();
         });
@@ -652,21 +667,22 @@ impl Run {
         let mut cut = false;
         while Instant::now() < cut_bound && !cut {
             self.pool
-                .proxies_of(&w, |p| cut = !p.cut_after_sync_pending());
+                .slot_proxies(&slot, |p| cut = !p.cut_after_sync_pending());
             std::thread::sleep(Duration::from_millis(20));
         }
         if cut {
             std::thread::sleep(SESSION + Duration::from_secs(1));
         }
-        self.pool.proxies_of(&w, |p| p.set_all(Fault::Clear));
+        self.pool.slot_proxies(&slot, |p| p.set_all(Fault::Clear));
+        let when = match (released, moot) {
+            (Some(h), _) => format!("as {h} released"),
+            (None, true) => format!("after {slot} acquired or exited (moot)"),
+            (None, false) => "with no release seen".to_owned(),
+        };
         (
             Some(w.clone()),
             format!(
-                "{w}: JoinGroup stalled, delivered {} to node {coordinator}; {}",
-                match released {
-                    Some(h) => format!("as {h} released"),
-                    None => "with no release seen".to_owned(),
-                },
+                "{w}: JoinGroup stalled, delivered {when} to node {coordinator}; {}",
                 if cut {
                     "cut after its next SyncGroup answer"
                 } else {
