@@ -30,7 +30,8 @@
 //! member whose assignment names it is cut off before its first Heartbeat can get out.
 //! [`ProxySet::stall_next_join`] arms another: the next JoinGroup through any of the set's
 //! proxies is held, with the connection it came on (a stall of that proxy's open connections),
-//! so the broker receives it only at the heal, whenever that is.
+//! and the client's side of that connection is shut down, so the client resends at once on a
+//! new one while the broker receives the stalled JoinGroup only at the heal.
 
 use std::collections::HashMap;
 use std::io;
@@ -142,13 +143,29 @@ struct JoinStall {
 }
 
 impl JoinStall {
-    /// A request was read from the client: if it is a JoinGroup and the trigger is armed,
-    /// stall the connections of this proxy open now, this one included, before it is forwarded.
-    fn request_read(&self, frame: &[u8], fault: &watch::Sender<Fault>, stats: &ProxyStats) {
+    /// A request was read from the client on `client`: if it is a JoinGroup and the trigger
+    /// is armed, stall the connections of this proxy open now, this one included, before it is
+    /// forwarded, and shut the client's side of this one down (it sees the connection end and
+    /// resends on a new one at once) while the stalled JoinGroup waits for the heal, as the
+    /// data a client's kernel still holds for a closed socket reaches the peer once a path
+    /// heals.
+    fn request_read(
+        &self,
+        frame: &[u8],
+        client: std::os::fd::RawFd,
+        fault: &watch::Sender<Fault>,
+        stats: &ProxyStats,
+    ) {
         let join = frame.len() >= 2
             && ApiKey::try_from(i16::from_be_bytes([frame[0], frame[1]])) == Ok(ApiKey::JoinGroup);
         if join && self.armed.swap(false, Ordering::SeqCst) {
             fault.send_replace(Fault::Stall(stats.connections.load(Ordering::SeqCst)));
+            // SAFETY: shutdown(2) on the client's socket, which the caller's read half keeps
+            // open; no memory is shared.
+            #[allow(unsafe_code)]
+            unsafe {
+                libc::shutdown(client, libc::SHUT_RDWR);
+            }
             self.fired.store(true, Ordering::SeqCst);
         }
     }
@@ -245,8 +262,9 @@ impl ProxySet {
 
     /// Arms the trigger: the next JoinGroup from this contender is held, with every connection
     /// open then to the broker it was sent to (a [`Fault::Stall`] of that proxy), until
-    /// [`ProxySet::set`] or [`ProxySet::set_all`] clears it. New connections pass, so a resend
-    /// is answered while the stalled JoinGroup waits.
+    /// [`ProxySet::set`] or [`ProxySet::set_all`] clears it; the client's side of the connection
+    /// it came on is shut down. New connections pass, so a resend is answered while the stalled
+    /// JoinGroup waits.
     pub fn stall_next_join(&self) {
         self.join_stall.fired.store(false, Ordering::SeqCst);
         self.join_stall.armed.store(true, Ordering::SeqCst);
@@ -358,6 +376,7 @@ async fn connection(
     };
     let _ = client.set_nodelay(true);
     let _ = upstream.set_nodelay(true);
+    let client_fd = std::os::fd::AsRawFd::as_raw_fd(&client);
     let (cr, mut cw) = client.into_split();
     let (ur, mut uw) = upstream.into_split();
     // Correlation id -> (API, version) of the requests whose answers are rewritten.
@@ -372,7 +391,7 @@ async fn connection(
         join_stall,
         fault: own_fault,
     } = triggers;
-    let read = move |frame: &Bytes| join_stall.request_read(frame, &own_fault, &seen);
+    let read = move |frame: &Bytes| join_stall.request_read(frame, client_fd, &own_fault, &seen);
     let up_read = pump_in(
         cr,
         Dir::Up,

@@ -75,7 +75,7 @@ pub enum Kind {
     /// answer), cut off from every broker past its session timeout; then the coordinator
     /// broker killed, and the cut healed as soon as a new coordinator is named, while it loads.
     CutMove,
-    /// A waiter's next JoinGroup stalled with its connection past the waiter's join timeout (it
+    /// A waiter's next JoinGroup stalled with its connection, whose client side is shut (it
     /// resends on a new connection and carries on), and delivered to the broker only when a
     /// later rebalance begins; then the waiter's connections to the coordinator refused for a
     /// few seconds and the waiter cut right after its next SyncGroup answer.
@@ -201,8 +201,8 @@ impl fmt::Display for Episode {
             ),
             Kind::StallJoin => write!(
                 f,
-                ", a waiter's JoinGroup stalled for its join timeout + {:?}, its connections \
-                 refused {:?} after the heal",
+                ", a waiter's JoinGroup stalled (at least {:?}) until a later rebalance, its \
+                 connections refused {:?} after the heal",
                 self.length, self.delay
             ),
             Kind::Mixed => write!(
@@ -267,7 +267,7 @@ pub fn schedule(seed: u64, episodes: usize, every_kind: bool, only: &[Kind]) -> 
                 Kind::Mixed => rng.millis(2000, 10_000),
                 // On top of the session timeout, so the group has dropped the member.
                 Kind::CutMove => rng.millis(500, 4000),
-                // On top of the waiter's join timeout, so it has given up and resent.
+                // The least the stalled JoinGroup waits after the waiter resent it.
                 Kind::StallJoin => rng.millis(500, 3000),
             };
             let delay = match kind {

@@ -615,9 +615,10 @@ impl Run {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        // The join timeout of the suite's contenders (the rebalance timeout, SESSION, + 5 s,
-        // above the 5 s request timeout: `MemberConfig::join_timeout`).
-        std::thread::sleep(SESSION + Duration::from_secs(5) + plan.length);
+        // The waiter saw its connection end and resent at once on a new one (a stall past its
+        // join timeout would outlast the rebalance timeout: the broker would drop the member
+        // and the stalled JoinGroup would meet UNKNOWN_MEMBER_ID, harmless).
+        std::thread::sleep(plan.length);
         let resent = mono_ns();
         // Heal as another contender releases a hold begun after the resend. If the waiter
         // itself acquires or exits first, its member id is gone and the stalled JoinGroup can
