@@ -156,9 +156,7 @@ impl JoinStall {
         fault: &watch::Sender<Fault>,
         stats: &ProxyStats,
     ) {
-        let join = frame.len() >= 2
-            && ApiKey::try_from(i16::from_be_bytes([frame[0], frame[1]])) == Ok(ApiKey::JoinGroup);
-        if join && self.armed.swap(false, Ordering::SeqCst) {
+        if joins_as_member(frame) && self.armed.swap(false, Ordering::SeqCst) {
             fault.send_replace(Fault::Stall(stats.connections.load(Ordering::SeqCst)));
             // SAFETY: shutdown(2) on the client's socket, which the caller's read half keeps
             // open; no memory is shared.
@@ -169,6 +167,23 @@ impl JoinStall {
             self.fired.store(true, Ordering::SeqCst);
         }
     }
+}
+
+/// Whether `frame` is a JoinGroup under a member id: one with an empty id can only make a new
+/// pending member, never re-arm an existing one.
+fn joins_as_member(frame: &[u8]) -> bool {
+    use kafka_protocol::messages::{JoinGroupRequest, RequestHeader};
+    use kafka_protocol::protocol::{Decodable, HeaderVersion};
+    if frame.len() < 4
+        || ApiKey::try_from(i16::from_be_bytes([frame[0], frame[1]])) != Ok(ApiKey::JoinGroup)
+    {
+        return false;
+    }
+    let version = i16::from_be_bytes([frame[2], frame[3]]);
+    let mut buf = Bytes::copy_from_slice(frame);
+    RequestHeader::decode(&mut buf, JoinGroupRequest::header_version(version))
+        .and_then(|_| JoinGroupRequest::decode(&mut buf, version))
+        .is_ok_and(|r| !r.member_id.is_empty())
 }
 
 /// The trigger of [`ProxySet::cut_after_sync`], shared by every connection of a set.
@@ -620,6 +635,35 @@ mod tests {
     use kafka_protocol::messages::find_coordinator_response::Coordinator;
     use kafka_protocol::messages::metadata_response::MetadataResponseBroker;
     use kafka_protocol::messages::{BrokerId, FindCoordinatorResponse, MetadataResponse};
+
+    #[test]
+    fn only_a_join_group_under_a_member_id_trips_the_join_stall() {
+        use kafka_protocol::messages::{GroupId, JoinGroupRequest, RequestHeader};
+        use kafka_protocol::protocol::HeaderVersion;
+        let request = |version: i16, member: &str| {
+            let mut out = BytesMut::new();
+            let mut header = RequestHeader::default();
+            header.request_api_key = ApiKey::JoinGroup as i16;
+            header.request_api_version = version;
+            header.correlation_id = 3;
+            header
+                .encode(&mut out, JoinGroupRequest::header_version(version))
+                .unwrap();
+            let mut req = JoinGroupRequest::default();
+            req.group_id = GroupId(StrBytes::from_static_str("g"));
+            req.member_id = StrBytes::from_string(member.to_owned());
+            req.encode(&mut out, version).unwrap();
+            out.to_vec()
+        };
+        for version in [5, 9] {
+            assert!(joins_as_member(&request(version, "m-1")), "v{version}");
+            assert!(!joins_as_member(&request(version, "")), "v{version}");
+        }
+        let mut heartbeat = request(5, "m-1");
+        heartbeat[..2].copy_from_slice(&(ApiKey::Heartbeat as i16).to_be_bytes());
+        assert!(!joins_as_member(&heartbeat));
+        assert!(!joins_as_member(&[0, 11, 0]));
+    }
 
     fn frame_of(correlation: i32, api: ApiKey, version: i16, body: &impl Encodable) -> Vec<u8> {
         let mut out = BytesMut::new();
