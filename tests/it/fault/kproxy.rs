@@ -18,6 +18,8 @@
 //!   held and delivered after the heal, as TCP would retransmit them across a partition that
 //!   healed before the peers gave up.
 //! - [`Fault::Reset`]: close every connection with an RST (zero linger), and reset new ones.
+//!   [`Fault::ResetFrom`] does so only to the connections numbered from a bound on (those opened
+//!   after a stall began), and [`Fault::StallAndReset`] also stalls the older ones.
 //! - [`Fault::Delay`]: deliver each frame that long after it was read, in order.
 //! - [`Fault::Stall`] ([`ProxySet::stall`]): hold, both ways, only the connections open when it
 //!   began, as a path that stopped carrying some flows; new connections pass. A client that gave
@@ -79,13 +81,25 @@ pub enum Fault {
     Delay(Duration, Dir),
     /// Hold the connections numbered below this (the set's connection count when it began).
     Stall(u64),
+    /// Hold the connections numbered below this and reset the others, new ones too.
+    StallAndReset(u64),
+    /// Reset the connections numbered from this on, new ones too; the older ones pass.
+    ResetFrom(u64),
 }
 
 impl Fault {
     fn holds(self, d: Dir, connection: u64) -> bool {
         match self {
             Fault::Blackhole(x) => x.covers(d),
-            Fault::Stall(before) => connection < before,
+            Fault::Stall(before) | Fault::StallAndReset(before) => connection < before,
+            _ => false,
+        }
+    }
+
+    fn resets(self, connection: u64) -> bool {
+        match self {
+            Fault::Reset => true,
+            Fault::StallAndReset(from) | Fault::ResetFrom(from) => connection >= from,
             _ => false,
         }
     }
@@ -133,6 +147,7 @@ struct Triggers {
     sync_cut: Arc<SyncCut>,
     join_stall: Arc<JoinStall>,
     fault: watch::Sender<Fault>,
+    node: i32,
 }
 
 /// The trigger of [`ProxySet::stall_next_join`], shared by every connection of a set.
@@ -140,6 +155,8 @@ struct Triggers {
 struct JoinStall {
     armed: std::sync::atomic::AtomicBool,
     fired: std::sync::atomic::AtomicBool,
+    /// The node the stalled JoinGroup was for, and the stall's bound.
+    stalled: Mutex<Option<(i32, u64)>>,
 }
 
 impl JoinStall {
@@ -153,11 +170,13 @@ impl JoinStall {
         &self,
         frame: &[u8],
         client: std::os::fd::RawFd,
-        fault: &watch::Sender<Fault>,
+        (node, fault): (i32, &watch::Sender<Fault>),
         stats: &ProxyStats,
     ) {
         if joins_as_member(frame) && self.armed.swap(false, Ordering::SeqCst) {
-            fault.send_replace(Fault::Stall(stats.connections.load(Ordering::SeqCst)));
+            let before = stats.connections.load(Ordering::SeqCst);
+            fault.send_replace(Fault::Stall(before));
+            *self.stalled.lock().unwrap_or_else(|p| p.into_inner()) = Some((node, before));
             // SAFETY: shutdown(2) on the client's socket, which the caller's read half keeps
             // open; no memory is shared.
             #[allow(unsafe_code)]
@@ -238,6 +257,7 @@ impl ProxySet {
                     sync_cut: sync_cut.clone(),
                     join_stall: join_stall.clone(),
                     fault: fault.clone(),
+                    node: node_id,
                 };
                 let accept = rt
                     .spawn(async move {
@@ -281,6 +301,11 @@ impl ProxySet {
     /// it came on is shut down. New connections pass, so a resend is answered while the stalled
     /// JoinGroup waits.
     pub fn stall_next_join(&self) {
+        *self
+            .join_stall
+            .stalled
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = None;
         self.join_stall.fired.store(false, Ordering::SeqCst);
         self.join_stall.armed.store(true, Ordering::SeqCst);
     }
@@ -288,6 +313,15 @@ impl ProxySet {
     /// Whether the trigger armed by [`ProxySet::stall_next_join`] has held a JoinGroup.
     pub fn join_stalled(&self) -> bool {
         self.join_stall.fired.load(Ordering::SeqCst)
+    }
+
+    /// The broker the stalled JoinGroup was for, and the [`Fault::Stall`] bound that holds it.
+    pub fn stalled_join(&self) -> Option<(i32, u64)> {
+        *self
+            .join_stall
+            .stalled
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// The proxies' addresses, for the contender's bootstrap list.
@@ -377,7 +411,7 @@ async fn connection(
     stats: Arc<ProxyStats>,
     triggers: Triggers,
 ) {
-    if *fault.borrow_and_update() == Fault::Reset {
+    if fault.borrow_and_update().resets(number) {
         reset(&client);
         return;
     }
@@ -405,8 +439,10 @@ async fn connection(
         sync_cut: cut,
         join_stall,
         fault: own_fault,
+        node,
     } = triggers;
-    let read = move |frame: &Bytes| join_stall.request_read(frame, client_fd, &own_fault, &seen);
+    let read =
+        move |frame: &Bytes| join_stall.request_read(frame, client_fd, (node, &own_fault), &seen);
     let up_read = pump_in(
         cr,
         Dir::Up,
@@ -442,7 +478,7 @@ async fn connection(
     );
     let reset_now = async {
         loop {
-            if *fault.borrow_and_update() == Fault::Reset {
+            if fault.borrow_and_update().resets(number) {
                 return;
             }
             if fault.changed().await.is_err() {

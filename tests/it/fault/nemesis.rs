@@ -77,8 +77,9 @@ pub enum Kind {
     CutMove,
     /// A waiter's next JoinGroup stalled with its connection, whose client side is shut (it
     /// resends on a new connection and carries on), and delivered to the broker only when a
-    /// later rebalance begins; then the waiter's connections to the coordinator refused for a
-    /// few seconds and the waiter cut right after its next SyncGroup answer.
+    /// later rebalance begins, while the waiter's other connections to the coordinator are
+    /// refused (for a few seconds more); then the waiter cut right after its next SyncGroup
+    /// answer.
     StallJoin,
 }
 

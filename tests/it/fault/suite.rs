@@ -477,7 +477,7 @@ impl Run {
             }
             Kind::StallJoin => {
                 start = mono_ns();
-                let (t, n) = self.stall_join(&plan, &lock, &mut rng);
+                let (t, n) = self.stall_join(&plan, &lock);
                 target = t;
                 note = n;
             }
@@ -567,32 +567,45 @@ impl Run {
         )
     }
 
-    /// The stall-join nemesis: a waiter's next JoinGroup is held with its connection, past the
-    /// waiter's join timeout, so the waiter resends on a new connection and goes on with the
-    /// answer to that. The stalled JoinGroup is delivered when a hold that began after the
-    /// resend is released, as the rebalance that release starts is under way: the broker counts
-    /// it in that join phase and re-arms the waiter's session timer then, unknown to the waiter.
-    /// The waiter's connections to the coordinator are then refused for a few seconds (it learns
-    /// late of that generation and joins it late), and it is cut off right after its next
-    /// SyncGroup answer for longer than the session timeout: if that answer begins a hold
-    /// counted from the late JoinGroup, the broker drops it before the hold's lease ends.
-    fn stall_join(
-        &mut self,
-        plan: &Episode,
-        lock: &str,
-        rng: &mut Rng,
-    ) -> (Option<String>, String) {
+    /// The stall-join nemesis: a waiter's next JoinGroup under its member id is held with its
+    /// connection, whose client side is shut, so the waiter resends at once on a new connection
+    /// and goes on with the answer to that. When another contender releases a hold begun later,
+    /// the waiter's newer connections to that broker are reset (and new ones refused), and the
+    /// stalled JoinGroup is delivered as the rebalance that release starts is under way: the
+    /// broker counts it in that join phase and re-arms the waiter's session timer then, unknown
+    /// to the waiter, which learns of that generation only when the refusal ends. It is then
+    /// cut off right after its next SyncGroup answer for longer than the session timeout: if
+    /// that answer begins a hold counted from its late JoinGroup, the broker drops it before
+    /// the hold's lease ends.
+    fn stall_join(&mut self, plan: &Episode, lock: &str) -> (Option<String>, String) {
         let holder = self.holder(lock, HOLDER_BOUND);
-        let waiters: Vec<String> = self
-            .pool
-            .proxied(lock)
-            .into_iter()
-            .filter(|id| Some(id) != holder.as_ref())
-            .collect();
+        let mut waiters: Vec<(i64, String)> = {
+            let log = self.checker.lock();
+            self.pool
+                .proxied(lock)
+                .into_iter()
+                .filter(|id| Some(id) != holder.as_ref())
+                .map(|id| {
+                    let since = log
+                        .events
+                        .iter()
+                        .filter(|e| e.id == id && e.kind == Ev::Waiting)
+                        .map(|e| e.mono)
+                        .next_back()
+                        .unwrap_or(i64::MAX);
+                    (since, id)
+                })
+                .collect()
+        };
         if waiters.is_empty() {
             return (None, String::new());
         }
-        let w = rng.pick(&waiters).clone();
+        // The queue is served in order of waiting: the second in line stays a waiter through
+        // the next hold, and is named at the rebalance that hold's release starts, the one the
+        // stalled JoinGroup is delivered in. (The first would acquire on its resend's answer,
+        // and a member that acquires leaves with its id: the stalled JoinGroup is then refused.)
+        waiters.sort();
+        let w = waiters[1.min(waiters.len() - 1)].1.clone();
         // The proxies belong to the slot: a CLI contender exits after its hold, and the faults
         // set on its proxies must still be healed.
         let slot = w.rsplit_once('.').map_or(w.as_str(), |(s, _)| s).to_owned();
@@ -651,15 +664,19 @@ impl Run {
             }
             std::thread::sleep(Duration::from_millis(10));
         };
-        // The release is reported just before the LeaveGroup; the other members rejoin within
-        // a heartbeat interval of it, so the join phase is under way a little after.
-        std::thread::sleep(super::HEARTBEAT / 3);
-        let coordinator = self.cluster.coordinator(lock);
-        self.pool.slot_proxies(&slot, |p| p.set_all(Fault::Clear));
-        // Let the stalled JoinGroup out before the refusal resets the connection it is on.
-        std::thread::sleep(Duration::from_millis(200));
+        // From here the waiter's own connections to that broker are refused: it cannot rejoin
+        // this join phase itself, and learns of it late. The release is reported just before
+        // the LeaveGroup; the other members rejoin within a heartbeat interval of it, so the join
+        // phase is under way a little after, and the stalled JoinGroup is let out then.
+        let mut stalled = None;
         self.pool
-            .slot_proxies(&slot, |p| p.set(coordinator, Fault::Reset));
+            .slot_proxies(&slot, |p| stalled = p.stalled_join());
+        let (coordinator, before) = stalled.unwrap_or((self.cluster.coordinator(lock), 0));
+        self.pool
+            .slot_proxies(&slot, |p| p.set(coordinator, Fault::StallAndReset(before)));
+        std::thread::sleep(super::HEARTBEAT / 3);
+        self.pool
+            .slot_proxies(&slot, |p| p.set(coordinator, Fault::ResetFrom(before)));
         std::thread::sleep(plan.delay);
         self.pool.slot_proxies(&slot, |p| {
             p.set_all(Fault::Clear);
