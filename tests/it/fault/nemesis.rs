@@ -202,9 +202,9 @@ impl fmt::Display for Episode {
             ),
             Kind::StallJoin => write!(
                 f,
-                ", a waiter's JoinGroup stalled (at least {:?}) until a later rebalance, its \
-                 connections refused {:?} after the heal",
-                self.length, self.delay
+                ", a waiter's JoinGroup stalled until a later rebalance, its connections \
+                 refused {:?} after the heal",
+                self.delay
             ),
             Kind::Mixed => write!(
                 f,
@@ -268,8 +268,8 @@ pub fn schedule(seed: u64, episodes: usize, every_kind: bool, only: &[Kind]) -> 
                 Kind::Mixed => rng.millis(2000, 10_000),
                 // On top of the session timeout, so the group has dropped the member.
                 Kind::CutMove => rng.millis(500, 4000),
-                // The least the stalled JoinGroup waits after the waiter resent it.
-                Kind::StallJoin => rng.millis(500, 3000),
+                // Until the next release: no length of its own.
+                Kind::StallJoin => Duration::ZERO,
             };
             let delay = match kind {
                 Kind::CutDelay => rng.millis(300, 8000),

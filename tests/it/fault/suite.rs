@@ -631,9 +631,9 @@ impl Run {
         }
         // The waiter saw its connection end and resent at once on a new one (a stall past its
         // join timeout would outlast the rebalance timeout: the broker would drop the member
-        // and the stalled JoinGroup would meet UNKNOWN_MEMBER_ID, harmless).
-        std::thread::sleep(plan.length);
-        let resent = mono_ns();
+        // and the stalled JoinGroup would meet UNKNOWN_MEMBER_ID, harmless). The first in line
+        // acquires at this rebalance; its release starts the next.
+        let resent = mono_ns() - Duration::from_millis(100).as_nanos() as i64;
         // Heal as another contender releases a hold begun after the resend. If the waiter
         // itself acquires or exits first, its member id is gone and the stalled JoinGroup can
         // only be refused: heal then.
