@@ -157,6 +157,10 @@ struct JoinStall {
     fired: std::sync::atomic::AtomicBool,
     /// The node the stalled JoinGroup was for, and the stall's bound.
     stalled: Mutex<Option<(i32, u64)>>,
+    /// The stalled JoinGroup's connection, correlation id and version, and what the broker
+    /// answered to it once it was let out (the client no longer reads it; the proxy does).
+    pending: Mutex<Option<(u64, i32, i16)>>,
+    answer: Mutex<Option<String>>,
 }
 
 impl JoinStall {
@@ -169,7 +173,7 @@ impl JoinStall {
     fn request_read(
         &self,
         frame: &[u8],
-        client: std::os::fd::RawFd,
+        (connection, client): (u64, std::os::fd::RawFd),
         (node, fault): (i32, &watch::Sender<Fault>),
         stats: &ProxyStats,
     ) {
@@ -177,6 +181,10 @@ impl JoinStall {
             let before = stats.connections.load(Ordering::SeqCst);
             fault.send_replace(Fault::Stall(before));
             *self.stalled.lock().unwrap_or_else(|p| p.into_inner()) = Some((node, before));
+            let version = i16::from_be_bytes([frame[2], frame[3]]);
+            let correlation = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
+            *self.pending.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some((connection, correlation, version));
             // SAFETY: shutdown(2) on the client's socket, which the caller's read half keeps
             // open; no memory is shared.
             #[allow(unsafe_code)]
@@ -185,6 +193,27 @@ impl JoinStall {
             }
             self.fired.store(true, Ordering::SeqCst);
         }
+    }
+
+    /// An answer was read from the broker on `connection`: if it answers the stalled
+    /// JoinGroup, keep what it says.
+    fn answer_read(&self, connection: u64, frame: &[u8]) {
+        let Some((c, correlation, version)) =
+            *self.pending.lock().unwrap_or_else(|p| p.into_inner())
+        else {
+            return;
+        };
+        if c != connection || frame.get(..4) != Some(&correlation.to_be_bytes()[..]) {
+            return;
+        }
+        let said = match decode_response_frame(frame, ApiKey::JoinGroup, version, correlation) {
+            Ok(Response::JoinGroup(r)) => format!(
+                "generation {} error {} member {}",
+                r.generation_id, r.error_code, r.member_id
+            ),
+            other => format!("undecodable: {other:?}"),
+        };
+        *self.answer.lock().unwrap_or_else(|p| p.into_inner()) = Some(said);
     }
 }
 
@@ -306,6 +335,11 @@ impl ProxySet {
             .stalled
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = None;
+        *self
+            .join_stall
+            .answer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = None;
         self.join_stall.fired.store(false, Ordering::SeqCst);
         self.join_stall.armed.store(true, Ordering::SeqCst);
     }
@@ -313,6 +347,15 @@ impl ProxySet {
     /// Whether the trigger armed by [`ProxySet::stall_next_join`] has held a JoinGroup.
     pub fn join_stalled(&self) -> bool {
         self.join_stall.fired.load(Ordering::SeqCst)
+    }
+
+    /// What the broker answered to the stalled JoinGroup, once let out (`None`: no answer yet).
+    pub fn stalled_join_answer(&self) -> Option<String> {
+        self.join_stall
+            .answer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The broker the stalled JoinGroup was for, and the [`Fault::Stall`] bound that holds it.
@@ -441,8 +484,10 @@ async fn connection(
         fault: own_fault,
         node,
     } = triggers;
-    let read =
-        move |frame: &Bytes| join_stall.request_read(frame, client_fd, (node, &own_fault), &seen);
+    let answered = join_stall.clone();
+    let read = move |frame: &Bytes| {
+        join_stall.request_read(frame, (number, client_fd), (node, &own_fault), &seen)
+    };
     let up_read = pump_in(
         cr,
         Dir::Up,
@@ -473,7 +518,7 @@ async fn connection(
         number,
         fault.clone(),
         down_tx,
-        |_| {},
+        move |frame: &Bytes| answered.answer_read(number, frame),
         move |frame| rewrite_answer(frame, &answers, &ports, &stats, &cut),
     );
     let reset_now = async {

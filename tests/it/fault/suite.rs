@@ -693,6 +693,10 @@ impl Run {
             std::thread::sleep(SESSION + Duration::from_secs(1));
         }
         self.pool.slot_proxies(&slot, |p| p.set_all(Fault::Clear));
+        let mut answer = None;
+        self.pool
+            .slot_proxies(&slot, |p| answer = p.stalled_join_answer());
+        let answer = answer.unwrap_or_else(|| "no answer seen".to_owned());
         let when = match (released, moot) {
             (Some(h), _) => format!("as {h} released"),
             (None, true) => format!("after {slot} acquired or exited (moot)"),
@@ -701,7 +705,8 @@ impl Run {
         (
             Some(w.clone()),
             format!(
-                "{w}: JoinGroup stalled, delivered {when} to node {coordinator}; {}",
+                "{w}: JoinGroup stalled, delivered {when} to node {coordinator} (answered: \
+                 {answer}); {}",
                 if cut {
                     "cut after its next SyncGroup answer"
                 } else {
