@@ -195,6 +195,14 @@ impl JoinStall {
         }
     }
 
+    /// Whether `connection` carries the stalled JoinGroup.
+    fn is_stalled(&self, connection: u64) -> bool {
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|(c, _, _)| c == connection)
+    }
+
     /// An answer was read from the broker on `connection`: if it answers the stalled
     /// JoinGroup, keep what it says.
     fn answer_read(&self, connection: u64, frame: &[u8]) {
@@ -485,6 +493,7 @@ async fn connection(
         node,
     } = triggers;
     let answered = join_stall.clone();
+    let answered_here = join_stall.clone();
     let read = move |frame: &Bytes| {
         join_stall.request_read(frame, (number, client_fd), (node, &own_fault), &seen)
     };
@@ -535,6 +544,13 @@ async fn connection(
     // dropped with `up_read`, so `pump_out` ends once it has written the rest).
     let up = async {
         let _ = tokio::join!(up_read, pump_out(&mut uw, up_rx));
+        // A stalled JoinGroup let out after its client left: keep the connection to the broker
+        // open until its answer is read (the write to the gone client then fails), so the run
+        // can tell whether the broker counted it. A JoinGroup is parked at most the rebalance
+        // timeout.
+        if answered_here.is_stalled(number) {
+            tokio::time::sleep(Duration::from_secs(15)).await;
+        }
     };
     let was_reset = tokio::select! {
         _ = up => false,
