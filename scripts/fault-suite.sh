@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The fault-injection safety suite on Apache Kafka (tests/it/fault, RELIABILITY.md).
 #
-#   scripts/fault-suite.sh [--long] [--seed N] [--episodes N] [--permits N]
+#   scripts/fault-suite.sh [--long] [--seed N] [--episodes N] [--permits N] [--kinds a,b]
 #
 # Without --long: the CI mode (every nemesis once, about 130 s), the same test that
 # scripts/test.sh runs. With --long: 200 episodes of nemeses drawn at random (about 30 minutes),
@@ -13,11 +13,12 @@
 # --permits N (N > 1) makes the native lock a semaphore of N permits (its tokens are ledger
 # offsets, as the mutex's); the checker then also fails on more than N holders at once and
 # judges overlaps, stale writes and token order per permit slot.
+# --kinds a,b draws only those nemeses (names as in RELIABILITY.md, e.g. stall-join).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-usage() { sed -n '4,15p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '4,16p' "$0" | sed 's/^# \{0,1\}//'; }
 
 test=fault::suite_ci
 ignored=()
@@ -27,6 +28,7 @@ while [[ $# -gt 0 ]]; do
         --seed) export KAFKA_LOCK_FAULT_SEED=${2:?--seed needs a number}; shift ;;
         --episodes) export KAFKA_LOCK_FAULT_EPISODES=${2:?--episodes needs a number}; shift ;;
         --permits) export KAFKA_LOCK_FAULT_PERMITS=${2:?--permits needs a number}; shift ;;
+        --kinds) export KAFKA_LOCK_FAULT_KINDS=${2:?--kinds needs nemesis names}; shift ;;
         -h | --help) usage; exit 0 ;;
         *) usage >&2; exit 64 ;;
     esac

@@ -18,6 +18,8 @@
 //!   held and delivered after the heal, as TCP would retransmit them across a partition that
 //!   healed before the peers gave up.
 //! - [`Fault::Reset`]: close every connection with an RST (zero linger), and reset new ones.
+//!   [`Fault::ResetFrom`] does so only to the connections numbered from a bound on (those opened
+//!   after a stall began), and [`Fault::StallAndReset`] also stalls the older ones.
 //! - [`Fault::Delay`]: deliver each frame that long after it was read, in order.
 //! - [`Fault::Stall`] ([`ProxySet::stall`]): hold, both ways, only the connections open when it
 //!   began, as a path that stopped carrying some flows; new connections pass. A client that gave
@@ -28,6 +30,10 @@
 //! [`ProxySet::cut_after_sync`] arms a trigger instead: the next SyncGroup answer through any of
 //! the set's proxies is delivered, and then every proxy of the set black-holes both ways. A
 //! member whose assignment names it is cut off before its first Heartbeat can get out.
+//! [`ProxySet::stall_next_join`] arms another: the next JoinGroup through any of the set's
+//! proxies is held, with the connection it came on (a stall of that proxy's open connections),
+//! and the client's side of that connection is shut down, so the client resends at once on a
+//! new one while the broker receives the stalled JoinGroup only at the heal.
 
 use std::collections::HashMap;
 use std::io;
@@ -75,13 +81,25 @@ pub enum Fault {
     Delay(Duration, Dir),
     /// Hold the connections numbered below this (the set's connection count when it began).
     Stall(u64),
+    /// Hold the connections numbered below this and reset the others, new ones too.
+    StallAndReset(u64),
+    /// Reset the connections numbered from this on, new ones too; the older ones pass.
+    ResetFrom(u64),
 }
 
 impl Fault {
     fn holds(self, d: Dir, connection: u64) -> bool {
         match self {
             Fault::Blackhole(x) => x.covers(d),
-            Fault::Stall(before) => connection < before,
+            Fault::Stall(before) | Fault::StallAndReset(before) => connection < before,
+            _ => false,
+        }
+    }
+
+    fn resets(self, connection: u64) -> bool {
+        match self {
+            Fault::Reset => true,
+            Fault::StallAndReset(from) | Fault::ResetFrom(from) => connection >= from,
             _ => false,
         }
     }
@@ -119,6 +137,109 @@ pub struct ProxySet {
     proxies: Vec<BrokerProxy>,
     stats: Arc<ProxyStats>,
     sync_cut: Arc<SyncCut>,
+    join_stall: Arc<JoinStall>,
+}
+
+/// What a connection may trip: the set's triggers, and its own proxy's fault, which a stalled
+/// JoinGroup sets.
+#[derive(Clone)]
+struct Triggers {
+    sync_cut: Arc<SyncCut>,
+    join_stall: Arc<JoinStall>,
+    fault: watch::Sender<Fault>,
+    node: i32,
+}
+
+/// The trigger of [`ProxySet::stall_next_join`], shared by every connection of a set.
+#[derive(Default)]
+struct JoinStall {
+    armed: std::sync::atomic::AtomicBool,
+    fired: std::sync::atomic::AtomicBool,
+    /// The node the stalled JoinGroup was for, and the stall's bound.
+    stalled: Mutex<Option<(i32, u64)>>,
+    /// The stalled JoinGroup's connection, correlation id and version, and what the broker
+    /// answered to it once it was let out (the client no longer reads it; the proxy does).
+    pending: Mutex<Option<(u64, i32, i16)>>,
+    answer: Mutex<Option<String>>,
+}
+
+impl JoinStall {
+    /// A request was read from the client on `client`: if it is a JoinGroup and the trigger
+    /// is armed, stall the connections of this proxy open now, this one included, before it is
+    /// forwarded, and shut the client's side of this one down (it sees the connection end and
+    /// resends on a new one at once) while the stalled JoinGroup waits for the heal, as the
+    /// data a client's kernel still holds for a closed socket reaches the peer once a path
+    /// heals.
+    fn request_read(
+        &self,
+        frame: &[u8],
+        (connection, client): (u64, std::os::fd::RawFd),
+        (node, fault): (i32, &watch::Sender<Fault>),
+        stats: &ProxyStats,
+    ) {
+        if joins_as_member(frame) && self.armed.swap(false, Ordering::SeqCst) {
+            let before = stats.connections.load(Ordering::SeqCst);
+            fault.send_replace(Fault::Stall(before));
+            *self.stalled.lock().unwrap_or_else(|p| p.into_inner()) = Some((node, before));
+            let version = i16::from_be_bytes([frame[2], frame[3]]);
+            let correlation = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
+            *self.pending.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some((connection, correlation, version));
+            // SAFETY: shutdown(2) on the client's socket, which the caller's read half keeps
+            // open; no memory is shared.
+            #[allow(unsafe_code)]
+            unsafe {
+                libc::shutdown(client, libc::SHUT_RDWR);
+            }
+            self.fired.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Whether `connection` carries the stalled JoinGroup.
+    fn is_stalled(&self, connection: u64) -> bool {
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|(c, _, _)| c == connection)
+    }
+
+    /// An answer was read from the broker on `connection`: if it answers the stalled
+    /// JoinGroup, keep what it says.
+    fn answer_read(&self, connection: u64, frame: &[u8]) {
+        let Some((c, correlation, version)) =
+            *self.pending.lock().unwrap_or_else(|p| p.into_inner())
+        else {
+            return;
+        };
+        if c != connection || frame.get(..4) != Some(&correlation.to_be_bytes()[..]) {
+            return;
+        }
+        let said = match decode_response_frame(frame, ApiKey::JoinGroup, version, correlation) {
+            Ok(Response::JoinGroup(r)) => format!(
+                "generation {} error {} member {}",
+                r.generation_id, r.error_code, r.member_id
+            ),
+            other => format!("undecodable: {other:?}"),
+        };
+        *self.answer.lock().unwrap_or_else(|p| p.into_inner()) = Some(said);
+    }
+}
+
+/// Whether `frame` is a JoinGroup under a member id: one with an empty id can only make a new
+/// pending member, never re-arm an existing one.
+fn joins_as_member(frame: &[u8]) -> bool {
+    use kafka_protocol::messages::{JoinGroupRequest, RequestHeader};
+    use kafka_protocol::protocol::{Decodable, HeaderVersion};
+    if frame.len() < 4
+        || ApiKey::try_from(i16::from_be_bytes([frame[0], frame[1]])) != Ok(ApiKey::JoinGroup)
+    {
+        return false;
+    }
+    let version = i16::from_be_bytes([frame[2], frame[3]]);
+    let mut buf = Bytes::copy_from_slice(frame);
+    RequestHeader::decode(&mut buf, JoinGroupRequest::header_version(version))
+        .and_then(|_| JoinGroupRequest::decode(&mut buf, version))
+        .is_ok_and(|r| !r.member_id.is_empty())
 }
 
 /// The trigger of [`ProxySet::cut_after_sync`], shared by every connection of a set.
@@ -161,17 +282,24 @@ impl ProxySet {
         );
         let stats = Arc::new(ProxyStats::default());
         let sync_cut = Arc::new(SyncCut::default());
+        let join_stall = Arc::new(JoinStall::default());
         let proxies: Vec<BrokerProxy> = brokers
             .iter()
             .zip(listeners)
             .map(|(&(node_id, target), listener)| {
                 let port = ports[&node_id];
                 let (fault, rx) = watch::channel(Fault::Clear);
-                let (ports, stats, cut) = (ports.clone(), stats.clone(), sync_cut.clone());
+                let (ports, stats) = (ports.clone(), stats.clone());
+                let triggers = Triggers {
+                    sync_cut: sync_cut.clone(),
+                    join_stall: join_stall.clone(),
+                    fault: fault.clone(),
+                    node: node_id,
+                };
                 let accept = rt
                     .spawn(async move {
                         let listener = TcpListener::from_std(listener).expect("register listener");
-                        accept_loop(listener, target, ports, rx, stats, cut).await;
+                        accept_loop(listener, target, ports, rx, stats, triggers).await;
                     })
                     .abort_handle();
                 BrokerProxy {
@@ -189,6 +317,7 @@ impl ProxySet {
             proxies,
             stats,
             sync_cut,
+            join_stall,
         }
     }
 
@@ -196,6 +325,54 @@ impl ProxySet {
     /// proxy of the set black-holes both ways (until [`ProxySet::set_all`] clears it).
     pub fn cut_after_sync(&self) {
         self.sync_cut.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the trigger armed by [`ProxySet::cut_after_sync`] is still waiting.
+    pub fn cut_after_sync_pending(&self) -> bool {
+        self.sync_cut.armed.load(Ordering::SeqCst)
+    }
+
+    /// Arms the trigger: the next JoinGroup from this contender is held, with every connection
+    /// open then to the broker it was sent to (a [`Fault::Stall`] of that proxy), until
+    /// [`ProxySet::set`] or [`ProxySet::set_all`] clears it; the client's side of the connection
+    /// it came on is shut down. New connections pass, so a resend is answered while the stalled
+    /// JoinGroup waits.
+    pub fn stall_next_join(&self) {
+        *self
+            .join_stall
+            .stalled
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = None;
+        *self
+            .join_stall
+            .answer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = None;
+        self.join_stall.fired.store(false, Ordering::SeqCst);
+        self.join_stall.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the trigger armed by [`ProxySet::stall_next_join`] has held a JoinGroup.
+    pub fn join_stalled(&self) -> bool {
+        self.join_stall.fired.load(Ordering::SeqCst)
+    }
+
+    /// What the broker answered to the stalled JoinGroup, once let out (`None`: no answer yet).
+    pub fn stalled_join_answer(&self) -> Option<String> {
+        self.join_stall
+            .answer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The broker the stalled JoinGroup was for, and the [`Fault::Stall`] bound that holds it.
+    pub fn stalled_join(&self) -> Option<(i32, u64)> {
+        *self
+            .join_stall
+            .stalled
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// The proxies' addresses, for the contender's bootstrap list.
@@ -221,9 +398,11 @@ impl ProxySet {
     }
 
     /// Sets the fault on every proxy of the set: the contender cut off from the whole cluster.
-    /// Disarms [`ProxySet::cut_after_sync`] if it has not fired.
+    /// Disarms [`ProxySet::cut_after_sync`] and [`ProxySet::stall_next_join`] if they have not
+    /// fired.
     pub fn set_all(&self, fault: Fault) {
         self.sync_cut.armed.store(false, Ordering::SeqCst);
+        self.join_stall.armed.store(false, Ordering::SeqCst);
         for p in &self.proxies {
             p.fault.send_replace(fault);
         }
@@ -250,7 +429,7 @@ async fn accept_loop(
     ports: Arc<HashMap<i32, u16>>,
     fault: watch::Receiver<Fault>,
     stats: Arc<ProxyStats>,
-    cut: Arc<SyncCut>,
+    triggers: Triggers,
 ) {
     loop {
         let Ok((client, _)) = listener.accept().await else {
@@ -264,7 +443,7 @@ async fn accept_loop(
             ports.clone(),
             fault.clone(),
             stats.clone(),
-            cut.clone(),
+            triggers.clone(),
         ));
     }
 }
@@ -281,9 +460,9 @@ async fn connection(
     ports: Arc<HashMap<i32, u16>>,
     mut fault: watch::Receiver<Fault>,
     stats: Arc<ProxyStats>,
-    cut: Arc<SyncCut>,
+    triggers: Triggers,
 ) {
-    if *fault.borrow_and_update() == Fault::Reset {
+    if fault.borrow_and_update().resets(number) {
         reset(&client);
         return;
     }
@@ -297,6 +476,7 @@ async fn connection(
     };
     let _ = client.set_nodelay(true);
     let _ = upstream.set_nodelay(true);
+    let client_fd = std::os::fd::AsRawFd::as_raw_fd(&client);
     let (cr, mut cw) = client.into_split();
     let (ur, mut uw) = upstream.into_split();
     // Correlation id -> (API, version) of the requests whose answers are rewritten.
@@ -305,19 +485,39 @@ async fn connection(
     let (down_tx, down_rx) = mpsc::unbounded_channel();
     let requests = inflight.clone();
     let counts = stats.clone();
-    let up_read = pump_in(cr, Dir::Up, number, fault.clone(), up_tx, move |frame| {
-        note_request(&frame, &requests);
-        if frame.len() >= 2 {
-            let key = i16::from_be_bytes([frame[0], frame[1]]);
-            *counts
-                .requests
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .entry(key)
-                .or_default() += 1;
-        }
-        frame
-    });
+    let seen = stats.clone();
+    let Triggers {
+        sync_cut: cut,
+        join_stall,
+        fault: own_fault,
+        node,
+    } = triggers;
+    let answered = join_stall.clone();
+    let answered_here = join_stall.clone();
+    let read = move |frame: &Bytes| {
+        join_stall.request_read(frame, (number, client_fd), (node, &own_fault), &seen)
+    };
+    let up_read = pump_in(
+        cr,
+        Dir::Up,
+        number,
+        fault.clone(),
+        up_tx,
+        read,
+        move |frame| {
+            note_request(&frame, &requests);
+            if frame.len() >= 2 {
+                let key = i16::from_be_bytes([frame[0], frame[1]]);
+                *counts
+                    .requests
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry(key)
+                    .or_default() += 1;
+            }
+            frame
+        },
+    );
     let answers = inflight;
     // The frame handed back is queued for the client whatever the fault becomes meanwhile, so
     // a cut set here comes right after it.
@@ -327,11 +527,12 @@ async fn connection(
         number,
         fault.clone(),
         down_tx,
+        move |frame: &Bytes| answered.answer_read(number, frame),
         move |frame| rewrite_answer(frame, &answers, &ports, &stats, &cut),
     );
     let reset_now = async {
         loop {
-            if *fault.borrow_and_update() == Fault::Reset {
+            if fault.borrow_and_update().resets(number) {
                 return;
             }
             if fault.changed().await.is_err() {
@@ -343,6 +544,13 @@ async fn connection(
     // dropped with `up_read`, so `pump_out` ends once it has written the rest).
     let up = async {
         let _ = tokio::join!(up_read, pump_out(&mut uw, up_rx));
+        // A stalled JoinGroup let out after its client left: keep the connection to the broker
+        // open until its answer is read (the write to the gone client then fails), so the run
+        // can tell whether the broker counted it. A JoinGroup is parked at most the rebalance
+        // timeout.
+        if answered_here.is_stalled(number) {
+            tokio::time::sleep(Duration::from_secs(15)).await;
+        }
     };
     let was_reset = tokio::select! {
         _ = up => false,
@@ -359,12 +567,14 @@ async fn connection(
 type Timed = (Bytes, Instant);
 
 /// Reads frames from one side and queues them, each with the time it is due at the other side.
+/// `read` sees each frame as soon as it is read, and may set a fault that holds it.
 async fn pump_in(
     mut from: OwnedReadHalf,
     dir: Dir,
     connection: u64,
     mut fault: watch::Receiver<Fault>,
     to: mpsc::UnboundedSender<Timed>,
+    mut read: impl FnMut(&Bytes),
     mut each: impl FnMut(Bytes) -> Bytes,
 ) -> io::Result<()> {
     loop {
@@ -373,6 +583,7 @@ async fn pump_in(
             return Ok(());
         };
         let read_at = Instant::now();
+        read(&frame);
         // A frame read just before a black-hole began is held with the rest.
         wait_unheld(&mut fault, dir, connection).await;
         let due = read_at + fault.borrow().delay(dir);
@@ -521,6 +732,35 @@ mod tests {
     use kafka_protocol::messages::find_coordinator_response::Coordinator;
     use kafka_protocol::messages::metadata_response::MetadataResponseBroker;
     use kafka_protocol::messages::{BrokerId, FindCoordinatorResponse, MetadataResponse};
+
+    #[test]
+    fn only_a_join_group_under_a_member_id_trips_the_join_stall() {
+        use kafka_protocol::messages::{GroupId, JoinGroupRequest, RequestHeader};
+        use kafka_protocol::protocol::HeaderVersion;
+        let request = |version: i16, member: &str| {
+            let mut out = BytesMut::new();
+            let mut header = RequestHeader::default();
+            header.request_api_key = ApiKey::JoinGroup as i16;
+            header.request_api_version = version;
+            header.correlation_id = 3;
+            header
+                .encode(&mut out, JoinGroupRequest::header_version(version))
+                .unwrap();
+            let mut req = JoinGroupRequest::default();
+            req.group_id = GroupId(StrBytes::from_static_str("g"));
+            req.member_id = StrBytes::from_string(member.to_owned());
+            req.encode(&mut out, version).unwrap();
+            out.to_vec()
+        };
+        for version in [5, 9] {
+            assert!(joins_as_member(&request(version, "m-1")), "v{version}");
+            assert!(!joins_as_member(&request(version, "")), "v{version}");
+        }
+        let mut heartbeat = request(5, "m-1");
+        heartbeat[..2].copy_from_slice(&(ApiKey::Heartbeat as i16).to_be_bytes());
+        assert!(!joins_as_member(&heartbeat));
+        assert!(!joins_as_member(&[0, 11, 0]));
+    }
 
     fn frame_of(correlation: i32, api: ApiKey, version: i16, body: &impl Encodable) -> Vec<u8> {
         let mut out = BytesMut::new();

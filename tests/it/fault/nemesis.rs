@@ -75,10 +75,16 @@ pub enum Kind {
     /// answer), cut off from every broker past its session timeout; then the coordinator
     /// broker killed, and the cut healed as soon as a new coordinator is named, while it loads.
     CutMove,
+    /// A waiter's next JoinGroup stalled with its connection, whose client side is shut (it
+    /// resends on a new connection and carries on), and delivered to the broker only when a
+    /// later rebalance begins, while the waiter's other connections to the coordinator are
+    /// refused (for a few seconds more); then the waiter cut right after its next SyncGroup
+    /// answer.
+    StallJoin,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 12] = [
+    pub const ALL: [Kind; 13] = [
         Kind::PauseHolder,
         Kind::KillHolder,
         Kind::CutBlackhole,
@@ -91,6 +97,7 @@ impl Kind {
         Kind::Herd,
         Kind::Mixed,
         Kind::CutMove,
+        Kind::StallJoin,
     ];
 
     /// The holder faults a mixed episode draws from.
@@ -122,7 +129,12 @@ impl Kind {
             Kind::Herd => "herd",
             Kind::Mixed => "mixed",
             Kind::CutMove => "cut-move",
+            Kind::StallJoin => "stall-join",
         }
+    }
+
+    pub fn from_name(name: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.name() == name)
     }
 }
 
@@ -188,6 +200,12 @@ impl fmt::Display for Episode {
                 self.length,
                 self.broker_length
             ),
+            Kind::StallJoin => write!(
+                f,
+                ", a waiter's JoinGroup stalled until a later rebalance, its connections \
+                 refused {:?} after the heal",
+                self.delay
+            ),
             Kind::Mixed => write!(
                 f,
                 ": {} ({:?}) during {} ({:?}, slowed {:?})",
@@ -201,27 +219,34 @@ impl fmt::Display for Episode {
     }
 }
 
-/// The schedule for `seed`: in CI mode (`every_kind`), each kind once in a seeded order and
-/// then, past ten episodes, kinds at random; otherwise kinds at random from the start.
-pub fn schedule(seed: u64, episodes: usize, every_kind: bool) -> Vec<Episode> {
+/// The schedule for `seed`, drawn from `only` (every kind if empty): in CI mode
+/// (`every_kind`), each kind once in a seeded order and then kinds at random; otherwise kinds
+/// at random from the start.
+pub fn schedule(seed: u64, episodes: usize, every_kind: bool, only: &[Kind]) -> Vec<Episode> {
     let mut rng = Rng::new(seed);
+    let pool: &[Kind] = if only.is_empty() { &Kind::ALL } else { only };
     let mut kinds: Vec<Kind> = Vec::new();
     if every_kind {
-        kinds.extend(Kind::ALL);
+        kinds.extend(pool);
         rng.shuffle(&mut kinds);
     }
     while kinds.len() < episodes {
-        kinds.push(*rng.pick(&Kind::ALL));
+        kinds.push(*rng.pick(pool));
     }
-    kinds.truncate(episodes.max(if every_kind { Kind::ALL.len() } else { 0 }));
+    kinds.truncate(episodes.max(if every_kind { pool.len() } else { 0 }));
     kinds
         .into_iter()
         .map(|kind| {
             let holder_fault = *rng.pick(&Kind::HOLDER);
             let broker_fault = *rng.pick(&Kind::BROKER);
+            // A stalled join aims at the native lock's waiters, library or CLI.
             let broker_wide = matches!(
                 kind,
-                Kind::BrokerKill | Kind::BrokerPause | Kind::BrokerTerm | Kind::SlowBroker
+                Kind::BrokerKill
+                    | Kind::BrokerPause
+                    | Kind::BrokerTerm
+                    | Kind::SlowBroker
+                    | Kind::StallJoin
             );
             let target = if broker_wide || rng.range(0, 2) > 0 {
                 Target::Native
@@ -243,11 +268,16 @@ pub fn schedule(seed: u64, episodes: usize, every_kind: bool) -> Vec<Episode> {
                 Kind::Mixed => rng.millis(2000, 10_000),
                 // On top of the session timeout, so the group has dropped the member.
                 Kind::CutMove => rng.millis(500, 4000),
+                // Until the next release: no length of its own.
+                Kind::StallJoin => Duration::ZERO,
             };
             let delay = match kind {
                 Kind::CutDelay => rng.millis(300, 8000),
                 // Past the 5 s request timeout.
                 Kind::SlowBroker | Kind::Mixed => rng.millis(5500, 8000),
+                // Heartbeats refused after the stalled JoinGroup is delivered: the waiter learns
+                // late of the rebalance it completed. Under the session timeout.
+                Kind::StallJoin => rng.millis(1500, 4500),
                 _ => Duration::ZERO,
             };
             let broker_length = rng.millis(1000, 8000);
@@ -271,11 +301,16 @@ pub fn schedule(seed: u64, episodes: usize, every_kind: bool) -> Vec<Episode> {
 
 #[test]
 fn a_seed_replays_the_same_schedule_and_ci_mode_has_every_kind() {
-    assert_eq!(schedule(7, 30, false), schedule(7, 30, false));
-    assert_ne!(schedule(7, 30, false), schedule(8, 30, false));
-    let ci = schedule(99, 3, true);
+    assert_eq!(schedule(7, 30, false, &[]), schedule(7, 30, false, &[]));
+    assert_ne!(schedule(7, 30, false, &[]), schedule(8, 30, false, &[]));
+    let ci = schedule(99, 3, true, &[]);
     assert_eq!(ci.len(), Kind::ALL.len());
     for kind in Kind::ALL {
         assert!(ci.iter().any(|e| e.kind == kind), "{kind:?} missing");
+        assert_eq!(Kind::from_name(kind.name()), Some(kind));
     }
+    let only = schedule(7, 5, false, &[Kind::StallJoin]);
+    assert!(only
+        .iter()
+        .all(|e| e.kind == Kind::StallJoin && e.target == Target::Native));
 }

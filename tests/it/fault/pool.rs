@@ -175,6 +175,18 @@ impl Pool {
             .unwrap_or(false)
     }
 
+    /// Runs `f` on the proxies of slot `name` (ids are `<slot>.<n>`), whoever runs in it now:
+    /// a fault outlives the contender it was aimed at.
+    pub fn slot_proxies(&self, name: &str, f: impl FnOnce(&ProxySet)) -> bool {
+        let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        slots
+            .iter()
+            .find(|s| s.spec.name == name)
+            .and_then(|s| s.proxies.as_ref())
+            .map(f)
+            .is_some()
+    }
+
     /// Runs `f` on every slot's proxies.
     pub fn all_proxies(&self, mut f: impl FnMut(&ProxySet)) {
         for s in self.slots.lock().unwrap_or_else(|p| p.into_inner()).iter() {

@@ -37,12 +37,27 @@ pub struct Config {
     /// Permits of the native lock (`KAFKA_LOCK_FAULT_PERMITS`, 1 = a mutex): above 1 it is a
     /// semaphore and the checker runs in semaphore mode on it.
     pub permits: u16,
+    /// The nemeses drawn (`KAFKA_LOCK_FAULT_KINDS`, names separated by commas; empty: all).
+    pub kinds: Vec<Kind>,
 }
 
 impl Config {
     /// From `KAFKA_LOCK_FAULT_SEED` (else from the clock, printed so it can be replayed) and
-    /// `KAFKA_LOCK_FAULT_EPISODES` (else one of each kind in CI mode, 200 in the long mode).
+    /// `KAFKA_LOCK_FAULT_EPISODES` (else one of each kind in CI mode, 200 in the long mode),
+    /// and `KAFKA_LOCK_FAULT_KINDS` (e.g. `stall-join,cut-move`: only those nemeses).
     pub fn from_env(ci: bool) -> Config {
+        let kinds: Vec<Kind> = std::env::var("KAFKA_LOCK_FAULT_KINDS")
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|s| {
+                Kind::from_name(s).unwrap_or_else(|| {
+                    let names: Vec<_> = Kind::ALL.iter().map(|k| k.name()).collect();
+                    panic!("KAFKA_LOCK_FAULT_KINDS: no nemesis {s:?}; the names: {names:?}")
+                })
+            })
+            .collect();
         let seed = std::env::var("KAFKA_LOCK_FAULT_SEED")
             .ok()
             .map(|s| s.parse().expect("KAFKA_LOCK_FAULT_SEED must be a number"))
@@ -53,7 +68,15 @@ impl Config {
                 s.parse()
                     .expect("KAFKA_LOCK_FAULT_EPISODES must be a number")
             })
-            .unwrap_or(if ci { Kind::ALL.len() } else { 200 });
+            .unwrap_or(if ci {
+                if kinds.is_empty() {
+                    Kind::ALL.len()
+                } else {
+                    kinds.len()
+                }
+            } else {
+                200
+            });
         let permits = std::env::var("KAFKA_LOCK_FAULT_PERMITS")
             .ok()
             .map_or(1, |s| {
@@ -67,6 +90,7 @@ impl Config {
             episodes,
             ci,
             permits,
+            kinds,
         }
     }
 }
@@ -108,7 +132,7 @@ pub fn run(cfg: Config) {
     ));
     let logs = out.join("logs");
     std::fs::create_dir_all(&logs).expect("create the run's directory");
-    let plan = schedule(cfg.seed, cfg.episodes, cfg.ci);
+    let plan = schedule(cfg.seed, cfg.episodes, cfg.ci, &cfg.kinds);
     println!(
         "fault suite ({mode}): seed {}, {} episodes; replay with KAFKA_LOCK_FAULT_SEED={} \
          KAFKA_LOCK_FAULT_EPISODES={}; files in {}",
@@ -451,6 +475,12 @@ impl Run {
                 target = t;
                 note = n;
             }
+            Kind::StallJoin => {
+                start = mono_ns();
+                let (t, n) = self.stall_join(&plan, &lock);
+                target = t;
+                note = n;
+            }
             Kind::Herd => {
                 start = mono_ns();
                 let acquired = self.herd(n, &plan, &lock, &mut rng);
@@ -534,6 +564,155 @@ impl Run {
         (
             Some(target.clone()),
             format!("{target}: {what}; node {node} killed, cut healed when node {new} was named"),
+        )
+    }
+
+    /// The stall-join nemesis: a waiter's next JoinGroup under its member id is held with its
+    /// connection, whose client side is shut, so the waiter resends at once on a new connection
+    /// and goes on with the answer to that. When another contender releases a hold begun later,
+    /// the waiter's newer connections to that broker are reset (and new ones refused), and the
+    /// stalled JoinGroup is delivered as the rebalance that release starts is under way: the
+    /// broker counts it in that join phase and re-arms the waiter's session timer then, unknown
+    /// to the waiter, which learns of that generation only when the refusal ends. It is then
+    /// cut off right after its next SyncGroup answer for longer than the session timeout: if
+    /// that answer begins a hold counted from its late JoinGroup, the broker drops it before
+    /// the hold's lease ends.
+    fn stall_join(&mut self, plan: &Episode, lock: &str) -> (Option<String>, String) {
+        let holder = self.holder(lock, HOLDER_BOUND);
+        let mut waiters: Vec<(i64, String)> = {
+            let log = self.checker.lock();
+            self.pool
+                .proxied(lock)
+                .into_iter()
+                .filter(|id| Some(id) != holder.as_ref())
+                .map(|id| {
+                    let since = log
+                        .events
+                        .iter()
+                        .filter(|e| e.id == id && e.kind == Ev::Waiting)
+                        .map(|e| e.mono)
+                        .next_back()
+                        .unwrap_or(i64::MAX);
+                    (since, id)
+                })
+                .collect()
+        };
+        if waiters.is_empty() {
+            return (None, String::new());
+        }
+        // The queue is served in order of waiting: the second in line stays a waiter through
+        // the next hold, and is named at the rebalance that hold's release starts, the one the
+        // stalled JoinGroup is delivered in. (The first would acquire on its resend's answer,
+        // and a member that acquires leaves with its id: the stalled JoinGroup is then refused.)
+        waiters.sort();
+        let w = waiters[1.min(waiters.len() - 1)].1.clone();
+        // The proxies belong to the slot: a CLI contender exits after its hold, and the faults
+        // set on its proxies must still be healed.
+        let slot = w.rsplit_once('.').map_or(w.as_str(), |(s, _)| s).to_owned();
+        let mine = |id: &str| {
+            id.strip_prefix(slot.as_str())
+                .is_some_and(|r| r.starts_with('.'))
+        };
+        let stalled = |pool: &Pool| {
+            let mut fired = false;
+            pool.slot_proxies(&slot, |p| fired = p.join_stalled());
+            fired
+        };
+        self.pool.slot_proxies(&slot, |p| p.stall_next_join());
+        // The holders release within seconds, so the waiter joins a rebalance soon.
+        let deadline = Instant::now() + HOLDER_BOUND;
+        while !stalled(&self.pool) {
+            // A CLI waiter that acquires exits; the next one in its slot joins under an id too.
+            if Instant::now() >= deadline {
+                self.pool.slot_proxies(&slot, |p| p.set_all(Fault::Clear));
+                return (None, String::new());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The waiter saw its connection end and resent at once on a new one (a stall past its
+        // join timeout would outlast the rebalance timeout: the broker would drop the member
+        // and the stalled JoinGroup would meet UNKNOWN_MEMBER_ID, harmless). The first in line
+        // acquires at this rebalance; its release starts the next.
+        let resent = mono_ns() - Duration::from_millis(100).as_nanos() as i64;
+        // Heal as another contender releases a hold begun after the resend. If the waiter
+        // itself acquires or exits first, its member id is gone and the stalled JoinGroup can
+        // only be refused: heal then.
+        let heal_bound = Instant::now() + RECOVERY_BOUND;
+        let (released, moot) = loop {
+            let (released, moot) = {
+                let log = self.checker.lock();
+                let recent = || {
+                    log.events
+                        .iter()
+                        .filter(|e| checker::base(&e.lock) == lock && e.mono > resent)
+                };
+                let moot = recent().any(|e| mine(&e.id) && e.kind != Ev::Waiting)
+                    || self.pool.role_of(&w).is_none();
+                let released = recent()
+                    .filter(|e| e.kind == Ev::Acquired && !mine(&e.id))
+                    .map(|e| (e.id.clone(), e.mono))
+                    .next_back()
+                    .and_then(|(id, at)| {
+                        recent()
+                            .any(|e| e.id == id && e.kind == Ev::Released && e.mono > at)
+                            .then_some(id)
+                    });
+                (released, moot)
+            };
+            if released.is_some() || moot || Instant::now() >= heal_bound {
+                break (released, moot);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        // From here the waiter's own connections to that broker are refused: it cannot rejoin
+        // this join phase itself, and learns of it late. The release is reported just before
+        // the LeaveGroup; the other members rejoin within a heartbeat interval of it, so the join
+        // phase is under way a little after, and the stalled JoinGroup is let out then.
+        let mut stalled = None;
+        self.pool
+            .slot_proxies(&slot, |p| stalled = p.stalled_join());
+        let (coordinator, before) = stalled.unwrap_or((self.cluster.coordinator(lock), 0));
+        self.pool
+            .slot_proxies(&slot, |p| p.set(coordinator, Fault::StallAndReset(before)));
+        std::thread::sleep(super::HEARTBEAT / 3);
+        self.pool
+            .slot_proxies(&slot, |p| p.set(coordinator, Fault::ResetFrom(before)));
+        std::thread::sleep(plan.delay);
+        self.pool.slot_proxies(&slot, |p| {
+            p.set_all(Fault::Clear);
+            p.cut_after_sync();
+        });
+        let cut_bound = Instant::now() + 3 * SESSION;
+        let mut cut = false;
+        while Instant::now() < cut_bound && !cut {
+            self.pool
+                .slot_proxies(&slot, |p| cut = !p.cut_after_sync_pending());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if cut {
+            std::thread::sleep(SESSION + Duration::from_secs(1));
+        }
+        self.pool.slot_proxies(&slot, |p| p.set_all(Fault::Clear));
+        let mut answer = None;
+        self.pool
+            .slot_proxies(&slot, |p| answer = p.stalled_join_answer());
+        let answer = answer.unwrap_or_else(|| "no answer seen".to_owned());
+        let when = match (released, moot) {
+            (Some(h), _) => format!("as {h} released"),
+            (None, true) => format!("after {slot} acquired or exited (moot)"),
+            (None, false) => "with no release seen".to_owned(),
+        };
+        (
+            Some(w.clone()),
+            format!(
+                "{w}: JoinGroup stalled, delivered {when} to node {coordinator} (answered: \
+                 {answer}); {}",
+                if cut {
+                    "cut after its next SyncGroup answer"
+                } else {
+                    "no SyncGroup answer to cut after"
+                }
+            ),
         )
     }
 
@@ -662,7 +841,12 @@ impl Run {
             );
         }
         if self.cfg.ci {
-            for kind in Kind::ALL {
+            let kinds: &[Kind] = if self.cfg.kinds.is_empty() {
+                &Kind::ALL
+            } else {
+                &self.cfg.kinds
+            };
+            for &kind in kinds {
                 let ran = self
                     .records
                     .iter()
