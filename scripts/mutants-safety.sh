@@ -31,6 +31,7 @@ SCOPE=(
     src/assign/consumer.rs
     src/lock.rs
     src/driver/ledger.rs
+    src/driver/pool.rs
     src/bin/kafka-lock/run.rs
     src/bin/kafka-lock/supervise.rs
     src/bin/kafka-lock/tree.rs
@@ -77,6 +78,11 @@ selection() {
         ;;
     src/driver/ledger.rs)
         echo "--cargo-arg=--lib --cargo-arg=--test=it $(test_args -- ledger:: "${LEDGER_IT[@]}")"
+        ;;
+    src/driver/pool.rs)
+        # Which connection a renewal waits for: the scripted-broker driver tests, then the
+        # many-locks tests on Apache.
+        echo "--cargo-arg=--lib --cargo-arg=--test=it $(test_args -- driver:: many_locks::)"
         ;;
     src/bin/kafka-lock/*)
         echo "--cargo-arg=--bin=kafka-lock --cargo-arg=--test=it $(test_args -- run:: supervise:: tree:: "${CLI_IT[@]}")"
