@@ -332,14 +332,21 @@ impl Pool {
 
     /// Closes every connection the pool holds now (the pool stays usable; later requests open
     /// fresh ones).
+    /// The quick connections' cells as they are now, so none of their locks is taken under the
+    /// map's.
+    fn quick_cells(&self) -> Vec<Arc<QuickCell>> {
+        let map = self.quick.lock().unwrap_or_else(|p| p.into_inner());
+        map.values().cloned().collect()
+    }
+
+    /// Every broker's parking lanes as they are now (see `quick_cells`).
+    fn all_lanes(&self) -> Vec<Arc<Lanes>> {
+        let map = self.parking.lock().unwrap_or_else(|p| p.into_inner());
+        map.values().cloned().collect()
+    }
+
     pub(crate) fn close_all(&self) {
-        let quick: Vec<_> = self
-            .quick
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
+        let quick = self.quick_cells();
         for cell in quick {
             if let Ok(g) = cell.conn.try_lock() {
                 if let Some(c) = g.as_ref() {
@@ -347,13 +354,7 @@ impl Pool {
                 }
             }
         }
-        let parking: Vec<_> = self
-            .parking
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
+        let parking = self.all_lanes();
         for lanes in parking {
             for (c, _) in lanes
                 .idle
@@ -375,13 +376,7 @@ impl Pool {
 
     /// Closes what has been unused for [`IDLE_AFTER`].
     fn reap_once(&self, now: Instant) {
-        let cells: Vec<_> = self
-            .quick
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
+        let cells = self.quick_cells();
         for cell in cells {
             let stale = cell
                 .last_used
@@ -396,13 +391,7 @@ impl Pool {
                 }
             }
         }
-        let parking: Vec<_> = self
-            .parking
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
+        let parking = self.all_lanes();
         for lanes in parking {
             let mut idle = lanes.idle.lock().unwrap_or_else(|p| p.into_inner());
             idle.retain(|(c, since)| {
