@@ -1,21 +1,27 @@
 //! Many locks through one `Client` on Apache Kafka: every lock still excludes and fences on its
 //! own while the locks share their connections, and a request the broker parks on one lock's
-//! behalf never holds back another lock's heartbeats.
+//! behalf never holds back another lock's heartbeats. On three nodes, a paused coordinator
+//! costs only the locks it coordinates their holds.
 
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use kafka_lock::{Client, LockEvent, LockOptions};
+use kafka_lock::{Client, FencingToken, LockEvent, LockGuard, LockOptions, LossReason};
+use tokio::task::{block_in_place, JoinHandle};
 
 use crate::support;
 use crate::support::brokers::SLACK;
 use crate::support::holds::Holds;
-use crate::support::kafka::{kafka, kafka_default_delay};
+use crate::support::kafka::probe::group_on_partition;
+use crate::support::kafka::{kafka, kafka_default_delay, KafkaCluster, KafkaOptions};
+
+const HEARTBEAT: Duration = Duration::from_millis(500);
 
 /// Apache Kafka's smallest session by default, a short heartbeat: handovers are quick.
 fn tune(o: LockOptions) -> LockOptions {
     o.session_timeout(Duration::from_secs(6))
         .rebalance_timeout(Duration::from_secs(6))
-        .heartbeat_interval(Duration::from_millis(500))
+        .heartbeat_interval(HEARTBEAT)
         .lease_margin(Duration::from_secs(1))
 }
 
@@ -205,5 +211,234 @@ async fn a_burst_of_first_joins_waiting_in_line_for_a_lane_all_acquire() {
     for (guard, stats) in guards {
         assert!(guard.is_held(), "{stats:?}");
         guard.release().await.expect("release");
+    }
+}
+
+/// Bound on a three-node cluster settling after a broker is paused: the controller fences it
+/// after `broker.session.timeout.ms` (3 s), plus a controller election if it was the active
+/// controller, plus loading the groups it coordinated, plus the dropped holder's session (6 s)
+/// at the new coordinator and a rebalance; with room for a loaded machine.
+const FAILOVER_BOUND: Duration = Duration::from_secs(30);
+
+/// How long a contender holds a lock once it has it.
+const BRIEF_HOLD: Duration = Duration::from_millis(300);
+
+/// One lock held through the shared client, with a contender of another client queued behind.
+struct Spread {
+    name: String,
+    coordinator: i32,
+    holds: Holds,
+    guard: LockGuard,
+    token: FencingToken,
+    events: tokio::sync::mpsc::UnboundedReceiver<LockEvent>,
+    contender: JoinHandle<()>,
+}
+
+/// A contender that takes the lock when it can, holds it briefly and releases it.
+fn contend(who: String, options: LockOptions) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        // Unbounded here: every caller bounds the task.
+        let g = options
+            .acquire(None)
+            .await
+            .unwrap_or_else(|e| panic!("{who}: {e}"));
+        tokio::time::sleep(BRIEF_HOLD).await;
+        assert!(g.is_held(), "{who} lost the lock: {:?}", options.stats());
+        g.release().await.unwrap();
+    })
+}
+
+/// Three Apache Kafka nodes; locks through ONE client whose groups' coordinators are on
+/// different nodes (a few per `__consumer_offsets` partition, each partition's leader read with
+/// FindCoordinator), each with a contender of another client queued behind its holder. One
+/// coordinator's node is paused (SIGSTOP: its sockets stay open and nothing answers, the worst
+/// case for a shared connection). With a 5 s lease, no longer than the request timeout, a
+/// heartbeat hanging there cannot renew in time, so:
+/// - the locks that node coordinated are lost, as `LeaseExpired`, by their lease end; the
+///   contender and this client again each take them later, under greater generations, with no
+///   overlap (the holds checker);
+/// - every lock coordinated elsewhere is held all along: never reported lost, renewed after the
+///   pause, the same token as before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_coordinator_costs_only_the_locks_it_coordinates_on_three_nodes() {
+    support::init_tracing();
+    const PER_PARTITION: usize = 3;
+    let mut cluster = block_in_place(|| KafkaCluster::start(KafkaOptions::three_nodes()));
+    let bootstrap = cluster.bootstrap();
+    let shared = Client::new(&bootstrap);
+    let other = Client::new(&bootstrap);
+    let prefix = support::unique_group("spread");
+    let partitions = cluster.offsets_partitions();
+    let mut named = Vec::new();
+    for p in 0..partitions {
+        for j in 0..PER_PARTITION {
+            let name = group_on_partition(&format!("{prefix}-p{p}-{j}"), p, partitions);
+            let node = block_in_place(|| cluster.coordinator(&name));
+            named.push((node, name));
+        }
+    }
+    let nodes: BTreeSet<i32> = named.iter().map(|(n, _)| *n).collect();
+    assert!(
+        nodes.len() >= 2,
+        "one node leads every offsets partition, nothing to compare: {named:?}"
+    );
+
+    let mut locks = Vec::new();
+    for (coordinator, name) in named {
+        let holds = Holds::new();
+        let (o, events) = holds.record("shared", tune(shared.lock(&name)).label("shared"));
+        let guard = o
+            .acquire(Some(FAILOVER_BOUND))
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let (o, mut waiting) = holds.record("other", tune(other.lock(&name)).label("other"));
+        let contender = contend(format!("{name}: other"), o);
+        // The holder keeps the lock through the contender's rebalance under a new generation;
+        // once it has it, the group is settled.
+        let generation = loop {
+            match tokio::time::timeout(FAILOVER_BOUND, waiting.recv()).await {
+                Ok(Some(LockEvent::Waiting {
+                    holder: Some(h), ..
+                })) => break h.generation,
+                Ok(Some(_)) => {}
+                other => panic!("{name}: the contender never queued: {other:?}"),
+            }
+        };
+        let deadline = Instant::now() + FAILOVER_BOUND;
+        while guard.token().generation < generation {
+            assert!(
+                Instant::now() < deadline,
+                "{name}: the holder never took generation {generation}"
+            );
+            // Polling: the guard's token moves without an event this test still receives.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let token = guard.token();
+        locks.push(Spread {
+            name,
+            coordinator,
+            holds,
+            guard,
+            token,
+            events,
+            contender,
+        });
+    }
+    let lease = tune(shared.lock("any")).lease_length();
+
+    let paused = locks[0].coordinator;
+    let paused_at = Instant::now();
+    block_in_place(|| cluster.pause(paused));
+    let (mut lost, mut kept): (Vec<Spread>, Vec<Spread>) =
+        locks.into_iter().partition(|l| l.coordinator == paused);
+    eprintln!(
+        "node {paused} paused: {} locks coordinated there, {} elsewhere",
+        lost.len(),
+        kept.len()
+    );
+    for l in &lost {
+        let reason = tokio::time::timeout(lease + HEARTBEAT, l.guard.lost())
+            .await
+            .unwrap_or_else(|_| panic!("{}: not lost within its lease", l.name));
+        assert_eq!(reason, LossReason::LeaseExpired, "{}", l.name);
+    }
+    eprintln!(
+        "the locks on node {paused} lost {:?} after the pause",
+        paused_at.elapsed()
+    );
+    // This client takes each lost lock again too, from wherever its group has moved.
+    let mut takeovers = Vec::new();
+    for l in lost.iter() {
+        let (o, _) = l.holds.record(
+            "shared-again",
+            tune(shared.lock(&l.name)).label("shared-again"),
+        );
+        takeovers.push(contend(format!("{}: shared-again", l.name), o));
+    }
+
+    takeovers.extend(
+        lost.iter_mut()
+            .map(|l| std::mem::replace(&mut l.contender, tokio::spawn(async {}))),
+    );
+    let deadline = Instant::now() + FAILOVER_BOUND * 4;
+    while !takeovers.iter().all(JoinHandle::is_finished) {
+        for k in &kept {
+            assert!(
+                k.guard.is_held(),
+                "{} (node {}) lost while node {paused} was paused: {:?}",
+                k.name,
+                k.coordinator,
+                k.holds.holds()
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the locks of node {paused} were not all taken over: {:#?}",
+            lost.iter().map(|l| l.holds.holds()).collect::<Vec<_>>()
+        );
+        // Polling: `is_held` reads the lease clock; a lapse between two looks still shows
+        // as a hold that ended, checked below.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for t in takeovers {
+        t.await.unwrap();
+    }
+    eprintln!(
+        "the locks on node {paused} taken over twice {:?} after the pause",
+        paused_at.elapsed()
+    );
+    for l in &lost {
+        let held = l.holds.check_when_ended(SLACK).await;
+        assert_eq!(held.len(), 3, "{}: {held:#?}", l.name);
+        assert_eq!(held[0].who, "shared", "{}: {held:#?}", l.name);
+        assert_eq!(
+            held[0].lost,
+            Some(LossReason::LeaseExpired),
+            "{}: {held:#?}",
+            l.name
+        );
+        assert!(
+            held[1..]
+                .iter()
+                .all(|h| h.generations[0] > l.token.generation && h.lost.is_none()),
+            "{}: {held:#?}",
+            l.name
+        );
+    }
+    for k in kept.iter_mut() {
+        assert!(k.guard.is_held(), "{}", k.name);
+        assert_eq!(k.guard.token(), k.token, "{}: a new token", k.name);
+        assert!(
+            k.guard.lease_end() > paused_at + lease,
+            "{}: not renewed since the pause",
+            k.name
+        );
+        let held = k.holds.holds();
+        assert!(
+            held.len() == 1 && held[0].end.is_none(),
+            "{}: {held:#?}",
+            k.name
+        );
+        while let Ok(e) = k.events.try_recv() {
+            assert!(!matches!(e, LockEvent::Lost { .. }), "{}: {e:?}", k.name);
+        }
+    }
+    block_in_place(|| {
+        cluster.resume(paused);
+        cluster.wait_for_full_isr();
+    });
+    for k in kept {
+        k.guard.release().await.unwrap();
+        tokio::time::timeout(FAILOVER_BOUND * 2, k.contender)
+            .await
+            .unwrap_or_else(|_| panic!("{}: the contender never held", k.name))
+            .unwrap();
+        let held = k.holds.check_when_ended(SLACK).await;
+        assert_eq!(held.len(), 2, "{}: {held:#?}", k.name);
+        assert!(
+            held.iter().all(|h| h.lost.is_none()),
+            "{}: {held:#?}",
+            k.name
+        );
     }
 }
