@@ -2,6 +2,7 @@
 # The fault-injection safety suite on Apache Kafka (tests/it/fault, RELIABILITY.md).
 #
 #   scripts/fault-suite.sh [--long] [--seed N] [--episodes N] [--permits N] [--kinds a,b]
+#                          [--many N]
 #
 # Without --long: the CI mode (every nemesis once, about 130 s), the same test that
 # scripts/test.sh runs. With --long: 200 episodes of nemeses drawn at random (about 30 minutes),
@@ -14,11 +15,14 @@
 # offsets, as the mutex's); the checker then also fails on more than N holders at once and
 # judges overlaps, stale writes and token order per permit slot.
 # --kinds a,b draws only those nemeses (names as in RELIABILITY.md, e.g. stall-join).
+# --many N (N > 1) adds two contender processes that each take the native lock and the same
+# N-1 other locks through one client, so the faults hit connections many locks share; the
+# checker judges every lock on its own.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-usage() { sed -n '4,16p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '4,20p' "$0" | sed 's/^# \{0,1\}//'; }
 
 test=fault::suite_ci
 ignored=()
@@ -29,6 +33,7 @@ while [[ $# -gt 0 ]]; do
         --episodes) export KAFKA_LOCK_FAULT_EPISODES=${2:?--episodes needs a number}; shift ;;
         --permits) export KAFKA_LOCK_FAULT_PERMITS=${2:?--permits needs a number}; shift ;;
         --kinds) export KAFKA_LOCK_FAULT_KINDS=${2:?--kinds needs nemesis names}; shift ;;
+        --many) export KAFKA_LOCK_FAULT_MANY=${2:?--many needs a number}; shift ;;
         -h | --help) usage; exit 0 ;;
         *) usage >&2; exit 64 ;;
     esac

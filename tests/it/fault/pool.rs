@@ -30,6 +30,9 @@ pub enum Role {
     Cli,
     /// The Java seed client (`SeedLockPeer`), consumer mode only.
     Java,
+    /// A library contender process (`roles` `many`) on the slot's lock and its extra locks,
+    /// through one client.
+    Many,
 }
 
 pub struct SlotSpec {
@@ -39,6 +42,15 @@ pub struct SlotSpec {
     pub flavour: Flavour,
     /// Above 1: the lock is a semaphore with this many permits.
     pub permits: u16,
+    /// [`Role::Many`]: the locks it takes besides `lock` (generation tokens, one permit).
+    pub extra: Vec<String>,
+}
+
+impl SlotSpec {
+    /// Every lock the slot's contender takes.
+    fn locks(&self) -> impl Iterator<Item = &String> {
+        std::iter::once(&self.lock).chain(&self.extra)
+    }
 }
 
 enum Running {
@@ -220,9 +232,9 @@ impl Pool {
     pub fn kill(&self, id: &str) -> bool {
         let done = self.with_slot(id, |s| {
             signal(s.running.as_ref().expect("running").pid(), libc::SIGKILL);
-            s.spec.lock.clone()
+            s.spec.locks().cloned().collect::<Vec<_>>()
         });
-        if let Some(lock) = &done {
+        for lock in done.iter().flatten() {
             self.env.checker.event(Event {
                 lock: lock.clone(),
                 id: id.to_owned(),
@@ -266,14 +278,16 @@ impl Pool {
             if let Some(r) = slot.running.take() {
                 let id = r.id().to_owned();
                 drop(r);
-                self.env.checker.event(Event {
-                    lock: slot.spec.lock.clone(),
-                    id,
-                    kind: Kind::Killed,
-                    mono: mono_ns(),
-                    token: None,
-                    lease_end: None,
-                });
+                for lock in slot.spec.locks() {
+                    self.env.checker.event(Event {
+                        lock: lock.clone(),
+                        id: id.clone(),
+                        kind: Kind::Killed,
+                        mono: mono_ns(),
+                        token: None,
+                        lease_end: None,
+                    });
+                }
             }
         }
     }
@@ -452,14 +466,16 @@ fn keep(env: &Env, slot: &mut Slot, rng: &mut Rng) {
         let r = slot.running.take().expect("running");
         // Closes a wait that never ended in a hold (a CLI run that gave up during a broker
         // fault); ignored after a hold's own end.
-        env.checker.event(Event {
-            lock: slot.spec.lock.clone(),
-            id: r.id().to_owned(),
-            kind: Kind::GaveUp,
-            mono: mono_ns(),
-            token: None,
-            lease_end: None,
-        });
+        for lock in slot.spec.locks() {
+            env.checker.event(Event {
+                lock: lock.clone(),
+                id: r.id().to_owned(),
+                kind: Kind::GaveUp,
+                mono: mono_ns(),
+                token: None,
+                lease_end: None,
+            });
+        }
         slot.respawn_at = Instant::now() + rng.millis(100, 600);
     }
 }
@@ -480,6 +496,26 @@ fn spawn(env: &Env, slot: &Slot, id: &str, rng: &mut Rng) -> Result<Running, Str
                 rng.next_u64(),
             );
             cmd.env("FAULT_PERMITS", spec.permits.to_string());
+            let (process, _) = Supervised::spawn(&cmd, Output::Log(&log), None)?;
+            Ok(Running::Proc {
+                id: id.to_owned(),
+                process,
+            })
+        }
+        Role::Many => {
+            let bootstrap = slot.proxies.as_ref().expect("proxies").bootstrap();
+            let mut cmd = lib_command(
+                env,
+                id,
+                &spec.lock,
+                &bootstrap,
+                &spec.flavour,
+                false,
+                rng.next_u64(),
+            );
+            cmd.env("FAULT_ROLE", "many")
+                .env("FAULT_EXTRA_LOCKS", spec.extra.join(","))
+                .env("FAULT_PERMITS", spec.permits.to_string());
             let (process, _) = Supervised::spawn(&cmd, Output::Log(&log), None)?;
             Ok(Running::Proc {
                 id: id.to_owned(),

@@ -10,6 +10,10 @@
 //!   is the offset of its ACQUIRED record in that ledger topic ([`Flavour`]).
 //! - `broken`: the same, but it ignores the loss: it keeps writing every 20 ms and keeps
 //!   believing it holds until it releases after 20 s. The suite must catch it.
+//! - `many`: library contenders on several locks (`FAULT_LOCK`, in its flavour, and the
+//!   comma-separated `FAULT_EXTRA_LOCKS`, with generation tokens) through one
+//!   [`kafka_lock::Client`] in one process, each lock contended for as by `lib`: a fault aimed
+//!   at this process, or at a broker, hits the connections all its locks share.
 //! - `writer`: the job the CLI contenders run under `kafka-lock run`: it writes
 //!   `$KAFKA_LOCK_TOKEN` to the store at once and every 200 ms for `FAULT_HOLD_MS`, then exits.
 //!   It never looks at the lock: stopping it in time is the CLI supervisor's job.
@@ -57,15 +61,54 @@ fn role() {
                 .enable_all()
                 .build()
                 .expect("runtime");
+            let (bootstrap, lock, flavour) = (
+                env("FAULT_BOOTSTRAP"),
+                env("FAULT_LOCK"),
+                Flavour::from_env(),
+            );
             rt.block_on(contender(
                 &mut reporter,
                 role == "broken",
-                &env("FAULT_BOOTSTRAP"),
-                &env("FAULT_LOCK"),
-                Flavour::from_env(),
+                &|| options(&bootstrap, &lock, &flavour, permits()),
                 env("FAULT_SEED").parse().expect("FAULT_SEED"),
                 permits(),
             ));
+        }
+        "many" => {
+            let bootstrap = env("FAULT_BOOTSTRAP");
+            let seed: u64 = env("FAULT_SEED").parse().expect("FAULT_SEED");
+            let mut locks = vec![(env("FAULT_LOCK"), Flavour::from_env(), permits())];
+            locks.extend(
+                env("FAULT_EXTRA_LOCKS")
+                    .split(',')
+                    .filter(|l| !l.is_empty())
+                    .map(|l| (l.to_owned(), Flavour::Plain, 1)),
+            );
+            // Two threads, as a service would have: the reports to the checker block briefly.
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("runtime");
+            drop(reporter);
+            rt.block_on(async move {
+                let client = kafka_lock::Client::new(&bootstrap);
+                let mut tasks = tokio::task::JoinSet::new();
+                for (i, (lock, flavour, permits)) in locks.into_iter().enumerate() {
+                    let mut rep = Reporter::connect(&env("FAULT_CHECKER"), &lock, &env("FAULT_ID"))
+                        .unwrap_or_else(|e| panic!("cannot reach the checker: {e}"));
+                    let client = client.clone();
+                    tasks.spawn(async move {
+                        let make = || tune(client.lock(&lock), &flavour, permits);
+                        contender(&mut rep, false, &make, seed.wrapping_add(i as u64), permits)
+                            .await;
+                    });
+                }
+                // The contenders never end: a panic in one ends the process.
+                if let Some(Err(e)) = tasks.join_next().await {
+                    std::panic::resume_unwind(e.into_panic());
+                }
+            });
         }
         "writer" => {
             let token: i64 = env("KAFKA_LOCK_TOKEN").parse().expect("KAFKA_LOCK_TOKEN");
@@ -146,7 +189,12 @@ impl Flavour {
 
 /// The settings every library contender of the suite uses.
 pub fn options(bootstrap: &str, lock: &str, flavour: &Flavour, permits: u16) -> LockOptions {
-    let o = LockOptions::new(bootstrap, lock)
+    tune(LockOptions::new(bootstrap, lock), flavour, permits)
+}
+
+/// [`options`] on options made elsewhere (by a shared client).
+fn tune(o: LockOptions, flavour: &Flavour, permits: u16) -> LockOptions {
+    let o = o
         .session_timeout(SESSION)
         .rebalance_timeout(SESSION)
         .heartbeat_interval(HEARTBEAT)
@@ -161,16 +209,14 @@ pub fn options(bootstrap: &str, lock: &str, flavour: &Flavour, permits: u16) -> 
 async fn contender(
     rep: &mut Reporter,
     broken: bool,
-    bootstrap: &str,
-    lock: &str,
-    flavour: Flavour,
+    make: &(dyn Fn() -> LockOptions + Send + Sync),
     seed: u64,
     permits: u16,
 ) {
     let mut rng = Rng::new(seed);
     loop {
         let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
-        let opts = options(bootstrap, lock, &flavour, permits).events(tx);
+        let opts = make().events(tx);
         rep.set_slot(None);
         rep.event(Kind::Waiting, None, None);
         let guard = match opts.acquire(None).await {

@@ -39,6 +39,10 @@ pub struct Config {
     pub permits: u16,
     /// The nemeses drawn (`KAFKA_LOCK_FAULT_KINDS`, names separated by commas; empty: all).
     pub kinds: Vec<Kind>,
+    /// Locks per many-locks contender (`KAFKA_LOCK_FAULT_MANY`; 0, the default: none). Above
+    /// 1, two more contender processes each take the native lock and the same `many - 1`
+    /// other locks through one client, so the nemeses hit connections many locks share.
+    pub many: usize,
 }
 
 impl Config {
@@ -85,12 +89,16 @@ impl Config {
                     .filter(|&n| n >= 1)
                     .expect("KAFKA_LOCK_FAULT_PERMITS must be a number from 1")
             });
+        let many = std::env::var("KAFKA_LOCK_FAULT_MANY").ok().map_or(0, |s| {
+            s.parse().expect("KAFKA_LOCK_FAULT_MANY must be a number")
+        });
         Config {
             seed,
             episodes,
             ci,
             permits,
             kinds,
+            many,
         }
     }
 }
@@ -120,6 +128,8 @@ struct Run {
     consumer: String,
     /// The native lock's ledger.
     ledger: Flavour,
+    /// The locks only the many-locks contenders take (besides the native lock).
+    extra: Vec<String>,
     records: Vec<Record>,
 }
 
@@ -185,8 +195,11 @@ pub fn run(cfg: Config) {
         } else {
             permits
         },
+        extra: Vec::new(),
     };
-    let specs = vec![
+    let prefix = unique_group("fault-many");
+    let extra: Vec<String> = (1..cfg.many).map(|i| format!("{prefix}-{i}")).collect();
+    let mut specs = vec![
         spec("lib1", Role::Lib, &native, &ledger),
         spec("lib2", Role::Lib, &native, &ledger),
         spec("lib3", Role::Lib, &native, &ledger),
@@ -196,6 +209,14 @@ pub fn run(cfg: Config) {
         spec("clib2", Role::Lib, &consumer, &consumed),
         spec("java1", Role::Java, &consumer, &consumed),
     ];
+    if cfg.many > 1 {
+        for name in ["many1", "many2"] {
+            specs.push(SlotSpec {
+                extra: extra.clone(),
+                ..spec(name, Role::Many, &native, &ledger)
+            });
+        }
+    }
     let handle = rt.handle().clone();
     let pool = Pool::start(
         env,
@@ -213,6 +234,7 @@ pub fn run(cfg: Config) {
         native,
         consumer,
         ledger,
+        extra,
         records: Vec::new(),
     };
     let selfcheck = run.self_check();
@@ -343,6 +365,13 @@ impl Run {
                 Duration::from_secs(120),
                 &format!("a {prefix} contender to acquire {lock}"),
                 |c| c.acquired_since(lock, 0, |id| id.starts_with(prefix)) > 0,
+            );
+        }
+        for lock in &self.extra {
+            self.wait_for(
+                Duration::from_secs(120),
+                &format!("a many-locks contender to acquire {lock}"),
+                |c| c.acquired_since(lock, 0, |id| id.starts_with("many")) > 0,
             );
         }
     }
@@ -965,7 +994,7 @@ struct Figures {
     free_consumer: i64,
 }
 
-fn figures_in(a: &Analysis, windows: &[(i64, i64)], native: &str) -> Figures {
+fn figures_in(a: &Analysis, windows: &[(i64, i64)], native: &str, consumer: &str) -> Figures {
     let inside = |t: i64| windows.iter().any(|&(s, e)| s <= t && t < e);
     let mut f = Figures {
         acquisitions: a
@@ -994,8 +1023,11 @@ fn figures_in(a: &Analysis, windows: &[(i64, i64)], native: &str) -> Figures {
             if len > 0 {
                 let slot = if lock == native {
                     &mut f.free_native
-                } else {
+                } else if lock == consumer {
                     &mut f.free_consumer
+                } else {
+                    // The many-locks contenders' other locks: two contenders, often both away.
+                    continue;
                 };
                 *slot = (*slot).max(len);
             }
@@ -1060,7 +1092,7 @@ fn report(
     };
     for (kind, records) in &by_kind {
         let windows: Vec<(i64, i64)> = records.iter().map(|r| (r.start, r.end)).collect();
-        let mut f = figures_in(a, &windows, &run.native);
+        let mut f = figures_in(a, &windows, &run.native, &run.consumer);
         f.episodes = records.len();
         f.recovered = records.iter().filter(|r| r.recovered.is_some()).count();
         f.worst_recovery = records
@@ -1071,7 +1103,7 @@ fn report(
         row(kind.name(), &f);
     }
     // The whole run, the few seconds between episodes (finding a holder to aim at) included.
-    let mut all = figures_in(a, &[(started, finished + 1)], &run.native);
+    let mut all = figures_in(a, &[(started, finished + 1)], &run.native, &run.consumer);
     all.episodes = run.records.len();
     all.recovered = run.records.iter().filter(|r| r.recovered.is_some()).count();
     all.worst_recovery = run
@@ -1098,6 +1130,30 @@ fn report(
          same lock or permit slot.\n",
         a.inversions.len()
     );
+    if !run.extra.is_empty() {
+        let other = |lock: &str| run.extra.iter().any(|l| l == lock);
+        let many = |id: &str| id.starts_with("many");
+        let _ =
+            writeln!(
+            s,
+            "Many locks in one process: 2 contenders, each taking the native lock and the same \
+             {} other locks through one client: {} holds of the native lock and {} of the \
+             others by them; on the others, {} overlap(s), {} stale write(s) accepted, {} \
+             token inversion(s) (counted in the figures above too).\n",
+            run.extra.len(),
+            a.holds
+                .iter()
+                .filter(|h| many(&h.id) && checker::base(&h.lock) == run.native)
+                .count(),
+            a.holds
+                .iter()
+                .filter(|h| many(&h.id) && other(&h.lock))
+                .count(),
+            a.judged_overlaps().filter(|o| other(&o.first.lock)).count(),
+            a.stale_accepted.iter().filter(|(w, _)| other(&w.lock)).count(),
+            a.inversions.iter().filter(|(h, _)| other(&h.lock)).count(),
+        );
+    }
     for (lock, n, most) in &a.most_at_once {
         let lock = if lock == &run.native { "native" } else { lock };
         let _ = writeln!(
