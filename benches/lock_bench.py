@@ -18,6 +18,9 @@ Scenarios (each on fresh groups, --reps times, medians reported):
                      lease, and whether A kept the lock
   ledger-acquire     kafka-lock only: acquire() called -> holding, uncontended, without a ledger
                      and with one (the ACQUIRED append, acks=all, is the difference)
+  handover-many      kafka-lock only: handover as above, side by side with the same where A's and
+                     B's processes each hold --also-hold (default 1000) other locks through the one
+                     client they contend through (contender --also-hold; heartbeat 3 s for those)
   ledger-handover    kafka-lock only: A holds, N waiters (--waiters, default 1,50) wait; at a random
                      moment 1-2 s after all are waiting A releases; time from that request to the
                      first waiter holding. Without a ledger, with a ledger and push (waiters
@@ -193,6 +196,19 @@ class KafkaLockLedger(KafkaLockLib):
         return Proc([str(CONTENDER), bootstrap, group, "--session-ms", str(self.session_ms),
                      "--heartbeat-ms", str(self.heartbeat_ms), "--ledger-topic", self.ledger,
                      "--push", "on" if self.push else "off"], parse_json)
+
+
+class KafkaLockLibMany(KafkaLockLib):
+    """The library contender in a process that holds `n` other locks through the same client."""
+
+    def __init__(self, session_ms, heartbeat_ms, n):
+        super().__init__(session_ms, heartbeat_ms)
+        self.n = n
+        self.name = f"kafka-lock (library, {n} other locks held)"
+
+    def start(self, bootstrap, group, topic, client_id):
+        return Proc([str(CONTENDER), bootstrap, group, "--session-ms", str(self.session_ms),
+                     "--heartbeat-ms", str(self.heartbeat_ms), "--also-hold", str(self.n)], parse_json)
 
 
 class KafkaLockCli:
@@ -506,7 +522,7 @@ def coordinator_failover(reps, session_ms, heartbeat_ms):
 
 
 SCENARIOS = ["uncontended", "uncontended-3s", "handover", "failover", "herd", "coordinator",
-             "ledger-acquire", "ledger-handover"]
+             "ledger-acquire", "ledger-handover", "handover-many"]
 
 
 def summary(samples):
@@ -521,6 +537,7 @@ def main():
     ap.add_argument("--heartbeat-ms", type=int, default=1000)
     ap.add_argument("--herd", type=int, default=50)
     ap.add_argument("--waiters", default="1,50", help="ledger-handover: waiter counts")
+    ap.add_argument("--also-hold", type=int, default=1000, help="handover-many: other locks held")
     ap.add_argument("--only", default=",".join(SCENARIOS))
     ap.add_argument("--quick", action="store_true",
                     help="a smoke run that only shows every scenario works: --reps 1 --herd 10 "
@@ -533,7 +550,9 @@ def main():
     if unknown:
         ap.error(f"unknown scenario(s) {', '.join(sorted(unknown))}; known: {', '.join(SCENARIOS)}")
     only = set(args.only.split(","))
-    for f in (KAFKA_LOCK, CONTENDER):
+    # The CLI binary only for the scenarios that run it.
+    needed = [CONTENDER, *([KAFKA_LOCK] if only & {"uncontended", "uncontended-3s"} else [])]
+    for f in needed:
         if not f.exists():
             raise SystemExit(f"{f} missing: cargo build --release --features cli --bin kafka-lock --example contender")
     s, h = args.session_ms, args.heartbeat_ms
@@ -588,6 +607,10 @@ def main():
                 for n in [int(x) for x in args.waiters.split(",")]:
                     interleaved(f"ledger-handover-{n}", kafka, [lib, on, off],
                                 lambda k, c, rep, n=n: handover_n(k, c, rep, n), args.reps)
+    if "handover-many" in only:
+        with LocalKafka(initial_delay_ms=0) as kafka:
+            interleaved("handover-many", kafka, [KafkaLockLib(s, h), KafkaLockLibMany(s, h, args.also_hold)],
+                        handover, args.reps)
     if "herd" in only:
         results["herd"] = herd(args.herd, s, h)
         print("herd", json.dumps(results["herd"]), flush=True)

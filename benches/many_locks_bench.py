@@ -12,12 +12,21 @@ its `acquired A of N in S s` line, lets it settle for SETTLE seconds, then count
 opened still idle, and again while idle, once those are closed) and measures its CPU over IDLE seconds; peak RSS is
 VmHWM read just before it prints `held at end H of N`.
 
-    python3 benches/many_locks_bench.py [--delays 3000,0] [--ns 1,100,1000,10000] [--nodes 1]
+With --request-rates the brokers log every request they complete (kafka.request.logger at
+DEBUG, scripts/local_kafka.py) and the rows get, per API, the requests of the example's client
+(client id `kafka-lock`) that all brokers completed: in total while it acquired (from its start
+to its `acquired` line, `acquire_requests`) and per second over the IDLE seconds of holding
+(`idle_requests_per_s`; `idle_requests_per_s_by_node` per node). The logging costs the brokers
+CPU, not the client: run it apart from the figures above if the brokers' CPU matters.
+
+    python3 benches/many_locks_bench.py [--delays 3000,0] [--ns 1,100,1000,10000] [--nodes 1|3]
+                                        [--request-rates]
 """
 
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -73,9 +82,42 @@ def sockets(pid):
     return n
 
 
-def run(bootstrap, n, acquire_bound):
+REQUEST = re.compile(r'"clientId":"([^"]*)","requestApiKeyName":"([A-Z_]+)"')
+
+
+class RequestLogs:
+    """Counts, per API, the requests of one client id in the brokers' request logs between two
+    marks (byte offsets into each node's log)."""
+
+    def __init__(self, kafka, client_id="kafka-lock"):
+        self.nodes = kafka.nodes if kafka is not None else []
+        self.client_id = client_id
+
+    def mark(self):
+        return {n.node_id: n.requests.stat().st_size if n.requests.exists() else 0 for n in self.nodes}
+
+    def count(self, since, until):
+        by_node = {}
+        for n in self.nodes:
+            counts = {}
+            with open(n.requests, "rb") as f:
+                f.seek(since[n.node_id])
+                data = f.read(until[n.node_id] - since[n.node_id]).decode(errors="replace")
+            for client, api in REQUEST.findall(data):
+                if client == self.client_id:
+                    counts[api] = counts.get(api, 0) + 1
+            by_node[n.node_id] = counts
+        total = {}
+        for counts in by_node.values():
+            for api, c in counts.items():
+                total[api] = total.get(api, 0) + c
+        return total, by_node
+
+
+def run(bootstrap, n, acquire_bound, logs=None):
     hold = int(SETTLE + IDLE + 5)
     prefix = f"many-{uuid.uuid4().hex[:8]}"
+    started = logs.mark() if logs else None
     proc = subprocess.Popen([str(EXAMPLE), bootstrap, str(n), str(hold), prefix],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     row = {"n": n}
@@ -88,12 +130,20 @@ def run(bootstrap, n, acquire_bound):
         row["acquired"] = line.split()[1]
         row["acquire_s"] = float(line.split()[-2])
         row["sockets_after_acquire"] = sockets(proc.pid)
+        if logs:
+            row["acquire_requests"] = logs.count(started, logs.mark())[0]
         time.sleep(SETTLE)
+        m0 = logs.mark() if logs else None
         t0, c0 = time.monotonic(), cpu_s(proc.pid)
         while time.monotonic() - t0 < IDLE:
             peak_sockets = max(peak_sockets, sockets(proc.pid))
             time.sleep(1.0)
         c1, t1 = cpu_s(proc.pid), time.monotonic()
+        if logs:
+            total, by_node = logs.count(m0, logs.mark())
+            rate = lambda counts: {api: round(c / (t1 - t0), 2) for api, c in sorted(counts.items())}
+            row["idle_requests_per_s"] = rate(total)
+            row["idle_requests_per_s_by_node"] = {node: rate(c) for node, c in by_node.items()}
         row["sockets"] = peak_sockets
         row["idle_cpu_pct"] = round(100.0 * (c1 - c0) / (t1 - t0), 3)
         row["rss_kb"] = status_kb(proc.pid, "VmHWM")
@@ -112,15 +162,17 @@ def main():
     ap.add_argument("--delays", default="3000,0")
     ap.add_argument("--ns", default="1,100,1000,10000")
     ap.add_argument("--nodes", type=int, default=1)
+    ap.add_argument("--request-rates", action="store_true")
     ap.add_argument("--json")
     args = ap.parse_args()
     if not EXAMPLE.exists():
         sys.exit(f"{EXAMPLE} missing: cargo build --release --no-default-features --example many_locks")
     rows = []
     for delay in [int(d) for d in args.delays.split(",")]:
-        with LocalKafka(nodes=args.nodes, initial_delay_ms=delay) as kafka:
+        with LocalKafka(nodes=args.nodes, initial_delay_ms=delay, request_log=args.request_rates) as kafka:
+            logs = RequestLogs(kafka) if args.request_rates else None
             for n in [int(x) for x in args.ns.split(",")]:
-                row = run(kafka.bootstrap, n, acquire_bound=900)
+                row = run(kafka.bootstrap, n, acquire_bound=900, logs=logs)
                 row["delay_ms"] = delay
                 row["nodes"] = args.nodes
                 print(json.dumps(row), flush=True)

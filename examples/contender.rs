@@ -3,8 +3,12 @@
 //!
 //! ```text
 //! contender BOOTSTRAP LOCK [--topic T] [--session-ms N] [--heartbeat-ms N]
-//!           [--ledger-topic T] [--push on|off]
+//!           [--ledger-topic T] [--push on|off] [--also-hold N]
 //! ```
+//!
+//! `--also-hold N` first takes N other locks (`LOCK-bg<pid>-<i>`, heartbeat 3 s, session 10 s,
+//! as `examples/many_locks.rs`) through one `Client` and keeps them, then contends for LOCK
+//! through the same client: a handover next to many held locks.
 //!
 //! Prints one JSON object per line: `started`, `waiting`, `acquired`, `renewed` (a heartbeat moved
 //! the lease end), `lost`, `released`, `closed`, each with `mono_ns` (CLOCK_MONOTONIC). The stdin
@@ -12,7 +16,7 @@
 
 use std::time::Duration;
 
-use kafka_lock::{LockEvent, LockOptions};
+use kafka_lock::{Client, LockEvent, LockOptions};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 /// CLOCK_MONOTONIC in nanoseconds: comparable between processes on one host, unlike the
@@ -49,11 +53,42 @@ async fn main() {
     if args.len() < 2 {
         eprintln!(
             "usage: contender BOOTSTRAP LOCK [--topic T] [--session-ms N] [--heartbeat-ms N] \
-             [--ledger-topic T] [--push on|off]"
+             [--ledger-topic T] [--push on|off] [--also-hold N]"
         );
         std::process::exit(64);
     }
-    let mut opts = LockOptions::new(&args[0], args[1].clone());
+    let also_hold: usize = args
+        .iter()
+        .position(|a| a == "--also-hold")
+        .and_then(|i| args.get(i + 1))
+        .map_or(0, |n| n.parse().expect("--also-hold takes a number"));
+    // Kept for as long as the process runs; dropping them would let the locks go.
+    let mut background = Vec::new();
+    let mut opts = if also_hold > 0 {
+        let client = Client::new(&args[0]);
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..also_hold {
+            let lock = client
+                .lock(format!("{}-bg{}-{i}", args[1], std::process::id()))
+                .session_timeout(Duration::from_secs(10))
+                .rebalance_timeout(Duration::from_secs(10))
+                .heartbeat_interval(Duration::from_secs(3));
+            tasks.spawn(async move { lock.acquire(Some(Duration::from_secs(120))).await });
+        }
+        while let Some(r) = tasks.join_next().await {
+            match r.expect("an acquisition task") {
+                Ok(g) => background.push(g),
+                Err(e) => {
+                    eprintln!("contender: a background lock: {e}");
+                    std::process::exit(1);
+                }
+            }
+        }
+        emit("background", &format!(", \"held\": {}", background.len()));
+        client.lock(args[1].clone())
+    } else {
+        LockOptions::new(&args[0], args[1].clone())
+    };
     let mut rest = args[2..].iter();
     while let Some(flag) = rest.next() {
         let value = rest.next().unwrap_or_else(|| {
@@ -67,6 +102,7 @@ async fn main() {
             "--heartbeat-ms" => opts.heartbeat_interval(ms()),
             "--ledger-topic" => opts.ledger_topic(value),
             "--push" => opts.ledger_push(value == "on"),
+            "--also-hold" => opts,
             other => {
                 eprintln!("unknown flag {other}");
                 std::process::exit(64)
@@ -129,4 +165,5 @@ async fn main() {
     }
     guard.release().await.ok();
     emit("closed", "");
+    drop(background);
 }

@@ -65,6 +65,19 @@ logger.started.name = kafka.server.KafkaRaftServer
 logger.started.level = info
 """
 
+# kafka.request.logger at DEBUG: one line per request the broker completed, with its header
+# (API key, client id) but not its body (that is TRACE), in a file of its own.
+LOG4J2_REQUESTS = """appender.requests.type = File
+appender.requests.name = requests
+appender.requests.fileName = {requests}
+appender.requests.layout.type = PatternLayout
+appender.requests.layout.pattern = %m%n
+logger.request.name = kafka.request.logger
+logger.request.level = debug
+logger.request.additivity = false
+logger.request.appenderRef.requests.ref = requests
+"""
+
 
 def free_ports(n):
     socks = []
@@ -114,6 +127,7 @@ class Node:
         self.data = data
         self.log = log
         self.config = data / "server.properties"
+        self.requests = data / "requests.log"
         self.proc = None
 
     @property
@@ -124,7 +138,8 @@ class Node:
 class LocalKafka:
     """One or three Apache Kafka nodes on loopback; a context manager that always kills them."""
 
-    def __init__(self, nodes=1, initial_delay_ms=0, extra=None, ready_timeout=120.0):
+    def __init__(self, nodes=1, initial_delay_ms=0, extra=None, ready_timeout=120.0, request_log=False):
+        """`request_log`: every node logs each request it completes to `node.requests`."""
         if not LIBS.is_dir() or not any(LIBS.glob("kafka_2.13-*.jar")):
             raise SystemExit(f"no Apache Kafka jars in {LIBS}: {INSTALL_HINT}")
         self.dir = Path(tempfile.mkdtemp(prefix="kafka-lock-kafka-"))
@@ -161,7 +176,10 @@ class LocalKafka:
                 **(extra or {}),
             }
             n.config.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
-            (n.data / "log4j2.properties").write_text(LOG4J2.format(log=n.log))
+            log4j = LOG4J2.format(log=n.log)
+            if request_log:
+                log4j += LOG4J2_REQUESTS.format(requests=n.requests)
+            (n.data / "log4j2.properties").write_text(log4j)
         self.bootstrap = ",".join(n.address for n in self.nodes)
 
     def _java(self, node, main, args, heap):
