@@ -470,7 +470,7 @@ pub(crate) async fn coordinator(conn: &Connection, group: &str, reach: &Reach) -
             Err(e) if e.is_retriable() && attempt < ATTEMPTS => {
                 tokio::time::sleep(backoff.next_delay()).await
             }
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.into()),
         }
     }
 }

@@ -18,8 +18,9 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 use tracing::debug;
 
-use crate::error::{Error, KafkaCode, Result};
+use crate::error::{Error, Result};
 use crate::security::{Sasl, SaslKind, SaslMechanism, SecurityError};
+use crate::wire::code::KafkaCode;
 use crate::wire::sasl::{plain_message, ScramClient, ScramError, ScramHash};
 use crate::wire::{NegotiatedVersions, Request, Response};
 

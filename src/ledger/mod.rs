@@ -79,8 +79,9 @@ pub use record::{
 };
 
 use crate::backoff::Backoff;
-use crate::error::{Error, KafkaCode};
+use crate::error::Error;
 use crate::membership::{Broker, Command, Event, FencingToken, LossReason};
+use crate::wire::code::KafkaCode;
 use crate::wire::log::{
     fetch_request, fetched, list_offsets_request, listed, produce_request, produced, FetchOptions,
     Isolation, LogError, OffsetSpec, TopicPartition, Uuid, TOPIC_ID_VERSION,
