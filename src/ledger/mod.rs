@@ -1044,42 +1044,7 @@ impl Ledger {
     /// An event of the membership machine. `view` is its state after the event.
     pub fn on_membership(&mut self, e: Event, view: &MemberView, now: Now) {
         match e {
-            Event::Acquired { token, permit, .. } => {
-                if matches!(self.hold, HoldState::Waiting) {
-                    debug!(lock = %self.cfg.lock, generation = token.generation,
-                           "assigned; appending ACQUIRED to the ledger before the hold begins");
-                    self.poll = Poll::Off;
-                    self.slot = permit;
-                    let batch = self.record_batch(
-                        &token,
-                        -1,
-                        RecordKind::Acquired {
-                            lease_ms: millis32(self.cfg.lease_length),
-                        },
-                        now,
-                    );
-                    let deadline = now.mono + self.cfg.append_deadline;
-                    self.attempts += 1;
-                    let attempt = self.attempts;
-                    // First in line: end and checkpoint records of earlier holds wait for it,
-                    // and one already sent keeps its own answer (see `InFlight`).
-                    self.appends.push_front(Append {
-                        purpose: Purpose::Acquired,
-                        batch,
-                        deadline,
-                        attempt: Some((attempt, token.clone())),
-                        ticket: None,
-                    });
-                    self.hold = HoldState::Appending {
-                        attempt,
-                        token,
-                        since: now.mono,
-                        deadline,
-                        permit,
-                    };
-                    self.published_hold = false;
-                }
-            }
+            Event::Acquired { token, permit, .. } => self.on_acquired(token, permit, now),
             Event::TokenChanged { token } => match &mut self.hold {
                 HoldState::Appending { token: t, .. } => t.generation = token.generation,
                 HoldState::Held { token: t, .. } => {
@@ -1094,42 +1059,8 @@ impl Ledger {
                     self.events.push_back(Event::RebalanceWhileHeld);
                 }
             }
-            Event::Lost { reason, lease_end } => {
-                let live = matches!(
-                    self.hold,
-                    HoldState::Appending { .. } | HoldState::Held { .. }
-                );
-                let detail = reason.to_string();
-                self.end(
-                    EndKind::Lost(reason.clone(), detail),
-                    lease_end.min(now.mono),
-                    now,
-                );
-                if reason == LossReason::Revoked {
-                    // Eager consumer mode: the member stays and may be assigned the lock again,
-                    // which is a new hold with a record of its own; this one ends now.
-                    self.queue_end_record(true, now);
-                    self.hold = HoldState::Waiting;
-                }
-                // An eager revocation of a try the users never saw is no loss to them: the member
-                // stays in the group and waits, and the acquire with it.
-                let unseen = reason == LossReason::Revoked && !self.published_hold;
-                if live && !unseen {
-                    self.events.push_back(Event::Lost { reason, lease_end });
-                }
-            }
-            Event::Released => {
-                let live = matches!(
-                    self.hold,
-                    HoldState::Appending { .. } | HoldState::Held { .. }
-                );
-                if self.published_hold && live {
-                    self.end(EndKind::Released, now.mono, now);
-                    self.events.push_back(Event::Released);
-                } else {
-                    self.end(EndKind::Abandoned, now.mono, now);
-                }
-            }
+            Event::Lost { reason, lease_end } => self.on_lost(reason, lease_end, now),
+            Event::Released => self.on_released(now),
             Event::Waiting { .. } => {
                 if self.cfg.push
                     && matches!(self.hold, HoldState::Waiting)
@@ -1148,6 +1079,85 @@ impl Ledger {
             other => self.events.push_back(other),
         }
         self.drive(view, now);
+    }
+
+    /// The membership assigned the lock: a waiting machine appends ACQUIRED before the hold
+    /// begins (see the module docs).
+    fn on_acquired(&mut self, token: FencingToken, permit: u16, now: Now) {
+        if matches!(self.hold, HoldState::Waiting) {
+            debug!(lock = %self.cfg.lock, generation = token.generation,
+                   "assigned; appending ACQUIRED to the ledger before the hold begins");
+            self.poll = Poll::Off;
+            self.slot = permit;
+            let batch = self.record_batch(
+                &token,
+                -1,
+                RecordKind::Acquired {
+                    lease_ms: millis32(self.cfg.lease_length),
+                },
+                now,
+            );
+            let deadline = now.mono + self.cfg.append_deadline;
+            self.attempts += 1;
+            let attempt = self.attempts;
+            // First in line: end and checkpoint records of earlier holds wait for it,
+            // and one already sent keeps its own answer (see `InFlight`).
+            self.appends.push_front(Append {
+                purpose: Purpose::Acquired,
+                batch,
+                deadline,
+                attempt: Some((attempt, token.clone())),
+                ticket: None,
+            });
+            self.hold = HoldState::Appending {
+                attempt,
+                token,
+                since: now.mono,
+                deadline,
+                permit,
+            };
+            self.published_hold = false;
+        }
+    }
+
+    /// The membership lost the lock (or, in eager mode, had it revoked).
+    fn on_lost(&mut self, reason: LossReason, lease_end: Instant, now: Now) {
+        let live = matches!(
+            self.hold,
+            HoldState::Appending { .. } | HoldState::Held { .. }
+        );
+        let detail = reason.to_string();
+        self.end(
+            EndKind::Lost(reason.clone(), detail),
+            lease_end.min(now.mono),
+            now,
+        );
+        if reason == LossReason::Revoked {
+            // Eager consumer mode: the member stays and may be assigned the lock again,
+            // which is a new hold with a record of its own; this one ends now.
+            self.queue_end_record(true, now);
+            self.hold = HoldState::Waiting;
+        }
+        // An eager revocation of a try the users never saw is no loss to them: the member
+        // stays in the group and waits, and the acquire with it.
+        let unseen = reason == LossReason::Revoked && !self.published_hold;
+        if live && !unseen {
+            self.events.push_back(Event::Lost { reason, lease_end });
+        }
+    }
+
+    /// The user released the lock.
+    fn on_released(&mut self, now: Now) {
+        let live = matches!(
+            self.hold,
+            HoldState::Appending { .. } | HoldState::Held { .. }
+        );
+        if self.published_hold && live {
+            self.end(EndKind::Released, now.mono, now);
+            self.events.push_back(Event::Released);
+        } else {
+            self.end(EndKind::Abandoned, now.mono, now);
+        }
     }
 
     /// The answer (or failure) for transmit `id`, with the version the request was built for.
