@@ -300,6 +300,11 @@ pub struct MemberView {
     pub member_id: String,
 }
 
+/// Whether a retry time has come (none set means at once).
+fn due(t: Option<Instant>, now: Now) -> bool {
+    t.is_none_or(|t| t <= now.mono)
+}
+
 /// The time, both ways: the monotonic clock decides, the wall clock is written into records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Now {
@@ -1342,7 +1347,18 @@ impl Ledger {
     }
 
     fn drive(&mut self, view: &MemberView, now: Now) {
-        let due = |t: Option<Instant>| t.is_none_or(|t| t <= now.mono);
+        self.expire(view, now);
+        self.send_metadata(now);
+        if let Some(p) = self.partition.clone() {
+            self.send_append(&p, view, now);
+            self.send_poll(&p, now);
+        }
+        self.drive_checkpoints(view, now);
+        self.settle(now);
+    }
+
+    /// Gives up what ran out of time.
+    fn expire(&mut self, view: &MemberView, now: Now) {
         // An ACQUIRED append that did not make it in time: the hold never begins.
         if let HoldState::Appending { deadline, .. } = &self.hold {
             if now.mono >= *deadline {
@@ -1363,10 +1379,14 @@ impl Ledger {
                 break;
             }
         }
+    }
+
+    /// Looks the ledger's leader up when an append or a poll needs it.
+    fn send_metadata(&mut self, now: Now) {
         if self.partition.is_none()
             && self.wants_leader()
             && self.in_flight.metadata.is_none()
-            && due(self.metadata_retry_at)
+            && due(self.metadata_retry_at, now)
         {
             let id = self.push(
                 Target::Any,
@@ -1378,77 +1398,80 @@ impl Ledger {
             self.in_flight.metadata = Some(id);
             self.metadata_retry_at = None;
         }
-        if let Some(p) = self.partition.clone() {
-            // An ACQUIRED record goes out only while the membership holds and its lease runs: a
-            // lease that ended a moment ago is reported to this machine after this call.
-            let may_send = |a: &Append| {
-                a.purpose != Purpose::Acquired
-                    || (view.holding && view.lease_end.is_some_and(|end| now.mono < end))
-            };
-            if self.in_flight.append.is_none() && due(self.append_retry_at) {
-                if self.appends.front().is_some_and(may_send) {
-                    let a = self.appends.pop_front().expect("front exists");
-                    let op = Op::Produce {
-                        tp: self.tp(),
-                        batch: a.batch.clone(),
-                        timeout: self.cfg.request_timeout,
-                    };
-                    let target = Target::Leader {
-                        broker: p.leader.clone(),
-                        lane: LeaderLane::Append,
-                    };
-                    // acks=all: the broker holds it up to the Produce's own timeout.
-                    let timeout =
-                        parked_timeout(self.cfg.request_timeout, self.cfg.request_timeout);
-                    let id = self.push(target, op, timeout);
-                    self.in_flight.append = Some((id, a));
-                }
-                // Sent, or waiting for the membership's news (which calls in again): either way
-                // no retry time is left that would wake the machine for nothing.
-                self.append_retry_at = None;
+    }
+
+    /// Sends the next append to the leader `p`, one at a time, in order.
+    fn send_append(&mut self, p: &Partition, view: &MemberView, now: Now) {
+        // An ACQUIRED record goes out only while the membership holds and its lease runs: a
+        // lease that ended a moment ago is reported to this machine after this call.
+        let may_send = |a: &Append| {
+            a.purpose != Purpose::Acquired
+                || (view.holding && view.lease_end.is_some_and(|end| now.mono < end))
+        };
+        if self.in_flight.append.is_none() && due(self.append_retry_at, now) {
+            if self.appends.front().is_some_and(may_send) {
+                let a = self.appends.pop_front().expect("front exists");
+                let op = Op::Produce {
+                    tp: self.tp(),
+                    batch: a.batch.clone(),
+                    timeout: self.cfg.request_timeout,
+                };
+                let target = Target::Leader {
+                    broker: p.leader.clone(),
+                    lane: LeaderLane::Append,
+                };
+                // acks=all: the broker holds it up to the Produce's own timeout.
+                let timeout = parked_timeout(self.cfg.request_timeout, self.cfg.request_timeout);
+                let id = self.push(target, op, timeout);
+                self.in_flight.append = Some((id, a));
             }
-            if let Poll::At(at) = self.poll {
-                if self.in_flight.poll.is_none() && due(self.poll_retry_at) {
-                    // ListOffsets is answered at once, so it goes on the append lane, which it
-                    // opens for the ACQUIRED record this waiter may append later.
-                    let lane = match at {
-                        None => LeaderLane::Append,
-                        Some(_) => LeaderLane::Poll,
-                    };
-                    let target = Target::Leader {
-                        broker: p.leader.clone(),
-                        lane,
-                    };
-                    let (op, timeout) = match at {
-                        None => (
-                            Op::ListOffsets {
-                                tp: self.tp(),
-                                spec: OffsetSpec::Latest,
+            // Sent, or waiting for the membership's news (which calls in again): either way
+            // no retry time is left that would wake the machine for nothing.
+            self.append_retry_at = None;
+        }
+    }
+
+    /// Sends the waiter's next look at the ledger's end (push handover) to the leader `p`.
+    fn send_poll(&mut self, p: &Partition, now: Now) {
+        if let Poll::At(at) = self.poll {
+            if self.in_flight.poll.is_none() && due(self.poll_retry_at, now) {
+                // ListOffsets is answered at once, so it goes on the append lane, which it
+                // opens for the ACQUIRED record this waiter may append later.
+                let lane = match at {
+                    None => LeaderLane::Append,
+                    Some(_) => LeaderLane::Poll,
+                };
+                let target = Target::Leader {
+                    broker: p.leader.clone(),
+                    lane,
+                };
+                let (op, timeout) = match at {
+                    None => (
+                        Op::ListOffsets {
+                            tp: self.tp(),
+                            spec: OffsetSpec::Latest,
+                        },
+                        self.cfg.request_timeout,
+                    ),
+                    Some(offset) => (
+                        Op::Fetch {
+                            tp: self.tp(),
+                            offset,
+                            options: FetchOptions {
+                                max_wait: self.cfg.poll_wait,
+                                min_bytes: 1,
+                                max_bytes: self.cfg.poll_max_bytes,
+                                isolation: Isolation::ReadCommitted,
                             },
-                            self.cfg.request_timeout,
-                        ),
-                        Some(offset) => (
-                            Op::Fetch {
-                                tp: self.tp(),
-                                offset,
-                                options: FetchOptions {
-                                    max_wait: self.cfg.poll_wait,
-                                    min_bytes: 1,
-                                    max_bytes: self.cfg.poll_max_bytes,
-                                    isolation: Isolation::ReadCommitted,
-                                },
-                            },
-                            self.cfg.poll_wait + self.cfg.request_timeout,
-                        ),
-                    };
-                    let id = self.push(target, op, timeout);
-                    self.in_flight.poll = Some(id);
-                    self.poll_retry_at = None;
-                }
+                        },
+                        self.cfg.poll_wait + self.cfg.request_timeout,
+                    ),
+                };
+                let id = self.push(target, op, timeout);
+                self.in_flight.poll = Some(id);
+                self.poll_retry_at = None;
             }
         }
-        self.drive_checkpoints(view, now);
-        self.settle(now);
     }
 
     /// Publishes the membership's last event once nothing of the hold is left to write.
