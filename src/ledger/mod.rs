@@ -83,8 +83,8 @@ use crate::error::Error;
 use crate::membership::{Broker, Command, Event, FencingToken, LossReason};
 use crate::wire::code::KafkaCode;
 use crate::wire::log::{
-    fetch_request, fetched, list_offsets_request, listed, produce_request, produced, FetchOptions,
-    Isolation, LogError, OffsetSpec, TopicPartition, Uuid, TOPIC_ID_VERSION,
+    fetch_request, fetched, list_offsets_request, listed, produce_request, produced, Appended,
+    FetchOptions, Isolation, LogError, OffsetSpec, TopicPartition, Uuid, TOPIC_ID_VERSION,
 };
 use crate::wire::records::{encode_batch, BatchError, NewRecord, RecordBatches};
 use crate::wire::versions::NegotiatedVersions;
@@ -791,6 +791,15 @@ enum Purpose {
     Acquired,
     End,
     Checkpoint,
+}
+
+/// Which try an ACQUIRED answer speaks for: the one appending, the one ending (the try ended
+/// while its record was on its way), or one long over.
+#[derive(PartialEq)]
+enum Try {
+    Appending,
+    Ending,
+    Over,
 }
 
 #[derive(Debug, Clone)]
@@ -1587,21 +1596,27 @@ impl Ledger {
         view: &MemberView,
         now: Now,
     ) {
-        let purpose = sent.purpose;
-        // Which try an ACQUIRED answer speaks for: the one appending, the one ending (the try
-        // ended while its record was on its way), or one long over.
-        #[derive(PartialEq)]
-        enum Try {
-            Appending,
-            Ending,
-            Over,
+        let try_state = self.try_of(&sent);
+        match self.append_outcome(result) {
+            Ok(appended) => self.on_appended(sent, try_state, appended, view, now),
+            Err(e) => self.on_append_failed(sent, try_state, e, now),
         }
-        let try_state = sent.attempt.as_ref().map(|(attempt, _)| match &self.hold {
+        // The end record waited for this answer, which told the offset (or that there is none).
+        self.queue_end_record(false, now);
+    }
+
+    /// Which try the ACQUIRED record `sent` speaks for; `None` for other records.
+    fn try_of(&self, sent: &Append) -> Option<Try> {
+        sent.attempt.as_ref().map(|(attempt, _)| match &self.hold {
             HoldState::Appending { attempt: a, .. } if a == attempt => Try::Appending,
             HoldState::Ending { attempt: a, .. } if a == attempt => Try::Ending,
             _ => Try::Over,
-        });
-        let outcome = match result {
+        })
+    }
+
+    /// What a Produce answer says: where the batch landed, or why it did not.
+    fn append_outcome(&self, result: Result<(Response, i16), Error>) -> Result<Appended, Error> {
+        match result {
             Ok((Response::Produce(r), v)) => produced(&r, &self.tp(), v).map_err(|e| match e {
                 LogError::Broker { api, code, message } => Error::Broker {
                     api: crate::api::Api::of(api),
@@ -1615,84 +1630,91 @@ impl Ledger {
                 other.api_key()
             ))),
             Err(e) => Err(e),
-        };
-        match outcome {
-            Ok(appended) => {
-                self.backoff.reset();
-                let offset = appended.base_offset;
-                if let Some(ticket) = sent.ticket {
-                    info!(lock = %self.cfg.lock, copy = offset, "checkpoint stored");
-                    self.checkpoint_results.push_back((ticket, Ok(())));
-                }
-                match (try_state, sent.attempt) {
-                    (Some(Try::Appending), _) => self.acquired_at(offset, view, now),
-                    // The end record will name it.
-                    (Some(Try::Ending), _) => {
-                        if let HoldState::Ending { token, .. } = &mut self.hold {
-                            token.ledger_offset = Some(offset);
-                        }
-                    }
-                    // A try that is over and forgotten (eager mode went back to waiting): its
-                    // record names no hold, and a LOST record says so.
-                    (Some(Try::Over), Some((_, token))) => {
-                        info!(lock = %self.cfg.lock, offset, generation = token.generation,
-                              "an earlier try's ACQUIRED record was acknowledged after that try ended; it names no hold");
-                        let batch = self.record_batch(
-                            &token,
-                            offset,
-                            RecordKind::Lost {
-                                held_ms: 0,
-                                reason: LossReason::Ledger.as_str().to_owned(),
-                                detail: "the try ended before the ACQUIRED record was \
-                                         acknowledged; this offset names no hold"
-                                    .to_owned(),
-                            },
-                            now,
-                        );
-                        self.appends.push_back(Append {
-                            purpose: Purpose::End,
-                            batch,
-                            deadline: now.mono + self.cfg.request_timeout,
-                            attempt: None,
-                            ticket: None,
-                        });
-                    }
-                    _ => {}
-                }
-            }
-            Err(e) => {
-                let leader_gone = match &e {
-                    Error::Broker { code, .. } => {
-                        matches!(code.0, 3 | 5 | 6 | 56 | 74 | 75 | 100 | 103)
-                    }
-                    other => other.is_retriable(),
-                };
-                if leader_gone {
-                    // The lookup waits out the backoff; the next append goes once it answers.
-                    self.forget_leader(now);
-                }
-                let try_over = try_state.as_ref().is_some_and(|t| *t != Try::Appending);
-                if try_over {
-                    // Its try ended: the record would name no hold, so it is not sent again.
-                    // If this attempt did land, it lies before the end of that try.
-                    debug!(lock = %self.cfg.lock, error = %e,
-                           "an ACQUIRED append failed after its try ended; not resending it");
-                } else if e.is_retriable() {
-                    debug!(lock = %self.cfg.lock, error = %e, ?purpose, "ledger append failed; retrying");
-                    self.append_retry_at =
-                        (!leader_gone).then(|| now.mono + self.backoff.next_delay());
-                    self.appends.push_front(sent);
-                } else if purpose == Purpose::Acquired {
-                    self.fail_hold(e, now);
-                } else {
-                    warn!(lock = %self.cfg.lock, error = %e, ?purpose,
-                          "the ledger refused a record; it is missing from the history");
-                    self.not_copied(&sent, e.to_string());
-                }
-            }
         }
-        // The end record waited for this answer, which told the offset (or that there is none).
-        self.queue_end_record(false, now);
+    }
+
+    /// The broker stored `sent` at `appended`.
+    fn on_appended(
+        &mut self,
+        sent: Append,
+        try_state: Option<Try>,
+        appended: Appended,
+        view: &MemberView,
+        now: Now,
+    ) {
+        self.backoff.reset();
+        let offset = appended.base_offset;
+        if let Some(ticket) = sent.ticket {
+            info!(lock = %self.cfg.lock, copy = offset, "checkpoint stored");
+            self.checkpoint_results.push_back((ticket, Ok(())));
+        }
+        match (try_state, sent.attempt) {
+            (Some(Try::Appending), _) => self.acquired_at(offset, view, now),
+            // The end record will name it.
+            (Some(Try::Ending), _) => {
+                if let HoldState::Ending { token, .. } = &mut self.hold {
+                    token.ledger_offset = Some(offset);
+                }
+            }
+            // A try that is over and forgotten (eager mode went back to waiting): its
+            // record names no hold, and a LOST record says so.
+            (Some(Try::Over), Some((_, token))) => {
+                info!(lock = %self.cfg.lock, offset, generation = token.generation,
+                      "an earlier try's ACQUIRED record was acknowledged after that try ended; it names no hold");
+                let batch = self.record_batch(
+                    &token,
+                    offset,
+                    RecordKind::Lost {
+                        held_ms: 0,
+                        reason: LossReason::Ledger.as_str().to_owned(),
+                        detail: "the try ended before the ACQUIRED record was \
+                                 acknowledged; this offset names no hold"
+                            .to_owned(),
+                    },
+                    now,
+                );
+                self.appends.push_back(Append {
+                    purpose: Purpose::End,
+                    batch,
+                    deadline: now.mono + self.cfg.request_timeout,
+                    attempt: None,
+                    ticket: None,
+                });
+            }
+            _ => {}
+        }
+    }
+
+    /// `sent` was not stored: it is sent again, given up, or ends the try it was for.
+    fn on_append_failed(&mut self, sent: Append, try_state: Option<Try>, e: Error, now: Now) {
+        let purpose = sent.purpose;
+        let leader_gone = match &e {
+            Error::Broker { code, .. } => {
+                matches!(code.0, 3 | 5 | 6 | 56 | 74 | 75 | 100 | 103)
+            }
+            other => other.is_retriable(),
+        };
+        if leader_gone {
+            // The lookup waits out the backoff; the next append goes once it answers.
+            self.forget_leader(now);
+        }
+        let try_over = try_state.as_ref().is_some_and(|t| *t != Try::Appending);
+        if try_over {
+            // Its try ended: the record would name no hold, so it is not sent again.
+            // If this attempt did land, it lies before the end of that try.
+            debug!(lock = %self.cfg.lock, error = %e,
+                   "an ACQUIRED append failed after its try ended; not resending it");
+        } else if e.is_retriable() {
+            debug!(lock = %self.cfg.lock, error = %e, ?purpose, "ledger append failed; retrying");
+            self.append_retry_at = (!leader_gone).then(|| now.mono + self.backoff.next_delay());
+            self.appends.push_front(sent);
+        } else if purpose == Purpose::Acquired {
+            self.fail_hold(e, now);
+        } else {
+            warn!(lock = %self.cfg.lock, error = %e, ?purpose,
+                  "the ledger refused a record; it is missing from the history");
+            self.not_copied(&sent, e.to_string());
+        }
     }
 
     /// `a` will not be appended; a checkpoint it copies fails, though its group has it.
