@@ -3,6 +3,7 @@
 //! [`LedgerError`](crate::ledger::LedgerError), ...) through `From`; the codes brokers put in
 //! responses are the wire's [`KafkaCode`].
 
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -87,7 +88,7 @@ pub enum Error {
 
     /// No bootstrap broker could be reached.
     #[error(transparent)]
-    Bootstrap(#[from] crate::driver::BootstrapError),
+    Bootstrap(#[from] BootstrapError),
 
     /// The broker offers no version of an API this request needs.
     #[error("the broker offers no version of {api} that kafka-lock implements; upgrade the broker or check that this is a Kafka-compatible endpoint")]
@@ -118,7 +119,7 @@ pub enum Error {
 
     /// The ledger topic cannot serve, or a checkpoint cannot be stored.
     #[error(transparent)]
-    Ledger(#[from] crate::ledger::LedgerError),
+    Ledger(#[from] crate::ledger::error::LedgerError),
 
     /// TLS or SASL could not be set up, or the broker refused the principal
     /// ([`Error::auth_failure`] tells authentication from authorization).
@@ -157,6 +158,47 @@ pub enum Error {
         group: Option<String>,
     },
 }
+
+// Here rather than in the driver, which returns it: each attempt holds an `Error`, and an
+// `Error` can be this.
+/// One bootstrap address and the last error it gave.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct BootstrapAttempt {
+    /// The address as given in the bootstrap list.
+    pub addr: String,
+    /// The last failure connecting to it.
+    pub error: Error,
+}
+
+/// No bootstrap address could be connected to.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct BootstrapError {
+    /// Every address that was tried, in list order, with its last error.
+    pub attempts: Vec<BootstrapAttempt>,
+    /// Full or partial rounds made.
+    pub rounds: u32,
+    /// Time spent.
+    pub elapsed: Duration,
+}
+
+impl fmt::Display for BootstrapError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "could not connect to any bootstrap broker ({} round(s) in {:.1?}); check the \
+             addresses and that the brokers are up:",
+            self.rounds, self.elapsed
+        )?;
+        for a in &self.attempts {
+            write!(f, " [{}: {}]", a.addr, a.error)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for BootstrapError {}
 
 fn ledger_setting(topic: Option<&str>) -> String {
     match topic {
