@@ -310,8 +310,6 @@ fn nonce() -> String {
 
 #[cfg(any(feature = "tls", feature = "tls-graviola"))]
 pub(super) use tls::connect as tls_connect;
-#[cfg(any(feature = "tls", feature = "tls-graviola"))]
-pub(crate) use tls::crypto_provider;
 
 #[cfg(any(feature = "tls", feature = "tls-graviola"))]
 mod tls {
@@ -330,7 +328,7 @@ mod tls {
     use tracing::warn;
 
     use crate::error::{Error, Result};
-    use crate::security::{Pem, SecurityError, Tls, TlsProvider};
+    use crate::security::{crypto_provider, Pem, SecurityError, Tls};
 
     /// The stream a TLS connection runs over.
     pub(crate) type TlsStream = tokio_rustls::client::TlsStream<TcpStream>;
@@ -338,41 +336,6 @@ mod tls {
     /// The rustls provider for `tls`'s choice, once this build and CPU are known to run it.
     fn provider(tls: &Tls) -> Result<Arc<rustls::crypto::CryptoProvider>> {
         crypto_provider(tls.effective_provider())
-    }
-
-    /// The rustls provider `choice` (the build's default when `None`), once this build and CPU
-    /// are known to run it; also what the OAuth token endpoint's HTTPS runs on.
-    pub(crate) fn crypto_provider(
-        choice: Option<TlsProvider>,
-    ) -> Result<Arc<rustls::crypto::CryptoProvider>> {
-        let Some(choice) = choice.or_else(TlsProvider::build_default) else {
-            return Err(config_error("this build has no TLS crypto provider".into()));
-        };
-        choice.check()?;
-        static PROVIDERS: LazyLock<Vec<(TlsProvider, Arc<rustls::crypto::CryptoProvider>)>> =
-            LazyLock::new(|| {
-                TlsProvider::compiled()
-                    .iter()
-                    .map(|&p| (p, Arc::new(build(p))))
-                    .collect()
-            });
-        PROVIDERS
-            .iter()
-            .find(|(p, _)| *p == choice)
-            .map(|(_, provider)| Arc::clone(provider))
-            .ok_or_else(|| config_error(format!("this build has no TLS provider {choice}")))
-    }
-
-    fn build(provider: TlsProvider) -> rustls::crypto::CryptoProvider {
-        match provider {
-            #[cfg(feature = "tls")]
-            TlsProvider::Ring => rustls::crypto::ring::default_provider(),
-            #[cfg(feature = "tls-graviola")]
-            TlsProvider::Graviola => rustls_graviola::default_provider(),
-            // TlsProvider::compiled() lists only the providers compiled in.
-            #[allow(unreachable_patterns)]
-            other => unreachable!("{other} is not compiled in"),
-        }
     }
 
     /// Mozilla's roots, parsed once.
