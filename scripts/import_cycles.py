@@ -8,10 +8,16 @@ module names its submodules; the crate root's re-exports count as the module tha
 The binary (src/bin) is a crate of its own and is left out.
 
 Usage: scripts/import_cycles.py [src] [-v]   (-v: print every module's floor and imports)
-Exit status 1 when there is a circle.
+Exit status 1 when there is a circle other than the two docs/design.md ("Layers") declares.
 """
 import os, re, sys
 from collections import defaultdict
+
+# The circles docs/design.md declares: floor 1's knot of types, floor 4's pair.
+DECLARED = [
+    {"error", "security", "security/cpu", "security/provider", "oauth"},
+    {"client", "lock"},
+]
 
 args = [a for a in sys.argv[1:] if a != "-v"]
 SRC = args[0] if args else "src"
@@ -108,9 +114,9 @@ if "-v" in sys.argv:
             print(f"floor {floor[i]:2}  {v:22} -> {', '.join(sorted(edges.get(v, ())))}")
 circles = [c for c in sccs if len(c) > 1]
 for c in circles:
-    print("circle:", ", ".join(sorted(c)))
+    print("declared circle:" if c in DECLARED else "circle:", ", ".join(sorted(c)))
     for v in sorted(c):
         inside = sorted(edges.get(v, set()) & c)
         if inside:
             print(f"  {v} -> {', '.join(inside)}")
-sys.exit(1 if circles else 0)
+sys.exit(1 if any(c not in DECLARED for c in circles) else 0)
