@@ -899,287 +899,34 @@ impl ClientConfig {
 
     /// Adds one setting; `origin` says where it came from (`-X`, a variable's name), for errors.
     pub fn set_from(&mut self, key: &str, value: &str, origin: &str) -> Result<(), ConfigError> {
-        let at = |v: String| Set {
-            value: v,
-            origin: origin.to_owned(),
-        };
-        let bad = |expected: &str| ConfigError::BadValue {
-            key: key.to_owned(),
-            value: (!is_secret(key)).then(|| value.to_owned()),
-            origin: origin.to_owned(),
-            expected: expected.to_owned(),
-        };
-        let o = || origin.to_owned();
-        match key {
-            "bootstrap.servers" | "metadata.broker.list" => {
-                let v = value.trim();
-                if v.is_empty() {
-                    return Err(bad("a list of host:port, separated by commas"));
-                }
-                self.bootstrap = Some(at(v.to_owned()));
-            }
-            "client.id" => self.client_id = Some(at(value.to_owned())),
-            "security.protocol" => {
-                let p: SecurityProtocol = value
-                    .parse()
-                    .map_err(|_| bad("PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL"))?;
-                self.protocol = Some(Set {
-                    value: p,
-                    origin: o(),
-                });
-            }
-            "sasl.mechanism" | "sasl.mechanisms" => {
-                let m = match value.trim() {
-                    "PLAIN" => SaslMechanism::Plain,
-                    "SCRAM-SHA-256" => SaslMechanism::ScramSha256,
-                    "SCRAM-SHA-512" => SaslMechanism::ScramSha512,
-                    "GSSAPI" => return Err(bad("PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; Kerberos (GSSAPI) is not supported")),
-                    "OAUTHBEARER" => {
-                        self.mechanism = None;
-                        self.oauthbearer = Some(o());
-                        return Ok(());
-                    }
-                    "AWS_MSK_IAM" => return Err(bad("PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER; AWS_MSK_IAM is not supported by kafka-lock's settings")),
-                    other => {
-                        let upper = other.to_ascii_uppercase().replace('_', "-");
-                        let hint = match upper.as_str() {
-                            "PLAIN" | "SCRAM-SHA-256" | "SCRAM-SHA-512" => {
-                                format!("mechanism names are upper case: {upper}")
-                            }
-                            _ => "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512".to_owned(),
-                        };
-                        return Err(bad(&hint));
-                    }
-                };
-                self.oauthbearer = None;
-                self.mechanism = Some(Set {
-                    value: m,
-                    origin: o(),
-                });
-            }
-            "sasl.username" => self.username = Some(at(value.to_owned())),
-            "sasl.password" => {
-                self.password = Some(Set {
-                    value: Secret::new(value),
-                    origin: o(),
-                })
-            }
-            "sasl.jaas.config" => {
-                let jaas = parse_jaas(value).map_err(|m| bad(&format!(
-                    "{m} (the form is: org.apache.kafka.common.security.scram.ScramLoginModule required username=\"...\" password=\"...\";)"
-                )))?;
-                self.jaas = Some(Set {
-                    value: jaas,
-                    origin: o(),
-                });
-            }
-            "ssl.ca.location" => {
-                // librdkafka's "probe" looks for the system's CA store; the bundled roots are
-                // kafka-lock's equivalent, and its default.
-                self.ca = if value.trim() == "probe" {
-                    None
-                } else {
-                    Some(Set {
-                        value: Pem::File(path(value).ok_or_else(|| bad("a PEM file of CA certificates"))?),
-                        origin: o(),
-                    })
-                };
-            }
-            "ssl.ca.pem" | "ssl.truststore.certificates" => {
-                self.ca = Some(Set {
-                    value: Pem::Inline(Secret::new(pem(value).ok_or_else(|| bad("PEM text of CA certificates"))?)),
-                    origin: o(),
-                })
-            }
-            "ssl.certificate.location" => {
-                self.certificate = Some(Set {
-                    value: Pem::File(path(value).ok_or_else(|| bad("a PEM file of the client's certificate"))?),
-                    origin: o(),
-                })
-            }
-            "ssl.certificate.pem" | "ssl.keystore.certificate.chain" => {
-                self.certificate = Some(Set {
-                    value: Pem::Inline(Secret::new(pem(value).ok_or_else(|| bad("PEM text of the client's certificate"))?)),
-                    origin: o(),
-                })
-            }
-            "ssl.key.location" => {
-                self.key = Some(Set {
-                    value: Pem::File(path(value).ok_or_else(|| bad("a PEM file of the client's private key"))?),
-                    origin: o(),
-                })
-            }
-            "ssl.key.pem" | "ssl.keystore.key" => {
-                self.key = Some(Set {
-                    value: Pem::Inline(Secret::new(pem(value).ok_or_else(|| bad("PEM text of the client's private key"))?)),
-                    origin: o(),
-                })
-            }
-            "ssl.truststore.location" => {
-                self.truststore = Some(Set {
-                    value: path(value).ok_or_else(|| bad("a PEM file of CA certificates"))?,
-                    origin: o(),
-                })
-            }
-            "ssl.keystore.location" => {
-                self.keystore = Some(Set {
-                    value: path(value).ok_or_else(|| bad("a PEM file with the client's private key and certificate"))?,
-                    origin: o(),
-                })
-            }
-            "ssl.truststore.type" | "ssl.keystore.type" => {
-                let t = value.trim().to_ascii_uppercase();
-                if !matches!(t.as_str(), "PEM" | "JKS" | "PKCS12") {
-                    return Err(bad("PEM (JKS and PKCS12 stores must be converted to PEM)"));
-                }
-                let s = Some(at(t));
-                if key == "ssl.truststore.type" {
-                    self.truststore_type = s;
-                } else {
-                    self.keystore_type = s;
-                }
-            }
-            "ssl.endpoint.identification.algorithm" => {
-                let on = match value.trim().to_ascii_lowercase().as_str() {
-                    "https" => true,
-                    "" | "none" => false,
-                    _ => return Err(bad("https (the default), or empty to turn host name checks off")),
-                };
-                self.verify_hostname = Some(Set {
-                    value: on,
-                    origin: o(),
-                });
-            }
-            "ssl.crypto.provider" => {
-                let p: TlsProvider = value.trim().parse().map_err(|_| {
-                    bad(&format!(
-                        "ring or graviola (this build has: {})",
-                        TlsProvider::compiled()
-                            .iter()
-                            .map(|p| p.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ))
-                })?;
-                self.tls_provider = Some(Set {
-                    value: p,
-                    origin: o(),
-                });
-            }
-            "enable.ssl.certificate.verification" => match value.trim() {
-                "true" => {}
-                "false" => {
-                    return Err(ConfigError::Refused {
-                        key: key.to_owned(),
-                        origin: o(),
-                        reason: "kafka-lock always checks the broker's certificate; give the CA that signed it with ssl.ca.location".into(),
-                    })
-                }
-                _ => return Err(bad("true")),
-            },
-            "sasl.login.callback.handler.class" => {
-                // Kafka's own OAuth login handler is what kafka-lock does itself; any other
-                // class is Java code it cannot run.
-                let class = value.trim();
-                if !class.ends_with(".OAuthBearerLoginCallbackHandler")
-                    || !class.starts_with("org.apache.kafka.common.security.oauthbearer.")
-                {
-                    return Err(ConfigError::Refused {
-                        key: key.to_owned(),
-                        origin: o(),
-                        reason: "Java callback handlers (such as AWS MSK IAM's) cannot be loaded; \
-                                 kafka-lock does Kafka's OAuthBearerLoginCallbackHandler itself"
-                            .into(),
-                    });
-                }
-            }
-            "sasl.oauthbearer.method" => {
-                if !value.trim().eq_ignore_ascii_case("oidc") {
-                    return Err(bad("oidc (the client credentials grant)"));
-                }
-            }
-            "sasl.oauthbearer.token.endpoint.url"
-            | "sasl.oauthbearer.scope"
-            | "sasl.oauthbearer.scope.claim.name"
-            | "sasl.oauthbearer.sub.claim.name"
-            | "sasl.oauthbearer.client.credentials.client.id"
-            | "sasl.oauthbearer.client.credentials.client.secret"
-            | "sasl.oauthbearer.client.id"
-            | "sasl.oauthbearer.client.secret"
-            | "https.ca.location" => {
-                if value.trim().is_empty() {
-                    return Err(bad("a value"));
-                }
-                // librdkafka's names for the client credentials are Kafka 4.1's.
-                let k = match key {
-                    "sasl.oauthbearer.client.id" => "sasl.oauthbearer.client.credentials.client.id",
-                    "sasl.oauthbearer.client.secret" => {
-                        "sasl.oauthbearer.client.credentials.client.secret"
-                    }
-                    _ => ACCEPTED_KEYS.iter().copied().find(|k| *k == key).unwrap_or("https.ca.location"),
-                };
-                self.oauth.insert(k, at(value.trim().to_owned()));
-            }
-            "group.protocol" => {
-                if !value.trim().eq_ignore_ascii_case("classic") {
-                    return Err(bad(
-                        "classic: kafka-lock speaks the classic group protocol (JoinGroup/SyncGroup)",
-                    ));
-                }
-            }
-            "session.timeout.ms"
-            | "heartbeat.interval.ms"
-            | "max.poll.interval.ms"
-            | "request.timeout.ms"
-            | "socket.connection.setup.timeout.ms"
-            | "retry.backoff.ms"
-            | "retry.backoff.max.ms" => {
-                let ms: u64 = value
-                    .trim()
-                    .parse()
-                    .ok()
-                    .filter(|&ms| (1..=i32::MAX as u64).contains(&ms))
-                    .ok_or_else(|| bad("a whole number of milliseconds from 1 to 2147483647"))?;
-                let k = ACCEPTED_KEYS
-                    .iter()
-                    .copied()
-                    .find(|k| *k == key)
-                    .unwrap_or("session.timeout.ms");
-                self.timeouts.insert(
-                    k,
-                    Set {
-                        value: Duration::from_millis(ms),
-                        origin: o(),
-                    },
-                );
-            }
-            _ => match key_kind(key) {
-                KeyKind::Ignored => {
-                    self.ignored.retain(|(k, _)| k != key);
-                    self.ignored.push((key.to_owned(), o()));
-                }
-                KeyKind::Refused => {
-                    let reason = REFUSED
-                        .iter()
-                        .find(|(k, _)| *k == key)
-                        .map(|(_, r)| *r)
-                        .unwrap_or("it is not supported");
-                    return Err(ConfigError::Refused {
-                        key: key.to_owned(),
-                        origin: o(),
-                        reason: reason.to_owned(),
-                    });
-                }
-                _ => {
-                    return Err(ConfigError::UnknownKey {
-                        key: key.to_owned(),
-                        origin: o(),
-                        suggestion: suggest(key).map(str::to_owned),
-                    })
-                }
-            },
+        if let Some((key, setter)) = PROPERTIES.iter().find(|(k, _)| *k == key) {
+            return setter(self, &Given { key, value, origin });
         }
-        Ok(())
+        let origin = origin.to_owned();
+        match key_kind(key) {
+            KeyKind::Ignored => {
+                self.ignored.retain(|(k, _)| k != key);
+                self.ignored.push((key.to_owned(), origin));
+                Ok(())
+            }
+            KeyKind::Refused => {
+                let reason = REFUSED
+                    .iter()
+                    .find(|(k, _)| *k == key)
+                    .map(|(_, r)| *r)
+                    .unwrap_or("it is not supported");
+                Err(ConfigError::Refused {
+                    key: key.to_owned(),
+                    origin,
+                    reason: reason.to_owned(),
+                })
+            }
+            _ => Err(ConfigError::UnknownKey {
+                key: key.to_owned(),
+                origin,
+                suggestion: suggest(key).map(str::to_owned),
+            }),
+        }
     }
 
     /// `bootstrap.servers`, if set.
@@ -1718,6 +1465,333 @@ impl ClientConfig {
         };
         self.apply(LockOptions::new(bootstrap, name))
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Accepted properties: each key with the function that parses its value and stores it
+// ---------------------------------------------------------------------------------------------
+
+/// One property being set: its key (as [`PROPERTIES`] spells it), the value as given, and where
+/// it came from.
+struct Given<'a> {
+    key: &'static str,
+    value: &'a str,
+    origin: &'a str,
+}
+
+impl Given<'_> {
+    fn set<T>(&self, value: T) -> Option<Set<T>> {
+        Some(Set {
+            value,
+            origin: self.origin.to_owned(),
+        })
+    }
+
+    /// The value does not parse; `expected` says what would. Secrets are not repeated.
+    fn bad(&self, expected: &str) -> ConfigError {
+        ConfigError::BadValue {
+            key: self.key.to_owned(),
+            value: (!is_secret(self.key)).then(|| self.value.to_owned()),
+            origin: self.origin.to_owned(),
+            expected: expected.to_owned(),
+        }
+    }
+
+    fn refused(&self, reason: &str) -> ConfigError {
+        ConfigError::Refused {
+            key: self.key.to_owned(),
+            origin: self.origin.to_owned(),
+            reason: reason.to_owned(),
+        }
+    }
+}
+
+type Setter = fn(&mut ClientConfig, &Given<'_>) -> Result<(), ConfigError>;
+
+/// Every key of [`ACCEPTED_KEYS`], in its order (a test checks both), with its setter. Aliases
+/// (librdkafka's names, Java's store names) share their setter.
+const PROPERTIES: &[(&str, Setter)] = &[
+    ("bootstrap.servers", bootstrap),
+    ("metadata.broker.list", bootstrap),
+    ("client.id", |c, g| {
+        c.client_id = g.set(g.value.to_owned());
+        Ok(())
+    }),
+    ("security.protocol", security_protocol),
+    ("sasl.mechanism", sasl_mechanism),
+    ("sasl.mechanisms", sasl_mechanism),
+    ("sasl.username", |c, g| {
+        c.username = g.set(g.value.to_owned());
+        Ok(())
+    }),
+    ("sasl.password", |c, g| {
+        c.password = g.set(Secret::new(g.value));
+        Ok(())
+    }),
+    ("sasl.jaas.config", sasl_jaas_config),
+    ("sasl.oauthbearer.token.endpoint.url", oauth),
+    ("sasl.oauthbearer.scope", oauth),
+    ("sasl.oauthbearer.scope.claim.name", oauth),
+    ("sasl.oauthbearer.sub.claim.name", oauth),
+    ("sasl.oauthbearer.client.credentials.client.id", oauth),
+    ("sasl.oauthbearer.client.credentials.client.secret", oauth),
+    ("sasl.oauthbearer.method", oauthbearer_method),
+    ("sasl.oauthbearer.client.id", oauth),
+    ("sasl.oauthbearer.client.secret", oauth),
+    ("sasl.login.callback.handler.class", login_callback_handler),
+    ("https.ca.location", oauth),
+    ("ssl.ca.location", ssl_ca_location),
+    ("ssl.certificate.location", |c, g| {
+        c.certificate = g.set(pem_file(g, "a PEM file of the client's certificate")?);
+        Ok(())
+    }),
+    ("ssl.key.location", |c, g| {
+        c.key = g.set(pem_file(g, "a PEM file of the client's private key")?);
+        Ok(())
+    }),
+    ("ssl.ca.pem", |c, g| {
+        c.ca = g.set(pem_text(g, "PEM text of CA certificates")?);
+        Ok(())
+    }),
+    ("ssl.certificate.pem", |c, g| {
+        c.certificate = g.set(pem_text(g, "PEM text of the client's certificate")?);
+        Ok(())
+    }),
+    ("ssl.key.pem", |c, g| {
+        c.key = g.set(pem_text(g, "PEM text of the client's private key")?);
+        Ok(())
+    }),
+    ("ssl.truststore.certificates", |c, g| {
+        c.ca = g.set(pem_text(g, "PEM text of CA certificates")?);
+        Ok(())
+    }),
+    ("ssl.keystore.certificate.chain", |c, g| {
+        c.certificate = g.set(pem_text(g, "PEM text of the client's certificate")?);
+        Ok(())
+    }),
+    ("ssl.keystore.key", |c, g| {
+        c.key = g.set(pem_text(g, "PEM text of the client's private key")?);
+        Ok(())
+    }),
+    ("ssl.truststore.location", |c, g| {
+        let file = path(g.value).ok_or_else(|| g.bad("a PEM file of CA certificates"))?;
+        c.truststore = g.set(file);
+        Ok(())
+    }),
+    ("ssl.truststore.type", |c, g| {
+        c.truststore_type = g.set(store_type(g)?);
+        Ok(())
+    }),
+    ("ssl.keystore.location", |c, g| {
+        let file = path(g.value)
+            .ok_or_else(|| g.bad("a PEM file with the client's private key and certificate"))?;
+        c.keystore = g.set(file);
+        Ok(())
+    }),
+    ("ssl.keystore.type", |c, g| {
+        c.keystore_type = g.set(store_type(g)?);
+        Ok(())
+    }),
+    (
+        "ssl.endpoint.identification.algorithm",
+        endpoint_identification,
+    ),
+    ("enable.ssl.certificate.verification", |_, g| {
+        match g.value.trim() {
+        "true" => Ok(()),
+        "false" => Err(g.refused(
+            "kafka-lock always checks the broker's certificate; give the CA that signed it with \
+             ssl.ca.location",
+        )),
+        _ => Err(g.bad("true")),
+    }
+    }),
+    ("ssl.crypto.provider", crypto_provider),
+    ("session.timeout.ms", timeout),
+    ("heartbeat.interval.ms", timeout),
+    ("max.poll.interval.ms", timeout),
+    ("request.timeout.ms", timeout),
+    ("socket.connection.setup.timeout.ms", timeout),
+    ("retry.backoff.ms", timeout),
+    ("retry.backoff.max.ms", timeout),
+    ("group.protocol", |_, g| {
+        if g.value.trim().eq_ignore_ascii_case("classic") {
+            Ok(())
+        } else {
+            Err(g
+                .bad("classic: kafka-lock speaks the classic group protocol (JoinGroup/SyncGroup)"))
+        }
+    }),
+];
+
+fn bootstrap(c: &mut ClientConfig, g: &Given<'_>) -> Result<(), ConfigError> {
+    let v = g.value.trim();
+    if v.is_empty() {
+        return Err(g.bad("a list of host:port, separated by commas"));
+    }
+    c.bootstrap = g.set(v.to_owned());
+    Ok(())
+}
+
+fn security_protocol(c: &mut ClientConfig, g: &Given<'_>) -> Result<(), ConfigError> {
+    let p: SecurityProtocol = g
+        .value
+        .parse()
+        .map_err(|_| g.bad("PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL"))?;
+    c.protocol = g.set(p);
+    Ok(())
+}
+
+fn sasl_mechanism(c: &mut ClientConfig, g: &Given<'_>) -> Result<(), ConfigError> {
+    let m = match g.value.trim() {
+        "PLAIN" => SaslMechanism::Plain,
+        "SCRAM-SHA-256" => SaslMechanism::ScramSha256,
+        "SCRAM-SHA-512" => SaslMechanism::ScramSha512,
+        "GSSAPI" => return Err(g.bad("PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; Kerberos (GSSAPI) is not supported")),
+        "OAUTHBEARER" => {
+            c.mechanism = None;
+            c.oauthbearer = Some(g.origin.to_owned());
+            return Ok(());
+        }
+        "AWS_MSK_IAM" => return Err(g.bad("PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER; AWS_MSK_IAM is not supported by kafka-lock's settings")),
+        other => {
+            let upper = other.to_ascii_uppercase().replace('_', "-");
+            let hint = match upper.as_str() {
+                "PLAIN" | "SCRAM-SHA-256" | "SCRAM-SHA-512" => {
+                    format!("mechanism names are upper case: {upper}")
+                }
+                _ => "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512".to_owned(),
+            };
+            return Err(g.bad(&hint));
+        }
+    };
+    c.oauthbearer = None;
+    c.mechanism = g.set(m);
+    Ok(())
+}
+
+fn sasl_jaas_config(c: &mut ClientConfig, g: &Given<'_>) -> Result<(), ConfigError> {
+    let jaas = parse_jaas(g.value).map_err(|m| g.bad(&format!(
+        "{m} (the form is: org.apache.kafka.common.security.scram.ScramLoginModule required username=\"...\" password=\"...\";)"
+    )))?;
+    c.jaas = g.set(jaas);
+    Ok(())
+}
+
+/// The `sasl.oauthbearer.*` settings and `https.ca.location`, kept by key for the OAuth client.
+fn oauth(c: &mut ClientConfig, g: &Given<'_>) -> Result<(), ConfigError> {
+    if g.value.trim().is_empty() {
+        return Err(g.bad("a value"));
+    }
+    // librdkafka's names for the client credentials are Kafka 4.1's.
+    let k = match g.key {
+        "sasl.oauthbearer.client.id" => "sasl.oauthbearer.client.credentials.client.id",
+        "sasl.oauthbearer.client.secret" => "sasl.oauthbearer.client.credentials.client.secret",
+        k => k,
+    };
+    c.oauth.insert(
+        k,
+        Set {
+            value: g.value.trim().to_owned(),
+            origin: g.origin.to_owned(),
+        },
+    );
+    Ok(())
+}
+
+fn oauthbearer_method(_: &mut ClientConfig, g: &Given<'_>) -> Result<(), ConfigError> {
+    if !g.value.trim().eq_ignore_ascii_case("oidc") {
+        return Err(g.bad("oidc (the client credentials grant)"));
+    }
+    Ok(())
+}
+
+fn login_callback_handler(_: &mut ClientConfig, g: &Given<'_>) -> Result<(), ConfigError> {
+    // Kafka's own OAuth login handler is what kafka-lock does itself; any other class is Java
+    // code it cannot run.
+    let class = g.value.trim();
+    if !class.ends_with(".OAuthBearerLoginCallbackHandler")
+        || !class.starts_with("org.apache.kafka.common.security.oauthbearer.")
+    {
+        return Err(g.refused(
+            "Java callback handlers (such as AWS MSK IAM's) cannot be loaded; \
+             kafka-lock does Kafka's OAuthBearerLoginCallbackHandler itself",
+        ));
+    }
+    Ok(())
+}
+
+fn ssl_ca_location(c: &mut ClientConfig, g: &Given<'_>) -> Result<(), ConfigError> {
+    // librdkafka's "probe" looks for the system's CA store; the bundled roots are kafka-lock's
+    // equivalent, and its default.
+    c.ca = if g.value.trim() == "probe" {
+        None
+    } else {
+        g.set(pem_file(g, "a PEM file of CA certificates")?)
+    };
+    Ok(())
+}
+
+fn pem_file(g: &Given<'_>, expected: &str) -> Result<Pem, ConfigError> {
+    Ok(Pem::File(path(g.value).ok_or_else(|| g.bad(expected))?))
+}
+
+fn pem_text(g: &Given<'_>, expected: &str) -> Result<Pem, ConfigError> {
+    Ok(Pem::Inline(Secret::new(
+        pem(g.value).ok_or_else(|| g.bad(expected))?,
+    )))
+}
+
+fn store_type(g: &Given<'_>) -> Result<String, ConfigError> {
+    let t = g.value.trim().to_ascii_uppercase();
+    if !matches!(t.as_str(), "PEM" | "JKS" | "PKCS12") {
+        return Err(g.bad("PEM (JKS and PKCS12 stores must be converted to PEM)"));
+    }
+    Ok(t)
+}
+
+fn endpoint_identification(c: &mut ClientConfig, g: &Given<'_>) -> Result<(), ConfigError> {
+    let on = match g.value.trim().to_ascii_lowercase().as_str() {
+        "https" => true,
+        "" | "none" => false,
+        _ => return Err(g.bad("https (the default), or empty to turn host name checks off")),
+    };
+    c.verify_hostname = g.set(on);
+    Ok(())
+}
+
+fn crypto_provider(c: &mut ClientConfig, g: &Given<'_>) -> Result<(), ConfigError> {
+    let p: TlsProvider = g.value.trim().parse().map_err(|_| {
+        g.bad(&format!(
+            "ring or graviola (this build has: {})",
+            TlsProvider::compiled()
+                .iter()
+                .map(|p| p.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    })?;
+    c.tls_provider = g.set(p);
+    Ok(())
+}
+
+/// The timing keys, kept by key in milliseconds from 1 to `i32::MAX` as Kafka's int settings.
+fn timeout(c: &mut ClientConfig, g: &Given<'_>) -> Result<(), ConfigError> {
+    let ms: u64 = g
+        .value
+        .trim()
+        .parse()
+        .ok()
+        .filter(|&ms| (1..=i32::MAX as u64).contains(&ms))
+        .ok_or_else(|| g.bad("a whole number of milliseconds from 1 to 2147483647"))?;
+    c.timeouts.insert(
+        g.key,
+        Set {
+            value: Duration::from_millis(ms),
+            origin: g.origin.to_owned(),
+        },
+    );
+    Ok(())
 }
 
 /// PEM text given as a setting's value, put back into PEM's line structure: a value continued

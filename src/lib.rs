@@ -144,7 +144,7 @@ pub use election::{
     Election, Leader, Leadership, ObserveVia, Observer, DEFAULT_LEDGER_WAIT, DEFAULT_MIN_TERM,
     DEFAULT_OBSERVE_INTERVAL, MIN_OBSERVE_INTERVAL,
 };
-pub use error::{Error, KafkaCode, Result};
+pub use error::{Error, Result};
 pub use ledger::{History, Hold, HoldEnd, LedgerError, Unreadable, DEFAULT_CHECKPOINT_MAX_BYTES};
 pub use lock::{
     Checkpoint, CheckpointSource, FencingToken, HoldWatch, HolderInfo, LockEvent, LockGuard,
@@ -158,6 +158,7 @@ pub use security::{
     AuthFailure, Pem, Sasl, SaslMechanism, SaslTokenProvider, Secret, Security, SecurityError,
     SecurityProtocol, Tls, TlsProvider, TokenFuture,
 };
+pub use wire::code::KafkaCode;
 pub use wire::versions::VersionError;
 
 /// The README's Rust example, compiled as a doctest exactly as the README shows it.

@@ -91,7 +91,8 @@ use tracing::{debug, info, warn};
 
 use crate::assign::{self, ConsumerStrategy, MemberMetadata, NativeAssignment};
 use crate::backoff::Backoff;
-use crate::error::{Error, KafkaCode};
+use crate::error::Error;
+use crate::wire::code::KafkaCode;
 use crate::wire::coordinator::{find_coordinator_request, found_coordinator};
 use crate::wire::Response;
 
@@ -1223,11 +1224,13 @@ impl Membership {
             return;
         }
         let found = match result {
-            Ok(Response::FindCoordinator(r)) => found_coordinator(&r).map(|c| Broker {
-                node_id: c.node_id,
-                host: c.host,
-                port: i32::from(c.port),
-            }),
+            Ok(Response::FindCoordinator(r)) => {
+                found_coordinator(&r).map_err(Error::from).map(|c| Broker {
+                    node_id: c.node_id,
+                    host: c.host,
+                    port: i32::from(c.port),
+                })
+            }
             Ok(other) => Err(Error::Protocol(format!(
                 "expected FindCoordinator, got {:?}",
                 other.api_key()

@@ -171,7 +171,8 @@ mod imp {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{KafkaCode, LossReason};
+    use crate::membership::LossReason;
+    use crate::wire::code::KafkaCode;
 
     #[test]
     fn every_loss_reason_is_a_registered_label_value() {

@@ -400,7 +400,7 @@ impl Request {
 
     #[cfg(any(feature = "tls", feature = "tls-graviola"))]
     fn crypto(&self) -> Result<Arc<rustls::crypto::CryptoProvider>, SecurityError> {
-        crate::driver::crypto_provider(self.provider).map_err(|e| match e {
+        crate::security::crypto_provider(self.provider).map_err(|e| match e {
             crate::Error::Security(s) => s,
             other => SecurityError::TlsConfig(other.to_string()),
         })

@@ -44,6 +44,13 @@ use std::sync::Arc;
 
 use zeroize::Zeroizing;
 
+#[cfg(feature = "tls-graviola")]
+mod cpu;
+#[cfg(any(feature = "tls", feature = "tls-graviola"))]
+mod provider;
+#[cfg(any(feature = "tls", feature = "tls-graviola"))]
+pub(crate) use provider::crypto_provider;
+
 /// Kafka's `security.protocol`: whether connections use TLS and whether they authenticate with
 /// SASL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -236,7 +243,7 @@ impl TlsProvider {
         }
         #[cfg(feature = "tls-graviola")]
         if self == TlsProvider::Graviola {
-            crate::driver::graviola_cpu_check().map_err(crate::Error::Security)?;
+            cpu::check().map_err(crate::Error::Security)?;
         }
         Ok(())
     }

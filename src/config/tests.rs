@@ -709,3 +709,9 @@ fn tls_provider_setting() {
         Some(TlsProvider::Graviola)
     );
 }
+
+#[test]
+fn every_accepted_key_has_its_setter_in_the_same_order() {
+    let table: Vec<&str> = PROPERTIES.iter().map(|(k, _)| *k).collect();
+    assert_eq!(table, ACCEPTED_KEYS);
+}

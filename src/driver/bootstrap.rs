@@ -11,7 +11,6 @@
 //! deadline on them and report the cluster unreachable without ever trying the live broker
 //! behind them.
 
-use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
@@ -20,6 +19,7 @@ use tracing::debug;
 
 use super::conn::{ConnConfig, Connection};
 use crate::backoff::Backoff;
+pub use crate::error::{BootstrapAttempt, BootstrapError};
 use crate::error::{Error, Result};
 
 /// Bounds on [`connect_any`].
@@ -56,45 +56,6 @@ impl BootstrapConfig {
         self
     }
 }
-
-/// One bootstrap address and the last error it gave.
-#[derive(Debug)]
-#[non_exhaustive]
-pub struct BootstrapAttempt {
-    /// The address as given in the bootstrap list.
-    pub addr: String,
-    /// The last failure connecting to it.
-    pub error: Error,
-}
-
-/// No bootstrap address could be connected to.
-#[derive(Debug)]
-#[non_exhaustive]
-pub struct BootstrapError {
-    /// Every address that was tried, in list order, with its last error.
-    pub attempts: Vec<BootstrapAttempt>,
-    /// Full or partial rounds made.
-    pub rounds: u32,
-    /// Time spent.
-    pub elapsed: Duration,
-}
-
-impl fmt::Display for BootstrapError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "could not connect to any bootstrap broker ({} round(s) in {:.1?}); check the \
-             addresses and that the brokers are up:",
-            self.rounds, self.elapsed
-        )?;
-        for a in &self.attempts {
-            write!(f, " [{}: {}]", a.addr, a.error)?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for BootstrapError {}
 
 /// Connects to one broker of `bootstrap`, trying addresses in rotation with `backoff` between full
 /// rounds (it is reset on success), within `limits`. Every address is tried at least once.

@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::ledger::{self, fold, Compression, History, LedgerError, Op, Partition};
 use crate::wire::coordinator::{find_coordinator_request, found_coordinator};
 use crate::wire::log::{
-    fetched, listed, FetchOptions, Isolation, LogError, OffsetSpec, TopicPartition,
+    fetched, listed, FetchOptions, Fetched, Isolation, LogError, OffsetSpec, TopicPartition,
 };
 use crate::wire::records::BatchError;
 use crate::wire::Response;
@@ -322,57 +322,98 @@ async fn read_range(
     to: i64,
     timeout: Duration,
 ) -> Result<(Vec<(i64, Option<bytes::Bytes>)>, Vec<ledger::Unreadable>)> {
-    let mut values: Vec<(i64, Option<bytes::Bytes>)> = Vec::new();
-    let mut unreadable = Vec::new();
+    let mut range = Range {
+        key,
+        to,
+        values: Vec::new(),
+        unreadable: Vec::new(),
+    };
     let mut at = from;
     while at < to {
-        let op = Op::Fetch {
-            tp: tp.clone(),
-            offset: at,
-            options: FetchOptions {
-                max_wait: Duration::ZERO,
-                min_bytes: 1,
-                max_bytes: READ_BYTES,
-                isolation: Isolation::ReadCommitted,
+        match fetch_at(conn, tp, at, timeout).await? {
+            Ok(f) => match range.take(&f, at) {
+                Some(next) => at = next,
+                None => break,
             },
-        };
-        let answer = match call(conn, &op, timeout).await {
-            // A first batch larger than any frame accepted (KIP-74 sends it whole): every Fetch
-            // from here fails alike and the connection is gone, so the read ends here, saying so.
-            Err(Error::Poisoned(cause)) if matches!(*cause, Error::Frame(_)) => {
-                unreadable.push(ledger::Unreadable {
-                    offset: at,
-                    error: format!(
-                        "a batch too large to read ({cause}); the ledger from here on was not \
-                         read (cap the topic's max.message.bytes)"
-                    ),
-                });
+            Err(end) => {
+                range.unreadable.push(end);
                 break;
             }
-            other => other?,
-        };
-        let f = match answer {
-            (Response::Fetch(r), v) => fetched(&r, tp, v).map_err(|e| log_err(ApiKey::Fetch, e))?,
-            (other, _) => {
-                return Err(Error::Protocol(format!(
-                    "expected Fetch, got {:?}",
-                    other.api_key()
-                )))
-            }
-        };
+        }
+    }
+    Ok((range.values, range.unreadable))
+}
+
+/// One Fetch from `at`; `Ok(Err(_))` when the read must end there, saying why.
+async fn fetch_at(
+    conn: &Connection,
+    tp: &TopicPartition,
+    at: i64,
+    timeout: Duration,
+) -> Result<std::result::Result<Fetched, ledger::Unreadable>> {
+    let op = Op::Fetch {
+        tp: tp.clone(),
+        offset: at,
+        options: FetchOptions {
+            max_wait: Duration::ZERO,
+            min_bytes: 1,
+            max_bytes: READ_BYTES,
+            isolation: Isolation::ReadCommitted,
+        },
+    };
+    let answer = match call(conn, &op, timeout).await {
+        // A first batch larger than any frame accepted (KIP-74 sends it whole): every Fetch
+        // from here fails alike and the connection is gone, so the read ends here, saying so.
+        Err(Error::Poisoned(cause)) if matches!(*cause, Error::Frame(_)) => {
+            return Ok(Err(ledger::Unreadable {
+                offset: at,
+                error: format!(
+                    "a batch too large to read ({cause}); the ledger from here on was not \
+                     read (cap the topic's max.message.bytes)"
+                ),
+            }));
+        }
+        other => other?,
+    };
+    match answer {
+        (Response::Fetch(r), v) => Ok(Ok(
+            fetched(&r, tp, v).map_err(|e| log_err(ApiKey::Fetch, e))?
+        )),
+        (other, _) => Err(Error::Protocol(format!(
+            "expected Fetch, got {:?}",
+            other.api_key()
+        ))),
+    }
+}
+
+/// What [`read_range`] has found so far of `key`'s records below `to`.
+struct Range<'a> {
+    key: &'a [u8],
+    to: i64,
+    values: Vec<(i64, Option<bytes::Bytes>)>,
+    unreadable: Vec<ledger::Unreadable>,
+}
+
+impl Range<'_> {
+    /// Takes what the Fetch from `at` answered; gives the offset to fetch from next, or `None`
+    /// when the rest cannot be read.
+    fn take(&mut self, f: &Fetched, at: i64) -> Option<i64> {
         let mut batches = f.batches();
         let mut next = at;
         for batch in batches.by_ref() {
             match batch {
                 Ok(b) => {
                     for r in b.records {
-                        if r.offset >= at && r.offset < to && r.key.as_deref() == Some(key) {
-                            values.push((r.offset, r.value));
+                        if r.offset >= at
+                            && r.offset < self.to
+                            && r.key.as_deref() == Some(self.key)
+                        {
+                            self.values.push((r.offset, r.value));
                         }
                     }
                 }
                 Err(BatchError::Compressed { base_offset, .. }) => {
-                    unreadable.push(ledger::Unreadable {
+                    self.unreadable.push(ledger::Unreadable {
                         offset: base_offset,
                         error: "a compressed batch (the topic's compression.type must be \
                                 producer or uncompressed for kafka-lock to read it)"
@@ -384,9 +425,9 @@ async fn read_range(
                     // read leaves no way to the next one, so the read goes on from the end.
                     let offset = batch_offset(&e).unwrap_or(at);
                     if matches!(e, BatchError::BadLength { .. }) {
-                        next = next.max(f.high_watermark.min(to));
+                        next = next.max(f.high_watermark.min(self.to));
                     }
-                    unreadable.push(ledger::Unreadable {
+                    self.unreadable.push(ledger::Unreadable {
                         offset,
                         error: e.to_string(),
                     });
@@ -396,37 +437,36 @@ async fn read_range(
         if let Some(n) = batches.resume_offset() {
             next = next.max(n);
         }
-        if next <= at {
-            // Nothing readable here: a gap left by aborted transactions, or a first batch cut at
-            // the size limit (a broker older than KIP-74 does not send it whole).
-            match (batches.truncated(), batches.truncated_end()) {
-                (Some(t), Some(past)) if past > at => {
-                    unreadable.push(ledger::Unreadable {
-                        offset: at,
-                        error: format!(
-                            "a batch larger than {READ_BYTES} bytes ({:?} needed); it is skipped",
-                            t.needed
-                        ),
-                    });
-                    next = past;
-                }
-                (Some(t), _) => {
-                    unreadable.push(ledger::Unreadable {
-                        offset: at,
-                        error: format!(
-                            "a batch larger than {READ_BYTES} bytes ({:?} needed); the rest of \
-                             the ledger from here was not read",
-                            t.needed
-                        ),
-                    });
-                    break;
-                }
-                (None, _) => break,
-            }
+        if next > at {
+            return Some(next);
         }
-        at = next;
+        // Nothing readable here: a gap left by aborted transactions, or a first batch cut at
+        // the size limit (a broker older than KIP-74 does not send it whole).
+        match (batches.truncated(), batches.truncated_end()) {
+            (Some(t), Some(past)) if past > at => {
+                self.unreadable.push(ledger::Unreadable {
+                    offset: at,
+                    error: format!(
+                        "a batch larger than {READ_BYTES} bytes ({:?} needed); it is skipped",
+                        t.needed
+                    ),
+                });
+                Some(past)
+            }
+            (Some(t), _) => {
+                self.unreadable.push(ledger::Unreadable {
+                    offset: at,
+                    error: format!(
+                        "a batch larger than {READ_BYTES} bytes ({:?} needed); the rest of \
+                         the ledger from here was not read",
+                        t.needed
+                    ),
+                });
+                None
+            }
+            (None, _) => None,
+        }
     }
-    Ok((values, unreadable))
 }
 
 fn batch_offset(e: &BatchError) -> Option<i64> {
@@ -470,7 +510,7 @@ pub(crate) async fn coordinator(conn: &Connection, group: &str, reach: &Reach) -
             Err(e) if e.is_retriable() && attempt < ATTEMPTS => {
                 tokio::time::sleep(backoff.next_delay()).await
             }
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.into()),
         }
     }
 }

@@ -21,8 +21,6 @@
 
 mod bootstrap;
 mod conn;
-#[cfg(feature = "tls-graviola")]
-mod cpu;
 pub(crate) mod describe;
 mod dial;
 pub(crate) mod pool;
@@ -32,9 +30,5 @@ mod tests;
 
 pub use bootstrap::{connect_any, BootstrapAttempt, BootstrapConfig, BootstrapError};
 pub use conn::{ConnConfig, Connection, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT};
-#[cfg(feature = "tls-graviola")]
-pub(crate) use cpu::check as graviola_cpu_check;
-#[cfg(all(feature = "oauth", any(feature = "tls", feature = "tls-graviola")))]
-pub(crate) use secure::crypto_provider;
 pub(crate) mod ledger;
 pub(crate) mod session;

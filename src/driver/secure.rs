@@ -18,8 +18,9 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 use tracing::debug;
 
-use crate::error::{Error, KafkaCode, Result};
-use crate::security::{Sasl, SaslKind, SaslMechanism, SecurityError};
+use crate::error::{Error, Result};
+use crate::security::{Sasl, SaslKind, SaslMechanism, Secret, SecurityError};
+use crate::wire::code::KafkaCode;
 use crate::wire::sasl::{plain_message, ScramClient, ScramError, ScramHash};
 use crate::wire::{NegotiatedVersions, Request, Response};
 
@@ -44,54 +45,15 @@ pub(super) async fn authenticate(
 ) -> Result<Authenticated> {
     let mechanism = sasl.mechanism_name().to_owned();
     let user = sasl.username().unwrap_or_default().to_owned();
-    let protocol_error = |detail: String| {
-        Error::Security(SecurityError::SaslProtocol {
-            broker: peer.to_owned(),
-            mechanism: mechanism.clone(),
-            detail,
-        })
-    };
-    // v0 of SaslHandshake means the unframed exchange of Kafka 0.10, which kafka-lock does
-    // not speak; every broker since 1.0 offers v1 and SaslAuthenticate.
-    let (Some(1..), Some(auth_version)) = (
-        versions.get(kafka_protocol::messages::ApiKey::SaslHandshake),
-        versions.get(kafka_protocol::messages::ApiKey::SaslAuthenticate),
-    ) else {
-        return Err(protocol_error(
-            "the broker offers no SaslHandshake v1 and SaslAuthenticate (Kafka 1.0 or newer); \
-             is this a SASL listener?"
-                .into(),
-        ));
-    };
-    let req =
-        SaslHandshakeRequest::default().with_mechanism(StrBytes::from_string(mechanism.clone()));
-    let Response::SaslHandshake(resp) = link.exchange(req.into(), 1).await? else {
-        return Err(protocol_error(
-            "SaslHandshake answered with another response".into(),
-        ));
-    };
-    let enabled: Vec<String> = resp.mechanisms.iter().map(|m| m.to_string()).collect();
-    match KafkaCode(resp.error_code) {
-        KafkaCode::NONE => {}
-        KafkaCode(33) => {
-            return Err(Error::Security(SecurityError::MechanismNotEnabled {
-                broker: peer.to_owned(),
-                mechanism,
-                enabled,
-            }))
-        }
-        code => return Err(protocol_error(format!("SaslHandshake failed: {code}"))),
-    }
+    let version = handshake(link, versions, peer, &mechanism).await?;
     debug!(peer, %mechanism, "SASL handshake accepted");
 
     let who = Who {
         peer,
         mechanism: &mechanism,
         user: &user,
-        version: auth_version,
+        version,
     };
-    let lifetime = |ms: i64| (ms > 0).then(|| Duration::from_millis(ms as u64));
-
     let last = match &sasl.0 {
         SaslKind::Password {
             mechanism: SaslMechanism::Plain,
@@ -105,39 +67,7 @@ pub(super) async fn authenticate(
             mechanism,
             username,
             password,
-        } => {
-            let hash = match mechanism {
-                SaslMechanism::ScramSha256 => ScramHash::Sha256,
-                _ => ScramHash::Sha512,
-            };
-            let scram_error = |e: ScramError| match e {
-                // e= in server-first (RFC 5802: e.g. unknown-user) is an authentication
-                // failure, not a protocol error.
-                ScramError::Server(m) => Error::Security(SecurityError::AuthenticationFailed {
-                    broker: peer.to_owned(),
-                    mechanism: mechanism.to_string(),
-                    user: username.clone(),
-                    message: m,
-                }),
-                other => protocol_error(other.to_string()),
-            };
-            let mut client = ScramClient::new(hash, username, password.expose(), nonce());
-            let first = who.auth(link, Bytes::from(client.client_first())).await?;
-            // PBKDF2 runs for milliseconds: off the runtime, so a holder's heartbeat on the same
-            // thread is not delayed by it.
-            let server_first = first.auth_bytes.to_vec();
-            let (client, final_msg) = tokio::task::spawn_blocking(move || {
-                let r = client.server_first(&server_first);
-                (client, r)
-            })
-            .await
-            .map_err(|e| protocol_error(format!("the SCRAM computation failed: {e}")))?;
-            let mut client = client;
-            let final_msg = final_msg.map_err(scram_error)?;
-            let last = who.auth(link, Bytes::copy_from_slice(&final_msg)).await?;
-            client.server_final(&last.auth_bytes).map_err(scram_error)?;
-            last
-        }
+        } => scram(&who, link, *mechanism, username, password).await?,
         SaslKind::Token(provider) => {
             let msg = provider.initial_response(peer).await.map_err(|reason| {
                 Error::Security(SecurityError::AuthenticationFailed {
@@ -165,9 +95,91 @@ pub(super) async fn authenticate(
             oauthbearer_outcome(&who, link, answer).await?
         }
     };
-    let lifetime = lifetime(last.session_lifetime_ms);
+    let ms = last.session_lifetime_ms;
+    let lifetime = (ms > 0).then(|| Duration::from_millis(ms as u64));
     debug!(peer, %mechanism, ?lifetime, "SASL authenticated");
     Ok(Authenticated { lifetime })
+}
+
+/// SaslHandshake v1 for `mechanism`; answers the SaslAuthenticate version to use.
+async fn handshake(
+    link: &impl Exchange,
+    versions: &NegotiatedVersions,
+    peer: &str,
+    mechanism: &str,
+) -> Result<i16> {
+    let protocol_error = |detail: String| sasl_protocol_error(peer, mechanism, detail);
+    // v0 of SaslHandshake means the unframed exchange of Kafka 0.10, which kafka-lock does
+    // not speak; every broker since 1.0 offers v1 and SaslAuthenticate.
+    let (Some(1..), Some(auth_version)) = (
+        versions.get(kafka_protocol::messages::ApiKey::SaslHandshake),
+        versions.get(kafka_protocol::messages::ApiKey::SaslAuthenticate),
+    ) else {
+        return Err(protocol_error(
+            "the broker offers no SaslHandshake v1 and SaslAuthenticate (Kafka 1.0 or newer); \
+             is this a SASL listener?"
+                .into(),
+        ));
+    };
+    let req =
+        SaslHandshakeRequest::default().with_mechanism(StrBytes::from_string(mechanism.to_owned()));
+    let Response::SaslHandshake(resp) = link.exchange(req.into(), 1).await? else {
+        return Err(protocol_error(
+            "SaslHandshake answered with another response".into(),
+        ));
+    };
+    let enabled: Vec<String> = resp.mechanisms.iter().map(|m| m.to_string()).collect();
+    match KafkaCode(resp.error_code) {
+        KafkaCode::NONE => Ok(auth_version),
+        KafkaCode(33) => Err(Error::Security(SecurityError::MechanismNotEnabled {
+            broker: peer.to_owned(),
+            mechanism: mechanism.to_owned(),
+            enabled,
+        })),
+        code => Err(protocol_error(format!("SaslHandshake failed: {code}"))),
+    }
+}
+
+/// The SCRAM exchange (RFC 5802): client-first, server-first, client-final, server-final;
+/// answers the last SaslAuthenticate response.
+async fn scram(
+    who: &Who<'_>,
+    link: &impl Exchange,
+    mechanism: SaslMechanism,
+    username: &str,
+    password: &Secret,
+) -> Result<SaslAuthenticateResponse> {
+    let hash = match mechanism {
+        SaslMechanism::ScramSha256 => ScramHash::Sha256,
+        _ => ScramHash::Sha512,
+    };
+    let scram_error = |e: ScramError| match e {
+        // e= in server-first (RFC 5802: e.g. unknown-user) is an authentication
+        // failure, not a protocol error.
+        ScramError::Server(m) => Error::Security(SecurityError::AuthenticationFailed {
+            broker: who.peer.to_owned(),
+            mechanism: mechanism.to_string(),
+            user: username.to_owned(),
+            message: m,
+        }),
+        other => who.protocol_error(other.to_string()),
+    };
+    let mut client = ScramClient::new(hash, username, password.expose(), nonce());
+    let first = who.auth(link, Bytes::from(client.client_first())).await?;
+    // PBKDF2 runs for milliseconds: off the runtime, so a holder's heartbeat on the same
+    // thread is not delayed by it.
+    let server_first = first.auth_bytes.to_vec();
+    let (client, final_msg) = tokio::task::spawn_blocking(move || {
+        let r = client.server_first(&server_first);
+        (client, r)
+    })
+    .await
+    .map_err(|e| who.protocol_error(format!("the SCRAM computation failed: {e}")))?;
+    let mut client = client;
+    let final_msg = final_msg.map_err(scram_error)?;
+    let last = who.auth(link, Bytes::copy_from_slice(&final_msg)).await?;
+    client.server_final(&last.auth_bytes).map_err(scram_error)?;
+    Ok(last)
 }
 
 /// RFC 7628 section 3.2.2: a server that refuses the token answers with a JSON error (`status`,
@@ -203,6 +215,14 @@ async fn oauthbearer_outcome(
     }
 }
 
+fn sasl_protocol_error(peer: &str, mechanism: &str, detail: String) -> Error {
+    Error::Security(SecurityError::SaslProtocol {
+        broker: peer.to_owned(),
+        mechanism: mechanism.to_owned(),
+        detail,
+    })
+}
+
 /// Names the exchange in errors.
 struct Who<'a> {
     peer: &'a str,
@@ -213,11 +233,7 @@ struct Who<'a> {
 
 impl Who<'_> {
     fn protocol_error(&self, detail: String) -> Error {
-        Error::Security(SecurityError::SaslProtocol {
-            broker: self.peer.to_owned(),
-            mechanism: self.mechanism.to_owned(),
-            detail,
-        })
+        sasl_protocol_error(self.peer, self.mechanism, detail)
     }
 
     /// One SaslAuthenticate round trip; an error code becomes an error.
@@ -294,8 +310,6 @@ fn nonce() -> String {
 
 #[cfg(any(feature = "tls", feature = "tls-graviola"))]
 pub(super) use tls::connect as tls_connect;
-#[cfg(any(feature = "tls", feature = "tls-graviola"))]
-pub(crate) use tls::crypto_provider;
 
 #[cfg(any(feature = "tls", feature = "tls-graviola"))]
 mod tls {
@@ -314,7 +328,7 @@ mod tls {
     use tracing::warn;
 
     use crate::error::{Error, Result};
-    use crate::security::{Pem, SecurityError, Tls, TlsProvider};
+    use crate::security::{crypto_provider, Pem, SecurityError, Tls};
 
     /// The stream a TLS connection runs over.
     pub(crate) type TlsStream = tokio_rustls::client::TlsStream<TcpStream>;
@@ -322,41 +336,6 @@ mod tls {
     /// The rustls provider for `tls`'s choice, once this build and CPU are known to run it.
     fn provider(tls: &Tls) -> Result<Arc<rustls::crypto::CryptoProvider>> {
         crypto_provider(tls.effective_provider())
-    }
-
-    /// The rustls provider `choice` (the build's default when `None`), once this build and CPU
-    /// are known to run it; also what the OAuth token endpoint's HTTPS runs on.
-    pub(crate) fn crypto_provider(
-        choice: Option<TlsProvider>,
-    ) -> Result<Arc<rustls::crypto::CryptoProvider>> {
-        let Some(choice) = choice.or_else(TlsProvider::build_default) else {
-            return Err(config_error("this build has no TLS crypto provider".into()));
-        };
-        choice.check()?;
-        static PROVIDERS: LazyLock<Vec<(TlsProvider, Arc<rustls::crypto::CryptoProvider>)>> =
-            LazyLock::new(|| {
-                TlsProvider::compiled()
-                    .iter()
-                    .map(|&p| (p, Arc::new(build(p))))
-                    .collect()
-            });
-        PROVIDERS
-            .iter()
-            .find(|(p, _)| *p == choice)
-            .map(|(_, provider)| Arc::clone(provider))
-            .ok_or_else(|| config_error(format!("this build has no TLS provider {choice}")))
-    }
-
-    fn build(provider: TlsProvider) -> rustls::crypto::CryptoProvider {
-        match provider {
-            #[cfg(feature = "tls")]
-            TlsProvider::Ring => rustls::crypto::ring::default_provider(),
-            #[cfg(feature = "tls-graviola")]
-            TlsProvider::Graviola => rustls_graviola::default_provider(),
-            // TlsProvider::compiled() lists only the providers compiled in.
-            #[allow(unreachable_patterns)]
-            other => unreachable!("{other} is not compiled in"),
-        }
     }
 
     /// Mozilla's roots, parsed once.

@@ -48,6 +48,7 @@
 //! with Metadata and looked up again after NOT_LEADER_OR_FOLLOWER and similar answers or a
 //! transport failure.
 
+pub(crate) mod error;
 mod history;
 mod record;
 #[cfg(test)]
@@ -72,6 +73,10 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 use tracing::{debug, info, warn};
 
+pub use error::{
+    compression_fix, create_topic_command, LedgerError, LEDGER_TOPIC_SETTINGS,
+    SINGLE_BROKER_SETTINGS,
+};
 pub use history::{fold, History, Hold, HoldEnd, Unreadable};
 pub use record::{
     LedgerRecord, RecordError, RecordKind, MAX_CHECKPOINT, MAX_HOST, MAX_LABEL, MAX_MEMBER_ID,
@@ -79,11 +84,12 @@ pub use record::{
 };
 
 use crate::backoff::Backoff;
-use crate::error::{Error, KafkaCode};
+use crate::error::Error;
 use crate::membership::{Broker, Command, Event, FencingToken, LossReason};
+use crate::wire::code::KafkaCode;
 use crate::wire::log::{
-    fetch_request, fetched, list_offsets_request, listed, produce_request, produced, FetchOptions,
-    Isolation, LogError, OffsetSpec, TopicPartition, Uuid, TOPIC_ID_VERSION,
+    fetch_request, fetched, list_offsets_request, listed, produce_request, produced, Appended,
+    FetchOptions, Isolation, LogError, OffsetSpec, TopicPartition, Uuid, TOPIC_ID_VERSION,
 };
 use crate::wire::records::{encode_batch, BatchError, NewRecord, RecordBatches};
 use crate::wire::versions::NegotiatedVersions;
@@ -118,126 +124,6 @@ pub const BROKER_COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
 /// first would close the connection under the request and fail whatever waits behind it.
 pub fn parked_timeout(broker_bound: Duration, request_timeout: Duration) -> Duration {
     broker_bound.saturating_add(request_timeout)
-}
-
-/// Why the ledger cannot be used.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum LedgerError {
-    /// The ledger topic does not exist. kafka-lock never creates it: a typo must not start a new
-    /// ledger, whose offsets would start again at 0.
-    #[error(
-        "ledger topic {topic:?} does not exist; create it once with exactly one partition, e.g. \
-         {create} (on a single broker: {single}; docs/design.md, \"The ledger\")",
-        create = create_topic_command(.topic),
-        single = SINGLE_BROKER_SETTINGS
-    )]
-    TopicMissing {
-        /// The topic.
-        topic: String,
-    },
-    /// The ledger topic has more or fewer than one partition: offsets of different partitions
-    /// are unrelated, so they cannot be one token sequence.
-    #[error(
-        "ledger topic {topic:?} has {partitions} partitions; a ledger must have exactly one, \
-         because offsets of different partitions are unrelated and could not be one sequence of \
-         tokens; use a topic with one partition"
-    )]
-    NotOnePartition {
-        /// The topic.
-        topic: String,
-        /// How many it has.
-        partitions: usize,
-    },
-    /// The ledger topic's `compression.type` makes the broker recompress kafka-lock's records
-    /// (anything but `producer` or `uncompressed`). kafka-lock writes and reads its own records
-    /// uncompressed, so on such a topic history would list no holds, and push handover and the
-    /// checkpoint copies would stop working without a word.
-    #[error(
-        "ledger topic {topic:?} has compression.type={codec}, so the broker recompresses \
-         kafka-lock's records and they cannot be read back; set it with \
-         {fix}",
-        fix = compression_fix(.topic)
-    )]
-    Compressed {
-        /// The topic.
-        topic: String,
-        /// The topic's setting.
-        codec: String,
-    },
-    /// A checkpoint longer than the limit.
-    #[error(
-        "checkpoint is {len} bytes; the limit is {max} (the broker's offset.metadata.max.bytes, \
-         4096 by default; raise both together if the broker allows more)"
-    )]
-    CheckpointTooLarge {
-        /// Its length in bytes (UTF-8).
-        len: usize,
-        /// The limit.
-        max: usize,
-    },
-    /// A checkpoint holding a NUL character: it could be stored, but no holder could be given
-    /// it in an environment variable (a C string), so it is refused before anything is sent.
-    #[error(
-        "checkpoint holds a NUL character at byte {at}; a checkpoint must be text without NUL, \
-         since the next holder may receive it in an environment variable"
-    )]
-    CheckpointHasNul {
-        /// The byte offset of the first NUL.
-        at: usize,
-    },
-    /// A checkpoint was asked of a lock without a ledger.
-    #[error("checkpoints are stored beside the ledger; set a ledger topic for lock {lock:?}")]
-    NoLedger {
-        /// The lock.
-        lock: String,
-    },
-    /// A checkpoint was asked when the lock is not held (any more).
-    #[error("lock {lock:?} is not held, so no checkpoint can be stored under it")]
-    NotHeld {
-        /// The lock.
-        lock: String,
-    },
-    /// The hold ended while a checkpoint was on its way and no answer came: the broker may or
-    /// may not have stored it (it checked the generation when the request arrived).
-    #[error(
-        "the hold on lock {lock:?} ended before the broker answered the checkpoint ({reason}); \
-         it may or may not be stored: read it back before relying on either"
-    )]
-    CheckpointUnknown {
-        /// The lock.
-        lock: String,
-        /// Why no answer came.
-        reason: String,
-    },
-    /// The broker accepted the checkpoint's fenced commit, but its copy in the ledger could not
-    /// be appended. It is not reported stored: the group's copy alone can be deleted or expire,
-    /// and the last checkpoint would then read back older. Storing it again is safe.
-    #[error(
-        "the checkpoint of lock {lock:?} was committed to its group, but its copy in the ledger          could not be appended ({reason}); it is not reported stored, since the group's copy          alone can be deleted or expire and an older checkpoint would then read back: store it          again"
-    )]
-    CheckpointNotCopied {
-        /// The lock.
-        lock: String,
-        /// Why the copy failed.
-        reason: String,
-    },
-    /// The ledger topic was deleted and created again (its id changed) while this process used
-    /// it: the new topic's offsets start again at 0, below tokens already given out.
-    #[error(
-        "ledger topic {topic:?} was deleted and created again while in use; its offsets start \
-         again at 0, below tokens already given out, so this process stops using it"
-    )]
-    TopicReplaced {
-        /// The topic.
-        topic: String,
-    },
-    /// The broker does not offer an API the ledger needs.
-    #[error("the broker offers no version of {api}, which the ledger needs; use Apache Kafka 2.8 or newer")]
-    Unsupported {
-        /// The API.
-        api: crate::api::Api,
-    },
 }
 
 /// What the machine needs up front.
@@ -297,6 +183,11 @@ pub struct MemberView {
     pub generation: i32,
     /// Our member id ("" before a join).
     pub member_id: String,
+}
+
+/// Whether a retry time has come (none set means at once).
+fn due(t: Option<Instant>, now: Now) -> bool {
+    t.is_none_or(|t| t <= now.mono)
 }
 
 /// The time, both ways: the monotonic clock decides, the wall clock is written into records.
@@ -584,31 +475,6 @@ pub fn tail_settles_checkpoint(tail: &History) -> bool {
         .is_some_and(|(_, hold, _)| tail.first_offset <= hold.saturating_add(1))
 }
 
-/// What follows `kafka-topics.sh --create --topic T` for a ledger topic: one partition, and the
-/// settings docs/design.md ("The ledger") explains. The error for a missing topic, `history
-/// --help` and the README give this same text (a test compares the README's).
-pub const LEDGER_TOPIC_SETTINGS: &str = "--partitions 1 --replication-factor 3 \
-     --config min.insync.replicas=2 --config unclean.leader.election.enable=false \
-     --config cleanup.policy=delete --config retention.ms=7776000000 \
-     --config compression.type=producer --config max.message.bytes=65536";
-
-/// What replaces the replication settings of [`LEDGER_TOPIC_SETTINGS`] on a single broker (with
-/// `min.insync.replicas=2` and one replica every append fails).
-pub const SINGLE_BROKER_SETTINGS: &str = "--replication-factor 1 --config min.insync.replicas=1";
-
-/// The command that creates `topic` as a ledger.
-pub fn create_topic_command(topic: &str) -> String {
-    format!("kafka-topics.sh --create --topic {topic} {LEDGER_TOPIC_SETTINGS}")
-}
-
-/// The command that gives `topic` a compression setting kafka-lock can read.
-pub fn compression_fix(topic: &str) -> String {
-    format!(
-        "kafka-configs.sh --alter --entity-type topics --entity-name {topic} \
-         --add-config compression.type=producer"
-    )
-}
-
 /// The ledger topic's config key kafka-lock checks at start.
 pub const COMPRESSION_TYPE: &str = "compression.type";
 /// DescribeConfigs' resource type for a topic.
@@ -785,6 +651,15 @@ enum Purpose {
     Acquired,
     End,
     Checkpoint,
+}
+
+/// Which try an ACQUIRED answer speaks for: the one appending, the one ending (the try ended
+/// while its record was on its way), or one long over.
+#[derive(PartialEq)]
+enum Try {
+    Appending,
+    Ending,
+    Over,
 }
 
 #[derive(Debug, Clone)]
@@ -1043,42 +918,7 @@ impl Ledger {
     /// An event of the membership machine. `view` is its state after the event.
     pub fn on_membership(&mut self, e: Event, view: &MemberView, now: Now) {
         match e {
-            Event::Acquired { token, permit, .. } => {
-                if matches!(self.hold, HoldState::Waiting) {
-                    debug!(lock = %self.cfg.lock, generation = token.generation,
-                           "assigned; appending ACQUIRED to the ledger before the hold begins");
-                    self.poll = Poll::Off;
-                    self.slot = permit;
-                    let batch = self.record_batch(
-                        &token,
-                        -1,
-                        RecordKind::Acquired {
-                            lease_ms: millis32(self.cfg.lease_length),
-                        },
-                        now,
-                    );
-                    let deadline = now.mono + self.cfg.append_deadline;
-                    self.attempts += 1;
-                    let attempt = self.attempts;
-                    // First in line: end and checkpoint records of earlier holds wait for it,
-                    // and one already sent keeps its own answer (see `InFlight`).
-                    self.appends.push_front(Append {
-                        purpose: Purpose::Acquired,
-                        batch,
-                        deadline,
-                        attempt: Some((attempt, token.clone())),
-                        ticket: None,
-                    });
-                    self.hold = HoldState::Appending {
-                        attempt,
-                        token,
-                        since: now.mono,
-                        deadline,
-                        permit,
-                    };
-                    self.published_hold = false;
-                }
-            }
+            Event::Acquired { token, permit, .. } => self.on_acquired(token, permit, now),
             Event::TokenChanged { token } => match &mut self.hold {
                 HoldState::Appending { token: t, .. } => t.generation = token.generation,
                 HoldState::Held { token: t, .. } => {
@@ -1093,42 +933,8 @@ impl Ledger {
                     self.events.push_back(Event::RebalanceWhileHeld);
                 }
             }
-            Event::Lost { reason, lease_end } => {
-                let live = matches!(
-                    self.hold,
-                    HoldState::Appending { .. } | HoldState::Held { .. }
-                );
-                let detail = reason.to_string();
-                self.end(
-                    EndKind::Lost(reason.clone(), detail),
-                    lease_end.min(now.mono),
-                    now,
-                );
-                if reason == LossReason::Revoked {
-                    // Eager consumer mode: the member stays and may be assigned the lock again,
-                    // which is a new hold with a record of its own; this one ends now.
-                    self.queue_end_record(true, now);
-                    self.hold = HoldState::Waiting;
-                }
-                // An eager revocation of a try the users never saw is no loss to them: the member
-                // stays in the group and waits, and the acquire with it.
-                let unseen = reason == LossReason::Revoked && !self.published_hold;
-                if live && !unseen {
-                    self.events.push_back(Event::Lost { reason, lease_end });
-                }
-            }
-            Event::Released => {
-                let live = matches!(
-                    self.hold,
-                    HoldState::Appending { .. } | HoldState::Held { .. }
-                );
-                if self.published_hold && live {
-                    self.end(EndKind::Released, now.mono, now);
-                    self.events.push_back(Event::Released);
-                } else {
-                    self.end(EndKind::Abandoned, now.mono, now);
-                }
-            }
+            Event::Lost { reason, lease_end } => self.on_lost(reason, lease_end, now),
+            Event::Released => self.on_released(now),
             Event::Waiting { .. } => {
                 if self.cfg.push
                     && matches!(self.hold, HoldState::Waiting)
@@ -1147,6 +953,85 @@ impl Ledger {
             other => self.events.push_back(other),
         }
         self.drive(view, now);
+    }
+
+    /// The membership assigned the lock: a waiting machine appends ACQUIRED before the hold
+    /// begins (see the module docs).
+    fn on_acquired(&mut self, token: FencingToken, permit: u16, now: Now) {
+        if matches!(self.hold, HoldState::Waiting) {
+            debug!(lock = %self.cfg.lock, generation = token.generation,
+                   "assigned; appending ACQUIRED to the ledger before the hold begins");
+            self.poll = Poll::Off;
+            self.slot = permit;
+            let batch = self.record_batch(
+                &token,
+                -1,
+                RecordKind::Acquired {
+                    lease_ms: millis32(self.cfg.lease_length),
+                },
+                now,
+            );
+            let deadline = now.mono + self.cfg.append_deadline;
+            self.attempts += 1;
+            let attempt = self.attempts;
+            // First in line: end and checkpoint records of earlier holds wait for it,
+            // and one already sent keeps its own answer (see `InFlight`).
+            self.appends.push_front(Append {
+                purpose: Purpose::Acquired,
+                batch,
+                deadline,
+                attempt: Some((attempt, token.clone())),
+                ticket: None,
+            });
+            self.hold = HoldState::Appending {
+                attempt,
+                token,
+                since: now.mono,
+                deadline,
+                permit,
+            };
+            self.published_hold = false;
+        }
+    }
+
+    /// The membership lost the lock (or, in eager mode, had it revoked).
+    fn on_lost(&mut self, reason: LossReason, lease_end: Instant, now: Now) {
+        let live = matches!(
+            self.hold,
+            HoldState::Appending { .. } | HoldState::Held { .. }
+        );
+        let detail = reason.to_string();
+        self.end(
+            EndKind::Lost(reason.clone(), detail),
+            lease_end.min(now.mono),
+            now,
+        );
+        if reason == LossReason::Revoked {
+            // Eager consumer mode: the member stays and may be assigned the lock again,
+            // which is a new hold with a record of its own; this one ends now.
+            self.queue_end_record(true, now);
+            self.hold = HoldState::Waiting;
+        }
+        // An eager revocation of a try the users never saw is no loss to them: the member
+        // stays in the group and waits, and the acquire with it.
+        let unseen = reason == LossReason::Revoked && !self.published_hold;
+        if live && !unseen {
+            self.events.push_back(Event::Lost { reason, lease_end });
+        }
+    }
+
+    /// The user released the lock.
+    fn on_released(&mut self, now: Now) {
+        let live = matches!(
+            self.hold,
+            HoldState::Appending { .. } | HoldState::Held { .. }
+        );
+        if self.published_hold && live {
+            self.end(EndKind::Released, now.mono, now);
+            self.events.push_back(Event::Released);
+        } else {
+            self.end(EndKind::Abandoned, now.mono, now);
+        }
     }
 
     /// The answer (or failure) for transmit `id`, with the version the request was built for.
@@ -1331,7 +1216,18 @@ impl Ledger {
     }
 
     fn drive(&mut self, view: &MemberView, now: Now) {
-        let due = |t: Option<Instant>| t.is_none_or(|t| t <= now.mono);
+        self.expire(view, now);
+        self.send_metadata(now);
+        if let Some(p) = self.partition.clone() {
+            self.send_append(&p, view, now);
+            self.send_poll(&p, now);
+        }
+        self.drive_checkpoints(view, now);
+        self.settle(now);
+    }
+
+    /// Gives up what ran out of time.
+    fn expire(&mut self, view: &MemberView, now: Now) {
         // An ACQUIRED append that did not make it in time: the hold never begins.
         if let HoldState::Appending { deadline, .. } = &self.hold {
             if now.mono >= *deadline {
@@ -1352,10 +1248,14 @@ impl Ledger {
                 break;
             }
         }
+    }
+
+    /// Looks the ledger's leader up when an append or a poll needs it.
+    fn send_metadata(&mut self, now: Now) {
         if self.partition.is_none()
             && self.wants_leader()
             && self.in_flight.metadata.is_none()
-            && due(self.metadata_retry_at)
+            && due(self.metadata_retry_at, now)
         {
             let id = self.push(
                 Target::Any,
@@ -1367,77 +1267,80 @@ impl Ledger {
             self.in_flight.metadata = Some(id);
             self.metadata_retry_at = None;
         }
-        if let Some(p) = self.partition.clone() {
-            // An ACQUIRED record goes out only while the membership holds and its lease runs: a
-            // lease that ended a moment ago is reported to this machine after this call.
-            let may_send = |a: &Append| {
-                a.purpose != Purpose::Acquired
-                    || (view.holding && view.lease_end.is_some_and(|end| now.mono < end))
-            };
-            if self.in_flight.append.is_none() && due(self.append_retry_at) {
-                if self.appends.front().is_some_and(may_send) {
-                    let a = self.appends.pop_front().expect("front exists");
-                    let op = Op::Produce {
-                        tp: self.tp(),
-                        batch: a.batch.clone(),
-                        timeout: self.cfg.request_timeout,
-                    };
-                    let target = Target::Leader {
-                        broker: p.leader.clone(),
-                        lane: LeaderLane::Append,
-                    };
-                    // acks=all: the broker holds it up to the Produce's own timeout.
-                    let timeout =
-                        parked_timeout(self.cfg.request_timeout, self.cfg.request_timeout);
-                    let id = self.push(target, op, timeout);
-                    self.in_flight.append = Some((id, a));
-                }
-                // Sent, or waiting for the membership's news (which calls in again): either way
-                // no retry time is left that would wake the machine for nothing.
-                self.append_retry_at = None;
+    }
+
+    /// Sends the next append to the leader `p`, one at a time, in order.
+    fn send_append(&mut self, p: &Partition, view: &MemberView, now: Now) {
+        // An ACQUIRED record goes out only while the membership holds and its lease runs: a
+        // lease that ended a moment ago is reported to this machine after this call.
+        let may_send = |a: &Append| {
+            a.purpose != Purpose::Acquired
+                || (view.holding && view.lease_end.is_some_and(|end| now.mono < end))
+        };
+        if self.in_flight.append.is_none() && due(self.append_retry_at, now) {
+            if self.appends.front().is_some_and(may_send) {
+                let a = self.appends.pop_front().expect("front exists");
+                let op = Op::Produce {
+                    tp: self.tp(),
+                    batch: a.batch.clone(),
+                    timeout: self.cfg.request_timeout,
+                };
+                let target = Target::Leader {
+                    broker: p.leader.clone(),
+                    lane: LeaderLane::Append,
+                };
+                // acks=all: the broker holds it up to the Produce's own timeout.
+                let timeout = parked_timeout(self.cfg.request_timeout, self.cfg.request_timeout);
+                let id = self.push(target, op, timeout);
+                self.in_flight.append = Some((id, a));
             }
-            if let Poll::At(at) = self.poll {
-                if self.in_flight.poll.is_none() && due(self.poll_retry_at) {
-                    // ListOffsets is answered at once, so it goes on the append lane, which it
-                    // opens for the ACQUIRED record this waiter may append later.
-                    let lane = match at {
-                        None => LeaderLane::Append,
-                        Some(_) => LeaderLane::Poll,
-                    };
-                    let target = Target::Leader {
-                        broker: p.leader.clone(),
-                        lane,
-                    };
-                    let (op, timeout) = match at {
-                        None => (
-                            Op::ListOffsets {
-                                tp: self.tp(),
-                                spec: OffsetSpec::Latest,
+            // Sent, or waiting for the membership's news (which calls in again): either way
+            // no retry time is left that would wake the machine for nothing.
+            self.append_retry_at = None;
+        }
+    }
+
+    /// Sends the waiter's next look at the ledger's end (push handover) to the leader `p`.
+    fn send_poll(&mut self, p: &Partition, now: Now) {
+        if let Poll::At(at) = self.poll {
+            if self.in_flight.poll.is_none() && due(self.poll_retry_at, now) {
+                // ListOffsets is answered at once, so it goes on the append lane, which it
+                // opens for the ACQUIRED record this waiter may append later.
+                let lane = match at {
+                    None => LeaderLane::Append,
+                    Some(_) => LeaderLane::Poll,
+                };
+                let target = Target::Leader {
+                    broker: p.leader.clone(),
+                    lane,
+                };
+                let (op, timeout) = match at {
+                    None => (
+                        Op::ListOffsets {
+                            tp: self.tp(),
+                            spec: OffsetSpec::Latest,
+                        },
+                        self.cfg.request_timeout,
+                    ),
+                    Some(offset) => (
+                        Op::Fetch {
+                            tp: self.tp(),
+                            offset,
+                            options: FetchOptions {
+                                max_wait: self.cfg.poll_wait,
+                                min_bytes: 1,
+                                max_bytes: self.cfg.poll_max_bytes,
+                                isolation: Isolation::ReadCommitted,
                             },
-                            self.cfg.request_timeout,
-                        ),
-                        Some(offset) => (
-                            Op::Fetch {
-                                tp: self.tp(),
-                                offset,
-                                options: FetchOptions {
-                                    max_wait: self.cfg.poll_wait,
-                                    min_bytes: 1,
-                                    max_bytes: self.cfg.poll_max_bytes,
-                                    isolation: Isolation::ReadCommitted,
-                                },
-                            },
-                            self.cfg.poll_wait + self.cfg.request_timeout,
-                        ),
-                    };
-                    let id = self.push(target, op, timeout);
-                    self.in_flight.poll = Some(id);
-                    self.poll_retry_at = None;
-                }
+                        },
+                        self.cfg.poll_wait + self.cfg.request_timeout,
+                    ),
+                };
+                let id = self.push(target, op, timeout);
+                self.in_flight.poll = Some(id);
+                self.poll_retry_at = None;
             }
         }
-        self.drive_checkpoints(view, now);
-        self.settle(now);
     }
 
     /// Publishes the membership's last event once nothing of the hold is left to write.
@@ -1553,21 +1456,27 @@ impl Ledger {
         view: &MemberView,
         now: Now,
     ) {
-        let purpose = sent.purpose;
-        // Which try an ACQUIRED answer speaks for: the one appending, the one ending (the try
-        // ended while its record was on its way), or one long over.
-        #[derive(PartialEq)]
-        enum Try {
-            Appending,
-            Ending,
-            Over,
+        let try_state = self.try_of(&sent);
+        match self.append_outcome(result) {
+            Ok(appended) => self.on_appended(sent, try_state, appended, view, now),
+            Err(e) => self.on_append_failed(sent, try_state, e, now),
         }
-        let try_state = sent.attempt.as_ref().map(|(attempt, _)| match &self.hold {
+        // The end record waited for this answer, which told the offset (or that there is none).
+        self.queue_end_record(false, now);
+    }
+
+    /// Which try the ACQUIRED record `sent` speaks for; `None` for other records.
+    fn try_of(&self, sent: &Append) -> Option<Try> {
+        sent.attempt.as_ref().map(|(attempt, _)| match &self.hold {
             HoldState::Appending { attempt: a, .. } if a == attempt => Try::Appending,
             HoldState::Ending { attempt: a, .. } if a == attempt => Try::Ending,
             _ => Try::Over,
-        });
-        let outcome = match result {
+        })
+    }
+
+    /// What a Produce answer says: where the batch landed, or why it did not.
+    fn append_outcome(&self, result: Result<(Response, i16), Error>) -> Result<Appended, Error> {
+        match result {
             Ok((Response::Produce(r), v)) => produced(&r, &self.tp(), v).map_err(|e| match e {
                 LogError::Broker { api, code, message } => Error::Broker {
                     api: crate::api::Api::of(api),
@@ -1581,84 +1490,91 @@ impl Ledger {
                 other.api_key()
             ))),
             Err(e) => Err(e),
-        };
-        match outcome {
-            Ok(appended) => {
-                self.backoff.reset();
-                let offset = appended.base_offset;
-                if let Some(ticket) = sent.ticket {
-                    info!(lock = %self.cfg.lock, copy = offset, "checkpoint stored");
-                    self.checkpoint_results.push_back((ticket, Ok(())));
-                }
-                match (try_state, sent.attempt) {
-                    (Some(Try::Appending), _) => self.acquired_at(offset, view, now),
-                    // The end record will name it.
-                    (Some(Try::Ending), _) => {
-                        if let HoldState::Ending { token, .. } = &mut self.hold {
-                            token.ledger_offset = Some(offset);
-                        }
-                    }
-                    // A try that is over and forgotten (eager mode went back to waiting): its
-                    // record names no hold, and a LOST record says so.
-                    (Some(Try::Over), Some((_, token))) => {
-                        info!(lock = %self.cfg.lock, offset, generation = token.generation,
-                              "an earlier try's ACQUIRED record was acknowledged after that try ended; it names no hold");
-                        let batch = self.record_batch(
-                            &token,
-                            offset,
-                            RecordKind::Lost {
-                                held_ms: 0,
-                                reason: LossReason::Ledger.as_str().to_owned(),
-                                detail: "the try ended before the ACQUIRED record was \
-                                         acknowledged; this offset names no hold"
-                                    .to_owned(),
-                            },
-                            now,
-                        );
-                        self.appends.push_back(Append {
-                            purpose: Purpose::End,
-                            batch,
-                            deadline: now.mono + self.cfg.request_timeout,
-                            attempt: None,
-                            ticket: None,
-                        });
-                    }
-                    _ => {}
-                }
-            }
-            Err(e) => {
-                let leader_gone = match &e {
-                    Error::Broker { code, .. } => {
-                        matches!(code.0, 3 | 5 | 6 | 56 | 74 | 75 | 100 | 103)
-                    }
-                    other => other.is_retriable(),
-                };
-                if leader_gone {
-                    // The lookup waits out the backoff; the next append goes once it answers.
-                    self.forget_leader(now);
-                }
-                let try_over = try_state.as_ref().is_some_and(|t| *t != Try::Appending);
-                if try_over {
-                    // Its try ended: the record would name no hold, so it is not sent again.
-                    // If this attempt did land, it lies before the end of that try.
-                    debug!(lock = %self.cfg.lock, error = %e,
-                           "an ACQUIRED append failed after its try ended; not resending it");
-                } else if e.is_retriable() {
-                    debug!(lock = %self.cfg.lock, error = %e, ?purpose, "ledger append failed; retrying");
-                    self.append_retry_at =
-                        (!leader_gone).then(|| now.mono + self.backoff.next_delay());
-                    self.appends.push_front(sent);
-                } else if purpose == Purpose::Acquired {
-                    self.fail_hold(e, now);
-                } else {
-                    warn!(lock = %self.cfg.lock, error = %e, ?purpose,
-                          "the ledger refused a record; it is missing from the history");
-                    self.not_copied(&sent, e.to_string());
-                }
-            }
         }
-        // The end record waited for this answer, which told the offset (or that there is none).
-        self.queue_end_record(false, now);
+    }
+
+    /// The broker stored `sent` at `appended`.
+    fn on_appended(
+        &mut self,
+        sent: Append,
+        try_state: Option<Try>,
+        appended: Appended,
+        view: &MemberView,
+        now: Now,
+    ) {
+        self.backoff.reset();
+        let offset = appended.base_offset;
+        if let Some(ticket) = sent.ticket {
+            info!(lock = %self.cfg.lock, copy = offset, "checkpoint stored");
+            self.checkpoint_results.push_back((ticket, Ok(())));
+        }
+        match (try_state, sent.attempt) {
+            (Some(Try::Appending), _) => self.acquired_at(offset, view, now),
+            // The end record will name it.
+            (Some(Try::Ending), _) => {
+                if let HoldState::Ending { token, .. } = &mut self.hold {
+                    token.ledger_offset = Some(offset);
+                }
+            }
+            // A try that is over and forgotten (eager mode went back to waiting): its
+            // record names no hold, and a LOST record says so.
+            (Some(Try::Over), Some((_, token))) => {
+                info!(lock = %self.cfg.lock, offset, generation = token.generation,
+                      "an earlier try's ACQUIRED record was acknowledged after that try ended; it names no hold");
+                let batch = self.record_batch(
+                    &token,
+                    offset,
+                    RecordKind::Lost {
+                        held_ms: 0,
+                        reason: LossReason::Ledger.as_str().to_owned(),
+                        detail: "the try ended before the ACQUIRED record was \
+                                 acknowledged; this offset names no hold"
+                            .to_owned(),
+                    },
+                    now,
+                );
+                self.appends.push_back(Append {
+                    purpose: Purpose::End,
+                    batch,
+                    deadline: now.mono + self.cfg.request_timeout,
+                    attempt: None,
+                    ticket: None,
+                });
+            }
+            _ => {}
+        }
+    }
+
+    /// `sent` was not stored: it is sent again, given up, or ends the try it was for.
+    fn on_append_failed(&mut self, sent: Append, try_state: Option<Try>, e: Error, now: Now) {
+        let purpose = sent.purpose;
+        let leader_gone = match &e {
+            Error::Broker { code, .. } => {
+                matches!(code.0, 3 | 5 | 6 | 56 | 74 | 75 | 100 | 103)
+            }
+            other => other.is_retriable(),
+        };
+        if leader_gone {
+            // The lookup waits out the backoff; the next append goes once it answers.
+            self.forget_leader(now);
+        }
+        let try_over = try_state.as_ref().is_some_and(|t| *t != Try::Appending);
+        if try_over {
+            // Its try ended: the record would name no hold, so it is not sent again.
+            // If this attempt did land, it lies before the end of that try.
+            debug!(lock = %self.cfg.lock, error = %e,
+                   "an ACQUIRED append failed after its try ended; not resending it");
+        } else if e.is_retriable() {
+            debug!(lock = %self.cfg.lock, error = %e, ?purpose, "ledger append failed; retrying");
+            self.append_retry_at = (!leader_gone).then(|| now.mono + self.backoff.next_delay());
+            self.appends.push_front(sent);
+        } else if purpose == Purpose::Acquired {
+            self.fail_hold(e, now);
+        } else {
+            warn!(lock = %self.cfg.lock, error = %e, ?purpose,
+                  "the ledger refused a record; it is missing from the history");
+            self.not_copied(&sent, e.to_string());
+        }
     }
 
     /// `a` will not be appended; a checkpoint it copies fails, though its group has it.

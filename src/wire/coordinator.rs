@@ -1,10 +1,44 @@
 //! FindCoordinator for a group, in both shapes: v0-3 carry one key and answer at the top level,
 //! v4+ (KIP-699) carry a list of keys and answer one entry per key.
 
-use kafka_protocol::messages::{ApiKey, FindCoordinatorRequest, FindCoordinatorResponse};
+use kafka_protocol::messages::{FindCoordinatorRequest, FindCoordinatorResponse};
 use kafka_protocol::protocol::StrBytes;
 
-use crate::error::{Error, KafkaCode};
+use crate::api::Api;
+use crate::wire::code::KafkaCode;
+
+/// Why a FindCoordinator answer names no coordinator. The crate's `Error` wraps it (as a broker
+/// error, or as a protocol error for an unusable address) with the same words.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CoordinatorError {
+    /// The broker answered with an error code.
+    #[error("{} failed: {code}{}", Api::FindCoordinator, .message.as_deref().map(|m| format!(" (broker says: {m})")).unwrap_or_default())]
+    Broker {
+        /// The code.
+        code: KafkaCode,
+        /// The broker's own message, when it sent one that is not empty.
+        message: Option<String>,
+    },
+    /// A success that names no host or a port outside 1..=65535.
+    #[error("FindCoordinator named an unusable coordinator {host:?}:{port}")]
+    Unusable {
+        /// The host the answer named.
+        host: String,
+        /// The port the answer named.
+        port: i32,
+    },
+}
+
+impl CoordinatorError {
+    /// Whether asking again may name a coordinator (see [`KafkaCode::is_retriable`]); an unusable
+    /// address is not.
+    pub fn is_retriable(&self) -> bool {
+        match self {
+            CoordinatorError::Broker { code, .. } => code.is_retriable(),
+            CoordinatorError::Unusable { .. } => false,
+        }
+    }
+}
 
 /// A coordinator the broker named.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,9 +63,12 @@ pub fn find_coordinator_request(group: &str, version: i16) -> FindCoordinatorReq
     req
 }
 
-/// The coordinator in an answer of either shape. A broker error code is [`Error::Broker`] (check
-/// [`Error::is_retriable`]); a success without a usable address is [`Error::Protocol`].
-pub fn found_coordinator(resp: &FindCoordinatorResponse) -> Result<FoundCoordinator, Error> {
+/// The coordinator in an answer of either shape. A broker error code is
+/// [`CoordinatorError::Broker`] (check [`CoordinatorError::is_retriable`]); a success without a
+/// usable address is [`CoordinatorError::Unusable`].
+pub fn found_coordinator(
+    resp: &FindCoordinatorResponse,
+) -> Result<FoundCoordinator, CoordinatorError> {
     let (code, node_id, host, port, message) = match resp.coordinators.first() {
         Some(c) => (c.error_code, c.node_id.0, &c.host, c.port, &c.error_message),
         None => (
@@ -43,11 +80,14 @@ pub fn found_coordinator(resp: &FindCoordinatorResponse) -> Result<FoundCoordina
         ),
     };
     if code != 0 {
-        return Err(Error::broker(
-            ApiKey::FindCoordinator,
-            KafkaCode(code),
-            message.as_ref().map(|m| m.as_str()),
-        ));
+        return Err(CoordinatorError::Broker {
+            code: KafkaCode(code),
+            message: message
+                .as_ref()
+                .map(|m| m.as_str())
+                .filter(|m| !m.is_empty())
+                .map(str::to_owned),
+        });
     }
     match u16::try_from(port) {
         Ok(port) if port != 0 && !host.is_empty() => Ok(FoundCoordinator {
@@ -55,9 +95,10 @@ pub fn found_coordinator(resp: &FindCoordinatorResponse) -> Result<FoundCoordina
             host: host.to_string(),
             port,
         }),
-        _ => Err(Error::Protocol(format!(
-            "FindCoordinator named an unusable coordinator {host:?}:{port}"
-        ))),
+        _ => Err(CoordinatorError::Unusable {
+            host: host.to_string(),
+            port,
+        }),
     }
 }
 
@@ -85,12 +126,15 @@ mod tests {
         c.host = StrBytes::from_static_str("127.0.0.1");
         c.port = 70000;
         new.coordinators = vec![c.clone()];
-        assert!(matches!(found_coordinator(&new), Err(Error::Protocol(_))));
+        assert!(matches!(
+            found_coordinator(&new),
+            Err(CoordinatorError::Unusable { .. })
+        ));
 
         c.error_code = 15;
         new.coordinators = vec![c];
         match found_coordinator(&new) {
-            Err(e @ Error::Broker { .. }) => assert!(e.is_retriable()),
+            Err(e @ CoordinatorError::Broker { .. }) => assert!(e.is_retriable()),
             other => panic!("{other:?}"),
         }
     }

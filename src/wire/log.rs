@@ -40,7 +40,7 @@ use kafka_protocol::protocol::StrBytes;
 pub use uuid::Uuid;
 
 use super::records::RecordBatches;
-use crate::error::KafkaCode;
+use crate::wire::code::KafkaCode;
 
 /// The first Produce and Fetch version that names topics by id (KIP-516).
 pub const TOPIC_ID_VERSION: i16 = 13;

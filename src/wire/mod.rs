@@ -1,5 +1,6 @@
 //! Sans-I/O wire layer: bytes in, typed Kafka messages out, and back. No tokio here.
 //!
+//! - [`code`]: the error codes brokers answer with, their names, retriability and meaning.
 //! - [`frame`]: the 4-byte length prefix, validated before anything is buffered.
 //! - [`codec`]: request headers and bodies out, response headers and bodies in.
 //! - [`guard`]: the pre-scan that bounds the time and memory of every decode (design notes there).
@@ -7,6 +8,7 @@
 //! - [`records`]: record batches (format v2): our encoder, and bounded decoding of fetched ones.
 //! - [`log`]: Produce and Fetch on one partition: the requests, and what their answers say.
 
+pub mod code;
 pub mod codec;
 pub mod coordinator;
 pub mod frame;

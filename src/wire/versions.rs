@@ -15,7 +15,8 @@ use std::fmt;
 
 use kafka_protocol::messages::{ApiKey, ApiVersionsResponse};
 
-use crate::error::{Api, KafkaCode};
+use crate::api::Api;
+use crate::wire::code::KafkaCode;
 
 /// The versions kafka-lock implements, per API: `(api, min, max)`.
 ///
