@@ -1,0 +1,644 @@
+//! Scripted tests of the hold machine: a manual clock and a manual lease, the hard orders of
+//! events fed by hand, and every order of them fed at random against the safety argument.
+
+use proptest::prelude::*;
+
+use super::*;
+
+const GRACE: Duration = Duration::from_secs(2);
+const LEASE: Duration = Duration::from_secs(8);
+const TERM: i32 = 15;
+const INT: i32 = 2;
+const PID: u32 = 4242;
+
+/// A machine, a manual clock and the lease as the driver would see it.
+struct H {
+    m: Hold,
+    t0: Instant,
+    now: Instant,
+    lease: Option<Instant>,
+    last: Instant,
+}
+
+impl H {
+    fn new() -> H {
+        let t0 = Instant::now();
+        let h = H {
+            m: Hold::new(GRACE),
+            t0,
+            now: t0,
+            lease: Some(t0 + LEASE),
+            last: t0 + LEASE,
+        };
+        assert_eq!(h.m.start(), vec![Action::ReadCheckpoint]);
+        h
+    }
+
+    fn seen(&self) -> Seen {
+        Seen {
+            now: self.now,
+            lease_end: self.lease,
+            last_lease: self.last,
+        }
+    }
+
+    fn feed(&mut self, input: Input) -> Vec<Action> {
+        let seen = self.seen();
+        self.m.handle(seen, input)
+    }
+
+    fn advance(&mut self, d: Duration) {
+        self.now += d;
+    }
+
+    /// The hold is over in the driver's view (a loss, or the lease end passed).
+    fn lose(&mut self) {
+        self.lease = None;
+    }
+
+    fn renew(&mut self, to: Instant) {
+        self.lease = Some(to);
+        self.last = to;
+    }
+
+    /// Prepared with the lease running: the environment, then the lease end.
+    fn running(checkpoint: bool) -> H {
+        let mut h = H::new();
+        assert_eq!(
+            h.feed(Input::Prepared { checkpoint }),
+            vec![Action::SendEnv]
+        );
+        assert_eq!(
+            h.feed(Input::EnvSent),
+            vec![Action::SendLease(h.t0 + LEASE)]
+        );
+        h
+    }
+
+    /// The command runs.
+    fn started(checkpoint: bool) -> H {
+        let mut h = H::running(checkpoint);
+        assert_eq!(
+            h.feed(Input::Supervisor(FromSupervisor::Pid(PID))),
+            vec![Action::ChildStarted(PID)]
+        );
+        h
+    }
+
+    /// Feeds the release's answer and returns the outcome.
+    fn released(&mut self, cut: Option<i32>) -> Outcome {
+        match self.feed(Input::Released(cut)).as_slice() {
+            [Action::Conclude { outcome, cut: c }] if *c == cut => outcome.clone(),
+            other => panic!("expected the conclusion, got {other:?}"),
+        }
+    }
+}
+
+fn exit(code: i32) -> Input {
+    Input::Supervisor(FromSupervisor::Exit(ChildExit::Code(code)))
+}
+
+#[test]
+fn a_command_that_ends_under_its_lease_is_released_and_passes_its_status_on() {
+    let mut h = H::started(false);
+    h.advance(Duration::from_secs(3));
+    let later = h.now + LEASE;
+    h.renew(later);
+    assert_eq!(h.feed(Input::LeaseMoved), vec![Action::SendLease(later)]);
+    // The same lease again (a token change) is not sent twice.
+    assert_eq!(h.feed(Input::LeaseMoved), vec![]);
+    assert_eq!(
+        h.feed(exit(3)),
+        vec![
+            Action::TakeTerminal,
+            Action::ChildExited(ChildExit::Code(3))
+        ]
+    );
+    assert_eq!(
+        h.feed(Input::Gone { queued_loss: None }),
+        vec![Action::Reap]
+    );
+    assert_eq!(
+        h.feed(Input::Reaped),
+        vec![
+            Action::ReportReleased { held_until: h.now },
+            Action::Release
+        ]
+    );
+    assert_eq!(h.released(None), Outcome::Status(3));
+    assert_eq!(h.m.phase(), Phase::Done);
+}
+
+#[test]
+fn a_loss_during_the_checkpoint_read_never_starts_the_command() {
+    let mut h = H::new();
+    h.lose();
+    // The guard's loss won the race with the read.
+    assert_eq!(h.feed(Input::LostWhilePreparing), vec![Action::AwaitLoss]);
+    let reason = LossReason::Fenced(kafka_lock::KafkaCode::UNKNOWN_MEMBER_ID);
+    assert_eq!(
+        h.feed(Input::Lost(reason.clone())),
+        vec![
+            Action::ReportLost {
+                reason,
+                lease_end: Some(h.last)
+            },
+            Action::Release
+        ]
+    );
+    // Nothing that arrives now starts anything.
+    assert_eq!(h.feed(Input::Prepared { checkpoint: false }), vec![]);
+    assert_eq!(h.feed(Input::EnvSent), vec![]);
+    assert_eq!(h.released(None), Outcome::LeaseGoneBeforeStart);
+}
+
+#[test]
+fn a_lease_that_ran_out_during_the_checkpoint_read_never_starts_the_command() {
+    let mut h = H::new();
+    // A read that took the whole lease: the lease end is still the one known, but past.
+    h.advance(LEASE);
+    assert_eq!(
+        h.feed(Input::Prepared { checkpoint: true }),
+        vec![Action::AwaitLoss]
+    );
+    h.lose();
+    let out = h.feed(Input::Lost(LossReason::LeaseExpired));
+    assert_eq!(out.last(), Some(&Action::Release));
+    assert!(!out
+        .iter()
+        .any(|a| matches!(a, Action::SendEnv | Action::SendLease(_))));
+    assert_eq!(h.released(None), Outcome::LeaseGoneBeforeStart);
+}
+
+#[test]
+fn a_checkpoint_that_cannot_be_read_is_reported_after_the_release() {
+    let mut h = H::new();
+    let f = Failure::new(69, "cannot read");
+    assert_eq!(
+        h.feed(Input::PrepareFailed(f)),
+        vec![
+            Action::ReportReleased { held_until: h.now },
+            Action::Release
+        ]
+    );
+    assert_eq!(
+        h.released(None),
+        Outcome::PrepareFailed(Failure::new(69, "cannot read"))
+    );
+}
+
+#[test]
+fn an_environment_that_cannot_be_passed_sends_no_lease() {
+    let mut h = H::new();
+    assert_eq!(
+        h.feed(Input::Prepared { checkpoint: false }),
+        vec![Action::SendEnv]
+    );
+    assert_eq!(
+        h.feed(Input::EnvFailed("full".into())),
+        vec![
+            Action::ReportReleased { held_until: h.now },
+            Action::Release
+        ]
+    );
+    assert_eq!(h.released(None), Outcome::EnvFailed("full".into()));
+}
+
+#[test]
+fn sigterm_twice_during_the_stop_kills_after_one_grace_from_the_first() {
+    let mut h = H::started(false);
+    assert_eq!(h.m.deadline(), None);
+    assert_eq!(h.feed(Input::Signal(TERM)), vec![Action::Signal(TERM)]);
+    let kill_at = h.now + GRACE;
+    assert_eq!(h.m.deadline(), Some(kill_at));
+    h.advance(GRACE / 2);
+    // Passed on again, but the second one does not push the kill back.
+    assert_eq!(h.feed(Input::Signal(TERM)), vec![Action::Signal(TERM)]);
+    assert_eq!(h.m.deadline(), Some(kill_at));
+    // A wake-up before the deadline kills nothing.
+    assert_eq!(h.feed(Input::Deadline), vec![]);
+    h.advance(GRACE / 2);
+    assert_eq!(h.feed(Input::Deadline), vec![Action::Signal(9)]);
+    assert_eq!(h.m.deadline(), None);
+    assert_eq!(
+        h.feed(Input::Supervisor(FromSupervisor::Exit(ChildExit::Signal(
+            9
+        )))),
+        vec![
+            Action::TakeTerminal,
+            Action::ChildExited(ChildExit::Signal(9))
+        ]
+    );
+    assert_eq!(h.feed(Input::Signal(TERM)), vec![]);
+    assert_eq!(h.m.deadline(), None);
+}
+
+#[test]
+fn a_signal_before_the_command_started_is_passed_on_once_it_has() {
+    let mut h = H::running(false);
+    assert_eq!(h.feed(Input::Signal(INT)), vec![]);
+    assert_eq!(
+        h.feed(Input::Supervisor(FromSupervisor::Pid(PID))),
+        vec![Action::ChildStarted(PID), Action::Signal(INT)]
+    );
+}
+
+#[test]
+fn a_sigterm_before_the_command_started_turns_into_a_kill_after_the_grace() {
+    let mut h = H::running(false);
+    assert_eq!(h.feed(Input::Signal(TERM)), vec![]);
+    h.advance(GRACE);
+    assert_eq!(h.feed(Input::Deadline), vec![]);
+    assert_eq!(
+        h.feed(Input::Supervisor(FromSupervisor::Pid(PID))),
+        vec![Action::ChildStarted(PID), Action::Signal(9)]
+    );
+}
+
+#[test]
+fn supervisor_death_stops_the_whole_tree_before_the_release() {
+    let mut h = H::started(false);
+    assert_eq!(
+        h.feed(Input::Supervisor(FromSupervisor::Error("boom".into()))),
+        vec![Action::SupervisorSays("boom".into())]
+    );
+    let out = h.feed(Input::SupervisorExited { queued_loss: None });
+    assert_eq!(
+        out,
+        vec![Action::StopTree {
+            running: true,
+            child: Some(PID),
+            kill_by: Some(h.t0 + LEASE + GRACE)
+        }]
+    );
+    // The lease runs on, is lost even: nothing is released until the tree is gone.
+    h.lose();
+    assert_eq!(h.feed(Input::Lost(LossReason::LeaseExpired)), vec![]);
+    assert_eq!(h.feed(Input::Deadline), vec![]);
+    assert_eq!(
+        h.feed(Input::TreeStopped {
+            child: Some(ChildExit::Signal(15)),
+            how: "status 1".into()
+        }),
+        vec![Action::ChildExited(ChildExit::Signal(15)), Action::Release]
+    );
+    assert_eq!(
+        h.released(None),
+        Outcome::SupervisorFailed {
+            why: "boom".into(),
+            how: "status 1".into()
+        }
+    );
+}
+
+#[test]
+fn a_supervisor_breaking_the_protocol_is_killed_and_a_pending_loss_reported_first() {
+    let mut h = H::started(false);
+    h.lose();
+    assert_eq!(
+        h.feed(Input::Lost(LossReason::Reassigned)),
+        vec![Action::Stop]
+    );
+    let out = h.feed(Input::SupervisorBroken {
+        why: "it sent garbage".into(),
+        queued_loss: Some(h.t0 + LEASE),
+    });
+    assert_eq!(
+        out,
+        vec![
+            Action::KillSupervisor,
+            Action::ReportLost {
+                reason: LossReason::Reassigned,
+                lease_end: Some(h.t0 + LEASE)
+            },
+            Action::StopTree {
+                running: true,
+                child: Some(PID),
+                kill_by: Some(h.t0 + LEASE + GRACE)
+            }
+        ]
+    );
+}
+
+#[test]
+fn a_command_exit_racing_a_loss_is_a_loss_not_a_success() {
+    // The lease ran out in the same instant the command ended 0, before the loss was fed.
+    let mut h = H::started(true);
+    h.advance(LEASE);
+    h.lose();
+    assert_eq!(
+        h.feed(exit(0)),
+        vec![
+            Action::TakeTerminal,
+            Action::ReportLost {
+                reason: LossReason::LeaseExpired,
+                lease_end: Some(h.t0 + LEASE)
+            },
+            Action::ChildExited(ChildExit::Code(0))
+        ]
+    );
+    // The loss the guard then sees is the same one, reported once.
+    assert_eq!(h.feed(Input::Lost(LossReason::LeaseExpired)), vec![]);
+    assert_eq!(
+        h.feed(Input::LossReported {
+            reason: LossReason::LeaseExpired,
+            lease_end: h.t0 + LEASE
+        }),
+        vec![]
+    );
+    assert_eq!(
+        h.feed(Input::Gone { queued_loss: None }),
+        vec![Action::Reap]
+    );
+    // No checkpoint is stored and nothing is claimed as released.
+    assert_eq!(h.feed(Input::Reaped), vec![Action::Release]);
+    assert_eq!(
+        h.released(None),
+        Outcome::Lost {
+            reason: LossReason::LeaseExpired,
+            status: 0
+        }
+    );
+}
+
+#[test]
+fn a_loss_before_the_exit_stops_the_command_and_is_reported_at_gone() {
+    let mut h = H::started(false);
+    h.advance(Duration::from_secs(1));
+    h.lose();
+    assert_eq!(
+        h.feed(Input::Lost(LossReason::Reassigned)),
+        vec![Action::Stop]
+    );
+    assert_eq!(h.m.deadline(), Some(h.now + LOSS_REPORT_BOUND));
+    assert_eq!(
+        h.feed(Input::Supervisor(FromSupervisor::Exit(ChildExit::Signal(
+            15
+        )))),
+        vec![
+            Action::TakeTerminal,
+            Action::ChildExited(ChildExit::Signal(15))
+        ]
+    );
+    // The session never said when the lease ended: the last one sent, not yet over, is not
+    // claimed as the end.
+    assert_eq!(
+        h.feed(Input::Gone { queued_loss: None }),
+        vec![
+            Action::ReportLost {
+                reason: LossReason::Reassigned,
+                lease_end: None
+            },
+            Action::Reap
+        ]
+    );
+    assert_eq!(h.feed(Input::Reaped), vec![Action::Release]);
+    assert_eq!(
+        h.released(None),
+        Outcome::Lost {
+            reason: LossReason::Reassigned,
+            status: 143
+        }
+    );
+}
+
+#[test]
+fn a_loss_the_session_does_not_report_in_time_is_reported_by_the_bound() {
+    let mut h = H::started(false);
+    h.advance(LEASE);
+    h.lose();
+    assert_eq!(
+        h.feed(Input::Lost(LossReason::LeaseExpired)),
+        vec![Action::Stop]
+    );
+    h.advance(LOSS_REPORT_BOUND);
+    assert_eq!(
+        h.feed(Input::Deadline),
+        vec![Action::ReportLost {
+            reason: LossReason::LeaseExpired,
+            lease_end: Some(h.t0 + LEASE)
+        }]
+    );
+    assert_eq!(h.m.deadline(), None);
+}
+
+#[test]
+fn the_lease_end_reached_while_releasing_changes_nothing() {
+    let mut h = H::started(true);
+    assert_eq!(
+        h.feed(exit(0)),
+        vec![
+            Action::TakeTerminal,
+            Action::ChildExited(ChildExit::Code(0))
+        ]
+    );
+    assert_eq!(
+        h.feed(Input::Gone { queued_loss: None }),
+        vec![Action::Reap]
+    );
+    assert_eq!(h.feed(Input::Reaped), vec![Action::CommitCheckpoint]);
+    assert_eq!(
+        h.feed(Input::Committed(None)),
+        vec![
+            Action::ReportReleased { held_until: h.now },
+            Action::Release
+        ]
+    );
+    // The LeaveGroup is slow; the lease runs out meanwhile. The hold was claimed only up to the
+    // instant the end was reported, inside the lease.
+    h.advance(LEASE);
+    h.lose();
+    assert_eq!(h.feed(Input::Deadline), vec![]);
+    assert_eq!(h.feed(Input::Lost(LossReason::LeaseExpired)), vec![]);
+    assert_eq!(h.feed(Input::LeaseMoved), vec![]);
+    assert_eq!(h.released(Some(INT)), Outcome::Status(0));
+}
+
+#[test]
+fn a_lease_that_ran_out_after_the_command_ended_is_a_loss() {
+    let mut h = H::started(false);
+    assert_eq!(
+        h.feed(exit(0)),
+        vec![
+            Action::TakeTerminal,
+            Action::ChildExited(ChildExit::Code(0))
+        ]
+    );
+    // kafka-lock was stopped between the exit and GONE.
+    h.advance(LEASE);
+    h.lose();
+    assert_eq!(
+        h.feed(Input::Gone { queued_loss: None }),
+        vec![Action::Reap]
+    );
+    assert_eq!(h.feed(Input::Reaped), vec![Action::AwaitLoss]);
+    assert_eq!(
+        h.feed(Input::Lost(LossReason::LeaseExpired)),
+        vec![
+            Action::ReportLost {
+                reason: LossReason::LeaseExpired,
+                lease_end: Some(h.last)
+            },
+            Action::Release
+        ]
+    );
+    assert_eq!(
+        h.released(None),
+        Outcome::RanOut {
+            reason: LossReason::LeaseExpired,
+            status: 0
+        }
+    );
+}
+
+#[test]
+fn a_checkpoint_not_stored_fails_the_run_after_the_release() {
+    let mut h = H::started(true);
+    h.feed(exit(0));
+    h.feed(Input::Gone { queued_loss: None });
+    assert_eq!(h.feed(Input::Reaped), vec![Action::CommitCheckpoint]);
+    assert_eq!(
+        h.feed(Input::Committed(Some(Failure::new(74, "stale")))),
+        vec![Action::Release]
+    );
+    assert_eq!(
+        h.released(None),
+        Outcome::CheckpointFailed(Failure::new(74, "stale"))
+    );
+}
+
+#[test]
+fn a_command_that_cannot_be_executed_releases_without_running() {
+    let mut h = H::running(false);
+    assert_eq!(
+        h.feed(Input::Supervisor(FromSupervisor::Failed { errno: 2 })),
+        vec![]
+    );
+    h.feed(Input::Gone { queued_loss: None });
+    assert_eq!(
+        h.feed(Input::Reaped),
+        vec![
+            Action::ReportReleased { held_until: h.now },
+            Action::Release
+        ]
+    );
+    assert_eq!(h.released(None), Outcome::CannotRun(2));
+}
+
+#[test]
+fn a_lease_the_supervisor_found_over_never_starts_the_command() {
+    let mut h = H::running(false);
+    assert_eq!(
+        h.feed(Input::Supervisor(FromSupervisor::Expired {
+            lease_end_ns: 7
+        })),
+        vec![Action::ReportExpired { lease_end_ns: 7 }]
+    );
+    h.feed(Input::Gone { queued_loss: None });
+    assert_eq!(h.feed(Input::Reaped), vec![Action::Release]);
+    assert_eq!(h.released(None), Outcome::NeverStarted);
+}
+
+/// Anything the driver can feed, in any order.
+fn input() -> impl Strategy<Value = (u8, u64)> {
+    (0u8..22, 0u64..4_000)
+}
+
+fn pick(h: &mut H, k: u8, ms: u64) -> Input {
+    match k {
+        0 => Input::Prepared {
+            checkpoint: ms.is_multiple_of(2),
+        },
+        1 => Input::PrepareFailed(Failure::new(69, "x")),
+        2 => Input::LostWhilePreparing,
+        3 => Input::EnvSent,
+        4 => Input::EnvFailed("x".into()),
+        5 => {
+            h.renew(h.now + Duration::from_millis(ms));
+            Input::LeaseMoved
+        }
+        6 => Input::WatchClosed,
+        7 => {
+            h.lose();
+            Input::Lost(LossReason::LeaseExpired)
+        }
+        8 => Input::LossReported {
+            reason: LossReason::Reassigned,
+            lease_end: h.last,
+        },
+        9 => Input::Supervisor(FromSupervisor::Pid(PID)),
+        10 => Input::Supervisor(FromSupervisor::Failed { errno: 2 }),
+        11 => Input::Supervisor(FromSupervisor::Expired { lease_end_ns: 1 }),
+        12 => exit((ms % 3) as i32),
+        13 => Input::Supervisor(FromSupervisor::Error("e".into())),
+        14 => Input::Gone { queued_loss: None },
+        15 => Input::SupervisorExited { queued_loss: None },
+        16 => Input::Signal(if ms.is_multiple_of(2) { TERM } else { INT }),
+        17 => {
+            h.advance(Duration::from_millis(ms));
+            Input::Deadline
+        }
+        18 => Input::Reaped,
+        19 => Input::TreeStopped {
+            child: None,
+            how: "x".into(),
+        },
+        20 => Input::Committed(None),
+        _ => Input::Released(None),
+    }
+}
+
+proptest! {
+    // Cheap: a case is a few dozen calls, and most scripts die in Preparing.
+    #![proptest_config(ProptestConfig::with_cases(4096))]
+
+    #[test]
+    fn nothing_is_released_while_the_command_may_run_and_success_needs_a_running_lease(
+        script in proptest::collection::vec(input(), 0..60)
+    ) {
+        let mut h = H::new();
+        // The supervisor may start the command from the first LEASE until GONE (it has reaped
+        // everything) or the driver's StopTree has (TreeStopped).
+        let mut may_run = false;
+        let mut released_at: Option<Instant> = None;
+        let mut released = false;
+        let mut concluded = false;
+        for (k, ms) in script {
+            let input = pick(&mut h, k, ms);
+            let gone = matches!(input, Input::Gone { .. } | Input::TreeStopped { .. });
+            let seen = h.seen();
+            let out = h.m.handle(seen, input);
+            if gone {
+                may_run = false;
+            }
+            for a in out {
+                prop_assert!(!concluded, "{a:?} after the conclusion");
+                match a {
+                    Action::SendLease(_) | Action::SendEnv => {
+                        prop_assert!(!released, "{a:?} after the release");
+                        if matches!(a, Action::SendLease(_)) {
+                            may_run = true;
+                        }
+                    }
+                    Action::Release => {
+                        prop_assert!(!may_run, "released while the command may run");
+                        prop_assert!(!released, "released twice");
+                        released = true;
+                    }
+                    Action::ReportReleased { held_until } => {
+                        prop_assert!(seen.lease_end.is_some_and(|end| held_until < end));
+                        released_at = Some(held_until);
+                    }
+                    Action::Conclude { outcome, .. } => {
+                        prop_assert!(released);
+                        if let Outcome::Status(_) = outcome {
+                            prop_assert!(released_at.is_some(), "a success without `released`");
+                        }
+                        concluded = true;
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+}
