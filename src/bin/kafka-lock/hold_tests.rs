@@ -616,6 +616,12 @@ proptest! {
                 match a {
                     Action::SendLease(_) | Action::SendEnv => {
                         prop_assert!(!released, "{a:?} after the release");
+                        if a == Action::SendEnv {
+                            prop_assert!(
+                                seen.lease_end.is_some_and(|end| seen.now < end),
+                                "the environment sent without a running lease"
+                            );
+                        }
                         if matches!(a, Action::SendLease(_)) {
                             may_run = true;
                         }
