@@ -252,6 +252,16 @@ enum AfterEnd {
     Decide { status: u8 },
 }
 
+/// The hold is over while the command may still run.
+#[derive(Debug)]
+struct Loss {
+    reason: LossReason,
+    /// The `lost` event is out: a loss is reported once, with the first lease end known.
+    reported: bool,
+    /// When to report it without the session's lease end, if the session has not by then.
+    report_by: Option<Instant>,
+}
+
 #[derive(Debug)]
 pub struct Hold {
     phase: Phase,
@@ -262,11 +272,10 @@ pub struct Hold {
     child: Option<u32>,
     end: Option<ChildExit>,
     spawn_errno: Option<i32>,
-    lost: Option<LossReason>,
-    lost_reported: bool,
-    report_lost_by: Option<Instant>,
+    lost: Option<Loss>,
     watching: bool,
     pending_signal: Option<i32>,
+    /// The supervisor's last ERROR, then why it failed, for `SupervisorFailed`.
     sup_error: Option<String>,
     /// A command still running --kill-grace after a SIGTERM passed on to it is killed, as on a
     /// loss: kafka-lock asked to stop must not wait forever for a command that ignores it.
@@ -290,8 +299,6 @@ impl Hold {
             end: None,
             spawn_errno: None,
             lost: None,
-            lost_reported: false,
-            report_lost_by: None,
             watching: true,
             pending_signal: None,
             sup_error: None,
@@ -326,8 +333,10 @@ impl Hold {
             return None;
         }
         let report = self
-            .report_lost_by
-            .filter(|_| !self.lost_reported && self.lost.is_some());
+            .lost
+            .as_ref()
+            .filter(|l| !l.reported)
+            .and_then(|l| l.report_by);
         let kill = self.kill_after_term.filter(|_| self.end.is_none());
         match (report, kill) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -418,46 +427,7 @@ impl Hold {
 
     fn running(&mut self, seen: Seen, input: Input, out: &mut Vec<Action>) {
         match input {
-            Input::Supervisor(m) => match m {
-                FromSupervisor::Pid(pid) => {
-                    self.child = Some(pid);
-                    out.push(Action::ChildStarted(pid));
-                    if let Some(sig) = self.pending_signal.take() {
-                        out.push(Action::Signal(sig));
-                    }
-                }
-                FromSupervisor::Failed { errno } => self.spawn_errno = Some(errno),
-                FromSupervisor::Expired { lease_end_ns } => {
-                    if self.lost.is_none() {
-                        self.lost = Some(LossReason::LeaseExpired);
-                    }
-                    if !self.lost_reported {
-                        out.push(Action::ReportExpired { lease_end_ns });
-                        self.lost_reported = true;
-                    }
-                }
-                FromSupervisor::Exit(exit) => {
-                    // The lease may have run out in the same instant the command ended: then it
-                    // ran without the lock at the end, and that must not pass as success.
-                    out.push(Action::TakeTerminal);
-                    let held = seen.lease_end.is_some_and(|end| seen.now < end);
-                    if self.lost.is_none() && !held {
-                        self.lost = Some(LossReason::LeaseExpired);
-                        out.push(Action::ReportLost {
-                            reason: LossReason::LeaseExpired,
-                            lease_end: seen.lease_end.or(self.sent_lease),
-                        });
-                        self.lost_reported = true;
-                    }
-                    self.end = Some(exit);
-                    out.push(Action::ChildExited(exit));
-                }
-                FromSupervisor::Error(text) => {
-                    out.push(Action::SupervisorSays(text.clone()));
-                    self.sup_error = Some(text);
-                }
-                FromSupervisor::Gone => self.gone(seen, None, out),
-            },
+            Input::Supervisor(m) => self.on_supervisor(seen, m, out),
             Input::Gone { queued_loss } => self.gone(seen, queued_loss, out),
             Input::SupervisorExited { queued_loss } => {
                 let why = self
@@ -472,8 +442,11 @@ impl Hold {
             }
             Input::Lost(reason) if self.lost.is_none() => {
                 out.push(Action::Stop);
-                self.lost = Some(reason);
-                self.report_lost_by = Some(seen.now + LOSS_REPORT_BOUND);
+                self.lost = Some(Loss {
+                    reason,
+                    reported: false,
+                    report_by: Some(seen.now + LOSS_REPORT_BOUND),
+                });
             }
             Input::LeaseMoved if self.wants_lease() => {
                 if let Some(new_end) = seen.lease_end {
@@ -487,14 +460,12 @@ impl Hold {
             Input::LossReported { reason, lease_end } => {
                 if self.lost.is_none() {
                     out.push(Action::Stop);
-                    self.lost = Some(reason.clone());
                 }
-                if !self.lost_reported {
+                if self.loss(reason.clone()) {
                     out.push(Action::ReportLost {
                         reason,
                         lease_end: Some(lease_end),
                     });
-                    self.lost_reported = true;
                 }
             }
             Input::TokenChanged(token) if self.lost.is_none() => {
@@ -502,9 +473,10 @@ impl Hold {
             }
             Input::Signal(sig) => self.signal(seen, sig, out),
             Input::Deadline => {
-                if !self.lost_reported
-                    && self.lost.is_some()
-                    && self.report_lost_by.is_some_and(|at| at <= seen.now)
+                if self
+                    .lost
+                    .as_ref()
+                    .is_some_and(|l| !l.reported && l.report_by.is_some_and(|at| at <= seen.now))
                 {
                     self.report_lost_fallback(seen, out);
                 }
@@ -518,6 +490,54 @@ impl Hold {
             }
             _ => {}
         }
+    }
+
+    fn on_supervisor(&mut self, seen: Seen, m: FromSupervisor, out: &mut Vec<Action>) {
+        match m {
+            FromSupervisor::Pid(pid) => {
+                self.child = Some(pid);
+                out.push(Action::ChildStarted(pid));
+                if let Some(sig) = self.pending_signal.take() {
+                    out.push(Action::Signal(sig));
+                }
+            }
+            FromSupervisor::Failed { errno } => self.spawn_errno = Some(errno),
+            FromSupervisor::Expired { lease_end_ns } => {
+                if self.loss(LossReason::LeaseExpired) {
+                    out.push(Action::ReportExpired { lease_end_ns });
+                }
+            }
+            FromSupervisor::Exit(exit) => {
+                // The lease may have run out in the same instant the command ended: then it
+                // ran without the lock at the end, and that must not pass as success.
+                out.push(Action::TakeTerminal);
+                let held = seen.lease_end.is_some_and(|end| seen.now < end);
+                if self.lost.is_none() && !held && self.loss(LossReason::LeaseExpired) {
+                    out.push(Action::ReportLost {
+                        reason: LossReason::LeaseExpired,
+                        lease_end: seen.lease_end.or(self.sent_lease),
+                    });
+                }
+                self.end = Some(exit);
+                out.push(Action::ChildExited(exit));
+            }
+            FromSupervisor::Error(text) => {
+                out.push(Action::SupervisorSays(text.clone()));
+                self.sup_error = Some(text);
+            }
+            FromSupervisor::Gone => self.gone(seen, None, out),
+        }
+    }
+
+    /// Records the loss (the first reason stays); whether it is still to be reported, which
+    /// the caller then does.
+    fn loss(&mut self, reason: LossReason) -> bool {
+        let loss = self.lost.get_or_insert(Loss {
+            reason,
+            reported: false,
+            report_by: None,
+        });
+        !std::mem::replace(&mut loss.reported, true)
     }
 
     /// Passed on to the command's group; the lock is released once it is gone.
@@ -534,10 +554,11 @@ impl Hold {
 
     /// A `lost` event without the session's lease end: the guard's last one, if it has run out.
     fn report_lost_fallback(&mut self, seen: Seen, out: &mut Vec<Action>) {
-        self.lost_reported = true;
-        let Some(reason) = self.lost.clone() else {
+        let Some(loss) = self.lost.as_mut().filter(|l| !l.reported) else {
             return;
         };
+        loss.reported = true;
+        let reason = loss.reason.clone();
         let last = seen
             .lease_end
             .or(self.sent_lease)
@@ -556,17 +577,16 @@ impl Hold {
         queued_loss: Option<Instant>,
         out: &mut Vec<Action>,
     ) {
-        if self.lost.is_some() && !self.lost_reported {
-            match queued_loss {
-                Some(at) => {
-                    self.lost_reported = true;
-                    out.push(Action::ReportLost {
-                        reason: self.lost.clone().unwrap_or(LossReason::Fatal),
-                        lease_end: Some(at),
-                    });
-                }
-                None => self.report_lost_fallback(seen, out),
+        match (queued_loss, self.lost.as_mut().filter(|l| !l.reported)) {
+            (_, None) => {}
+            (Some(at), Some(loss)) => {
+                loss.reported = true;
+                out.push(Action::ReportLost {
+                    reason: loss.reason.clone(),
+                    lease_end: Some(at),
+                });
             }
+            (None, Some(_)) => self.report_lost_fallback(seen, out),
         }
     }
 
@@ -623,7 +643,7 @@ impl Hold {
             .end
             .map(|e| crate::run::child_end(e).status)
             .unwrap_or(0);
-        match self.lost.clone() {
+        match self.lost.as_ref().map(|l| l.reason.clone()) {
             Some(reason) => self.release(Outcome::Lost { reason, status }, out),
             // A lease that ran out after the command ended (kafka-lock stopped or starved in
             // between) is a loss: the hold cannot be claimed up to the release.

@@ -791,11 +791,17 @@ async fn hold(
                 Some(input) => input,
                 None => continue,
             },
-            // The release is always followed by the conclusion: nothing can come after it.
-            None if m.phase() == Phase::Done => {
+            // Outside Running the machine always waits on an action of its own (the release is
+            // followed by the conclusion): an empty queue there would wait forever.
+            None if m.phase() != Phase::Running || io.guard.is_none() => {
                 return Err(Failure::new(
                     exit::OSERR,
-                    "the hold ended without an outcome; this is a bug",
+                    format!(
+                        "the hold of lock {:?} stopped in {:?} with nothing to wait for; this is \
+                         a bug",
+                        c.lock,
+                        m.phase()
+                    ),
                 ))
             }
             None => match io.next(&m, &mut rx).await {
