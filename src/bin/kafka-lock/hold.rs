@@ -6,25 +6,25 @@
 //! touches a socket or a process; `run.rs` `hold` is the driver that does.
 //!
 //! ```text
-//!                 granted
-//!                    │  read the last checkpoint (ReadCheckpoint)
-//!                    ▼
-//!   ┌──────────  Preparing ── read failed / lost / lease over ──► report the end ─┐
-//!   │                │ read, lease still running: environment, then LEASE          │
-//!   │                ▼                                                             │
-//!   │             Running ─── lost / lease expired / signal / command exits        │
-//!   │                │        (Stop or the signal to the supervisor; TERM then     │
-//!   │                │         KILL after the grace for a SIGTERM of ours)         │
-//!   │                │ GONE: the supervisor has reaped the command and its tree    │
-//!   │                │ EOF / garbage: the supervisor died; StopTree (we are the    │
-//!   │                ▼        subreaper), then release                             │
-//!   │             Ending ─── store the checkpoint (status 0, not lost)            │
-//!   │                │        report the end: `released` (lease running) or `lost`  │
-//!   │                ▼                                                             │
-//!   └─────────► Releasing ◄───────────────────────────────────────────────────────┘
-//!                    │ LeaveGroup answered, or cut short by a signal
-//!                    ▼
-//!                  Done (the outcome: the command's status or kafka-lock's failure)
+//!              granted
+//!                 │ ReadCheckpoint, racing the loss
+//!                 ▼
+//!            Preparing ── read failed / lost / lease over / ENV failed ──┐
+//!                 │ read, lease running: SendEnv, then SendLease         │
+//!                 ▼                                                      │
+//!             Running ◄─ renewed: SendLease; lost: Stop; our signals     │
+//!                 │      passed on (a SIGTERM: KILL after the grace)     │
+//!                 │ GONE: the supervisor reaped the command's tree, or   │
+//!                 │ the supervisor died: StopTree (we are the subreaper) │
+//!                 ▼                                                      │
+//!              Ending ── store the checkpoint (exit 0, not lost), then   │
+//!                 │      report the end, `released` or `lost` ◄──────────┘
+//!                 │      (after StopTree: straight on)
+//!                 ▼
+//!            Releasing ── LeaveGroup answered, or cut short by a signal
+//!                 │
+//!                 ▼
+//!               Done: Conclude (the command's status, or kafka-lock's failure)
 //! ```
 //!
 //! # Why the lock is never used by a command that does not hold it
@@ -34,10 +34,12 @@
 //!   command only on a LEASE, and itself refuses one already over (it then reports EXPIRED).
 //! - **A lost or expired lease always stops the tree by the lease end**: every renewal the driver
 //!   sees goes to the supervisor as a new LEASE, and the supervisor stops the command's whole
-//!   tree on its own clock when the last lease it was told ends (TERM at the lease end minus the
-//!   grace, KILL at the lease end; `--lease-margin` ≥ `--kill-grace` keeps that before the
-//!   broker's session timeout). A loss seen here only brings the stop forward (Stop). A LEASE
-//!   dropped on a full socket leaves the supervisor with the earlier end: the safe side.
+//!   tree on its own clock when the last lease it was told ends (TERM at the lease end, KILL
+//!   `--kill-grace` later; `--lease-margin` ≥ `--kill-grace` keeps the KILL before the broker
+//!   can drop the member, docs/design.md "The CLI: what stops the command"). A loss seen here
+//!   only brings the stop forward (Stop); the supervisor does not wait for this process, so a
+//!   stalled driver cannot keep the command running. A LEASE dropped on a full socket leaves
+//!   the supervisor with the earlier end: the safe side.
 //! - **Every process is gone before the release**: Releasing is reached from Running only on
 //!   GONE (the supervisor reaped the command and everything it started, docs/design.md "the
 //!   process tree"), or after StopTree, which the driver runs to the end (SIGKILL after the

@@ -878,11 +878,15 @@ impl HoldIo<'_> {
                 Input::WatchClosed
             }),
             Some(ev) = rx.recv() => match ev {
-                LockEvent::Lost { reason, lease_end } => Some(Input::LossReported { reason, lease_end }),
+                LockEvent::Lost { reason, lease_end } => {
+                    Some(Input::LossReported { reason, lease_end })
+                }
                 LockEvent::TokenChanged { token } => Some(Input::TokenChanged(token)),
                 _ => None,
             },
-            _ = sleep_until(deadline.map(tokio::time::Instant::from_std)), if deadline.is_some() => Some(Input::Deadline),
+            _ = sleep_until(deadline.map(tokio::time::Instant::from_std)), if deadline.is_some() => {
+                Some(Input::Deadline)
+            }
             sig = self.signals.recv() => Some(Input::Signal(sig)),
         }
     }
