@@ -130,6 +130,28 @@ fn a_command_that_ends_under_its_lease_is_released_and_passes_its_status_on() {
 }
 
 #[test]
+fn no_renewal_after_a_loss_moves_the_supervisors_deadline() {
+    let mut h = H::started(false);
+    assert_eq!(
+        h.feed(Input::LossReported {
+            reason: LossReason::Reassigned,
+            lease_end: h.t0 + LEASE
+        }),
+        vec![
+            Action::Stop,
+            Action::ReportLost {
+                reason: LossReason::Reassigned,
+                lease_end: Some(h.t0 + LEASE)
+            }
+        ]
+    );
+    // A watch that still shows a later lease (a renewal answered after the loss) changes nothing.
+    h.renew(h.now + LEASE * 2);
+    assert_eq!(h.feed(Input::LeaseMoved), vec![]);
+    assert_eq!(h.feed(Input::Lost(LossReason::Reassigned)), vec![]);
+}
+
+#[test]
 fn a_loss_during_the_checkpoint_read_never_starts_the_command() {
     let mut h = H::new();
     h.lose();
@@ -600,6 +622,7 @@ proptest! {
         // The supervisor may start the command from the first LEASE until GONE (it has reaped
         // everything) or the driver's StopTree has (TreeStopped).
         let mut may_run = false;
+        let mut stopped = false;
         let mut released_at: Option<Instant> = None;
         let mut released = false;
         let mut concluded = false;
@@ -623,9 +646,11 @@ proptest! {
                             );
                         }
                         if matches!(a, Action::SendLease(_)) {
+                            prop_assert!(!stopped, "a lease end sent after the stop");
                             may_run = true;
                         }
                     }
+                    Action::Stop => stopped = true,
                     Action::Release => {
                         prop_assert!(!may_run, "released while the command may run");
                         prop_assert!(!released, "released twice");
