@@ -152,6 +152,27 @@ fn no_renewal_after_a_loss_moves_the_supervisors_deadline() {
 }
 
 #[test]
+fn the_driver_waits_for_the_loss_and_renewals_only_while_they_can_change_something() {
+    let mut h = H::new();
+    // Preparing: the checkpoint read races the loss itself.
+    assert!(!h.m.wants_loss() && !h.m.wants_lease());
+    h.feed(Input::Prepared { checkpoint: false });
+    h.feed(Input::EnvSent);
+    assert!(h.m.wants_loss() && h.m.wants_lease());
+    // A closed watch is not polled again (it would answer at once, forever).
+    h.feed(Input::WatchClosed);
+    assert!(h.m.wants_loss() && !h.m.wants_lease());
+    // Nor is a loss already had: the guard's `lost` answers at once from then on.
+    h.lose();
+    h.feed(Input::Lost(LossReason::LeaseExpired));
+    assert!(!h.m.wants_loss() && !h.m.wants_lease());
+
+    let mut h = H::started(false);
+    h.feed(Input::Gone { queued_loss: None });
+    assert!(!h.m.wants_loss() && !h.m.wants_lease());
+}
+
+#[test]
 fn a_loss_during_the_checkpoint_read_never_starts_the_command() {
     let mut h = H::new();
     h.lose();
