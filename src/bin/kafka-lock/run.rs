@@ -893,27 +893,8 @@ impl HoldIo<'_> {
 
     /// Does what the machine asked; the input it then needs, if any.
     async fn perform(&mut self, action: Action) -> Option<Input> {
-        let c = self.c;
         match action {
-            Action::ReadCheckpoint => {
-                let guard = self.guard.as_ref()?;
-                // The last checkpoint, and a place for the command to leave the next one; read
-                // before the lease end is taken, since reading may take a while (the ledger's
-                // copy, read when the group has none, comes from the ledger's tail, a few MiB at
-                // most). A read that outlasts the lease (a broker cut off) ends with the lease.
-                let input = tokio::select! {
-                    biased;
-                    _ = guard.lost() => Input::LostWhilePreparing,
-                    prepared = CheckpointDir::prepare(c, guard) => match prepared {
-                        Ok(dir) => {
-                            self.checkpoint = dir;
-                            Input::Prepared { checkpoint: self.checkpoint.is_some() }
-                        }
-                        Err(f) => Input::PrepareFailed(f),
-                    },
-                };
-                return Some(input);
-            }
+            Action::ReadCheckpoint => return self.read_checkpoint().await,
             Action::SendEnv => return Some(self.send_env()),
             Action::SendLease(end) => {
                 self.link.send(ToSupervisor::Lease {
@@ -927,22 +908,7 @@ impl HoldIo<'_> {
             Action::Stop => self.link.send(ToSupervisor::Stop),
             Action::Signal(sig) => self.link.send(ToSupervisor::Signal(sig)),
             Action::KillSupervisor => self.link.kill(),
-            Action::ChildStarted(pid) => {
-                stamp("run", "child-started");
-                self.child_group =
-                    tree::PinnedGroup::pin(pid, &[self.link.pid, std::process::id()]);
-                // An interactive command reads the terminal: its group must be the foreground
-                // one, or the first read stops it (SIGTTIN) for good. Ignored before the
-                // hand-over: from then on a line of ours must not stop us (stty tostop) while
-                // the lease is ours to renew.
-                sys::ignore_sigttou(true);
-                if sys::give_terminal(pid) {
-                    self.terminal = Some(TakeTerminalBack);
-                } else {
-                    sys::ignore_sigttou(false);
-                }
-                self.rep.child_started(pid, self.link.pid);
-            }
+            Action::ChildStarted(pid) => self.child_started(pid),
             Action::SupervisorSays(text) => {
                 exit::print_line(&format!("the supervisor process reports: {text}"))
             }
@@ -990,6 +956,40 @@ impl HoldIo<'_> {
             Action::Conclude { .. } => {}
         }
         None
+    }
+
+    /// The last checkpoint, and a place for the command to leave the next one; read before the
+    /// lease end is taken, since reading may take a while (the ledger's copy, read when the
+    /// group has none, comes from the ledger's tail, a few MiB at most). A read that outlasts the
+    /// lease (a broker cut off) ends with the lease.
+    async fn read_checkpoint(&mut self) -> Option<Input> {
+        let guard = self.guard.as_ref()?;
+        Some(tokio::select! {
+            biased;
+            _ = guard.lost() => Input::LostWhilePreparing,
+            prepared = CheckpointDir::prepare(self.c, guard) => match prepared {
+                Ok(dir) => {
+                    self.checkpoint = dir;
+                    Input::Prepared { checkpoint: self.checkpoint.is_some() }
+                }
+                Err(f) => Input::PrepareFailed(f),
+            },
+        })
+    }
+
+    fn child_started(&mut self, pid: u32) {
+        stamp("run", "child-started");
+        self.child_group = tree::PinnedGroup::pin(pid, &[self.link.pid, std::process::id()]);
+        // An interactive command reads the terminal: its group must be the foreground one, or
+        // the first read stops it (SIGTTIN) for good. Ignored before the hand-over: from then on
+        // a line of ours must not stop us (stty tostop) while the lease is ours to renew.
+        sys::ignore_sigttou(true);
+        if sys::give_terminal(pid) {
+            self.terminal = Some(TakeTerminalBack);
+        } else {
+            sys::ignore_sigttou(false);
+        }
+        self.rep.child_started(pid, self.link.pid);
     }
 
     /// Passes the variables the command gets for this hold.
