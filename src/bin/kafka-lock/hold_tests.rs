@@ -173,6 +173,82 @@ fn the_driver_waits_for_the_loss_and_renewals_only_while_they_can_change_somethi
 }
 
 #[test]
+fn a_signal_while_preparing_is_passed_on_once_the_command_runs() {
+    let mut h = H::new();
+    assert_eq!(h.feed(Input::Signal(INT)), vec![]);
+    h.feed(Input::Prepared { checkpoint: false });
+    h.feed(Input::EnvSent);
+    assert_eq!(
+        h.feed(Input::Supervisor(FromSupervisor::Pid(PID))),
+        vec![Action::ChildStarted(PID), Action::Signal(INT)]
+    );
+}
+
+/// Every answer the driver can give to an action of the ending hold.
+fn answers() -> Vec<Input> {
+    vec![
+        Input::Reaped,
+        Input::TreeStopped {
+            child: None,
+            how: "x".into(),
+        },
+        Input::Committed(None),
+        Input::Lost(LossReason::LeaseExpired),
+        Input::Released(None),
+        Input::EnvSent,
+        Input::EnvFailed("x".into()),
+    ]
+}
+
+#[test]
+fn only_the_answer_waited_for_moves_the_hold_on() {
+    // Before anything was asked of the supervisor.
+    let mut h = H::new();
+    for a in [Input::EnvSent, Input::EnvFailed("x".into()), Input::Reaped] {
+        assert_eq!(h.feed(a), vec![]);
+    }
+    // Waiting for the supervisor's reaping, the checkpoint's storing, the loss.
+    let mut h = H::started(true);
+    h.feed(exit(0));
+    h.feed(Input::Gone { queued_loss: None });
+    let is = |i: &Input, want: &Input| std::mem::discriminant(i) == std::mem::discriminant(want);
+    for want in [Input::Reaped, Input::Committed(None)] {
+        for other in answers().into_iter().filter(|a| !is(a, &want)) {
+            assert_eq!(h.feed(other), vec![], "waiting for {want:?}");
+        }
+        assert!(!h.feed(want).is_empty());
+    }
+    // Released, waiting for the release.
+    for other in answers()
+        .into_iter()
+        .filter(|a| !matches!(a, Input::Released(_)))
+    {
+        assert_eq!(h.feed(other), vec![]);
+    }
+    // Waiting for the tree to be stopped.
+    let mut h = H::started(false);
+    h.feed(Input::SupervisorExited { queued_loss: None });
+    for other in answers()
+        .into_iter()
+        .filter(|a| !matches!(a, Input::TreeStopped { .. }))
+    {
+        assert_eq!(h.feed(other), vec![], "waiting for the tree");
+    }
+    // Waiting for the loss of a lease that ran out after the command ended.
+    let mut h = H::started(false);
+    h.feed(exit(0));
+    h.lose();
+    h.feed(Input::Gone { queued_loss: None });
+    assert_eq!(h.feed(Input::Reaped), vec![Action::AwaitLoss]);
+    for other in answers()
+        .into_iter()
+        .filter(|a| !matches!(a, Input::Lost(_)))
+    {
+        assert_eq!(h.feed(other), vec![], "waiting for the loss");
+    }
+}
+
+#[test]
 fn a_loss_during_the_checkpoint_read_never_starts_the_command() {
     let mut h = H::new();
     h.lose();
