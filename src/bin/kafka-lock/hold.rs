@@ -54,6 +54,7 @@
 use std::time::{Duration, Instant};
 
 use kafka_lock::{FencingToken, LossReason};
+use rustix::process::Signal;
 
 use crate::exit::Failure;
 use crate::proto::{ChildExit, FromSupervisor};
@@ -63,8 +64,8 @@ use crate::proto::{ChildExit, FromSupervisor};
 /// supervisor was told to stop the command before.
 pub const LOSS_REPORT_BOUND: Duration = Duration::from_millis(500);
 
-const SIGKILL: i32 = 9;
-const SIGTERM: i32 = 15;
+const SIGKILL: i32 = Signal::KILL.as_raw();
+const SIGTERM: i32 = Signal::TERM.as_raw();
 
 /// What the driver sees when it feeds an input: the time and the hold's lease.
 #[derive(Debug, Clone, Copy)]
