@@ -173,6 +173,18 @@ fn the_driver_waits_for_the_loss_and_renewals_only_while_they_can_change_somethi
 }
 
 #[test]
+fn a_new_token_is_reported_while_the_hold_lasts_and_not_after_its_loss() {
+    let mut h = H::started(false);
+    let token = |generation| kafka_lock::FencingToken::new(None, generation, "m");
+    assert_eq!(
+        h.feed(Input::TokenChanged(token(8))),
+        vec![Action::ReportTokenChanged(token(8))]
+    );
+    h.feed(Input::Lost(LossReason::Reassigned));
+    assert_eq!(h.feed(Input::TokenChanged(token(9))), vec![]);
+}
+
+#[test]
 fn a_signal_while_preparing_is_passed_on_once_the_command_runs() {
     let mut h = H::new();
     assert_eq!(h.feed(Input::Signal(INT)), vec![]);
