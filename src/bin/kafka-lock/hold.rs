@@ -62,7 +62,7 @@ use crate::proto::{ChildExit, FromSupervisor};
 /// How long to wait for the session to report a loss the guard's own timer has seen, so the
 /// `lost` event can carry the lease end the session computed. Nothing waits on it: the
 /// supervisor was told to stop the command before.
-pub const LOSS_REPORT_BOUND: Duration = Duration::from_millis(500);
+const LOSS_REPORT_BOUND: Duration = Duration::from_millis(500);
 
 const SIGKILL: i32 = Signal::KILL.as_raw();
 const SIGTERM: i32 = Signal::TERM.as_raw();
