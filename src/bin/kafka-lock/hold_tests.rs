@@ -670,6 +670,205 @@ fn a_lease_the_supervisor_found_over_never_starts_the_command() {
     assert_eq!(h.released(None), Outcome::NeverStarted);
 }
 
+/// adversarial review: the session's own `lost` event can be the first news of a loss (the guard
+/// not polled yet); it alone must stop the command and carry the session's lease end.
+#[test]
+fn a_loss_the_session_reports_first_stops_the_command_with_its_lease_end() {
+    let mut h = H::started(false);
+    h.advance(Duration::from_secs(1));
+    h.lose();
+    assert_eq!(
+        h.feed(Input::LossReported {
+            reason: LossReason::Reassigned,
+            lease_end: h.t0 + LEASE
+        }),
+        vec![
+            Action::Stop,
+            Action::ReportLost {
+                reason: LossReason::Reassigned,
+                lease_end: Some(h.t0 + LEASE)
+            }
+        ]
+    );
+    // The guard's view of the same loss changes nothing and waits for no bound.
+    assert_eq!(h.feed(Input::Lost(LossReason::Reassigned)), vec![]);
+    assert_eq!(h.m.deadline(), None);
+    h.feed(Input::Supervisor(FromSupervisor::Exit(ChildExit::Signal(
+        15,
+    ))));
+    assert_eq!(
+        h.feed(Input::Gone { queued_loss: None }),
+        vec![Action::Reap]
+    );
+    assert_eq!(h.feed(Input::Reaped), vec![Action::Release]);
+    assert_eq!(
+        h.released(None),
+        Outcome::Lost {
+            reason: LossReason::Reassigned,
+            status: 143
+        }
+    );
+}
+
+/// adversarial review: the driver polls the guard's loss and the watch only while the machine
+/// wants them. A loss already known must switch both off, or the resolved loss is fed again at
+/// once, forever (a busy loop until GONE), and a renewal after the loss would reach the
+/// supervisor as a new LEASE.
+#[test]
+fn once_the_hold_is_lost_neither_the_loss_nor_renewals_are_asked_for() {
+    let h = H::new();
+    assert!(!h.m.wants_loss() && !h.m.wants_lease(), "preparing");
+    let mut h = H::started(false);
+    assert!(h.m.wants_loss() && h.m.wants_lease());
+    assert_eq!(
+        h.feed(Input::Lost(LossReason::LeaseExpired)),
+        vec![Action::Stop]
+    );
+    assert!(!h.m.wants_loss(), "the loss is asked for again");
+    assert!(!h.m.wants_lease(), "renewals are asked for after the loss");
+    // A renewal the session still applied after the guard's timer saw the lease out.
+    let later = h.now + LEASE * 2;
+    h.renew(later);
+    assert_eq!(h.feed(Input::LeaseMoved), vec![]);
+}
+
+/// adversarial review: a watch that can no longer change resolves at once every time; the
+/// machine must stop asking for it or the driver spins.
+#[test]
+fn a_closed_watch_is_not_asked_for_again() {
+    let mut h = H::started(false);
+    assert_eq!(h.feed(Input::WatchClosed), vec![]);
+    assert!(!h.m.wants_lease(), "a closed watch is asked for again");
+    assert!(h.m.wants_loss(), "the loss is still wanted");
+}
+
+/// adversarial review: a new token is reported while the hold lasts, never after its loss.
+#[test]
+fn token_changes_are_reported_while_held_and_not_after_a_loss() {
+    let mut h = H::started(false);
+    let token = FencingToken::new(Some(7), 3, "m");
+    assert_eq!(
+        h.feed(Input::TokenChanged(token.clone())),
+        vec![Action::ReportTokenChanged(token.clone())]
+    );
+    h.feed(Input::Lost(LossReason::Reassigned));
+    assert_eq!(h.feed(Input::TokenChanged(token)), vec![]);
+}
+
+/// adversarial review: the kill after a SIGTERM's grace shares the deadline with the loss
+/// report; the kill's wake-up must not use up the report of a loss that comes after it.
+#[test]
+fn a_kill_after_the_grace_does_not_swallow_a_later_loss_report() {
+    let mut h = H::started(false);
+    assert_eq!(h.feed(Input::Signal(TERM)), vec![Action::Signal(TERM)]);
+    h.advance(GRACE);
+    assert_eq!(h.feed(Input::Deadline), vec![Action::Signal(9)]);
+    h.lose();
+    assert_eq!(
+        h.feed(Input::Lost(LossReason::Reassigned)),
+        vec![Action::Stop]
+    );
+    assert_eq!(h.m.deadline(), Some(h.now + LOSS_REPORT_BOUND));
+    h.advance(LOSS_REPORT_BOUND);
+    assert_eq!(
+        h.feed(Input::Deadline),
+        vec![Action::ReportLost {
+            reason: LossReason::Reassigned,
+            lease_end: None
+        }]
+    );
+}
+
+/// adversarial review: a loss the session reported before the bound is not reported again by
+/// the wake-up for the kill after a SIGTERM.
+#[test]
+fn a_loss_reported_in_time_is_not_reported_again_at_the_kill() {
+    let mut h = H::started(false);
+    h.feed(Input::Signal(TERM));
+    h.lose();
+    assert_eq!(
+        h.feed(Input::Lost(LossReason::Reassigned)),
+        vec![Action::Stop]
+    );
+    assert_eq!(
+        h.feed(Input::LossReported {
+            reason: LossReason::Reassigned,
+            lease_end: h.t0 + LEASE
+        }),
+        vec![Action::ReportLost {
+            reason: LossReason::Reassigned,
+            lease_end: Some(h.t0 + LEASE)
+        }]
+    );
+    assert_eq!(h.m.deadline(), Some(h.now + GRACE));
+    h.advance(GRACE);
+    assert_eq!(h.feed(Input::Deadline), vec![Action::Signal(9)]);
+}
+
+/// adversarial review: the lease is held strictly before its end; a command that ends at the
+/// very instant the lease ends ran without it for that instant.
+#[test]
+fn a_command_ending_at_the_instant_its_lease_ends_is_a_loss() {
+    let mut h = H::started(false);
+    h.advance(LEASE);
+    // The driver still sees the lease end it knew: the session has not ended the hold yet.
+    assert_eq!(h.seen().lease_end, Some(h.now));
+    assert_eq!(
+        h.feed(exit(0)),
+        vec![
+            Action::TakeTerminal,
+            Action::ReportLost {
+                reason: LossReason::LeaseExpired,
+                lease_end: Some(h.now)
+            },
+            Action::ChildExited(ChildExit::Code(0))
+        ]
+    );
+}
+
+/// adversarial review: docs/events.md promises at most one `lost` per hold. A loss seen while
+/// the supervisor's exec of the command failed is reported at GONE; the end of a command that
+/// never ran must not report it a second time. (Before: after the reap the machine asked for the
+/// loss again and reported it again, as `run` did before the machine.)
+#[test]
+fn a_command_that_could_not_run_under_a_lost_hold_reports_the_loss_once() {
+    let mut h = H::running(false);
+    h.advance(Duration::from_secs(1));
+    h.lose();
+    assert_eq!(
+        h.feed(Input::Lost(LossReason::Reassigned)),
+        vec![Action::Stop]
+    );
+    assert_eq!(
+        h.feed(Input::Supervisor(FromSupervisor::Failed { errno: 2 })),
+        vec![]
+    );
+    let mut reports = 0;
+    let mut count = |out: &[Action]| {
+        reports += out
+            .iter()
+            .filter(|a| matches!(a, Action::ReportLost { .. } | Action::ReportReleased { .. }))
+            .count();
+    };
+    let out = h.feed(Input::Gone {
+        queued_loss: Some(h.t0 + LEASE),
+    });
+    count(&out);
+    assert_eq!(out.last(), Some(&Action::Reap));
+    let mut out = h.feed(Input::Reaped);
+    count(&out);
+    if out == vec![Action::AwaitLoss] {
+        out = h.feed(Input::Lost(LossReason::Reassigned));
+        count(&out);
+    }
+    assert_eq!(out.last(), Some(&Action::Release));
+    assert_eq!(
+        reports, 1,
+        "the end of the hold is reported {reports} times"
+    );
+    assert_eq!(h.released(None), Outcome::CannotRun(2));
+}
+
 /// Anything the driver can feed, in any order.
 fn input() -> impl Strategy<Value = (u8, u64)> {
     (0u8..22, 0u64..4_000)
