@@ -625,6 +625,10 @@ impl Hold {
 
     fn after_reap(&mut self, seen: Seen, out: &mut Vec<Action>) {
         if let Some(errno) = self.spawn_errno {
+            // A loss seen meanwhile was reported at GONE: a hold has at most one `lost`.
+            if self.lost.is_some() {
+                return self.release(Outcome::CannotRun(errno), out);
+            }
             return self.end_then_release(seen, AfterEnd::Fixed(Outcome::CannotRun(errno)), out);
         }
         let Some(exit) = self.end else {
