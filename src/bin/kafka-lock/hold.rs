@@ -49,7 +49,8 @@
 //!   the LeaveGroup. The lease is read once, at that instant: if it still runs the hold is
 //!   claimed up to that instant (`released` with `held_until`), never up to a later wake-up
 //!   after a pause; otherwise it is `lost` at the lease end, and a command that ended 0 under a
-//!   lease that ran out before the release is a loss (74), not a success.
+//!   lease that ran out before the release is a loss (74), not a success. The end is reported
+//!   once: a loss reported while the command ran is not reported again (docs/events.md).
 
 use std::time::{Duration, Instant};
 
