@@ -32,6 +32,7 @@ SCOPE=(
     src/lock.rs
     src/driver/ledger.rs
     src/driver/pool.rs
+    src/bin/kafka-lock/hold.rs
     src/bin/kafka-lock/run.rs
     src/bin/kafka-lock/supervise.rs
     src/bin/kafka-lock/tree.rs
@@ -83,6 +84,10 @@ selection() {
         # Which connection a renewal waits for: the scripted-broker driver tests, then the
         # many-locks tests on Apache.
         echo "--cargo-arg=--lib --cargo-arg=--test=it $(test_args -- driver:: many_locks::)"
+        ;;
+    src/bin/kafka-lock/hold.rs)
+        # The hold's machine is sans-I/O: its scripted tests are the reference.
+        echo "--cargo-arg=--bin=kafka-lock $(test_args -- hold::)"
         ;;
     src/bin/kafka-lock/*)
         echo "--cargo-arg=--bin=kafka-lock --cargo-arg=--test=it $(test_args -- run:: supervise:: tree:: "${CLI_IT[@]}")"

@@ -35,7 +35,7 @@ pub const NOT_FOUND: u8 = 127;
 
 /// Why kafka-lock itself ends with a non-zero status: the status, and one line for stderr saying
 /// what happened and what to do about it.
-#[derive(Debug)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Failure {
     pub status: u8,
     pub line: String,

@@ -34,6 +34,7 @@ mod environ;
 mod exit;
 mod generate;
 mod history;
+mod hold;
 mod json;
 mod observe;
 mod output;

@@ -7,6 +7,7 @@
 //! block or starve K (a stalled stderr, a busy runtime, a SIGSTOP of K alone) can keep the
 //! command running past the lease.
 
+use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::io;
 use std::net::SocketAddr;
@@ -30,6 +31,7 @@ use tokio::sync::mpsc;
 
 use crate::environ::{self, FromEnv};
 use crate::exit::{self, Failure};
+use crate::hold::{Action, Hold, Input, Outcome, Phase, Seen};
 use crate::proto::{self, ChildExit, FromSupervisor, ProtoError, ToSupervisor, MAX_MESSAGE};
 use crate::report::{ChildEnd, Reporter, Source};
 use crate::trace::stamp;
@@ -37,10 +39,6 @@ use crate::{serve, settings, supervise, sys, tree};
 
 /// The longest default grace between SIGTERM and SIGKILL.
 const MAX_DEFAULT_KILL_GRACE: Duration = Duration::from_secs(2);
-/// How long to wait for the session to report a loss the guard's own timer has seen, so the
-/// `lost` event can carry the lease end the session computed. Nothing waits on it: the
-/// supervisor was told to stop the command before.
-const LOSS_REPORT_BOUND: Duration = Duration::from_millis(500);
 /// The largest timeout Kafka's int32 milliseconds can carry.
 pub const MAX_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
 /// The longest `--wait`; without `--wait`, kafka-lock waits without limit.
@@ -758,16 +756,9 @@ fn watch_pidfd(fd: std::os::fd::OwnedFd) -> Option<tokio::io::unix::AsyncFd<std:
     unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, Interest::READABLE).ok() }
 }
 
-/// How the hold ended, from the supervisor's side.
-enum Ending {
-    /// The supervisor said GONE.
-    Gone,
-    /// The supervisor is gone or broken without saying GONE; `why` says what happened.
-    SupervisorLost { why: String },
-}
-
 /// Runs the command under `guard` through the supervisor and returns its status, or 74 if the
-/// lock was lost meanwhile.
+/// lock was lost meanwhile. What happens when is the machine's ([`Hold`], hold.rs); this turns
+/// the runtime's events into its inputs and does what it answers.
 async fn hold(
     c: &RunConfig,
     t: Timing,
@@ -777,376 +768,394 @@ async fn hold(
     signals: &mut Signals,
     rep: &mut Reporter,
 ) -> Result<u8, Failure> {
-    let token = guard.token();
-    let mut watch = guard.watch();
-    // The last checkpoint, and a place for the command to leave the next one; read before the
-    // lease end is taken, since reading may take a while (the ledger's copy, read when the group
-    // has none, comes from the ledger's tail, a few MiB at most).
-    // A read that outlasts the lease (a broker cut off) ends with the lease, as a loss.
-    let checkpoint = tokio::select! {
-        biased;
-        _ = guard.lost() => None,
-        prepared = CheckpointDir::prepare(c, &guard) => match prepared {
-            Ok(dir) => dir,
-            Err(f) => {
-                let _ = give_back(guard, signals, rep).await;
-                return Err(f);
-            }
-        },
+    let mut m = Hold::new(t.kill_grace);
+    let mut io = HoldIo {
+        c,
+        t,
+        token: guard.token(),
+        watch: guard.watch(),
+        guard: Some(guard),
+        link,
+        signals,
+        rep,
+        checkpoint: None,
+        child_group: None,
+        terminal: None,
+        lease_sent: false,
     };
-    let lease_end = match watch.lease_end() {
-        Some(end) if end > Instant::now() => end,
-        _ => {
-            // The lease ran out between the grant and now (a paused process, a slow checkpoint
-            // read): starting the command would run it without the lock.
-            let _ = give_back(guard, signals, rep).await;
-            return Err(Failure::new(
+    let mut actions: VecDeque<Action> = m.start().into();
+    loop {
+        let input = match actions.pop_front() {
+            Some(Action::Conclude { outcome, cut }) => return io.conclude(outcome, cut),
+            Some(action) => match io.perform(action).await {
+                Some(input) => input,
+                None => continue,
+            },
+            // Outside Running the machine always waits on an action of its own (the release is
+            // followed by the conclusion): an empty queue there would wait forever.
+            None if m.phase() != Phase::Running || io.guard.is_none() => {
+                return Err(Failure::new(
+                    exit::OSERR,
+                    format!(
+                        "the hold of lock {:?} stopped in {:?} with nothing to wait for; this is \
+                         a bug",
+                        c.lock,
+                        m.phase()
+                    ),
+                ))
+            }
+            None => match io.next(&m, &mut rx).await {
+                Some(input) => input,
+                None => continue,
+            },
+        };
+        let seen = io.seen();
+        actions.extend(m.handle(seen, input));
+    }
+}
+
+/// What the hold's driver owns: the lock, the supervisor's link, the command's group and the
+/// terminal while it has them.
+struct HoldIo<'a> {
+    c: &'a RunConfig,
+    t: Timing,
+    token: kafka_lock::FencingToken,
+    watch: kafka_lock::lock::HoldWatch,
+    /// Until the release.
+    guard: Option<LockGuard>,
+    link: &'a Link,
+    signals: &'a mut Signals,
+    rep: &'a mut Reporter,
+    checkpoint: Option<CheckpointDir>,
+    child_group: Option<tree::PinnedGroup>,
+    /// Dropped (the terminal taken back) when the command ends, or however the hold ends.
+    terminal: Option<TakeTerminalBack>,
+    lease_sent: bool,
+}
+
+impl HoldIo<'_> {
+    fn seen(&self) -> Seen {
+        let now = Instant::now();
+        Seen {
+            now,
+            lease_end: self.watch.lease_end(),
+            last_lease: self.guard.as_ref().map_or(now, LockGuard::lease_end),
+        }
+    }
+
+    /// The next thing that happened while the command runs; `None` for what the hold ignores.
+    async fn next(
+        &mut self,
+        m: &Hold,
+        rx: &mut mpsc::UnboundedReceiver<LockEvent>,
+    ) -> Option<Input> {
+        // Asked for only while the command may run, which is before the release.
+        let guard = self.guard.as_ref()?;
+        let deadline = m.deadline();
+        tokio::select! {
+            // The supervisor's news first: it is what actually happened to the command.
+            biased;
+            msg = self.link.recv() => Some(match msg {
+                Ok(Some(Ok(FromSupervisor::Gone))) => {
+                    stamp("run", "gone");
+                    Input::Gone { queued_loss: queued_loss(rx) }
+                }
+                Ok(Some(Ok(msg))) => Input::Supervisor(msg),
+                Ok(Some(Err(e))) => Input::SupervisorBroken {
+                    why: format!("it sent {e}"),
+                    queued_loss: queued_loss(rx),
+                },
+                Ok(None) => Input::SupervisorExited { queued_loss: queued_loss(rx) },
+                Err(e) => Input::SupervisorBroken {
+                    why: format!("its socket failed: {e}"),
+                    queued_loss: queued_loss(rx),
+                },
+            }),
+            reason = guard.lost(), if m.wants_loss() => Some(Input::Lost(reason)),
+            changed = self.watch.changed(), if m.wants_lease() => Some(if changed {
+                Input::LeaseMoved
+            } else {
+                Input::WatchClosed
+            }),
+            Some(ev) = rx.recv() => match ev {
+                LockEvent::Lost { reason, lease_end } => {
+                    Some(Input::LossReported { reason, lease_end })
+                }
+                LockEvent::TokenChanged { token } => Some(Input::TokenChanged(token)),
+                _ => None,
+            },
+            _ = sleep_until(deadline.map(tokio::time::Instant::from_std)), if deadline.is_some() => {
+                Some(Input::Deadline)
+            }
+            sig = self.signals.recv() => Some(Input::Signal(sig)),
+        }
+    }
+
+    /// Does what the machine asked; the input it then needs, if any.
+    async fn perform(&mut self, action: Action) -> Option<Input> {
+        match action {
+            Action::ReadCheckpoint => return self.read_checkpoint().await,
+            Action::SendEnv => return Some(self.send_env()),
+            Action::SendLease(end) => {
+                self.link.send(ToSupervisor::Lease {
+                    end_ns: sys::mono_ns_of(end),
+                });
+                if !self.lease_sent {
+                    self.lease_sent = true;
+                    stamp("run", "lease-sent");
+                }
+            }
+            Action::Stop => self.link.send(ToSupervisor::Stop),
+            Action::Signal(sig) => self.link.send(ToSupervisor::Signal(sig)),
+            Action::KillSupervisor => self.link.kill(),
+            Action::ChildStarted(pid) => self.child_started(pid),
+            Action::SupervisorSays(text) => {
+                exit::print_line(&format!("the supervisor process reports: {text}"))
+            }
+            Action::TakeTerminal => {
+                stamp("run", "child-exited");
+                self.terminal.take();
+            }
+            Action::ChildExited(e) => self.rep.child_exited(child_end(e)),
+            Action::ReportTokenChanged(token) => self.rep.token_changed(&token),
+            Action::ReportLost { reason, lease_end } => {
+                self.rep.lost(&reason, lease_end.map(sys::mono_ns_of))
+            }
+            Action::ReportExpired { lease_end_ns } => {
+                self.rep.lost(&LossReason::LeaseExpired, Some(lease_end_ns))
+            }
+            Action::ReportReleased { held_until } => self.rep.released(sys::mono_ns_of(held_until)),
+            Action::AwaitLoss => return Some(Input::Lost(self.guard.as_ref()?.lost().await)),
+            Action::Reap => {
+                self.link.reap().await;
+                stamp("run", "supervisor-reaped");
+                return Some(Input::Reaped);
+            }
+            Action::StopTree {
+                running,
+                child,
+                kill_by,
+            } => return Some(self.stop_tree(running, child, kill_by).await),
+            Action::CommitCheckpoint => {
+                let failed = match (&self.checkpoint, &self.guard) {
+                    (Some(dir), Some(guard)) => dir.commit(guard, self.rep).await,
+                    _ => None,
+                };
+                return Some(Input::Committed(failed));
+            }
+            Action::Release => {
+                stamp("run", "release");
+                let cut = match self.guard.take() {
+                    Some(guard) => release(guard, self.signals).await,
+                    None => None,
+                };
+                stamp("run", "release-answered");
+                return Some(Input::Released(cut));
+            }
+            // Taken by the loop.
+            Action::Conclude { .. } => {}
+        }
+        None
+    }
+
+    /// The last checkpoint, and a place for the command to leave the next one; read before the
+    /// lease end is taken, since reading may take a while (the ledger's copy, read when the
+    /// group has none, comes from the ledger's tail, a few MiB at most). A read that outlasts the
+    /// lease (a broker cut off) ends with the lease.
+    async fn read_checkpoint(&mut self) -> Option<Input> {
+        let guard = self.guard.as_ref()?;
+        Some(tokio::select! {
+            biased;
+            _ = guard.lost() => Input::LostWhilePreparing,
+            prepared = CheckpointDir::prepare(self.c, guard) => match prepared {
+                Ok(dir) => {
+                    self.checkpoint = dir;
+                    Input::Prepared { checkpoint: self.checkpoint.is_some() }
+                }
+                Err(f) => Input::PrepareFailed(f),
+            },
+        })
+    }
+
+    fn child_started(&mut self, pid: u32) {
+        stamp("run", "child-started");
+        self.child_group = tree::PinnedGroup::pin(pid, &[self.link.pid, std::process::id()]);
+        // An interactive command reads the terminal: its group must be the foreground one, or
+        // the first read stops it (SIGTTIN) for good. Ignored before the hand-over: from then on
+        // a line of ours must not stop us (stty tostop) while the lease is ours to renew.
+        sys::ignore_sigttou(true);
+        if sys::give_terminal(pid) {
+            self.terminal = Some(TakeTerminalBack);
+        } else {
+            sys::ignore_sigttou(false);
+        }
+        self.rep.child_started(pid, self.link.pid);
+    }
+
+    /// Passes the variables the command gets for this hold.
+    fn send_env(&mut self) -> Input {
+        let c = self.c;
+        let checkpoint = self.checkpoint.as_ref();
+        let mut env = checkpoint.map(CheckpointDir::env).unwrap_or_default();
+        if let Some(file) = checkpoint.and_then(|d| d.last_file.as_deref()) {
+            self.rep.warning(&format!(
+                "the last checkpoint of lock {:?} cannot be passed in KAFKA_LOCK_CHECKPOINT (it holds \
+                 a NUL character or is too long for an environment variable); the command finds it \
+                 in the file named by KAFKA_LOCK_LAST_CHECKPOINT_FILE ({}) instead",
+                c.lock,
+                file.display()
+            ));
+        }
+        let permit = self.guard.as_ref().map_or(0, LockGuard::permit);
+        env.push(("KAFKA_LOCK_PERMIT", permit.to_string().into()));
+        env.push(("KAFKA_LOCK_TOKEN", self.token.value().to_string().into()));
+        env.push((
+            "KAFKA_LOCK_GENERATION",
+            self.token.generation.to_string().into(),
+        ));
+        env.push(("KAFKA_LOCK_MEMBER_ID", self.token.member_id.clone().into()));
+        match self.link.send_env(&env) {
+            Ok(()) => Input::EnvSent,
+            Err(e) => Input::EnvFailed(e.to_string()),
+        }
+    }
+
+    /// Stops everything the dead supervisor started, which is re-parented here (we are a
+    /// subreaper), the way the supervisor would have.
+    async fn stop_tree(
+        &mut self,
+        running: bool,
+        child: Option<u32>,
+        kill_by: Option<Instant>,
+    ) -> Input {
+        let group = self.child_group.take().filter(|_| running);
+        // On CLOCK_BOOTTIME, as the supervisor counts: a suspend during the stop counts.
+        let kill_by = kill_by
+            .map(|at| sys::mono_to_boot(sys::mono_ns_of(at), sys::mono_ns(), sys::boot_ns()));
+        let grace = self.t.kill_grace;
+        let reaped = tokio::task::spawn_blocking(move || {
+            let mut exits = Vec::new();
+            tree::stop_everything(group, grace, kill_by, |pid, e| exits.push((pid, e)));
+            exits
+        })
+        .await
+        .unwrap_or_default();
+        // It ran until no child was left: the supervisor is among the reaped.
+        self.link.reaped.set(true);
+        let exit_of = |pid: u32| reaped.iter().find(|(p, _)| *p == pid).and_then(|(_, e)| *e);
+        let how = exit_of(self.link.pid)
+            .map(|e| match e {
+                ChildExit::Code(c) => format!("status {c}"),
+                ChildExit::Signal(s) => sys::signal_name(s),
+            })
+            .unwrap_or_else(|| "status unknown".to_owned());
+        Input::TreeStopped {
+            child: child.and_then(exit_of),
+            how,
+        }
+    }
+
+    /// The run's end, worded.
+    fn conclude(&mut self, outcome: Outcome, cut: Option<i32>) -> Result<u8, Failure> {
+        let (c, t) = (self.c, self.t);
+        let note = release_note(cut, t.session);
+        let (status, line) = match outcome {
+            Outcome::Status(status) => {
+                if let Some(sig) = cut {
+                    exit::print_line(&format!(
+                        "releasing lock {:?} was cut short by {}; the broker frees it after the \
+                         session timeout ({})",
+                        c.lock,
+                        sys::signal_name(sig),
+                        sys::human(t.session)
+                    ));
+                }
+                return Ok(status);
+            }
+            Outcome::PrepareFailed(f) => return Err(f),
+            Outcome::LeaseGoneBeforeStart => (
                 exit::NOT_ACQUIRED,
                 format!(
                     "lock {:?} was granted but its lease ran out before the command could start (was \
                      kafka-lock paused?); the command was not run; try again",
                     c.lock
                 ),
-            ));
-        }
-    };
-    let mut env = checkpoint
-        .as_ref()
-        .map(CheckpointDir::env)
-        .unwrap_or_default();
-    if let Some(file) = checkpoint.as_ref().and_then(|d| d.last_file.as_deref()) {
-        rep.warning(&format!(
-            "the last checkpoint of lock {:?} cannot be passed in KAFKA_LOCK_CHECKPOINT (it holds a \
-             NUL character or is too long for an environment variable); the command finds it in \
-             the file named by KAFKA_LOCK_LAST_CHECKPOINT_FILE ({}) instead",
-            c.lock,
-            file.display()
-        ));
-    }
-    env.push(("KAFKA_LOCK_PERMIT", guard.permit().to_string().into()));
-    env.push(("KAFKA_LOCK_TOKEN", token.value().to_string().into()));
-    env.push(("KAFKA_LOCK_GENERATION", token.generation.to_string().into()));
-    env.push(("KAFKA_LOCK_MEMBER_ID", token.member_id.clone().into()));
-    // The environment first: the supervisor starts the command only on the LEASE after it.
-    if let Err(e) = link.send_env(&env) {
-        let _ = give_back(guard, signals, rep).await;
-        return Err(Failure::new(
-            exit::OSERR,
-            format!(
-                "cannot pass the hold's environment to the supervisor process: {e}; the command \
-                 was not run and the lock is released"
             ),
-        ));
-    }
-    let mut sent_lease = lease_end;
-    link.send(ToSupervisor::Lease {
-        end_ns: sys::mono_ns_of(lease_end),
-    });
-    stamp("run", "lease-sent");
-
-    let mut child: Option<u32> = None;
-    let mut child_group: Option<tree::PinnedGroup> = None;
-    let mut end: Option<ChildExit> = None;
-    let mut spawn_errno: Option<i32> = None;
-    let mut lost: Option<LossReason> = None;
-    let mut lost_reported = false;
-    let mut report_lost_by: Option<tokio::time::Instant> = None;
-    let mut watching = true;
-    let mut pending_signal: Option<i32> = None;
-    let mut sup_error: Option<String> = None;
-    // A command still running --kill-grace after a SIGTERM passed on to it is killed, as on a
-    // loss: kafka-lock asked to stop must not wait forever for a command that ignores it.
-    let mut kill_after_term: Option<tokio::time::Instant> = None;
-    // Dropped (the terminal taken back) when the command ends, or however this returns.
-    let mut terminal: Option<TakeTerminalBack> = None;
-    let ending = loop {
-        tokio::select! {
-            // The supervisor's news first: it is what actually happened to the command.
-            biased;
-            msg = link.recv() => match msg {
-                Ok(Some(Ok(m))) => match m {
-                    FromSupervisor::Pid(pid) => {
-                        stamp("run", "child-started");
-                        child = Some(pid);
-                        child_group = tree::PinnedGroup::pin(pid, &[link.pid, std::process::id()]);
-                        // An interactive command reads the terminal: its group must be the
-                        // foreground one, or the first read stops it (SIGTTIN) for good.
-                        // Ignored before the hand-over: from then on a line of ours must not
-                        // stop us (stty tostop) while the lease is ours to renew.
-                        sys::ignore_sigttou(true);
-                        if sys::give_terminal(pid) {
-                            terminal = Some(TakeTerminalBack);
-                        } else {
-                            sys::ignore_sigttou(false);
-                        }
-                        rep.child_started(pid, link.pid);
-                        if let Some(sig) = pending_signal.take() {
-                            link.send(ToSupervisor::Signal(sig));
-                        }
-                    }
-                    FromSupervisor::Failed { errno } => spawn_errno = Some(errno),
-                    FromSupervisor::Expired { lease_end_ns } => {
-                        if lost.is_none() {
-                            lost = Some(LossReason::LeaseExpired);
-                        }
-                        if !lost_reported {
-                            rep.lost(&LossReason::LeaseExpired, Some(lease_end_ns));
-                            lost_reported = true;
-                        }
-                    }
-                    FromSupervisor::Exit(e) => {
-                        stamp("run", "child-exited");
-                        terminal.take();
-                        // The lease may have run out in the same instant the command ended: then
-                        // it ran without the lock at the end, and that must not pass as success.
-                        if lost.is_none() && !watch.is_held() {
-                            lost = Some(LossReason::LeaseExpired);
-                            rep.lost(&LossReason::LeaseExpired, watch.lease_end().map(sys::mono_ns_of).or(Some(sys::mono_ns_of(sent_lease))));
-                            lost_reported = true;
-                        }
-                        end = Some(e);
-                        rep.child_exited(child_end(e));
-                    }
-                    FromSupervisor::Gone => {
-                        stamp("run", "gone");
-                        break Ending::Gone;
-                    }
-                    FromSupervisor::Error(text) => {
-                        exit::print_line(&format!("the supervisor process reports: {text}"));
-                        sup_error = Some(text);
-                    }
-                },
-                Ok(Some(Err(e))) => {
-                    link.kill();
-                    break Ending::SupervisorLost { why: format!("it sent {e}") };
-                }
-                Ok(None) => break Ending::SupervisorLost {
-                    why: sup_error.take().unwrap_or_else(|| "it exited unexpectedly".to_owned()),
-                },
-                Err(e) => {
-                    link.kill();
-                    break Ending::SupervisorLost { why: format!("its socket failed: {e}") };
-                }
-            },
-            reason = guard.lost(), if lost.is_none() => {
-                link.send(ToSupervisor::Stop);
-                lost = Some(reason);
-                report_lost_by = Some(tokio::time::Instant::now() + LOSS_REPORT_BOUND);
-            }
-            changed = watch.changed(), if watching && lost.is_none() => {
-                if !changed {
-                    watching = false;
-                } else if let Some(new_end) = watch.lease_end() {
-                    if new_end != sent_lease {
-                        sent_lease = new_end;
-                        link.send(ToSupervisor::Lease { end_ns: sys::mono_ns_of(new_end) });
-                    }
-                }
-            }
-            Some(ev) = rx.recv() => match ev {
-                LockEvent::Lost { reason, lease_end } => {
-                    if lost.is_none() {
-                        link.send(ToSupervisor::Stop);
-                        lost = Some(reason.clone());
-                    }
-                    if !lost_reported {
-                        rep.lost(&reason, Some(sys::mono_ns_of(lease_end)));
-                        lost_reported = true;
-                    }
-                }
-                LockEvent::TokenChanged { token } if lost.is_none() => rep.token_changed(&token),
-                _ => {}
-            },
-            _ = sleep_until(report_lost_by), if !lost_reported && lost.is_some() => {
-                report_lost_fallback(rep, lost.as_ref(), &watch, sent_lease);
-                lost_reported = true;
-            }
-            sig = signals.recv() => {
-                // Passed on to the command's group; the lock is released once it is gone.
-                match (child, end) {
-                    (Some(_), None) => link.send(ToSupervisor::Signal(sig)),
-                    (None, None) => pending_signal = Some(sig),
-                    _ => {}
-                }
-                if sig == Signal::TERM.as_raw() && end.is_none() && kill_after_term.is_none() {
-                    kill_after_term = Some(tokio::time::Instant::now() + t.kill_grace);
-                }
-            }
-            _ = sleep_until(kill_after_term), if kill_after_term.is_some() && end.is_none() => {
-                kill_after_term = None;
-                match child {
-                    Some(_) => link.send(ToSupervisor::Signal(Signal::KILL.as_raw())),
-                    None => pending_signal = Some(Signal::KILL.as_raw()),
-                }
-            }
-        }
-    };
-    if let Some(reason) = &lost {
-        if !lost_reported {
-            // The session's own report may be queued already; it carries its lease end.
-            let mut lease_end_ns = None;
-            while let Ok(ev) = rx.try_recv() {
-                if let LockEvent::Lost { lease_end, .. } = ev {
-                    lease_end_ns = Some(sys::mono_ns_of(lease_end));
-                }
-            }
-            match lease_end_ns {
-                Some(ns) => rep.lost(reason, Some(ns)),
-                None => report_lost_fallback(rep, Some(reason), &watch, sent_lease),
-            }
-        }
-    }
-
-    match ending {
-        Ending::Gone => {
-            link.reap().await;
-            stamp("run", "supervisor-reaped");
-        }
-        Ending::SupervisorLost { why } => {
-            // Everything the supervisor started is re-parented here (we are a subreaper): stop
-            // it all the way the supervisor would have, then release.
-            let group = child_group.take().filter(|_| end.is_none());
-            // On CLOCK_BOOTTIME, as the supervisor counts: a suspend during the stop counts.
-            let kill_by = sent_lease
-                .checked_add(t.kill_grace)
-                .map(|at| sys::mono_to_boot(sys::mono_ns_of(at), sys::mono_ns(), sys::boot_ns()));
-            let grace = t.kill_grace;
-            let reaped = tokio::task::spawn_blocking(move || {
-                let mut exits = Vec::new();
-                tree::stop_everything(group, grace, kill_by, |pid, e| exits.push((pid, e)));
-                exits
-            })
-            .await
-            .unwrap_or_default();
-            // It ran until no child was left: the supervisor is among the reaped.
-            link.reaped.set(true);
-            let how = reaped
-                .iter()
-                .find(|(pid, _)| *pid == link.pid)
-                .and_then(|(_, e)| *e)
-                .map(|e| match e {
-                    ChildExit::Code(c) => format!("status {c}"),
-                    ChildExit::Signal(s) => sys::signal_name(s),
-                })
-                .unwrap_or_else(|| "status unknown".to_owned());
-            if end.is_none() {
-                if let Some(e) = child
-                    .and_then(|pid| reaped.iter().find(|(p, _)| *p == pid).and_then(|(_, e)| *e))
-                {
-                    rep.child_exited(child_end(e));
-                }
-            }
-            let cut = release(guard, signals).await;
-            return Err(Failure::new(
+            Outcome::EnvFailed(e) => (
                 exit::OSERR,
                 format!(
-                    "the supervisor process (pid {}) of lock {:?} failed: {why} ({how}); everything the \
-                     command started was stopped (SIGTERM, then SIGKILL after {}){}",
-                    link.pid,
-                    c.lock,
-                    sys::human(t.kill_grace),
-                    release_note(cut, t.session)
+                    "cannot pass the hold's environment to the supervisor process: {e}; the command \
+                     was not run and the lock is released"
                 ),
-            ));
-        }
-    }
-
-    if let Some(errno) = spawn_errno {
-        let e = io::Error::from_raw_os_error(errno);
-        let status = if e.kind() == io::ErrorKind::NotFound {
-            exit::NOT_FOUND
-        } else {
-            exit::CANNOT_EXECUTE
-        };
-        report_end(&guard, rep).await;
-        let cut = release(guard, signals).await;
-        return Err(Failure::new(
-            status,
-            format!(
-                "cannot run {:?}: {e}; check the command name, its permissions and $PATH (the lock was \
-                 released without running it){}",
-                c.command[0],
-                release_note(cut, t.session)
             ),
-        ));
-    }
-    let Some(end) = end.map(child_end) else {
-        // The supervisor never started the command: the lease had run out when it got it.
-        let cut = release(guard, signals).await;
-        return Err(Failure::new(
-            exit::NOT_ACQUIRED,
-            format!(
-                "lock {:?} was granted but its lease ran out before the command could start (was \
-                 kafka-lock paused?); the command was not run; try again{}",
-                c.lock,
-                release_note(cut, t.session)
-            ),
-        ));
-    };
-    // A command that succeeded may leave a checkpoint; it is stored, fenced, before the lock
-    // goes: the next holder must see it, and a holder that is no longer current must not write.
-    if let (None, 0, Some(dir)) = (&lost, end.status, &checkpoint) {
-        if let Some(f) = dir.commit(&guard, rep).await {
-            let cut = release(guard, signals).await;
-            return Err(Failure::new(
-                f.status,
-                format!("{}{}", f.line, release_note(cut, t.session)),
-            ));
-        }
-    }
-    // A lease that ran out after the command ended (kafka-lock stopped or starved in between)
-    // is a loss: the hold cannot be claimed up to the release.
-    let ran_out = lost.is_none();
-    let lost = match lost {
-        Some(reason) => Some(reason),
-        None => report_end(&guard, rep).await,
-    };
-    match lost {
-        None => {
-            stamp("run", "release");
-            let cut = release(guard, signals).await;
-            stamp("run", "release-answered");
-            if let Some(sig) = cut {
-                exit::print_line(&format!(
-                    "releasing lock {:?} was cut short by {}; the broker frees it after the session \
-                     timeout ({})",
+            Outcome::NeverStarted => (
+                exit::NOT_ACQUIRED,
+                format!(
+                    "lock {:?} was granted but its lease ran out before the command could start (was \
+                     kafka-lock paused?); the command was not run; try again{note}",
                     c.lock,
-                    sys::signal_name(sig),
-                    sys::human(t.session)
-                ));
+                ),
+            ),
+            Outcome::CannotRun(errno) => {
+                let e = io::Error::from_raw_os_error(errno);
+                let status = if e.kind() == io::ErrorKind::NotFound {
+                    exit::NOT_FOUND
+                } else {
+                    exit::CANNOT_EXECUTE
+                };
+                (
+                    status,
+                    format!(
+                        "cannot run {:?}: {e}; check the command name, its permissions and $PATH (the \
+                         lock was released without running it){note}",
+                        c.command[0],
+                    ),
+                )
             }
-            Ok(end.status)
-        }
-        Some(reason) if ran_out => {
-            let cut = release(guard, signals).await;
-            Err(Failure::new(
+            Outcome::CheckpointFailed(f) => (f.status, format!("{}{note}", f.line)),
+            Outcome::RanOut { reason, status } => (
                 exit::LOST,
                 format!(
-                    "the lease of lock {:?} ran out after the command ended with status {} and \
+                    "the lease of lock {:?} ran out after the command ended with status {status} and \
                      before the lock could be released ({reason}; was kafka-lock stopped?): the \
-                     next holder may already hold it{}",
+                     next holder may already hold it{note}",
                     c.lock,
-                    end.status,
-                    release_note(cut, t.session)
                 ),
-            ))
-        }
-        Some(reason) => {
-            let cut = release(guard, signals).await;
-            Err(Failure::new(
+            ),
+            Outcome::Lost { reason, status } => (
                 exit::LOST,
                 format!(
                     "lost lock {:?} while the command ran ({reason}); the command was stopped (SIGTERM, \
-                     then SIGKILL after {}) and ended with status {}; check the network path to the \
-                     Kafka cluster, or raise --session-timeout if the host pauses for long{}",
+                     then SIGKILL after {}) and ended with status {status}; check the network path to \
+                     the Kafka cluster, or raise --session-timeout if the host pauses for long{note}",
                     c.lock,
                     sys::human(t.kill_grace),
-                    end.status,
-                    release_note(cut, t.session)
                 ),
-            ))
+            ),
+            Outcome::SupervisorFailed { why, how } => (
+                exit::OSERR,
+                format!(
+                    "the supervisor process (pid {}) of lock {:?} failed: {why} ({how}); everything \
+                     the command started was stopped (SIGTERM, then SIGKILL after {}){note}",
+                    self.link.pid,
+                    c.lock,
+                    sys::human(t.kill_grace),
+                ),
+            ),
+        };
+        Err(Failure::new(status, line))
+    }
+}
+
+/// The lease end of a loss the session has queued for us, if it has.
+fn queued_loss(rx: &mut mpsc::UnboundedReceiver<LockEvent>) -> Option<Instant> {
+    let mut at = None;
+    while let Ok(ev) = rx.try_recv() {
+        if let LockEvent::Lost { lease_end, .. } = ev {
+            at = Some(lease_end);
         }
     }
+    at
 }
 
 /// Gives the terminal's foreground back to kafka-lock's process group when dropped.
@@ -1412,47 +1421,6 @@ impl Drop for CheckpointDir {
     }
 }
 
-/// A `lost` event without the session's lease end: the guard's last one, if it has run out.
-fn report_lost_fallback(
-    rep: &mut Reporter,
-    reason: Option<&LossReason>,
-    watch: &kafka_lock::lock::HoldWatch,
-    sent_lease: Instant,
-) {
-    let Some(reason) = reason else { return };
-    let last = watch.lease_end().unwrap_or(sent_lease);
-    let ns = (last <= Instant::now()).then(|| sys::mono_ns_of(last));
-    rep.lost(reason, ns);
-}
-
-/// Ends a hold under which the command never started, saying in the events how it ended (see
-/// [`report_end`]); without this the events would show an acquisition that never ends.
-async fn give_back(guard: LockGuard, signals: &mut Signals, rep: &mut Reporter) -> Option<i32> {
-    report_end(&guard, rep).await;
-    release(guard, signals).await
-}
-
-/// Says in the events how a hold ends once the command and its tree are gone, before the
-/// LeaveGroup goes out: `released` if the lease still runs, else `lost` at its lease end, and
-/// then returns why it was lost.
-///
-/// The lease is read once, and the instant it was read is the last one the hold is claimed for
-/// (`held_until_mono_ns`): a kafka-lock stopped (SIGSTOP, a starved runtime) between the
-/// command's exit and this line says its hold ended at the lease end, not when it woke, which
-/// may be after the broker gave the lock to someone else.
-async fn report_end(guard: &LockGuard, rep: &mut Reporter) -> Option<LossReason> {
-    let watch = guard.watch();
-    let now = std::time::Instant::now();
-    if watch.lease_end().is_some_and(|end| now < end) {
-        rep.released(sys::mono_ns_of(now));
-        return None;
-    }
-    let reason = guard.lost().await;
-    let lease_end = watch.lease_end().unwrap_or_else(|| guard.lease_end());
-    rep.lost(&reason, Some(sys::mono_ns_of(lease_end)));
-    Some(reason)
-}
-
 /// Releases the lock (bounded by the library), unless one of the caught signals arrives first:
 /// then the broker frees the lock after the session timeout. Returns that signal.
 async fn release(guard: LockGuard, signals: &mut Signals) -> Option<i32> {
@@ -1481,7 +1449,7 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
     }
 }
 
-fn child_end(e: ChildExit) -> ChildEnd {
+pub(crate) fn child_end(e: ChildExit) -> ChildEnd {
     match e {
         ChildExit::Code(c) => ChildEnd {
             code: Some(c),
