@@ -1727,3 +1727,92 @@ async fn a_held_heartbeat_holds_back_only_its_own_stripe() {
     result.expect("stripe 1's heartbeat");
     first.reply(&held, &HeartbeatResponse::default()).await;
 }
+
+/// What the SASL broker below advertises: the usual APIs plus the SASL ones.
+fn sasl_apis() -> Vec<(ApiKey, i16, i16)> {
+    let mut apis = BROKER_APIS.to_vec();
+    apis.push((ApiKey::SaslHandshake, 0, 1));
+    apis.push((ApiKey::SaslAuthenticate, 0, 2));
+    apis
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Peer<S> {
+    /// ApiVersions, then a PLAIN exchange whose session lasts `lifetime` (KIP-368).
+    async fn authenticate(&mut self, lifetime: Duration) {
+        use kafka_protocol::messages::{
+            SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest,
+            SaslHandshakeResponse,
+        };
+        self.handshake(&sasl_apis()).await;
+        let (header, req) = self
+            .recv_as::<SaslHandshakeRequest>(ApiKey::SaslHandshake)
+            .await;
+        assert_eq!(req.mechanism.as_str(), "PLAIN");
+        let resp = SaslHandshakeResponse::default()
+            .with_mechanisms(vec![StrBytes::from_static_str("PLAIN")]);
+        self.reply(&header, &resp).await;
+        let (header, _) = self
+            .recv_as::<SaslAuthenticateRequest>(ApiKey::SaslAuthenticate)
+            .await;
+        let resp = SaslAuthenticateResponse::default()
+            .with_session_lifetime_ms(lifetime.as_millis() as i64);
+        self.reply(&header, &resp).await;
+    }
+}
+
+/// A request in flight on a link that a KIP-368 renewal has replaced still belongs to the
+/// connection: `close()` ends it (with `Closed`, as its docs say) and closes that socket, instead
+/// of leaving it to wait there for an answer or its own timeout.
+#[tokio::test]
+async fn close_ends_requests_in_flight_on_a_link_a_renewal_replaced() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    // Short, so the renewal (at 85-95 % of it) comes soon; nothing here depends on when.
+    let lifetime = Duration::from_millis(500);
+    let broker = tokio::spawn(async move {
+        let mut first = Peer::new(listener.accept().await.unwrap().0);
+        first.authenticate(lifetime).await;
+        first.recv_as::<HeartbeatRequest>(ApiKey::Heartbeat).await;
+        // Left unanswered: the heartbeat stays in flight on the first link.
+        let accepted = tokio::time::timeout(PROMPTLY, listener.accept())
+            .await
+            .expect("no renewal came")
+            .unwrap();
+        let mut second = Peer::new(accepted.0);
+        // A long lifetime now, so no further renewal runs during the test.
+        second.authenticate(Duration::from_secs(3600)).await;
+        (first, second)
+    });
+    let cfg = ConnConfig::default().with_security(
+        crate::security::Security::new(crate::security::SecurityProtocol::SaslPlaintext)
+            .with_sasl(crate::security::Sasl::plain("user", "secret".into())),
+    );
+    let conn = Connection::connect(&addr, &cfg).await.expect("connect");
+    let held = tokio::spawn({
+        let conn = conn.clone();
+        // Far beyond the test's own bounds: only close() can end it in time.
+        async move {
+            conn.request_with_timeout(heartbeat(1), Duration::from_secs(3600))
+                .await
+        }
+    });
+    tokio::time::timeout(PROMPTLY, conn.renewed(1))
+        .await
+        .expect("the renewal did not swap a fresh link in");
+    let (mut first, mut second) = broker.await.expect("scripted broker");
+    assert!(
+        !held.is_finished(),
+        "the held heartbeat ended before close()"
+    );
+
+    conn.close();
+    let err = tokio::time::timeout(PROMPTLY, held)
+        .await
+        .expect("close() left the request on the replaced link in flight")
+        .expect("task")
+        .expect_err("closed");
+    assert!(matches!(err, Error::Closed), "{err:?}");
+    first.expect_closed().await;
+    second.expect_closed().await;
+    assert!(conn.is_closed());
+}
