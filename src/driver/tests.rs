@@ -1816,3 +1816,175 @@ async fn close_ends_requests_in_flight_on_a_link_a_renewal_replaced() {
     second.expect_closed().await;
     assert!(conn.is_closed());
 }
+
+/// Like [`lane_broker`], advertising `apis`; also returns the address.
+async fn broker_with(
+    apis: &'static [(ApiKey, i16, i16)],
+) -> (
+    crate::membership::Broker,
+    tokio::sync::mpsc::UnboundedReceiver<Peer<tokio::net::TcpStream>>,
+) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            let mut peer = Peer::new(socket);
+            peer.handshake(apis).await;
+            if tx.send(peer).is_err() {
+                return;
+            }
+        }
+    });
+    let broker = crate::membership::Broker {
+        node_id: 1,
+        host: "127.0.0.1".into(),
+        port: i32::from(port),
+    };
+    (broker, rx)
+}
+
+async fn next_peer(
+    accepted: &mut tokio::sync::mpsc::UnboundedReceiver<Peer<tokio::net::TcpStream>>,
+) -> Peer<tokio::net::TcpStream> {
+    tokio::time::timeout(PROMPTLY, accepted.recv())
+        .await
+        .expect("no connection came")
+        .expect("listener gone")
+}
+
+/// A description made through a client's connections opens none of its own: FindCoordinator
+/// goes on the client's bootstrap connection, DescribeGroups on the coordinator's quick
+/// connection, and both stay open for the client's locks after the description is done. A
+/// second description costs two requests and no connection.
+#[tokio::test]
+async fn descriptions_through_a_client_share_its_quick_connections() {
+    use kafka_protocol::messages::describe_groups_response::DescribedGroup;
+    use kafka_protocol::messages::DescribeGroupsResponse;
+    let (broker, mut accepted) = broker_with(BROKER_APIS).await;
+    let client =
+        crate::Client::new(format!("{}:{}", broker.host, broker.port)).quick_connections(1);
+    let pool = client.pool().clone();
+    let coordinator =
+        FindCoordinatorResponse::default().with_coordinators(vec![Coordinator::default()
+            .with_key(StrBytes::from_static_str("g"))
+            .with_node_id(BrokerId(broker.node_id))
+            .with_host(StrBytes::from_string(broker.host.clone()))
+            .with_port(broker.port)]);
+    let empty = DescribeGroupsResponse::default().with_groups(vec![DescribedGroup::default()
+        .with_group_id(StrBytes::from_static_str("g").into())
+        .with_group_state(StrBytes::from_static_str("Empty"))]);
+    let mut boot = None;
+    let mut coord = None;
+    for _ in 0..2 {
+        let lock = client.lock("g");
+        let script = async {
+            if boot.is_none() {
+                boot = Some(next_peer(&mut accepted).await);
+            }
+            let b = boot.as_mut().expect("bootstrap peer");
+            let (h, _) = b
+                .recv_as::<FindCoordinatorRequest>(ApiKey::FindCoordinator)
+                .await;
+            b.reply(&h, &coordinator).await;
+            if coord.is_none() {
+                coord = Some(next_peer(&mut accepted).await);
+            }
+            let c = coord.as_mut().expect("coordinator peer");
+            let (h, _) = c
+                .recv_as::<DescribeGroupsRequest>(ApiKey::DescribeGroups)
+                .await;
+            c.reply(&h, &empty).await;
+        };
+        let (described, ()) = tokio::join!(lock.describe(), script);
+        let d = described.expect("described");
+        assert_eq!(d.state, crate::group_view::LockState::Free);
+    }
+    assert!(
+        accepted.try_recv().is_err(),
+        "a description opened a connection of its own"
+    );
+    // Still open for the client's locks: a Heartbeat of group g takes the same connection.
+    let mut coord = coord.expect("coordinator peer");
+    let conn = pool.quick(Some(&broker), pool.stripe("g")).await.unwrap();
+    let (hb, ()) = tokio::join!(conn.request(heartbeat(1)), async {
+        let (h, _) = coord.recv_as::<HeartbeatRequest>(ApiKey::Heartbeat).await;
+        coord.reply(&h, &HeartbeatResponse::default()).await;
+    });
+    hb.expect("heartbeat on the coordinator's quick connection");
+    assert!(accepted.try_recv().is_err());
+}
+
+/// [`BROKER_APIS`] and what a ledger reader needs (no DescribeConfigs: the compression check is
+/// then skipped).
+const LEDGER_APIS: &[(ApiKey, i16, i16)] = &[
+    (ApiKey::ApiVersions, 0, 4),
+    (ApiKey::Metadata, 0, 12),
+    (ApiKey::FindCoordinator, 0, 6),
+    (ApiKey::JoinGroup, 0, 9),
+    (ApiKey::SyncGroup, 0, 5),
+    (ApiKey::Heartbeat, 0, 4),
+    (ApiKey::LeaveGroup, 0, 5),
+    (ApiKey::OffsetCommit, 0, 9),
+    (ApiKey::OffsetFetch, 0, 9),
+    (ApiKey::DescribeGroups, 0, 5),
+    (ApiKey::Produce, 0, 9),
+    (ApiKey::Fetch, 0, 12),
+    (ApiKey::ListOffsets, 0, 7),
+];
+
+/// An observer's long-poll Fetch of the ledger, through a client, takes a parking lane: the
+/// broker parks it for up to its wait, and the Heartbeats of the client's locks on the leader's
+/// quick connection are answered meanwhile.
+#[tokio::test]
+async fn a_ledger_long_poll_through_a_client_parks_on_a_lane_not_the_quick_connection() {
+    use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+    use kafka_protocol::messages::metadata_response::{
+        MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
+    };
+    use kafka_protocol::messages::{FetchRequest, FetchResponse};
+    let (broker, mut accepted) = broker_with(LEDGER_APIS).await;
+    let client =
+        crate::Client::new(format!("{}:{}", broker.host, broker.port)).quick_connections(1);
+    let pool = client.pool().clone();
+    let lock = client.lock("g").ledger_topic("ledger");
+    let mut tail = ledger::LedgerTail::new(lock.reach(), "g", "ledger", Some(0));
+    let poll = tokio::spawn(async move { tail.poll(Duration::from_secs(3600)).await });
+
+    let mut boot = next_peer(&mut accepted).await;
+    let (h, _) = boot.recv_as::<MetadataRequest>(ApiKey::Metadata).await;
+    let metadata = MetadataResponse::default()
+        .with_brokers(vec![MetadataResponseBroker::default()
+            .with_node_id(BrokerId(broker.node_id))
+            .with_host(StrBytes::from_string(broker.host.clone()))
+            .with_port(broker.port)])
+        .with_topics(vec![MetadataResponseTopic::default()
+            .with_name(Some(TopicName(StrBytes::from_static_str("ledger"))))
+            .with_partitions(vec![MetadataResponsePartition::default()
+                .with_partition_index(0)
+                .with_leader_id(BrokerId(broker.node_id))])]);
+    boot.reply(&h, &metadata).await;
+
+    let mut lane = next_peer(&mut accepted).await;
+    let (fetch, _) = lane.recv_as::<FetchRequest>(ApiKey::Fetch).await;
+    // The Fetch is parked; a lock's Heartbeat to the same broker goes on meanwhile.
+    let conn = pool.quick(Some(&broker), pool.stripe("g")).await.unwrap();
+    let (hb, ()) = tokio::join!(conn.request(heartbeat(1)), async {
+        let mut quick = next_peer(&mut accepted).await;
+        let (h, _) = quick.recv_as::<HeartbeatRequest>(ApiKey::Heartbeat).await;
+        quick.reply(&h, &HeartbeatResponse::default()).await;
+    });
+    hb.expect("heartbeat answered while the Fetch is parked");
+    assert!(!poll.is_finished());
+
+    let answer = FetchResponse::default().with_responses(vec![FetchableTopicResponse::default()
+        .with_topic(TopicName(StrBytes::from_static_str("ledger")))
+        .with_partitions(vec![PartitionData::default().with_partition_index(0)])]);
+    lane.reply(&fetch, &answer).await;
+    let records = tokio::time::timeout(PROMPTLY, poll)
+        .await
+        .expect("the poll did not end with its answer")
+        .expect("task")
+        .expect("poll");
+    assert!(records.is_empty());
+}

@@ -72,7 +72,7 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 use tracing::{debug, info, warn};
 
-pub use history::{fold, History, Hold, HoldEnd, Unreadable};
+pub use history::{fold, Checkpoint, CheckpointSource, History, Hold, HoldEnd, Unreadable};
 pub use record::{
     LedgerRecord, RecordError, RecordKind, MAX_CHECKPOINT, MAX_HOST, MAX_LABEL, MAX_MEMBER_ID,
     MAX_REASON, RECORD_VERSION,
