@@ -207,3 +207,80 @@ async fn a_burst_of_first_joins_waiting_in_line_for_a_lane_all_acquire() {
         guard.release().await.expect("release");
     }
 }
+
+/// What reads a lock from outside (an observer, `describe`, `history`, `last_checkpoint`),
+/// made through the client that holds it, go over the client's connections and see what its
+/// lock does: the observer reports the hold with its ledger token as its ACQUIRED record is
+/// appended and its end; the description, the history and the checkpoint all name that hold;
+/// and the holder keeps its lease throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn describe_history_and_an_observer_through_the_client_that_holds_the_lock() {
+    use kafka_lock::{CheckpointSource, Leadership, LockState, ObserveVia};
+    support::init_tracing();
+    let bootstrap = kafka().bootstrap();
+    let ledger = support::unique_group("client-reads-ledger");
+    crate::support::kafka::admin::create_topic(&bootstrap, &ledger, 1);
+    let client = Client::new(&bootstrap);
+    let name = support::unique_group("client-reads");
+    let options = tune(client.lock(&name)).ledger_topic(&ledger);
+
+    let (tx, mut reports) = tokio::sync::mpsc::unbounded_channel::<Leadership>();
+    let mut observer = options.observer();
+    let observing = tokio::spawn(async move {
+        loop {
+            let l = observer.next().await.expect("observe");
+            if tx.send(l).is_err() {
+                return;
+            }
+        }
+    });
+    let first = next_report(&mut reports).await;
+    assert_eq!(first.via, ObserveVia::Ledger);
+    assert_eq!(first.state, LockState::Free);
+
+    let guard = options.acquire(Some(SLACK)).await.expect("acquire");
+    let token = guard.token().ledger_offset.expect("a ledger token");
+    let held = next_report(&mut reports).await;
+    assert_eq!(
+        held.leader.as_ref().and_then(|l| l.ledger_token),
+        Some(token),
+        "{held:?}"
+    );
+    guard.checkpoint("step-1").await.expect("checkpoint");
+
+    let d = options.describe().await.expect("describe");
+    assert_eq!(
+        d.holder().and_then(|h| h.ledger_token),
+        Some(token),
+        "{d:?}"
+    );
+    let history = options.history().await.expect("history");
+    assert_eq!(
+        history.last_hold().map(|h| h.token),
+        Some(token),
+        "{history:?}"
+    );
+    let c = options
+        .last_checkpoint()
+        .await
+        .expect("last checkpoint")
+        .expect("a checkpoint");
+    assert_eq!((c.value.as_str(), c.token), ("step-1", token));
+    assert_eq!(c.source, CheckpointSource::Group);
+    assert!(guard.is_held());
+    assert!(options.stats().losses.is_empty(), "{:?}", options.stats());
+
+    guard.release().await.expect("release");
+    let free = next_report(&mut reports).await;
+    assert_eq!(free.state, LockState::Free, "{free:?}");
+    observing.abort();
+}
+
+async fn next_report(
+    reports: &mut tokio::sync::mpsc::UnboundedReceiver<kafka_lock::Leadership>,
+) -> kafka_lock::Leadership {
+    tokio::time::timeout(Duration::from_secs(60), reports.recv())
+        .await
+        .expect("a report within the bound")
+        .expect("the observer runs")
+}
