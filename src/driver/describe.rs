@@ -66,8 +66,7 @@ impl GroupWatch {
         let at = match &self.coordinator {
             Some(b) => b.clone(),
             None => {
-                let first = self.reach.bootstrap().await?;
-                let b = coordinator(&first, &self.lock, &self.reach).await?;
+                let b = coordinator(&self.lock, &self.reach).await?;
                 self.coordinator = Some(b.clone());
                 b
             }

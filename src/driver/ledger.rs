@@ -15,7 +15,7 @@ use crate::backoff::Backoff;
 use crate::error::{Error, Result};
 use crate::ledger::{self, fold, Compression, History, LedgerError, Op, Partition};
 use crate::membership::Broker;
-use crate::wire::coordinator::{find_coordinator_request, found_coordinator};
+use crate::wire::coordinator::found_coordinator;
 use crate::wire::log::{
     fetched, listed, FetchOptions, Isolation, LogError, OffsetSpec, TopicPartition,
 };
@@ -445,23 +445,18 @@ fn batch_offset(e: &BatchError) -> Option<i64> {
     }
 }
 
-/// The group coordinator of `group`, asked of `conn`.
-pub(crate) async fn coordinator(conn: &Connection, group: &str, reach: &Reach) -> Result<Broker> {
-    let version = conn
-        .versions()
-        .get(ApiKey::FindCoordinator)
-        .ok_or(Error::UnsupportedApi {
-            api: crate::api::Api::of(ApiKey::FindCoordinator),
-        })?
-        .min(4);
+/// The group coordinator of `group`, asked on the bootstrap connection (together with the
+/// other lookups of the pool queued at the same time).
+pub(crate) async fn coordinator(group: &str, reach: &Reach) -> Result<Broker> {
     let mut backoff = reach.backoff();
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let req = find_coordinator_request(group, version);
-        let r = match conn.request_at(req, version, reach.request_timeout).await? {
-            Response::FindCoordinator(r) => r,
-            other => {
+        let r = match super::lookup::find_coordinator(&reach.pool, group, reach.request_timeout)
+            .await?
+        {
+            (Response::FindCoordinator(r), _) => r,
+            (other, _) => {
                 return Err(Error::Protocol(format!(
                     "expected FindCoordinator, got {:?}",
                     other.api_key()
@@ -495,8 +490,7 @@ pub(crate) async fn read_committed(
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let first = reach.bootstrap().await?;
-        let at = coordinator(&first, lock, reach).await?;
+        let at = coordinator(lock, reach).await?;
         let conn = reach.quick(&at, lock).await?;
         let (req, v) = ledger::offset_fetch_request(lock, topic, conn.versions())?;
         let answer = conn.request_at(req, v, reach.request_timeout).await;

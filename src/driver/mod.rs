@@ -25,6 +25,7 @@ mod conn;
 mod cpu;
 pub(crate) mod describe;
 mod dial;
+pub(crate) mod lookup;
 pub(crate) mod pool;
 mod secure;
 #[cfg(test)]

@@ -84,6 +84,8 @@ pub(crate) struct Pool {
     quick: Mutex<HashMap<QuickKey, Arc<QuickCell>>>,
     parking: Mutex<HashMap<Broker, Arc<Lanes>>>,
     reaper: AtomicBool,
+    /// FindCoordinator lookups waiting to go out together (`super::lookup`).
+    pub(crate) lookups: super::lookup::Lookups,
 }
 
 /// A broker (`None`: the bootstrap connection) and a stripe.
@@ -167,6 +169,7 @@ impl Pool {
             quick: Mutex::new(HashMap::new()),
             parking: Mutex::new(HashMap::new()),
             reaper: AtomicBool::new(false),
+            lookups: Default::default(),
         }
     }
 

@@ -552,6 +552,11 @@ pub(super) fn send(net: &Session, t: Transmit, park: Park, answers: mpsc::Unboun
                     Err(e) => Err(e),
                 }
             }
+            Route::Quick(None) if batchable(&request, version).is_some() => {
+                let key = batchable(&request, version).unwrap_or_default();
+                let lookup = super::lookup::find_coordinator(&pool, &key, t.timeout);
+                bounded(bound, lookup, || format!("{api:?}")).await
+            }
             route => {
                 let exchange =
                     exchange(&pool, stripe, route, |_| Ok((request, version)), t.timeout);
@@ -563,6 +568,20 @@ pub(super) fn send(net: &Session, t: Transmit, park: Park, answers: mpsc::Unboun
         }
         let _ = answers.send((Source::Member, t.id, result));
     });
+}
+
+/// The group of a FindCoordinator lookup that may go out with others (KIP-699, v4+).
+fn batchable(request: &crate::wire::Request, version: i16) -> Option<String> {
+    match request {
+        crate::wire::Request::FindCoordinator(r)
+            if version >= super::lookup::BATCH_VERSION
+                && r.key_type == 0
+                && r.coordinator_keys.len() == 1 =>
+        {
+            r.coordinator_keys.first().map(|k| k.to_string())
+        }
+        _ => None,
+    }
 }
 
 /// `exchange`, or a timeout error naming `op` once `bound` has passed.

@@ -1988,3 +1988,167 @@ async fn a_ledger_long_poll_through_a_client_parks_on_a_lane_not_the_quick_conne
         .expect("poll");
     assert!(records.is_empty());
 }
+
+/// An entry of a v4 FindCoordinator answer naming `broker` for `key`, or `code` alone.
+fn coordinator_entry(key: &str, broker: &crate::membership::Broker, code: i16) -> Coordinator {
+    let c = Coordinator::default()
+        .with_key(StrBytes::from_string(key.to_owned()))
+        .with_error_code(code);
+    if code != 0 {
+        return c.with_node_id(BrokerId(-1)).with_port(-1);
+    }
+    c.with_node_id(BrokerId(broker.node_id))
+        .with_host(StrBytes::from_string(broker.host.clone()))
+        .with_port(broker.port)
+}
+
+/// Lookups queued while one is with the broker go out together in the next request (KIP-699),
+/// and each lock hears its own key's entry alone: one key refused (GROUP_AUTHORIZATION_FAILED)
+/// fails only that lookup.
+#[tokio::test]
+async fn lookups_queued_together_go_out_in_one_request_and_each_hears_its_own_key() {
+    use crate::wire::coordinator::found_coordinator;
+    let (broker, mut accepted) = broker_with(BROKER_APIS).await;
+    let client = crate::Client::new(format!("{}:{}", broker.host, broker.port));
+    let pool = client.pool().clone();
+    let find = |key: String| {
+        let pool = pool.clone();
+        async move {
+            match lookup::find_coordinator(&pool, &key, PROMPTLY).await {
+                Ok((Response::FindCoordinator(r), v)) => {
+                    assert!(v >= lookup::BATCH_VERSION);
+                    found_coordinator(&r)
+                }
+                Ok((other, _)) => panic!("expected FindCoordinator, got {other:?}"),
+                Err(e) => Err(e),
+            }
+        }
+    };
+    let first = tokio::spawn(find("first".into()));
+    let mut boot = next_peer(&mut accepted).await;
+    let (h1, r1) = boot
+        .recv_as::<FindCoordinatorRequest>(ApiKey::FindCoordinator)
+        .await;
+    assert_eq!(r1.coordinator_keys.len(), 1, "{r1:?}");
+    // Queued while the first is with the broker (the same group twice: asked once).
+    let keys: Vec<String> = (0..8)
+        .map(|i| format!("g{i}"))
+        .chain(["g0".to_owned()])
+        .collect();
+    let mut later: Vec<_> = keys.iter().map(|k| Box::pin(find(k.clone()))).collect();
+    // Polled once each: every one of them is queued before the first is answered.
+    std::future::poll_fn(|cx| {
+        for f in &mut later {
+            assert!(std::future::Future::poll(f.as_mut(), cx).is_pending());
+        }
+        std::task::Poll::Ready(())
+    })
+    .await;
+    boot.reply(
+        &h1,
+        &FindCoordinatorResponse::default()
+            .with_coordinators(vec![coordinator_entry("first", &broker, 0)]),
+    )
+    .await;
+    let (h2, r2) = boot
+        .recv_as::<FindCoordinatorRequest>(ApiKey::FindCoordinator)
+        .await;
+    let asked: BTreeSet<String> = r2.coordinator_keys.iter().map(|k| k.to_string()).collect();
+    let expected: BTreeSet<String> = (0..8).map(|i| format!("g{i}")).collect();
+    assert_eq!(
+        asked, expected,
+        "the queued lookups in one request, each key once"
+    );
+    assert_eq!(r2.coordinator_keys.len(), 8);
+    // Answered out of order, one key refused.
+    let entries = (0..8)
+        .rev()
+        .map(|i| coordinator_entry(&format!("g{i}"), &broker, if i == 3 { 30 } else { 0 }))
+        .collect();
+    boot.reply(
+        &h2,
+        &FindCoordinatorResponse::default().with_coordinators(entries),
+    )
+    .await;
+    let got = tokio::time::timeout(PROMPTLY, first)
+        .await
+        .expect("answered")
+        .unwrap()
+        .expect("first");
+    assert_eq!(i32::from(got.port), broker.port);
+    for (key, lookup) in keys.iter().zip(later) {
+        let r = tokio::time::timeout(PROMPTLY, lookup)
+            .await
+            .expect("answered");
+        match (key.as_str(), r) {
+            ("g3", Err(Error::Broker { code, .. })) => {
+                assert_eq!(code, crate::KafkaCode::GROUP_AUTHORIZATION_FAILED)
+            }
+            ("g3", other) => panic!("g3 should be refused, got {other:?}"),
+            (_, Ok(c)) => assert_eq!(c.node_id, broker.node_id),
+            (k, Err(e)) => panic!("{k}: {e}"),
+        }
+    }
+    assert!(accepted.try_recv().is_err(), "one bootstrap connection");
+}
+
+/// A broker without FindCoordinator v4 gets one request per key, each answered to its lookup.
+#[tokio::test]
+async fn without_v4_each_lookup_is_a_request_of_its_own() {
+    use crate::wire::coordinator::found_coordinator;
+    const OLD: &[(ApiKey, i16, i16)] = &[
+        (ApiKey::ApiVersions, 0, 3),
+        (ApiKey::Metadata, 0, 9),
+        (ApiKey::FindCoordinator, 0, 3),
+        (ApiKey::JoinGroup, 0, 7),
+        (ApiKey::SyncGroup, 0, 5),
+        (ApiKey::Heartbeat, 0, 4),
+        (ApiKey::LeaveGroup, 0, 4),
+        (ApiKey::DescribeGroups, 0, 5),
+    ];
+    let (broker, mut accepted) = broker_with(OLD).await;
+    let client = crate::Client::new(format!("{}:{}", broker.host, broker.port));
+    let pool = client.pool().clone();
+    let lookups: Vec<_> = ["a", "b", "c"]
+        .iter()
+        .map(|k| {
+            let pool = pool.clone();
+            tokio::spawn(async move { lookup::find_coordinator(&pool, k, PROMPTLY).await })
+        })
+        .collect();
+    let mut boot = next_peer(&mut accepted).await;
+    let mut seen = BTreeSet::new();
+    for _ in 0..3 {
+        let (h, r) = boot
+            .recv_as::<FindCoordinatorRequest>(ApiKey::FindCoordinator)
+            .await;
+        assert_eq!(h.request_api_version, 3);
+        assert!(r.coordinator_keys.is_empty());
+        let key = r.key.to_string();
+        // Each answer names a node of its own, so a mix-up shows.
+        let node = i32::from(key.as_bytes()[0]);
+        boot.reply(
+            &h,
+            &FindCoordinatorResponse::default()
+                .with_node_id(BrokerId(node))
+                .with_host(StrBytes::from_static_str("127.0.0.1"))
+                .with_port(broker.port),
+        )
+        .await;
+        seen.insert(key);
+    }
+    assert_eq!(seen.len(), 3);
+    for (k, task) in ["a", "b", "c"].iter().zip(lookups) {
+        let (resp, v) = tokio::time::timeout(PROMPTLY, task)
+            .await
+            .expect("answered")
+            .unwrap()
+            .expect("lookup");
+        assert_eq!(v, 3);
+        let Response::FindCoordinator(r) = resp else {
+            panic!("expected FindCoordinator")
+        };
+        let c = found_coordinator(&r).expect("found");
+        assert_eq!(c.node_id, i32::from(k.as_bytes()[0]));
+    }
+}

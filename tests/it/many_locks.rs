@@ -284,3 +284,51 @@ async fn next_report(
         .expect("a report within the bound")
         .expect("the observer runs")
 }
+
+/// LOCKS locks acquired at once through one client cost a few FindCoordinator requests, not one
+/// per lock: lookups queued while one is with the broker go out together (KIP-699's key list).
+/// Counted by a proxy in front of the broker; every lock still acquires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_acquisitions_at_once_share_their_find_coordinator_requests() {
+    use crate::fault::kproxy::ProxySet;
+    use kafka_protocol::messages::ApiKey;
+    const LOCKS: usize = 40;
+    support::init_tracing();
+    let node = &kafka().nodes()[0];
+    let brokers = [(node.id(), node.addr().parse().expect("node address"))];
+    let proxies = ProxySet::start(&tokio::runtime::Handle::current(), &brokers);
+    let client = Client::new(proxies.bootstrap());
+    let prefix = support::unique_group("lookups");
+    let tasks: Vec<_> = (0..LOCKS)
+        .map(|i| {
+            let options = tune(client.lock(format!("{prefix}-{i}")));
+            tokio::spawn(async move { options.acquire(Some(Duration::from_secs(60))).await })
+        })
+        .collect();
+    let mut guards = Vec::new();
+    for t in tasks {
+        let g = tokio::time::timeout(Duration::from_secs(60) + SLACK, t)
+            .await
+            .expect("every acquire ends")
+            .unwrap()
+            .expect("acquire");
+        guards.push(g);
+    }
+    let lookups = proxies
+        .stats()
+        .requests
+        .lock()
+        .unwrap()
+        .get(&(ApiKey::FindCoordinator as i16))
+        .copied()
+        .unwrap_or(0);
+    println!("{LOCKS} locks acquired at once: {lookups} FindCoordinator requests");
+    // Without coalescing: one per lock, and one more per look before joining (2 × LOCKS).
+    assert!(
+        lookups > 0 && (lookups as usize) < LOCKS,
+        "{lookups} FindCoordinator requests for {LOCKS} locks"
+    );
+    for g in guards {
+        g.release().await.expect("release");
+    }
+}
