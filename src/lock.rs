@@ -763,6 +763,8 @@ impl LockOptions {
         let give_up = Instant::now().checked_add(limits.deadline);
         loop {
             let conn = pool.quick(None, 0).await?;
+            // Before the session picks its stripe from it.
+            pool.learn_offsets_partitions(&conn).await;
             let Mode::Consumer { topic } = &self.mode else {
                 return Ok(conn);
             };

@@ -59,6 +59,10 @@ impl Reach {
 
     /// The quick connection to `broker` that `group`'s requests take.
     pub(crate) async fn quick(&self, broker: &Broker, group: &str) -> Result<Connection> {
+        if self.pool.offsets_partitions_unknown() {
+            let first = self.bootstrap().await?;
+            self.pool.learn_offsets_partitions(&first).await;
+        }
         self.pool.quick(Some(broker), self.pool.stripe(group)).await
     }
 

@@ -212,3 +212,42 @@ fn copy(e: &Arc<Error>) -> Error {
         _ => Error::Poisoned(Arc::clone(e)),
     }
 }
+
+/// The topic whose partition count places a group at its coordinator.
+const OFFSETS_TOPIC: &str = "__consumer_offsets";
+
+/// `__consumer_offsets`' partition count as a Metadata request on `conn` tells it: `Some(n)`
+/// when the broker names its partitions, `Some(default)` when it refuses to describe the topic
+/// (no DESCRIBE ACL on it: that answer will not change), `None` when the topic does not exist yet
+/// (Apache creates it at the first FindCoordinator) or the request failed: ask again later.
+pub(crate) async fn offsets_partitions(
+    conn: &super::conn::Connection,
+    timeout: Duration,
+    default: u32,
+) -> Option<u32> {
+    use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+    use kafka_protocol::messages::{MetadataRequest, TopicName};
+    let mut t = MetadataRequestTopic::default();
+    t.name = Some(TopicName(StrBytes::from_static_str(OFFSETS_TOPIC)));
+    let mut req = MetadataRequest::default();
+    req.topics = Some(vec![t]);
+    if conn.versions().get(ApiKey::Metadata).unwrap_or(0) >= 4 {
+        req.allow_auto_topic_creation = false;
+    }
+    let resp = match conn.request_with_timeout(req, timeout).await {
+        Ok(Response::Metadata(r)) => r,
+        Ok(_) | Err(_) => return None,
+    };
+    let topic = resp
+        .topics
+        .iter()
+        .find(|t| t.name.as_ref().map(|n| n.0.as_str()) == Some(OFFSETS_TOPIC))?;
+    match topic.error_code {
+        0 => u32::try_from(topic.partitions.len())
+            .ok()
+            .filter(|&n| n > 0),
+        // TOPIC_AUTHORIZATION_FAILED
+        29 => Some(default),
+        _ => None,
+    }
+}

@@ -2152,3 +2152,104 @@ async fn without_v4_each_lookup_is_a_request_of_its_own() {
         assert_eq!(c.node_id, i32::from(k.as_bytes()[0]));
     }
 }
+
+/// Java's `Utils.abs(s.hashCode())`, as the test's own reckoning of Apache's `partitionFor`.
+fn java_abs_hash(s: &str) -> u32 {
+    let h = s
+        .encode_utf16()
+        .fold(0i32, |h, c| h.wrapping_mul(31).wrapping_add(i32::from(c)));
+    if h == i32::MIN {
+        0
+    } else {
+        h.unsigned_abs()
+    }
+}
+
+/// Answers the Metadata request for `__consumer_offsets` with `partitions` partitions, or with
+/// the error `code` alone.
+async fn answer_offsets_metadata<S: AsyncRead + AsyncWrite + Unpin>(
+    peer: &mut Peer<S>,
+    partitions: usize,
+    code: i16,
+) {
+    use kafka_protocol::messages::metadata_response::{
+        MetadataResponsePartition, MetadataResponseTopic,
+    };
+    let (h, r) = peer.recv_as::<MetadataRequest>(ApiKey::Metadata).await;
+    let topics = r.topics.expect("a topic list, not every topic");
+    assert_eq!(
+        topics[0].name.as_ref().map(|n| n.0.as_str()),
+        Some("__consumer_offsets")
+    );
+    assert!(!r.allow_auto_topic_creation, "never creates the topic");
+    let answer = MetadataResponse::default().with_topics(vec![MetadataResponseTopic::default()
+        .with_name(Some(TopicName(StrBytes::from_static_str(
+            "__consumer_offsets",
+        ))))
+        .with_error_code(code)
+        .with_partitions(
+            (0..partitions)
+                .map(|i| MetadataResponsePartition::default().with_partition_index(i as i32))
+                .collect(),
+        )]);
+    peer.reply(&h, &answer).await;
+}
+
+/// A client with several quick connections per broker reads `__consumer_offsets`' partition
+/// count and places each group on the stripe of its partition under that count; refused
+/// (no ACL), it keeps Apache's default 50 for good; absent (not created yet), it asks again.
+#[tokio::test]
+async fn a_groups_stripe_follows_the_clusters_offsets_partition_count() {
+    let (broker, mut accepted) = broker_with(BROKER_APIS).await;
+    let addr = format!("{}:{}", broker.host, broker.port);
+    // A group whose stripe differs under 3 partitions and under 50.
+    let group = (0..1000)
+        .map(|i| format!("g{i}"))
+        .find(|g| (java_abs_hash(g) % 3) % 4 != (java_abs_hash(g) % 50) % 4)
+        .expect("such a group");
+    let h = java_abs_hash(&group);
+
+    let client = crate::Client::new(&addr).quick_connections(4);
+    let pool = client.pool().clone();
+    assert_eq!(pool.stripe(&group), ((h % 50) % 4) as usize);
+    let conn = pool.quick(None, 0).await.unwrap();
+    let mut boot = next_peer(&mut accepted).await;
+    tokio::join!(
+        pool.learn_offsets_partitions(&conn),
+        answer_offsets_metadata(&mut boot, 3, 0)
+    );
+    assert_eq!(pool.stripe(&group), ((h % 3) % 4) as usize);
+
+    // Refused: the default, and no more asking.
+    let refused = crate::Client::new(&addr).quick_connections(4);
+    let pool = refused.pool().clone();
+    let conn = pool.quick(None, 0).await.unwrap();
+    let mut boot = next_peer(&mut accepted).await;
+    tokio::join!(
+        pool.learn_offsets_partitions(&conn),
+        answer_offsets_metadata(&mut boot, 0, 29)
+    );
+    assert_eq!(pool.stripe(&group), ((h % 50) % 4) as usize);
+    pool.learn_offsets_partitions(&conn).await;
+    let (hb, ()) = tokio::join!(conn.request(heartbeat(1)), async {
+        let (h, _) = boot.recv_as::<HeartbeatRequest>(ApiKey::Heartbeat).await;
+        boot.reply(&h, &HeartbeatResponse::default()).await;
+    });
+    hb.expect("the next request is this Heartbeat, not another Metadata");
+
+    // Absent: asked again at the next need.
+    let fresh = crate::Client::new(&addr).quick_connections(4);
+    let pool = fresh.pool().clone();
+    let conn = pool.quick(None, 0).await.unwrap();
+    let mut boot = next_peer(&mut accepted).await;
+    tokio::join!(
+        pool.learn_offsets_partitions(&conn),
+        answer_offsets_metadata(&mut boot, 0, 3)
+    );
+    assert_eq!(pool.stripe(&group), ((h % 50) % 4) as usize);
+    tokio::join!(
+        pool.learn_offsets_partitions(&conn),
+        answer_offsets_metadata(&mut boot, 3, 0)
+    );
+    assert_eq!(pool.stripe(&group), ((h % 3) % 4) as usize);
+}
