@@ -552,16 +552,17 @@ pub(super) fn send(net: &Session, t: Transmit, park: Park, answers: mpsc::Unboun
                     Err(e) => Err(e),
                 }
             }
-            Route::Quick(None) if batchable(&request, version).is_some() => {
-                let key = batchable(&request, version).unwrap_or_default();
-                let lookup = super::lookup::find_coordinator(&pool, &key, t.timeout);
-                bounded(bound, lookup, || format!("{api:?}")).await
-            }
-            route => {
-                let exchange =
-                    exchange(&pool, stripe, route, |_| Ok((request, version)), t.timeout);
-                bounded(bound, exchange, || format!("{api:?}")).await
-            }
+            route => match (&route, batchable(&request, version)) {
+                (Route::Quick(None), Some(group)) => {
+                    let lookup = super::lookup::find_coordinator(&pool, &group, t.timeout);
+                    bounded(bound, lookup, || format!("{api:?}")).await
+                }
+                _ => {
+                    let exchange =
+                        exchange(&pool, stripe, route, |_| Ok((request, version)), t.timeout);
+                    bounded(bound, exchange, || format!("{api:?}")).await
+                }
+            },
         };
         if let Err(e) = &result {
             warn!(?api, error = %e, "request failed");
