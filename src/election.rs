@@ -44,10 +44,10 @@ use std::time::{Duration, Instant, SystemTime};
 use tracing::debug;
 
 use crate::backoff::Backoff;
-use crate::describe::{LockDescription, LockState};
 use crate::driver::describe::GroupWatch;
 use crate::driver::ledger::LedgerTail;
 use crate::error::Result;
+use crate::group_view::{LockDescription, LockState};
 use crate::ledger::{HoldEnd, LedgerRecord, RecordKind};
 use crate::lock::{LockGuard, LockOptions};
 
@@ -223,6 +223,16 @@ impl Leadership {
         self.leader
             .as_ref()
             .map(|l| (l.member_id.clone(), l.ledger_token))
+    }
+}
+
+impl LockOptions {
+    /// An observer of the lock's leadership that never joins its group ([`Observer`]):
+    /// DescribeGroups polls at most once per [`Observer::interval`], or, with a ledger topic,
+    /// the ledger's records as they are appended. Options made by
+    /// [`Client::lock`](crate::Client::lock) observe through the client's connections.
+    pub fn observer(&self) -> Observer {
+        Observer::new(self.clone())
     }
 }
 

@@ -120,6 +120,8 @@ pub mod driver;
 #[doc(hidden)]
 pub mod election;
 #[doc(hidden)]
+pub mod group_view;
+#[doc(hidden)]
 pub mod ledger;
 #[doc(hidden)]
 pub mod lock;

@@ -54,43 +54,11 @@ use crate::membership::{Command, Event, GroupVersions, Membership, MembershipCon
 use crate::security::Security;
 use crate::wire::Response;
 
-pub use crate::ledger::{DEFAULT_CHECKPOINT_MAX_BYTES, DEFAULT_POLL_MAX_BYTES, DEFAULT_POLL_WAIT};
+pub use crate::ledger::{
+    Checkpoint, CheckpointSource, DEFAULT_CHECKPOINT_MAX_BYTES, DEFAULT_POLL_MAX_BYTES,
+    DEFAULT_POLL_WAIT,
+};
 pub use crate::membership::{FencingToken, HolderInfo, LossReason};
-
-/// A lock's last checkpoint.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Checkpoint {
-    /// The value the holder stored.
-    pub value: String,
-    /// The token of the hold that stored it.
-    pub token: i64,
-    /// Where it was read: the lock's group (its committed offset metadata, the fenced original),
-    /// or the ledger's copy, when the group no longer has it (deleted, or its offsets expired).
-    pub source: CheckpointSource,
-}
-
-impl Checkpoint {
-    /// A checkpoint with these parts (the lock's own come from [`LockGuard::last_checkpoint`]
-    /// and [`LockOptions::last_checkpoint`]).
-    pub fn new(value: impl Into<String>, token: i64, source: CheckpointSource) -> Self {
-        Checkpoint {
-            value: value.into(),
-            token,
-            source,
-        }
-    }
-}
-
-/// Where a [`Checkpoint`] was read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum CheckpointSource {
-    /// The lock's group: what the broker accepted from the current holder of that hold.
-    Group,
-    /// The ledger's CHECKPOINT record (the group no longer has one).
-    Ledger,
-}
 
 /// Default session timeout: long enough to ride out a broker hiccup, short enough that a crashed
 /// holder is replaced within seconds (Apache Kafka's minimum is 6 s by default).
@@ -701,44 +669,6 @@ impl LockOptions {
         }))
     }
 
-    /// Who holds the lock, who waits (in queue order), the generation, the coordinator and the
-    /// protocol, read with FindCoordinator and DescribeGroups from outside the group, so looking
-    /// never causes a rebalance. With a ledger topic, the ledger's last hold is added (and the
-    /// holder's ledger token); that reads the whole retained ledger, as [`LockOptions::history`]
-    /// does. Members whose bytes cannot be read are listed as undecodable, never trusted.
-    pub async fn describe(&self) -> Result<crate::describe::LockDescription> {
-        self.validate()?;
-        let mut watch = crate::driver::describe::GroupWatch::new(self.reach(), &self.name);
-        let d = watch.describe().await;
-        watch.close();
-        let d = d?;
-        Ok(match &self.ledger_topic {
-            Some(topic) => {
-                let history = self.history().await?;
-                let checkpoint = match self.committed_checkpoint().await? {
-                    Some(c) => Some(c),
-                    None => history
-                        .last_checkpoint()
-                        .map(|(value, token, _)| Checkpoint {
-                            value: value.to_owned(),
-                            token,
-                            source: CheckpointSource::Ledger,
-                        }),
-                };
-                d.with_ledger(topic, history.last_hold().cloned(), checkpoint)
-            }
-            None => d,
-        })
-    }
-
-    /// An observer of the lock's leadership that never joins its group
-    /// ([`Observer`](crate::election::Observer)): DescribeGroups polls at most once per
-    /// [`Observer::interval`](crate::election::Observer::interval), or, with a ledger topic,
-    /// the ledger's records as they are appended.
-    pub fn observer(&self) -> crate::election::Observer {
-        crate::election::Observer::new(self.clone())
-    }
-
     fn ledger_required(&self) -> Result<&str> {
         self.ledger_topic.as_deref().ok_or_else(|| {
             LedgerError::NoLedger {
@@ -748,15 +678,13 @@ impl LockOptions {
         })
     }
 
+    /// The connections of a read outside any membership: the client's, else a pool of its own.
     pub(crate) fn reach(&self) -> Reach {
-        // Every connection of a ledger read may Fetch from the ledger.
-        let frame = self
-            .max_frame_size
-            .max(crate::ledger::LEDGER_MAX_FRAME_SIZE);
+        let (pool, own) = self.pool();
         Reach {
-            bootstrap: self.bootstrap.clone(),
-            conn: self.conn_config().with_max_frame_size(frame),
-            limits: self.bootstrap_limits(),
+            pool,
+            own,
+            request_timeout: self.request_timeout,
             retry_backoff: self.retry_backoff,
             retry_backoff_max: self.retry_backoff_max,
         }
@@ -835,6 +763,8 @@ impl LockOptions {
         let give_up = Instant::now().checked_add(limits.deadline);
         loop {
             let conn = pool.quick(None, 0).await?;
+            // Before the session picks its stripe from it.
+            pool.learn_offsets_partitions(&conn).await;
             let Mode::Consumer { topic } = &self.mode else {
                 return Ok(conn);
             };
@@ -934,7 +864,7 @@ impl LockOptions {
     /// One DescribeGroups of the lock's group in native mode (consumer-compatible groups do not
     /// show their holder from outside), one attempt: a failed look costs what comes next
     /// nothing but the time of that attempt.
-    async fn look(&self) -> Option<crate::describe::LockDescription> {
+    async fn look(&self) -> Option<crate::group_view::LockDescription> {
         if !matches!(self.mode, Mode::Native) {
             return None;
         }
@@ -949,9 +879,9 @@ impl LockOptions {
     /// number of permits, a free permit) is `None`: the join then decides, and reports errors.
     async fn busy_at_a_look(&self) -> Option<Vec<HolderInfo>> {
         let d = self.look().await?;
-        let full = d.state == crate::describe::LockState::Held
+        let full = d.state == crate::group_view::LockState::Held
             && d.group_state == "Stable"
-            && d.protocol == crate::describe::LockProtocol::Native
+            && d.protocol == crate::group_view::LockProtocol::Native
             && d.permits == Some(self.permits)
             && d.holders.len() >= usize::from(self.permits);
         if !full {
@@ -1233,7 +1163,7 @@ impl LockOptions {
 }
 
 /// As [`describe_holder`], from a look at the group.
-fn describe_lock_holder(h: &crate::describe::LockHolder) -> String {
+fn describe_lock_holder(h: &crate::group_view::LockHolder) -> String {
     let generation = h
         .generation
         .map(|g| format!(", generation {g}"))

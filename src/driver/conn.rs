@@ -171,8 +171,16 @@ pub struct Connection {
 struct Current {
     peer: String,
     link: Mutex<Arc<Link>>,
-    /// Set by [`Connection::close`]: no renewal may bring the connection back.
+    /// Links a renewal replaced while requests were still in flight on them: they stay open
+    /// for those requests, and [`Connection::close`] must end them too. Changed only under
+    /// `link`'s lock, so a close and a renewal never interleave.
+    superseded: Mutex<Vec<std::sync::Weak<Link>>>,
+    /// Set by [`Connection::close`] under `link`'s lock: no renewal may bring the connection
+    /// back.
     closed_by_user: std::sync::atomic::AtomicBool,
+    /// Renewals completed, so a test can wait for one.
+    #[cfg(test)]
+    renewals: watch::Sender<u64>,
 }
 
 impl Current {
@@ -212,7 +220,8 @@ impl Connection {
     /// When SASL authentication reports a session lifetime (KIP-368, the broker's
     /// `connections.max.reauth.ms`), the connection authenticates a fresh socket at a random
     /// point between 85 % and 95 % of the lifetime and moves later requests to it; requests
-    /// already in flight finish on the old socket, which then closes.
+    /// already in flight finish on the old socket (or fail at [`Connection::close`]), which
+    /// then closes.
     pub async fn connect(addr: &str, cfg: &ConnConfig) -> Result<Connection> {
         Self::connect_via(addr, cfg, Dialer::system()).await
     }
@@ -245,7 +254,10 @@ impl Connection {
             current: Arc::new(Current {
                 peer: peer.to_owned(),
                 link: Mutex::new(Arc::new(link)),
+                superseded: Mutex::new(Vec::new()),
                 closed_by_user: std::sync::atomic::AtomicBool::new(false),
+                #[cfg(test)]
+                renewals: watch::channel(0).0,
             }),
             versions: Arc::new(versions),
         }
@@ -333,10 +345,28 @@ impl Connection {
 
     /// Closes the connection: in-flight and later requests fail with [`Error::Closed`]. Idempotent.
     pub fn close(&self) {
-        self.current
-            .closed_by_user
-            .store(true, std::sync::atomic::Ordering::Release);
-        self.current.link().shared.fail(Arc::new(Error::Closed));
+        // Under the link's lock, so a renewal either swapped before (and its superseded link is
+        // listed) or sees the flag and drops its fresh link.
+        let (link, superseded) = {
+            let link = self.current.link.lock().unwrap_or_else(|e| e.into_inner());
+            self.current
+                .closed_by_user
+                .store(true, std::sync::atomic::Ordering::Release);
+            let superseded = std::mem::take(
+                &mut *self
+                    .current
+                    .superseded
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()),
+            );
+            (Arc::clone(&link), superseded)
+        };
+        // A request still in flight on a link a KIP-368 renewal replaced would otherwise wait
+        // there for its answer or its timeout, after the holder was told everything stopped.
+        for old in superseded.iter().filter_map(std::sync::Weak::upgrade) {
+            old.shared.fail(Arc::new(Error::Closed));
+        }
+        link.shared.fail(Arc::new(Error::Closed));
     }
 
     /// Whether `self` and `other` are handles of the same connection.
@@ -363,6 +393,13 @@ impl Connection {
                 return;
             }
         }
+    }
+
+    /// Completes once `n` KIP-368 renewals have swapped a fresh link in.
+    #[cfg(test)]
+    pub(crate) async fn renewed(&self, n: u64) {
+        let mut rx = self.current.renewals.subscribe();
+        let _ = rx.wait_for(|&done| done >= n).await;
     }
 
     /// Requests registered and not yet answered or failed.
@@ -558,11 +595,28 @@ async fn renew(
             }
             match result {
                 Ok(fresh) if fresh.versions == *versions => {
-                    let old = std::mem::replace(
-                        &mut *conn.link.lock().unwrap_or_else(|e| e.into_inner()),
-                        Arc::new(fresh.link),
-                    );
+                    let old = {
+                        let mut link = conn.link.lock().unwrap_or_else(|e| e.into_inner());
+                        // Checked again under the lock `close` takes: a close since the check
+                        // above must not be undone by swapping a live link in. The fresh link
+                        // closes as it is dropped.
+                        if link.shared.failure().is_some()
+                            || conn
+                                .closed_by_user
+                                .load(std::sync::atomic::Ordering::Acquire)
+                        {
+                            return;
+                        }
+                        let old = std::mem::replace(&mut *link, Arc::new(fresh.link));
+                        let mut superseded =
+                            conn.superseded.lock().unwrap_or_else(|e| e.into_inner());
+                        superseded.retain(|l| l.strong_count() > 0);
+                        superseded.push(Arc::downgrade(&old));
+                        old
+                    };
                     debug!(peer = %addr, "SASL session renewed on a fresh connection (KIP-368)");
+                    #[cfg(test)]
+                    conn.renewals.send_modify(|n| *n += 1);
                     drop(old);
                     started = attempt;
                     setup = attempt.elapsed();

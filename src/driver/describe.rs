@@ -1,26 +1,28 @@
-//! DescribeGroups from outside the group: [`crate::LockOptions::describe`] and the observers'
-//! polls. The analysis of the answer is sans-I/O ([`crate::describe::analyse`]).
+//! DescribeGroups from outside the group: [`crate::LockOptions::describe`], the observers'
+//! polls and a lock's look before joining. The analysis of the answer is sans-I/O
+//! ([`crate::group_view::analyse`]).
 
 use kafka_protocol::messages::describe_groups_request::DescribeGroupsRequest;
 use kafka_protocol::messages::{ApiKey, GroupId};
 use kafka_protocol::protocol::StrBytes;
 use tracing::debug;
 
-use super::conn::Connection;
 use super::ledger::{coordinator, Reach};
-use crate::describe::{analyse, LockDescription};
 use crate::error::{Error, KafkaCode, Result};
+use crate::group_view::{analyse, LockDescription};
+use crate::membership::Broker;
 use crate::wire::Response;
 
 /// How often one description starts over after the coordinator moved or was loading.
 const ATTEMPTS: u32 = 5;
 
-/// Describes one group, keeping its connection to the coordinator between calls so that a poll
-/// costs exactly one DescribeGroups request.
+/// Describes one group, remembering its coordinator between calls so that a poll costs exactly
+/// one DescribeGroups request, on the coordinator's quick connection (the client's, shared
+/// with its locks, when the lock was made from one).
 pub(crate) struct GroupWatch {
     reach: Reach,
     lock: String,
-    coordinator: Option<Connection>,
+    coordinator: Option<Broker>,
 }
 
 impl GroupWatch {
@@ -32,11 +34,10 @@ impl GroupWatch {
         }
     }
 
-    /// Closes the connection to the coordinator, if one is open.
+    /// Forgets the coordinator, and closes the connections if they are the watch's own.
     pub(crate) fn close(&mut self) {
-        if let Some(c) = self.coordinator.take() {
-            c.close();
-        }
+        self.coordinator = None;
+        self.reach.close();
     }
 
     /// One description, looking the coordinator up again when it moved.
@@ -48,7 +49,9 @@ impl GroupWatch {
             match self.describe_once().await {
                 Ok(d) => return Ok(d),
                 Err(e) => {
-                    self.close();
+                    // Looked up again: the coordinator may have moved. A connection that
+                    // failed is replaced by the pool; a client's stays open for its locks.
+                    self.coordinator = None;
                     if !e.is_retriable() || attempt >= ATTEMPTS {
                         return Err(e);
                     }
@@ -60,29 +63,21 @@ impl GroupWatch {
     }
 
     pub(crate) async fn describe_once(&mut self) -> Result<LockDescription> {
-        if self.coordinator.is_none() {
-            let first = self.reach.connect_any().await?;
-            let addr = match coordinator(&first, &self.lock, &self.reach).await {
-                Ok(a) => a,
-                Err(e) => {
-                    first.close();
-                    return Err(e);
-                }
-            };
-            let conn = if addr == first.peer() {
-                first
-            } else {
-                first.close();
-                Connection::connect(&addr, &self.reach.conn).await?
-            };
-            self.coordinator = Some(conn);
-        }
-        let Some(conn) = &self.coordinator else {
-            return Err(Error::Closed);
+        let at = match &self.coordinator {
+            Some(b) => b.clone(),
+            None => {
+                let b = coordinator(&self.lock, &self.reach).await?;
+                self.coordinator = Some(b.clone());
+                b
+            }
         };
+        let conn = self.reach.quick(&at, &self.lock).await?;
         let mut req = DescribeGroupsRequest::default();
         req.groups = vec![GroupId(StrBytes::from_string(self.lock.clone()))];
-        let resp = match conn.request(req).await? {
+        let resp = match conn
+            .request_with_timeout(req, self.reach.request_timeout)
+            .await?
+        {
             Response::DescribeGroups(r) => r,
             other => {
                 return Err(Error::Protocol(format!(

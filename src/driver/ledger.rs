@@ -1,18 +1,21 @@
 //! The ledger's one-shot reads, outside any lock session: the topic check before a session
 //! starts, the whole history of a lock, and the committed checkpoint. Each is a short sequence of
-//! requests on connections of its own; the sans-I/O parts (building requests, reading answers,
-//! folding the history) are in [`crate::ledger`].
+//! requests on a [`Reach`]'s connections (a client's, shared with its locks, or a pool of the
+//! read's own); the sans-I/O parts (building requests, reading answers, folding the history)
+//! are in [`crate::ledger`].
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tracing::{debug, warn};
 
-use super::bootstrap::{connect_any, BootstrapConfig};
-use super::conn::{ConnConfig, Connection};
+use super::conn::Connection;
+use super::pool::{Lane, Park, Pool};
 use crate::backoff::Backoff;
 use crate::error::{Error, Result};
 use crate::ledger::{self, fold, Compression, History, LedgerError, Op, Partition};
-use crate::wire::coordinator::{find_coordinator_request, found_coordinator};
+use crate::membership::Broker;
+use crate::wire::coordinator::found_coordinator;
 use crate::wire::log::{
     fetched, listed, FetchOptions, Fetched, Isolation, LogError, OffsetSpec, TopicPartition,
 };
@@ -25,12 +28,21 @@ const ATTEMPTS: u32 = 5;
 /// Record bytes per Fetch when reading a history: well inside the 1 MiB frame limit.
 const READ_BYTES: i32 = 512 * 1024;
 
-/// Where the cluster is and how to talk to it.
-#[derive(Debug, Clone)]
+/// The connections a read outside any membership (history, checkpoints, a description, an
+/// observer) goes through, and its timeouts.
+///
+/// The pool is the client's when the lock was made from one: such reads then share its
+/// connections with its locks, on the same terms as the locks' own requests. What the broker
+/// answers at once (Metadata, FindCoordinator, DescribeGroups, ListOffsets, OffsetFetch,
+/// DescribeConfigs) goes on a quick connection; a Fetch of the ledger, whose answer is large or
+/// parked, takes a parking lane for that one request, so it never sits in front of a
+/// Heartbeat. Without a client the pool is the read's own, and its connections close with it.
+#[derive(Clone)]
 pub(crate) struct Reach {
-    pub(crate) bootstrap: Vec<String>,
-    pub(crate) conn: ConnConfig,
-    pub(crate) limits: BootstrapConfig,
+    pub(crate) pool: Arc<Pool>,
+    /// Whether `pool` belongs to this read alone (closed by [`Reach::close`]).
+    pub(crate) own: bool,
+    pub(crate) request_timeout: Duration,
     pub(crate) retry_backoff: Duration,
     pub(crate) retry_backoff_max: Duration,
 }
@@ -40,14 +52,31 @@ impl Reach {
         Backoff::new(self.retry_backoff, self.retry_backoff_max, 2.0, 0.5)
     }
 
-    pub(crate) async fn connect_any(&self) -> Result<Connection> {
-        connect_any(
-            &self.bootstrap,
-            &self.conn,
-            &mut self.backoff(),
-            &self.limits,
-        )
-        .await
+    /// The quick connection to a bootstrap broker.
+    pub(crate) async fn bootstrap(&self) -> Result<Connection> {
+        self.pool.quick(None, 0).await
+    }
+
+    /// The quick connection to `broker` that `group`'s requests take.
+    pub(crate) async fn quick(&self, broker: &Broker, group: &str) -> Result<Connection> {
+        if self.pool.offsets_partitions_unknown() {
+            let first = self.bootstrap().await?;
+            self.pool.learn_offsets_partitions(&first).await;
+        }
+        self.pool.quick(Some(broker), self.pool.stripe(group)).await
+    }
+
+    /// A parking lane to `broker` for one request that may be parked or answered at length.
+    /// Waits its turn like a first join: a read has no lease at stake.
+    pub(crate) async fn lane(&self, broker: &Broker) -> Result<Lane> {
+        self.pool.lane(broker, Park::Fresh).await
+    }
+
+    /// Closes the connections if they are this read's own; a client's stay for its locks.
+    pub(crate) fn close(&self) {
+        if self.own {
+            self.pool.close_all();
+        }
     }
 }
 
@@ -130,7 +159,7 @@ async fn check_compression(conn: &Connection, topic: &str, timeout: Duration) ->
 async fn find_leader(first: &Connection, reach: &Reach, topic: &str) -> Result<Partition> {
     let mut backoff = reach.backoff();
     for _ in 0..ATTEMPTS {
-        if let Some(p) = check_ledger_topic(first, topic, reach.conn.request_timeout).await? {
+        if let Some(p) = check_ledger_topic(first, topic, reach.request_timeout).await? {
             return Ok(p);
         }
         tokio::time::sleep(backoff.next_delay()).await;
@@ -140,15 +169,6 @@ async fn find_leader(first: &Connection, reach: &Reach, topic: &str) -> Result<P
         code: crate::KafkaCode(5),
         message: Some(format!("the ledger topic {topic:?} has no leader")),
     })
-}
-
-/// A connection to `p`'s leader: `first` itself when it is that broker.
-async fn leader_conn(first: &Connection, reach: &Reach, p: &Partition) -> Result<Connection> {
-    let addr = format!("{}:{}", p.leader.host, p.leader.port);
-    if first.peer() == addr {
-        return Ok(first.clone());
-    }
-    Connection::connect(&addr, &reach.conn).await
 }
 
 fn log_err(api: ApiKey, e: LogError) -> Error {
@@ -199,40 +219,28 @@ pub(crate) async fn read_checkpoint_tail(
 }
 
 async fn read_ledger(reach: &Reach, lock: &str, topic: &str, span: Span) -> Result<History> {
-    let first = reach.connect_any().await?;
     let mut backoff = reach.backoff();
     let mut attempt = 0;
     loop {
         attempt += 1;
-        match read_history_once(&first, reach, lock, topic, span).await {
-            Ok(h) => {
-                first.close();
-                return Ok(h);
-            }
+        match read_history_once(reach, lock, topic, span).await {
+            Ok(h) => return Ok(h),
             // The leader moved or a connection broke: look it up again and start over.
             Err(e) if e.is_retriable() && attempt < ATTEMPTS => {
                 debug!(%lock, error = %e, "reading the ledger failed; starting over");
                 tokio::time::sleep(backoff.next_delay()).await;
             }
-            Err(e) => {
-                first.close();
-                return Err(e);
-            }
+            Err(e) => return Err(e),
         }
     }
 }
 
-async fn read_history_once(
-    first: &Connection,
-    reach: &Reach,
-    lock: &str,
-    topic: &str,
-    span: Span,
-) -> Result<History> {
-    let p = find_leader(first, reach, topic).await?;
-    let conn = leader_conn(first, reach, &p).await?;
+async fn read_history_once(reach: &Reach, lock: &str, topic: &str, span: Span) -> Result<History> {
+    let first = reach.bootstrap().await?;
+    let p = find_leader(&first, reach, topic).await?;
+    let conn = reach.quick(&p.leader, lock).await?;
     let tp = TopicPartition::new(topic, 0).with_topic_id(p.topic_id);
-    let timeout = reach.conn.request_timeout;
+    let timeout = reach.request_timeout;
     let offset_of = |spec| {
         let op = Op::ListOffsets {
             tp: tp.clone(),
@@ -254,11 +262,15 @@ async fn read_history_once(
     };
     let start = offset_of(OffsetSpec::Earliest).await?;
     let end = offset_of(OffsetSpec::Latest).await?;
+    // The Fetches carry up to READ_BYTES each: on a lane of their own, so no Heartbeat of the
+    // client's locks waits behind the transfer.
+    let lane = reach.lane(&p.leader).await?;
+    let fetch = lane.conn();
     let key = lock.as_bytes();
-    let result = match span {
+    let history = match span {
         Span::Whole => {
-            let (values, unreadable) = read_range(&conn, &tp, key, start, end, timeout).await?;
-            Ok(folded(&values, unreadable, start, end))
+            let (values, unreadable) = read_range(fetch, &tp, key, start, end, timeout).await?;
+            folded(&values, unreadable, start, end)
         }
         Span::CheckpointTail { max } => {
             let floor = start.max(end.saturating_sub(max.max(0)));
@@ -269,7 +281,7 @@ async fn read_history_once(
             loop {
                 let hi = lo;
                 lo = hi.saturating_sub(window).max(floor);
-                let (mut v, mut u) = read_range(&conn, &tp, key, lo, hi, timeout).await?;
+                let (mut v, mut u) = read_range(fetch, &tp, key, lo, hi, timeout).await?;
                 v.append(&mut values);
                 values = v;
                 u.append(&mut unreadable);
@@ -277,7 +289,7 @@ async fn read_history_once(
                 let h = folded(&values, unreadable.clone(), lo, end);
                 // A closed connection: a batch too large to read ended the read (noted in `h`).
                 let settled = ledger::tail_settles_checkpoint(&h);
-                if settled || lo <= floor || conn.is_closed() {
+                if settled || lo <= floor || fetch.is_closed() {
                     if !settled && floor > start {
                         match h.last_checkpoint() {
                             None => warn!(%lock, %topic, from = floor, to = end,
@@ -289,16 +301,14 @@ async fn read_history_once(
                                  could lie before them (`kafka-lock history` reads them all)"),
                         }
                     }
-                    break Ok(h);
+                    break h;
                 }
                 window = window.saturating_mul(2);
             }
         }
     };
-    if conn.peer() != first.peer() {
-        conn.close();
-    }
-    result
+    lane.done();
+    Ok(history)
 }
 
 fn folded(
@@ -479,26 +489,18 @@ fn batch_offset(e: &BatchError) -> Option<i64> {
     }
 }
 
-/// The group coordinator of `group`, asked of `conn`.
-pub(crate) async fn coordinator(conn: &Connection, group: &str, reach: &Reach) -> Result<String> {
-    let version = conn
-        .versions()
-        .get(ApiKey::FindCoordinator)
-        .ok_or(Error::UnsupportedApi {
-            api: crate::api::Api::of(ApiKey::FindCoordinator),
-        })?
-        .min(4);
+/// The group coordinator of `group`, asked on the bootstrap connection (together with the
+/// other lookups of the pool queued at the same time).
+pub(crate) async fn coordinator(group: &str, reach: &Reach) -> Result<Broker> {
     let mut backoff = reach.backoff();
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let req = find_coordinator_request(group, version);
-        let r = match conn
-            .request_at(req, version, reach.conn.request_timeout)
+        let r = match super::lookup::find_coordinator(&reach.pool, group, reach.request_timeout)
             .await?
         {
-            Response::FindCoordinator(r) => r,
-            other => {
+            (Response::FindCoordinator(r), _) => r,
+            (other, _) => {
                 return Err(Error::Protocol(format!(
                     "expected FindCoordinator, got {:?}",
                     other.api_key()
@@ -506,7 +508,13 @@ pub(crate) async fn coordinator(conn: &Connection, group: &str, reach: &Reach) -
             }
         };
         match found_coordinator(&r) {
-            Ok(c) => return Ok(format!("{}:{}", c.host, c.port)),
+            Ok(c) => {
+                return Ok(Broker {
+                    node_id: c.node_id,
+                    host: c.host,
+                    port: i32::from(c.port),
+                })
+            }
             Err(e) if e.is_retriable() && attempt < ATTEMPTS => {
                 tokio::time::sleep(backoff.next_delay()).await
             }
@@ -522,36 +530,23 @@ pub(crate) async fn read_committed(
     lock: &str,
     topic: &str,
 ) -> Result<Option<(i64, String)>> {
-    let first = reach.connect_any().await?;
-    let result = async {
-        let mut backoff = reach.backoff();
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let addr = coordinator(&first, lock, reach).await?;
-            let conn = if addr == first.peer() {
-                first.clone()
-            } else {
-                Connection::connect(&addr, &reach.conn).await?
-            };
-            let (req, v) = ledger::offset_fetch_request(lock, topic, conn.versions())?;
-            let answer = conn.request_at(req, v, reach.conn.request_timeout).await;
-            if conn.peer() != first.peer() {
-                conn.close();
+    let mut backoff = reach.backoff();
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let at = coordinator(lock, reach).await?;
+        let conn = reach.quick(&at, lock).await?;
+        let (req, v) = ledger::offset_fetch_request(lock, topic, conn.versions())?;
+        let answer = conn.request_at(req, v, reach.request_timeout).await;
+        match answer.and_then(|r| ledger::offset_fetched(&r, topic)) {
+            Ok(found) => return Ok(found),
+            // NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS...: ask again.
+            Err(e) if e.is_retriable() && attempt < ATTEMPTS => {
+                tokio::time::sleep(backoff.next_delay()).await
             }
-            match answer.and_then(|r| ledger::offset_fetched(&r, topic)) {
-                Ok(found) => return Ok(found),
-                // NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS...: ask again.
-                Err(e) if e.is_retriable() && attempt < ATTEMPTS => {
-                    tokio::time::sleep(backoff.next_delay()).await
-                }
-                Err(e) => return Err(e),
-            }
+            Err(e) => return Err(e),
         }
     }
-    .await;
-    first.close();
-    result
 }
 
 /// Follows the ledger from its end with parked Fetches and hands back `lock`'s records as they
@@ -561,7 +556,8 @@ pub(crate) struct LedgerTail {
     reach: Reach,
     lock: String,
     topic: String,
-    at: Option<(Partition, Connection)>,
+    /// The partition as last looked up; `None` after an error, to look it up again.
+    at: Option<Partition>,
     /// The next offset to read; `None` until the first ListOffsets.
     next: Option<i64>,
 }
@@ -586,9 +582,7 @@ impl LedgerTail {
     ) -> Result<Vec<(i64, std::result::Result<ledger::LedgerRecord, String>)>> {
         let result = self.poll_once(wait).await;
         if result.is_err() {
-            if let Some((_, conn)) = self.at.take() {
-                conn.close();
-            }
+            self.at = None;
         }
         result
     }
@@ -598,25 +592,18 @@ impl LedgerTail {
         wait: Duration,
     ) -> Result<Vec<(i64, std::result::Result<ledger::LedgerRecord, String>)>> {
         if self.at.is_none() {
-            let first = self.reach.connect_any().await?;
-            let p = find_leader(&first, &self.reach, &self.topic).await;
-            let conn = match &p {
-                Ok(p) => leader_conn(&first, &self.reach, p).await,
-                Err(_) => Err(Error::Closed),
-            };
-            if conn.as_ref().map_or(true, |c| c.peer() != first.peer()) {
-                first.close();
-            }
-            self.at = Some((p?, conn?));
+            let first = self.reach.bootstrap().await?;
+            self.at = Some(find_leader(&first, &self.reach, &self.topic).await?);
         }
-        let Some((p, conn)) = &self.at else {
+        let Some(p) = &self.at else {
             return Ok(Vec::new());
         };
         let tp = TopicPartition::new(&self.topic, 0).with_topic_id(p.topic_id);
-        let timeout = self.reach.conn.request_timeout;
+        let timeout = self.reach.request_timeout;
         let from = match self.next {
             Some(n) => n,
             None => {
+                let conn = &self.reach.quick(&p.leader, &self.lock).await?;
                 let op = Op::ListOffsets {
                     tp: tp.clone(),
                     spec: OffsetSpec::Latest,
@@ -646,7 +633,12 @@ impl LedgerTail {
                 isolation: Isolation::ReadCommitted,
             },
         };
-        let f = match call(conn, &op, timeout + wait).await? {
+        // Parked by the broker for up to `wait`: a lane of its own for this one request, never
+        // a connection a Heartbeat takes.
+        let lane = self.reach.lane(&p.leader).await?;
+        let answer = call(lane.conn(), &op, timeout + wait).await?;
+        lane.done();
+        let f = match answer {
             (Response::Fetch(r), v) => fetched(&r, &tp, v).map_err(|e| match e {
                 // The retained log moved past us: go on from its end.
                 LogError::Broker { code, .. } if code.0 == 1 => {

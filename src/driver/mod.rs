@@ -23,6 +23,7 @@ mod bootstrap;
 mod conn;
 pub(crate) mod describe;
 mod dial;
+pub(crate) mod lookup;
 pub(crate) mod pool;
 mod secure;
 #[cfg(test)]

@@ -55,7 +55,9 @@ pub(crate) const IDLE_AFTER: Duration = Duration::from_secs(60);
 pub const DEFAULT_QUICK_CONNECTIONS: usize = 4;
 
 /// Apache's default `offsets.topic.num.partitions`: a group's coordinator partition is
-/// `Utils.abs(groupId.hashCode()) % partitions` (GroupCoordinatorService `partitionFor`).
+/// `Utils.abs(groupId.hashCode()) % partitions` (GroupCoordinatorService `partitionFor`). Used
+/// until the cluster's own count is known ([`Pool::learn_offsets_partitions`]), and for good when
+/// the client may not describe `__consumer_offsets`.
 const OFFSETS_PARTITIONS: u32 = 50;
 
 /// Which lanes a parked request may take.
@@ -84,6 +86,10 @@ pub(crate) struct Pool {
     quick: Mutex<HashMap<QuickKey, Arc<QuickCell>>>,
     parking: Mutex<HashMap<Broker, Arc<Lanes>>>,
     reaper: AtomicBool,
+    /// FindCoordinator lookups waiting to go out together (`super::lookup`).
+    pub(crate) lookups: super::lookup::Lookups,
+    /// `__consumer_offsets`' partition count, once the cluster told it.
+    offsets_partitions: tokio::sync::OnceCell<u32>,
 }
 
 /// A broker (`None`: the bootstrap connection) and a stripe.
@@ -167,6 +173,8 @@ impl Pool {
             quick: Mutex::new(HashMap::new()),
             parking: Mutex::new(HashMap::new()),
             reaper: AtomicBool::new(false),
+            lookups: Default::default(),
+            offsets_partitions: tokio::sync::OnceCell::new(),
         }
     }
 
@@ -185,9 +193,10 @@ impl Pool {
     /// `__consumer_offsets` partition has uncommitted writes, holding every later request on
     /// the connection; groups of one partition go on one stripe, so a deferral holds the
     /// groups whose partition is slow anyway and the other stripes' go on. The partition is
-    /// Apache's `Utils.abs(groupId.hashCode()) % offsets.topic.num.partitions` for the default
-    /// 50 partitions; with another count this is still a hash of the group id, which spreads
-    /// groups over the stripes, only without following partitions.
+    /// Apache's `Utils.abs(groupId.hashCode()) % offsets.topic.num.partitions`, with the
+    /// cluster's partition count once [`Pool::learn_offsets_partitions`] has read it, 50 (the
+    /// default) until then or when it cannot be read; with a wrong count this is still a hash of
+    /// the group id, which spreads groups over the stripes, only without following partitions.
     pub(crate) fn stripe(&self, group: &str) -> usize {
         // Java's String.hashCode, over UTF-16 code units.
         let h = group
@@ -195,7 +204,31 @@ impl Pool {
             .fold(0i32, |h, c| h.wrapping_mul(31).wrapping_add(i32::from(c)));
         // Utils.abs: Integer.MIN_VALUE maps to 0.
         let abs = if h == i32::MIN { 0 } else { h.unsigned_abs() };
-        (abs % OFFSETS_PARTITIONS) as usize % self.stripes
+        let partitions = self
+            .offsets_partitions
+            .get()
+            .copied()
+            .unwrap_or(OFFSETS_PARTITIONS);
+        (abs % partitions) as usize % self.stripes
+    }
+
+    /// Whether [`Pool::learn_offsets_partitions`] would ask.
+    pub(crate) fn offsets_partitions_unknown(&self) -> bool {
+        self.stripes > 1 && !self.offsets_partitions.initialized()
+    }
+
+    /// Reads `__consumer_offsets`' partition count on `conn` (a bootstrap connection), unless it
+    /// is known or there is one stripe (then it places nothing). Failures leave the default:
+    /// a lock's stripe only chooses among equivalent connections.
+    pub(crate) async fn learn_offsets_partitions(&self, conn: &Connection) {
+        if !self.offsets_partitions_unknown() {
+            return;
+        }
+        let timeout = self.conn.request_timeout;
+        if let Some(n) = super::lookup::offsets_partitions(conn, timeout, OFFSETS_PARTITIONS).await
+        {
+            let _ = self.offsets_partitions.set(n);
+        }
     }
 
     /// The quick connection to `broker` (`None`: any bootstrap broker) of `stripe`

@@ -552,17 +552,37 @@ pub(super) fn send(net: &Session, t: Transmit, park: Park, answers: mpsc::Unboun
                     Err(e) => Err(e),
                 }
             }
-            route => {
-                let exchange =
-                    exchange(&pool, stripe, route, |_| Ok((request, version)), t.timeout);
-                bounded(bound, exchange, || format!("{api:?}")).await
-            }
+            route => match (&route, batchable(&request, version)) {
+                (Route::Quick(None), Some(group)) => {
+                    let lookup = super::lookup::find_coordinator(&pool, &group, t.timeout);
+                    bounded(bound, lookup, || format!("{api:?}")).await
+                }
+                _ => {
+                    let exchange =
+                        exchange(&pool, stripe, route, |_| Ok((request, version)), t.timeout);
+                    bounded(bound, exchange, || format!("{api:?}")).await
+                }
+            },
         };
         if let Err(e) = &result {
             warn!(?api, error = %e, "request failed");
         }
         let _ = answers.send((Source::Member, t.id, result));
     });
+}
+
+/// The group of a FindCoordinator lookup that may go out with others (KIP-699, v4+).
+fn batchable(request: &crate::wire::Request, version: i16) -> Option<String> {
+    match request {
+        crate::wire::Request::FindCoordinator(r)
+            if version >= super::lookup::BATCH_VERSION
+                && r.key_type == 0
+                && r.coordinator_keys.len() == 1 =>
+        {
+            r.coordinator_keys.first().map(|k| k.to_string())
+        }
+        _ => None,
+    }
 }
 
 /// `exchange`, or a timeout error naming `op` once `bound` has passed.

@@ -1727,3 +1727,529 @@ async fn a_held_heartbeat_holds_back_only_its_own_stripe() {
     result.expect("stripe 1's heartbeat");
     first.reply(&held, &HeartbeatResponse::default()).await;
 }
+
+/// What the SASL broker below advertises: the usual APIs plus the SASL ones.
+fn sasl_apis() -> Vec<(ApiKey, i16, i16)> {
+    let mut apis = BROKER_APIS.to_vec();
+    apis.push((ApiKey::SaslHandshake, 0, 1));
+    apis.push((ApiKey::SaslAuthenticate, 0, 2));
+    apis
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Peer<S> {
+    /// ApiVersions, then a PLAIN exchange whose session lasts `lifetime` (KIP-368).
+    async fn authenticate(&mut self, lifetime: Duration) {
+        use kafka_protocol::messages::{
+            SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest,
+            SaslHandshakeResponse,
+        };
+        self.handshake(&sasl_apis()).await;
+        let (header, req) = self
+            .recv_as::<SaslHandshakeRequest>(ApiKey::SaslHandshake)
+            .await;
+        assert_eq!(req.mechanism.as_str(), "PLAIN");
+        let resp = SaslHandshakeResponse::default()
+            .with_mechanisms(vec![StrBytes::from_static_str("PLAIN")]);
+        self.reply(&header, &resp).await;
+        let (header, _) = self
+            .recv_as::<SaslAuthenticateRequest>(ApiKey::SaslAuthenticate)
+            .await;
+        let resp = SaslAuthenticateResponse::default()
+            .with_session_lifetime_ms(lifetime.as_millis() as i64);
+        self.reply(&header, &resp).await;
+    }
+}
+
+/// A request in flight on a link that a KIP-368 renewal has replaced still belongs to the
+/// connection: `close()` ends it (with `Closed`, as its docs say) and closes that socket, instead
+/// of leaving it to wait there for an answer or its own timeout.
+#[tokio::test]
+async fn close_ends_requests_in_flight_on_a_link_a_renewal_replaced() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    // Short, so the renewal (at 85-95 % of it) comes soon; nothing here depends on when.
+    let lifetime = Duration::from_millis(500);
+    let broker = tokio::spawn(async move {
+        let mut first = Peer::new(listener.accept().await.unwrap().0);
+        first.authenticate(lifetime).await;
+        first.recv_as::<HeartbeatRequest>(ApiKey::Heartbeat).await;
+        // Left unanswered: the heartbeat stays in flight on the first link.
+        let accepted = tokio::time::timeout(PROMPTLY, listener.accept())
+            .await
+            .expect("no renewal came")
+            .unwrap();
+        let mut second = Peer::new(accepted.0);
+        // A long lifetime now, so no further renewal runs during the test.
+        second.authenticate(Duration::from_secs(3600)).await;
+        (first, second)
+    });
+    let cfg = ConnConfig::default().with_security(
+        crate::security::Security::new(crate::security::SecurityProtocol::SaslPlaintext)
+            .with_sasl(crate::security::Sasl::plain("user", "secret".into())),
+    );
+    let conn = Connection::connect(&addr, &cfg).await.expect("connect");
+    let held = tokio::spawn({
+        let conn = conn.clone();
+        // Far beyond the test's own bounds: only close() can end it in time.
+        async move {
+            conn.request_with_timeout(heartbeat(1), Duration::from_secs(3600))
+                .await
+        }
+    });
+    tokio::time::timeout(PROMPTLY, conn.renewed(1))
+        .await
+        .expect("the renewal did not swap a fresh link in");
+    let (mut first, mut second) = broker.await.expect("scripted broker");
+    assert!(
+        !held.is_finished(),
+        "the held heartbeat ended before close()"
+    );
+
+    conn.close();
+    let err = tokio::time::timeout(PROMPTLY, held)
+        .await
+        .expect("close() left the request on the replaced link in flight")
+        .expect("task")
+        .expect_err("closed");
+    assert!(matches!(err, Error::Closed), "{err:?}");
+    first.expect_closed().await;
+    second.expect_closed().await;
+    assert!(conn.is_closed());
+}
+
+/// Like [`lane_broker`], advertising `apis`; also returns the address.
+async fn broker_with(
+    apis: &'static [(ApiKey, i16, i16)],
+) -> (
+    crate::membership::Broker,
+    tokio::sync::mpsc::UnboundedReceiver<Peer<tokio::net::TcpStream>>,
+) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            let mut peer = Peer::new(socket);
+            peer.handshake(apis).await;
+            if tx.send(peer).is_err() {
+                return;
+            }
+        }
+    });
+    let broker = crate::membership::Broker {
+        node_id: 1,
+        host: "127.0.0.1".into(),
+        port: i32::from(port),
+    };
+    (broker, rx)
+}
+
+async fn next_peer(
+    accepted: &mut tokio::sync::mpsc::UnboundedReceiver<Peer<tokio::net::TcpStream>>,
+) -> Peer<tokio::net::TcpStream> {
+    tokio::time::timeout(PROMPTLY, accepted.recv())
+        .await
+        .expect("no connection came")
+        .expect("listener gone")
+}
+
+/// A description made through a client's connections opens none of its own: FindCoordinator
+/// goes on the client's bootstrap connection, DescribeGroups on the coordinator's quick
+/// connection, and both stay open for the client's locks after the description is done. A
+/// second description costs two requests and no connection.
+#[tokio::test]
+async fn descriptions_through_a_client_share_its_quick_connections() {
+    use kafka_protocol::messages::describe_groups_response::DescribedGroup;
+    use kafka_protocol::messages::DescribeGroupsResponse;
+    let (broker, mut accepted) = broker_with(BROKER_APIS).await;
+    let client =
+        crate::Client::new(format!("{}:{}", broker.host, broker.port)).quick_connections(1);
+    let pool = client.pool().clone();
+    let coordinator =
+        FindCoordinatorResponse::default().with_coordinators(vec![Coordinator::default()
+            .with_key(StrBytes::from_static_str("g"))
+            .with_node_id(BrokerId(broker.node_id))
+            .with_host(StrBytes::from_string(broker.host.clone()))
+            .with_port(broker.port)]);
+    let empty = DescribeGroupsResponse::default().with_groups(vec![DescribedGroup::default()
+        .with_group_id(StrBytes::from_static_str("g").into())
+        .with_group_state(StrBytes::from_static_str("Empty"))]);
+    let mut boot = None;
+    let mut coord = None;
+    for _ in 0..2 {
+        let lock = client.lock("g");
+        let script = async {
+            if boot.is_none() {
+                boot = Some(next_peer(&mut accepted).await);
+            }
+            let b = boot.as_mut().expect("bootstrap peer");
+            let (h, _) = b
+                .recv_as::<FindCoordinatorRequest>(ApiKey::FindCoordinator)
+                .await;
+            b.reply(&h, &coordinator).await;
+            if coord.is_none() {
+                coord = Some(next_peer(&mut accepted).await);
+            }
+            let c = coord.as_mut().expect("coordinator peer");
+            let (h, _) = c
+                .recv_as::<DescribeGroupsRequest>(ApiKey::DescribeGroups)
+                .await;
+            c.reply(&h, &empty).await;
+        };
+        let (described, ()) = tokio::join!(lock.describe(), script);
+        let d = described.expect("described");
+        assert_eq!(d.state, crate::group_view::LockState::Free);
+    }
+    assert!(
+        accepted.try_recv().is_err(),
+        "a description opened a connection of its own"
+    );
+    // Still open for the client's locks: a Heartbeat of group g takes the same connection.
+    let mut coord = coord.expect("coordinator peer");
+    let conn = pool.quick(Some(&broker), pool.stripe("g")).await.unwrap();
+    let (hb, ()) = tokio::join!(conn.request(heartbeat(1)), async {
+        let (h, _) = coord.recv_as::<HeartbeatRequest>(ApiKey::Heartbeat).await;
+        coord.reply(&h, &HeartbeatResponse::default()).await;
+    });
+    hb.expect("heartbeat on the coordinator's quick connection");
+    assert!(accepted.try_recv().is_err());
+}
+
+/// [`BROKER_APIS`] and what a ledger reader needs (no DescribeConfigs: the compression check is
+/// then skipped).
+const LEDGER_APIS: &[(ApiKey, i16, i16)] = &[
+    (ApiKey::ApiVersions, 0, 4),
+    (ApiKey::Metadata, 0, 12),
+    (ApiKey::FindCoordinator, 0, 6),
+    (ApiKey::JoinGroup, 0, 9),
+    (ApiKey::SyncGroup, 0, 5),
+    (ApiKey::Heartbeat, 0, 4),
+    (ApiKey::LeaveGroup, 0, 5),
+    (ApiKey::OffsetCommit, 0, 9),
+    (ApiKey::OffsetFetch, 0, 9),
+    (ApiKey::DescribeGroups, 0, 5),
+    (ApiKey::Produce, 0, 9),
+    (ApiKey::Fetch, 0, 12),
+    (ApiKey::ListOffsets, 0, 7),
+];
+
+/// An observer's long-poll Fetch of the ledger, through a client, takes a parking lane: the
+/// broker parks it for up to its wait, and the Heartbeats of the client's locks on the leader's
+/// quick connection are answered meanwhile.
+#[tokio::test]
+async fn a_ledger_long_poll_through_a_client_parks_on_a_lane_not_the_quick_connection() {
+    use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+    use kafka_protocol::messages::metadata_response::{
+        MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
+    };
+    use kafka_protocol::messages::{FetchRequest, FetchResponse};
+    let (broker, mut accepted) = broker_with(LEDGER_APIS).await;
+    let client =
+        crate::Client::new(format!("{}:{}", broker.host, broker.port)).quick_connections(1);
+    let pool = client.pool().clone();
+    let lock = client.lock("g").ledger_topic("ledger");
+    let mut tail = ledger::LedgerTail::new(lock.reach(), "g", "ledger", Some(0));
+    let poll = tokio::spawn(async move { tail.poll(Duration::from_secs(3600)).await });
+
+    let mut boot = next_peer(&mut accepted).await;
+    let (h, _) = boot.recv_as::<MetadataRequest>(ApiKey::Metadata).await;
+    let metadata = MetadataResponse::default()
+        .with_brokers(vec![MetadataResponseBroker::default()
+            .with_node_id(BrokerId(broker.node_id))
+            .with_host(StrBytes::from_string(broker.host.clone()))
+            .with_port(broker.port)])
+        .with_topics(vec![MetadataResponseTopic::default()
+            .with_name(Some(TopicName(StrBytes::from_static_str("ledger"))))
+            .with_partitions(vec![MetadataResponsePartition::default()
+                .with_partition_index(0)
+                .with_leader_id(BrokerId(broker.node_id))])]);
+    boot.reply(&h, &metadata).await;
+
+    let mut lane = next_peer(&mut accepted).await;
+    let (fetch, _) = lane.recv_as::<FetchRequest>(ApiKey::Fetch).await;
+    // The Fetch is parked; a lock's Heartbeat to the same broker goes on meanwhile.
+    let conn = pool.quick(Some(&broker), pool.stripe("g")).await.unwrap();
+    let (hb, ()) = tokio::join!(conn.request(heartbeat(1)), async {
+        let mut quick = next_peer(&mut accepted).await;
+        let (h, _) = quick.recv_as::<HeartbeatRequest>(ApiKey::Heartbeat).await;
+        quick.reply(&h, &HeartbeatResponse::default()).await;
+    });
+    hb.expect("heartbeat answered while the Fetch is parked");
+    assert!(!poll.is_finished());
+
+    let answer = FetchResponse::default().with_responses(vec![FetchableTopicResponse::default()
+        .with_topic(TopicName(StrBytes::from_static_str("ledger")))
+        .with_partitions(vec![PartitionData::default().with_partition_index(0)])]);
+    lane.reply(&fetch, &answer).await;
+    let records = tokio::time::timeout(PROMPTLY, poll)
+        .await
+        .expect("the poll did not end with its answer")
+        .expect("task")
+        .expect("poll");
+    assert!(records.is_empty());
+}
+
+/// An entry of a v4 FindCoordinator answer naming `broker` for `key`, or `code` alone.
+fn coordinator_entry(key: &str, broker: &crate::membership::Broker, code: i16) -> Coordinator {
+    let c = Coordinator::default()
+        .with_key(StrBytes::from_string(key.to_owned()))
+        .with_error_code(code);
+    if code != 0 {
+        return c.with_node_id(BrokerId(-1)).with_port(-1);
+    }
+    c.with_node_id(BrokerId(broker.node_id))
+        .with_host(StrBytes::from_string(broker.host.clone()))
+        .with_port(broker.port)
+}
+
+/// Lookups queued while one is with the broker go out together in the next request (KIP-699),
+/// and each lock hears its own key's entry alone: one key refused (GROUP_AUTHORIZATION_FAILED)
+/// fails only that lookup.
+#[tokio::test]
+async fn lookups_queued_together_go_out_in_one_request_and_each_hears_its_own_key() {
+    use crate::wire::coordinator::found_coordinator;
+    let (broker, mut accepted) = broker_with(BROKER_APIS).await;
+    let client = crate::Client::new(format!("{}:{}", broker.host, broker.port));
+    let pool = client.pool().clone();
+    let find = |key: String| {
+        let pool = pool.clone();
+        async move {
+            match lookup::find_coordinator(&pool, &key, PROMPTLY).await {
+                Ok((Response::FindCoordinator(r), v)) => {
+                    assert!(v >= lookup::BATCH_VERSION);
+                    found_coordinator(&r).map_err(crate::Error::from)
+                }
+                Ok((other, _)) => panic!("expected FindCoordinator, got {other:?}"),
+                Err(e) => Err(e),
+            }
+        }
+    };
+    let first = tokio::spawn(find("first".into()));
+    let mut boot = next_peer(&mut accepted).await;
+    let (h1, r1) = boot
+        .recv_as::<FindCoordinatorRequest>(ApiKey::FindCoordinator)
+        .await;
+    assert_eq!(r1.coordinator_keys.len(), 1, "{r1:?}");
+    // Queued while the first is with the broker (the same group twice: asked once).
+    let keys: Vec<String> = (0..8)
+        .map(|i| format!("g{i}"))
+        .chain(["g0".to_owned()])
+        .collect();
+    let mut later: Vec<_> = keys.iter().map(|k| Box::pin(find(k.clone()))).collect();
+    // Polled once each: every one of them is queued before the first is answered.
+    std::future::poll_fn(|cx| {
+        for f in &mut later {
+            assert!(std::future::Future::poll(f.as_mut(), cx).is_pending());
+        }
+        std::task::Poll::Ready(())
+    })
+    .await;
+    boot.reply(
+        &h1,
+        &FindCoordinatorResponse::default()
+            .with_coordinators(vec![coordinator_entry("first", &broker, 0)]),
+    )
+    .await;
+    let (h2, r2) = boot
+        .recv_as::<FindCoordinatorRequest>(ApiKey::FindCoordinator)
+        .await;
+    let asked: BTreeSet<String> = r2.coordinator_keys.iter().map(|k| k.to_string()).collect();
+    let expected: BTreeSet<String> = (0..8).map(|i| format!("g{i}")).collect();
+    assert_eq!(
+        asked, expected,
+        "the queued lookups in one request, each key once"
+    );
+    assert_eq!(r2.coordinator_keys.len(), 8);
+    // Answered out of order, one key refused.
+    let entries = (0..8)
+        .rev()
+        .map(|i| coordinator_entry(&format!("g{i}"), &broker, if i == 3 { 30 } else { 0 }))
+        .collect();
+    boot.reply(
+        &h2,
+        &FindCoordinatorResponse::default().with_coordinators(entries),
+    )
+    .await;
+    let got = tokio::time::timeout(PROMPTLY, first)
+        .await
+        .expect("answered")
+        .unwrap()
+        .expect("first");
+    assert_eq!(i32::from(got.port), broker.port);
+    for (key, lookup) in keys.iter().zip(later) {
+        let r = tokio::time::timeout(PROMPTLY, lookup)
+            .await
+            .expect("answered");
+        match (key.as_str(), r) {
+            ("g3", Err(Error::Broker { code, .. })) => {
+                assert_eq!(code, crate::KafkaCode::GROUP_AUTHORIZATION_FAILED)
+            }
+            ("g3", other) => panic!("g3 should be refused, got {other:?}"),
+            (_, Ok(c)) => assert_eq!(c.node_id, broker.node_id),
+            (k, Err(e)) => panic!("{k}: {e}"),
+        }
+    }
+    assert!(accepted.try_recv().is_err(), "one bootstrap connection");
+}
+
+/// A broker without FindCoordinator v4 gets one request per key, each answered to its lookup.
+#[tokio::test]
+async fn without_v4_each_lookup_is_a_request_of_its_own() {
+    use crate::wire::coordinator::found_coordinator;
+    const OLD: &[(ApiKey, i16, i16)] = &[
+        (ApiKey::ApiVersions, 0, 3),
+        (ApiKey::Metadata, 0, 9),
+        (ApiKey::FindCoordinator, 0, 3),
+        (ApiKey::JoinGroup, 0, 7),
+        (ApiKey::SyncGroup, 0, 5),
+        (ApiKey::Heartbeat, 0, 4),
+        (ApiKey::LeaveGroup, 0, 4),
+        (ApiKey::DescribeGroups, 0, 5),
+    ];
+    let (broker, mut accepted) = broker_with(OLD).await;
+    let client = crate::Client::new(format!("{}:{}", broker.host, broker.port));
+    let pool = client.pool().clone();
+    let lookups: Vec<_> = ["a", "b", "c"]
+        .iter()
+        .map(|k| {
+            let pool = pool.clone();
+            tokio::spawn(async move { lookup::find_coordinator(&pool, k, PROMPTLY).await })
+        })
+        .collect();
+    let mut boot = next_peer(&mut accepted).await;
+    let mut seen = BTreeSet::new();
+    for _ in 0..3 {
+        let (h, r) = boot
+            .recv_as::<FindCoordinatorRequest>(ApiKey::FindCoordinator)
+            .await;
+        assert_eq!(h.request_api_version, 3);
+        assert!(r.coordinator_keys.is_empty());
+        let key = r.key.to_string();
+        // Each answer names a node of its own, so a mix-up shows.
+        let node = i32::from(key.as_bytes()[0]);
+        boot.reply(
+            &h,
+            &FindCoordinatorResponse::default()
+                .with_node_id(BrokerId(node))
+                .with_host(StrBytes::from_static_str("127.0.0.1"))
+                .with_port(broker.port),
+        )
+        .await;
+        seen.insert(key);
+    }
+    assert_eq!(seen.len(), 3);
+    for (k, task) in ["a", "b", "c"].iter().zip(lookups) {
+        let (resp, v) = tokio::time::timeout(PROMPTLY, task)
+            .await
+            .expect("answered")
+            .unwrap()
+            .expect("lookup");
+        assert_eq!(v, 3);
+        let Response::FindCoordinator(r) = resp else {
+            panic!("expected FindCoordinator")
+        };
+        let c = found_coordinator(&r).expect("found");
+        assert_eq!(c.node_id, i32::from(k.as_bytes()[0]));
+    }
+}
+
+/// Java's `Utils.abs(s.hashCode())`, as the test's own reckoning of Apache's `partitionFor`.
+fn java_abs_hash(s: &str) -> u32 {
+    let h = s
+        .encode_utf16()
+        .fold(0i32, |h, c| h.wrapping_mul(31).wrapping_add(i32::from(c)));
+    if h == i32::MIN {
+        0
+    } else {
+        h.unsigned_abs()
+    }
+}
+
+/// Answers the Metadata request for `__consumer_offsets` with `partitions` partitions, or with
+/// the error `code` alone.
+async fn answer_offsets_metadata<S: AsyncRead + AsyncWrite + Unpin>(
+    peer: &mut Peer<S>,
+    partitions: usize,
+    code: i16,
+) {
+    use kafka_protocol::messages::metadata_response::{
+        MetadataResponsePartition, MetadataResponseTopic,
+    };
+    let (h, r) = peer.recv_as::<MetadataRequest>(ApiKey::Metadata).await;
+    let topics = r.topics.expect("a topic list, not every topic");
+    assert_eq!(
+        topics[0].name.as_ref().map(|n| n.0.as_str()),
+        Some("__consumer_offsets")
+    );
+    assert!(!r.allow_auto_topic_creation, "never creates the topic");
+    let answer = MetadataResponse::default().with_topics(vec![MetadataResponseTopic::default()
+        .with_name(Some(TopicName(StrBytes::from_static_str(
+            "__consumer_offsets",
+        ))))
+        .with_error_code(code)
+        .with_partitions(
+            (0..partitions)
+                .map(|i| MetadataResponsePartition::default().with_partition_index(i as i32))
+                .collect(),
+        )]);
+    peer.reply(&h, &answer).await;
+}
+
+/// A client with several quick connections per broker reads `__consumer_offsets`' partition
+/// count and places each group on the stripe of its partition under that count; refused
+/// (no ACL), it keeps Apache's default 50 for good; absent (not created yet), it asks again.
+#[tokio::test]
+async fn a_groups_stripe_follows_the_clusters_offsets_partition_count() {
+    let (broker, mut accepted) = broker_with(BROKER_APIS).await;
+    let addr = format!("{}:{}", broker.host, broker.port);
+    // A group whose stripe differs under 3 partitions and under 50.
+    let group = (0..1000)
+        .map(|i| format!("g{i}"))
+        .find(|g| (java_abs_hash(g) % 3) % 4 != (java_abs_hash(g) % 50) % 4)
+        .expect("such a group");
+    let h = java_abs_hash(&group);
+
+    let client = crate::Client::new(&addr).quick_connections(4);
+    let pool = client.pool().clone();
+    assert_eq!(pool.stripe(&group), ((h % 50) % 4) as usize);
+    let conn = pool.quick(None, 0).await.unwrap();
+    let mut boot = next_peer(&mut accepted).await;
+    tokio::join!(
+        pool.learn_offsets_partitions(&conn),
+        answer_offsets_metadata(&mut boot, 3, 0)
+    );
+    assert_eq!(pool.stripe(&group), ((h % 3) % 4) as usize);
+
+    // Refused: the default, and no more asking.
+    let refused = crate::Client::new(&addr).quick_connections(4);
+    let pool = refused.pool().clone();
+    let conn = pool.quick(None, 0).await.unwrap();
+    let mut boot = next_peer(&mut accepted).await;
+    tokio::join!(
+        pool.learn_offsets_partitions(&conn),
+        answer_offsets_metadata(&mut boot, 0, 29)
+    );
+    assert_eq!(pool.stripe(&group), ((h % 50) % 4) as usize);
+    pool.learn_offsets_partitions(&conn).await;
+    let (hb, ()) = tokio::join!(conn.request(heartbeat(1)), async {
+        let (h, _) = boot.recv_as::<HeartbeatRequest>(ApiKey::Heartbeat).await;
+        boot.reply(&h, &HeartbeatResponse::default()).await;
+    });
+    hb.expect("the next request is this Heartbeat, not another Metadata");
+
+    // Absent: asked again at the next need.
+    let fresh = crate::Client::new(&addr).quick_connections(4);
+    let pool = fresh.pool().clone();
+    let conn = pool.quick(None, 0).await.unwrap();
+    let mut boot = next_peer(&mut accepted).await;
+    tokio::join!(
+        pool.learn_offsets_partitions(&conn),
+        answer_offsets_metadata(&mut boot, 0, 3)
+    );
+    assert_eq!(pool.stripe(&group), ((h % 50) % 4) as usize);
+    tokio::join!(
+        pool.learn_offsets_partitions(&conn),
+        answer_offsets_metadata(&mut boot, 3, 0)
+    );
+    assert_eq!(pool.stripe(&group), ((h % 3) % 4) as usize);
+}

@@ -284,3 +284,38 @@ pub fn fold<'a>(
         end_offset,
     }
 }
+
+/// A lock's last checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Checkpoint {
+    /// The value the holder stored.
+    pub value: String,
+    /// The token of the hold that stored it.
+    pub token: i64,
+    /// Where it was read: the lock's group (its committed offset metadata, the fenced original),
+    /// or the ledger's copy, when the group no longer has it (deleted, or its offsets expired).
+    pub source: CheckpointSource,
+}
+
+impl Checkpoint {
+    /// A checkpoint with these parts (the lock's own come from [`LockGuard::last_checkpoint`](crate::LockGuard::last_checkpoint)
+    /// and [`LockOptions::last_checkpoint`](crate::LockOptions::last_checkpoint)).
+    pub fn new(value: impl Into<String>, token: i64, source: CheckpointSource) -> Self {
+        Checkpoint {
+            value: value.into(),
+            token,
+            source,
+        }
+    }
+}
+
+/// Where a [`Checkpoint`] was read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CheckpointSource {
+    /// The lock's group: what the broker accepted from the current holder of that hold.
+    Group,
+    /// The ledger's CHECKPOINT record (the group no longer has one).
+    Ledger,
+}

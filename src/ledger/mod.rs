@@ -77,7 +77,7 @@ pub use error::{
     compression_fix, create_topic_command, LedgerError, LEDGER_TOPIC_SETTINGS,
     SINGLE_BROKER_SETTINGS,
 };
-pub use history::{fold, History, Hold, HoldEnd, Unreadable};
+pub use history::{fold, Checkpoint, CheckpointSource, History, Hold, HoldEnd, Unreadable};
 pub use record::{
     LedgerRecord, RecordError, RecordKind, MAX_CHECKPOINT, MAX_HOST, MAX_LABEL, MAX_MEMBER_ID,
     MAX_REASON, RECORD_VERSION,

@@ -442,3 +442,128 @@ async fn a_paused_coordinator_costs_only_the_locks_it_coordinates_on_three_nodes
         );
     }
 }
+
+/// What reads a lock from outside (an observer, `describe`, `history`, `last_checkpoint`),
+/// made through the client that holds it, go over the client's connections and see what its
+/// lock does: the observer reports the hold with its ledger token as its ACQUIRED record is
+/// appended and its end; the description, the history and the checkpoint all name that hold;
+/// and the holder keeps its lease throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn describe_history_and_an_observer_through_the_client_that_holds_the_lock() {
+    use kafka_lock::{CheckpointSource, Leadership, LockState, ObserveVia};
+    support::init_tracing();
+    let bootstrap = kafka().bootstrap();
+    let ledger = support::unique_group("client-reads-ledger");
+    crate::support::kafka::admin::create_topic(&bootstrap, &ledger, 1);
+    let client = Client::new(&bootstrap);
+    let name = support::unique_group("client-reads");
+    let options = tune(client.lock(&name)).ledger_topic(&ledger);
+
+    let (tx, mut reports) = tokio::sync::mpsc::unbounded_channel::<Leadership>();
+    let mut observer = options.observer();
+    let observing = tokio::spawn(async move {
+        loop {
+            let l = observer.next().await.expect("observe");
+            if tx.send(l).is_err() {
+                return;
+            }
+        }
+    });
+    let first = next_report(&mut reports).await;
+    assert_eq!(first.via, ObserveVia::Ledger);
+    assert_eq!(first.state, LockState::Free);
+
+    let guard = options.acquire(Some(SLACK)).await.expect("acquire");
+    let token = guard.token().ledger_offset.expect("a ledger token");
+    let held = next_report(&mut reports).await;
+    assert_eq!(
+        held.leader.as_ref().and_then(|l| l.ledger_token),
+        Some(token),
+        "{held:?}"
+    );
+    guard.checkpoint("step-1").await.expect("checkpoint");
+
+    let d = options.describe().await.expect("describe");
+    assert_eq!(
+        d.holder().and_then(|h| h.ledger_token),
+        Some(token),
+        "{d:?}"
+    );
+    let history = options.history().await.expect("history");
+    assert_eq!(
+        history.last_hold().map(|h| h.token),
+        Some(token),
+        "{history:?}"
+    );
+    let c = options
+        .last_checkpoint()
+        .await
+        .expect("last checkpoint")
+        .expect("a checkpoint");
+    assert_eq!((c.value.as_str(), c.token), ("step-1", token));
+    assert_eq!(c.source, CheckpointSource::Group);
+    assert!(guard.is_held());
+    assert!(options.stats().losses.is_empty(), "{:?}", options.stats());
+
+    guard.release().await.expect("release");
+    let free = next_report(&mut reports).await;
+    assert_eq!(free.state, LockState::Free, "{free:?}");
+    observing.abort();
+}
+
+async fn next_report(
+    reports: &mut tokio::sync::mpsc::UnboundedReceiver<kafka_lock::Leadership>,
+) -> kafka_lock::Leadership {
+    tokio::time::timeout(Duration::from_secs(60), reports.recv())
+        .await
+        .expect("a report within the bound")
+        .expect("the observer runs")
+}
+
+/// LOCKS locks acquired at once through one client cost a few FindCoordinator requests, not one
+/// per lock: lookups queued while one is with the broker go out together (KIP-699's key list).
+/// Counted by a proxy in front of the broker; every lock still acquires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_acquisitions_at_once_share_their_find_coordinator_requests() {
+    use crate::fault::kproxy::ProxySet;
+    use kafka_protocol::messages::ApiKey;
+    const LOCKS: usize = 40;
+    support::init_tracing();
+    let node = &kafka().nodes()[0];
+    let brokers = [(node.id(), node.addr().parse().expect("node address"))];
+    let proxies = ProxySet::start(&tokio::runtime::Handle::current(), &brokers);
+    let client = Client::new(proxies.bootstrap());
+    let prefix = support::unique_group("lookups");
+    let tasks: Vec<_> = (0..LOCKS)
+        .map(|i| {
+            let options = tune(client.lock(format!("{prefix}-{i}")));
+            tokio::spawn(async move { options.acquire(Some(Duration::from_secs(60))).await })
+        })
+        .collect();
+    let mut guards = Vec::new();
+    for t in tasks {
+        let g = tokio::time::timeout(Duration::from_secs(60) + SLACK, t)
+            .await
+            .expect("every acquire ends")
+            .unwrap()
+            .expect("acquire");
+        guards.push(g);
+    }
+    let lookups = proxies
+        .stats()
+        .requests
+        .lock()
+        .unwrap()
+        .get(&(ApiKey::FindCoordinator as i16))
+        .copied()
+        .unwrap_or(0);
+    println!("{LOCKS} locks acquired at once: {lookups} FindCoordinator requests");
+    // Without coalescing: one per lock, and one more per look before joining (2 × LOCKS).
+    assert!(
+        lookups > 0 && (lookups as usize) < LOCKS,
+        "{lookups} FindCoordinator requests for {LOCKS} locks"
+    );
+    for g in guards {
+        g.release().await.expect("release");
+    }
+}
