@@ -1076,7 +1076,69 @@ impl LockOptions {
                 machine.versions_from(host.trim_start_matches('[').trim_end_matches(']'), port);
             }
         }
-        let (ev_tx, mut ev_rx) = mpsc::unbounded_channel();
+        // Events go to the user and into the stats as the session emits them, on its task: each
+        // step is a send on an unbounded channel or a counter, so the lease's timers never wait.
+        let (user_tx, stats, name) = (self.events.clone(), self.stats.clone(), self.name.clone());
+        let (member_tx, member_rx) = watch::channel(String::new());
+        let mut metrics = crate::metrics::LockMetrics::new(&self.name);
+        let sink = move |e: Event| {
+            let mut s = stats.lock().unwrap_or_else(|p| p.into_inner());
+            let out = match e {
+                Event::Joined { member_id, .. } => {
+                    member_tx.send_replace(member_id);
+                    None
+                }
+                Event::Waiting {
+                    holder,
+                    holders,
+                    position,
+                    ..
+                } => Some(LockEvent::Waiting {
+                    member_id: member_tx.borrow().clone(),
+                    holder,
+                    holders,
+                    position,
+                }),
+                Event::Acquired { token, permit, .. } => {
+                    s.acquisitions += 1;
+                    if s.latencies.len() == LATENCY_SAMPLES {
+                        s.latencies.pop_front();
+                    }
+                    s.latencies.push_back(started.elapsed());
+                    metrics.acquired(started.elapsed());
+                    Some(LockEvent::Acquired {
+                        member_id: token.member_id.clone(),
+                        token,
+                        permit,
+                    })
+                }
+                Event::TokenChanged { token } => Some(LockEvent::TokenChanged { token }),
+                Event::RebalanceWhileHeld => {
+                    s.rebalances_while_held += 1;
+                    metrics.rebalance_while_held();
+                    None
+                }
+                Event::Lost { reason, lease_end } => {
+                    s.lost(reason.as_str());
+                    metrics.lost(reason.as_str());
+                    Some(LockEvent::Lost { reason, lease_end })
+                }
+                Event::Released => {
+                    metrics.released();
+                    Some(LockEvent::Released)
+                }
+                Event::Left { .. } => Some(LockEvent::Left),
+                Event::Failed(err) => {
+                    tracing::warn!(lock = %name, error = %err, "lock session failed");
+                    None
+                }
+                _ => None,
+            };
+            drop(s);
+            if let (Some(tx), Some(ev)) = (&user_tx, out) {
+                let _ = tx.send(ev);
+            }
+        };
         let mut handle = session::spawn(
             &self.name,
             machine,
@@ -1086,72 +1148,8 @@ impl LockOptions {
                 first,
                 ledger,
             },
-            Some(ev_tx),
+            Some(Box::new(sink)),
         );
-        // Forward events to the user and into the stats for as long as the session runs.
-        let (user_tx, stats, name) = (self.events.clone(), self.stats.clone(), self.name.clone());
-        let (member_tx, member_rx) = watch::channel(String::new());
-        let mut metrics = crate::metrics::LockMetrics::new(&self.name);
-        tokio::spawn(async move {
-            while let Some(e) = ev_rx.recv().await {
-                let mut s = stats.lock().unwrap_or_else(|p| p.into_inner());
-                let out = match e {
-                    Event::Joined { member_id, .. } => {
-                        member_tx.send_replace(member_id);
-                        None
-                    }
-                    Event::Waiting {
-                        holder,
-                        holders,
-                        position,
-                        ..
-                    } => Some(LockEvent::Waiting {
-                        member_id: member_tx.borrow().clone(),
-                        holder,
-                        holders,
-                        position,
-                    }),
-                    Event::Acquired { token, permit, .. } => {
-                        s.acquisitions += 1;
-                        if s.latencies.len() == LATENCY_SAMPLES {
-                            s.latencies.pop_front();
-                        }
-                        s.latencies.push_back(started.elapsed());
-                        metrics.acquired(started.elapsed());
-                        Some(LockEvent::Acquired {
-                            member_id: token.member_id.clone(),
-                            token,
-                            permit,
-                        })
-                    }
-                    Event::TokenChanged { token } => Some(LockEvent::TokenChanged { token }),
-                    Event::RebalanceWhileHeld => {
-                        s.rebalances_while_held += 1;
-                        metrics.rebalance_while_held();
-                        None
-                    }
-                    Event::Lost { reason, lease_end } => {
-                        s.lost(reason.as_str());
-                        metrics.lost(reason.as_str());
-                        Some(LockEvent::Lost { reason, lease_end })
-                    }
-                    Event::Released => {
-                        metrics.released();
-                        Some(LockEvent::Released)
-                    }
-                    Event::Left { .. } => Some(LockEvent::Left),
-                    Event::Failed(err) => {
-                        tracing::warn!(lock = %name, error = %err, "lock session failed");
-                        None
-                    }
-                    _ => None,
-                };
-                drop(s);
-                if let (Some(tx), Some(ev)) = (&user_tx, out) {
-                    let _ = tx.send(ev);
-                }
-            }
-        });
 
         // Wait for the first hold, the deadline, or the end of the session.
         let outcome = loop {
@@ -1483,7 +1481,7 @@ impl LockGuard {
         let (reply, answer) = tokio::sync::oneshot::channel();
         self.handle
             .commands
-            .send(SessionCommand::Checkpoint { value, reply })
+            .send(SessionCommand::Checkpoint(Box::new((value, reply))))
             .map_err(|_| Error::Closed)?;
         answer.await.map_err(|_| Error::Closed)?
     }

@@ -1555,6 +1555,7 @@ async fn one_locks_held_heartbeat_timing_out_does_not_fail_anothers_on_the_quick
         let (_, id, result) = tokio::time::timeout(PROMPTLY, answers.recv())
             .await
             .expect("every request is answered or failed")
+            .map(|answer| *answer)
             .unwrap();
         got.insert(id, result);
     }
@@ -1579,6 +1580,7 @@ async fn one_locks_held_heartbeat_timing_out_does_not_fail_anothers_on_the_quick
     let (_, id, result) = tokio::time::timeout(PROMPTLY, answers.recv())
         .await
         .expect("the retry is answered")
+        .map(|answer| *answer)
         .unwrap();
     assert_eq!(id, 3);
     result.expect("the retry is answered on the fresh connection");
@@ -1722,6 +1724,7 @@ async fn a_held_heartbeat_holds_back_only_its_own_stripe() {
     let (_, id, result) = tokio::time::timeout(PROMPTLY, answers.recv())
         .await
         .expect("stripe 1's heartbeat is answered while stripe 0's is held")
+        .map(|answer| *answer)
         .unwrap();
     assert_eq!(id, 2);
     result.expect("stripe 1's heartbeat");
