@@ -91,6 +91,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let prefix = args.next().unwrap_or_else(|| "many-locks-heap".to_owned());
 
     let client = Client::new(&bootstrap);
+    // What each waiting acquisition keeps while it waits (its future, not yet polled).
+    let acquire_future = std::mem::size_of_val(&client.lock("-").acquire(None));
     // The guards' vector is sized first, so that its growth is not counted as the locks'.
     let mut guards = Vec::with_capacity(n);
     let (live0, blocks0) = (LIVE.load(Relaxed), BLOCKS.load(Relaxed));
@@ -127,7 +129,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "n={n} acquired={acquired} held={held} live_after_acquire={live_acquired} \
          peak={} live_held={live_held} blocks_held={blocks_held} \
-         bytes_per_lock={} blocks_per_lock={}",
+         bytes_per_lock={} blocks_per_lock={} acquire_future={acquire_future}",
         PEAK.load(Relaxed) as isize - live0,
         per(live_held),
         blocks_held as f64 / acquired.max(1) as f64,
