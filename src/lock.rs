@@ -871,7 +871,10 @@ impl LockOptions {
         // A bounded wait may end before our own join's rebalance completes, when the session
         // cannot name the holder yet: a look before joining (bounded by the wait) can.
         let seen = match wait {
-            Some(w) => tokio::time::timeout(w, self.look())
+            // Boxed, as are the other awaits of an acquisition that end before its wait: a
+            // future holds room for the largest of its awaits for as long as it lives, and a
+            // process may have thousands of acquisitions waiting (4.9 KB each unboxed).
+            Some(w) => tokio::time::timeout(w, Box::pin(self.look()))
                 .await
                 .ok()
                 .flatten()
@@ -1034,7 +1037,7 @@ impl LockOptions {
         let (pool, private) = self.pool();
         // The wait bounds reaching the cluster too: a caller that gave 2 s gets its answer
         // after 2 s, not after every bootstrap broker's connect timeout.
-        let connect = self.first_connection(&pool, &mut backoff);
+        let connect = Box::pin(self.first_connection(&pool, &mut backoff));
         let first = match deadline {
             Some(d) => match tokio::time::timeout_at(d, connect).await {
                 Ok(first) => first?,
@@ -1054,9 +1057,12 @@ impl LockOptions {
         };
         let ledger = match &self.ledger_topic {
             Some(topic) => {
-                let partition =
-                    crate::driver::ledger::check_ledger_topic(&first, topic, self.request_timeout)
-                        .await?;
+                let partition = Box::pin(crate::driver::ledger::check_ledger_topic(
+                    &first,
+                    topic,
+                    self.request_timeout,
+                ))
+                .await?;
                 Some(Ledger::new(
                     self.ledger_config(topic),
                     partition,
@@ -1211,7 +1217,7 @@ impl LockOptions {
                     } => Some(describe_holder(h)),
                     _ => None,
                 };
-                leave(&mut handle, self.leave_timeout).await;
+                Box::pin(leave(&mut handle, self.leave_timeout)).await;
                 if once {
                     Ok(None)
                 } else {
@@ -1223,7 +1229,7 @@ impl LockOptions {
                 }
             }
             Err(e) => {
-                leave(&mut handle, self.leave_timeout).await;
+                Box::pin(leave(&mut handle, self.leave_timeout)).await;
                 Err(e)
             }
         }
