@@ -10,7 +10,7 @@ For each initial rebalance delay and each N it runs
 its `acquired A of N in S s` line, lets it settle for SETTLE seconds, then counts its sockets
 (/proc/PID/fd entries that are sockets; once right after the acquisitions, with the lanes they
 opened still idle, and again while idle, once those are closed) and measures its CPU over IDLE seconds; peak RSS is
-VmHWM read just before it prints `held at end H of N`.
+VmHWM and RSS while holding VmRSS, both read just before it prints `held at end H of N`.
 
 With --request-rates the brokers log every request they complete (kafka.request.logger at
 DEBUG, scripts/local_kafka.py) and the rows get, per API, the requests of the example's client
@@ -147,6 +147,8 @@ def run(bootstrap, n, acquire_bound, logs=None):
         row["sockets"] = peak_sockets
         row["idle_cpu_pct"] = round(100.0 * (c1 - c0) / (t1 - t0), 3)
         row["rss_kb"] = status_kb(proc.pid, "VmHWM")
+        # What holding costs, without the burst of acquisitions that set the peak.
+        row["rss_held_kb"] = status_kb(proc.pid, "VmRSS")
         line = proc.stdout.readline()
         row["held_at_end"] = line.split()[3] if line.startswith("held") else line.strip()
         proc.wait(timeout=acquire_bound)

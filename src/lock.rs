@@ -801,7 +801,10 @@ impl LockOptions {
         // A bounded wait may end before our own join's rebalance completes, when the session
         // cannot name the holder yet: a look before joining (bounded by the wait) can.
         let seen = match wait {
-            Some(w) => tokio::time::timeout(w, self.look())
+            // Boxed, as are the other awaits of an acquisition that end before its wait: a
+            // future holds room for the largest of its awaits for as long as it lives, and a
+            // process may have thousands of acquisitions waiting (4.9 KB each unboxed).
+            Some(w) => tokio::time::timeout(w, Box::pin(self.look()))
                 .await
                 .ok()
                 .flatten()
@@ -964,7 +967,7 @@ impl LockOptions {
         let (pool, private) = self.pool();
         // The wait bounds reaching the cluster too: a caller that gave 2 s gets its answer
         // after 2 s, not after every bootstrap broker's connect timeout.
-        let connect = self.first_connection(&pool, &mut backoff);
+        let connect = Box::pin(self.first_connection(&pool, &mut backoff));
         let first = match deadline {
             Some(d) => match tokio::time::timeout_at(d, connect).await {
                 Ok(first) => first?,
@@ -984,9 +987,12 @@ impl LockOptions {
         };
         let ledger = match &self.ledger_topic {
             Some(topic) => {
-                let partition =
-                    crate::driver::ledger::check_ledger_topic(&first, topic, self.request_timeout)
-                        .await?;
+                let partition = Box::pin(crate::driver::ledger::check_ledger_topic(
+                    &first,
+                    topic,
+                    self.request_timeout,
+                ))
+                .await?;
                 Some(Ledger::new(
                     self.ledger_config(topic),
                     partition,
@@ -1006,7 +1012,69 @@ impl LockOptions {
                 machine.versions_from(host.trim_start_matches('[').trim_end_matches(']'), port);
             }
         }
-        let (ev_tx, mut ev_rx) = mpsc::unbounded_channel();
+        // Events go to the user and into the stats as the session emits them, on its task: each
+        // step is a send on an unbounded channel or a counter, so the lease's timers never wait.
+        let (user_tx, stats, name) = (self.events.clone(), self.stats.clone(), self.name.clone());
+        let (member_tx, member_rx) = watch::channel(String::new());
+        let mut metrics = crate::metrics::LockMetrics::new(&self.name);
+        let sink = move |e: Event| {
+            let mut s = stats.lock().unwrap_or_else(|p| p.into_inner());
+            let out = match e {
+                Event::Joined { member_id, .. } => {
+                    member_tx.send_replace(member_id);
+                    None
+                }
+                Event::Waiting {
+                    holder,
+                    holders,
+                    position,
+                    ..
+                } => Some(LockEvent::Waiting {
+                    member_id: member_tx.borrow().clone(),
+                    holder,
+                    holders,
+                    position,
+                }),
+                Event::Acquired { token, permit, .. } => {
+                    s.acquisitions += 1;
+                    if s.latencies.len() == LATENCY_SAMPLES {
+                        s.latencies.pop_front();
+                    }
+                    s.latencies.push_back(started.elapsed());
+                    metrics.acquired(started.elapsed());
+                    Some(LockEvent::Acquired {
+                        member_id: token.member_id.clone(),
+                        token,
+                        permit,
+                    })
+                }
+                Event::TokenChanged { token } => Some(LockEvent::TokenChanged { token }),
+                Event::RebalanceWhileHeld => {
+                    s.rebalances_while_held += 1;
+                    metrics.rebalance_while_held();
+                    None
+                }
+                Event::Lost { reason, lease_end } => {
+                    s.lost(reason.as_str());
+                    metrics.lost(reason.as_str());
+                    Some(LockEvent::Lost { reason, lease_end })
+                }
+                Event::Released => {
+                    metrics.released();
+                    Some(LockEvent::Released)
+                }
+                Event::Left { .. } => Some(LockEvent::Left),
+                Event::Failed(err) => {
+                    tracing::warn!(lock = %name, error = %err, "lock session failed");
+                    None
+                }
+                _ => None,
+            };
+            drop(s);
+            if let (Some(tx), Some(ev)) = (&user_tx, out) {
+                let _ = tx.send(ev);
+            }
+        };
         let mut handle = session::spawn(
             &self.name,
             machine,
@@ -1016,72 +1084,8 @@ impl LockOptions {
                 first,
                 ledger,
             },
-            Some(ev_tx),
+            Some(Box::new(sink)),
         );
-        // Forward events to the user and into the stats for as long as the session runs.
-        let (user_tx, stats, name) = (self.events.clone(), self.stats.clone(), self.name.clone());
-        let (member_tx, member_rx) = watch::channel(String::new());
-        let mut metrics = crate::metrics::LockMetrics::new(&self.name);
-        tokio::spawn(async move {
-            while let Some(e) = ev_rx.recv().await {
-                let mut s = stats.lock().unwrap_or_else(|p| p.into_inner());
-                let out = match e {
-                    Event::Joined { member_id, .. } => {
-                        member_tx.send_replace(member_id);
-                        None
-                    }
-                    Event::Waiting {
-                        holder,
-                        holders,
-                        position,
-                        ..
-                    } => Some(LockEvent::Waiting {
-                        member_id: member_tx.borrow().clone(),
-                        holder,
-                        holders,
-                        position,
-                    }),
-                    Event::Acquired { token, permit, .. } => {
-                        s.acquisitions += 1;
-                        if s.latencies.len() == LATENCY_SAMPLES {
-                            s.latencies.pop_front();
-                        }
-                        s.latencies.push_back(started.elapsed());
-                        metrics.acquired(started.elapsed());
-                        Some(LockEvent::Acquired {
-                            member_id: token.member_id.clone(),
-                            token,
-                            permit,
-                        })
-                    }
-                    Event::TokenChanged { token } => Some(LockEvent::TokenChanged { token }),
-                    Event::RebalanceWhileHeld => {
-                        s.rebalances_while_held += 1;
-                        metrics.rebalance_while_held();
-                        None
-                    }
-                    Event::Lost { reason, lease_end } => {
-                        s.lost(reason.as_str());
-                        metrics.lost(reason.as_str());
-                        Some(LockEvent::Lost { reason, lease_end })
-                    }
-                    Event::Released => {
-                        metrics.released();
-                        Some(LockEvent::Released)
-                    }
-                    Event::Left { .. } => Some(LockEvent::Left),
-                    Event::Failed(err) => {
-                        tracing::warn!(lock = %name, error = %err, "lock session failed");
-                        None
-                    }
-                    _ => None,
-                };
-                drop(s);
-                if let (Some(tx), Some(ev)) = (&user_tx, out) {
-                    let _ = tx.send(ev);
-                }
-            }
-        });
 
         // Wait for the first hold, the deadline, or the end of the session.
         let outcome = loop {
@@ -1143,7 +1147,7 @@ impl LockOptions {
                     } => Some(describe_holder(h)),
                     _ => None,
                 };
-                leave(&mut handle, self.leave_timeout).await;
+                Box::pin(leave(&mut handle, self.leave_timeout)).await;
                 if once {
                     Ok(None)
                 } else {
@@ -1155,7 +1159,7 @@ impl LockOptions {
                 }
             }
             Err(e) => {
-                leave(&mut handle, self.leave_timeout).await;
+                Box::pin(leave(&mut handle, self.leave_timeout)).await;
                 Err(e)
             }
         }
@@ -1413,7 +1417,7 @@ impl LockGuard {
         let (reply, answer) = tokio::sync::oneshot::channel();
         self.handle
             .commands
-            .send(SessionCommand::Checkpoint { value, reply })
+            .send(SessionCommand::Checkpoint(Box::new((value, reply))))
             .map_err(|_| Error::Closed)?;
         answer.await.map_err(|_| Error::Closed)?
     }

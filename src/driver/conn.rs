@@ -722,6 +722,10 @@ struct State {
     inflight: VecDeque<Pending>,
     /// Why the connection is dead; `None` while it is usable.
     failure: Option<Arc<Error>>,
+    /// The deadline the expiry task sleeps until (`None`: it waits for a registration). A
+    /// request due no earlier needs no wake-up: the task looks at every entry when it wakes.
+    /// Requests of one kind share a timeout, so this spares the task a wake-up per request.
+    armed: Option<Instant>,
 }
 
 impl Shared {
@@ -780,9 +784,12 @@ impl Shared {
         self.shutdown.send_replace(true);
     }
 
-    /// The earliest deadline of an in-flight request.
-    fn next_deadline(&self) -> Option<Instant> {
-        self.lock().inflight.iter().filter_map(|p| p.deadline).min()
+    /// The earliest deadline of an in-flight request, which the expiry task arms for.
+    fn arm_next_deadline(&self) -> Option<Instant> {
+        let mut state = self.lock();
+        let next = state.inflight.iter().filter_map(|p| p.deadline).min();
+        state.armed = next;
+        next
     }
 
     /// Fails the connection if an in-flight request is past its deadline, whether or not its
@@ -834,10 +841,13 @@ impl Shared {
             let _ = pending.reply.send(Err(err));
             return false;
         }
-        let timed = pending.deadline.is_some();
+        let sooner = match (pending.deadline, state.armed) {
+            (Some(due), Some(armed)) => due < armed,
+            (due, _) => due.is_some(),
+        };
         state.inflight.push_back(pending);
         drop(state);
-        if timed {
+        if sooner {
             self.registered.notify_one();
         }
         true
@@ -1097,7 +1107,7 @@ async fn expire_loop(shared: Arc<Shared>) {
     loop {
         // Answered entries leave no trace here, so this can wake for a deadline that no longer
         // exists; `expire` then finds nothing due and the next turn re-arms.
-        let next = shared.next_deadline();
+        let next = shared.arm_next_deadline();
         tokio::select! {
             biased;
             _ = shutdown.wait_for(|closed| *closed) => return,

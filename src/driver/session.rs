@@ -50,11 +50,9 @@ pub(crate) enum End {
 pub(crate) enum SessionCommand {
     /// A command for the membership machine.
     Member(Command),
-    /// Store a checkpoint, fenced (needs a ledger); the outcome goes to `reply`.
-    Checkpoint {
-        value: String,
-        reply: oneshot::Sender<Result<()>>,
-    },
+    /// Store a checkpoint, fenced (needs a ledger); the outcome goes to the sender. Boxed, as
+    /// rare: every lock's command channel allocates room for 32 commands at once.
+    Checkpoint(Box<(String, oneshot::Sender<Result<()>>)>),
 }
 
 impl From<Command> for SessionCommand {
@@ -82,12 +80,17 @@ pub(crate) struct SessionParams {
     pub(crate) ledger: Option<Ledger>,
 }
 
+/// Takes every event of the membership, in order, on the session task. It must return at once:
+/// the lease's timers wait while it runs. A sink instead of a channel and a task of its own
+/// saves a held lock about 4.5 KB (BENCHMARKS.md, "Memory per held lock").
+pub(crate) type EventSink = Box<dyn FnMut(Event) + Send>;
+
 /// Where the session task publishes: the hold's state for guards, the end of the membership
 /// for leaves, and every event for whoever listens.
 struct Outputs {
     state: watch::Sender<SessionState>,
     left: watch::Sender<Option<bool>>,
-    events: Option<mpsc::UnboundedSender<Event>>,
+    events: Option<EventSink>,
 }
 
 /// Starts the driver task for `machine`.
@@ -95,7 +98,7 @@ pub(crate) fn spawn(
     group: &str,
     machine: Membership,
     params: SessionParams,
-    events: Option<mpsc::UnboundedSender<Event>>,
+    events: Option<EventSink>,
 ) -> SessionHandle {
     let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
     let (state_tx, state_rx) = watch::channel(SessionState::Waiting {
@@ -125,8 +128,8 @@ pub(crate) fn spawn(
     let span = tracing::info_span!("kafka_lock", group = %group);
     tokio::spawn(
         run(
-            machine,
-            params.ledger,
+            Box::new(machine),
+            params.ledger.map(Box::new),
             group.to_owned(),
             net,
             cmd_rx,
@@ -177,11 +180,15 @@ pub(super) enum Source {
     Ledger,
 }
 
-pub(super) type Answer = (Source, u64, Result<(Response, i16)>);
+/// An answer for one of the machines. Boxed in the session's channel: a tokio channel allocates
+/// its slots 32 at a time, and 32 unboxed answers (216 bytes each) would cost every lock 7 KB.
+pub(super) type Answer = Box<(Source, u64, Result<(Response, i16)>)>;
 
+// The machines are boxed so that the task's future, which every lock keeps, holds pointers, not
+// the machines (and a ledger machine's 1.3 KB also when the lock has no ledger).
 async fn run(
-    mut m: Membership,
-    mut ledger: Option<Ledger>,
+    mut m: Box<Membership>,
+    mut ledger: Option<Box<Ledger>>,
     lock: String,
     net: Session,
     mut commands: mpsc::UnboundedReceiver<SessionCommand>,
@@ -190,19 +197,19 @@ async fn run(
     let Outputs {
         state,
         left,
-        events,
+        mut events,
     } = outputs;
     let (answers_tx, mut answers) = mpsc::unbounded_channel::<Answer>();
     let mut commands_open = true;
     let mut replies: HashMap<u64, oneshot::Sender<Result<()>>> = HashMap::new();
     let mut next_ticket = 0u64;
-    let out = |e: Event| {
+    let mut out = |e: Event| {
         publish(&state, &e);
         if let Event::Left { confirmed } = e {
             left.send_replace(Some(confirmed));
         }
-        if let Some(tx) = &events {
-            let _ = tx.send(e);
+        if let Some(sink) = &mut events {
+            sink(e);
         }
     };
     m.handle_timeout(now());
@@ -256,12 +263,12 @@ async fn run(
                 _ => false,
             });
         }
-        if m.is_done() && ledger.as_ref().is_none_or(Ledger::is_done) {
+        if m.is_done() && ledger.as_deref().is_none_or(Ledger::is_done) {
             break;
         }
         let deadline = earliest(
             m.poll_timeout(),
-            ledger.as_ref().and_then(Ledger::poll_timeout),
+            ledger.as_deref().and_then(Ledger::poll_timeout),
         )
         .map(tokio::time::Instant::from_std);
         tokio::select! {
@@ -275,13 +282,13 @@ async fn run(
             }
             cmd = commands.recv(), if commands_open => match cmd {
                 Some(SessionCommand::Member(c)) => m.handle_command(c, now()),
-                Some(SessionCommand::Checkpoint { value, reply }) => match &mut ledger {
-                    Some(l) => {
+                Some(SessionCommand::Checkpoint(checkpoint)) => match (*checkpoint, &mut ledger) {
+                    ((value, reply), Some(l)) => {
                         next_ticket += 1;
                         replies.insert(next_ticket, reply);
                         l.checkpoint(next_ticket, value, &view(&m), clock());
                     }
-                    None => {
+                    ((_, reply), None) => {
                         let _ = reply.send(Err(LedgerError::NoLedger { lock: lock.clone() }.into()));
                     }
                 },
@@ -291,8 +298,8 @@ async fn run(
                     m.handle_command(Command::Leave, now());
                 }
             },
-            Some((source, id, result)) = answers.recv() => match (source, &mut ledger) {
-                (Source::Member, _) => {
+            Some(answer) = answers.recv() => match (*answer, &mut ledger) {
+                ((Source::Member, id, result), _) => {
                     // Written before the request, so it is here before the answer.
                     let sent = net.sent.lock().unwrap_or_else(|p| p.into_inner()).take();
                     if let Some((sent, at)) = sent {
@@ -300,8 +307,10 @@ async fn run(
                     }
                     m.handle_response(id, result.map(|(r, _)| r), now());
                 }
-                (Source::Ledger, Some(l)) => l.handle_response(id, result, &view(&m), clock()),
-                (Source::Ledger, None) => {}
+                ((Source::Ledger, id, result), Some(l)) => {
+                    l.handle_response(id, result, &view(&m), clock());
+                }
+                ((Source::Ledger, ..), None) => {}
             },
         }
     }
@@ -567,7 +576,7 @@ pub(super) fn send(net: &Session, t: Transmit, park: Park, answers: mpsc::Unboun
         if let Err(e) = &result {
             warn!(?api, error = %e, "request failed");
         }
-        let _ = answers.send((Source::Member, t.id, result));
+        let _ = answers.send(Box::new((Source::Member, t.id, result)));
     });
 }
 
@@ -638,6 +647,6 @@ fn send_ledger(
         if let Err(e) = &result {
             debug!(op = op.name(), error = %e, "ledger request failed");
         }
-        let _ = answers.send((Source::Ledger, t.id, result));
+        let _ = answers.send(Box::new((Source::Ledger, t.id, result)));
     });
 }

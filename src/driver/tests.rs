@@ -771,6 +771,49 @@ async fn each_request_expires_at_its_own_deadline() {
     assert_eq!(conn.in_flight(), 0);
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_sooner_deadline_registered_after_a_later_one_is_kept() {
+    // The expiry task, armed for the long request, is woken only for a request due sooner:
+    // the short one's caller is gone, so only that wake-up can end its wait.
+    let timeout = Duration::from_secs(1);
+    let cfg = ConnConfig::default().with_request_timeout(timeout);
+    let (conn, mut peer) = setup_with(cfg, 64 * 1024).await;
+    // Past the handshake's deadline (the request timeout), for which the expiry task was armed:
+    // it has then woken and found nothing in flight.
+    tokio::time::sleep(timeout * 2).await;
+    let long_timeout = Duration::from_secs(60);
+    let long = tokio::spawn({
+        let conn = conn.clone();
+        async move { conn.request_with_timeout(heartbeat(1), long_timeout).await }
+    });
+    peer.recv().await;
+    // In paused time a sleep ends only once every task is idle, so the expiry task has armed
+    // for the long deadline by then (nothing observable says so: it is internal).
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let started = tokio::time::Instant::now();
+    let short = tokio::spawn({
+        let conn = conn.clone();
+        async move { conn.request(heartbeat(2)).await }
+    });
+    peer.recv().await;
+    short.abort();
+    assert!(short.await.expect_err("aborted").is_cancelled());
+    // Paused time makes the bound exact; a task still armed for the long deadline would close
+    // the connection 59 s past it.
+    tokio::time::timeout(timeout * 2, conn.closed())
+        .await
+        .expect("the connection must expire the short request at its own deadline");
+    assert!(started.elapsed() >= timeout, "{:?}", started.elapsed());
+    let err = long
+        .await
+        .expect("task")
+        .expect_err("the connection failed");
+    assert!(
+        matches!(poisoned_by(&err), Error::Timeout { .. }),
+        "{err:?}"
+    );
+}
+
 #[tokio::test]
 async fn duration_max_timeouts_mean_no_timeout() {
     let cfg = ConnConfig::default()
@@ -1555,6 +1598,7 @@ async fn one_locks_held_heartbeat_timing_out_does_not_fail_anothers_on_the_quick
         let (_, id, result) = tokio::time::timeout(PROMPTLY, answers.recv())
             .await
             .expect("every request is answered or failed")
+            .map(|answer| *answer)
             .unwrap();
         got.insert(id, result);
     }
@@ -1579,6 +1623,7 @@ async fn one_locks_held_heartbeat_timing_out_does_not_fail_anothers_on_the_quick
     let (_, id, result) = tokio::time::timeout(PROMPTLY, answers.recv())
         .await
         .expect("the retry is answered")
+        .map(|answer| *answer)
         .unwrap();
     assert_eq!(id, 3);
     result.expect("the retry is answered on the fresh connection");
@@ -1722,6 +1767,7 @@ async fn a_held_heartbeat_holds_back_only_its_own_stripe() {
     let (_, id, result) = tokio::time::timeout(PROMPTLY, answers.recv())
         .await
         .expect("stripe 1's heartbeat is answered while stripe 0's is held")
+        .map(|answer| *answer)
         .unwrap();
     assert_eq!(id, 2);
     result.expect("stripe 1's heartbeat");
