@@ -294,3 +294,70 @@ async fn a_renewal_on_a_connection_opened_inside_the_request_counts_only_before_
         lease_end.duration_since(cut + LEASE)
     );
 }
+
+/// Every event reaches the user's stream, the loss included and in order, while nobody reads
+/// the stream: the session hands its events over on its own task, so it must neither wait for
+/// a reader nor drop what the reader has not taken yet. The guard and its watch see the loss
+/// too, and the stream ends once the session has (the guard dropped, the membership left).
+/// Breaks if the hand-over skipped or delayed a Lost event, or blocked the session (the
+/// fencing heartbeat would then never be sent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unread_event_stream_still_gets_every_event_the_loss_included() {
+    /// Heartbeats answered NONE before the coordinator fences the member.
+    const RENEWALS: usize = 5;
+    crate::support::init_tracing();
+    let heartbeats = Arc::new(Mutex::new(0usize));
+    let beats = heartbeats.clone();
+    let base = script(Arc::new(OnceLock::new()), Log::default());
+    let fake =
+        fake_broker::start_parking(Arc::new(move |conn, api, version, body: &mut BytesMut| {
+            if api != ApiKey::Heartbeat {
+                return base(conn, api, version, body);
+            }
+            let n = {
+                let mut b = beats.lock().unwrap();
+                *b += 1;
+                *b
+            };
+            // UNKNOWN_MEMBER_ID: the coordinator no longer knows the holder.
+            let code = if n <= RENEWALS { 0 } else { 25 };
+            let r = HeartbeatResponse::default().with_error_code(code);
+            Some((encode(&r, version), Duration::ZERO))
+        }))
+        .await;
+    let o = LockOptions::new(fake.addr.to_string(), "lock")
+        .session_timeout(Duration::from_secs(6))
+        .rebalance_timeout(Duration::from_secs(6))
+        .heartbeat_interval(Duration::from_millis(200))
+        .lease_margin(Duration::from_secs(1))
+        .request_timeout(REQUEST_TIMEOUT);
+    let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+    let guard = o.events(tx).acquire(Some(BOUND)).await.expect("acquire");
+    let watch = guard.watch();
+    let reason = tokio::time::timeout(BOUND, watch.lost())
+        .await
+        .expect("the hold ends within the bound");
+    assert!(!guard.is_held() && !watch.is_held());
+    assert!(*heartbeats.lock().unwrap() > RENEWALS);
+    drop(guard);
+    let mut seen = Vec::new();
+    loop {
+        match tokio::time::timeout(BOUND, events.recv()).await {
+            Ok(Some(e)) => seen.push(e),
+            Ok(None) => break,
+            Err(_) => panic!("the stream did not end with the session: {seen:?}"),
+        }
+    }
+    let at = |want: fn(&kafka_lock::LockEvent) -> bool| -> Vec<usize> {
+        (0..seen.len()).filter(|&i| want(&seen[i])).collect()
+    };
+    let acquired = at(|e| matches!(e, kafka_lock::LockEvent::Acquired { .. }));
+    let lost = at(|e| matches!(e, kafka_lock::LockEvent::Lost { .. }));
+    assert_eq!(acquired.len(), 1, "{seen:?}");
+    assert_eq!(lost.len(), 1, "{seen:?}");
+    assert!(acquired[0] < lost[0], "{seen:?}");
+    assert!(
+        matches!(&seen[lost[0]], kafka_lock::LockEvent::Lost { reason: r, .. } if *r == reason),
+        "the stream and the watch disagree on the loss: {seen:?}"
+    );
+}
