@@ -2319,3 +2319,63 @@ async fn a_batch_whose_connection_drops_fails_its_lookups_at_once_and_the_next_g
         .unwrap()
         .expect("found on a fresh connection");
 }
+
+/// Apache answers the requests of one connection one at a time, in order (SocketServer's
+/// Processor mutes a channel from a request's receipt until its response is sent), and may hold
+/// a Heartbeat for up to `offsets.commit.timeout.ms` (GroupCoordinatorService `heartbeat`:
+/// `scheduleWriteOperation`). A DescribeGroups sent behind such a Heartbeat on the client's
+/// shared quick connection then waits past its own timeout. Its caller hears of the timeout,
+/// but the connection must not be closed under the Heartbeat, which the lock keeps registered
+/// for the broker's own bound so that its answer is read (`session::exchange`).
+#[tokio::test]
+async fn a_description_timing_out_behind_a_held_heartbeat_leaves_the_heartbeat_its_answer() {
+    use kafka_protocol::messages::DescribeGroupsRequest;
+    let (broker, mut accepted) = broker_with(BROKER_APIS).await;
+    let client =
+        crate::Client::new(format!("{}:{}", broker.host, broker.port)).quick_connections(1);
+    let pool = client.pool().clone();
+    let lock = client.lock("g").request_timeout(Duration::from_millis(300));
+
+    // A held lock's Heartbeat on the coordinator's quick connection, registered for the
+    // broker's bound as the session registers it; the broker holds it.
+    let conn = pool.quick(Some(&broker), pool.stripe("g")).await.unwrap();
+    let mut coord = next_peer(&mut accepted).await;
+    let hb = {
+        let conn = conn.clone();
+        tokio::spawn(async move { conn.request_with_timeout(heartbeat(1), PROMPTLY * 2).await })
+    };
+    let (h, _) = coord.recv_as::<HeartbeatRequest>(ApiKey::Heartbeat).await;
+
+    // A description of the same group, through the client: it lands behind the Heartbeat.
+    let mut watch = describe::GroupWatch::new(lock.reach(), "g");
+    let described = tokio::spawn(async move { watch.describe_once().await });
+    let mut boot = next_peer(&mut accepted).await;
+    let (fh, _) = boot
+        .recv_as::<FindCoordinatorRequest>(ApiKey::FindCoordinator)
+        .await;
+    boot.reply(
+        &fh,
+        &FindCoordinatorResponse::default()
+            .with_coordinators(vec![coordinator_entry("g", &broker, 0)]),
+    )
+    .await;
+    let _ = coord
+        .recv_as::<DescribeGroupsRequest>(ApiKey::DescribeGroups)
+        .await;
+    let d = tokio::time::timeout(PROMPTLY, described)
+        .await
+        .expect("the description ended at its timeout")
+        .expect("task");
+    assert!(matches!(d, Err(Error::Timeout { .. })), "{d:?}");
+
+    // The broker answers the Heartbeat at last.
+    coord.reply(&h, &HeartbeatResponse::default()).await;
+    let answered = tokio::time::timeout(PROMPTLY, hb)
+        .await
+        .expect("the heartbeat ended")
+        .expect("task");
+    assert!(
+        answered.is_ok(),
+        "the description's timeout closed the connection under a held lock's Heartbeat: {answered:?}"
+    );
+}
