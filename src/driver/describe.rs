@@ -74,8 +74,15 @@ impl GroupWatch {
         let conn = self.reach.quick(&at, &self.lock).await?;
         let mut req = DescribeGroupsRequest::default();
         req.groups = vec![GroupId(StrBytes::from_string(self.lock.clone()))];
-        let resp = match conn
-            .request_with_timeout(req, self.reach.request_timeout)
+        let v = conn
+            .versions()
+            .get(ApiKey::DescribeGroups)
+            .ok_or(Error::UnsupportedApi {
+                api: crate::api::Api::of(ApiKey::DescribeGroups),
+            })?;
+        let resp = match self
+            .reach
+            .ask(&at, &self.lock, &conn, req.into(), v)
             .await?
         {
             Response::DescribeGroups(r) => r,

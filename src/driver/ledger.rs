@@ -66,6 +66,40 @@ impl Reach {
         self.pool.quick(Some(broker), self.pool.stripe(group)).await
     }
 
+    /// Sends `req` at `version` on `conn`, `group`'s quick connection to `broker`, which the
+    /// client's locks share. Apache answers a connection's requests one at a time, in order
+    /// (SocketServer's Processor mutes the channel from a request's receipt until its response
+    /// is sent), and may hold a lock's Heartbeat or LeaveGroup on it for up to
+    /// `offsets.commit.timeout.ms` (GroupCoordinatorService `heartbeat`, `leaveGroup`:
+    /// `scheduleWriteOperation`), so a read behind one can wait past its own timeout. As for
+    /// those requests (`session::exchange`), the caller hears of the timeout at
+    /// `request_timeout`, but the request stays registered until past the broker's bound and
+    /// later requests take a fresh connection: the timeout never closes the connection under
+    /// the Heartbeats queued on it.
+    pub(crate) async fn ask(
+        &self,
+        broker: &Broker,
+        group: &str,
+        conn: &Connection,
+        req: crate::wire::Request,
+        version: i16,
+    ) -> Result<Response> {
+        let api = req.api_key();
+        let keep = ledger::parked_timeout(ledger::BROKER_COMMIT_TIMEOUT, self.request_timeout);
+        match tokio::time::timeout(self.request_timeout, conn.request_at(req, version, keep)).await
+        {
+            Ok(r) => r,
+            Err(_) => {
+                self.pool
+                    .retire_quick(Some(broker), self.pool.stripe(group), conn);
+                Err(Error::Timeout {
+                    op: format!("{api:?}"),
+                    after: self.request_timeout,
+                })
+            }
+        }
+    }
+
     /// A parking lane to `broker` for one request that may be parked or answered at length.
     /// Waits its turn like a first join: a read has no lease at stake.
     pub(crate) async fn lane(&self, broker: &Broker) -> Result<Lane> {
@@ -248,8 +282,10 @@ async fn read_history_once(reach: &Reach, lock: &str, topic: &str, span: Span) -
         };
         let conn = conn.clone();
         let tp = tp.clone();
+        let leader = &p.leader;
         async move {
-            match call(&conn, &op, timeout).await? {
+            let (req, v) = ledger::build(&op, conn.versions())?;
+            match (reach.ask(leader, lock, &conn, req, v).await?, v) {
                 (Response::ListOffsets(r), _) => {
                     listed(&r, &tp).map_err(|e| log_err(ApiKey::ListOffsets, e))
                 }
@@ -537,7 +573,7 @@ pub(crate) async fn read_committed(
         let at = coordinator(lock, reach).await?;
         let conn = reach.quick(&at, lock).await?;
         let (req, v) = ledger::offset_fetch_request(lock, topic, conn.versions())?;
-        let answer = conn.request_at(req, v, reach.request_timeout).await;
+        let answer = reach.ask(&at, lock, &conn, req, v).await;
         match answer.and_then(|r| ledger::offset_fetched(&r, topic)) {
             Ok(found) => return Ok(found),
             // NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS...: ask again.
@@ -608,7 +644,11 @@ impl LedgerTail {
                     tp: tp.clone(),
                     spec: OffsetSpec::Latest,
                 };
-                let end = match call(conn, &op, timeout).await? {
+                let (req, v) = ledger::build(&op, conn.versions())?;
+                let end = match (
+                    self.reach.ask(&p.leader, &self.lock, conn, req, v).await?,
+                    v,
+                ) {
                     (Response::ListOffsets(r), _) => {
                         listed(&r, &tp).map_err(|e| log_err(ApiKey::ListOffsets, e))?
                     }

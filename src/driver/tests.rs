@@ -2299,3 +2299,230 @@ async fn a_groups_stripe_follows_the_clusters_offsets_partition_count() {
     );
     assert_eq!(pool.stripe(&group), ((h % 3) % 4) as usize);
 }
+
+/// Queues `keys` behind a first lookup that is with the broker, answers the first, and returns
+/// the lookups of `keys` (each polled once, so queued) with the request they went out in.
+async fn queue_behind_a_first_lookup(
+    pool: &Arc<pool::Pool>,
+    accepted: &mut tokio::sync::mpsc::UnboundedReceiver<Peer<tokio::net::TcpStream>>,
+    broker: &crate::membership::Broker,
+    keys: &[&str],
+) -> (
+    Peer<tokio::net::TcpStream>,
+    Vec<
+        std::pin::Pin<
+            Box<
+                impl std::future::Future<Output = crate::error::Result<crate::membership::Broker>>
+                    + use<>,
+            >,
+        >,
+    >,
+    kafka_protocol::messages::RequestHeader,
+    FindCoordinatorRequest,
+) {
+    use crate::wire::coordinator::found_coordinator;
+    let find = |key: String| {
+        let pool = pool.clone();
+        async move {
+            match lookup::find_coordinator(&pool, &key, PROMPTLY).await {
+                Ok((Response::FindCoordinator(r), _)) => found_coordinator(&r)
+                    .map(|c| crate::membership::Broker {
+                        node_id: c.node_id,
+                        host: c.host,
+                        port: i32::from(c.port),
+                    })
+                    .map_err(crate::Error::from),
+                Ok((other, _)) => panic!("expected FindCoordinator, got {other:?}"),
+                Err(e) => Err(e),
+            }
+        }
+    };
+    let first = tokio::spawn(find("first".into()));
+    let mut boot = next_peer(accepted).await;
+    let (h1, _) = boot
+        .recv_as::<FindCoordinatorRequest>(ApiKey::FindCoordinator)
+        .await;
+    let mut later: Vec<_> = keys
+        .iter()
+        .map(|k| Box::pin(find((*k).to_owned())))
+        .collect();
+    std::future::poll_fn(|cx| {
+        for f in &mut later {
+            assert!(std::future::Future::poll(f.as_mut(), cx).is_pending());
+        }
+        std::task::Poll::Ready(())
+    })
+    .await;
+    boot.reply(
+        &h1,
+        &FindCoordinatorResponse::default()
+            .with_coordinators(vec![coordinator_entry("first", broker, 0)]),
+    )
+    .await;
+    tokio::time::timeout(PROMPTLY, first)
+        .await
+        .expect("first answered")
+        .unwrap()
+        .expect("first found");
+    let (h2, r2) = boot
+        .recv_as::<FindCoordinatorRequest>(ApiKey::FindCoordinator)
+        .await;
+    (boot, later, h2, r2)
+}
+
+/// A batched answer that is garbage (a key missing, a key answered twice with different
+/// coordinators, keys nobody asked for, a key in another case) never hands a lock another
+/// lock's coordinator and never leaves a lookup without an answer: a key with no entry of its
+/// own fails with a protocol error, at once.
+#[tokio::test]
+async fn a_garbled_batched_answer_misroutes_no_lookup_and_strands_none() {
+    let (broker, mut accepted) = broker_with(BROKER_APIS).await;
+    let client = crate::Client::new(format!("{}:{}", broker.host, broker.port));
+    let pool = client.pool().clone();
+    let keys = ["missing", "twice", "cased", "own"];
+    let task = {
+        let pool = pool.clone();
+        let broker = broker.clone();
+        async move {
+            let (mut boot, later, h2, r2) =
+                queue_behind_a_first_lookup(&pool, &mut accepted, &broker, &keys).await;
+            assert_eq!(r2.coordinator_keys.len(), keys.len());
+            let at = |node: i32| crate::membership::Broker {
+                node_id: node,
+                ..broker.clone()
+            };
+            // Each entry names a node of its own, so a mix-up shows.
+            let entries = vec![
+                coordinator_entry("stranger", &at(99), 0),
+                coordinator_entry("twice", &at(2), 0),
+                coordinator_entry("twice", &at(98), 0),
+                coordinator_entry("CASED", &at(97), 0),
+                coordinator_entry("own", &at(4), 0),
+                coordinator_entry("", &at(96), 0),
+            ];
+            boot.reply(
+                &h2,
+                &FindCoordinatorResponse::default().with_coordinators(entries),
+            )
+            .await;
+            let mut out = Vec::new();
+            for (key, l) in keys.iter().zip(later) {
+                out.push((*key, tokio::time::timeout(PROMPTLY, l).await));
+            }
+            out
+        }
+    };
+    for (key, r) in task.await {
+        let r = r.unwrap_or_else(|_| panic!("{key}: the lookup was left without an answer"));
+        match (key, r) {
+            ("missing" | "cased", Err(Error::Protocol(_))) => {}
+            ("twice", Ok(b)) => assert_eq!(b.node_id, 2, "the first entry of a repeated key"),
+            ("own", Ok(b)) => assert_eq!(b.node_id, 4),
+            (k, other) => panic!("{k}: {other:?}"),
+        }
+    }
+}
+
+/// The bootstrap connection dropping while a batch is with the broker fails every lookup of
+/// the batch at once (none waits for its timeout), and the next lookup goes out on a fresh
+/// connection: one failed request does not wedge the client's lookups.
+#[tokio::test]
+async fn a_batch_whose_connection_drops_fails_its_lookups_at_once_and_the_next_goes_out() {
+    let (broker, mut accepted) = broker_with(BROKER_APIS).await;
+    let client = crate::Client::new(format!("{}:{}", broker.host, broker.port));
+    let pool = client.pool().clone();
+    let keys = ["a", "b", "c"];
+    let (boot, later, _h2, r2) =
+        queue_behind_a_first_lookup(&pool, &mut accepted, &broker, &keys).await;
+    assert_eq!(r2.coordinator_keys.len(), 3);
+    drop(boot);
+    // Far less than the lookups' own timeout (PROMPTLY): the failure, not a timer, ends them.
+    let quickly = PROMPTLY / 4;
+    for (key, l) in keys.iter().zip(later) {
+        let r = tokio::time::timeout(quickly, l)
+            .await
+            .unwrap_or_else(|_| panic!("{key}: still waiting after its connection dropped"));
+        assert!(r.is_err(), "{key}: {r:?}");
+    }
+    let again = {
+        let pool = pool.clone();
+        tokio::spawn(async move { lookup::find_coordinator(&pool, "d", PROMPTLY).await })
+    };
+    let mut fresh = next_peer(&mut accepted).await;
+    let (h, r) = fresh
+        .recv_as::<FindCoordinatorRequest>(ApiKey::FindCoordinator)
+        .await;
+    assert_eq!(r.coordinator_keys.len(), 1);
+    fresh
+        .reply(
+            &h,
+            &FindCoordinatorResponse::default()
+                .with_coordinators(vec![coordinator_entry("d", &broker, 0)]),
+        )
+        .await;
+    tokio::time::timeout(PROMPTLY, again)
+        .await
+        .expect("answered")
+        .unwrap()
+        .expect("found on a fresh connection");
+}
+
+/// Apache answers the requests of one connection one at a time, in order (SocketServer's
+/// Processor mutes a channel from a request's receipt until its response is sent), and may hold
+/// a Heartbeat for up to `offsets.commit.timeout.ms` (GroupCoordinatorService `heartbeat`:
+/// `scheduleWriteOperation`). A DescribeGroups sent behind such a Heartbeat on the client's
+/// shared quick connection then waits past its own timeout. Its caller hears of the timeout,
+/// but the connection must not be closed under the Heartbeat, which the lock keeps registered
+/// for the broker's own bound so that its answer is read (`session::exchange`).
+#[tokio::test]
+async fn a_description_timing_out_behind_a_held_heartbeat_leaves_the_heartbeat_its_answer() {
+    use kafka_protocol::messages::DescribeGroupsRequest;
+    let (broker, mut accepted) = broker_with(BROKER_APIS).await;
+    let client =
+        crate::Client::new(format!("{}:{}", broker.host, broker.port)).quick_connections(1);
+    let pool = client.pool().clone();
+    let lock = client.lock("g").request_timeout(Duration::from_millis(300));
+
+    // A held lock's Heartbeat on the coordinator's quick connection, registered for the
+    // broker's bound as the session registers it; the broker holds it.
+    let conn = pool.quick(Some(&broker), pool.stripe("g")).await.unwrap();
+    let mut coord = next_peer(&mut accepted).await;
+    let hb = {
+        let conn = conn.clone();
+        tokio::spawn(async move { conn.request_with_timeout(heartbeat(1), PROMPTLY * 2).await })
+    };
+    let (h, _) = coord.recv_as::<HeartbeatRequest>(ApiKey::Heartbeat).await;
+
+    // A description of the same group, through the client: it lands behind the Heartbeat.
+    let mut watch = describe::GroupWatch::new(lock.reach(), "g");
+    let described = tokio::spawn(async move { watch.describe_once().await });
+    let mut boot = next_peer(&mut accepted).await;
+    let (fh, _) = boot
+        .recv_as::<FindCoordinatorRequest>(ApiKey::FindCoordinator)
+        .await;
+    boot.reply(
+        &fh,
+        &FindCoordinatorResponse::default()
+            .with_coordinators(vec![coordinator_entry("g", &broker, 0)]),
+    )
+    .await;
+    let _ = coord
+        .recv_as::<DescribeGroupsRequest>(ApiKey::DescribeGroups)
+        .await;
+    let d = tokio::time::timeout(PROMPTLY, described)
+        .await
+        .expect("the description ended at its timeout")
+        .expect("task");
+    assert!(matches!(d, Err(Error::Timeout { .. })), "{d:?}");
+
+    // The broker answers the Heartbeat at last.
+    coord.reply(&h, &HeartbeatResponse::default()).await;
+    let answered = tokio::time::timeout(PROMPTLY, hb)
+        .await
+        .expect("the heartbeat ended")
+        .expect("task");
+    assert!(
+        answered.is_ok(),
+        "the description's timeout closed the connection under a held lock's Heartbeat: {answered:?}"
+    );
+}
