@@ -1562,6 +1562,22 @@ fn a_coordinator_at_the_bootstrap_address_is_not_asked_again() {
     assert_eq!(h.apis(), [ApiKey::ApiVersions]);
 }
 
+/// Versions the owner sets (another connection negotiated lower ones) are those the next
+/// requests are built at: a request above what the broker offers would be refused.
+#[test]
+fn versions_set_by_the_owner_are_used_for_the_next_requests() {
+    let lower = GroupVersions {
+        join_group: 5,
+        ..GroupVersions::LATEST
+    };
+    let mut h = H::new(Mode::Native);
+    h.m.versions_from("127.0.0.1", 9092);
+    h.m.set_versions(lower);
+    let find = h.take(ApiKey::FindCoordinator);
+    h.reply(find.id, Ok(find_ok()));
+    assert_eq!(h.take(ApiKey::JoinGroup).version, 5);
+}
+
 /// Whether a leave was confirmed is what `release()` reports: only an answer from the
 /// coordinator saying the member is gone confirms it.
 #[test]
