@@ -1290,6 +1290,24 @@ fn a_scheduled_lookup_is_announced_by_poll_timeout() {
     h.take(ApiKey::FindCoordinator);
 }
 
+/// The same for a JoinGroup retried after a backoff: without the announcement a waiter would sit
+/// outside the group until some other timer woke it.
+#[test]
+fn a_scheduled_join_is_announced_by_poll_timeout() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let join = h.take(ApiKey::JoinGroup);
+    // COORDINATOR_LOAD_IN_PROGRESS: the same coordinator, after a backoff.
+    h.reply(join.id, Ok(join_err(14, "")));
+    assert!(h.sent.is_empty(), "{:?}", h.apis());
+    let at = h.m.poll_timeout().expect("the retry is scheduled");
+    assert!(at > h.now, "the retry waits for its backoff");
+    h.now = at;
+    h.m.handle_timeout(at);
+    h.drain();
+    h.take(ApiKey::JoinGroup);
+}
+
 /// A coordinator that is named but cannot be reached is looked up with a growing delay, not
 /// every 100 ms forever: only an answer from the coordinator itself resets the backoff.
 #[test]
