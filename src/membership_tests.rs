@@ -814,6 +814,28 @@ fn a_leaving_leader_reports_bad_peer_metadata_but_not_its_own_blanked_entry() {
     assert_eq!(reported, vec!["metadata of member m3".to_string()]);
 }
 
+/// A release waits for a parked JoinGroup's answer, but not for ever: the leave's deadline is
+/// announced by `poll_timeout`, and once it passes the machine is done without a confirmed leave.
+#[test]
+fn a_leave_waiting_for_an_unanswered_join_gives_up_at_its_deadline() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let _parked = h.take(ApiKey::JoinGroup);
+    h.m.handle_command(Command::Leave, h.now);
+    h.drain();
+    let cfg = config(Mode::Native);
+    let deadline = h.now + cfg.join_timeout() + cfg.request_timeout;
+    assert_eq!(h.m.poll_timeout(), Some(deadline));
+    h.now = deadline;
+    h.m.handle_timeout(deadline);
+    h.drain();
+    assert!(h.m.is_done());
+    assert!(h
+        .take_events()
+        .iter()
+        .any(|e| matches!(e, Event::Left { confirmed: false })));
+}
+
 #[test]
 fn follower_leaving_mid_join_leaves_after_the_answer() {
     let mut h = H::new(Mode::Native);
