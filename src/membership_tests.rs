@@ -836,6 +836,20 @@ fn a_leave_waiting_for_an_unanswered_join_gives_up_at_its_deadline() {
         .any(|e| matches!(e, Event::Left { confirmed: false })));
 }
 
+/// What a waiter that never held tells the leader's assignor: not holding, no holder
+/// generation (-1, as docs/protocol.md has it), and its first join's generation once it has one.
+#[test]
+fn a_waiters_join_metadata_claims_no_hold() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let j = h.take(ApiKey::JoinGroup);
+    let req = join_request(&j);
+    let md = MemberMetadata::decode(&req.protocols[0].metadata).unwrap();
+    assert!(!md.holds);
+    assert_eq!(md.holder_generation, -1);
+    assert_eq!(md.first_joined_generation, -1);
+}
+
 #[test]
 fn follower_leaving_mid_join_leaves_after_the_answer() {
     let mut h = H::new(Mode::Native);
@@ -845,6 +859,11 @@ fn follower_leaving_mid_join_leaves_after_the_answer() {
     let j = h.take(ApiKey::JoinGroup);
     h.m.handle_command(Command::Leave, h.now);
     h.drain();
+    assert!(
+        h.sent.is_empty(),
+        "must wait for the JoinGroup answer: {:?}",
+        h.apis()
+    );
     h.reply(j.id, Ok(join_ok("m9", 4, "m1", &[])));
     let leave = h.take(ApiKey::LeaveGroup);
     match &leave.request {
