@@ -850,6 +850,20 @@ fn a_waiters_join_metadata_claims_no_hold() {
     assert_eq!(md.first_joined_generation, -1);
 }
 
+/// The JoinGroup carries both timeouts: the session timeout and the bound of the join phase
+/// (JoinGroup has the rebalance timeout from v1 on, KIP-62; at v0 the session timeout is used).
+#[test]
+fn the_join_carries_the_session_and_rebalance_timeouts() {
+    let mut cfg = config(Mode::Native);
+    cfg.rebalance_timeout = Duration::from_secs(4);
+    let mut h = H::build(cfg, GroupVersions::LATEST);
+    h.find_ok();
+    let j = h.take(ApiKey::JoinGroup);
+    let req = join_request(&j);
+    assert_eq!(req.session_timeout_ms, SESSION.as_millis() as i32);
+    assert_eq!(req.rebalance_timeout_ms, 4000);
+}
+
 #[test]
 fn follower_leaving_mid_join_leaves_after_the_answer() {
     let mut h = H::new(Mode::Native);
