@@ -864,6 +864,27 @@ fn the_join_carries_the_session_and_rebalance_timeouts() {
     assert_eq!(req.rebalance_timeout_ms, 4000);
 }
 
+/// From v5 the SyncGroup names the protocol type and the protocol the JoinGroup answer chose
+/// (KIP-559), so that a coordinator can refuse a SyncGroup of another protocol.
+#[test]
+fn the_sync_names_the_protocol_type_and_the_chosen_protocol() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let j = h.take(ApiKey::JoinGroup);
+    h.reply(j.id, Ok(join_ok("m1", 1, "m1", &[("m1", meta(false, -1))])));
+    let sync = h.take(ApiKey::SyncGroup);
+    assert!(sync.version >= 5, "SyncGroup v{}", sync.version);
+    let req = sync_request(&sync);
+    assert_eq!(
+        req.protocol_type.as_ref().map(|p| p.as_str()),
+        Some(crate::assign::PROTOCOL_TYPE)
+    );
+    assert_eq!(
+        req.protocol_name.as_ref().map(|p| p.as_str()),
+        Some(crate::assign::NATIVE_PROTOCOL)
+    );
+}
+
 #[test]
 fn follower_leaving_mid_join_leaves_after_the_answer() {
     let mut h = H::new(Mode::Native);
