@@ -902,7 +902,14 @@ fn follower_leaving_mid_join_leaves_after_the_answer() {
     h.reply(j.id, Ok(join_ok("m9", 4, "m1", &[])));
     let leave = h.take(ApiKey::LeaveGroup);
     match &leave.request {
-        Request::LeaveGroup(r) => assert_eq!(r.members[0].member_id.as_str(), "m9"),
+        Request::LeaveGroup(r) => {
+            assert_eq!(r.members[0].member_id.as_str(), "m9");
+            // From v5 the broker logs why a member left (KIP-800).
+            assert_eq!(
+                r.members[0].reason.as_ref().map(|r| r.as_str()),
+                Some("kafka-lock: released")
+            );
+        }
         other => panic!("{other:?}"),
     }
     assert!(!h.apis().contains(&ApiKey::SyncGroup));
