@@ -631,7 +631,9 @@ fn coordinator_not_available_and_load_in_progress_retry() {
 
 #[test]
 fn fatal_codes_end_the_membership_with_the_code() {
-    for code in [23, 26, 30, 81, 82] {
+    // The listed ones, then codes that reach the catch-all for what no retry can fix:
+    // INVALID_REQUEST (42) and a code this version does not know.
+    for code in [23, 26, 30, 81, 82, 42, 999] {
         let mut h = H::new(Mode::Native);
         h.find_ok();
         let j = h.take(ApiKey::JoinGroup);
@@ -649,6 +651,19 @@ fn fatal_codes_end_the_membership_with_the_code() {
             h.apis()
         );
     }
+}
+
+/// Not authorized to use the group: FindCoordinator's GROUP_AUTHORIZATION_FAILED is as fatal as
+/// JoinGroup's, not a lookup to retry for ever.
+#[test]
+fn a_lookup_refused_for_group_authorization_is_fatal() {
+    let mut h = H::new(Mode::Native);
+    let find = h.take(ApiKey::FindCoordinator);
+    h.reply(find.id, Ok(find_err(30)));
+    assert_eq!(failed(&h.take_events()), Some(KafkaCode(30)));
+    assert!(h.m.is_done());
+    h.advance(SESSION);
+    assert!(h.sent.is_empty(), "{:?}", h.apis());
 }
 
 #[test]
@@ -2693,6 +2708,7 @@ fn a_holders_heartbeat_met_by_load_in_progress_is_retried_not_a_rejoin() {
     h.advance(HB);
     let beat = h.take(ApiKey::Heartbeat);
     h.reply(beat.id, Ok(hb(14)));
+    assert!(h.sent.is_empty(), "not before a backoff: {:?}", h.apis());
     h.advance(Duration::from_millis(100));
     assert_eq!(h.apis(), [ApiKey::Heartbeat], "retried as a heartbeat");
     assert!(lost(&h.take_events()).is_none());
