@@ -900,6 +900,22 @@ fn the_sync_names_the_protocol_type_and_the_chosen_protocol() {
     );
 }
 
+/// A leave that waited for a JoinGroup goes ahead when that JoinGroup fails with an error the
+/// machine would otherwise retry after a backoff.
+#[test]
+fn a_leave_waiting_for_a_join_goes_ahead_when_the_join_fails() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let j = h.take(ApiKey::JoinGroup);
+    h.reply(j.id, Ok(join_err(79, "m9")));
+    let j = h.take(ApiKey::JoinGroup);
+    h.m.handle_command(Command::Leave, h.now);
+    h.drain();
+    // COORDINATOR_LOAD_IN_PROGRESS.
+    h.reply(j.id, Ok(join_err(14, "m9")));
+    h.take(ApiKey::LeaveGroup);
+}
+
 #[test]
 fn follower_leaving_mid_join_leaves_after_the_answer() {
     let mut h = H::new(Mode::Native);
@@ -2719,16 +2735,30 @@ fn a_holders_heartbeat_met_by_load_in_progress_is_retried_not_a_rejoin() {
 /// metadata of every later JoinGroup.
 #[test]
 fn a_rejoining_waiter_keeps_the_generation_of_its_first_join() {
-    let mut h = H::new(Mode::Native);
-    h.find_ok();
-    let sync = h.join_as("m2", 3, false, &[]);
-    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), 3, 1))));
-    h.advance(HB);
-    let beat = h.take(ApiKey::Heartbeat);
-    h.reply(beat.id, Ok(hb(27)));
-    let j = h.take(ApiKey::JoinGroup);
-    let md = MemberMetadata::decode(&join_request(&j).protocols[0].metadata).expect("metadata");
-    assert_eq!(md.first_joined_generation, 3, "{md:?}");
+    // Generation 0 included: -1 alone means "not joined yet".
+    for first in [3, 0] {
+        let mut h = H::new(Mode::Native);
+        h.find_ok();
+        let sync = h.join_as("m2", first, false, &[]);
+        h.reply(
+            sync.id,
+            Ok(sync_ok(native_assignment(Some("m1"), first, 1))),
+        );
+        h.advance(HB);
+        let beat = h.take(ApiKey::Heartbeat);
+        h.reply(beat.id, Ok(hb(27)));
+        let sync = h.join_as("m2", first + 1, false, &[]);
+        h.reply(
+            sync.id,
+            Ok(sync_ok(native_assignment(Some("m1"), first + 1, 1))),
+        );
+        h.advance(HB);
+        let beat = h.take(ApiKey::Heartbeat);
+        h.reply(beat.id, Ok(hb(27)));
+        let j = h.take(ApiKey::JoinGroup);
+        let md = MemberMetadata::decode(&join_request(&j).protocols[0].metadata).expect("metadata");
+        assert_eq!(md.first_joined_generation, first, "{md:?}");
+    }
 }
 
 /// A retriable code the machine has no special case for is retried; it does not end the hold.
