@@ -1962,6 +1962,27 @@ fn an_ack_after_the_lease_end_is_refused_while_the_membership_still_says_holding
     }
 }
 
+/// An ACQUIRED record goes out only while the lease runs: at the instant it ends the lease is
+/// over (the membership's own check is `now >= lease_end`), even if the membership has not
+/// said so yet.
+#[test]
+fn no_acquired_is_sent_at_the_instant_the_lease_ends() {
+    let mut r = Rig::new();
+    r.view.holding = true;
+    r.view.lease_end = Some(r.now);
+    let lease_end = r.now;
+    r.member(Event::Acquired {
+        token: token(3),
+        lease_end,
+        permit: 0,
+    });
+    assert!(
+        !r.sent.iter().any(|t| matches!(t.op, Op::Produce { .. })),
+        "{:?}",
+        r.sent
+    );
+}
+
 /// The OffsetCommit on the wire is what fences a checkpoint: the broker compares its generation
 /// and member id with the group's (GroupMetadataManager.validateOffsetCommit in Apache Kafka
 /// 4.1.2). A commit that left either out, or sent -1 / "", would be accepted from anyone
