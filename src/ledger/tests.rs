@@ -425,6 +425,11 @@ fn a_new_leader_is_looked_up_after_not_leader_or_follower() {
     r.membership_acquires(3);
     let id = r.last().id;
     r.answer(id, produce_answer(6, -1));
+    assert!(
+        !r.sent.iter().any(|t| matches!(t.op, Op::Metadata { .. })),
+        "looked up again before a backoff: {:?}",
+        r.sent
+    );
     r.advance(Duration::from_millis(100));
     let meta = r.last().clone();
     assert_eq!(meta.target, Target::Any);
