@@ -1078,6 +1078,26 @@ fn a_fenced_checkpoint_is_an_error_and_the_membership_heartbeats() {
     }
 }
 
+/// While the membership looks the coordinator up again, a checkpoint waits a backoff before it
+/// tries again: a retry already due would wake the driver in a loop until the coordinator is
+/// known.
+#[test]
+fn a_checkpoint_without_a_coordinator_is_retried_after_a_backoff() {
+    let mut r = Rig::new();
+    r.holding_at(42);
+    r.view.coordinator = None;
+    let sent = r.sent.len();
+    let (view, now) = (r.view.clone(), r.t());
+    r.l.checkpoint(1, "v".into(), &view, now);
+    r.drain();
+    assert_eq!(r.sent.len(), sent, "{:?}", &r.sent[sent..]);
+    let at = r.l.poll_timeout().expect("the retry is scheduled");
+    assert!(at > r.now, "the retry is due at once");
+    r.view.coordinator = Some(broker(2));
+    r.advance(Duration::from_millis(100));
+    assert!(matches!(r.last().op, Op::Commit { .. }), "{:?}", r.last());
+}
+
 #[test]
 fn a_checkpoint_during_a_rebalance_is_retried_with_the_new_generation() {
     let mut r = Rig::new();
