@@ -8,9 +8,14 @@
 #   scripts/mutants-safety.sh src/membership.rs   # one or more files of the scope
 #   SHARD=0/4 scripts/mutants-safety.sh src/ledger/mod.rs   # a round-robin quarter of a file
 #   LIST=1 scripts/mutants-safety.sh              # only count the mutants per file
+#   TIMEOUT=120 NICE=19 scripts/mutants-safety.sh ...   # test timeout per mutant (default 90 s)
+#   ITERATE=1 scripts/mutants-safety.sh src/membership.rs  # resume: skip the caught and unviable
 #
 # Results go to target/mutants-safety/<file>/mutants.out (outcomes.json, caught.txt,
-# missed.txt, timeout.txt, unviable.txt). Not run by CI or scripts/test.sh: too slow.
+# missed.txt, timeout.txt, unviable.txt); a second run over the same file moves them to
+# mutants.out.old, so copy them aside first. With ITERATE, a run (or a stopped one) goes on where
+# the last left off: the mutants caught or unviable there are skipped, the missed ones, those
+# that timed out and those not reached are run. Not run by CI or scripts/test.sh: too slow.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -20,9 +25,15 @@ root=$PWD
 export KAFKA_LOCK_TANSU=${KAFKA_LOCK_TANSU:-$root/.tools/bin/tansu}
 export KAFKA_LOCK_PYTHON=${KAFKA_LOCK_PYTHON:-$root/.tools/venv/bin/python}
 export KAFKA_LOCK_KAFKA_LIBS=${KAFKA_LOCK_KAFKA_LIBS:-$root/.tools/kafka/libs}
-# The dependencies of an ordinary build are reused (the scratch copy's own crate builds apart
-# from the tree's, under its own path); without it every run first compiles all of them.
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target}
+# A target directory of its own, so that the mutants' builds and ordinary builds of the tree do
+# not wait for each other's lock on it. It starts as a copy of the tree's debug build: the
+# dependencies are then reused (the scratch copy's own crate builds apart, under its own path)
+# instead of being compiled again for every run.
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target/mutants-safety-build}
+if [ ! -d "$CARGO_TARGET_DIR/debug" ] && [ -d "$root/target/debug" ]; then
+    mkdir -p "$CARGO_TARGET_DIR/debug"
+    (cd "$root/target/debug" && tar cf - --exclude=./incremental .) | (cd "$CARGO_TARGET_DIR/debug" && tar xf -)
+fi
 
 SCOPE=(
     src/membership.rs
@@ -67,30 +78,46 @@ test_args() {
     for a in "$@"; do printf -- '--cargo-test-arg=%s ' "$a"; done
 }
 
-# Prints the cargo-mutants arguments that select the tests for one file.
+# Prints the cargo-mutants arguments that select the features, targets and tests for one file.
+# A mutant is only ever run against fewer tests than the whole suite, so a narrow selection can
+# make a mutant look missed, never make it look caught.
 selection() {
     case "$1" in
-    src/membership.rs | src/ledger/mod.rs | src/assign/native.rs | src/assign/consumer.rs)
-        # The sans-I/O machines: their unit tests are the reference.
-        echo "--cargo-arg=--lib"
+    src/membership.rs)
+        # The sans-I/O machines: their unit tests are the reference, with those of the modules
+        # that drive them (the ledger machine, the lock, the driver over a scripted broker). No
+        # features: none of these tests is behind one, and the build is smaller. The rest of the
+        # lib tests (the wire, config, proptests of the assignors) take most of the lib's
+        # seconds and do not reach this code.
+        echo "--no-default-features --cargo-arg=--lib $(test_args -- membership:: ledger:: lock:: driver::)"
+        ;;
+    src/ledger/mod.rs)
+        echo "--no-default-features --cargo-arg=--lib $(test_args -- ledger:: lock:: driver:: election:: describe::)"
+        ;;
+    src/assign/native.rs | src/assign/consumer.rs)
+        echo "--no-default-features --cargo-arg=--lib $(test_args -- assign:: membership:: lock:: driver::)"
         ;;
     src/lock.rs)
-        echo "--cargo-arg=--lib --cargo-arg=--test=it $(test_args -- lock::tests:: "${LOCK_IT[@]}")"
+        echo "--all-features --cargo-arg=--lib --cargo-arg=--test=it $(test_args -- lock::tests:: "${LOCK_IT[@]}")"
         ;;
     src/driver/ledger.rs)
-        echo "--cargo-arg=--lib --cargo-arg=--test=it $(test_args -- ledger:: "${LEDGER_IT[@]}")"
+        echo "--all-features --cargo-arg=--lib --cargo-arg=--test=it $(test_args -- ledger:: "${LEDGER_IT[@]}")"
         ;;
     src/driver/pool.rs)
-        # Which connection a renewal waits for: the scripted-broker driver tests, then the
-        # many-locks tests on Apache.
-        echo "--cargo-arg=--lib --cargo-arg=--test=it $(test_args -- driver:: many_locks::)"
+        # Which connection a renewal waits for: the scripted-broker driver tests, then (unless
+        # LIB_ONLY is set) the many-locks tests on Apache.
+        if [ -n "${LIB_ONLY:-}" ]; then
+            echo "--all-features --cargo-arg=--lib $(test_args -- driver:: lock::)"
+        else
+            echo "--all-features --cargo-arg=--lib --cargo-arg=--test=it $(test_args -- driver:: lock:: many_locks::)"
+        fi
         ;;
     src/bin/kafka-lock/hold.rs)
         # The hold's machine is sans-I/O: its scripted tests are the reference.
         echo "--cargo-arg=--bin=kafka-lock $(test_args -- hold::)"
         ;;
     src/bin/kafka-lock/*)
-        echo "--cargo-arg=--bin=kafka-lock --cargo-arg=--test=it $(test_args -- run:: supervise:: tree:: "${CLI_IT[@]}")"
+        echo "--all-features --cargo-arg=--bin=kafka-lock --cargo-arg=--test=it $(test_args -- run:: supervise:: tree:: "${CLI_IT[@]}")"
         ;;
     *)
         echo "$1 is not in the safety scope: ${SCOPE[*]}" >&2
@@ -103,19 +130,21 @@ files=("$@")
 [ ${#files[@]} -gt 0 ] || files=("${SCOPE[@]}")
 for f in "${files[@]}"; do
     args=$(selection "$f")
-    re="^$(printf '%s' "$f" | sed 's/[.]/\\./g'):"
     out="$root/target/mutants-safety/$(printf '%s' "$f" | tr / _)"
     mkdir -p "$out"
-    common=(--config "$root/.cargo/mutants-safety.toml" --re "$re" --output "$out")
+    common=(--config "$root/.cargo/mutants-safety.toml" --file "$f" --output "$out")
     if [ -n "${LIST:-}" ]; then
         printf '%s\t' "$f"
         # shellcheck disable=SC2086
         cargo mutants "${common[@]}" --list | wc -l
         continue
     fi
-    shard=()
-    [ -z "${SHARD:-}" ] || shard=(--shard "$SHARD" --sharding round-robin)
+    extra=()
+    [ -z "${SHARD:-}" ] || extra=(--shard "$SHARD" --sharding round-robin)
+    [ -z "${ITERATE:-}" ] || extra+=(--iterate)
     echo "== $f (${SHARD:-all})" >&2
+    # A timeout counts as caught, and a passing run cut short by a loaded machine would be a
+    # false catch: the default is several times what a mutant's tests take here under load.
     # shellcheck disable=SC2086
-    nice -n 19 cargo mutants -j 1 "${common[@]}" "${shard[@]}" $args || true
+    nice -n "${NICE:-15}" cargo mutants -j 1 --timeout "${TIMEOUT:-90}" "${common[@]}" "${extra[@]}" $args || true
 done

@@ -631,7 +631,9 @@ fn coordinator_not_available_and_load_in_progress_retry() {
 
 #[test]
 fn fatal_codes_end_the_membership_with_the_code() {
-    for code in [23, 26, 30, 81, 82] {
+    // The listed ones, then codes that reach the catch-all for what no retry can fix:
+    // INVALID_REQUEST (42) and a code this version does not know.
+    for code in [23, 26, 30, 81, 82, 42, 999] {
         let mut h = H::new(Mode::Native);
         h.find_ok();
         let j = h.take(ApiKey::JoinGroup);
@@ -649,6 +651,19 @@ fn fatal_codes_end_the_membership_with_the_code() {
             h.apis()
         );
     }
+}
+
+/// Not authorized to use the group: FindCoordinator's GROUP_AUTHORIZATION_FAILED is as fatal as
+/// JoinGroup's, not a lookup to retry for ever.
+#[test]
+fn a_lookup_refused_for_group_authorization_is_fatal() {
+    let mut h = H::new(Mode::Native);
+    let find = h.take(ApiKey::FindCoordinator);
+    h.reply(find.id, Ok(find_err(30)));
+    assert_eq!(failed(&h.take_events()), Some(KafkaCode(30)));
+    assert!(h.m.is_done());
+    h.advance(SESSION);
+    assert!(h.sent.is_empty(), "{:?}", h.apis());
 }
 
 #[test]
@@ -814,6 +829,93 @@ fn a_leaving_leader_reports_bad_peer_metadata_but_not_its_own_blanked_entry() {
     assert_eq!(reported, vec!["metadata of member m3".to_string()]);
 }
 
+/// A release waits for a parked JoinGroup's answer, but not for ever: the leave's deadline is
+/// announced by `poll_timeout`, and once it passes the machine is done without a confirmed leave.
+#[test]
+fn a_leave_waiting_for_an_unanswered_join_gives_up_at_its_deadline() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let _parked = h.take(ApiKey::JoinGroup);
+    h.m.handle_command(Command::Leave, h.now);
+    h.drain();
+    let cfg = config(Mode::Native);
+    let deadline = h.now + cfg.join_timeout() + cfg.request_timeout;
+    assert_eq!(h.m.poll_timeout(), Some(deadline));
+    h.now = deadline;
+    h.m.handle_timeout(deadline);
+    h.drain();
+    assert!(h.m.is_done());
+    assert!(h
+        .take_events()
+        .iter()
+        .any(|e| matches!(e, Event::Left { confirmed: false })));
+}
+
+/// What a waiter that never held tells the leader's assignor: not holding, no holder
+/// generation (-1, as docs/protocol.md has it), and its first join's generation once it has one.
+#[test]
+fn a_waiters_join_metadata_claims_no_hold() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let j = h.take(ApiKey::JoinGroup);
+    let req = join_request(&j);
+    let md = MemberMetadata::decode(&req.protocols[0].metadata).unwrap();
+    assert!(!md.holds);
+    assert_eq!(md.holder_generation, -1);
+    assert_eq!(md.first_joined_generation, -1);
+}
+
+/// The JoinGroup carries both timeouts: the session timeout and the bound of the join phase
+/// (JoinGroup has the rebalance timeout from v1 on, KIP-62; at v0 the session timeout is used).
+#[test]
+fn the_join_carries_the_session_and_rebalance_timeouts() {
+    let mut cfg = config(Mode::Native);
+    cfg.rebalance_timeout = Duration::from_secs(4);
+    let mut h = H::build(cfg, GroupVersions::LATEST);
+    h.find_ok();
+    let j = h.take(ApiKey::JoinGroup);
+    let req = join_request(&j);
+    assert_eq!(req.session_timeout_ms, SESSION.as_millis() as i32);
+    assert_eq!(req.rebalance_timeout_ms, 4000);
+}
+
+/// From v5 the SyncGroup names the protocol type and the protocol the JoinGroup answer chose
+/// (KIP-559), so that a coordinator can refuse a SyncGroup of another protocol.
+#[test]
+fn the_sync_names_the_protocol_type_and_the_chosen_protocol() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let j = h.take(ApiKey::JoinGroup);
+    h.reply(j.id, Ok(join_ok("m1", 1, "m1", &[("m1", meta(false, -1))])));
+    let sync = h.take(ApiKey::SyncGroup);
+    assert!(sync.version >= 5, "SyncGroup v{}", sync.version);
+    let req = sync_request(&sync);
+    assert_eq!(
+        req.protocol_type.as_ref().map(|p| p.as_str()),
+        Some(crate::assign::PROTOCOL_TYPE)
+    );
+    assert_eq!(
+        req.protocol_name.as_ref().map(|p| p.as_str()),
+        Some(crate::assign::NATIVE_PROTOCOL)
+    );
+}
+
+/// A leave that waited for a JoinGroup goes ahead when that JoinGroup fails with an error the
+/// machine would otherwise retry after a backoff.
+#[test]
+fn a_leave_waiting_for_a_join_goes_ahead_when_the_join_fails() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let j = h.take(ApiKey::JoinGroup);
+    h.reply(j.id, Ok(join_err(79, "m9")));
+    let j = h.take(ApiKey::JoinGroup);
+    h.m.handle_command(Command::Leave, h.now);
+    h.drain();
+    // COORDINATOR_LOAD_IN_PROGRESS.
+    h.reply(j.id, Ok(join_err(14, "m9")));
+    h.take(ApiKey::LeaveGroup);
+}
+
 #[test]
 fn follower_leaving_mid_join_leaves_after_the_answer() {
     let mut h = H::new(Mode::Native);
@@ -823,10 +925,22 @@ fn follower_leaving_mid_join_leaves_after_the_answer() {
     let j = h.take(ApiKey::JoinGroup);
     h.m.handle_command(Command::Leave, h.now);
     h.drain();
+    assert!(
+        h.sent.is_empty(),
+        "must wait for the JoinGroup answer: {:?}",
+        h.apis()
+    );
     h.reply(j.id, Ok(join_ok("m9", 4, "m1", &[])));
     let leave = h.take(ApiKey::LeaveGroup);
     match &leave.request {
-        Request::LeaveGroup(r) => assert_eq!(r.members[0].member_id.as_str(), "m9"),
+        Request::LeaveGroup(r) => {
+            assert_eq!(r.members[0].member_id.as_str(), "m9");
+            // From v5 the broker logs why a member left (KIP-800).
+            assert_eq!(
+                r.members[0].reason.as_ref().map(|r| r.as_str()),
+                Some("kafka-lock: released")
+            );
+        }
         other => panic!("{other:?}"),
     }
     assert!(!h.apis().contains(&ApiKey::SyncGroup));
@@ -1290,6 +1404,24 @@ fn a_scheduled_lookup_is_announced_by_poll_timeout() {
     h.take(ApiKey::FindCoordinator);
 }
 
+/// The same for a JoinGroup retried after a backoff: without the announcement a waiter would sit
+/// outside the group until some other timer woke it.
+#[test]
+fn a_scheduled_join_is_announced_by_poll_timeout() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let join = h.take(ApiKey::JoinGroup);
+    // COORDINATOR_LOAD_IN_PROGRESS: the same coordinator, after a backoff.
+    h.reply(join.id, Ok(join_err(14, "")));
+    assert!(h.sent.is_empty(), "{:?}", h.apis());
+    let at = h.m.poll_timeout().expect("the retry is scheduled");
+    assert!(at > h.now, "the retry waits for its backoff");
+    h.now = at;
+    h.m.handle_timeout(at);
+    h.drain();
+    h.take(ApiKey::JoinGroup);
+}
+
 /// A coordinator that is named but cannot be reached is looked up with a growing delay, not
 /// every 100 ms forever: only an answer from the coordinator itself resets the backoff.
 #[test]
@@ -1560,6 +1692,22 @@ fn a_coordinator_at_the_bootstrap_address_is_not_asked_again() {
     let find = h.take(ApiKey::FindCoordinator);
     h.reply(find.id, Ok(find_ok()));
     assert_eq!(h.apis(), [ApiKey::ApiVersions]);
+}
+
+/// Versions the owner sets (another connection negotiated lower ones) are those the next
+/// requests are built at: a request above what the broker offers would be refused.
+#[test]
+fn versions_set_by_the_owner_are_used_for_the_next_requests() {
+    let lower = GroupVersions {
+        join_group: 5,
+        ..GroupVersions::LATEST
+    };
+    let mut h = H::new(Mode::Native);
+    h.m.versions_from("127.0.0.1", 9092);
+    h.m.set_versions(lower);
+    let find = h.take(ApiKey::FindCoordinator);
+    h.reply(find.id, Ok(find_ok()));
+    assert_eq!(h.take(ApiKey::JoinGroup).version, 5);
 }
 
 /// Whether a leave was confirmed is what `release()` reports: only an answer from the
@@ -2576,6 +2724,7 @@ fn a_holders_heartbeat_met_by_load_in_progress_is_retried_not_a_rejoin() {
     h.advance(HB);
     let beat = h.take(ApiKey::Heartbeat);
     h.reply(beat.id, Ok(hb(14)));
+    assert!(h.sent.is_empty(), "not before a backoff: {:?}", h.apis());
     h.advance(Duration::from_millis(100));
     assert_eq!(h.apis(), [ApiKey::Heartbeat], "retried as a heartbeat");
     assert!(lost(&h.take_events()).is_none());
@@ -2586,16 +2735,30 @@ fn a_holders_heartbeat_met_by_load_in_progress_is_retried_not_a_rejoin() {
 /// metadata of every later JoinGroup.
 #[test]
 fn a_rejoining_waiter_keeps_the_generation_of_its_first_join() {
-    let mut h = H::new(Mode::Native);
-    h.find_ok();
-    let sync = h.join_as("m2", 3, false, &[]);
-    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m1"), 3, 1))));
-    h.advance(HB);
-    let beat = h.take(ApiKey::Heartbeat);
-    h.reply(beat.id, Ok(hb(27)));
-    let j = h.take(ApiKey::JoinGroup);
-    let md = MemberMetadata::decode(&join_request(&j).protocols[0].metadata).expect("metadata");
-    assert_eq!(md.first_joined_generation, 3, "{md:?}");
+    // Generation 0 included: -1 alone means "not joined yet".
+    for first in [3, 0] {
+        let mut h = H::new(Mode::Native);
+        h.find_ok();
+        let sync = h.join_as("m2", first, false, &[]);
+        h.reply(
+            sync.id,
+            Ok(sync_ok(native_assignment(Some("m1"), first, 1))),
+        );
+        h.advance(HB);
+        let beat = h.take(ApiKey::Heartbeat);
+        h.reply(beat.id, Ok(hb(27)));
+        let sync = h.join_as("m2", first + 1, false, &[]);
+        h.reply(
+            sync.id,
+            Ok(sync_ok(native_assignment(Some("m1"), first + 1, 1))),
+        );
+        h.advance(HB);
+        let beat = h.take(ApiKey::Heartbeat);
+        h.reply(beat.id, Ok(hb(27)));
+        let j = h.take(ApiKey::JoinGroup);
+        let md = MemberMetadata::decode(&join_request(&j).protocols[0].metadata).expect("metadata");
+        assert_eq!(md.first_joined_generation, first, "{md:?}");
+    }
 }
 
 /// A retriable code the machine has no special case for is retried; it does not end the hold.

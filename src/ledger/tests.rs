@@ -425,6 +425,11 @@ fn a_new_leader_is_looked_up_after_not_leader_or_follower() {
     r.membership_acquires(3);
     let id = r.last().id;
     r.answer(id, produce_answer(6, -1));
+    assert!(
+        !r.sent.iter().any(|t| matches!(t.op, Op::Metadata { .. })),
+        "looked up again before a backoff: {:?}",
+        r.sent
+    );
     r.advance(Duration::from_millis(100));
     let meta = r.last().clone();
     assert_eq!(meta.target, Target::Any);
@@ -1071,6 +1076,26 @@ fn a_fenced_checkpoint_is_an_error_and_the_membership_heartbeats() {
             "no ledger record for a rejected checkpoint"
         );
     }
+}
+
+/// While the membership looks the coordinator up again, a checkpoint waits a backoff before it
+/// tries again: a retry already due would wake the driver in a loop until the coordinator is
+/// known.
+#[test]
+fn a_checkpoint_without_a_coordinator_is_retried_after_a_backoff() {
+    let mut r = Rig::new();
+    r.holding_at(42);
+    r.view.coordinator = None;
+    let sent = r.sent.len();
+    let (view, now) = (r.view.clone(), r.t());
+    r.l.checkpoint(1, "v".into(), &view, now);
+    r.drain();
+    assert_eq!(r.sent.len(), sent, "{:?}", &r.sent[sent..]);
+    let at = r.l.poll_timeout().expect("the retry is scheduled");
+    assert!(at > r.now, "the retry is due at once");
+    r.view.coordinator = Some(broker(2));
+    r.advance(Duration::from_millis(100));
+    assert!(matches!(r.last().op, Op::Commit { .. }), "{:?}", r.last());
 }
 
 #[test]
@@ -1962,6 +1987,27 @@ fn an_ack_after_the_lease_end_is_refused_while_the_membership_still_says_holding
     }
 }
 
+/// An ACQUIRED record goes out only while the lease runs: at the instant it ends the lease is
+/// over (the membership's own check is `now >= lease_end`), even if the membership has not
+/// said so yet.
+#[test]
+fn no_acquired_is_sent_at_the_instant_the_lease_ends() {
+    let mut r = Rig::new();
+    r.view.holding = true;
+    r.view.lease_end = Some(r.now);
+    let lease_end = r.now;
+    r.member(Event::Acquired {
+        token: token(3),
+        lease_end,
+        permit: 0,
+    });
+    assert!(
+        !r.sent.iter().any(|t| matches!(t.op, Op::Produce { .. })),
+        "{:?}",
+        r.sent
+    );
+}
+
 /// The OffsetCommit on the wire is what fences a checkpoint: the broker compares its generation
 /// and member id with the group's (GroupMetadataManager.validateOffsetCommit in Apache Kafka
 /// 4.1.2). A commit that left either out, or sent -1 / "", would be accepted from anyone
@@ -2138,4 +2184,153 @@ fn the_readme_gives_the_ledger_topic_command_of_the_library() {
         readme.contains(SINGLE_BROKER_SETTINGS),
         "README lacks: {SINGLE_BROKER_SETTINGS}"
     );
+}
+
+mod offset_fetched_answers {
+    //! Reading a checkpoint back (`last_checkpoint`, `committed_checkpoint`): what an OffsetFetch
+    //! answer says is committed for the ledger partition, in both of the answer's layouts (one
+    //! group's topics at the top before v8, a list of groups from v8 on).
+
+    use kafka_protocol::messages::offset_fetch_response::{
+        OffsetFetchResponseGroup, OffsetFetchResponsePartition, OffsetFetchResponsePartitions,
+        OffsetFetchResponseTopic, OffsetFetchResponseTopics,
+    };
+    use kafka_protocol::messages::{GroupId, OffsetFetchResponse, TopicName};
+
+    use super::*;
+
+    /// One partition's entry: (topic, partition, committed offset, metadata, error code).
+    type Entry<'a> = (&'a str, i32, i64, Option<&'a str>, i16);
+
+    /// The answer before v8: the group's error code and its topics at the top.
+    fn flat(error_code: i16, entries: &[Entry<'_>]) -> Response {
+        let mut r = OffsetFetchResponse::default();
+        r.error_code = error_code;
+        for &(topic, partition, offset, metadata, code) in entries {
+            let mut p = OffsetFetchResponsePartition::default();
+            p.partition_index = partition;
+            p.committed_offset = offset;
+            p.metadata = metadata.map(|m| StrBytes::from_string(m.to_owned()));
+            p.error_code = code;
+            let mut t = OffsetFetchResponseTopic::default();
+            t.name = TopicName(StrBytes::from_string(topic.to_owned()));
+            t.partitions = vec![p];
+            r.topics.push(t);
+        }
+        Response::OffsetFetch(r)
+    }
+
+    /// The answer from v8 on: one group, its error code and topics inside it. The top-level
+    /// error code is set to a failure to show that this layout does not read it.
+    fn grouped(error_code: i16, entries: &[Entry<'_>]) -> Response {
+        let mut g = OffsetFetchResponseGroup::default();
+        g.group_id = GroupId(StrBytes::from_static_str(LOCK));
+        g.error_code = error_code;
+        for &(topic, partition, offset, metadata, code) in entries {
+            let mut p = OffsetFetchResponsePartitions::default();
+            p.partition_index = partition;
+            p.committed_offset = offset;
+            p.metadata = metadata.map(|m| StrBytes::from_string(m.to_owned()));
+            p.error_code = code;
+            let mut t = OffsetFetchResponseTopics::default();
+            t.name = TopicName(StrBytes::from_string(topic.to_owned()));
+            t.partitions = vec![p];
+            g.topics.push(t);
+        }
+        let mut r = OffsetFetchResponse::default();
+        r.error_code = 16;
+        r.groups = vec![g];
+        Response::OffsetFetch(r)
+    }
+
+    fn code_of(result: Result<Option<(i64, String)>, Error>) -> i16 {
+        match result {
+            Err(Error::Broker { code, .. }) => code.0,
+            other => panic!("expected a broker error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_committed_checkpoint_is_read_with_its_offset_and_metadata() {
+        for layout in [flat, grouped] {
+            let resp = layout(0, &[(TOPIC, 0, 42, Some("state after hold 41"), 0)]);
+            assert_eq!(
+                offset_fetched(&resp, TOPIC).unwrap(),
+                Some((42, "state after hold 41".to_owned()))
+            );
+            // Null metadata is an empty checkpoint, not a missing one.
+            let resp = layout(0, &[(TOPIC, 0, 7, None, 0)]);
+            assert_eq!(
+                offset_fetched(&resp, TOPIC).unwrap(),
+                Some((7, String::new()))
+            );
+            // The committed offset is the hold's token, and the first hold of a new ledger has
+            // token 0: a commit, not "none".
+            let resp = layout(0, &[(TOPIC, 0, 0, Some(""), 0)]);
+            assert_eq!(
+                offset_fetched(&resp, TOPIC).unwrap(),
+                Some((0, String::new()))
+            );
+        }
+    }
+
+    #[test]
+    fn no_commit_for_the_ledger_partition_is_none() {
+        for layout in [flat, grouped] {
+            // Kafka answers offset -1 for a group with no commit for the partition.
+            let resp = layout(0, &[(TOPIC, 0, -1, Some(""), 0)]);
+            assert_eq!(offset_fetched(&resp, TOPIC).unwrap(), None);
+            // Another topic's, or another partition's, commit is not the ledger's.
+            let resp = layout(0, &[("other", 0, 42, Some("x"), 0)]);
+            assert_eq!(offset_fetched(&resp, TOPIC).unwrap(), None);
+            let resp = layout(0, &[(TOPIC, 1, 42, Some("x"), 0)]);
+            assert_eq!(offset_fetched(&resp, TOPIC).unwrap(), None);
+            let resp = layout(0, &[]);
+            assert_eq!(offset_fetched(&resp, TOPIC).unwrap(), None);
+        }
+    }
+
+    #[test]
+    fn the_ledger_partitions_entry_is_found_among_others() {
+        for layout in [flat, grouped] {
+            let resp = layout(
+                0,
+                &[
+                    ("other", 0, 5, Some("not ours"), 0),
+                    (TOPIC, 1, 6, Some("not ours"), 0),
+                    (TOPIC, 0, 42, Some("ours"), 0),
+                ],
+            );
+            assert_eq!(
+                offset_fetched(&resp, TOPIC).unwrap(),
+                Some((42, "ours".to_owned()))
+            );
+        }
+    }
+
+    #[test]
+    fn error_codes_are_typed_broker_errors_at_every_level() {
+        // COORDINATOR_LOAD_IN_PROGRESS (14) and NOT_COORDINATOR (16) for the group, which the
+        // driver retries; UNKNOWN_TOPIC_OR_PARTITION (3) and UNSTABLE_OFFSET_COMMIT (88) for
+        // the partition. An error is never read as "nothing committed".
+        for layout in [flat, grouped] {
+            let resp = layout(14, &[(TOPIC, 0, 42, Some("x"), 0)]);
+            assert_eq!(code_of(offset_fetched(&resp, TOPIC)), 14);
+            let resp = layout(16, &[]);
+            assert_eq!(code_of(offset_fetched(&resp, TOPIC)), 16);
+            let resp = layout(0, &[(TOPIC, 0, 42, Some("x"), 3)]);
+            assert_eq!(code_of(offset_fetched(&resp, TOPIC)), 3);
+            let resp = layout(0, &[(TOPIC, 0, -1, None, 88)]);
+            assert_eq!(code_of(offset_fetched(&resp, TOPIC)), 88);
+        }
+    }
+
+    #[test]
+    fn an_answer_of_another_kind_is_a_protocol_error() {
+        let resp = Response::OffsetCommit(OffsetCommitResponse::default());
+        assert!(matches!(
+            offset_fetched(&resp, TOPIC),
+            Err(Error::Protocol(_))
+        ));
+    }
 }
