@@ -86,6 +86,10 @@ pub(crate) async fn find_coordinator(
 
 /// Sends the queued lookups, a batch per turn, until none is left.
 async fn run(pool: Weak<Pool>) {
+    let mut turn = Turn {
+        pool: pool.clone(),
+        given_back: false,
+    };
     loop {
         let Some(pool) = pool.upgrade() else {
             return;
@@ -96,12 +100,31 @@ async fn run(pool: Weak<Pool>) {
             state.queued.retain(|w| !w.reply.is_closed());
             if state.queued.is_empty() {
                 state.running = false;
+                turn.given_back = true;
                 return;
             }
             let n = state.queued.len().min(MAX_KEYS);
             state.queued.drain(..n).collect()
         };
         send(&pool, batch).await;
+    }
+}
+
+/// The sending task's turn. A task that ends before the queue is empty (dropped with the runtime
+/// it ran on while a client outlives it, or a panic) gives the turn back on its way out: else
+/// `running` would stay set and every later lookup of the client would queue behind no one.
+struct Turn {
+    pool: Weak<Pool>,
+    given_back: bool,
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        if !self.given_back {
+            if let Some(pool) = self.pool.upgrade() {
+                pool.lookups.lock().running = false;
+            }
+        }
     }
 }
 

@@ -2526,3 +2526,93 @@ async fn a_description_timing_out_behind_a_held_heartbeat_leaves_the_heartbeat_i
         "the description's timeout closed the connection under a held lock's Heartbeat: {answered:?}"
     );
 }
+
+/// A client kept across runtimes (tests that each start their own, a library that builds one per
+/// job) whose lookup task was dropped mid-request with its runtime still looks coordinators up:
+/// the dropped task gives its turn back instead of leaving every later lookup queued behind no
+/// one. (The connection lives on the runtime that opened it and outlives the dropped one.)
+#[test]
+fn a_lookup_task_dropped_with_its_runtime_gives_its_turn_back() {
+    let home = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (broker, mut accepted) = home.block_on(broker_with(BROKER_APIS));
+    let client = crate::Client::new(format!("{}:{}", broker.host, broker.port));
+    let pool = client.pool().clone();
+    let find = |key: &'static str| {
+        let pool = pool.clone();
+        async move { lookup::find_coordinator(&pool, key, PROMPTLY).await }
+    };
+
+    // The bootstrap connection is opened on `home` by a first lookup, answered.
+    let mut boot = home.block_on(async {
+        let warm = tokio::spawn(find("warm"));
+        let mut boot = next_peer(&mut accepted).await;
+        let (h, _) = boot
+            .recv_as::<FindCoordinatorRequest>(ApiKey::FindCoordinator)
+            .await;
+        let entry = coordinator_entry("warm", &broker, 0);
+        boot.reply(
+            &h,
+            &FindCoordinatorResponse::default().with_coordinators(vec![entry]),
+        )
+        .await;
+        tokio::time::timeout(PROMPTLY, warm)
+            .await
+            .expect("warm lookup")
+            .expect("task")
+            .expect("warm lookup answered");
+        boot
+    });
+
+    // A lookup started on a runtime of its own reaches the broker; that runtime then ends.
+    let asked = home.spawn(async move {
+        let (h, _) = boot
+            .recv_as::<FindCoordinatorRequest>(ApiKey::FindCoordinator)
+            .await;
+        (boot, h)
+    });
+    let other = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (mut boot, first) = other.block_on(async {
+        tokio::spawn(find("first"));
+        tokio::time::timeout(PROMPTLY, asked)
+            .await
+            .expect("the lookup never reached the broker")
+            .expect("broker task")
+    });
+    drop(other);
+
+    home.block_on(async {
+        let second = tokio::spawn(find("second"));
+        let entry = coordinator_entry("first", &broker, 0);
+        boot.reply(
+            &first,
+            &FindCoordinatorResponse::default().with_coordinators(vec![entry]),
+        )
+        .await;
+        let (h, r) = tokio::time::timeout(
+            PROMPTLY,
+            boot.recv_as::<FindCoordinatorRequest>(ApiKey::FindCoordinator),
+        )
+        .await
+        .expect("no lookup went out after the runtime of the one before it ended");
+        assert_eq!(r.coordinator_keys.len(), 1, "{r:?}");
+        assert_eq!(r.coordinator_keys[0].as_str(), "second");
+        let entry = coordinator_entry("second", &broker, 0);
+        boot.reply(
+            &h,
+            &FindCoordinatorResponse::default().with_coordinators(vec![entry]),
+        )
+        .await;
+        tokio::time::timeout(PROMPTLY, second)
+            .await
+            .expect("second lookup")
+            .expect("task")
+            .expect("second lookup answered");
+    });
+}
