@@ -563,6 +563,36 @@ mod tests {
     }
 
     #[test]
+    fn an_assignment_naming_no_holder_is_free() {
+        let nobody = |position| {
+            NativeAssignment {
+                holder: None,
+                position,
+                members: 2,
+                permits: 1,
+                other_holders: Vec::new(),
+                ledger: None,
+            }
+            .encode()
+        };
+        let g = group(
+            "Stable",
+            PROTOCOL_TYPE,
+            vec![
+                member("b", meta("job b"), nobody(1)),
+                member("a", meta("job a"), nobody(0)),
+            ],
+        );
+        let d = analyse("l", "h:1", &g);
+        assert_eq!(d.state, LockState::Free);
+        assert_eq!(d.reason, None);
+        assert_eq!(d.permits, Some(1));
+        assert!(d.holders.is_empty());
+        let waiting: Vec<&str> = d.waiters.iter().map(|w| w.member_id.as_str()).collect();
+        assert_eq!(waiting, ["a", "b"]);
+    }
+
+    #[test]
     fn no_members_is_free() {
         let d = analyse("l", "h:1", &group("Dead", "", Vec::new()));
         assert_eq!(d.state, LockState::Free);
