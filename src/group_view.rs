@@ -207,15 +207,6 @@ pub fn analyse(lock: &str, coordinator: &str, g: &DescribedGroup) -> LockDescrip
     if g.members.is_empty() {
         return d;
     }
-    let bare =
-        |m: &kafka_protocol::messages::describe_groups_response::DescribedGroupMember| LockMember {
-            member_id: m.member_id.to_string(),
-            client_id: m.client_id.to_string(),
-            client_host: m.client_host.to_string(),
-            label: None,
-            position: None,
-            undecodable: None,
-        };
     let rebalancing = matches!(
         group_state.as_str(),
         "PreparingRebalance" | "CompletingRebalance"
@@ -234,17 +225,78 @@ pub fn analyse(lock: &str, coordinator: &str, g: &DescribedGroup) -> LockDescrip
             d.state = LockState::Unknown;
             d.reason = Some("the broker does not report member assignments".to_owned());
         }
-        d.waiters = g.members.iter().map(bare).collect();
+        d.waiters = g.members.iter().map(bare_member).collect();
         return d;
     }
+    let read = read_members(g, &protocol, &mut d.permits);
+    let mut members = read.members;
+    let nobody_holds = read.holders.is_empty();
+    place_holders(&mut d, &mut members, read.holders);
+    if nobody_holds && protocol == LockProtocol::Other {
+        d.state = LockState::Unknown;
+        d.reason = Some(format!(
+            "the group speaks protocol type {protocol_type:?}, not kafka-lock's; another application uses this group id"
+        ));
+    } else if nobody_holds && !read.saw_assignment {
+        d.state = if rebalancing {
+            LockState::Rebalancing
+        } else {
+            LockState::Unknown
+        };
+        d.reason = Some(format!(
+            "no assignment is in force (the group is {group_state}); ask again in a moment"
+        ));
+    }
+    members.sort_by(|a, b| {
+        let key = |m: &LockMember| m.position.unwrap_or(i32::MAX);
+        key(a)
+            .cmp(&key(b))
+            .then_with(|| a.member_id.cmp(&b.member_id))
+    });
+    d.waiters = members;
+    d
+}
+
+/// A member as the coordinator names it, before its bytes are read.
+fn bare_member(
+    m: &kafka_protocol::messages::describe_groups_response::DescribedGroupMember,
+) -> LockMember {
+    LockMember {
+        member_id: m.member_id.to_string(),
+        client_id: m.client_id.to_string(),
+        client_host: m.client_host.to_string(),
+        label: None,
+        position: None,
+        undecodable: None,
+    }
+}
+
+/// Per holder: (member id, label from the assignment, generation, permit).
+type HolderRow = (String, Option<String>, Option<i32>, u32);
+
+/// What the members' own bytes say, before holders are told apart from waiters.
+struct ReadMembers {
+    /// Every member, holders included, with what its bytes decoded to.
+    members: Vec<LockMember>,
+    /// From the newest assignment that names any.
+    holders: Vec<HolderRow>,
+    /// Whether any member's assignment decoded.
+    saw_assignment: bool,
+}
+
+/// Decodes every member's metadata and assignment. `permits` is set from the assignment the
+/// holders are taken from (or, while none names a holder, from the first that decodes).
+fn read_members(
+    g: &DescribedGroup,
+    protocol: &LockProtocol,
+    permits: &mut Option<u16>,
+) -> ReadMembers {
     let mut members = Vec::new();
-    // Per holder: (member id, label from the assignment, generation, permit), from the newest
-    // assignment that names any.
-    let mut holders: Vec<(String, Option<String>, Option<i32>, u32)> = Vec::new();
+    let mut holders: Vec<HolderRow> = Vec::new();
     let mut saw_assignment = false;
     for m in &g.members {
-        let mut row = bare(m);
-        if protocol == LockProtocol::Native {
+        let mut row = bare_member(m);
+        if *protocol == LockProtocol::Native {
             match MemberMetadata::decode(&m.member_metadata) {
                 Ok(md) => row.label = md.label,
                 Err(e) => row.undecodable = Some(format!("metadata: {e}")),
@@ -259,7 +311,7 @@ pub fn analyse(lock: &str, coordinator: &str, g: &DescribedGroup) -> LockDescrip
                             _ => true,
                         };
                         if newer {
-                            d.permits = Some(a.permits);
+                            *permits = Some(a.permits);
                             holders = a
                                 .holders()
                                 .map(|h| {
@@ -268,8 +320,8 @@ pub fn analyse(lock: &str, coordinator: &str, g: &DescribedGroup) -> LockDescrip
                                 })
                                 .collect();
                         }
-                    } else if d.permits.is_none() {
-                        d.permits = Some(a.permits);
+                    } else if permits.is_none() {
+                        *permits = Some(a.permits);
                     }
                 }
                 Err(e) if row.undecodable.is_none() => {
@@ -277,7 +329,7 @@ pub fn analyse(lock: &str, coordinator: &str, g: &DescribedGroup) -> LockDescrip
                 }
                 Err(_) => {}
             }
-        } else if protocol == LockProtocol::ConsumerCompatible && !m.member_assignment.is_empty() {
+        } else if *protocol == LockProtocol::ConsumerCompatible && !m.member_assignment.is_empty() {
             // An empty consumer assignment decodes as "nothing assigned", which is not known
             // here: Apache sends empty bytes while the group rebalances.
             match decode_consumer_assignment(&m.member_assignment) {
@@ -294,7 +346,15 @@ pub fn analyse(lock: &str, coordinator: &str, g: &DescribedGroup) -> LockDescrip
         }
         members.push(row);
     }
-    let nobody_holds = holders.is_empty();
+    ReadMembers {
+        members,
+        holders,
+        saw_assignment,
+    }
+}
+
+/// Moves each holder out of `members` into `d.holders`, marking the lock held.
+fn place_holders(d: &mut LockDescription, members: &mut Vec<LockMember>, holders: Vec<HolderRow>) {
     for (member_id, label, generation, permit) in holders {
         d.state = LockState::Held;
         d.generation = generation;
@@ -325,29 +385,6 @@ pub fn analyse(lock: &str, coordinator: &str, g: &DescribedGroup) -> LockDescrip
             permit,
         });
     }
-    if nobody_holds && protocol == LockProtocol::Other {
-        d.state = LockState::Unknown;
-        d.reason = Some(format!(
-            "the group speaks protocol type {protocol_type:?}, not kafka-lock's; another application uses this group id"
-        ));
-    } else if nobody_holds && !saw_assignment {
-        d.state = if rebalancing {
-            LockState::Rebalancing
-        } else {
-            LockState::Unknown
-        };
-        d.reason = Some(format!(
-            "no assignment is in force (the group is {group_state}); ask again in a moment"
-        ));
-    }
-    members.sort_by(|a, b| {
-        let key = |m: &LockMember| m.position.unwrap_or(i32::MAX);
-        key(a)
-            .cmp(&key(b))
-            .then_with(|| a.member_id.cmp(&b.member_id))
-    });
-    d.waiters = members;
-    d
 }
 
 #[cfg(test)]
@@ -523,6 +560,36 @@ mod tests {
         assert_eq!(d.state, LockState::Unknown);
         assert!(d.holders.is_empty());
         assert!(d.waiters[0].undecodable.is_some());
+    }
+
+    #[test]
+    fn an_assignment_naming_no_holder_is_free() {
+        let nobody = |position| {
+            NativeAssignment {
+                holder: None,
+                position,
+                members: 2,
+                permits: 1,
+                other_holders: Vec::new(),
+                ledger: None,
+            }
+            .encode()
+        };
+        let g = group(
+            "Stable",
+            PROTOCOL_TYPE,
+            vec![
+                member("b", meta("job b"), nobody(1)),
+                member("a", meta("job a"), nobody(0)),
+            ],
+        );
+        let d = analyse("l", "h:1", &g);
+        assert_eq!(d.state, LockState::Free);
+        assert_eq!(d.reason, None);
+        assert_eq!(d.permits, Some(1));
+        assert!(d.holders.is_empty());
+        let waiting: Vec<&str> = d.waiters.iter().map(|w| w.member_id.as_str()).collect();
+        assert_eq!(waiting, ["a", "b"]);
     }
 
     #[test]

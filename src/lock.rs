@@ -45,7 +45,7 @@ use tokio::sync::{mpsc, watch};
 use crate::backoff::Backoff;
 use crate::driver::ledger::Reach;
 use crate::driver::session::{
-    self, End, SessionCommand, SessionHandle, SessionParams, SessionState,
+    self, End, EventSink, SessionCommand, SessionHandle, SessionParams, SessionState,
 };
 use crate::driver::{BootstrapConfig, ConnConfig, Connection};
 use crate::error::{Error, KafkaCode, Result};
@@ -965,30 +965,61 @@ impl LockOptions {
         let deadline = wait.and_then(|w| tokio::time::Instant::now().checked_add(w));
         let mut backoff = Backoff::new(self.retry_backoff, self.retry_backoff_max, 2.0, 0.5);
         let (pool, private) = self.pool();
+        let Some(first) = self.connect_by(&pool, &mut backoff, deadline).await? else {
+            return if once {
+                Ok(None)
+            } else {
+                Err(Error::NotAcquired {
+                    lock: self.name.clone(),
+                    waited: wait.unwrap_or_default(),
+                    holder: None,
+                })
+            };
+        };
+        let ledger = self.open_ledger(&first).await?;
+        let machine = self.membership_for(&first)?;
+        let (member_tx, member_rx) = watch::channel(String::new());
+        let sink = self.event_sink(started, member_tx);
+        let mut handle = session::spawn(
+            &self.name,
+            machine,
+            SessionParams {
+                pool,
+                private,
+                first,
+                ledger,
+            },
+            Some(sink),
+        );
+        let outcome = self.wait_for_hold(&mut handle, deadline, once).await;
+        self.conclude(outcome, handle, member_rx, wait, once).await
+    }
+
+    /// The first connection to the cluster, or `None` when `deadline` comes first.
+    async fn connect_by(
+        &self,
+        pool: &Arc<crate::driver::pool::Pool>,
+        backoff: &mut Backoff,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<Option<Connection>> {
         // The wait bounds reaching the cluster too: a caller that gave 2 s gets its answer
         // after 2 s, not after every bootstrap broker's connect timeout.
-        let connect = Box::pin(self.first_connection(&pool, &mut backoff));
-        let first = match deadline {
+        let connect = Box::pin(self.first_connection(pool, backoff));
+        match deadline {
             Some(d) => match tokio::time::timeout_at(d, connect).await {
-                Ok(first) => first?,
-                Err(_) => {
-                    return if once {
-                        Ok(None)
-                    } else {
-                        Err(Error::NotAcquired {
-                            lock: self.name.clone(),
-                            waited: wait.unwrap_or_default(),
-                            holder: None,
-                        })
-                    }
-                }
+                Ok(first) => first.map(Some),
+                Err(_) => Ok(None),
             },
-            None => connect.await?,
-        };
-        let ledger = match &self.ledger_topic {
+            None => connect.await.map(Some),
+        }
+    }
+
+    /// The ledger this lock writes to, once its topic is known to be fit for one.
+    async fn open_ledger(&self, first: &Connection) -> Result<Option<Ledger>> {
+        Ok(match &self.ledger_topic {
             Some(topic) => {
                 let partition = Box::pin(crate::driver::ledger::check_ledger_topic(
-                    &first,
+                    first,
                     topic,
                     self.request_timeout,
                 ))
@@ -1000,7 +1031,11 @@ impl LockOptions {
                 ))
             }
             None => None,
-        };
+        })
+    }
+
+    /// The membership machine, speaking the versions the first broker supports.
+    fn membership_for(&self, first: &Connection) -> Result<Membership> {
         let versions = GroupVersions::fit(first.versions())?;
         let mut machine = Membership::new(
             self.membership_config(),
@@ -1012,10 +1047,14 @@ impl LockOptions {
                 machine.versions_from(host.trim_start_matches('[').trim_end_matches(']'), port);
             }
         }
+        Ok(machine)
+    }
+
+    /// What the session does with each event: the stats, the metrics, the user's channel.
+    fn event_sink(&self, started: Instant, member_tx: watch::Sender<String>) -> EventSink {
         // Events go to the user and into the stats as the session emits them, on its task: each
         // step is a send on an unbounded channel or a counter, so the lease's timers never wait.
         let (user_tx, stats, name) = (self.events.clone(), self.stats.clone(), self.name.clone());
-        let (member_tx, member_rx) = watch::channel(String::new());
         let mut metrics = crate::metrics::LockMetrics::new(&self.name);
         let sink = move |e: Event| {
             let mut s = stats.lock().unwrap_or_else(|p| p.into_inner());
@@ -1075,39 +1114,37 @@ impl LockOptions {
                 let _ = tx.send(ev);
             }
         };
-        let mut handle = session::spawn(
-            &self.name,
-            machine,
-            SessionParams {
-                pool,
-                private,
-                first,
-                ledger,
-            },
-            Some(Box::new(sink)),
-        );
+        Box::new(sink)
+    }
 
-        // Wait for the first hold, the deadline, or the end of the session.
-        let outcome = loop {
+    /// Waits for the first hold, the deadline, or the end of the session. `Ok(None)`: the
+    /// deadline came, or (`once`) a generation completed without making this member a holder.
+    async fn wait_for_hold(
+        &self,
+        handle: &mut SessionHandle,
+        deadline: Option<tokio::time::Instant>,
+        once: bool,
+    ) -> Result<Option<(FencingToken, Instant, u16)>> {
+        loop {
             let current = handle.state.borrow_and_update().clone();
             match current {
                 SessionState::Held(token, lease_end, permit) => {
-                    break Ok(Some((token, lease_end, permit)))
+                    return Ok(Some((token, lease_end, permit)))
                 }
-                SessionState::Ended(End::Failed(e)) => break Err(unwrap_error(e)),
+                SessionState::Ended(End::Failed(e)) => return Err(unwrap_error(e)),
                 SessionState::Ended(End::Lost(reason)) => {
-                    break Err(Error::Lost {
+                    return Err(Error::Lost {
                         lock: self.name.clone(),
                         reason: reason.to_string(),
                     })
                 }
-                SessionState::Ended(_) => break Err(Error::Closed),
+                SessionState::Ended(_) => return Err(Error::Closed),
                 // Any completed generation that did not make us the holder answers a single try,
                 // whatever the assignment said (consumer mode and undecodable assignments name no
                 // holder and no position).
                 SessionState::Waiting { generation, .. } => {
                     if once && generation >= 0 {
-                        break Ok(None);
+                        return Ok(None);
                     }
                 }
             }
@@ -1115,16 +1152,27 @@ impl LockOptions {
             match deadline {
                 Some(d) => match tokio::time::timeout_at(d, changed).await {
                     Ok(Ok(())) => {}
-                    Ok(Err(_)) => break Err(Error::Closed),
-                    Err(_) => break Ok(None),
+                    Ok(Err(_)) => return Err(Error::Closed),
+                    Err(_) => return Ok(None),
                 },
                 None => {
                     if changed.await.is_err() {
-                        break Err(Error::Closed);
+                        return Err(Error::Closed);
                     }
                 }
             }
-        };
+        }
+    }
+
+    /// Hands the hold over as a guard, or leaves the group and says why there is none.
+    async fn conclude(
+        &self,
+        outcome: Result<Option<(FencingToken, Instant, u16)>>,
+        mut handle: SessionHandle,
+        member_rx: watch::Receiver<String>,
+        wait: Option<Duration>,
+        once: bool,
+    ) -> Result<Option<LockGuard>> {
         match outcome {
             Ok(Some((token, lease_end, permit))) => Ok(Some(LockGuard {
                 options: Box::new(LockOptions {
