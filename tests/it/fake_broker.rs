@@ -12,7 +12,9 @@ use std::time::Duration;
 use bytes::{BufMut, BytesMut};
 use kafka_protocol::messages::api_versions_response::{ApiVersion, ApiVersionsResponse};
 use kafka_protocol::messages::find_coordinator_response::{Coordinator, FindCoordinatorResponse};
-use kafka_protocol::messages::{ApiKey, BrokerId, RequestHeader, ResponseHeader};
+use kafka_protocol::messages::{
+    ApiKey, BrokerId, FindCoordinatorRequest, RequestHeader, ResponseHeader,
+};
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -95,7 +97,7 @@ pub async fn start_parking(script: Arc<ParkingScript>) -> FakeBroker {
                     let answer = match api {
                         ApiKey::ApiVersions => Some((api_versions(version), Duration::ZERO)),
                         ApiKey::FindCoordinator => {
-                            Some((find_coordinator(addr, version), Duration::ZERO))
+                            Some((find_coordinator(addr, version, &mut buf), Duration::ZERO))
                         }
                         _ => script(conn, api, version, &mut buf),
                     };
@@ -135,14 +137,24 @@ fn api_versions(version: i16) -> BytesMut {
     encode(&r, version)
 }
 
-fn find_coordinator(addr: SocketAddr, version: i16) -> BytesMut {
+/// Names this broker as the coordinator of every key asked: from v4 one entry per key of the
+/// request, as Apache answers, since each lookup reads its own key's entry.
+fn find_coordinator(addr: SocketAddr, version: i16, body: &mut BytesMut) -> BytesMut {
     let mut r = FindCoordinatorResponse::default();
     if version >= 4 {
-        let mut c = Coordinator::default();
-        c.node_id = BrokerId(1);
-        c.host = StrBytes::from_string(addr.ip().to_string());
-        c.port = addr.port() as i32;
-        r.coordinators = vec![c];
+        let req = FindCoordinatorRequest::decode(body, version).expect("FindCoordinator");
+        r.coordinators = req
+            .coordinator_keys
+            .into_iter()
+            .map(|key| {
+                let mut c = Coordinator::default();
+                c.key = key;
+                c.node_id = BrokerId(1);
+                c.host = StrBytes::from_string(addr.ip().to_string());
+                c.port = addr.port() as i32;
+                c
+            })
+            .collect();
     } else {
         r.node_id = BrokerId(1);
         r.host = StrBytes::from_string(addr.ip().to_string());
