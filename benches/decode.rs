@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use criterion::Criterion;
-use kafka_lock::wire::codec::{decode_response, decode_response_bytes, Response};
-use kafka_lock::wire::guard::scan_response;
+use kafka_lock::internals::wire::codec::{decode_response, decode_response_bytes, Response};
+use kafka_lock::internals::wire::guard::scan_response;
 use kafka_protocol::messages::join_group_response::JoinGroupResponseMember;
 use kafka_protocol::messages::{ApiKey, HeartbeatResponse, JoinGroupResponse, SyncGroupResponse};
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};

@@ -11,26 +11,26 @@
 use std::collections::HashMap;
 
 use bytes::{Bytes, BytesMut};
-use kafka_lock::assign::{
+use kafka_lock::internals::assign::{
     assign_consumer, assign_native, consumer_subscription, decode_consumer_assignment,
     decode_consumer_subscription, fuzz_peer_bytes, ConsumerStrategy, MemberMetadata,
     NativeAssignment,
 };
-use kafka_lock::wire::codec::{
+use kafka_lock::internals::wire::codec::{
     decode_response, decode_response_bytes, decode_response_frame, decode_response_frame_bytes,
     peek_correlation_id, DecodeError, Response,
 };
-use kafka_lock::wire::frame::{decode_frame, frame_length, LENGTH_PREFIX_SIZE};
-use kafka_lock::wire::guard::{scan_response, AMPLIFICATION_SLACK, MAX_AMPLIFICATION};
-use kafka_lock::wire::records::{
+use kafka_lock::internals::wire::frame::{decode_frame, frame_length, LENGTH_PREFIX_SIZE};
+use kafka_lock::internals::wire::guard::{scan_response, AMPLIFICATION_SLACK, MAX_AMPLIFICATION};
+use kafka_lock::internals::wire::records::{
     self, encode_batch, BatchError, Header, NewRecord, Record, RecordBatch, RecordBatches,
     MIN_HEADER_SIZE, MIN_RECORD_SIZE,
 };
-use kafka_lock::wire::sasl::{
+use kafka_lock::internals::wire::sasl::{
     parse_server_final, parse_server_first, ScramClient, ScramError, ScramHash, MAX_ITERATIONS,
     MIN_ITERATIONS,
 };
-use kafka_lock::wire::versions::SUPPORTED;
+use kafka_lock::internals::wire::versions::SUPPORTED;
 use kafka_protocol::messages::ApiKey;
 
 /// A fuzz target's check: any bytes in, a panic only for a broken promise.
@@ -375,7 +375,7 @@ pub fn peer_bytes(data: &[u8]) {
     fuzz_peer_bytes(data);
     // Ledger records are written by other members too: decoded strictly, re-encoded exactly, and
     // folded into a history, which must keep its holds in token order.
-    kafka_lock::ledger::fuzz_ledger_bytes(data);
+    kafka_lock::internals::ledger::fuzz_ledger_bytes(data);
 
     if let Ok(md) = MemberMetadata::decode(data) {
         if data[3] == 0 || (data[3] == 1 && (md.permits != 1 || md.slot != 0)) {

@@ -13,7 +13,7 @@ For every response to one of the APIs kafka-lock decodes, the proxy writes
 testdata/frames/<source>/<api>_v<version>_<case>.bin holding the RESPONSE BODY ONLY: no length
 prefix, no response header (header v1, used by flexible versions except ApiVersions, ends with a
 tagged-field section that is stripped too). This is exactly what
-`kafka_lock::wire::decode_response(api_key, version, body)` takes. <case> comes from the request's
+`kafka_lock::internals::wire::decode_response(api_key, version, body)` takes. <case> comes from the request's
 client id when it starts with "capture." (the hand-built requests), else it is a sequence number.
 An index.json beside the files records api key, version, header versions, correlation id and
 client id of each, plus counts of the requests that were forwarded but not saved.

@@ -1,8 +1,8 @@
 //! Client settings in Kafka's own vocabulary: the `client.properties` file people already give
 //! Kafka's tools, and librdkafka's names for the same things.
 //!
-//! [`ClientConfig`] collects `key=value` settings from properties text ([`parse_properties`]
-//! reads the `java.util.Properties` format), from single settings ([`ClientConfig::set`], as
+//! [`ClientConfig`] collects `key=value` settings from properties text (in the
+//! `java.util.Properties` format), from single settings ([`ClientConfig::set`], as
 //! `kcat -X` takes them), or both, a later setting of a key replacing an earlier one. Each value is
 //! checked as it arrives, so an error names where the setting came from; settings that only make
 //! sense together (credentials, mechanism and protocol) are checked by [`ClientConfig::apply`],
@@ -122,15 +122,8 @@ impl From<ConfigError> for crate::Error {
 /// `key value`; `#` and `!` comment lines; a line ending in an odd number of backslashes goes on
 /// on the next line (whose leading blanks are dropped); escapes `\t \n \f \r \uXXXX`, and a
 /// backslash before any other character stands for that character. Returns the pairs in file
-/// order (a later pair of the same key wins when applied); `origin` names the source in errors.
-pub fn parse_properties(text: &str, origin: &str) -> Result<Vec<(String, String)>, ConfigError> {
-    Ok(numbered_properties(text, origin)?
-        .into_iter()
-        .map(|(_, k, v)| (k, v))
-        .collect())
-}
-
-/// [`parse_properties`] with the line number each pair starts on.
+/// order (a later pair of the same key wins when applied), each with the line number it starts
+/// on; `origin` names the source in errors.
 fn numbered_properties(
     text: &str,
     origin: &str,

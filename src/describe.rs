@@ -7,7 +7,7 @@
 //! lock's own look before joining finds it too.
 
 pub use crate::group_view::{
-    analyse, LedgerSummary, LockDescription, LockHolder, LockMember, LockProtocol, LockState,
+    LedgerSummary, LockDescription, LockHolder, LockMember, LockProtocol, LockState,
 };
 
 use crate::driver::describe::GroupWatch;

@@ -90,10 +90,10 @@
 //! # What is stable
 //!
 //! The stable API is what these docs show: the items at the crate root, [`codec`] and
-//! [`metrics`]. The crate also has public modules that these docs hide (`assign`, `backoff`,
-//! `driver`, `ledger`, `lock`, `membership`, `wire`): they are public only so that the `kafka-lock` binary,
-//! the integration tests, the benchmarks and the fuzz targets can reach the internals, they are
-//! **not part of the stable API**, and they may change in any release.
+//! [`metrics`]. The crate also has a module these docs hide, `internals`: it is public only so
+//! that the `kafka-lock` binary, the integration tests, the benchmarks and the fuzz targets can
+//! reach the internals they need, it is **not part of the stable API**, and it may change in any
+//! release.
 #![deny(rustdoc::broken_intra_doc_links)]
 
 mod api;
@@ -104,36 +104,25 @@ mod error;
 mod fuzz_replay;
 pub mod metrics;
 
-// Unstable: public for the binary, the tests, benchmarks and fuzz targets only; not part of the
-// stable API, may change in any release (see "What is stable" above). Each is hidden from the
-// docs as a whole; the stable items they define are re-exported below.
+// Internal: every module below is private; the binary, the integration tests, the fuzz targets
+// and the benchmark reach what they need of them through `internals` (see "What is stable"
+// above). The stable items they define are re-exported below.
+mod assign;
+mod backoff;
+mod config;
+mod describe;
+mod driver;
+mod election;
+mod group_view;
 #[doc(hidden)]
-pub mod assign;
-#[doc(hidden)]
-pub mod backoff;
-#[doc(hidden)]
-pub mod config;
-#[doc(hidden)]
-pub mod describe;
-#[doc(hidden)]
-pub mod driver;
-#[doc(hidden)]
-pub mod election;
-#[doc(hidden)]
-pub mod group_view;
-#[doc(hidden)]
-pub mod ledger;
-#[doc(hidden)]
-pub mod lock;
-#[doc(hidden)]
-pub mod membership;
+pub mod internals;
+mod ledger;
+mod lock;
+mod membership;
 #[cfg(feature = "oauth")]
-#[doc(hidden)]
-pub mod oauth;
-#[doc(hidden)]
-pub mod security;
-#[doc(hidden)]
-pub mod wire;
+mod oauth;
+mod security;
+mod wire;
 
 pub use api::Api;
 pub use client::{Client, DEFAULT_PARKING_LANES, DEFAULT_QUICK_CONNECTIONS};

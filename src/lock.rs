@@ -708,7 +708,6 @@ impl LockOptions {
             poll_max_bytes: DEFAULT_POLL_MAX_BYTES,
             checkpoint_max_bytes: self.checkpoint_max_bytes,
             retry_backoff: self.retry_backoff,
-            retry_backoff_max: self.retry_backoff_max,
         }
     }
 
@@ -721,8 +720,6 @@ impl LockOptions {
             rebalance_timeout: self.rebalance_timeout,
             heartbeat_interval: self.heartbeat_interval,
             request_timeout: self.request_timeout,
-            retry_backoff: self.retry_backoff,
-            retry_backoff_max: self.retry_backoff_max,
             lease_margin: self.lease_margin,
             permits: self.permits,
             ledger: self.ledger_topic.clone(),

@@ -19,6 +19,8 @@ use crate::wire::Request;
 const SESSION: Duration = Duration::from_secs(10);
 const HB: Duration = Duration::from_secs(1);
 const MARGIN: Duration = Duration::from_secs(1);
+const RETRY: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(1);
 
 fn config(mode: Mode) -> MembershipConfig {
     MembershipConfig {
@@ -29,8 +31,6 @@ fn config(mode: Mode) -> MembershipConfig {
         rebalance_timeout: SESSION,
         heartbeat_interval: HB,
         request_timeout: Duration::from_secs(5),
-        retry_backoff: Duration::from_millis(100),
-        retry_backoff_max: Duration::from_secs(1),
         lease_margin: MARGIN,
         permits: 1,
         ledger: None,
@@ -55,7 +55,7 @@ impl H {
     }
 
     fn build(cfg: MembershipConfig, versions: GroupVersions) -> H {
-        let backoff = Backoff::with_rng(cfg.retry_backoff, cfg.retry_backoff_max, 2.0, 0.0, || 0.0);
+        let backoff = Backoff::with_rng(RETRY, RETRY_MAX, 2.0, 0.0, || 0.0);
         let mut h = H {
             m: Membership::new(cfg, versions, backoff),
             now: Instant::now(),

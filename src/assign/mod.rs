@@ -24,15 +24,16 @@ mod native;
 mod reader;
 
 pub use consumer::{
-    assign_consumer, consumer_assignment, consumer_subscription, cooperative_subscription,
-    decode_consumer_assignment, decode_consumer_subscription, decode_consumer_subscription_of,
-    ConsumerPlan, ConsumerStrategy, ConsumerSubscription, CONSUMER_ASSIGNMENT_VERSION,
-    CONSUMER_PROTOCOL_TYPE, CONSUMER_SUBSCRIPTION_VERSION, COOPERATIVE_SUBSCRIPTION_VERSION,
+    assign_consumer, consumer_subscription, cooperative_subscription, decode_consumer_assignment,
+    decode_consumer_subscription, decode_consumer_subscription_of, ConsumerStrategy,
+    CONSUMER_PROTOCOL_TYPE,
 };
+// The membership machine's scripted tests play a consumer-protocol leader.
+#[cfg(test)]
+pub(crate) use consumer::{consumer_assignment, ConsumerSubscription};
 pub use native::{
-    assign_native, Holder, MemberMetadata, NativeAssignment, NativePlan, MAX_LABEL_LEN,
-    MAX_MEMBER_ID_LEN, MAX_PERMITS, NATIVE_MAJOR_VERSION, NATIVE_MINOR_VERSION, NATIVE_PROTOCOL,
-    PROTOCOL_TYPE,
+    assign_native, Holder, MemberMetadata, NativeAssignment, MAX_LABEL_LEN, MAX_PERMITS,
+    NATIVE_MAJOR_VERSION, NATIVE_PROTOCOL, PROTOCOL_TYPE,
 };
 
 /// Bytes from another group member that cannot be understood.

@@ -1,6 +1,14 @@
 use super::*;
 use proptest::prelude::*;
 
+/// The pairs of properties text, without their line numbers.
+fn parse_properties(text: &str, origin: &str) -> Result<Vec<(String, String)>, ConfigError> {
+    Ok(numbered_properties(text, origin)?
+        .into_iter()
+        .map(|(_, k, v)| (k, v))
+        .collect())
+}
+
 fn props(text: &str) -> Vec<(String, String)> {
     parse_properties(text, "t").expect("parses")
 }

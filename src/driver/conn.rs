@@ -49,7 +49,9 @@ use crate::security::{Security, SecurityError};
 use crate::wire::codec::{decode_response_frame_bytes, encode_request, peek_correlation_id};
 use crate::wire::frame::decode_frame;
 use crate::wire::frame::FrameError;
-use crate::wire::versions::{api_versions_fallback, negotiate, NegotiatedVersions};
+use crate::wire::versions::{
+    api_versions_fallback, negotiate, NegotiatedVersions, API_VERSIONS_REQUEST_VERSION,
+};
 use crate::wire::{Request, Response, DEFAULT_MAX_FRAME_SIZE};
 
 /// Default bound on establishing a connection (TCP connect plus the ApiVersions handshake); the
@@ -59,10 +61,6 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default bound on one request, from queueing to its response; the Java client's
 /// `request.timeout.ms` is also 30 s.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// The ApiVersions version sent first. v3 is the first flexible version and the one KIP-511's
-/// fallback is defined for; a broker that does not know it tells us what it does know.
-const HANDSHAKE_VERSION: i16 = 3;
 
 /// Requests queued for the writer beyond those being written. Callers wait (bounded by their own
 /// timeout) when it is full, which keeps a stalled socket from accumulating unbounded memory.
@@ -649,7 +647,7 @@ async fn handshake(link: &Link, timeout: Duration) -> Result<NegotiatedVersions>
         .with_client_software_name(StrBytes::from_static_str("kafka-lock"))
         .with_client_software_version(StrBytes::from_static_str(env!("CARGO_PKG_VERSION")))
         .into();
-    let mut version = HANDSHAKE_VERSION;
+    let mut version = API_VERSIONS_REQUEST_VERSION;
     loop {
         let resp = match link.call(&req, version, timeout).await? {
             Response::ApiVersions(resp) => resp,

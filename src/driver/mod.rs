@@ -30,6 +30,6 @@ mod secure;
 mod tests;
 
 pub use bootstrap::{connect_any, BootstrapAttempt, BootstrapConfig, BootstrapError};
-pub use conn::{ConnConfig, Connection, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT};
+pub use conn::{ConnConfig, Connection, DEFAULT_CONNECT_TIMEOUT};
 pub(crate) mod ledger;
 pub(crate) mod session;

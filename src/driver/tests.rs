@@ -26,7 +26,8 @@ use super::dial::{order, Dialer, MAX_PENDING_LOOKUPS};
 use super::*;
 use crate::backoff::Backoff;
 use crate::error::Error;
-use crate::wire::{FrameError, Request, Response};
+use crate::wire::frame::FrameError;
+use crate::wire::{Request, Response};
 
 /// What tansu 510f3e2 advertises (test-brokers.md), for the APIs kafka-lock uses.
 const BROKER_APIS: &[(ApiKey, i16, i16)] = &[

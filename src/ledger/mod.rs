@@ -73,15 +73,9 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 use tracing::{debug, info, warn};
 
-pub use error::{
-    compression_fix, create_topic_command, LedgerError, LEDGER_TOPIC_SETTINGS,
-    SINGLE_BROKER_SETTINGS,
-};
+pub use error::{compression_fix, create_topic_command, LedgerError, SINGLE_BROKER_SETTINGS};
 pub use history::{fold, Checkpoint, CheckpointSource, History, Hold, HoldEnd, Unreadable};
-pub use record::{
-    LedgerRecord, RecordError, RecordKind, MAX_CHECKPOINT, MAX_HOST, MAX_LABEL, MAX_MEMBER_ID,
-    MAX_REASON, RECORD_VERSION,
-};
+pub use record::{LedgerRecord, RecordKind, MAX_CHECKPOINT};
 
 use crate::backoff::Backoff;
 use crate::error::Error;
@@ -156,8 +150,6 @@ pub struct LedgerConfig {
     pub checkpoint_max_bytes: usize,
     /// First retry delay.
     pub retry_backoff: Duration,
-    /// Largest retry delay.
-    pub retry_backoff_max: Duration,
 }
 
 /// The ledger partition: where it is and what it is called on the wire.
@@ -803,7 +795,8 @@ impl Ledger {
         }
     }
 
-    /// The token of the current hold, once it began.
+    /// The token of the current hold, once it began (read by the tests only).
+    #[cfg(test)]
     pub fn token(&self) -> Option<&FencingToken> {
         match &self.hold {
             HoldState::Held { token, .. } => Some(token),

@@ -20,9 +20,12 @@ use kafka_protocol::messages::{
     ProduceResponse,
 };
 
+use super::record::{RecordError, MAX_LABEL};
 use super::*;
 
 const LOCK: &str = "nightly";
+/// The largest delay of the machines' retries.
+const RETRY_MAX: Duration = Duration::from_secs(1);
 const TOPIC: &str = "ledger";
 const LEASE: Duration = Duration::from_secs(9);
 const REQUEST: Duration = Duration::from_secs(5);
@@ -42,7 +45,6 @@ fn config() -> LedgerConfig {
         poll_max_bytes: DEFAULT_POLL_MAX_BYTES,
         checkpoint_max_bytes: DEFAULT_CHECKPOINT_MAX_BYTES,
         retry_backoff: Duration::from_millis(100),
-        retry_backoff_max: Duration::from_secs(1),
     }
 }
 
@@ -80,7 +82,7 @@ impl Rig {
     }
 
     fn with(cfg: LedgerConfig) -> Rig {
-        let backoff = Backoff::with_rng(cfg.retry_backoff, cfg.retry_backoff_max, 2.0, 0.0, || 0.0);
+        let backoff = Backoff::with_rng(cfg.retry_backoff, RETRY_MAX, 2.0, 0.0, || 0.0);
         let partition = Partition {
             leader: broker(1),
             topic_id: Uuid::nil(),
@@ -2034,7 +2036,7 @@ fn a_checkpoint_commit_is_encoded_with_the_holds_generation_and_member_id() {
         .expect("kafka-lock implements OffsetCommit");
     for broker_max in ours_min..=ours_max {
         let offered = ApiVersionsResponse::default().with_api_keys(
-            crate::wire::SUPPORTED
+            crate::wire::versions::SUPPORTED
                 .iter()
                 .map(|&(api, min, max)| {
                     let max = if api == ApiKey::OffsetCommit {
@@ -2049,11 +2051,12 @@ fn a_checkpoint_commit_is_encoded_with_the_holds_generation_and_member_id() {
                 })
                 .collect(),
         );
-        let versions = crate::wire::negotiate(&offered).expect("negotiates");
+        let versions = crate::wire::versions::negotiate(&offered).expect("negotiates");
         let (req, v) = build(&op, &versions).expect("builds");
         assert!(v <= broker_max, "v{v} sent to a broker with v{broker_max}");
         let mut out = BytesMut::new();
-        crate::wire::encode_request(&req, v, 1, Some("kafka-lock"), &mut out).expect("encodes");
+        crate::wire::codec::encode_request(&req, v, 1, Some("kafka-lock"), &mut out)
+            .expect("encodes");
         let mut frame = decode_frame(&mut out, DEFAULT_MAX_FRAME_SIZE)
             .expect("a frame")
             .expect("a whole frame");

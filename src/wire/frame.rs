@@ -4,7 +4,7 @@
 //! The length is validated from the 4-byte prefix alone, before anything is reserved or copied, so
 //! a hostile or confused peer cannot make the reader allocate more than the configured limit.
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 
 /// Bytes in the length prefix.
 pub const LENGTH_PREFIX_SIZE: usize = 4;
@@ -88,30 +88,32 @@ pub fn decode_frame(buf: &mut BytesMut, max: usize) -> Result<Option<Bytes>, Fra
     Ok(Some(buf.split_to(size).freeze()))
 }
 
-/// Appends `body` to `out` as one frame (prefix and body).
-///
-/// Fails only when `body` is empty or longer than a frame can announce (`i32::MAX`).
-pub fn encode_frame(body: &[u8], out: &mut BytesMut) -> Result<(), FrameError> {
-    let length = match i32::try_from(body.len()) {
-        Ok(0) => return Err(FrameError::Empty),
-        Ok(n) => n,
-        Err(_) => {
-            return Err(FrameError::TooLarge {
-                size: body.len(),
-                limit: i32::MAX as usize,
-            })
-        }
-    };
-    out.reserve(LENGTH_PREFIX_SIZE + body.len());
-    out.put_i32(length);
-    out.put_slice(body);
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::BufMut;
     use proptest::prelude::*;
+
+    /// Appends `body` to `out` as one frame (prefix and body).
+    ///
+    /// Fails only when `body` is empty or longer than a frame can announce (`i32::MAX`). Only
+    /// these tests frame bodies by hand: requests are framed whole by `codec::encode_request`.
+    fn encode_frame(body: &[u8], out: &mut BytesMut) -> Result<(), FrameError> {
+        let length = match i32::try_from(body.len()) {
+            Ok(0) => return Err(FrameError::Empty),
+            Ok(n) => n,
+            Err(_) => {
+                return Err(FrameError::TooLarge {
+                    size: body.len(),
+                    limit: i32::MAX as usize,
+                })
+            }
+        };
+        out.reserve(LENGTH_PREFIX_SIZE + body.len());
+        out.put_i32(length);
+        out.put_slice(body);
+        Ok(())
+    }
 
     #[test]
     fn incomplete_prefix_and_body_wait_for_more() {

@@ -18,9 +18,6 @@ pub mod records;
 pub mod sasl;
 pub mod versions;
 
-pub use codec::{
-    decode_response, decode_response_frame, encode_request, DecodeError, EncodeError, Request,
-    Response,
-};
-pub use frame::{decode_frame, FrameError, DEFAULT_MAX_FRAME_SIZE};
-pub use versions::{negotiate, NegotiatedVersions, VersionError, SUPPORTED};
+pub use codec::{decode_response, decode_response_frame, Request, Response};
+pub use frame::DEFAULT_MAX_FRAME_SIZE;
+pub use versions::NegotiatedVersions;

@@ -54,7 +54,9 @@ pub const REQUIRED: &[ApiKey] = &[
     ApiKey::LeaveGroup,
 ];
 
-/// The ApiVersions version sent first on every connection.
+/// The ApiVersions version sent first on every connection. v3 is the first flexible version and
+/// the one KIP-511's fallback is defined for; a broker that does not know it tells us what it
+/// does know.
 pub const API_VERSIONS_REQUEST_VERSION: i16 = 3;
 
 /// The versions kafka-lock implements for `api`, if any.

@@ -12,9 +12,11 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use kafka_lock::assign::{MemberMetadata, NativeAssignment, NATIVE_PROTOCOL, PROTOCOL_TYPE};
-use kafka_lock::driver::Connection;
-use kafka_lock::wire::Response;
+use kafka_lock::internals::assign::{
+    MemberMetadata, NativeAssignment, NATIVE_PROTOCOL, PROTOCOL_TYPE,
+};
+use kafka_lock::internals::driver::Connection;
+use kafka_lock::internals::wire::Response;
 use kafka_lock::{Error, KafkaCode, LockEvent, LockOptions};
 use kafka_protocol::messages::heartbeat_request::HeartbeatRequest;
 use kafka_protocol::messages::join_group_request::{JoinGroupRequest, JoinGroupRequestProtocol};

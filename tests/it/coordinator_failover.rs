@@ -11,8 +11,8 @@
 
 use std::time::{Duration, Instant};
 
-use kafka_lock::driver::{ConnConfig, Connection};
-use kafka_lock::wire::Response;
+use kafka_lock::internals::driver::{ConnConfig, Connection};
+use kafka_lock::internals::wire::Response;
 use kafka_lock::{KafkaCode, LockEvent, LockGuard, LockOptions, LossReason};
 use kafka_protocol::messages::heartbeat_request::HeartbeatRequest;
 use kafka_protocol::messages::offset_commit_request::{

@@ -1,6 +1,6 @@
 //! Golden tests: response bodies captured from tansu, by hand-built requests and from
 //! librdkafka's own conversation with it (testdata/README.md says how), decoded through
-//! `kafka_lock::wire::decode_response` and checked field by field.
+//! `kafka_lock::internals::wire::decode_response` and checked field by field.
 //!
 //! The captures can be redone at any time (`scripts/capture_frames.py`), so these tests assert
 //! what stays the same between captures: error codes, names, shapes, relations between fields.
@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
-use kafka_lock::wire::{decode_response, Response};
+use kafka_lock::internals::wire::{decode_response, Response};
 use kafka_protocol::messages::ApiKey;
 
 /// One captured response body.

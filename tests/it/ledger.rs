@@ -6,10 +6,10 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kafka_lock::driver::{ConnConfig, Connection};
-use kafka_lock::ledger::LedgerError;
-use kafka_lock::wire::coordinator::{find_coordinator_request, found_coordinator};
-use kafka_lock::wire::Response;
+use kafka_lock::internals::driver::{ConnConfig, Connection};
+use kafka_lock::internals::wire::coordinator::{find_coordinator_request, found_coordinator};
+use kafka_lock::internals::wire::Response;
+use kafka_lock::LedgerError;
 use kafka_lock::{CheckpointSource, Error, FencingToken, HoldEnd, LockEvent, LockOptions};
 use kafka_protocol::messages::leave_group_request::{LeaveGroupRequest, MemberIdentity};
 use kafka_protocol::messages::{ApiKey, GroupId};
@@ -142,7 +142,7 @@ async fn a_recompressing_ledger_topic_is_refused() {
     );
     assert!(
         err.to_string()
-            .contains(&kafka_lock::ledger::compression_fix(&gzip)),
+            .contains(&kafka_lock::internals::ledger::compression_fix(&gzip)),
         "{err}"
     );
     let producer = support::unique_group("ledger-producer");
@@ -819,9 +819,9 @@ async fn append_raw(
     records: usize,
     per_batch: usize,
 ) {
-    use kafka_lock::ledger::{build, Op};
-    use kafka_lock::wire::log::{produced, TopicPartition};
-    use kafka_lock::wire::records::{encode_batch, NewRecord};
+    use kafka_lock::internals::ledger::{build, Op};
+    use kafka_lock::internals::wire::log::{produced, TopicPartition};
+    use kafka_lock::internals::wire::records::{encode_batch, NewRecord};
     let cfg = ConnConfig::default().with_max_frame_size(8 << 20);
     let conn = Connection::connect(bootstrap.split(',').next().unwrap(), &cfg)
         .await
@@ -1013,7 +1013,7 @@ async fn a_checkpoint_reported_stored_reads_back_after_an_offset_delete_while_he
 /// the tail read stopped at the first window holding any checkpoint of the lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_copy_of_an_older_hold_does_not_hide_a_newer_checkpoint() {
-    use kafka_lock::ledger::{LedgerRecord, RecordKind};
+    use kafka_lock::internals::ledger::{LedgerRecord, RecordKind};
     support::init_tracing();
     let bootstrap = kafka().bootstrap();
     let ledger = new_ledger(&bootstrap, "ledger-late");

@@ -766,9 +766,11 @@ async fn a_short_acquire_names_the_holder(broker: Broker) {
 mod raw {
     use std::time::Duration;
 
-    use kafka_lock::assign::{MemberMetadata, NativeAssignment, NATIVE_PROTOCOL, PROTOCOL_TYPE};
-    use kafka_lock::driver::Connection;
-    use kafka_lock::wire::Response;
+    use kafka_lock::internals::assign::{
+        MemberMetadata, NativeAssignment, NATIVE_PROTOCOL, PROTOCOL_TYPE,
+    };
+    use kafka_lock::internals::driver::Connection;
+    use kafka_lock::internals::wire::Response;
     use kafka_protocol::messages::join_group_request::{
         JoinGroupRequest, JoinGroupRequestProtocol,
     };

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use kafka_lock::security::SecurityError;
+use kafka_lock::SecurityError;
 use kafka_lock::{ClientConfig, Error, LockOptions};
 
 use crate::support::kafka::oauth::{

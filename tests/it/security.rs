@@ -8,8 +8,8 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kafka_lock::driver::{ConnConfig, Connection};
-use kafka_lock::security::{
+use kafka_lock::internals::driver::{ConnConfig, Connection};
+use kafka_lock::{
     AuthFailure, Sasl, SaslMechanism, Secret, Security, SecurityError, SecurityProtocol, Tls,
     TlsProvider,
 };

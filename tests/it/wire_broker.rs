@@ -4,9 +4,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kafka_lock::backoff::Backoff;
-use kafka_lock::driver::{connect_any, BootstrapConfig, ConnConfig, Connection};
-use kafka_lock::wire::Response;
+use kafka_lock::internals::backoff::Backoff;
+use kafka_lock::internals::driver::{connect_any, BootstrapConfig, ConnConfig, Connection};
+use kafka_lock::internals::wire::Response;
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::{
     ApiKey, ApiVersionsRequest, FindCoordinatorRequest, MetadataRequest, TopicName,

@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use kafka_lock::backoff::Backoff;
+use kafka_lock::internals::backoff::Backoff;
 use rustix::process::Signal;
 
 use crate::exit::{self, Failure};

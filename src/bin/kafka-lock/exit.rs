@@ -1,8 +1,6 @@
 //! Exit statuses of kafka-lock's own (sysexits.h numbers) and the one line each prints.
 
-use kafka_lock::ledger::LedgerError;
-use kafka_lock::security::{AuthFailure, SecurityError};
-use kafka_lock::{Error, KafkaCode};
+use kafka_lock::{AuthFailure, Error, KafkaCode, LedgerError, SecurityError};
 
 /// EX_USAGE: the command line is wrong.
 pub const USAGE: u8 = 64;

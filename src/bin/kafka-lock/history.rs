@@ -36,8 +36,8 @@ after its session timeout); retried (an ACQUIRED record whose append was retried
 hold); open (no end record and no later hold: still holding, or its holder died and nobody has
 taken the lock since). Times are the writers' wall clocks, in UTC; how long a hold lasted is the
 holder's own monotonic measure.",
-        create = kafka_lock::ledger::create_topic_command("kafka-lock-ledger"),
-        single = kafka_lock::ledger::SINGLE_BROKER_SETTINGS,
+        create = kafka_lock::internals::ledger::create_topic_command("kafka-lock-ledger"),
+        single = kafka_lock::internals::ledger::SINGLE_BROKER_SETTINGS,
     )
 }
 
@@ -52,7 +52,7 @@ pub struct HistoryConfig {
     pub request_timeout: Duration,
     pub connect_timeout: Duration,
     pub client_id: String,
-    pub security: kafka_lock::security::Security,
+    pub security: kafka_lock::Security,
     pub retry_backoff: Option<(Duration, Duration)>,
 }
 

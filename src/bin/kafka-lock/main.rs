@@ -359,7 +359,7 @@ struct HoldArgs {
     label: Option<String>,
     /// The longest checkpoint the command may write, in bytes: the brokers'
     /// offset.metadata.max.bytes, which is 4096 unless they are configured otherwise.
-    #[arg(long, value_name = "BYTES", default_value_t = kafka_lock::lock::DEFAULT_CHECKPOINT_MAX_BYTES)]
+    #[arg(long, value_name = "BYTES", default_value_t = kafka_lock::DEFAULT_CHECKPOINT_MAX_BYTES)]
     checkpoint_max_bytes: usize,
     /// Print one JSON object per line on stderr for waiting, acquired, token_changed,
     /// child_started, lost, child_exited, checkpoint, released, failed and exit (docs/events.md).
@@ -676,10 +676,10 @@ fn connection(t: &Target, from_env: &FromEnv) -> Result<settings::Resolved, Fail
 fn timeouts(c: &settings::Resolved) -> Result<(Duration, Duration), Failure> {
     let request = c
         .request_timeout
-        .unwrap_or(kafka_lock::lock::DEFAULT_REQUEST_TIMEOUT);
+        .unwrap_or(kafka_lock::DEFAULT_REQUEST_TIMEOUT);
     let connect = c
         .connect_timeout
-        .unwrap_or(kafka_lock::driver::DEFAULT_CONNECT_TIMEOUT);
+        .unwrap_or(kafka_lock::DEFAULT_CONNECT_TIMEOUT);
     run::in_range("--request-timeout", request, run::TIMEOUT_BOUND, false)?;
     run::in_range("--connect-timeout", connect, run::TIMEOUT_BOUND, false)?;
     Ok((request, connect))
@@ -717,11 +717,9 @@ async fn status(a: StatusArgs, from_env: &FromEnv) -> Result<u8, Failure> {
 async fn observe(a: ObserveArgs, from_env: &FromEnv) -> Result<u8, Failure> {
     let c = connection(&a.target, from_env)?;
     let (request, connect) = timeouts(&c)?;
-    let interval = a
-        .interval
-        .unwrap_or(kafka_lock::election::DEFAULT_OBSERVE_INTERVAL);
+    let interval = a.interval.unwrap_or(kafka_lock::DEFAULT_OBSERVE_INTERVAL);
     run::in_range("--interval", interval, run::TIMEOUT_BOUND, false)?;
-    if interval < kafka_lock::election::MIN_OBSERVE_INTERVAL {
+    if interval < kafka_lock::MIN_OBSERVE_INTERVAL {
         return Err(Failure::new(
             exit::CONFIG,
             format!(

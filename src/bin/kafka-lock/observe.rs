@@ -5,8 +5,7 @@
 use std::io::Write;
 use std::time::{Duration, UNIX_EPOCH};
 
-use kafka_lock::describe::LockState;
-use kafka_lock::{Leadership, LockOptions};
+use kafka_lock::{Leadership, LockOptions, LockState};
 
 use crate::exit::{self, Failure};
 use crate::history;

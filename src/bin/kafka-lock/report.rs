@@ -7,8 +7,7 @@
 use std::io::IsTerminal;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use kafka_lock::lock::HolderInfo;
-use kafka_lock::{FencingToken, LossReason};
+use kafka_lock::{FencingToken, HolderInfo, LossReason};
 
 use crate::json::Obj;
 use crate::{output, sys};

@@ -16,11 +16,10 @@ use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant};
 
-use kafka_lock::lock::{
-    DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_LEASE_MARGIN, DEFAULT_REQUEST_TIMEOUT,
-    DEFAULT_SESSION_TIMEOUT,
+use kafka_lock::{
+    LockEvent, LockGuard, LockOptions, LossReason, DEFAULT_HEARTBEAT_INTERVAL,
+    DEFAULT_LEASE_MARGIN, DEFAULT_REQUEST_TIMEOUT, DEFAULT_SESSION_TIMEOUT,
 };
-use kafka_lock::{LockEvent, LockGuard, LockOptions, LossReason};
 use rustix::io::{Errno, FdFlags};
 use rustix::net::{AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType};
 use rustix::process::Signal;
@@ -65,7 +64,7 @@ pub struct RunConfig {
     pub ledger_topic: Option<String>,
     pub checkpoint_max_bytes: usize,
     /// TLS and SASL, from the Kafka client settings.
-    pub security: kafka_lock::security::Security,
+    pub security: kafka_lock::Security,
     /// Initial and largest retry backoff, when the settings give them.
     pub retry_backoff: Option<(Duration, Duration)>,
     /// Lines about the settings (keys ignored, host name checks off), shown before anything.
@@ -233,7 +232,7 @@ impl Timing {
         let connect = in_range(
             "--connect-timeout",
             c.connect_timeout
-                .unwrap_or(kafka_lock::driver::DEFAULT_CONNECT_TIMEOUT),
+                .unwrap_or(kafka_lock::DEFAULT_CONNECT_TIMEOUT),
             TIMEOUT_BOUND,
             false,
         )?;
@@ -820,7 +819,7 @@ struct HoldIo<'a> {
     c: &'a RunConfig,
     t: Timing,
     token: kafka_lock::FencingToken,
-    watch: kafka_lock::lock::HoldWatch,
+    watch: kafka_lock::HoldWatch,
     /// Until the release.
     guard: Option<LockGuard>,
     link: &'a Link,

@@ -13,8 +13,8 @@ use std::ffi::OsString;
 use std::path::Path;
 use std::time::Duration;
 
-use kafka_lock::config::{self, ClientConfig, ConfigError};
-use kafka_lock::security::Security;
+use kafka_lock::internals::config;
+use kafka_lock::{ClientConfig, ConfigError, Security};
 
 use crate::environ::FromEnv;
 use crate::exit::{self, Failure};
@@ -201,9 +201,9 @@ fn resolve_with(
     let retry_backoff = match (t.retry_backoff, t.retry_backoff_max) {
         (None, None) => None,
         (initial, max) => {
-            let initial = initial.unwrap_or(kafka_lock::lock::DEFAULT_RETRY_BACKOFF);
+            let initial = initial.unwrap_or(kafka_lock::DEFAULT_RETRY_BACKOFF);
             // As Kafka's clients: a retry.backoff.ms above the default largest raises it.
-            let max = max.unwrap_or(kafka_lock::lock::DEFAULT_RETRY_BACKOFF_MAX.max(initial));
+            let max = max.unwrap_or(kafka_lock::DEFAULT_RETRY_BACKOFF_MAX.max(initial));
             Some((initial, max))
         }
     };
@@ -279,7 +279,7 @@ mod tests {
             assert!(!is_secret_variable(plain.as_ref()), "{plain}");
         }
     }
-    use kafka_lock::security::{Sasl, Secret, SecurityProtocol};
+    use kafka_lock::{Sasl, Secret, SecurityProtocol};
 
     fn vars(list: &[(&str, &str)]) -> Vec<(OsString, OsString)> {
         list.iter()

@@ -6,8 +6,10 @@
 use std::io::Write;
 use std::time::Duration;
 
-use kafka_lock::describe::{LedgerSummary, LockDescription, LockHolder, LockMember, LockState};
-use kafka_lock::{CheckpointSource, HoldEnd, LockOptions};
+use kafka_lock::{
+    CheckpointSource, HoldEnd, LedgerSummary, LockDescription, LockHolder, LockMember, LockOptions,
+    LockState,
+};
 
 use crate::exit::{self, Failure};
 use crate::history;
@@ -113,7 +115,7 @@ pub struct StatusConfig {
     pub connect_timeout: Duration,
     pub client_id: String,
     pub ledger_topic: Option<String>,
-    pub security: kafka_lock::security::Security,
+    pub security: kafka_lock::Security,
     pub retry_backoff: Option<(Duration, Duration)>,
 }
 
@@ -321,10 +323,10 @@ pub fn to_json(d: &LockDescription) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kafka_lock::assign::{
+    use kafka_lock::internals::assign::{
         Holder, MemberMetadata, NativeAssignment, NATIVE_PROTOCOL, PROTOCOL_TYPE,
     };
-    use kafka_lock::describe::analyse;
+    use kafka_lock::internals::describe::analyse;
     use kafka_protocol::messages::describe_groups_response::{
         DescribedGroup, DescribedGroupMember,
     };

@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::sync::{mpsc, OnceLock};
 use std::time::{Duration, Instant};
 
-use kafka_lock::wire::Response;
+use kafka_lock::internals::wire::Response;
 use kafka_protocol::messages::leave_group_request::MemberIdentity;
 use kafka_protocol::messages::{GroupId, LeaveGroupRequest};
 use kafka_protocol::protocol::StrBytes;

@@ -43,7 +43,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use kafka_lock::wire::{decode_response_frame, Response};
+use kafka_lock::internals::wire::{decode_response_frame, Response};
 use kafka_protocol::messages::{ApiKey, ResponseHeader};
 use kafka_protocol::protocol::{Encodable, StrBytes};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -5,11 +5,11 @@ use std::future::Future;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use kafka_lock::driver::{ConnConfig, Connection};
-use kafka_lock::wire::coordinator::{
+use kafka_lock::internals::driver::{ConnConfig, Connection};
+use kafka_lock::internals::wire::coordinator::{
     find_coordinator_request, found_coordinator, FoundCoordinator,
 };
-use kafka_lock::wire::Response;
+use kafka_lock::internals::wire::Response;
 use kafka_protocol::messages::describe_groups_response::DescribedGroup;
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::{
