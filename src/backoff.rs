@@ -40,7 +40,7 @@ pub const DEFAULT_JITTER: f64 = 0.5;
 /// longer than the configured maximum.
 pub type RandomSource = Box<dyn FnMut() -> f64 + Send>;
 
-/// Exponential backoff with jitter. See the [module docs](self) for the formula.
+/// Exponential backoff with jitter. The module's docs give the formula.
 pub struct Backoff {
     initial: Duration,
     max: Duration,
@@ -149,7 +149,7 @@ impl Backoff {
 }
 
 impl Default for Backoff {
-    /// [`DEFAULT_INITIAL`], [`DEFAULT_MAX`], [`DEFAULT_MULTIPLIER`], [`DEFAULT_JITTER`].
+    /// `DEFAULT_INITIAL`, `DEFAULT_MAX`, `DEFAULT_MULTIPLIER`, `DEFAULT_JITTER`.
     fn default() -> Self {
         Self::new(
             DEFAULT_INITIAL,

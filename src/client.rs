@@ -93,7 +93,7 @@ impl Client {
         Self::with_settings(s)
     }
 
-    /// How connections are secured (TLS, SASL): see [`crate::security`]. Default: plaintext.
+    /// How connections are secured (TLS, SASL): see [`Security`](crate::Security). Default: plaintext.
     /// Every connection authenticates once, and re-authenticates on its own schedule (KIP-368).
     #[must_use = "the client is changed in the value returned"]
     pub fn security(self, security: Security) -> Self {

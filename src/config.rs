@@ -811,7 +811,7 @@ pub struct Timeouts {
 }
 
 /// Kafka client settings in Kafka's vocabulary, collected from properties text and single
-/// settings; see the [module documentation](self).
+/// settings; see the module's documentation (`src/config.rs`).
 #[derive(Debug, Clone, Default)]
 pub struct ClientConfig {
     bootstrap: Option<Set<String>>,

@@ -8,9 +8,9 @@
 //! is `crate::wire::records::RecordBatch`). An internal item that nothing here names and nothing
 //! inside uses is dead code, and the compiler says so.
 
-/// Settings plumbing of the binary: `KAFKA_LOCK_X_*` variables name keys ([`known_keys`]), a
-/// misspelt one gets a suggestion ([`suggest`]), and a secret key's variable is not passed on to
-/// the command ([`is_secret`]).
+/// Settings plumbing of the binary: `KAFKA_LOCK_X_*` variables name keys (`known_keys`), a
+/// misspelt one gets a suggestion (`suggest`), and a secret key's variable is not passed on to
+/// the command (`is_secret`).
 pub mod config {
     pub use crate::config::{is_secret, known_keys, suggest};
 }

@@ -306,8 +306,8 @@ impl LockOptions {
     }
 
     /// Whether waiters long-poll the ledger to learn of a release at once (default true): one
-    /// parked Fetch per waiter at a time, for at most [`DEFAULT_POLL_WAIT`] and
-    /// [`DEFAULT_POLL_MAX_BYTES`]. Without it a waiter learns of a release at its next heartbeat.
+    /// parked Fetch per waiter at a time, for at most 5 s and 64 KiB
+    /// of records. Without it a waiter learns of a release at its next heartbeat.
     #[must_use = "the options are changed in the value returned"]
     pub fn ledger_push(mut self, push: bool) -> Self {
         self.ledger_push = push;
@@ -403,7 +403,7 @@ impl LockOptions {
         self
     }
 
-    /// How connections are secured (TLS, SASL): see [`crate::security`]. Default: plaintext.
+    /// How connections are secured (TLS, SASL): see [`Security`](crate::Security). Default: plaintext.
     /// Checked by [`LockOptions::validate`].
     pub fn security(mut self, security: Security) -> Self {
         self.security = security;

@@ -71,10 +71,10 @@ pub struct MemberMetadata {
     /// Generation whose SyncGroup granted the member its current, uninterrupted hold; -1 when it
     /// does not hold. The leader uses it to choose between conflicting claims.
     pub holder_generation: i32,
-    /// Free text shown to waiters (host, pid, job); at most [`MAX_LABEL_LEN`] bytes.
+    /// Free text shown to waiters (host, pid, job); at most `MAX_LABEL_LEN` bytes.
     pub label: Option<String>,
     /// How many permits the member expects the lock to have (1 = a mutex); every member of a
-    /// group must agree. 1 to [`MAX_PERMITS`].
+    /// group must agree. 1 to `MAX_PERMITS`.
     pub permits: u16,
     /// The permit slot the member holds (`0..permits`); 0 when it does not hold.
     pub slot: u16,
@@ -269,9 +269,9 @@ fn label_len(label: Option<&str>) -> usize {
 }
 
 impl MemberMetadata {
-    /// Encodes at [`NATIVE_MAJOR_VERSION`]: minor 0 for a mutex (one permit, slot 0) without a
+    /// Encodes at `NATIVE_MAJOR_VERSION`: minor 0 for a mutex (one permit, slot 0) without a
     /// ledger, exactly as builds before permits; minor 2 with a ledger; minor 1 otherwise. A
-    /// label longer than [`MAX_LABEL_LEN`] bytes is cut at a character boundary.
+    /// label longer than `MAX_LABEL_LEN` bytes is cut at a character boundary.
     pub fn encode(&self) -> Bytes {
         let minor = if self.ledger.is_some() {
             2
@@ -339,10 +339,10 @@ impl MemberMetadata {
 }
 
 impl NativeAssignment {
-    /// Encodes at [`NATIVE_MAJOR_VERSION`]: minor 0 for one permit with at most a holder in slot
+    /// Encodes at `NATIVE_MAJOR_VERSION`: minor 0 for one permit with at most a holder in slot
     /// 0 and no ledger, exactly as builds before permits; minor 2 with a ledger; minor 1
     /// otherwise. Over-long member ids and labels
-    /// are cut at a character boundary (see [`MAX_MEMBER_ID_LEN`], [`MAX_LABEL_LEN`]); without a
+    /// are cut at a character boundary (see `MAX_MEMBER_ID_LEN`, `MAX_LABEL_LEN`); without a
     /// holder, `other_holders` is not written, and their generations are not written at all
     /// (they are the holder's).
     pub fn encode(&self) -> Bytes {
@@ -405,7 +405,7 @@ impl NativeAssignment {
     }
 
     /// Decodes the assignment the leader sent this member. Empty input (a leader that left this
-    /// member out) is [`PeerDataError::Empty`]. Minor 0 (a leader before permits) means one
+    /// member out) is `PeerDataError::Empty`. Minor 0 (a leader before permits) means one
     /// permit, the holder in slot 0; below minor 2 (a leader before ledgers), no ledger.
     pub fn decode(data: &[u8]) -> Result<Self, PeerDataError> {
         const WHAT: &str = "assignment";
@@ -537,15 +537,15 @@ fn fifo_key<'a>(
 /// and becomes every holder's token.
 ///
 /// Rules (rationale in `docs/protocol.md`):
-/// 1. Members whose metadata does not decode are listed in [`NativePlan::rejected`], can never
+/// 1. Members whose metadata does not decode are listed in `NativePlan::rejected`, can never
 ///    hold, and get position -1.
 /// 2. **Permits.** The group's number of permits is that of the most recent claimant (highest
 ///    `holder_generation`, then FIFO order), else that of the first member in FIFO order.
-///    Members that expect another number are listed in [`NativePlan::mismatched`], can never
+///    Members that expect another number are listed in `NativePlan::mismatched`, can never
 ///    hold, and get position -1.
 /// 3. **Ledger.** The group's ledger topic (or none) is chosen the same way, among the members
 ///    that agree on the permits. Members with another setting are listed in
-///    [`NativePlan::ledger_mismatched`], can never hold, and get position -1; while any is in
+///    `NativePlan::ledger_mismatched`, can never hold, and get position -1; while any is in
 ///    the generation, claimants keep their slots but no free slot is handed out, so nobody new
 ///    holds until every member agrees (the mismatched ones fail and leave when they read their
 ///    assignment).

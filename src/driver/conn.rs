@@ -80,7 +80,7 @@ pub struct ConnConfig {
     /// Default: [`DEFAULT_CONNECT_TIMEOUT`].
     pub connect_timeout: Duration,
     /// Bound on each request unless [`Connection::request_with_timeout`] overrides it.
-    /// Default: [`DEFAULT_REQUEST_TIMEOUT`].
+    /// Default: `DEFAULT_REQUEST_TIMEOUT` (30 s).
     pub request_timeout: Duration,
     /// Largest response frame accepted; a longer length prefix poisons the connection before any
     /// of the frame is buffered. Default: [`DEFAULT_MAX_FRAME_SIZE`].

@@ -131,7 +131,7 @@ pub const LEDGER_TOPIC_SETTINGS: &str = "--partitions 1 --replication-factor 3 \
      --config cleanup.policy=delete --config retention.ms=7776000000 \
      --config compression.type=producer --config max.message.bytes=65536";
 
-/// What replaces the replication settings of [`LEDGER_TOPIC_SETTINGS`] on a single broker (with
+/// What replaces the replication settings of `LEDGER_TOPIC_SETTINGS` on a single broker (with
 /// `min.insync.replicas=2` and one replica every append fails).
 pub const SINGLE_BROKER_SETTINGS: &str = "--replication-factor 1 --config min.insync.replicas=1";
 

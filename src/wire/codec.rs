@@ -132,7 +132,7 @@ pub enum DecodeError {
         version: i16,
     },
 
-    /// The bounded-decoding guard rejected the bytes (see [`guard`]).
+    /// The bounded-decoding guard rejected the bytes (see `wire::guard`).
     #[error(
         "malformed {api} v{version} response: {reason}, in {at}; the peer sent bytes that are not a valid response of this version"
     )]
@@ -337,7 +337,7 @@ fn check_header(
 
 /// Decodes a response body (no length prefix, no response header) for `api_key` at `version`.
 ///
-/// Every input is safe: bodies that contain arrays are scanned by the [guard]
+/// Every input is safe: bodies that contain arrays are scanned by the guard
 /// first, and those without are decoded by kafka-protocol directly, which is bounded for them (the
 /// guard's docs explain both), so this returns in time and memory bounded by a small multiple of
 /// `body.len()`, and never panics. Leftover bytes are [`DecodeError::TrailingBytes`]; an
@@ -347,7 +347,7 @@ fn check_header(
 /// ApiVersions follows KIP-511: a broker that does not support the requested ApiVersions version
 /// answers UNSUPPORTED_VERSION in a **v0** body whatever version was asked for, so an ApiVersions
 /// body whose error code is 35 and that is valid as v0 is decoded as v0 (the Java client does the
-/// same). Pass the result to [`api_versions_fallback`](super::versions::api_versions_fallback).
+/// same). Pass the result to `versions::api_versions_fallback`.
 pub fn decode_response(
     api_key: ApiKey,
     version: i16,

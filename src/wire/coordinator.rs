@@ -64,8 +64,8 @@ pub fn find_coordinator_request(group: &str, version: i16) -> FindCoordinatorReq
 }
 
 /// The coordinator in an answer of either shape. A broker error code is
-/// [`CoordinatorError::Broker`] (check [`CoordinatorError::is_retriable`]); a success without a
-/// usable address is [`CoordinatorError::Unusable`].
+/// `CoordinatorError::Broker` (check `CoordinatorError::is_retriable`); a success without a
+/// usable address is `CoordinatorError::Unusable`.
 pub fn found_coordinator(
     resp: &FindCoordinatorResponse,
 ) -> Result<FoundCoordinator, CoordinatorError> {

@@ -175,7 +175,7 @@ pub struct Appended {
 
 /// The result for `tp` in a Produce answer decoded at `version`.
 ///
-/// A partition error is [`LogError::Broker`] with the broker's message, or, when it sent none,
+/// A partition error is `LogError::Broker` with the broker's message, or, when it sent none,
 /// with the messages it gave for single records (v8+, e.g. for INVALID_RECORD).
 pub fn produced(
     resp: &ProduceResponse,

@@ -21,9 +21,9 @@ use crate::wire::code::KafkaCode;
 /// The versions kafka-lock implements, per API: `(api, min, max)`.
 ///
 /// These are all the versions kafka-protocol 0.18 has for these messages, and exactly the versions
-/// the [decoding guard](super::guard) has tables for (a test keeps the two equal). Produce,
-/// Fetch and ListOffsets (for the ledger, see [`log`](super::log)) are optional: they are absent
-/// from the result of [`negotiate`] when the broker shares no version of them, and Produce starts
+/// the decoding guard (`wire::guard`) has tables for (a test keeps the two equal). Produce,
+/// Fetch and ListOffsets (for the ledger, see `wire::log`) are optional: they are absent
+/// from the result of `negotiate` when the broker shares no version of them, and Produce starts
 /// at v3, the first with record batches (message format v2), which is also where Apache Kafka 4
 /// starts. ListOffsets starts at v1, kafka-protocol's first and Apache Kafka 4's (KIP-896).
 pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
