@@ -40,7 +40,7 @@ const MAX_ANSWER: u64 = 256 * 1024;
 ///
 /// ```
 /// use kafka_lock::OAuthBearer;
-/// use kafka_lock::security::Secret;
+/// use kafka_lock::Secret;
 /// let oauth = OAuthBearer::client_credentials(
 ///     "https://idp.example.com/oauth2/token",
 ///     "locker",

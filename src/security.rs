@@ -8,7 +8,7 @@
 //! performs the TLS handshake and the SASL exchange before its first other request.
 //!
 //! ```
-//! use kafka_lock::security::{Sasl, Secret, Security, SecurityProtocol, Tls};
+//! use kafka_lock::{Sasl, Secret, Security, SecurityProtocol, Tls};
 //! let security = Security::new(SecurityProtocol::SaslSsl)
 //!     .with_tls(Tls::new().ca_file("/etc/kafka/ca.pem"))
 //!     .with_sasl(Sasl::scram_sha512("locker", Secret::new("s3cret")));
