@@ -6,7 +6,9 @@ Reads rustdoc's JSON output made with hidden items included (`cargo +nightly rus
 --no-default-features -- -Z unstable-options --output-format json --document-hidden-items`),
 walks every public item reachable from the crate root that is not `#[doc(hidden)]` (nor inside
 a hidden module), and collects the types of crates other than std, core and alloc that their
-signatures, fields, variants and trait impls name.
+signatures, fields, variants and trait impls name. Also fails when the crate root has a public
+module hidden from the docs other than `internals`, the one door to the internals
+(docs/design.md, "What reaches inside").
 
 Usage: scripts/public_api_types.py target/doc/kafka_lock.json
 """
@@ -17,6 +19,8 @@ import sys
 
 # tokio is a deliberate public dependency: LockOptions::events takes its channel's sender.
 ALLOWED = {"tokio"}
+# The hidden public modules the root may have: the one door to the internals.
+HIDDEN_DOORS = {"internals"}
 
 def main(path):
     doc = json.load(open(path))
@@ -87,6 +91,15 @@ def main(path):
     print(f"{len(seen)} items reached")
     if bad:
         sys.exit("the stable API names types of other crates; hide the item or use a type of ours")
+    doors = sorted(
+        item.get("name") or ""
+        for item in (index.get(str(i)) for i in index[str(doc["root"])]["inner"]["module"]["items"])
+        if item and hidden(item) and item.get("visibility") == "public" and "module" in item["inner"]
+    )
+    print(f"hidden public modules at the root: {', '.join(doors) or 'none'}")
+    if set(doors) - HIDDEN_DOORS:
+        sys.exit("a hidden public module other than `internals`: make it private and name what "
+                 "outside code needs in src/internals.rs")
 
 if __name__ == "__main__":
     main(sys.argv[1])
