@@ -11,9 +11,9 @@ use kafka_lock::internals::assign::{NATIVE_PROTOCOL, PROTOCOL_TYPE};
 use kafka_lock::internals::driver::Connection;
 use kafka_lock::internals::wire::Response;
 use kafka_lock::{
-    Election, FencingToken, KafkaCode, Leadership, LockEvent, LockOptions, LockState,
+    Election, FencingToken, KafkaCode, Leadership, LockEvent, LockOptions, LockState, ObserveVia,
+    MIN_OBSERVE_INTERVAL,
 };
-use kafka_lock::{ObserveVia, MIN_OBSERVE_INTERVAL};
 use kafka_protocol::messages::heartbeat_request::HeartbeatRequest;
 use kafka_protocol::messages::join_group_request::{JoinGroupRequest, JoinGroupRequestProtocol};
 use kafka_protocol::messages::sync_group_request::SyncGroupRequest;

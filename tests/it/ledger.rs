@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 use kafka_lock::internals::driver::{ConnConfig, Connection};
 use kafka_lock::internals::wire::coordinator::{find_coordinator_request, found_coordinator};
 use kafka_lock::internals::wire::Response;
-use kafka_lock::LedgerError;
-use kafka_lock::{CheckpointSource, Error, FencingToken, HoldEnd, LockEvent, LockOptions};
+use kafka_lock::{
+    CheckpointSource, Error, FencingToken, HoldEnd, LedgerError, LockEvent, LockOptions,
+};
 use kafka_protocol::messages::leave_group_request::{LeaveGroupRequest, MemberIdentity};
 use kafka_protocol::messages::{ApiKey, GroupId};
 use kafka_protocol::protocol::StrBytes;

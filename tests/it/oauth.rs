@@ -5,8 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use kafka_lock::SecurityError;
-use kafka_lock::{ClientConfig, Error, LockOptions};
+use kafka_lock::{ClientConfig, Error, LockOptions, SecurityError};
 
 use crate::support::kafka::oauth::{
     oauth_kafka, CLIENT_SECRET, EXPIRED, GOOD, TOKEN_LIFETIME, WRONG_AUDIENCE,

@@ -10,10 +10,9 @@ use std::time::{Duration, Instant};
 
 use kafka_lock::internals::driver::{ConnConfig, Connection};
 use kafka_lock::{
-    AuthFailure, Sasl, SaslMechanism, Secret, Security, SecurityError, SecurityProtocol, Tls,
-    TlsProvider,
+    AuthFailure, Error, LockOptions, Sasl, SaslMechanism, Secret, Security, SecurityError,
+    SecurityProtocol, Tls, TlsProvider,
 };
-use kafka_lock::{Error, LockOptions};
 use kafka_protocol::messages::MetadataRequest;
 
 use crate::support::kafka::secure::{
