@@ -61,6 +61,7 @@ LEDGER_IT=(
     ledger::a_stale_holders_checkpoint_is_rejected_by_the_broker
     ledger::waiters_learn_of_a_release_from_the_ledger_at_once
     ledger::a_ledger_topic_with_two_partitions_is_refused
+    ledger::scripted::a_holds_checkpoint_read_opens_no_connection_and_looks_nothing_up
 )
 CLI_IT=(
     cli::the_command_is_stopped_when_the_lease_runs_out_and_kafka_lock_exits_74

@@ -45,7 +45,7 @@ use tokio::sync::{mpsc, watch};
 use crate::backoff::Backoff;
 use crate::driver::ledger::Reach;
 use crate::driver::session::{
-    self, End, EventSink, SessionCommand, SessionHandle, SessionParams, SessionState,
+    self, End, EventSink, Places, SessionCommand, SessionHandle, SessionParams, SessionState,
 };
 use crate::driver::{BootstrapConfig, ConnConfig, Connection};
 use crate::error::{Error, KafkaCode, Result};
@@ -637,14 +637,32 @@ impl LockOptions {
     /// [`LockOptions::history`] reads the whole ledger and its
     /// [`History::last_checkpoint`] finds it. Needs no membership.
     pub async fn last_checkpoint(&self) -> Result<Option<Checkpoint>> {
-        if let Some(c) = self.committed_checkpoint().await? {
+        self.validate()?;
+        let reach = self.reach();
+        let found = self.last_checkpoint_via(&reach, &Places::default()).await;
+        reach.close();
+        found
+    }
+
+    /// [`LockOptions::last_checkpoint`] over `reach`, starting at the places already `known`.
+    async fn last_checkpoint_via(
+        &self,
+        reach: &Reach,
+        known: &Places,
+    ) -> Result<Option<Checkpoint>> {
+        if let Some(c) = self.committed_via(reach, known).await? {
             return Ok(Some(c));
         }
         let topic = self.ledger_required()?;
         let max = crate::driver::ledger::TAIL_MAX_OFFSETS;
-        let history =
-            crate::driver::ledger::read_checkpoint_tail(&self.reach(), &self.name, topic, max)
-                .await?;
+        let history = crate::driver::ledger::read_checkpoint_tail(
+            reach,
+            &self.name,
+            topic,
+            max,
+            known.ledger.clone(),
+        )
+        .await?;
         let found = history
             .last_checkpoint()
             .map(|(value, token, _)| Checkpoint {
@@ -659,9 +677,21 @@ impl LockOptions {
     /// fallback to the ledger's copy; see [`LockOptions::last_checkpoint`]).
     pub async fn committed_checkpoint(&self) -> Result<Option<Checkpoint>> {
         self.validate()?;
+        let reach = self.reach();
+        let found = self.committed_via(&reach, &Places::default()).await;
+        reach.close();
+        found
+    }
+
+    async fn committed_via(&self, reach: &Reach, known: &Places) -> Result<Option<Checkpoint>> {
         let topic = self.ledger_required()?;
-        let committed =
-            crate::driver::ledger::read_committed(&self.reach(), &self.name, topic).await?;
+        let committed = crate::driver::ledger::read_committed(
+            reach,
+            &self.name,
+            topic,
+            known.coordinator.clone(),
+        )
+        .await?;
         Ok(committed.map(|(token, value)| Checkpoint {
             value,
             token,
@@ -681,6 +711,11 @@ impl LockOptions {
     /// The connections of a read outside any membership: the client's, else a pool of its own.
     pub(crate) fn reach(&self) -> Reach {
         let (pool, own) = self.pool();
+        self.reach_over(pool, own)
+    }
+
+    /// A read's connections over `pool` (`own`: closed by [`Reach::close`]), with these timeouts.
+    fn reach_over(&self, pool: Arc<crate::driver::pool::Pool>, own: bool) -> Reach {
         Reach {
             pool,
             own,
@@ -1468,9 +1503,19 @@ impl LockGuard {
     }
 
     /// The lock's last checkpoint, as [`LockOptions::last_checkpoint`] reads it: taken right
-    /// after acquiring, it is the previous holders' last one.
+    /// after acquiring, it is the previous holders' last one (each committed its checkpoints
+    /// before it let go). It goes over the hold's own connections, starting at the coordinator
+    /// and ledger leader the hold already knows, so it opens no connection and looks nothing up
+    /// while they stay where they were.
     pub async fn last_checkpoint(&self) -> Result<Option<Checkpoint>> {
-        self.options.last_checkpoint().await
+        let known = self
+            .handle
+            .places
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let reach = self.options.reach_over(self.handle.pool.clone(), false);
+        self.options.last_checkpoint_via(&reach, &known).await
     }
 
     /// Releases the lock and leaves the group. The hold ends locally before the LeaveGroup is
@@ -1653,6 +1698,7 @@ mod tests {
         let (_, left) = watch::channel(None);
         let (_, member_id) = watch::channel("m-1".to_owned());
         let options = LockOptions::new("127.0.0.1:9", "lock");
+        let pool = Arc::new(crate::driver::pool::Pool::new(options.pool_config(1)));
         let guard = LockGuard {
             name: options.name.clone(),
             leave_timeout: options.leave_timeout,
@@ -1661,6 +1707,8 @@ mod tests {
                 commands,
                 state,
                 left,
+                pool,
+                places: Arc::default(),
             },
             token,
             lease_end,

@@ -452,6 +452,15 @@ pub enum Command {
     /// Heartbeat now rather than at the next interval (after the one in flight, if any): someone
     /// has news (the ledger showed a release) that only the coordinator's answer can confirm.
     HeartbeatNow,
+    /// The ledger shows that a hold recorded under `generation` ended (a RELEASED or LOST
+    /// record). When that is this waiter's generation, the holder left the group after the
+    /// waiter's last join, and its leave began a rebalance (a member removed from a stable
+    /// group): the waiter sends its JoinGroup at once instead of a Heartbeat that could only
+    /// answer REBALANCE_IN_PROGRESS. Otherwise, and while holding, it is `HeartbeatNow`.
+    HoldEnded {
+        /// The generation the record names.
+        generation: i32,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -708,7 +717,25 @@ impl Membership {
         self.check_lease(now);
         match cmd {
             Command::Leave => self.begin_leave(now),
-            Command::HeartbeatNow => {
+            Command::HoldEnded { generation }
+                if self.phase == Phase::Stable
+                    && self.hold.is_none()
+                    && !self.leaving
+                    && generation >= 0
+                    && generation == self.generation =>
+            {
+                // The holder's LeaveGroup was answered before its RELEASED record was written, so
+                // the group is rebalancing; a JoinGroup from a known member then joins the
+                // rebalance, as after REBALANCE_IN_PROGRESS. Were the group stable after all (a
+                // leave that was never confirmed), a follower's JoinGroup with unchanged metadata
+                // is answered with the current generation, and a leader's starts the rebalance
+                // any joining member can start: neither gives anyone the lock.
+                debug!(group = %self.cfg.group_id, member_id = %self.member_id, generation,
+                       "the ledger shows this generation's holder left; rejoining");
+                self.heartbeat_again = false;
+                self.rejoin(now, true);
+            }
+            Command::HeartbeatNow | Command::HoldEnded { .. } => {
                 if self.in_flight.heartbeat.is_some() {
                     // It may have been sent before the news: one more goes out once it is answered.
                     self.heartbeat_again = true;

@@ -1799,6 +1799,64 @@ fn heartbeat_now_heartbeats_at_once_or_right_after_the_one_in_flight() {
     assert!(h2.sent.is_empty(), "{:?}", h2.apis());
 }
 
+/// The ledger's news that a hold of the waiter's own generation ended makes the waiter's first
+/// request a JoinGroup (the holder's leave began a rebalance the waiter has not seen; a Heartbeat
+/// would only answer REBALANCE_IN_PROGRESS): one round trip less per handover. News of another
+/// generation's hold, or any news while holding, is only a heartbeat, as `HeartbeatNow`.
+#[test]
+fn hold_ended_in_the_waiters_generation_rejoins_at_once_otherwise_it_heartbeats() {
+    let waiting = || {
+        let mut h = H::new(Mode::Native);
+        h.find_ok();
+        let sync = h.join_as("w1", 3, false, &[]);
+        h.reply(sync.id, Ok(sync_ok(native_assignment(Some("other"), 3, 1))));
+        h.advance(Duration::from_millis(10));
+        assert!(h.sent.is_empty(), "{:?}", h.apis());
+        h
+    };
+
+    let mut h = waiting();
+    let now = h.now;
+    h.m.handle_command(Command::HoldEnded { generation: 3 }, now);
+    h.drain();
+    assert_eq!(
+        h.apis(),
+        [ApiKey::JoinGroup],
+        "the JoinGroup goes out first"
+    );
+
+    // With a heartbeat in flight (sent before the news) the JoinGroup still goes at once; that
+    // heartbeat's answer, when it comes, changes nothing.
+    let mut h = waiting();
+    let now = h.now;
+    h.m.handle_command(Command::HeartbeatNow, now);
+    h.drain();
+    let beat = h.take(ApiKey::Heartbeat);
+    h.m.handle_command(Command::HoldEnded { generation: 3 }, now);
+    h.drain();
+    let join = h.take(ApiKey::JoinGroup);
+    h.reply(beat.id, Ok(hb(27)));
+    assert!(h.sent.is_empty(), "{:?}", h.apis());
+    h.reply(join.id, Ok(join_ok("w1", 4, "someone-else", &[])));
+    h.take(ApiKey::SyncGroup);
+
+    // An older generation's hold: the group may have moved on, the coordinator decides.
+    let mut h = waiting();
+    let now = h.now;
+    h.m.handle_command(Command::HoldEnded { generation: 2 }, now);
+    h.drain();
+    assert_eq!(h.apis(), [ApiKey::Heartbeat]);
+
+    // A holder is never made to rejoin by a record.
+    let mut h = H::holding(3);
+    h.advance(Duration::from_millis(10));
+    h.sent.clear();
+    let now = h.now;
+    h.m.handle_command(Command::HoldEnded { generation: 3 }, now);
+    h.drain();
+    assert_eq!(h.apis(), [ApiKey::Heartbeat]);
+}
+
 // ---- permits ------------------------------------------------------------------------------
 
 fn semaphore_config(permits: u16) -> MembershipConfig {

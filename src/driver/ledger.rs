@@ -236,28 +236,37 @@ enum Span {
 
 /// Reads `lock`'s records from the whole retained ledger and folds them into its history.
 pub(crate) async fn read_history(reach: &Reach, lock: &str, topic: &str) -> Result<History> {
-    read_ledger(reach, lock, topic, Span::Whole).await
+    read_ledger(reach, lock, topic, Span::Whole, None).await
 }
 
 /// Reads `lock`'s records from the ledger's end backwards until its last checkpoint is settled
 /// (one is found and every offset above its hold's token is read), at most `max` offsets: a
 /// history of that tail ([`History::first_offset`] tells where it begins). A checkpoint older
-/// than that is not found; the whole history is.
+/// than that is not found; the whole history is. `known`: the partition as a lock session last
+/// found it, read first without a lookup.
 pub(crate) async fn read_checkpoint_tail(
     reach: &Reach,
     lock: &str,
     topic: &str,
     max: i64,
+    known: Option<Partition>,
 ) -> Result<History> {
-    read_ledger(reach, lock, topic, Span::CheckpointTail { max }).await
+    read_ledger(reach, lock, topic, Span::CheckpointTail { max }, known).await
 }
 
-async fn read_ledger(reach: &Reach, lock: &str, topic: &str, span: Span) -> Result<History> {
+async fn read_ledger(
+    reach: &Reach,
+    lock: &str,
+    topic: &str,
+    span: Span,
+    mut known: Option<Partition>,
+) -> Result<History> {
     let mut backoff = reach.backoff();
     let mut attempt = 0;
     loop {
         attempt += 1;
-        match read_history_once(reach, lock, topic, span).await {
+        // A partition known from before is tried once; after a failure the leader is looked up.
+        match read_history_once(reach, lock, topic, span, known.take()).await {
             Ok(h) => return Ok(h),
             // The leader moved or a connection broke: look it up again and start over.
             Err(e) if e.is_retriable() && attempt < ATTEMPTS => {
@@ -269,9 +278,20 @@ async fn read_ledger(reach: &Reach, lock: &str, topic: &str, span: Span) -> Resu
     }
 }
 
-async fn read_history_once(reach: &Reach, lock: &str, topic: &str, span: Span) -> Result<History> {
-    let first = reach.bootstrap().await?;
-    let p = find_leader(&first, reach, topic).await?;
+async fn read_history_once(
+    reach: &Reach,
+    lock: &str,
+    topic: &str,
+    span: Span,
+    known: Option<Partition>,
+) -> Result<History> {
+    let p = match known {
+        Some(p) => p,
+        None => {
+            let first = reach.bootstrap().await?;
+            find_leader(&first, reach, topic).await?
+        }
+    };
     let conn = reach.quick(&p.leader, lock).await?;
     let tp = TopicPartition::new(topic, 0).with_topic_id(p.topic_id);
     let timeout = reach.request_timeout;
@@ -296,8 +316,19 @@ async fn read_history_once(reach: &Reach, lock: &str, topic: &str, span: Span) -
             }
         }
     };
-    let start = offset_of(OffsetSpec::Earliest).await?;
-    let end = offset_of(OffsetSpec::Latest).await?;
+    // Both on the connection at once: the broker answers them in order, one round trip.
+    let (start, end) = tokio::try_join!(
+        offset_of(OffsetSpec::Earliest),
+        offset_of(OffsetSpec::Latest)
+    )?;
+    let floor = match span {
+        Span::Whole => start,
+        Span::CheckpointTail { max } => start.max(end.saturating_sub(max.max(0))),
+    };
+    if floor >= end {
+        // Nothing to read: no lane, no Fetch.
+        return Ok(folded(&[], Vec::new(), start, end));
+    }
     // The Fetches carry up to READ_BYTES each: on a lane of their own, so no Heartbeat of the
     // client's locks waits behind the transfer.
     let lane = reach.lane(&p.leader).await?;
@@ -308,8 +339,7 @@ async fn read_history_once(reach: &Reach, lock: &str, topic: &str, span: Span) -
             let (values, unreadable) = read_range(fetch, &tp, key, start, end, timeout).await?;
             folded(&values, unreadable, start, end)
         }
-        Span::CheckpointTail { max } => {
-            let floor = start.max(end.saturating_sub(max.max(0)));
+        Span::CheckpointTail { .. } => {
             let mut values = Vec::new();
             let mut unreadable = Vec::new();
             let mut lo = end;
@@ -560,17 +590,29 @@ pub(crate) async fn coordinator(group: &str, reach: &Reach) -> Result<Broker> {
 }
 
 /// What `lock`'s group has committed for the ledger partition: `(the committing hold's token,
-/// the checkpoint)`, or `None` (never committed, or the group is gone).
+/// the checkpoint)`, or `None` (never committed, or the group is gone). `known`: the
+/// coordinator as a lock session last found it, asked first without a lookup.
+///
+/// An OffsetFetch without `require_stable` is a read of the coordinator's last committed state
+/// (GroupCoordinatorService `fetchOffsets`: `scheduleReadOperation`), and an OffsetCommit is
+/// answered only once its write is committed (`commitOffsets`: `scheduleWriteOperation`, whose
+/// response waits for the records to be replicated): an OffsetFetch sent after a commit was
+/// acknowledged reads it or a later one, whichever connection carries it.
 pub(crate) async fn read_committed(
     reach: &Reach,
     lock: &str,
     topic: &str,
+    mut known: Option<Broker>,
 ) -> Result<Option<(i64, String)>> {
     let mut backoff = reach.backoff();
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let at = coordinator(lock, reach).await?;
+        // A coordinator known from before is asked once; after a failure it is looked up.
+        let at = match known.take() {
+            Some(b) => b,
+            None => coordinator(lock, reach).await?,
+        };
         let conn = reach.quick(&at, lock).await?;
         let (req, v) = ledger::offset_fetch_request(lock, topic, conn.versions())?;
         let answer = reach.ask(&at, lock, &conn, req, v).await;

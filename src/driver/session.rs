@@ -68,6 +68,34 @@ pub(crate) struct SessionHandle {
     /// Set once the membership has ended: whether the coordinator confirmed that it has no
     /// member for us any more (see [`Event::Left`]).
     pub(crate) left: watch::Receiver<Option<bool>>,
+    /// The session's connections: a guard's reads (its last checkpoint) go over them rather
+    /// than open their own.
+    pub(crate) pool: Arc<Pool>,
+    /// Where the session last found the coordinator and the ledger's leader.
+    pub(crate) places: Arc<Mutex<Places>>,
+}
+
+/// Where the session last found the lock's coordinator and its ledger partition's leader, as
+/// its machines know them. A read that starts there skips the lookups; a place that is out of
+/// date costs that read one retriable error (NOT_COORDINATOR, NOT_LEADER_OR_FOLLOWER), after
+/// which it looks up as any read does.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Places {
+    pub(crate) coordinator: Option<Broker>,
+    pub(crate) ledger: Option<ledger::Partition>,
+}
+
+impl Places {
+    fn note(places: &Mutex<Places>, m: &Membership, l: Option<&Ledger>) {
+        let (coordinator, partition) = (m.coordinator(), l.and_then(Ledger::partition));
+        let mut p = places.lock().unwrap_or_else(|p| p.into_inner());
+        if p.coordinator.as_ref() != coordinator {
+            p.coordinator = coordinator.cloned();
+        }
+        if p.ledger.as_ref() != partition {
+            p.ledger = partition.cloned();
+        }
+    }
 }
 
 pub(crate) struct SessionParams {
@@ -91,6 +119,7 @@ struct Outputs {
     state: watch::Sender<SessionState>,
     left: watch::Sender<Option<bool>>,
     events: Option<EventSink>,
+    places: Arc<Mutex<Places>>,
 }
 
 /// Starts the driver task for `machine`.
@@ -125,6 +154,8 @@ pub(crate) fn spawn(
         });
     }
     let (left_tx, left_rx) = watch::channel(None);
+    let places = Arc::new(Mutex::new(Places::default()));
+    let pool = net.pool.clone();
     let span = tracing::info_span!("kafka_lock", group = %group);
     tokio::spawn(
         run(
@@ -137,6 +168,7 @@ pub(crate) fn spawn(
                 state: state_tx,
                 left: left_tx,
                 events,
+                places: places.clone(),
             },
         )
         .instrument(span),
@@ -145,6 +177,8 @@ pub(crate) fn spawn(
         commands: cmd_tx,
         state: state_rx,
         left: left_rx,
+        pool,
+        places,
     }
 }
 
@@ -198,6 +232,7 @@ async fn run(
         state,
         left,
         mut events,
+        places,
     } = outputs;
     let (answers_tx, mut answers) = mpsc::unbounded_channel::<Answer>();
     let mut commands_open = true;
@@ -214,6 +249,8 @@ async fn run(
     };
     m.handle_timeout(now());
     loop {
+        // Before anything is published: a guard handed out below reads from here.
+        Places::note(&places, &m, ledger.as_deref());
         while let Some(t) = m.poll_transmit() {
             // A member of a completed generation rejoins to keep what it has: its JoinGroup
             // may take the lanes first joins cannot.

@@ -12,7 +12,7 @@
 //!   Waiting ── membership Acquired ──► Appending ── ACQUIRED acknowledged, lease running ──► Held
 //!   (long-polls the ledger; a            │  (Produce acks=all; nothing published yet)         │
 //!    RELEASED/LOST of this lock          │ acknowledged after the lease end, or not           │
-//!    → HeartbeatNow)                     │ within the deadline: Lost(ledger) + Leave          │
+//!    → HoldEnded)                        │ within the deadline: Lost(ledger) + Leave          │
 //!                                        ▼                                       membership   │
 //!                                      Ending ◄────────────────────────── Released / Lost ────┘
 //!                                        │ membership Left/Failed: RELEASED or LOST appended
@@ -29,13 +29,15 @@
 //!   hold, the users are told the lock was lost ([`LossReason::Ledger`]) and the membership is
 //!   asked to leave.
 //! - **End records come after the membership has ended** (LeaveGroup answered or given up), so a
-//!   waiter that reads RELEASED and heartbeats finds the rebalance already begun. A failure to
+//!   waiter that reads RELEASED and rejoins finds the rebalance already begun. A failure to
 //!   write one is logged, never fatal; the users' `Left` waits for it, bounded by the request
 //!   timeout, so a process that exits after `release()` has written it.
 //! - **Waiters long-poll** the partition from its end with one parked Fetch at a time (at most
 //!   [`LedgerConfig::poll_wait`], at most [`LedgerConfig::poll_max_bytes`]), keep only this lock's
-//!   records (by key), and on a RELEASED or LOST record ask the membership to heartbeat at once.
-//!   The heartbeat, not the record, decides: a record proves nothing about the group. Once the
+//!   records (by key), and on a RELEASED or LOST record tell the membership
+//!   ([`Command::HoldEnded`]): it rejoins at once when the record names its own generation (the
+//!   holder left after its last join), and heartbeats at once otherwise. The coordinator's
+//!   answer, not the record, decides: a record proves nothing about the group. Once the
 //!   poll has found its starting point it heartbeats once too: a release recorded before that
 //!   point is not in any Fetch from it.
 //! - **Checkpoints** are OffsetCommits on the lock's group for the ledger partition, with the
@@ -1679,7 +1681,8 @@ impl Ledger {
     fn read_polled(&mut self, offset: i64, f: &crate::wire::log::Fetched) -> i64 {
         let mut batches: RecordBatches = f.batches();
         let mut next = offset;
-        let mut news = false;
+        // The generation of the last hold seen ending, if any.
+        let mut news = None;
         for batch in batches.by_ref() {
             match batch {
                 Ok(b) => {
@@ -1687,20 +1690,14 @@ impl Ledger {
                         if r.offset < offset || r.key.as_deref() != Some(self.cfg.lock.as_bytes()) {
                             continue;
                         }
-                        let ended = r
-                            .value
-                            .as_deref()
-                            .map(LedgerRecord::decode)
-                            .is_some_and(|d| {
-                                matches!(
-                                    d,
-                                    Ok(LedgerRecord {
-                                        kind: RecordKind::Released { .. } | RecordKind::Lost { .. },
-                                        ..
-                                    })
-                                )
-                            });
-                        news |= ended;
+                        if let Some(Ok(LedgerRecord {
+                            kind: RecordKind::Released { .. } | RecordKind::Lost { .. },
+                            generation,
+                            ..
+                        })) = r.value.as_deref().map(LedgerRecord::decode)
+                        {
+                            news = Some(generation);
+                        }
                     }
                 }
                 Err(BatchError::Compressed {
@@ -1737,9 +1734,9 @@ impl Ledger {
                 next = end;
             }
         }
-        if news {
-            debug!(lock = %self.cfg.lock, "the ledger shows the hold ended; heartbeating now");
-            self.commands.push_back(Command::HeartbeatNow);
+        if let Some(generation) = news {
+            debug!(lock = %self.cfg.lock, generation, "the ledger shows a hold ended");
+            self.commands.push_back(Command::HoldEnded { generation });
         }
         next
     }

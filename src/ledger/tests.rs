@@ -656,7 +656,7 @@ fn a_token_change_keeps_the_ledger_offset() {
 // ---- the waiters' long poll ---------------------------------------------------------------------
 
 #[test]
-fn a_waiter_long_polls_from_the_end_and_heartbeats_on_this_locks_release() {
+fn a_waiter_long_polls_from_the_end_and_tells_the_membership_of_this_locks_release() {
     let mut r = Rig::new();
     r.member(Event::Waiting {
         holder: None,
@@ -733,7 +733,8 @@ fn a_waiter_long_polls_from_the_end_and_heartbeats_on_this_locks_release() {
             &[(LOCK, record(RecordKind::Released { held_ms: 1 }, 11))],
         ),
     );
-    assert_eq!(r.commands, [Command::HeartbeatNow]);
+    // The membership hears which generation's hold ended: its own means rejoin at once.
+    assert_eq!(r.commands, [Command::HoldEnded { generation: 3 }]);
     assert!(matches!(r.last().op, Op::Fetch { offset: 13, .. }));
 
     // Holding ends the poll; a late answer changes nothing.

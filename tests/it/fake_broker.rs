@@ -6,6 +6,7 @@
 //! which may hold an answer (`start_parking`) as Apache holds a request waiting for replicas.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,6 +34,10 @@ pub type ParkingScript =
 /// A running fake; it stops when dropped (the runtime that owns it ends with the test).
 pub struct FakeBroker {
     pub addr: SocketAddr,
+    /// Connections accepted so far.
+    pub accepted: Arc<AtomicUsize>,
+    /// FindCoordinator requests answered so far.
+    pub lookups: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -69,6 +74,10 @@ pub async fn start(script: Arc<Script>) -> FakeBroker {
 pub async fn start_parking(script: Arc<ParkingScript>) -> FakeBroker {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counted = accepted.clone();
+    let lookups = Arc::new(AtomicUsize::new(0));
+    let looked_up = lookups.clone();
     let task = tokio::spawn(async move {
         let mut connections = 0;
         loop {
@@ -76,8 +85,10 @@ pub async fn start_parking(script: Arc<ParkingScript>) -> FakeBroker {
                 return;
             };
             connections += 1;
+            counted.store(connections, Ordering::SeqCst);
             let conn = connections;
             let script = script.clone();
+            let looked_up = looked_up.clone();
             tokio::spawn(async move {
                 loop {
                     let mut len = [0u8; 4];
@@ -97,6 +108,7 @@ pub async fn start_parking(script: Arc<ParkingScript>) -> FakeBroker {
                     let answer = match api {
                         ApiKey::ApiVersions => Some((api_versions(version), Duration::ZERO)),
                         ApiKey::FindCoordinator => {
+                            looked_up.fetch_add(1, Ordering::SeqCst);
                             Some((find_coordinator(addr, version, &mut buf), Duration::ZERO))
                         }
                         _ => script(conn, api, version, &mut buf),
@@ -119,7 +131,12 @@ pub async fn start_parking(script: Arc<ParkingScript>) -> FakeBroker {
             });
         }
     });
-    FakeBroker { addr, task }
+    FakeBroker {
+        addr,
+        accepted,
+        lookups,
+        task,
+    }
 }
 
 fn api_versions(version: i16) -> BytesMut {

@@ -1232,3 +1232,260 @@ async fn checkpoint_latency() {
         took.len()
     );
 }
+
+/// A hold's read of the last checkpoint, on a scripted coordinator that counts connections.
+mod scripted {
+    use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+    use std::sync::{Arc, Mutex, OnceLock};
+    use std::time::Duration;
+
+    use bytes::BytesMut;
+    use kafka_lock::{CheckpointSource, LockOptions};
+    use kafka_protocol::messages::join_group_response::JoinGroupResponseMember;
+    use kafka_protocol::messages::leave_group_response::MemberResponse;
+    use kafka_protocol::messages::list_offsets_response::{
+        ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
+    };
+    use kafka_protocol::messages::metadata_response::{
+        MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
+    };
+    use kafka_protocol::messages::offset_fetch_response::{
+        OffsetFetchResponseGroup, OffsetFetchResponsePartition, OffsetFetchResponsePartitions,
+        OffsetFetchResponseTopic, OffsetFetchResponseTopics,
+    };
+    use kafka_protocol::messages::produce_response::{
+        PartitionProduceResponse, TopicProduceResponse,
+    };
+    use kafka_protocol::messages::{
+        ApiKey, BrokerId, HeartbeatResponse, JoinGroupRequest, JoinGroupResponse,
+        LeaveGroupResponse, ListOffsetsResponse, MetadataResponse, OffsetFetchRequest,
+        OffsetFetchResponse, ProduceResponse, SyncGroupRequest, SyncGroupResponse, TopicName,
+    };
+    use kafka_protocol::protocol::{Decodable, StrBytes};
+
+    use crate::fake_broker::{self, encode};
+
+    const LEDGER: &str = "ledger";
+    const MEMBER: &str = "m-1";
+    const BOUND: Duration = Duration::from_secs(60);
+
+    /// Every scripted request's API, in order (ApiVersions and FindCoordinator the fake answers
+    /// itself; a new connection shows in its accept count).
+    type Log = Arc<Mutex<Vec<ApiKey>>>;
+
+    fn name(s: &'static str) -> TopicName {
+        TopicName(StrBytes::from_static_str(s))
+    }
+
+    /// One member that leads and holds; OffsetFetch answers `committed` (offset 5, "c5") or
+    /// nothing; the ledger is empty (ListOffsets: 0).
+    fn script(
+        addr: Arc<OnceLock<std::net::SocketAddr>>,
+        log: Log,
+        committed: Arc<AtomicBool>,
+    ) -> Arc<fake_broker::Script> {
+        let produced = Arc::new(AtomicI64::new(0));
+        Arc::new(move |api, version, body: &mut BytesMut| {
+            log.lock().unwrap().push(api);
+            match api {
+                ApiKey::Metadata => {
+                    let addr = addr.get().expect("the address is known before any request");
+                    let broker = MetadataResponseBroker::default()
+                        .with_node_id(BrokerId(1))
+                        .with_host(StrBytes::from_string(addr.ip().to_string()))
+                        .with_port(i32::from(addr.port()));
+                    let topic = MetadataResponseTopic::default()
+                        .with_name(Some(name(LEDGER)))
+                        .with_partitions(vec![MetadataResponsePartition::default()
+                            .with_partition_index(0)
+                            .with_leader_id(BrokerId(1))]);
+                    let r = MetadataResponse::default()
+                        .with_brokers(vec![broker])
+                        .with_topics(vec![topic]);
+                    Some(encode(&r, version))
+                }
+                ApiKey::JoinGroup => {
+                    let req = JoinGroupRequest::decode(body, version).expect("JoinGroup");
+                    let protocol = req.protocols.first().expect("a protocol");
+                    let r = JoinGroupResponse::default()
+                        .with_generation_id(1)
+                        .with_protocol_type(Some(req.protocol_type.clone()))
+                        .with_protocol_name(Some(protocol.name.clone()))
+                        .with_leader(StrBytes::from_static_str(MEMBER))
+                        .with_member_id(StrBytes::from_static_str(MEMBER))
+                        .with_members(vec![JoinGroupResponseMember::default()
+                            .with_member_id(StrBytes::from_static_str(MEMBER))
+                            .with_metadata(protocol.metadata.clone())]);
+                    Some(encode(&r, version))
+                }
+                ApiKey::SyncGroup => {
+                    let req = SyncGroupRequest::decode(body, version).expect("SyncGroup");
+                    let mine = req
+                        .assignments
+                        .iter()
+                        .find(|a| a.member_id.as_str() == MEMBER)
+                        .map(|a| a.assignment.clone())
+                        .unwrap_or_default();
+                    let r = SyncGroupResponse::default()
+                        .with_protocol_type(req.protocol_type.clone())
+                        .with_protocol_name(req.protocol_name.clone())
+                        .with_assignment(mine);
+                    Some(encode(&r, version))
+                }
+                ApiKey::Heartbeat => Some(encode(&HeartbeatResponse::default(), version)),
+                ApiKey::Produce => {
+                    let at = produced.fetch_add(1, Ordering::SeqCst);
+                    let r = ProduceResponse::default().with_responses(vec![
+                        TopicProduceResponse::default()
+                            .with_name(name(LEDGER))
+                            .with_partition_responses(vec![PartitionProduceResponse::default()
+                                .with_index(0)
+                                .with_base_offset(at)]),
+                    ]);
+                    Some(encode(&r, version))
+                }
+                ApiKey::OffsetFetch => {
+                    let _ = OffsetFetchRequest::decode(body, version).expect("OffsetFetch");
+                    let (offset, metadata) = if committed.load(Ordering::SeqCst) {
+                        (5, Some(StrBytes::from_static_str("c5")))
+                    } else {
+                        (-1, None)
+                    };
+                    let r = if version >= 8 {
+                        OffsetFetchResponse::default().with_groups(vec![
+                            OffsetFetchResponseGroup::default()
+                                .with_group_id(StrBytes::from_static_str("lock").into())
+                                .with_topics(vec![OffsetFetchResponseTopics::default()
+                                    .with_name(name(LEDGER))
+                                    .with_partitions(vec![
+                                        OffsetFetchResponsePartitions::default()
+                                            .with_partition_index(0)
+                                            .with_committed_offset(offset)
+                                            .with_metadata(metadata),
+                                    ])]),
+                        ])
+                    } else {
+                        OffsetFetchResponse::default().with_topics(vec![
+                            OffsetFetchResponseTopic::default()
+                                .with_name(name(LEDGER))
+                                .with_partitions(vec![OffsetFetchResponsePartition::default()
+                                    .with_partition_index(0)
+                                    .with_committed_offset(offset)
+                                    .with_metadata(metadata)]),
+                        ])
+                    };
+                    Some(encode(&r, version))
+                }
+                ApiKey::ListOffsets => {
+                    let r = ListOffsetsResponse::default().with_topics(vec![
+                        ListOffsetsTopicResponse::default()
+                            .with_name(name(LEDGER))
+                            .with_partitions(vec![ListOffsetsPartitionResponse::default()
+                                .with_partition_index(0)
+                                .with_offset(0)]),
+                    ]);
+                    Some(encode(&r, version))
+                }
+                ApiKey::LeaveGroup => {
+                    let r = LeaveGroupResponse::default()
+                        .with_members(vec![MemberResponse::default()
+                            .with_member_id(StrBytes::from_static_str(MEMBER))]);
+                    Some(encode(&r, version))
+                }
+                _ => None,
+            }
+        })
+    }
+
+    /// `LockGuard::last_checkpoint` goes over the hold's own connections and starts at the
+    /// coordinator and ledger leader the hold knows: no connection is opened and nothing looked
+    /// up (no FindCoordinator, no Metadata), both when the group has the checkpoint (one
+    /// OffsetFetch) and when it has none (OffsetFetch, then the ledger's two ListOffsets; the
+    /// ledger is empty, so no Fetch). Breaks if the guard read through
+    /// `LockOptions::last_checkpoint` (a pool of its own: new connections, FindCoordinator,
+    /// Metadata), or if the read looked the coordinator or the leader up.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_holds_checkpoint_read_opens_no_connection_and_looks_nothing_up() {
+        crate::support::init_tracing();
+        let addr = Arc::new(OnceLock::new());
+        let log: Log = Arc::default();
+        let committed = Arc::new(AtomicBool::new(true));
+        let fake = fake_broker::start(script(addr.clone(), log.clone(), committed.clone())).await;
+        addr.set(fake.addr).expect("set once");
+        let o = LockOptions::new(fake.addr.to_string(), "lock")
+            .session_timeout(Duration::from_secs(6))
+            .rebalance_timeout(Duration::from_secs(6))
+            .heartbeat_interval(Duration::from_secs(1))
+            .lease_margin(Duration::from_secs(1))
+            .ledger_topic(LEDGER)
+            .ledger_push(false);
+        let guard = tokio::time::timeout(BOUND, o.acquire(Some(BOUND)))
+            .await
+            .expect("acquired within the bound")
+            .expect("acquire");
+
+        let connections = fake.accepted.load(Ordering::SeqCst);
+        let lookups = fake.lookups.load(Ordering::SeqCst);
+        let before = log.lock().unwrap().len();
+        let found = tokio::time::timeout(BOUND, guard.last_checkpoint())
+            .await
+            .expect("read within the bound")
+            .expect("read")
+            .expect("the group's checkpoint");
+        assert_eq!(
+            (found.value.as_str(), found.token, found.source),
+            ("c5", 5, CheckpointSource::Group)
+        );
+        let read: Vec<ApiKey> = log.lock().unwrap()[before..]
+            .iter()
+            .copied()
+            .filter(|a| *a != ApiKey::Heartbeat)
+            .collect();
+        assert_eq!(read, [ApiKey::OffsetFetch]);
+        assert_eq!(
+            fake.accepted.load(Ordering::SeqCst),
+            connections,
+            "the read opened a connection"
+        );
+        assert_eq!(
+            fake.lookups.load(Ordering::SeqCst),
+            lookups,
+            "the read looked the coordinator up"
+        );
+
+        committed.store(false, Ordering::SeqCst);
+        let before = log.lock().unwrap().len();
+        let found = tokio::time::timeout(BOUND, guard.last_checkpoint())
+            .await
+            .expect("read within the bound")
+            .expect("read");
+        assert_eq!(found, None);
+        let read: Vec<ApiKey> = log.lock().unwrap()[before..]
+            .iter()
+            .copied()
+            .filter(|a| *a != ApiKey::Heartbeat)
+            .collect();
+        assert_eq!(
+            read,
+            [
+                ApiKey::OffsetFetch,
+                ApiKey::ListOffsets,
+                ApiKey::ListOffsets
+            ]
+        );
+        assert_eq!(
+            fake.accepted.load(Ordering::SeqCst),
+            connections,
+            "the read opened a connection"
+        );
+        assert_eq!(
+            fake.lookups.load(Ordering::SeqCst),
+            lookups,
+            "the read looked the coordinator up"
+        );
+        tokio::time::timeout(BOUND, guard.release())
+            .await
+            .expect("release within the bound")
+            .expect("release");
+    }
+}
