@@ -2996,3 +2996,86 @@ fn a_join_kept_back_by_the_driver_times_its_deadline_from_when_it_left() {
         "the deadline is timed from when the first JoinGroup left"
     );
 }
+
+/// A RELEASED record of the waiter's own generation whose holder is in fact still in the group
+/// (a record written by another writer of the ledger, or one whose leave never reached the
+/// coordinator) makes the waiter rejoin, and nothing more: as a follower with unchanged metadata
+/// Apache answers its JoinGroup with the generation in force and the SyncGroup with the
+/// assignment in force; as the leader it starts a rebalance whose plan keeps the holder. Either
+/// way the waiter does not acquire, sends no second JoinGroup without news, and the holder named
+/// by the coordinator stays the holder.
+#[test]
+fn a_stray_release_of_the_waiters_generation_never_gives_it_the_lock() {
+    // Follower: the JoinGroup is answered with the current generation.
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let sync = h.join_as("w1", 3, false, &[]);
+    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m2"), 3, 1))));
+    h.take_events();
+    let now = h.now;
+    h.m.handle_command(Command::HoldEnded { generation: 3 }, now);
+    h.drain();
+    let join = h.take(ApiKey::JoinGroup);
+    assert_eq!(join_request(&join).member_id.as_str(), "w1");
+    h.reply(join.id, Ok(join_ok("w1", 3, "m2", &[])));
+    let sync = h.take(ApiKey::SyncGroup);
+    assert!(sync_request(&sync).assignments.is_empty());
+    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m2"), 3, 1))));
+    let ev = h.take_events();
+    assert!(
+        !ev.iter().any(|e| matches!(e, Event::Acquired { .. })),
+        "{ev:?}"
+    );
+    assert!(h.m.lease_end().is_none());
+    assert!(h.sent.is_empty(), "no join loop: {:?}", h.apis());
+    // The same record read again (a poll that starts over) costs one JoinGroup more, no loop.
+    let now = h.now;
+    h.m.handle_command(Command::HoldEnded { generation: 3 }, now);
+    h.drain();
+    assert_eq!(h.apis(), [ApiKey::JoinGroup]);
+
+    // Leader: its JoinGroup starts a rebalance; the holder rejoins and keeps the lock.
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let sync = h.join_as("w1", 3, false, &[]);
+    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m2"), 3, 1))));
+    h.take_events();
+    let now = h.now;
+    h.m.handle_command(Command::HoldEnded { generation: 3 }, now);
+    h.drain();
+    let join = h.take(ApiKey::JoinGroup);
+    h.reply(
+        join.id,
+        Ok(join_ok(
+            "w1",
+            4,
+            "w1",
+            &[("m2", meta(true, 1)), ("w1", meta(false, 2))],
+        )),
+    );
+    let sync = h.take(ApiKey::SyncGroup);
+    let req = sync_request(&sync);
+    assert_eq!(req.assignments.len(), 2);
+    for a in &req.assignments {
+        let na = NativeAssignment::decode(&a.assignment).unwrap();
+        assert_eq!(
+            na.holder.as_ref().map(|h| h.member_id.as_str()),
+            Some("m2"),
+            "the holder keeps the lock"
+        );
+    }
+    let mine = req
+        .assignments
+        .iter()
+        .find(|a| a.member_id.as_str() == "w1")
+        .unwrap()
+        .assignment
+        .clone();
+    h.reply(sync.id, Ok(sync_ok(mine)));
+    let ev = h.take_events();
+    assert!(
+        !ev.iter().any(|e| matches!(e, Event::Acquired { .. })),
+        "{ev:?}"
+    );
+    assert!(h.m.lease_end().is_none());
+}

@@ -1681,8 +1681,10 @@ impl Ledger {
     fn read_polled(&mut self, offset: i64, f: &crate::wire::log::Fetched) -> i64 {
         let mut batches: RecordBatches = f.batches();
         let mut next = offset;
-        // The generation of the last hold seen ending, if any.
-        let mut news = None;
+        // The newest generation whose hold is seen ending, if any: an earlier try's LOST record
+        // may be appended after a later hold's RELEASED, and only the newest can be the
+        // waiter's own (the one that makes it rejoin at once).
+        let mut news: Option<i32> = None;
         for batch in batches.by_ref() {
             match batch {
                 Ok(b) => {
@@ -1696,7 +1698,7 @@ impl Ledger {
                             ..
                         })) = r.value.as_deref().map(LedgerRecord::decode)
                         {
-                            news = Some(generation);
+                            news = news.max(Some(generation));
                         }
                     }
                 }

@@ -2338,3 +2338,51 @@ mod offset_fetched_answers {
         ));
     }
 }
+
+/// An earlier try's LOST record (an ACQUIRED acknowledged after its try ended) names an older
+/// generation and may be appended after the RELEASED of the waiter's own generation, in the same
+/// Fetch: the membership still hears of the newest hold's end, so the waiter rejoins at once
+/// rather than wait for a Heartbeat's REBALANCE_IN_PROGRESS.
+#[test]
+fn a_polled_batch_reports_the_newest_generation_whose_hold_ended() {
+    let mut r = Rig::new();
+    r.member(Event::Waiting {
+        holder: None,
+        holders: Vec::new(),
+        position: 1,
+        generation: 3,
+    });
+    let t = r.last().clone();
+    let end = ListOffsetsResponse::default().with_topics(vec![ListOffsetsTopicResponse::default()
+        .with_name(StrBytes::from_static_str(TOPIC).into())
+        .with_partitions(vec![ListOffsetsPartitionResponse::default()
+            .with_partition_index(0)
+            .with_offset(10)])]);
+    r.answer(t.id, Ok((Response::ListOffsets(end), 9)));
+    r.commands.clear();
+    let t = r.last().clone();
+    assert!(matches!(t.op, Op::Fetch { offset: 10, .. }), "{t:?}");
+    let older = LedgerRecord {
+        generation: 2,
+        member_id: "m-3".into(),
+        ..record(
+            RecordKind::Lost {
+                held_ms: 0,
+                reason: "ledger".into(),
+                detail: "the try ended before the ACQUIRED record was acknowledged".into(),
+            },
+            9,
+        )
+    };
+    r.answer(
+        t.id,
+        fetch_answer(
+            10,
+            &[
+                (LOCK, record(RecordKind::Released { held_ms: 1 }, 8)),
+                (LOCK, older),
+            ],
+        ),
+    );
+    assert_eq!(r.commands, [Command::HoldEnded { generation: 3 }]);
+}
