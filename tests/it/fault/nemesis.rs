@@ -85,9 +85,9 @@ pub enum Kind {
     /// (describe, history, an observer, with a short request timeout) held, with everything
     /// behind them on their connections, while those reads go on. Not in CI mode.
     HoldHeartbeat,
-    /// The contender whose command cannot exec: kafka-lock alone stopped as soon as its
-    /// supervisor is up, past the session timeout, then continued, so the loss is known when
-    /// the failed exec is reaped. Not in CI mode.
+    /// The contender whose command cannot exec: its supervisor stopped as soon as it is up
+    /// after an acquisition and kafka-lock cut off from every broker, past the session timeout,
+    /// so the loss is known when the exec fails and is reaped. Not in CI mode.
     NoexecLoss,
 }
 
@@ -218,7 +218,10 @@ impl fmt::Display for Episode {
                 self.broker_length
             ),
             Kind::HoldHeartbeat => write!(f, ", Heartbeat answers held {:?}", self.length),
-            Kind::NoexecLoss => write!(f, ", kafka-lock stopped past the session timeout"),
+            Kind::NoexecLoss => write!(
+                f,
+                ", supervisor stopped and kafka-lock cut off past the lease"
+            ),
             Kind::StallJoin => write!(
                 f,
                 ", a waiter's JoinGroup stalled until a later rebalance, its connections \

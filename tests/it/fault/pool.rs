@@ -41,12 +41,12 @@ pub enum Role {
     NoExec,
 }
 
-/// The trap of [`Pool::stop_after_spawn`]: armed, it stops the slot's next kafka-lock as soon
-/// as its supervisor is up after an acquisition.
+/// The trap of [`Pool::stop_after_spawn`]: armed, it stops the supervisor of the slot's next
+/// kafka-lock as soon as it is up after an acquisition.
 #[derive(Default)]
 pub struct ExecTrap {
     armed: AtomicBool,
-    /// The stopped kafka-lock's pid and id, and when it was stopped.
+    /// The stopped supervisor's pid, its kafka-lock's id, and when it was stopped.
     sprung: Mutex<Option<(u32, String, i64)>>,
 }
 
@@ -264,8 +264,8 @@ impl Pool {
         done.is_some()
     }
 
-    /// Arms slot `name`'s trap: its next kafka-lock is SIGSTOPped (alone) as soon as it has a
-    /// child, its supervisor, after an acquisition. See [`Pool::sprung`].
+    /// Arms slot `name`'s trap: the supervisor its next kafka-lock starts after an acquisition
+    /// is SIGSTOPped as soon as it appears. See [`Pool::sprung`].
     pub fn stop_after_spawn(&self, name: &str) -> bool {
         let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         let Some(s) = slots.iter().find(|s| s.spec.name == name) else {
@@ -310,9 +310,15 @@ impl Pool {
         n
     }
 
-    /// SIGCONTs one process.
+    /// Puts a process stopped by a trap in the janitor's care, in case the test ends first.
+    pub fn watch_stopped(&self, pid: u32) {
+        self.janitor.watch(&[pid]);
+    }
+
+    /// SIGCONTs one process a trap stopped.
     pub fn cont(&self, pid: u32) {
         signal(pid, libc::SIGCONT);
+        self.janitor.watch(&[]);
     }
 
     /// Runs `f` on the proxies' counters of slot `name`.
@@ -782,28 +788,32 @@ fn forward_cli_events(
     }
 }
 
-/// Stops kafka-lock `pid` (alone) as soon as it has a child, its supervisor, which it starts
-/// right after reading its last checkpoint; gives up after a few seconds.
+/// Stops the first child of kafka-lock `pid`, its supervisor, which it starts right after
+/// reading its last checkpoint, as soon as it appears (before it has started the command);
+/// gives up after a few seconds.
 fn spring(trap: &ExecTrap, pid: u32, id: &str) {
     let deadline = Instant::now() + Duration::from_secs(5);
     while Instant::now() < deadline {
-        if has_child(pid) {
-            signal(pid, libc::SIGSTOP);
+        if let Some(child) = first_child(pid) {
+            signal(child, libc::SIGSTOP);
             *trap.sprung.lock().unwrap_or_else(|p| p.into_inner()) =
-                Some((pid, id.to_owned(), mono_ns()));
+                Some((child, id.to_owned(), mono_ns()));
             return;
         }
         std::thread::sleep(Duration::from_micros(200));
     }
 }
 
-/// Whether any thread of `pid` has a child (`/proc/<pid>/task/<tid>/children`).
-fn has_child(pid: u32) -> bool {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return false;
-    };
-    tasks.flatten().any(|t| {
-        std::fs::read_to_string(t.path().join("children")).is_ok_and(|c| !c.trim().is_empty())
+/// A child of any thread of `pid` (`/proc/<pid>/task/<tid>/children`).
+fn first_child(pid: u32) -> Option<u32> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    tasks.flatten().find_map(|t| {
+        std::fs::read_to_string(t.path().join("children"))
+            .ok()?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
     })
 }
 

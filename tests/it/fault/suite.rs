@@ -864,11 +864,12 @@ impl Run {
         )
     }
 
-    /// The noexec-loss nemesis: the `kafka-lock run` whose command cannot exec is stopped
-    /// (kafka-lock alone) as soon as its supervisor is up after an acquisition, so that the
-    /// supervisor's failed exec and its end wait for kafka-lock while the lease runs out, and
-    /// continued past the session timeout: kafka-lock then learns of the loss, the failed
-    /// exec and the supervisor's end at once. It must report the hold's end once.
+    /// The noexec-loss nemesis: the supervisor of the `kafka-lock run` whose command cannot
+    /// exec is stopped as soon as it appears after an acquisition, and that kafka-lock is cut
+    /// off from every broker (black-holed both ways), so its lease runs out with the command's
+    /// start pending; past the session timeout the supervisor is continued and the cut healed:
+    /// the supervisor then fails the exec and ends while kafka-lock already knows of the loss.
+    /// The hold must be reported ended once.
     fn noexec_loss(&mut self, lock: &str) -> (Option<String>, String) {
         self.pool.stop_after_spawn(NOEXEC);
         let deadline = Instant::now() + HOLDER_BOUND;
@@ -885,8 +886,14 @@ impl Run {
             self.pool.disarm(NOEXEC);
             return (None, String::new());
         };
+        self.pool.watch_stopped(pid);
+        // No renewal from here: the loss comes at the lease end, while the supervisor waits.
+        self.pool.slot_proxies(NOEXEC, |p| {
+            p.set_all(Fault::Blackhole(super::kproxy::Dir::Both))
+        });
         std::thread::sleep(SESSION + Duration::from_secs(1));
         self.pool.cont(pid);
+        self.pool.slot_proxies(NOEXEC, |p| p.set_all(Fault::Clear));
         // Its end reports, once it has handled what waited.
         std::thread::sleep(Duration::from_secs(2));
         let said: Vec<&str> = {
@@ -900,8 +907,8 @@ impl Run {
         (
             Some(id.clone()),
             format!(
-                "{id}: kafka-lock stopped with its supervisor up, continued after the session \
-                 timeout + 1 s; it then reported: {}",
+                "{id}: its supervisor stopped as it came up and kafka-lock cut off, both \
+                 undone after the session timeout + 1 s; it then reported: {}",
                 if said.is_empty() {
                     "nothing".to_owned()
                 } else {
