@@ -85,9 +85,9 @@ pub enum Kind {
     /// (describe, history, an observer, with a short request timeout) held, with everything
     /// behind them on their connections, while those reads go on. Not in CI mode.
     HoldHeartbeat,
-    /// The contender whose command cannot exec: its supervisor stopped as soon as it is up
-    /// after an acquisition and kafka-lock cut off from every broker, past the session timeout,
-    /// so the loss is known when the exec fails and is reaped. Not in CI mode.
+    /// The contender whose command cannot exec: its supervisor stopped at an acquisition and
+    /// kafka-lock cut off from every broker, past the session timeout, so the loss comes while
+    /// the command's start is pending. Not in CI mode.
     NoexecLoss,
 }
 

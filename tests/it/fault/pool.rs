@@ -42,7 +42,7 @@ pub enum Role {
 }
 
 /// The trap of [`Pool::stop_after_spawn`]: armed, it stops the supervisor of the slot's next
-/// kafka-lock as soon as it is up after an acquisition.
+/// kafka-lock to acquire the moment the acquisition is seen.
 #[derive(Default)]
 pub struct ExecTrap {
     armed: AtomicBool,
@@ -264,8 +264,8 @@ impl Pool {
         done.is_some()
     }
 
-    /// Arms slot `name`'s trap: the supervisor its next kafka-lock starts after an acquisition
-    /// is SIGSTOPped as soon as it appears. See [`Pool::sprung`].
+    /// Arms slot `name`'s trap: the supervisor of its next kafka-lock to acquire is SIGSTOPped
+    /// the moment the acquisition is seen. See [`Pool::sprung`].
     pub fn stop_after_spawn(&self, name: &str) -> bool {
         let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         let Some(s) = slots.iter().find(|s| s.spec.name == name) else {
@@ -788,9 +788,9 @@ fn forward_cli_events(
     }
 }
 
-/// Stops the first child of kafka-lock `pid`, its supervisor, which it starts right after
-/// reading its last checkpoint, as soon as it appears (before it has started the command);
-/// gives up after a few seconds.
+/// Stops the first child of kafka-lock `pid`: its supervisor, which it starts before it waits
+/// for the lock and which idles until told the hold's environment and lease, so it is stopped
+/// before it can start the command; gives up after a few seconds.
 fn spring(trap: &ExecTrap, pid: u32, id: &str) {
     let deadline = Instant::now() + Duration::from_secs(5);
     while Instant::now() < deadline {

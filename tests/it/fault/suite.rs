@@ -865,7 +865,7 @@ impl Run {
     }
 
     /// The noexec-loss nemesis: the supervisor of the `kafka-lock run` whose command cannot
-    /// exec is stopped as soon as it appears after an acquisition, and that kafka-lock is cut
+    /// exec is stopped the moment its acquisition is seen, and that kafka-lock is cut
     /// off from every broker (black-holed both ways), so its lease runs out with the command's
     /// start pending; past the session timeout the supervisor is continued and the cut healed:
     /// the supervisor then fails the exec and ends while kafka-lock already knows of the loss.
@@ -907,7 +907,7 @@ impl Run {
         (
             Some(id.clone()),
             format!(
-                "{id}: its supervisor stopped as it came up and kafka-lock cut off, both \
+                "{id}: its supervisor stopped at the acquisition and kafka-lock cut off, both \
                  undone after the session timeout + 1 s; it then reported: {}",
                 if said.is_empty() {
                     "nothing".to_owned()
