@@ -2,27 +2,29 @@
 # The fault-injection safety suite on Apache Kafka (tests/it/fault, RELIABILITY.md).
 #
 #   scripts/fault-suite.sh [--long] [--seed N] [--episodes N] [--permits N] [--kinds a,b]
-#                          [--many N]
+#                          [--many N] [--slow-consumer]
 #
 # Without --long: the CI mode (every nemesis once, about 130 s), the same test that
 # scripts/test.sh runs. With --long: 200 episodes of nemeses drawn at random (about 30 minutes),
 # the run behind RELIABILITY.md. A seed replays the same schedule of faults; without one the
 # run picks and prints a seed. Either mode fails on any overlapping hold, accepted stale
-# write or token inversion, and if the checker does not catch a contender that ignores its
-# loss. The report, every event and write, and every contender's log are kept in
-# target/fault-suite/.
+# write or token inversion, end report with no open hold, or held Heartbeat answer abandoned,
+# and if the checker does not catch a contender that ignores its loss. The report, every event
+# and write, and every contender's log are kept in target/fault-suite/.
 # --permits N (N > 1) makes the native lock a semaphore of N permits (its tokens are ledger
 # offsets, as the mutex's); the checker then also fails on more than N holders at once and
 # judges overlaps, stale writes and token order per permit slot.
-# --kinds a,b draws only those nemeses (names as in RELIABILITY.md, e.g. stall-join).
+# --kinds a,b draws only those nemeses (names as in RELIABILITY.md, e.g. stall-join); the
+# optional ones, hold-heartbeat and noexec-loss, only so (each brings its own contender).
 # --many N (N > 1) adds two contender processes that each take the native lock and the same
 # N-1 other locks through one client, so the faults hit connections many locks share; the
 # checker judges every lock on its own.
+# --slow-consumer adds a contender that never reads its lock's events stream.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-usage() { sed -n '4,20p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '4,22p' "$0" | sed 's/^# \{0,1\}//'; }
 
 test=fault::suite_ci
 ignored=()
@@ -34,6 +36,7 @@ while [[ $# -gt 0 ]]; do
         --permits) export KAFKA_LOCK_FAULT_PERMITS=${2:?--permits needs a number}; shift ;;
         --kinds) export KAFKA_LOCK_FAULT_KINDS=${2:?--kinds needs nemesis names}; shift ;;
         --many) export KAFKA_LOCK_FAULT_MANY=${2:?--many needs a number}; shift ;;
+        --slow-consumer) export KAFKA_LOCK_FAULT_SLOW_CONSUMER=1 ;;
         -h | --help) usage; exit 0 ;;
         *) usage >&2; exit 64 ;;
     esac

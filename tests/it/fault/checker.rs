@@ -401,6 +401,10 @@ pub struct Analysis {
     /// Holds (the second) whose token is not above that of a hold of the same key (the first)
     /// that had ended before they began.
     pub inversions: Vec<(Hold, Hold)>,
+    /// `lost` or `released` reports of kafka-lock contenders that held nothing then (a second
+    /// end of one hold, or an end with no acquisition): the contender's account of its holds
+    /// is wrong, and a user reading those events would believe so too.
+    pub unmatched_ends: Vec<Event>,
 }
 
 impl Analysis {
@@ -414,6 +418,23 @@ impl Analysis {
             || !self.stale_accepted.is_empty()
             || !self.too_many.is_empty()
             || !self.inversions.is_empty()
+    }
+
+    /// The first few end reports with no open hold, for a failure message.
+    pub fn unmatched(&self, max: usize) -> String {
+        let mut s = String::new();
+        for e in self.unmatched_ends.iter().take(max) {
+            let _ = writeln!(
+                s,
+                "END WITH NO OPEN HOLD on {}: {} reported {} at {} (lease end {:?})",
+                e.lock,
+                e.id,
+                e.kind.name(),
+                e.mono,
+                e.lease_end
+            );
+        }
+        s
     }
 
     /// The first few violations, for a failure message.
@@ -478,6 +499,7 @@ pub fn analyse_permits(
     }
     let mut holds = Vec::new();
     let mut waits: Vec<(String, i64, i64)> = Vec::new();
+    let mut unmatched_ends = Vec::new();
     for ((lock, id), mut evs) in by_id {
         // One contender's events are sent in order, but the suite's own `killed` may arrive
         // after the last words of the process it killed.
@@ -526,16 +548,21 @@ pub fn analyse_permits(
                         o.2 = t;
                     }
                 }
-                Kind::Lost => {
-                    if let Some(o) = open.take() {
-                        let at = e.lease_end.map_or(e.mono, |l| l.min(e.mono));
-                        close(&mut holds, o, at, "lost", &held_key);
-                    }
-                }
-                Kind::Released => {
-                    if let Some(o) = open.take() {
-                        let at = e.lease_end.map_or(e.mono, |l| l.min(e.mono));
-                        close(&mut holds, o, at, "released", &held_key);
+                Kind::Lost | Kind::Released => {
+                    let how = if e.kind == Kind::Lost {
+                        "lost"
+                    } else {
+                        "released"
+                    };
+                    match open.take() {
+                        Some(o) => {
+                            let at = e.lease_end.map_or(e.mono, |l| l.min(e.mono));
+                            close(&mut holds, o, at, how, &held_key);
+                        }
+                        // The Java seed client's events come from its rebalance listener, which
+                        // revokes what it may never have been assigned.
+                        None if judged(id) => unmatched_ends.push(e.clone()),
+                        None => {}
                     }
                 }
                 Kind::GaveUp => {
@@ -583,10 +610,12 @@ pub fn analyse_permits(
     }
 
     let inversions = token_inversions(&holds);
+    unmatched_ends.sort_by_key(|e| e.mono);
     let mut analysis = Analysis {
         holds,
         overlaps,
         inversions,
+        unmatched_ends,
         ..Analysis::default()
     };
     for w in writes {
@@ -751,6 +780,43 @@ mod tests {
             a.free_waiting,
             vec![("L".to_owned(), 0, 10), ("L".to_owned(), 90, 100)]
         );
+    }
+
+    /// A hold reported lost twice (a command that could not run under a hold lost meanwhile),
+    /// or released after its loss, or ended with no acquisition at all: each end with no open
+    /// hold is flagged; a clean hold, and the Java client's revocations, are not.
+    #[test]
+    fn an_end_report_with_no_open_hold_is_flagged() {
+        let events = [
+            ev("a", Kind::Acquired, 10, Some(1), Some(60)),
+            ev("a", Kind::Lost, 50, None, Some(45)),
+            ev("a", Kind::Lost, 52, None, Some(45)),
+            ev("b", Kind::Acquired, 70, Some(2), Some(120)),
+            ev("b", Kind::Lost, 90, None, Some(90)),
+            ev("b", Kind::Released, 91, None, Some(90)),
+            ev("c", Kind::Released, 95, None, None),
+            ev("d", Kind::Acquired, 100, Some(3), Some(150)),
+            ev("d", Kind::Released, 110, None, Some(110)),
+            ev("java1", Kind::Released, 120, None, None),
+        ];
+        let a = analyse(&events, &[], 200);
+        let flagged: Vec<(&str, Kind, i64)> = a
+            .unmatched_ends
+            .iter()
+            .map(|e| (e.id.as_str(), e.kind, e.mono))
+            .collect();
+        assert_eq!(
+            flagged,
+            vec![
+                ("a", Kind::Lost, 52),
+                ("b", Kind::Released, 91),
+                ("c", Kind::Released, 95)
+            ],
+            "{}",
+            a.unmatched(10)
+        );
+        assert!(!a.unsafe_(), "not a safety violation: {}", a.violations(5));
+        assert_eq!(a.holds.len(), 3, "one hold each for a, b and d");
     }
 
     /// A contender that ignores its loss and keeps writing is caught twice: its hold overlaps

@@ -27,6 +27,12 @@
 //!   and the stale request after the heal, even if it closed the old connection meanwhile (a
 //!   client's frames read before its end of stream are delivered before the proxy closes).
 //!
+//! [`ProxySet::hold_heartbeats`] holds every Heartbeat answer the broker sends for a while,
+//! and, since a connection's answers go out in order, every answer behind it on its connection:
+//! what a client sees when Apache defers a Heartbeat (a coordinator write) while the group's
+//! offsets partition has uncommitted writes. A held answer whose connection the client closes
+//! before it is delivered is counted ([`ProxyStats::heartbeats_abandoned`]).
+//!
 //! [`ProxySet::cut_after_sync`] arms a trigger instead: the next SyncGroup answer through any of
 //! the set's proxies is delivered, and then every proxy of the set black-holes both ways. A
 //! member whose assignment names it is cut off before its first Heartbeat can get out.
@@ -123,6 +129,26 @@ pub struct ProxyStats {
     pub last_failure: Mutex<Option<String>>,
     /// Requests forwarded, by API key: what a client costs the brokers.
     pub requests: Mutex<HashMap<i16, u64>>,
+    /// Heartbeat answers held by [`ProxySet::hold_heartbeats`].
+    pub heartbeats_held: AtomicU64,
+    /// Held Heartbeat answers never delivered because the client closed their connection
+    /// first: it gave up on a Heartbeat the broker was still holding, and every request queued
+    /// behind it on that connection with it.
+    pub heartbeats_abandoned: AtomicU64,
+}
+
+/// The state of [`ProxySet::hold_heartbeats`], shared by every connection of a set.
+#[derive(Default)]
+struct HeartbeatHold {
+    /// Heartbeat answers read before this instant are delivered at it.
+    until: Mutex<Option<Instant>>,
+}
+
+impl HeartbeatHold {
+    fn until(&self) -> Option<Instant> {
+        let until = *self.until.lock().unwrap_or_else(|p| p.into_inner());
+        until.filter(|&u| u > Instant::now())
+    }
 }
 
 struct BrokerProxy {
@@ -138,6 +164,7 @@ pub struct ProxySet {
     stats: Arc<ProxyStats>,
     sync_cut: Arc<SyncCut>,
     join_stall: Arc<JoinStall>,
+    hb_hold: Arc<HeartbeatHold>,
 }
 
 /// What a connection may trip: the set's triggers, and its own proxy's fault, which a stalled
@@ -146,6 +173,7 @@ pub struct ProxySet {
 struct Triggers {
     sync_cut: Arc<SyncCut>,
     join_stall: Arc<JoinStall>,
+    hb_hold: Arc<HeartbeatHold>,
     fault: watch::Sender<Fault>,
     node: i32,
 }
@@ -283,6 +311,7 @@ impl ProxySet {
         let stats = Arc::new(ProxyStats::default());
         let sync_cut = Arc::new(SyncCut::default());
         let join_stall = Arc::new(JoinStall::default());
+        let hb_hold = Arc::new(HeartbeatHold::default());
         let proxies: Vec<BrokerProxy> = brokers
             .iter()
             .zip(listeners)
@@ -293,6 +322,7 @@ impl ProxySet {
                 let triggers = Triggers {
                     sync_cut: sync_cut.clone(),
                     join_stall: join_stall.clone(),
+                    hb_hold: hb_hold.clone(),
                     fault: fault.clone(),
                     node: node_id,
                 };
@@ -318,7 +348,15 @@ impl ProxySet {
             stats,
             sync_cut,
             join_stall,
+            hb_hold,
         }
+    }
+
+    /// Holds every Heartbeat answer read from now for `length` and delivers it then, with the
+    /// answers queued behind it on its connection (they go out in order).
+    pub fn hold_heartbeats(&self, length: Duration) {
+        *self.hb_hold.until.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(Instant::now() + length);
     }
 
     /// Arms the trigger: the next SyncGroup answer to this contender is delivered, then every
@@ -489,13 +527,31 @@ async fn connection(
     let Triggers {
         sync_cut: cut,
         join_stall,
+        hb_hold,
         fault: own_fault,
         node,
     } = triggers;
+    // The connection's Heartbeats in flight (correlation ids), and how many of their answers
+    // are held and not yet written to the client.
+    let heartbeats: Arc<Mutex<std::collections::HashSet<i32>>> = Arc::default();
+    let (asked, answered_hb) = (heartbeats.clone(), heartbeats);
+    let pending_held = Arc::new(AtomicU64::new(0));
+    let (held_in, held_out) = (pending_held.clone(), pending_held.clone());
+    let (hold_stats, abandon_stats) = (stats.clone(), stats.clone());
     let answered = join_stall.clone();
     let answered_here = join_stall.clone();
     let read = move |frame: &Bytes| {
-        join_stall.request_read(frame, (number, client_fd), (node, &own_fault), &seen)
+        join_stall.request_read(frame, (number, client_fd), (node, &own_fault), &seen);
+        if frame.len() >= 8
+            && ApiKey::try_from(i16::from_be_bytes([frame[0], frame[1]])) == Ok(ApiKey::Heartbeat)
+        {
+            let correlation = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
+            asked
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(correlation);
+        }
+        None
     };
     let up_read = pump_in(
         cr,
@@ -527,7 +583,20 @@ async fn connection(
         number,
         fault.clone(),
         down_tx,
-        move |frame: &Bytes| answered.answer_read(number, frame),
+        move |frame: &Bytes| {
+            answered.answer_read(number, frame);
+            let correlation = frame
+                .get(..4)
+                .map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]))?;
+            let heartbeat = answered_hb
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&correlation);
+            let until = hb_hold.until().filter(|_| heartbeat)?;
+            hold_stats.heartbeats_held.fetch_add(1, Ordering::SeqCst);
+            held_in.fetch_add(1, Ordering::SeqCst);
+            Some(until)
+        },
         move |frame| rewrite_answer(frame, &answers, &ports, &stats, &cut),
     );
     let reset_now = async {
@@ -555,26 +624,35 @@ async fn connection(
     let was_reset = tokio::select! {
         _ = up => false,
         _ = down_read => false,
-        _ = pump_out(&mut cw, down_rx) => false,
+        _ = pump_out_counting(&mut cw, down_rx, &held_out) => false,
         _ = reset_now => true,
     };
+    // A reset is the proxy's own doing, not the client giving up.
+    let abandoned = pending_held.load(Ordering::SeqCst);
+    if abandoned > 0 && !was_reset {
+        abandon_stats
+            .heartbeats_abandoned
+            .fetch_add(abandoned, Ordering::SeqCst);
+    }
     if was_reset {
         reset(cw.as_ref());
         reset(uw.as_ref());
     }
 }
 
-type Timed = (Bytes, Instant);
+/// A frame, when it is due at the other side, and whether it is a held Heartbeat answer.
+type Timed = (Bytes, Instant, bool);
 
 /// Reads frames from one side and queues them, each with the time it is due at the other side.
-/// `read` sees each frame as soon as it is read, and may set a fault that holds it.
+/// `read` sees each frame as soon as it is read, and may set a fault that holds it, or return
+/// an instant before which it is not delivered (a held Heartbeat answer).
 async fn pump_in(
     mut from: OwnedReadHalf,
     dir: Dir,
     connection: u64,
     mut fault: watch::Receiver<Fault>,
     to: mpsc::UnboundedSender<Timed>,
-    mut read: impl FnMut(&Bytes),
+    mut read: impl FnMut(&Bytes) -> Option<Instant>,
     mut each: impl FnMut(Bytes) -> Bytes,
 ) -> io::Result<()> {
     loop {
@@ -583,11 +661,13 @@ async fn pump_in(
             return Ok(());
         };
         let read_at = Instant::now();
-        read(&frame);
+        let not_before = read(&frame);
         // A frame read just before a black-hole began is held with the rest.
         wait_unheld(&mut fault, dir, connection).await;
         let due = read_at + fault.borrow().delay(dir);
-        if to.send((each(frame), due)).is_err() {
+        let held = not_before.is_some();
+        let due = not_before.map_or(due, |n| n.max(due));
+        if to.send((each(frame), due, held)).is_err() {
             return Ok(());
         }
     }
@@ -601,12 +681,24 @@ async fn wait_unheld(fault: &mut watch::Receiver<Fault>, dir: Dir, connection: u
     }
 }
 
-async fn pump_out(to: &mut OwnedWriteHalf, mut from: mpsc::UnboundedReceiver<Timed>) {
-    while let Some((frame, due)) = from.recv().await {
+async fn pump_out(to: &mut OwnedWriteHalf, from: mpsc::UnboundedReceiver<Timed>) {
+    pump_out_counting(to, from, &AtomicU64::new(0)).await
+}
+
+/// [`pump_out`], taking each held Heartbeat answer written off `held`.
+async fn pump_out_counting(
+    to: &mut OwnedWriteHalf,
+    mut from: mpsc::UnboundedReceiver<Timed>,
+    held: &AtomicU64,
+) {
+    while let Some((frame, due, was_held)) = from.recv().await {
         tokio::time::sleep_until(due).await;
         let len = (frame.len() as u32).to_be_bytes();
         if to.write_all(&len).await.is_err() || to.write_all(&frame).await.is_err() {
             return;
+        }
+        if was_held {
+            held.fetch_sub(1, Ordering::SeqCst);
         }
     }
 }

@@ -81,6 +81,14 @@ pub enum Kind {
     /// refused (for a few seconds more); then the waiter cut right after its next SyncGroup
     /// answer.
     StallJoin,
+    /// The Heartbeat answers to the holder that reads the lock through its own client
+    /// (describe, history, an observer, with a short request timeout) held, with everything
+    /// behind them on their connections, while those reads go on. Not in CI mode.
+    HoldHeartbeat,
+    /// The contender whose command cannot exec: its supervisor stopped at an acquisition and
+    /// kafka-lock cut off from every broker, past the session timeout, so the loss comes while
+    /// the command's start is pending. Not in CI mode.
+    NoexecLoss,
 }
 
 impl Kind {
@@ -99,6 +107,10 @@ impl Kind {
         Kind::CutMove,
         Kind::StallJoin,
     ];
+
+    /// Drawn only when named (`--kinds`): each needs a contender of its own, and CI mode keeps
+    /// its time.
+    pub const OPTIONAL: [Kind; 2] = [Kind::HoldHeartbeat, Kind::NoexecLoss];
 
     /// The holder faults a mixed episode draws from.
     pub const HOLDER: [Kind; 4] = [
@@ -130,11 +142,16 @@ impl Kind {
             Kind::Mixed => "mixed",
             Kind::CutMove => "cut-move",
             Kind::StallJoin => "stall-join",
+            Kind::HoldHeartbeat => "hold-heartbeat",
+            Kind::NoexecLoss => "noexec-loss",
         }
     }
 
     pub fn from_name(name: &str) -> Option<Kind> {
-        Kind::ALL.into_iter().find(|k| k.name() == name)
+        Kind::ALL
+            .into_iter()
+            .chain(Kind::OPTIONAL)
+            .find(|k| k.name() == name)
     }
 }
 
@@ -200,6 +217,11 @@ impl fmt::Display for Episode {
                 self.length,
                 self.broker_length
             ),
+            Kind::HoldHeartbeat => write!(f, ", Heartbeat answers held {:?}", self.length),
+            Kind::NoexecLoss => write!(
+                f,
+                ", supervisor stopped and kafka-lock cut off past the lease"
+            ),
             Kind::StallJoin => write!(
                 f,
                 ", a waiter's JoinGroup stalled until a later rebalance, its connections \
@@ -247,6 +269,8 @@ pub fn schedule(seed: u64, episodes: usize, every_kind: bool, only: &[Kind]) -> 
                     | Kind::BrokerTerm
                     | Kind::SlowBroker
                     | Kind::StallJoin
+                    | Kind::HoldHeartbeat
+                    | Kind::NoexecLoss
             );
             let target = if broker_wide || rng.range(0, 2) > 0 {
                 Target::Native
@@ -270,6 +294,11 @@ pub fn schedule(seed: u64, episodes: usize, every_kind: bool, only: &[Kind]) -> 
                 Kind::CutMove => rng.millis(500, 4000),
                 // Until the next release: no length of its own.
                 Kind::StallJoin => Duration::ZERO,
+                // Apache defers a Heartbeat up to offsets.commit.timeout.ms (5 s); the lease
+                // is 5 s from a renewal's send, so up to that bound the holder keeps its lock
+                // unless load delays it, and near it may lose it (correctly).
+                Kind::HoldHeartbeat => rng.millis(2000, 4500),
+                Kind::NoexecLoss => Duration::ZERO,
             };
             let delay = match kind {
                 Kind::CutDelay => rng.millis(300, 8000),
@@ -308,6 +337,13 @@ fn a_seed_replays_the_same_schedule_and_ci_mode_has_every_kind() {
     for kind in Kind::ALL {
         assert!(ci.iter().any(|e| e.kind == kind), "{kind:?} missing");
         assert_eq!(Kind::from_name(kind.name()), Some(kind));
+    }
+    for kind in Kind::OPTIONAL {
+        assert!(ci.iter().all(|e| e.kind != kind), "{kind:?} in CI mode");
+        assert_eq!(Kind::from_name(kind.name()), Some(kind));
+        assert!(schedule(7, 3, true, &[kind])
+            .iter()
+            .all(|e| e.kind == kind && e.target == Target::Native));
     }
     let only = schedule(7, 5, false, &[Kind::StallJoin]);
     assert!(only

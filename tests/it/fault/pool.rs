@@ -33,6 +33,21 @@ pub enum Role {
     /// A library contender process (`roles` `many`) on the slot's lock and its extra locks,
     /// through one client.
     Many,
+    /// A library contender process (`roles` `reads`) whose client reads the lock all the time.
+    Reads,
+    /// A library contender process (`roles` `slow`) that never reads its events stream.
+    Slow,
+    /// `kafka-lock run` with a command that cannot exec (it does not exist).
+    NoExec,
+}
+
+/// The trap of [`Pool::stop_after_spawn`]: armed, it stops the supervisor of the slot's next
+/// kafka-lock to acquire the moment the acquisition is seen.
+#[derive(Default)]
+pub struct ExecTrap {
+    armed: AtomicBool,
+    /// The stopped supervisor's pid, its kafka-lock's id, and when it was stopped.
+    sprung: Mutex<Option<(u32, String, i64)>>,
 }
 
 pub struct SlotSpec {
@@ -84,6 +99,7 @@ impl Running {
 struct Slot {
     spec: SlotSpec,
     proxies: Option<ProxySet>,
+    trap: Arc<ExecTrap>,
     generation: u32,
     running: Option<Running>,
     respawn_at: Instant,
@@ -120,6 +136,7 @@ impl Pool {
             .into_iter()
             .map(|spec| Slot {
                 proxies: (spec.role != Role::Java).then(&mut proxies),
+                trap: Arc::default(),
                 spec,
                 generation: 0,
                 running: None,
@@ -245,6 +262,77 @@ impl Pool {
             });
         }
         done.is_some()
+    }
+
+    /// Arms slot `name`'s trap: the supervisor of its next kafka-lock to acquire is SIGSTOPped
+    /// the moment the acquisition is seen. See [`Pool::sprung`].
+    pub fn stop_after_spawn(&self, name: &str) -> bool {
+        let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(s) = slots.iter().find(|s| s.spec.name == name) else {
+            return false;
+        };
+        *s.trap.sprung.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        s.trap.armed.store(true, Ordering::SeqCst);
+        true
+    }
+
+    /// What slot `name`'s trap stopped: the pid and id, and when; disarms it once sprung.
+    pub fn sprung(&self, name: &str) -> Option<(u32, String, i64)> {
+        let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let s = slots.iter().find(|s| s.spec.name == name)?;
+        let sprung = s
+            .trap
+            .sprung
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        sprung
+    }
+
+    /// Disarms slot `name`'s trap.
+    pub fn disarm(&self, name: &str) {
+        let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = slots.iter().find(|s| s.spec.name == name) {
+            s.trap.armed.store(false, Ordering::SeqCst);
+        }
+    }
+
+    /// Whether the pool has a slot named `name`.
+    pub fn has_slot(&self, name: &str) -> bool {
+        let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        slots.iter().any(|s| s.spec.name == name)
+    }
+
+    /// Held Heartbeat answers whose connection the client closed first, over every proxy set.
+    pub fn heartbeats_abandoned(&self) -> u64 {
+        let mut n = 0;
+        self.all_proxies(|p| n += p.stats().heartbeats_abandoned.load(Ordering::SeqCst));
+        n
+    }
+
+    /// Puts a process stopped by a trap in the janitor's care, in case the test ends first.
+    pub fn watch_stopped(&self, pid: u32) {
+        self.janitor.watch(&[pid]);
+    }
+
+    /// SIGCONTs one process a trap stopped.
+    pub fn cont(&self, pid: u32) {
+        signal(pid, libc::SIGCONT);
+        self.janitor.watch(&[]);
+    }
+
+    /// Runs `f` on the proxies' counters of slot `name`.
+    pub fn slot_stats<T>(
+        &self,
+        name: &str,
+        f: impl FnOnce(&super::kproxy::ProxyStats) -> T,
+    ) -> Option<T> {
+        let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        slots
+            .iter()
+            .find(|s| s.spec.name == name)
+            .and_then(|s| s.proxies.as_ref())
+            .map(|p| f(p.stats()))
     }
 
     /// SIGSTOPs contender `id`'s whole process tree; the pids, for [`Pool::resume`].
@@ -502,6 +590,32 @@ fn spawn(env: &Env, slot: &Slot, id: &str, rng: &mut Rng) -> Result<Running, Str
                 process,
             })
         }
+        Role::Reads | Role::Slow => {
+            let bootstrap = slot.proxies.as_ref().expect("proxies").bootstrap();
+            let mut cmd = lib_command(
+                env,
+                id,
+                &spec.lock,
+                &bootstrap,
+                &spec.flavour,
+                false,
+                rng.next_u64(),
+            );
+            cmd.env(
+                "FAULT_ROLE",
+                if spec.role == Role::Reads {
+                    "reads"
+                } else {
+                    "slow"
+                },
+            )
+            .env("FAULT_PERMITS", spec.permits.to_string());
+            let (process, _) = Supervised::spawn(&cmd, Output::Log(&log), None)?;
+            Ok(Running::Proc {
+                id: id.to_owned(),
+                process,
+            })
+        }
         Role::Many => {
             let bootstrap = slot.proxies.as_ref().expect("proxies").bootstrap();
             let mut cmd = lib_command(
@@ -522,7 +636,7 @@ fn spawn(env: &Env, slot: &Slot, id: &str, rng: &mut Rng) -> Result<Running, Str
                 process,
             })
         }
-        Role::Cli => {
+        Role::Cli | Role::NoExec => {
             let bootstrap = slot.proxies.as_ref().expect("proxies").bootstrap();
             let secs = |d: Duration| format!("{}ms", d.as_millis());
             let mut cmd = Command::new("sh");
@@ -535,15 +649,20 @@ fn spawn(env: &Env, slot: &Slot, id: &str, rng: &mut Rng) -> Result<Running, Str
                 .args(["--heartbeat-interval", &secs(HEARTBEAT)])
                 .args(spec.flavour.cli_args())
                 .args(["--permits", &spec.permits.to_string()])
-                .args(["--events", "json", "--label", id, "--"])
-                .arg(&env.exe)
-                .args(role_args())
-                .env("FAULT_ROLE", "writer")
-                .env("FAULT_CHECKER", env.checker.addr().to_string())
-                .env("FAULT_LOCK", &spec.lock)
-                .env("FAULT_ID", id)
-                .env("FAULT_PERMITS", spec.permits.to_string())
-                .env("FAULT_HOLD_MS", rng.range(300, 3000).to_string());
+                .args(["--events", "json", "--label", id, "--"]);
+            if spec.role == Role::NoExec {
+                // No such file: the supervisor's exec fails with ENOENT.
+                cmd.arg(env.logs.join("no-such-command"));
+            } else {
+                cmd.arg(&env.exe)
+                    .args(role_args())
+                    .env("FAULT_ROLE", "writer")
+                    .env("FAULT_CHECKER", env.checker.addr().to_string())
+                    .env("FAULT_LOCK", &spec.lock)
+                    .env("FAULT_ID", id)
+                    .env("FAULT_PERMITS", spec.permits.to_string())
+                    .env("FAULT_HOLD_MS", rng.range(300, 3000).to_string());
+            }
             env.checker.event(Event {
                 lock: spec.lock.clone(),
                 id: id.to_owned(),
@@ -556,8 +675,9 @@ fn spawn(env: &Env, slot: &Slot, id: &str, rng: &mut Rng) -> Result<Running, Str
             let stdout = stdout.expect("piped");
             let (checker, lock, who) = (env.checker.clone(), spec.lock.clone(), id.to_owned());
             let permits = spec.permits;
+            let (trap, pid) = (slot.trap.clone(), process.pid());
             std::thread::spawn(move || {
-                forward_cli_events(stdout, &log, &checker, &lock, &who, permits)
+                forward_cli_events(stdout, &log, &checker, &lock, &who, permits, (&trap, pid))
             });
             Ok(Running::Proc {
                 id: id.to_owned(),
@@ -621,6 +741,7 @@ fn forward_cli_events(
     lock: &str,
     id: &str,
     permits: u16,
+    (trap, pid): (&ExecTrap, u32),
 ) {
     let mut file = std::fs::OpenOptions::new()
         .create(true)
@@ -644,6 +765,9 @@ fn forward_cli_events(
         let Some(mono) = v["mono_ns"].as_i64() else {
             continue;
         };
+        if kind == Kind::Acquired && trap.armed.swap(false, Ordering::SeqCst) {
+            spring(trap, pid, id);
+        }
         // Semaphore mode: the acquisition says under which slot's key the hold counts.
         let slot = v["permit"]
             .as_u64()
@@ -662,6 +786,35 @@ fn forward_cli_events(
                 .or_else(|| v["held_until_mono_ns"].as_i64()),
         });
     }
+}
+
+/// Stops the first child of kafka-lock `pid`: its supervisor, which it starts before it waits
+/// for the lock and which idles until told the hold's environment and lease, so it is stopped
+/// before it can start the command; gives up after a few seconds.
+fn spring(trap: &ExecTrap, pid: u32, id: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if let Some(child) = first_child(pid) {
+            signal(child, libc::SIGSTOP);
+            *trap.sprung.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some((child, id.to_owned(), mono_ns()));
+            return;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// A child of any thread of `pid` (`/proc/<pid>/task/<tid>/children`).
+fn first_child(pid: u32) -> Option<u32> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    tasks.flatten().find_map(|t| {
+        std::fs::read_to_string(t.path().join("children"))
+            .ok()?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    })
 }
 
 /// The janitor kills what it was last told is stopped once its pipe closes, as it does when the

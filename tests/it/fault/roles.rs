@@ -14,6 +14,14 @@
 //!   comma-separated `FAULT_EXTRA_LOCKS`, with generation tokens) through one
 //!   [`kafka_lock::Client`] in one process, each lock contended for as by `lib`: a fault aimed
 //!   at this process, or at a broker, hits the connections all its locks share.
+//! - `reads`: a `lib` contender that takes its lock through a [`kafka_lock::Client`] which also
+//!   reads the lock all the time, with a request timeout of [`READ_TIMEOUT`]: `describe`,
+//!   `history` and an observer polling DescribeGroups, on the connections the holder's
+//!   Heartbeats take. The `hold-heartbeat` nemesis aims at it.
+//! - `slow`: a `lib` contender that asks for the lock's events and never reads them, and never
+//!   watches its hold: it learns of a loss from [`kafka_lock::LockGuard::lost`] alone and writes
+//!   while [`kafka_lock::LockGuard::is_held`]. The library must neither wait on that stream
+//!   (the lease's renewals would stop) nor let the loss go astray in it.
 //! - `writer`: the job the CLI contenders run under `kafka-lock run`: it writes
 //!   `$KAFKA_LOCK_TOKEN` to the store at once and every 200 ms for `FAULT_HOLD_MS`, then exits.
 //!   It never looks at the lock: stopping it in time is the CLI supervisor's job.
@@ -29,6 +37,10 @@ use super::checker::{Kind, Reporter};
 use super::nemesis::Rng;
 use super::{HEARTBEAT, SESSION};
 use crate::support::mono_ns;
+
+/// The request timeout of the `reads` role's reads: well under the lease, so a read queued
+/// behind a held Heartbeat gives up while that Heartbeat can still renew the lease.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The test that is the role entry point, for the command line of a role process.
 pub const ROLE_TEST: &str = "fault::roles::role";
@@ -108,6 +120,31 @@ fn role() {
                 if let Some(Err(e)) = tasks.join_next().await {
                     std::panic::resume_unwind(e.into_panic());
                 }
+            });
+        }
+        "reads" | "slow" => {
+            let (bootstrap, lock, flavour) = (
+                env("FAULT_BOOTSTRAP"),
+                env("FAULT_LOCK"),
+                Flavour::from_env(),
+            );
+            let seed: u64 = env("FAULT_SEED").parse().expect("FAULT_SEED");
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                if role == "slow" {
+                    let make = || options(&bootstrap, &lock, &flavour, permits());
+                    return slow_contender(&mut reporter, &make, seed).await;
+                }
+                let client = kafka_lock::Client::new(&bootstrap);
+                let reads =
+                    tune(client.lock(&lock), &flavour, permits()).request_timeout(READ_TIMEOUT);
+                tokio::spawn(read_all_the_time(reads));
+                let make = || tune(client.lock(&lock), &flavour, permits());
+                contender(&mut reporter, false, &make, seed, permits()).await;
             });
         }
         "writer" => {
@@ -203,6 +240,109 @@ fn tune(o: LockOptions, flavour: &Flavour, permits: u16) -> LockOptions {
         Flavour::Ledger(t) => o.ledger_topic(t),
         Flavour::Consumer(t) => o.consumer_topic(t),
         Flavour::Plain => o,
+    }
+}
+
+/// `describe` and `history` one after the other, and an observer polling DescribeGroups, through
+/// the client `reads` came from, for ever. Their failures are expected under faults; each is
+/// logged.
+async fn read_all_the_time(reads: LockOptions) {
+    let mut observer = reads
+        .observer()
+        .via_describe()
+        .interval(Duration::from_millis(100));
+    tokio::spawn(async move {
+        loop {
+            // Bounded: the first observation returns its error, later ones wait for a change.
+            if let Ok(Err(e)) = tokio::time::timeout(Duration::from_secs(30), observer.next()).await
+            {
+                eprintln!("observer: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    });
+    loop {
+        let bound = Duration::from_secs(30);
+        if let Ok(Err(e)) = tokio::time::timeout(bound, reads.describe()).await {
+            eprintln!("describe: {e}");
+        }
+        if reads.ledger().is_some() {
+            if let Ok(Err(e)) = tokio::time::timeout(bound, reads.history()).await {
+                eprintln!("history: {e}");
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The `slow` role: takes the lock with an events stream it never reads, holds 0.3 to 3 s
+/// writing every 200 ms while the guard says it holds, and learns of a loss from the guard.
+async fn slow_contender(
+    rep: &mut Reporter,
+    make: &(dyn Fn() -> LockOptions + Send + Sync),
+    seed: u64,
+) {
+    let mut rng = Rng::new(seed);
+    // Never read: every event of every acquisition piles up here.
+    let (tx, _unread) = tokio::sync::mpsc::unbounded_channel();
+    loop {
+        rep.set_slot(None);
+        rep.event(Kind::Waiting, None, None);
+        let guard = match make().events(tx.clone()).acquire(None).await {
+            Ok(g) => g,
+            Err(e) => {
+                eprintln!("acquire failed: {e}");
+                rep.event(Kind::GaveUp, None, None);
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+        };
+        let token = guard.token().value();
+        if permits() > 1 {
+            rep.set_slot(Some(guard.permit()));
+        }
+        let mut lease = to_mono(guard.lease_end());
+        rep.event(Kind::Acquired, Some(token), Some(lease));
+        if guard.is_held() {
+            rep.write(token);
+        }
+        let until = tokio::time::Instant::now() + rng.millis(300, 3000);
+        let mut tick = tokio::time::interval(Duration::from_millis(200));
+        let lost = loop {
+            tokio::select! {
+                _ = guard.lost() => break Some(mono_ns()),
+                _ = tick.tick() => {
+                    if guard.is_held() {
+                        // The guard's lease end, read as it writes: a lease end it reports is
+                        // one it saw while holding, never a later one.
+                        let end = to_mono(guard.lease_end());
+                        if end > lease {
+                            lease = end;
+                            rep.event(Kind::Renewed, None, Some(lease));
+                        }
+                        rep.write(token);
+                    }
+                }
+                _ = tokio::time::sleep_until(until) => {
+                    break (!guard.is_held()).then(mono_ns);
+                }
+            }
+        };
+        // With neither the stream nor a watch, the last lease end it read while holding is the
+        // one it knows (a renewal since its last write may have moved the real one later: the
+        // hold is judged shorter, never longer, than it was).
+        match lost {
+            Some(at) => rep.event_at(Kind::Lost, at, None, Some(lease)),
+            None => {
+                rep.event(
+                    Kind::Released,
+                    None,
+                    Some(to_mono(guard.lease_end()).max(lease)),
+                );
+                let _ = guard.release().await;
+            }
+        }
+        tokio::time::sleep(rng.millis(0, 800)).await;
     }
 }
 

@@ -22,6 +22,13 @@ use crate::support::kafka::{KafkaCluster, KafkaOptions};
 use crate::support::lifeline::{Output, Supervised};
 use crate::support::{mono_ns, repo_root, unique_group};
 
+/// The slots of the contenders only some runs have: the `reads` role (hold-heartbeat's
+/// target), `kafka-lock run` with a command that cannot exec (noexec-loss's), and the
+/// contender that never reads its events (`--slow-consumer`).
+const READS: &str = "read1";
+const NOEXEC: &str = "nox1";
+const SLOW: &str = "slow1";
+
 /// Bound on a lock having a holder to aim a fault at.
 const HOLDER_BOUND: Duration = Duration::from_secs(60);
 /// Bound on the lock being acquired again after a fault healed. Generous: a restarted broker
@@ -43,6 +50,9 @@ pub struct Config {
     /// 1, two more contender processes each take the native lock and the same `many - 1`
     /// other locks through one client, so the nemeses hit connections many locks share.
     pub many: usize,
+    /// A contender that never reads its lock's events stream joins the native lock
+    /// (`KAFKA_LOCK_FAULT_SLOW_CONSUMER=1`).
+    pub slow_consumer: bool,
 }
 
 impl Config {
@@ -57,7 +67,11 @@ impl Config {
             .filter(|s| !s.is_empty())
             .map(|s| {
                 Kind::from_name(s).unwrap_or_else(|| {
-                    let names: Vec<_> = Kind::ALL.iter().map(|k| k.name()).collect();
+                    let names: Vec<_> = Kind::ALL
+                        .iter()
+                        .chain(&Kind::OPTIONAL)
+                        .map(|k| k.name())
+                        .collect();
                     panic!("KAFKA_LOCK_FAULT_KINDS: no nemesis {s:?}; the names: {names:?}")
                 })
             })
@@ -92,6 +106,8 @@ impl Config {
         let many = std::env::var("KAFKA_LOCK_FAULT_MANY").ok().map_or(0, |s| {
             s.parse().expect("KAFKA_LOCK_FAULT_MANY must be a number")
         });
+        let slow_consumer = std::env::var("KAFKA_LOCK_FAULT_SLOW_CONSUMER")
+            .is_ok_and(|v| !v.is_empty() && v != "0");
         Config {
             seed,
             episodes,
@@ -99,6 +115,7 @@ impl Config {
             permits,
             kinds,
             many,
+            slow_consumer,
         }
     }
 }
@@ -209,6 +226,16 @@ pub fn run(cfg: Config) {
         spec("clib2", Role::Lib, &consumer, &consumed),
         spec("java1", Role::Java, &consumer, &consumed),
     ];
+    // Each optional nemesis aims at a contender of its own, there only when it is drawn.
+    if plan.iter().any(|e| e.kind == Kind::HoldHeartbeat) {
+        specs.push(spec(READS, Role::Reads, &native, &ledger));
+    }
+    if plan.iter().any(|e| e.kind == Kind::NoexecLoss) {
+        specs.push(spec(NOEXEC, Role::NoExec, &native, &ledger));
+    }
+    if cfg.slow_consumer {
+        specs.push(spec(SLOW, Role::Slow, &native, &ledger));
+    }
     if cfg.many > 1 {
         for name in ["many1", "many2"] {
             specs.push(SlotSpec {
@@ -367,6 +394,15 @@ impl Run {
                 |c| c.acquired_since(lock, 0, |id| id.starts_with(prefix)) > 0,
             );
         }
+        for slot in [READS, NOEXEC, SLOW] {
+            if self.pool.has_slot(slot) {
+                self.wait_for(
+                    Duration::from_secs(120),
+                    &format!("{slot} to acquire {}", self.native),
+                    |c| c.acquired_since(&self.native, 0, |id| id.starts_with(slot)) > 0,
+                );
+            }
+        }
         for lock in &self.extra {
             self.wait_for(
                 Duration::from_secs(120),
@@ -507,6 +543,18 @@ impl Run {
             Kind::StallJoin => {
                 start = mono_ns();
                 let (t, n) = self.stall_join(&plan, &lock);
+                target = t;
+                note = n;
+            }
+            Kind::HoldHeartbeat => {
+                start = mono_ns();
+                let (t, n) = self.hold_heartbeat(&plan, &lock);
+                target = t;
+                note = n;
+            }
+            Kind::NoexecLoss => {
+                start = mono_ns();
+                let (t, n) = self.noexec_loss(&lock);
                 target = t;
                 note = n;
             }
@@ -745,6 +793,131 @@ impl Run {
         )
     }
 
+    /// The first running contender of slot `slot` to hold `lock` from now, waiting up to
+    /// [`HOLDER_BOUND`].
+    fn slot_holder(&self, lock: &str, slot: &str) -> Option<String> {
+        let deadline = Instant::now() + HOLDER_BOUND;
+        let prefix = format!("{slot}.");
+        loop {
+            if let Some(id) = self
+                .checker
+                .holders(lock)
+                .into_iter()
+                .find(|id| id.starts_with(&prefix) && self.pool.role_of(id).is_some())
+            {
+                return Some(id);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The hold-heartbeat nemesis: while the `reads` contender holds, every Heartbeat answer
+    /// the brokers send it is held for the episode's length (and what is queued behind it on
+    /// its connection with it), as Apache holds a Heartbeat while the group's offsets partition
+    /// has uncommitted writes; its client's describe, history and observer, with a 1 s request
+    /// timeout, queue behind those answers and give up. Whatever gives up, the connection a
+    /// held Heartbeat is on must stay open until its answer comes: a held answer the client
+    /// closed its connection on ([`super::kproxy::ProxyStats::heartbeats_abandoned`]) fails the
+    /// run.
+    fn hold_heartbeat(&mut self, plan: &Episode, lock: &str) -> (Option<String>, String) {
+        let Some(id) = self.slot_holder(lock, READS) else {
+            return (None, String::new());
+        };
+        let counts = |pool: &Pool| {
+            pool.slot_stats(READS, |s| {
+                (
+                    s.heartbeats_held.load(std::sync::atomic::Ordering::SeqCst),
+                    s.heartbeats_abandoned
+                        .load(std::sync::atomic::Ordering::SeqCst),
+                    s.connections.load(std::sync::atomic::Ordering::SeqCst),
+                )
+            })
+            .unwrap_or_default()
+        };
+        let before = counts(&self.pool);
+        let from = mono_ns();
+        self.pool
+            .slot_proxies(READS, |p| p.hold_heartbeats(plan.length));
+        // The held answers go out at the end; a connection closed under one shows by then.
+        std::thread::sleep(plan.length + Duration::from_secs(1));
+        let after = counts(&self.pool);
+        let (held, abandoned, opened) =
+            (after.0 - before.0, after.1 - before.1, after.2 - before.2);
+        let ended = {
+            let log = self.checker.lock();
+            log.events
+                .iter()
+                .filter(|e| e.id == id && e.mono >= from)
+                .find(|e| matches!(e.kind, Ev::Lost | Ev::Released))
+                .map(|e| e.kind.name())
+        };
+        (
+            Some(id.clone()),
+            format!(
+                "{id}: {held} Heartbeat answer(s) held, {abandoned} abandoned by the client, \
+                 {opened} connection(s) opened meanwhile; its hold {}",
+                ended.map_or("went on".to_owned(), |k| format!("ended: {k}"))
+            ),
+        )
+    }
+
+    /// The noexec-loss nemesis: the supervisor of the `kafka-lock run` whose command cannot
+    /// exec is stopped the moment its acquisition is seen, and that kafka-lock is cut
+    /// off from every broker (black-holed both ways), so its lease runs out with the command's
+    /// start pending; past the session timeout the supervisor is continued and the cut healed:
+    /// the supervisor then fails the exec and ends while kafka-lock already knows of the loss.
+    /// The hold must be reported ended once.
+    fn noexec_loss(&mut self, lock: &str) -> (Option<String>, String) {
+        self.pool.stop_after_spawn(NOEXEC);
+        let deadline = Instant::now() + HOLDER_BOUND;
+        let sprung = loop {
+            if let Some(s) = self.pool.sprung(NOEXEC) {
+                break Some(s);
+            }
+            if Instant::now() >= deadline {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let Some((pid, id, at)) = sprung else {
+            self.pool.disarm(NOEXEC);
+            return (None, String::new());
+        };
+        self.pool.watch_stopped(pid);
+        // No renewal from here: the loss comes at the lease end, while the supervisor waits.
+        self.pool.slot_proxies(NOEXEC, |p| {
+            p.set_all(Fault::Blackhole(super::kproxy::Dir::Both))
+        });
+        std::thread::sleep(SESSION + Duration::from_secs(1));
+        self.pool.cont(pid);
+        self.pool.slot_proxies(NOEXEC, |p| p.set_all(Fault::Clear));
+        // Its end reports, once it has handled what waited.
+        std::thread::sleep(Duration::from_secs(2));
+        let said: Vec<&str> = {
+            let log = self.checker.lock();
+            log.events
+                .iter()
+                .filter(|e| e.id == id && e.mono >= at && checker::base(&e.lock) == lock)
+                .map(|e| e.kind.name())
+                .collect()
+        };
+        (
+            Some(id.clone()),
+            format!(
+                "{id}: its supervisor stopped at the acquisition and kafka-lock cut off, both \
+                 undone after the session timeout + 1 s; it then reported: {}",
+                if said.is_empty() {
+                    "nothing".to_owned()
+                } else {
+                    said.join(", ")
+                }
+            ),
+        )
+    }
+
     /// The holder if it has proxies (the Java client connects directly), else any contender of
     /// the lock that has.
     fn cut_target(&self, lock: &str, rng: &mut Rng) -> Option<String> {
@@ -862,6 +1035,14 @@ impl Run {
                 analysis.violations(10)
             ));
         }
+        if !analysis.unmatched_ends.is_empty() {
+            failures.push(format!(
+                "{} end report(s) with no open hold (seed {}):\n{}",
+                analysis.unmatched_ends.len(),
+                self.cfg.seed,
+                analysis.unmatched(10)
+            ));
+        }
         if !selfcheck.analysis.unsafe_() {
             failures.push(
                 "the checker did not catch the contender that ignores its loss: the suite \
@@ -884,6 +1065,14 @@ impl Run {
                     failures.push(format!("{} never found a target", kind.name()));
                 }
             }
+        }
+        let abandoned = self.pool.heartbeats_abandoned();
+        if abandoned > 0 {
+            failures.push(format!(
+                "{abandoned} held Heartbeat answer(s) abandoned: the client closed a connection \
+                 under a Heartbeat the broker was still holding (hold-heartbeat episodes in \
+                 episodes.tsv)"
+            ));
         }
         if rewrite_failures > 0 {
             failures.push(format!(
@@ -1130,6 +1319,15 @@ fn report(
          same lock or permit slot.\n",
         a.inversions.len()
     );
+    let _ = writeln!(
+        s,
+        "End reports with no open hold (`lost` or `released` when the contender held nothing, \
+         e.g. one hold ended twice): {}.\n",
+        a.unmatched_ends.len()
+    );
+    if !a.unmatched_ends.is_empty() {
+        let _ = writeln!(s, "```\n{}```\n", a.unmatched(20));
+    }
     if !run.extra.is_empty() {
         let other = |lock: &str| run.extra.iter().any(|l| l == lock);
         let many = |id: &str| id.starts_with("many");
