@@ -445,7 +445,7 @@ pub enum Event {
 }
 
 /// Commands from the lock's owner.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
     /// Release the lock if held and leave the group.
     Leave,
@@ -456,10 +456,17 @@ pub enum Command {
     /// record). When that is this waiter's generation, the holder left the group after the
     /// waiter's last join, and its leave began a rebalance (a member removed from a stable
     /// group): the waiter sends its JoinGroup at once instead of a Heartbeat that could only
-    /// answer REBALANCE_IN_PROGRESS. Otherwise, and while holding, it is `HeartbeatNow`.
+    /// answer REBALANCE_IN_PROGRESS. Only a record naming a holder of the waiter's own
+    /// assignment counts: anyone who may write the ledger topic could append a RELEASED naming
+    /// the current generation, and each such record would otherwise make every waiter rejoin (and
+    /// a leader among them start a rebalance). In consumer-compatible mode the assignment names
+    /// no holder, so there it is always a heartbeat. Otherwise, and while holding, it is
+    /// `HeartbeatNow`.
     HoldEnded {
         /// The generation the record names.
         generation: i32,
+        /// The member the record names as the holder.
+        member_id: String,
     },
 }
 
@@ -717,12 +724,15 @@ impl Membership {
         self.check_lease(now);
         match cmd {
             Command::Leave => self.begin_leave(now),
-            Command::HoldEnded { generation }
-                if self.phase == Phase::Stable
-                    && self.hold.is_none()
-                    && !self.leaving
-                    && generation >= 0
-                    && generation == self.generation =>
+            Command::HoldEnded {
+                generation,
+                ref member_id,
+            } if self.phase == Phase::Stable
+                && self.hold.is_none()
+                && !self.leaving
+                && generation >= 0
+                && generation == self.generation
+                && self.names_as_holder(member_id, generation) =>
             {
                 // The holder's LeaveGroup was answered before its RELEASED record was written, so
                 // the group is rebalancing; a JoinGroup from a known member then joins the
@@ -745,6 +755,16 @@ impl Membership {
             }
         }
         self.drive(now);
+    }
+
+    /// Whether the assignment this waiter last read names `member_id` as a holder in
+    /// `generation`.
+    fn names_as_holder(&self, member_id: &str, generation: i32) -> bool {
+        self.last_waiting.as_ref().is_some_and(|(holders, _)| {
+            holders
+                .iter()
+                .any(|h| h.member_id == member_id && h.generation == generation)
+        })
     }
 
     /// The transmit `id` leaves for the broker at `at`, later than the machine emitted it: the

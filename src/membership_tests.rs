@@ -1817,7 +1817,13 @@ fn hold_ended_in_the_waiters_generation_rejoins_at_once_otherwise_it_heartbeats(
 
     let mut h = waiting();
     let now = h.now;
-    h.m.handle_command(Command::HoldEnded { generation: 3 }, now);
+    h.m.handle_command(
+        Command::HoldEnded {
+            generation: 3,
+            member_id: "other".into(),
+        },
+        now,
+    );
     h.drain();
     assert_eq!(
         h.apis(),
@@ -1832,7 +1838,13 @@ fn hold_ended_in_the_waiters_generation_rejoins_at_once_otherwise_it_heartbeats(
     h.m.handle_command(Command::HeartbeatNow, now);
     h.drain();
     let beat = h.take(ApiKey::Heartbeat);
-    h.m.handle_command(Command::HoldEnded { generation: 3 }, now);
+    h.m.handle_command(
+        Command::HoldEnded {
+            generation: 3,
+            member_id: "other".into(),
+        },
+        now,
+    );
     h.drain();
     let join = h.take(ApiKey::JoinGroup);
     h.reply(beat.id, Ok(hb(27)));
@@ -1843,7 +1855,13 @@ fn hold_ended_in_the_waiters_generation_rejoins_at_once_otherwise_it_heartbeats(
     // An older generation's hold: the group may have moved on, the coordinator decides.
     let mut h = waiting();
     let now = h.now;
-    h.m.handle_command(Command::HoldEnded { generation: 2 }, now);
+    h.m.handle_command(
+        Command::HoldEnded {
+            generation: 2,
+            member_id: "other".into(),
+        },
+        now,
+    );
     h.drain();
     assert_eq!(h.apis(), [ApiKey::Heartbeat]);
 
@@ -1852,7 +1870,54 @@ fn hold_ended_in_the_waiters_generation_rejoins_at_once_otherwise_it_heartbeats(
     h.advance(Duration::from_millis(10));
     h.sent.clear();
     let now = h.now;
-    h.m.handle_command(Command::HoldEnded { generation: 3 }, now);
+    h.m.handle_command(
+        Command::HoldEnded {
+            generation: 3,
+            member_id: "other".into(),
+        },
+        now,
+    );
+    h.drain();
+    assert_eq!(h.apis(), [ApiKey::Heartbeat]);
+}
+
+/// A RELEASED or LOST record of the waiter's generation that names no holder of its assignment
+/// (anyone who may write the ledger topic can append one) is only a heartbeat: otherwise every
+/// such record would make each waiter rejoin, and a leader among them start a rebalance. In
+/// consumer-compatible mode a waiter's assignment names no holder, so it always heartbeats.
+#[test]
+fn hold_ended_naming_no_holder_of_the_waiters_assignment_is_only_a_heartbeat() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let sync = h.join_as("w1", 3, false, &[]);
+    h.reply(sync.id, Ok(sync_ok(native_assignment(Some("other"), 3, 1))));
+    h.advance(Duration::from_millis(10));
+    h.sent.clear();
+    let now = h.now;
+    h.m.handle_command(
+        Command::HoldEnded {
+            generation: 3,
+            member_id: "intruder".into(),
+        },
+        now,
+    );
+    h.drain();
+    assert_eq!(h.apis(), [ApiKey::Heartbeat]);
+
+    let mut h = H::new(Mode::Consumer { topic: "t".into() });
+    h.find_ok();
+    let sync = h.join_as("w1", 3, false, &[]);
+    h.reply(sync.id, Ok(sync_ok(nothing())));
+    h.advance(Duration::from_millis(10));
+    h.sent.clear();
+    let now = h.now;
+    h.m.handle_command(
+        Command::HoldEnded {
+            generation: 3,
+            member_id: "other".into(),
+        },
+        now,
+    );
     h.drain();
     assert_eq!(h.apis(), [ApiKey::Heartbeat]);
 }
@@ -3013,7 +3078,13 @@ fn a_stray_release_of_the_waiters_generation_never_gives_it_the_lock() {
     h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m2"), 3, 1))));
     h.take_events();
     let now = h.now;
-    h.m.handle_command(Command::HoldEnded { generation: 3 }, now);
+    h.m.handle_command(
+        Command::HoldEnded {
+            generation: 3,
+            member_id: "m2".into(),
+        },
+        now,
+    );
     h.drain();
     let join = h.take(ApiKey::JoinGroup);
     assert_eq!(join_request(&join).member_id.as_str(), "w1");
@@ -3030,7 +3101,13 @@ fn a_stray_release_of_the_waiters_generation_never_gives_it_the_lock() {
     assert!(h.sent.is_empty(), "no join loop: {:?}", h.apis());
     // The same record read again (a poll that starts over) costs one JoinGroup more, no loop.
     let now = h.now;
-    h.m.handle_command(Command::HoldEnded { generation: 3 }, now);
+    h.m.handle_command(
+        Command::HoldEnded {
+            generation: 3,
+            member_id: "m2".into(),
+        },
+        now,
+    );
     h.drain();
     assert_eq!(h.apis(), [ApiKey::JoinGroup]);
 
@@ -3041,7 +3118,13 @@ fn a_stray_release_of_the_waiters_generation_never_gives_it_the_lock() {
     h.reply(sync.id, Ok(sync_ok(native_assignment(Some("m2"), 3, 1))));
     h.take_events();
     let now = h.now;
-    h.m.handle_command(Command::HoldEnded { generation: 3 }, now);
+    h.m.handle_command(
+        Command::HoldEnded {
+            generation: 3,
+            member_id: "m2".into(),
+        },
+        now,
+    );
     h.drain();
     let join = h.take(ApiKey::JoinGroup);
     h.reply(

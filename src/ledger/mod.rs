@@ -1684,7 +1684,7 @@ impl Ledger {
         // The newest generation whose hold is seen ending, if any: an earlier try's LOST record
         // may be appended after a later hold's RELEASED, and only the newest can be the
         // waiter's own (the one that makes it rejoin at once).
-        let mut news: Option<i32> = None;
+        let mut news: Option<(i32, String)> = None;
         for batch in batches.by_ref() {
             match batch {
                 Ok(b) => {
@@ -1695,10 +1695,13 @@ impl Ledger {
                         if let Some(Ok(LedgerRecord {
                             kind: RecordKind::Released { .. } | RecordKind::Lost { .. },
                             generation,
+                            member_id,
                             ..
                         })) = r.value.as_deref().map(LedgerRecord::decode)
                         {
-                            news = news.max(Some(generation));
+                            if news.as_ref().is_none_or(|(g, _)| generation >= *g) {
+                                news = Some((generation, member_id));
+                            }
                         }
                     }
                 }
@@ -1736,9 +1739,12 @@ impl Ledger {
                 next = end;
             }
         }
-        if let Some(generation) = news {
-            debug!(lock = %self.cfg.lock, generation, "the ledger shows a hold ended");
-            self.commands.push_back(Command::HoldEnded { generation });
+        if let Some((generation, member_id)) = news {
+            debug!(lock = %self.cfg.lock, generation, %member_id, "the ledger shows a hold ended");
+            self.commands.push_back(Command::HoldEnded {
+                generation,
+                member_id,
+            });
         }
         next
     }

@@ -734,7 +734,13 @@ fn a_waiter_long_polls_from_the_end_and_tells_the_membership_of_this_locks_relea
         ),
     );
     // The membership hears which generation's hold ended: its own means rejoin at once.
-    assert_eq!(r.commands, [Command::HoldEnded { generation: 3 }]);
+    assert_eq!(
+        r.commands,
+        [Command::HoldEnded {
+            generation: 3,
+            member_id: "m-2".into()
+        }]
+    );
     assert!(matches!(r.last().op, Op::Fetch { offset: 13, .. }));
 
     // Holding ends the poll; a late answer changes nothing.
@@ -2384,5 +2390,11 @@ fn a_polled_batch_reports_the_newest_generation_whose_hold_ended() {
             ],
         ),
     );
-    assert_eq!(r.commands, [Command::HoldEnded { generation: 3 }]);
+    assert_eq!(
+        r.commands,
+        [Command::HoldEnded {
+            generation: 3,
+            member_id: "m-2".into()
+        }]
+    );
 }
