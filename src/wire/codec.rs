@@ -230,6 +230,19 @@ pub fn encode_request(
     client_id: Option<&str>,
     out: &mut BytesMut,
 ) -> Result<(), EncodeError> {
+    let client_id = client_id.map(|c| StrBytes::from_string(c.to_owned()));
+    encode_request_as(req, version, correlation_id, client_id, out)
+}
+
+/// [`encode_request`] with the client id already a [`StrBytes`]: a connection keeps its own
+/// and clones it per request (a reference count), where a `&str` costs an allocation each time.
+pub(crate) fn encode_request_as(
+    req: &Request,
+    version: i16,
+    correlation_id: i32,
+    client_id: Option<StrBytes>,
+    out: &mut BytesMut,
+) -> Result<(), EncodeError> {
     let api = req.api_key();
     let ours = versions::supported_range(api);
     if !ours.is_some_and(|(min, max)| min <= version && version <= max) {
@@ -243,7 +256,7 @@ pub fn encode_request(
         .with_request_api_key(api as i16)
         .with_request_api_version(version)
         .with_correlation_id(correlation_id)
-        .with_client_id(client_id.map(|c| StrBytes::from_string(c.to_owned())));
+        .with_client_id(client_id);
     let header_version = api.request_header_version(version);
 
     let start = out.len();
