@@ -90,6 +90,9 @@ pub(crate) struct Pool {
     pub(crate) lookups: super::lookup::Lookups,
     /// `__consumer_offsets`' partition count, once the cluster told it.
     offsets_partitions: tokio::sync::OnceCell<u32>,
+    /// Where the grid of the locks' deferrable timers starts (`session::wake_at`): one grid for
+    /// all the client's locks, so their Heartbeats line up.
+    pub(crate) origin: std::time::Instant,
 }
 
 /// A broker (`None`: the bootstrap connection) and a stripe.
@@ -175,6 +178,7 @@ impl Pool {
             reaper: AtomicBool::new(false),
             lookups: Default::default(),
             offsets_partitions: tokio::sync::OnceCell::new(),
+            origin: Instant::now().into_std(),
         }
     }
 

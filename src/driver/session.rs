@@ -305,9 +305,12 @@ impl Run {
     }
 
     fn deadline(&self) -> Option<tokio::time::Instant> {
-        earliest(
+        wake_at(
             self.m.poll_timeout(),
+            self.m.lease_end(),
             self.ledger.as_deref().and_then(Ledger::poll_timeout),
+            now(),
+            self.net.pool.origin,
         )
         .map(tokio::time::Instant::from_std)
     }
@@ -450,6 +453,41 @@ impl Control {
             tokio::spawn(request);
         }
     }
+}
+
+/// The spacing of the grid the membership's deferrable timers are rounded up to.
+pub(super) const TIMER_GRID: Duration = Duration::from_millis(20);
+
+/// When the session task wakes next. The lease's end and the ledger's deadlines stand as they
+/// are. The membership's other timers (its next Heartbeat, a retry, the bound on a leave) are
+/// rounded up to the next point of a grid of [`TIMER_GRID`] counted from `origin`, the client's,
+/// unless already due (a Heartbeat asked for now goes now), and never past the lease's end:
+/// the Heartbeats of a client's locks then go out a few at a time, in one wake-up of the
+/// runtime each, instead of one wake-up per Heartbeat. The lease is untouched: it is timed from
+/// when the machine sent its Heartbeat, so one sent later renews later, never longer; and a
+/// timer of the machine firing late is what any busy runtime does anyway, acted on with the
+/// time it actually fired.
+pub(super) fn wake_at(
+    member: Option<Instant>,
+    lease_end: Option<Instant>,
+    ledger: Option<Instant>,
+    now: Instant,
+    origin: Instant,
+) -> Option<Instant> {
+    let member = member.map(|at| {
+        let rounded = match at.checked_duration_since(origin) {
+            Some(since) if at > now => {
+                let grid = TIMER_GRID.as_nanos();
+                let points = since.as_nanos().div_ceil(grid);
+                let nanos = points.saturating_mul(grid) - since.as_nanos();
+                at.checked_add(Duration::from_nanos(u64::try_from(nanos).unwrap_or(0)))
+                    .unwrap_or(at)
+            }
+            _ => at,
+        };
+        lease_end.map_or(rounded, |end| rounded.min(end.max(at)))
+    });
+    earliest(member, ledger)
 }
 
 fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {

@@ -1706,6 +1706,45 @@ async fn control_requests_are_answered_in_any_order_and_outlive_the_session() {
         .expect("the request left out was dropped, not finished");
 }
 
+/// The membership's deferrable timers (its next Heartbeat) are rounded up to the client's grid,
+/// so its locks' Heartbeats go out together; the lease's end and the ledger's deadlines are
+/// not, no timer is moved past the lease's end, and a timer already due is not delayed.
+#[test]
+fn deferrable_timers_round_up_to_the_grid_and_the_lease_end_never_moves() {
+    use session::{wake_at, TIMER_GRID};
+    let origin = std::time::Instant::now();
+    let ms = |n: u64| origin + Duration::from_millis(n);
+    let grid = u64::try_from(TIMER_GRID.as_millis()).unwrap();
+    let now = ms(1);
+    // Between two points of the grid: the next one.
+    assert_eq!(
+        wake_at(Some(ms(grid + 3)), None, None, now, origin),
+        Some(ms(2 * grid))
+    );
+    // On a point: as it is.
+    assert_eq!(
+        wake_at(Some(ms(2 * grid)), None, None, now, origin),
+        Some(ms(2 * grid))
+    );
+    // Never past the lease's end, nor the lease's end itself moved.
+    assert_eq!(
+        wake_at(Some(ms(grid + 3)), Some(ms(grid + 5)), None, now, origin),
+        Some(ms(grid + 5))
+    );
+    assert_eq!(
+        wake_at(Some(ms(grid + 5)), Some(ms(grid + 5)), None, now, origin),
+        Some(ms(grid + 5))
+    );
+    // Already due (a Heartbeat asked for at once): now.
+    assert_eq!(wake_at(Some(now), None, None, now, origin), Some(now));
+    // The ledger's deadline stands.
+    assert_eq!(
+        wake_at(Some(ms(grid + 3)), None, Some(ms(grid + 4)), now, origin),
+        Some(ms(grid + 4))
+    );
+    assert_eq!(wake_at(None, None, None, now, origin), None);
+}
+
 /// With every lane taken, an urgent request (a rejoin of a membership in force) does not wait:
 /// it gets a lane beyond the cap, closed once its answer is in.
 #[tokio::test]
