@@ -1041,11 +1041,19 @@ impl Link {
             },
         };
         trace!(peer = %self.peer, api = ?api_key, version, correlation_id, "request");
+        // Queued at once when the writer has room, as it nearly always has: the future then
+        // only waits for the answer, and stays small (a Heartbeat's is allocated for each).
+        let full = match self.tx.try_send(out) {
+            Ok(()) => None,
+            Err(mpsc::error::TrySendError::Full(out)) => Some(out),
+            Err(mpsc::error::TrySendError::Closed(_)) => return Err(self.shared.current_error()),
+        };
         let exchange = async move {
-            self.tx
-                .send(out)
-                .await
-                .map_err(|_| self.shared.current_error())?;
+            if let Some(out) = full {
+                Box::pin(self.tx.send(out))
+                    .await
+                    .map_err(|_| self.shared.current_error())?;
+            }
             rx.await.map_err(|_| self.shared.current_error())?
         };
         Ok((exchange, deadline, correlation_id))

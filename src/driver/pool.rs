@@ -267,6 +267,20 @@ impl Pool {
         Ok(conn)
     }
 
+    /// [`Pool::quick`] if it is open and nobody is opening it, without waiting.
+    pub(crate) fn quick_open(&self, broker: Option<&Broker>, stripe: usize) -> Option<Connection> {
+        let key = (broker.cloned(), if broker.is_some() { stripe } else { 0 });
+        let cell = self
+            .quick
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)?
+            .clone();
+        *cell.last_used.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        let guard = cell.conn.try_lock().ok()?;
+        guard.as_ref().filter(|c| !c.is_closed()).cloned()
+    }
+
     /// Stops lending `conn` as the quick connection to `broker`: later requests get a fresh
     /// one. `conn` itself stays open for the requests still on it and closes when the last
     /// handle goes.

@@ -775,12 +775,14 @@ pub(super) fn send_on_task(
 /// closed under the requests queued behind it. A retry goes on a fresh connection, in case this
 /// one is dead rather than held. The membership judges its lease by its own clock; a timeout
 /// here is only an answer that did not come.
-async fn control(
+fn control(
     pool: Arc<Pool>,
     stripe: usize,
     broker: Broker,
     t: Transmit,
-) -> (u64, Result<(Response, i16)>) {
+) -> impl Future<Output = (u64, Result<(Response, i16)>)> + Send {
+    // An async block, not an async fn: the future then holds the request once, not also the
+    // transmit it came in.
     let Transmit {
         id,
         request,
@@ -788,55 +790,63 @@ async fn control(
         timeout,
         ..
     } = t;
-    let api = request.api_key();
-    let bound = timeout.saturating_add(pool.conn.connect_timeout);
-    let started = tokio::time::Instant::now();
-    let end = started + bound.min(FOREVER);
-    // Not polled (so not armed) while the connection is at hand at once, as it is nearly always.
-    let timer = tokio::time::sleep_until(end);
-    tokio::pin!(timer);
-    let timed_out = |after| Error::Timeout {
-        op: format!("{api:?}"),
-        after,
-    };
-    let conn = tokio::select! {
-        biased;
-        conn = pool.quick(Some(&broker), stripe) => conn,
-        () = &mut timer => Err(timed_out(bound)),
-    };
-    let result = match conn {
-        Ok(conn) => {
-            let mut after = bound;
-            if let Some(at) = tokio::time::Instant::now().checked_add(timeout) {
-                if at < end {
-                    timer.as_mut().reset(at);
-                    after = timeout;
-                }
-            }
-            // Only a request the broker may hold outlives its caller's timeout (the control
-            // lane carries no other); any other expires with it and fails the connection.
-            let keep = if held_by_the_broker(api) {
-                ledger::parked_timeout(ledger::BROKER_COMMIT_TIMEOUT, timeout)
-            } else {
-                timeout
-            };
-            tokio::select! {
+    async move {
+        let api = request.api_key();
+        let bound = timeout.saturating_add(pool.conn.connect_timeout);
+        let started = tokio::time::Instant::now();
+        let end = started + bound.min(FOREVER);
+        // Not polled (so not armed) while the connection is open, as it nearly always is.
+        let timer = tokio::time::sleep_until(end);
+        tokio::pin!(timer);
+        let timed_out = |after| Error::Timeout {
+            op: format!("{api:?}"),
+            after,
+        };
+        let conn = match pool.quick_open(Some(&broker), stripe) {
+            Some(conn) => Ok(conn),
+            // Boxed: opening a connection takes a future of several KB, which every
+            // Heartbeat's own future would otherwise carry (and allocate) for nothing.
+            None => tokio::select! {
                 biased;
-                response = conn.request_kept(&request, version, keep) => {
-                    response.map(|r| (r, version))
+                conn = Box::pin(pool.quick(Some(&broker), stripe)) => conn,
+                () = &mut timer => Err(timed_out(bound)),
+            },
+        };
+        let result = match conn {
+            Ok(conn) => {
+                let mut after = bound;
+                if let Some(at) = tokio::time::Instant::now().checked_add(timeout) {
+                    if at < end {
+                        timer.as_mut().reset(at);
+                        after = timeout;
+                    }
                 }
-                () = &mut timer => {
-                    pool.retire_quick(Some(&broker), stripe, &conn);
-                    Err(timed_out(after))
+                // Only a request the broker may hold outlives its caller's timeout (the
+                // control lane carries no other); any other expires with it and fails the
+                // connection.
+                let keep = if held_by_the_broker(api) {
+                    ledger::parked_timeout(ledger::BROKER_COMMIT_TIMEOUT, timeout)
+                } else {
+                    timeout
+                };
+                tokio::select! {
+                    biased;
+                    response = conn.request_kept(&request, version, keep) => {
+                        response.map(|r| (r, version))
+                    }
+                    () = &mut timer => {
+                        pool.retire_quick(Some(&broker), stripe, &conn);
+                        Err(timed_out(after))
+                    }
                 }
             }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = &result {
+            warn!(?api, error = %e, "request failed");
         }
-        Err(e) => Err(e),
-    };
-    if let Err(e) = &result {
-        warn!(?api, error = %e, "request failed");
+        (id, result)
     }
-    (id, result)
 }
 
 /// Longer than any deadline that matters (tokio's own "far future"): a timeout configured as
