@@ -902,6 +902,12 @@ impl Membership {
         timeout: Duration,
     ) -> u64 {
         let id = self.next_id();
+        if self.transmits.capacity() == 0 {
+            // Room for the one request usually queued is a small block for the allocator; the
+            // first growth's room for four (1.2 KB) is a large one, which glibc pays for by
+            // consolidating its free lists, at every Heartbeat of every held lock.
+            self.transmits.reserve_exact(1);
+        }
         self.transmits.push_back(Transmit {
             id,
             target,

@@ -24,7 +24,8 @@
 //! - Each in-flight entry carries its deadline, and a third task (the expiry task) fails the
 //!   connection when one passes. The caller's own timer cannot do that alone: a caller that is
 //!   dropped takes its timer with it, and its entry would then wait forever on a broker that
-//!   never answers. The caller keeps a timer too, for the time its request waits to be queued.
+//!   never answers. The caller keeps a timer too, for the time its request waits to be queued
+//!   (`Connection::request_kept` leaves that to a caller that bounds its own wait).
 //!
 //! The failure semantics users see are documented on [`Connection`].
 
@@ -46,7 +47,7 @@ use super::dial::Dialer;
 
 use crate::error::{Error, KafkaCode, Result};
 use crate::security::{Security, SecurityError};
-use crate::wire::codec::{decode_response_frame_bytes, encode_request, peek_correlation_id};
+use crate::wire::codec::{decode_response_frame_bytes, encode_request_as, peek_correlation_id};
 use crate::wire::frame::decode_frame;
 use crate::wire::frame::FrameError;
 use crate::wire::versions::{
@@ -65,6 +66,9 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Requests queued for the writer beyond those being written. Callers wait (bounded by their own
 /// timeout) when it is full, which keeps a stalled socket from accumulating unbounded memory.
 const WRITE_QUEUE: usize = 64;
+
+/// Encoding room a connection keeps between requests; more is given back after a large one.
+pub(crate) const SCRATCH_KEPT: usize = 16 * 1024;
 
 /// Spare read-buffer capacity kept before each read, so small responses need one allocation.
 const READ_CHUNK: usize = 8 * 1024;
@@ -341,6 +345,32 @@ impl Connection {
         self.current.link().call(&req, version, timeout).await
     }
 
+    /// Like [`Connection::request_at`] for a caller that bounds its own wait, shorter than
+    /// `keep`: the request is registered with the deadline `keep`, past which the connection
+    /// fails as usual, and no timer runs for it here. A caller that gives up first leaves the
+    /// connection open: a request not yet written is never sent, and the answer of one already
+    /// written is read and dropped when it comes (before `keep`, or the connection fails).
+    /// Saves a held Heartbeat the timer [`Connection::request_at`] would arm for `keep`.
+    pub(crate) async fn request_kept(
+        &self,
+        req: &Request,
+        version: i16,
+        keep: Duration,
+    ) -> Result<Response> {
+        let api = req.api_key();
+        match self.versions.get(api) {
+            Some(max) if version <= max && version >= 0 => {}
+            _ => {
+                return Err(Error::UnsupportedApi {
+                    api: crate::api::Api::of(api),
+                })
+            }
+        }
+        let link = self.current.link();
+        let (exchange, _, _) = link.queue(req, version, keep)?;
+        exchange.await
+    }
+
     /// Closes the connection: in-flight and later requests fail with [`Error::Closed`]. Idempotent.
     pub fn close(&self) {
         // Under the link's lock, so a renewal either swapped before (and its superseded link is
@@ -398,6 +428,14 @@ impl Connection {
     pub(crate) async fn renewed(&self, n: u64) {
         let mut rx = self.current.renewals.subscribe();
         let _ = rx.wait_for(|&done| done >= n).await;
+    }
+
+    /// Room the connection keeps for encoding its next request.
+    #[cfg(test)]
+    pub(crate) fn scratch_capacity(&self) -> usize {
+        let link = self.current.link();
+        let scratch = link.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        scratch.capacity()
     }
 
     /// Requests registered and not yet answered or failed.
@@ -888,9 +926,13 @@ impl Shared {
 /// The request path shared by every handle: correlation ids, the writer queue, timeouts.
 struct Link {
     peer: String,
-    client_id: Option<String>,
+    client_id: Option<StrBytes>,
     request_timeout: Duration,
     next_correlation_id: AtomicI32,
+    /// Where requests are encoded. Each frame is split off and sent; once the writer has
+    /// dropped the frames, the next encode reuses their room instead of allocating (a held lock
+    /// sends a Heartbeat every interval, and a client may hold thousands).
+    scratch: Mutex<BytesMut>,
     tx: mpsc::Sender<Outgoing>,
     shared: Arc<Shared>,
 }
@@ -914,34 +956,79 @@ impl Link {
         tokio::spawn(expire_loop(Arc::clone(&shared)));
         Link {
             peer: peer.to_owned(),
-            client_id: cfg.client_id.clone(),
+            client_id: cfg.client_id.clone().map(StrBytes::from_string),
             request_timeout: cfg.request_timeout,
             next_correlation_id: AtomicI32::new(0),
+            scratch: Mutex::new(BytesMut::new()),
             tx,
             shared,
         }
     }
 
     async fn call(&self, req: &Request, version: i16, timeout: Duration) -> Result<Response> {
+        let (exchange, deadline, correlation_id) = self.queue(req, version, timeout)?;
+        // The expiry task enforces the same deadline once the request is registered; this timer
+        // also covers the wait for room in the writer's queue, before registration.
+        let result = match deadline {
+            Some(deadline) => tokio::time::timeout_at(deadline, exchange).await,
+            None => Ok(exchange.await),
+        };
+        match result {
+            Ok(result) => result,
+            Err(_) => {
+                let op = request_op(req.api_key(), version, &self.peer, correlation_id);
+                self.shared.fail(Arc::new(Error::Timeout {
+                    op: op.clone(),
+                    after: timeout,
+                }));
+                Err(Error::Timeout { op, after: timeout })
+            }
+        }
+    }
+
+    /// Encodes `req` and returns the exchange that queues it for the writer and waits for its
+    /// answer, with no timer of its own: once registered, the expiry task fails the connection
+    /// at `timeout`; before that, only the caller's own bound ends the wait.
+    fn queue(
+        &self,
+        req: &Request,
+        version: i16,
+        timeout: Duration,
+    ) -> Result<(
+        impl std::future::Future<Output = Result<Response>> + '_,
+        Option<Instant>,
+        i32,
+    )> {
         if let Some(reason) = self.shared.failure() {
             return Err(Shared::error_for(&reason));
         }
         let api_key = req.api_key();
         // Ids only need to be unique among in-flight requests; wrapping after 2^32 is fine.
         let correlation_id = self.next_correlation_id.fetch_add(1, Ordering::Relaxed);
-        let mut frame = BytesMut::new();
-        encode_request(
-            req,
-            version,
-            correlation_id,
-            self.client_id.as_deref(),
-            &mut frame,
-        )?;
+        let frame = {
+            let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+            // On error the scratch is left as it was.
+            encode_request_as(
+                req,
+                version,
+                correlation_id,
+                self.client_id.clone(),
+                &mut scratch,
+            )?;
+            let frame = scratch.split().freeze();
+            // A large request (a Produce with a big checkpoint) would otherwise leave its room
+            // with the connection for good: the scratch lets go of it, and it is freed with the
+            // frame.
+            if frame.len() > SCRATCH_KEPT {
+                *scratch = BytesMut::new();
+            }
+            frame
+        };
         let (reply, rx) = oneshot::channel();
         // `None` (a timeout too long for `Instant`) means no deadline rather than a panic.
         let deadline = Instant::now().checked_add(timeout);
         let out = Outgoing {
-            frame: frame.freeze(),
+            frame,
             pending: Pending {
                 correlation_id,
                 api_key,
@@ -952,30 +1039,22 @@ impl Link {
             },
         };
         trace!(peer = %self.peer, api = ?api_key, version, correlation_id, "request");
-        let exchange = async {
-            self.tx
-                .send(out)
-                .await
-                .map_err(|_| self.shared.current_error())?;
+        // Queued at once when the writer has room, as it nearly always has: the future then
+        // only waits for the answer, and stays small (a Heartbeat's is allocated for each).
+        let full = match self.tx.try_send(out) {
+            Ok(()) => None,
+            Err(mpsc::error::TrySendError::Full(out)) => Some(out),
+            Err(mpsc::error::TrySendError::Closed(_)) => return Err(self.shared.current_error()),
+        };
+        let exchange = async move {
+            if let Some(out) = full {
+                Box::pin(self.tx.send(out))
+                    .await
+                    .map_err(|_| self.shared.current_error())?;
+            }
             rx.await.map_err(|_| self.shared.current_error())?
         };
-        // The expiry task enforces the same deadline once the request is registered; this timer
-        // also covers the wait for room in the writer's queue, before registration.
-        let result = match deadline {
-            Some(deadline) => tokio::time::timeout_at(deadline, exchange).await,
-            None => Ok(exchange.await),
-        };
-        match result {
-            Ok(result) => result,
-            Err(_) => {
-                let op = request_op(api_key, version, &self.peer, correlation_id);
-                self.shared.fail(Arc::new(Error::Timeout {
-                    op: op.clone(),
-                    after: timeout,
-                }));
-                Err(Error::Timeout { op, after: timeout })
-            }
-        }
+        Ok((exchange, deadline, correlation_id))
     }
 }
 

@@ -90,6 +90,9 @@ pub(crate) struct Pool {
     pub(crate) lookups: super::lookup::Lookups,
     /// `__consumer_offsets`' partition count, once the cluster told it.
     offsets_partitions: tokio::sync::OnceCell<u32>,
+    /// Where the grid of the locks' deferrable timers starts (`session::wake_at`): one grid for
+    /// all the client's locks, so their Heartbeats line up.
+    pub(crate) origin: std::time::Instant,
 }
 
 /// A broker (`None`: the bootstrap connection) and a stripe.
@@ -175,6 +178,7 @@ impl Pool {
             reaper: AtomicBool::new(false),
             lookups: Default::default(),
             offsets_partitions: tokio::sync::OnceCell::new(),
+            origin: Instant::now().into_std(),
         }
     }
 
@@ -261,6 +265,20 @@ impl Pool {
         };
         *guard = Some(conn.clone());
         Ok(conn)
+    }
+
+    /// [`Pool::quick`] if it is open and nobody is opening it, without waiting.
+    pub(crate) fn quick_open(&self, broker: Option<&Broker>, stripe: usize) -> Option<Connection> {
+        let key = (broker.cloned(), if broker.is_some() { stripe } else { 0 });
+        let cell = self
+            .quick
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)?
+            .clone();
+        *cell.last_used.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        let guard = cell.conn.try_lock().ok()?;
+        guard.as_ref().filter(|c| !c.is_closed()).cloned()
     }
 
     /// Stops lending `conn` as the quick connection to `broker`: later requests get a fresh

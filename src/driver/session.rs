@@ -4,12 +4,17 @@
 //! holds back the hold until its ACQUIRED record is acknowledged and may ask the membership to
 //! heartbeat or leave.
 //!
-//! Requests are sent from short-lived tasks so that connecting to a broker (which can take the
-//! whole connect timeout) never delays the machine's timers: the lease must end on time even when
-//! every connection is hanging.
+//! The task never awaits a connection or an answer in line with its timers: connecting to a
+//! broker can take the whole connect timeout, and the lease must end on time even when every
+//! connection is hanging. Heartbeats and LeaveGroups, nearly all a held lock sends, are futures
+//! the task polls beside its timers ([`Control`]); the other requests run on short-lived tasks
+//! of their own and answer through a channel.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{mpsc, oneshot, watch};
@@ -157,22 +162,25 @@ pub(crate) fn spawn(
     let places = Arc::new(Mutex::new(Places::default()));
     let pool = net.pool.clone();
     let span = tracing::info_span!("kafka_lock", group = %group);
-    tokio::spawn(
-        run(
-            Box::new(machine),
-            params.ledger.map(Box::new),
-            group.to_owned(),
-            net,
-            cmd_rx,
-            Outputs {
-                state: state_tx,
-                left: left_tx,
-                events,
-                places: places.clone(),
-            },
-        )
-        .instrument(span),
-    );
+    let (answers_tx, answers) = mpsc::unbounded_channel::<Answer>();
+    let session = Run {
+        m: Box::new(machine),
+        ledger: params.ledger.map(Box::new),
+        lock: group.to_owned(),
+        net,
+        answers_tx,
+        control: Control::default(),
+        commands_open: true,
+        replies: HashMap::new(),
+        next_ticket: 0,
+        outputs: Outputs {
+            state: state_tx,
+            left: left_tx,
+            events,
+            places: places.clone(),
+        },
+    };
+    tokio::spawn(run(session, cmd_rx, answers).instrument(span));
     SessionHandle {
         commands: cmd_tx,
         state: state_rx,
@@ -218,81 +226,107 @@ pub(super) enum Source {
 /// its slots 32 at a time, and 32 unboxed answers (216 bytes each) would cost every lock 7 KB.
 pub(super) type Answer = Box<(Source, u64, Result<(Response, i16)>)>;
 
-// The machines are boxed so that the task's future, which every lock keeps, holds pointers, not
-// the machines (and a ledger machine's 1.3 KB also when the lock has no ledger).
-async fn run(
-    mut m: Box<Membership>,
-    mut ledger: Option<Box<Ledger>>,
+/// The session task's state: the machines, the connections, and where answers and outcomes go.
+/// Each `select!` arm of [`run`] is one method here.
+struct Run {
+    // The machines are boxed so that the task's future, which every lock keeps, holds pointers,
+    // not the machines (and a ledger machine's 1.3 KB also when the lock has no ledger).
+    m: Box<Membership>,
+    ledger: Option<Box<Ledger>>,
     lock: String,
     net: Session,
-    mut commands: mpsc::UnboundedReceiver<SessionCommand>,
+    /// Answers of the requests that run on tasks of their own (joins, lookups, the ledger's).
+    answers_tx: mpsc::UnboundedSender<Answer>,
+    /// The member's requests on quick connections, polled by this task.
+    control: Control,
+    commands_open: bool,
+    replies: HashMap<u64, oneshot::Sender<Result<()>>>,
+    next_ticket: u64,
     outputs: Outputs,
+}
+
+async fn run(
+    mut run: Run,
+    mut commands: mpsc::UnboundedReceiver<SessionCommand>,
+    mut answers: mpsc::UnboundedReceiver<Answer>,
 ) {
-    let Outputs {
-        state,
-        left,
-        mut events,
-        places,
-    } = outputs;
-    let (answers_tx, mut answers) = mpsc::unbounded_channel::<Answer>();
-    let mut commands_open = true;
-    let mut replies: HashMap<u64, oneshot::Sender<Result<()>>> = HashMap::new();
-    let mut next_ticket = 0u64;
-    let mut out = |e: Event| {
-        publish(&state, &e);
-        if let Event::Left { confirmed } = e {
-            left.send_replace(Some(confirmed));
-        }
-        if let Some(sink) = &mut events {
-            sink(e);
-        }
-    };
-    m.handle_timeout(now());
+    run.m.handle_timeout(now());
     loop {
+        if run.flush() {
+            // What the membership did about the ledger's command is flushed before anything
+            // else happens.
+            continue;
+        }
+        run.publish_lease();
+        if run.is_done() {
+            break;
+        }
+        let deadline = run.deadline();
+        tokio::select! {
+            biased;
+            // Timers first: an expired lease must be reported before any answer is considered.
+            _ = sleep_until(deadline) => run.on_timeout(),
+            // Right after the timers: a request pushed on the last turn is written when this
+            // arm is first polled.
+            (id, result) = run.control.next() => run.on_member_answer(id, result),
+            cmd = commands.recv(), if run.commands_open => run.on_command(cmd),
+            Some(answer) = answers.recv() => run.on_answer(*answer),
+        }
+    }
+    run.finish();
+}
+
+impl Run {
+    /// Sends what the machines ask for and publishes what they say. Returns whether the ledger
+    /// nudged the membership, whose requests and events must then be flushed first.
+    fn flush(&mut self) -> bool {
         // Before anything is published: a guard handed out below reads from here.
-        Places::note(&places, &m, ledger.as_deref());
-        while let Some(t) = m.poll_transmit() {
+        Places::note(&self.outputs.places, &self.m, self.ledger.as_deref());
+        while let Some(t) = self.m.poll_transmit() {
             // A member of a completed generation rejoins to keep what it has: its JoinGroup
             // may take the lanes first joins cannot.
-            let park = if m.generation() >= 0 || m.token().is_some() {
+            let park = if self.m.generation() >= 0 || self.m.token().is_some() {
                 Park::Urgent
             } else {
                 Park::Fresh
             };
-            send(&net, t, park, answers_tx.clone());
-        }
-        while let Some(e) = m.poll_event() {
-            match &mut ledger {
-                Some(l) => l.on_membership(e, &view(&m), clock()),
-                None => out(e),
+            if let Some(request) = send(&self.net, t, park, self.answers_tx.clone()) {
+                self.control.push(request);
             }
         }
-        if let Some(l) = &mut ledger {
-            while let Some(t) = l.poll_transmit() {
-                send_ledger(&net.pool, net.stripe, t, answers_tx.clone());
-            }
-            while let Some(e) = l.poll_event() {
-                out(e);
-            }
-            while let Some((ticket, result)) = l.poll_checkpoint() {
-                if let Some(reply) = replies.remove(&ticket) {
-                    let _ = reply.send(result);
-                }
-            }
-            let mut nudged = false;
-            while let Some(c) = l.poll_command() {
-                m.handle_command(c, now());
-                nudged = true;
-            }
-            if nudged {
-                // What the membership did about it is flushed before anything else happens.
-                continue;
+        while let Some(e) = self.m.poll_event() {
+            match &mut self.ledger {
+                Some(l) => l.on_membership(e, &view(&self.m), clock()),
+                None => self.outputs.emit(e),
             }
         }
-        // Renewals emit no event; without this the guard would time the lease from the
-        // acquisition and report a loss while heartbeats still succeed.
-        if let Some(lease) = m.lease_end() {
-            state.send_if_modified(|s| match s {
+        let Some(l) = &mut self.ledger else {
+            return false;
+        };
+        while let Some(t) = l.poll_transmit() {
+            send_ledger(&self.net.pool, self.net.stripe, t, self.answers_tx.clone());
+        }
+        while let Some(e) = l.poll_event() {
+            self.outputs.emit(e);
+        }
+        while let Some((ticket, result)) = l.poll_checkpoint() {
+            if let Some(reply) = self.replies.remove(&ticket) {
+                let _ = reply.send(result);
+            }
+        }
+        let mut nudged = false;
+        while let Some(c) = l.poll_command() {
+            self.m.handle_command(c, now());
+            nudged = true;
+        }
+        nudged
+    }
+
+    /// Renewals emit no event; without this the guard would time the lease from the
+    /// acquisition and report a loss while heartbeats still succeed.
+    fn publish_lease(&self) {
+        if let Some(lease) = self.m.lease_end() {
+            self.outputs.state.send_if_modified(|s| match s {
                 SessionState::Held(_, l, _) if *l != lease => {
                     *l = lease;
                     true
@@ -300,77 +334,196 @@ async fn run(
                 _ => false,
             });
         }
-        if m.is_done() && ledger.as_deref().is_none_or(Ledger::is_done) {
-            break;
-        }
-        let deadline = earliest(
-            m.poll_timeout(),
-            ledger.as_deref().and_then(Ledger::poll_timeout),
+    }
+
+    fn is_done(&self) -> bool {
+        self.m.is_done() && self.ledger.as_deref().is_none_or(Ledger::is_done)
+    }
+
+    fn deadline(&self) -> Option<tokio::time::Instant> {
+        wake_at(
+            self.m.poll_timeout(),
+            self.m.lease_end(),
+            self.ledger.as_deref().and_then(Ledger::poll_timeout),
+            now(),
+            self.net.pool.origin,
         )
-        .map(tokio::time::Instant::from_std);
-        tokio::select! {
-            biased;
-            // Timers first: an expired lease must be reported before any answer is considered.
-            _ = sleep_until(deadline) => {
-                m.handle_timeout(now());
-                if let Some(l) = &mut ledger {
-                    l.handle_timeout(&view(&m), clock());
+        .map(tokio::time::Instant::from_std)
+    }
+
+    fn on_timeout(&mut self) {
+        self.m.handle_timeout(now());
+        if let Some(l) = &mut self.ledger {
+            l.handle_timeout(&view(&self.m), clock());
+        }
+    }
+
+    fn on_command(&mut self, cmd: Option<SessionCommand>) {
+        match cmd {
+            Some(SessionCommand::Member(c)) => self.m.handle_command(c, now()),
+            Some(SessionCommand::Checkpoint(checkpoint)) => match (*checkpoint, &mut self.ledger) {
+                ((value, reply), Some(l)) => {
+                    self.next_ticket += 1;
+                    self.replies.insert(self.next_ticket, reply);
+                    l.checkpoint(self.next_ticket, value, &view(&self.m), clock());
+                }
+                ((_, reply), None) => {
+                    let _ = reply.send(Err(LedgerError::NoLedger {
+                        lock: self.lock.clone(),
+                    }
+                    .into()));
+                }
+            },
+            // Every handle is gone: nobody can use the lock any more, so leave.
+            None => {
+                self.commands_open = false;
+                self.m.handle_command(Command::Leave, now());
+            }
+        }
+    }
+
+    fn on_answer(&mut self, answer: (Source, u64, Result<(Response, i16)>)) {
+        match (answer, &mut self.ledger) {
+            ((Source::Member, id, result), _) => self.on_member_answer(id, result),
+            ((Source::Ledger, id, result), Some(l)) => {
+                l.handle_response(id, result, &view(&self.m), clock());
+            }
+            ((Source::Ledger, ..), None) => {}
+        }
+    }
+
+    fn on_member_answer(&mut self, id: u64, result: Result<(Response, i16)>) {
+        // Written before the request, so it is here before the answer.
+        let sent = self
+            .net
+            .sent
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some((sent, at)) = sent {
+            self.m.handle_sent(sent, at);
+        }
+        self.m.handle_response(id, result.map(|(r, _)| r), now());
+    }
+
+    fn finish(self) {
+        // A session that ended without leaving (a fatal error) left nothing confirmed.
+        self.outputs.left.send_if_modified(|l| {
+            let unset = l.is_none();
+            if unset {
+                *l = Some(false);
+            }
+            unset
+        });
+        if let Some((_, lane)) = self
+            .net
+            .join_lane
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            lane.done();
+        }
+        // The member's last requests still go out, as they would on tasks of their own: a
+        // LeaveGroup for a member id given up just before the end frees the broker of it.
+        self.control.detach();
+        if self.net.private {
+            self.net.pool.close_all();
+        }
+        debug!("session ended");
+    }
+}
+
+impl Outputs {
+    fn emit(&mut self, e: Event) {
+        publish(&self.state, &e);
+        if let Event::Left { confirmed } = e {
+            self.left.send_replace(Some(confirmed));
+        }
+        if let Some(sink) = &mut self.events {
+            sink(e);
+        }
+    }
+}
+
+/// A member request on a quick connection, with the id of its transmit.
+pub(super) type ControlRequest =
+    Pin<Box<dyn Future<Output = (u64, Result<(Response, i16)>)> + Send>>;
+
+/// The member's Heartbeats and LeaveGroups (one or two at a time), polled by the session task
+/// itself: they are nearly all a held lock sends, and a task of their own would cost each one a
+/// spawn, two more wake-ups and a trip through the answer channel.
+#[derive(Default)]
+pub(super) struct Control(Vec<ControlRequest>);
+
+impl Control {
+    pub(super) fn push(&mut self, request: ControlRequest) {
+        self.0.push(request);
+    }
+
+    /// The next answer. Requests are polled in turn until one is answered, the first poll
+    /// writing a request; with none out this is pending until the loop's next turn polls what
+    /// was pushed meanwhile.
+    pub(super) fn next(&mut self) -> impl Future<Output = (u64, Result<(Response, i16)>)> + '_ {
+        std::future::poll_fn(move |cx| {
+            let mut answered = None;
+            for (i, request) in self.0.iter_mut().enumerate() {
+                if let Poll::Ready(answer) = request.as_mut().poll(cx) {
+                    answered = Some((i, answer));
+                    break;
                 }
             }
-            cmd = commands.recv(), if commands_open => match cmd {
-                Some(SessionCommand::Member(c)) => m.handle_command(c, now()),
-                Some(SessionCommand::Checkpoint(checkpoint)) => match (*checkpoint, &mut ledger) {
-                    ((value, reply), Some(l)) => {
-                        next_ticket += 1;
-                        replies.insert(next_ticket, reply);
-                        l.checkpoint(next_ticket, value, &view(&m), clock());
-                    }
-                    ((_, reply), None) => {
-                        let _ = reply.send(Err(LedgerError::NoLedger { lock: lock.clone() }.into()));
-                    }
-                },
-                // Every handle is gone: nobody can use the lock any more, so leave.
-                None => {
-                    commands_open = false;
-                    m.handle_command(Command::Leave, now());
+            match answered {
+                Some((i, answer)) => {
+                    drop(self.0.swap_remove(i));
+                    Poll::Ready(answer)
                 }
-            },
-            Some(answer) = answers.recv() => match (*answer, &mut ledger) {
-                ((Source::Member, id, result), _) => {
-                    // Written before the request, so it is here before the answer.
-                    let sent = net.sent.lock().unwrap_or_else(|p| p.into_inner()).take();
-                    if let Some((sent, at)) = sent {
-                        m.handle_sent(sent, at);
-                    }
-                    m.handle_response(id, result.map(|(r, _)| r), now());
-                }
-                ((Source::Ledger, id, result), Some(l)) => {
-                    l.handle_response(id, result, &view(&m), clock());
-                }
-                ((Source::Ledger, ..), None) => {}
-            },
+                None => Poll::Pending,
+            }
+        })
+    }
+
+    /// Hands the requests still out to tasks of their own, their answers going nowhere.
+    pub(super) fn detach(self) {
+        for request in self.0 {
+            tokio::spawn(request);
         }
     }
-    // A session that ended without leaving (a fatal error) left nothing confirmed.
-    left.send_if_modified(|l| {
-        let unset = l.is_none();
-        if unset {
-            *l = Some(false);
-        }
-        unset
+}
+
+/// The spacing of the grid the membership's deferrable timers are rounded up to.
+pub(super) const TIMER_GRID: Duration = Duration::from_millis(20);
+
+/// When the session task wakes next. The lease's end and the ledger's deadlines stand as they
+/// are. The membership's other timers (its next Heartbeat, a retry, the bound on a leave) are
+/// rounded up to the next point of a grid of [`TIMER_GRID`] counted from `origin`, the client's,
+/// unless already due (a Heartbeat asked for now goes now), and never past the lease's end:
+/// the Heartbeats of a client's locks then go out a few at a time, in one wake-up of the
+/// runtime each, instead of one wake-up per Heartbeat. The lease is untouched: it is timed from
+/// when the machine sent its Heartbeat, so one sent later renews later, never longer; and a
+/// timer of the machine firing late is what any busy runtime does anyway, acted on with the
+/// time it actually fired.
+pub(super) fn wake_at(
+    member: Option<Instant>,
+    lease_end: Option<Instant>,
+    ledger: Option<Instant>,
+    now: Instant,
+    origin: Instant,
+) -> Option<Instant> {
+    let member = member.map(|at| {
+        let rounded = match at.checked_duration_since(origin) {
+            Some(since) if at > now => {
+                let grid = TIMER_GRID.as_nanos();
+                let points = since.as_nanos().div_ceil(grid);
+                let nanos = points.saturating_mul(grid) - since.as_nanos();
+                at.checked_add(Duration::from_nanos(u64::try_from(nanos).unwrap_or(0)))
+                    .unwrap_or(at)
+            }
+            _ => at,
+        };
+        lease_end.map_or(rounded, |end| rounded.min(end.max(at)))
     });
-    if let Some((_, lane)) = net
-        .join_lane
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .take()
-    {
-        lane.done();
-    }
-    if net.private {
-        net.pool.close_all();
-    }
-    debug!("session ended");
+    earliest(member, ledger)
 }
 
 fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
@@ -523,17 +676,27 @@ enum Route {
     Lane(crate::membership::Broker, Park),
 }
 
-pub(super) fn send(net: &Session, t: Transmit, park: Park, answers: mpsc::UnboundedSender<Answer>) {
+/// Sends a member request: on a task of its own, its answer going to `answers`, but for a
+/// Heartbeat or LeaveGroup on the coordinator's quick connection, returned for the session task
+/// to poll (see [`Control`]).
+#[must_use]
+pub(super) fn send(
+    net: &Session,
+    t: Transmit,
+    park: Park,
+    answers: mpsc::UnboundedSender<Answer>,
+) -> Option<ControlRequest> {
     let pool = &net.pool;
-    let kept = net.join_lane.clone();
-    let sent = net.sent.clone();
     let stripe = net.stripe;
     let route = match &t.target {
         Target::Any => Route::Quick(None),
         Target::Coordinator {
             broker,
             lane: Lane::Control,
-        } => Route::Quick(Some(broker.clone())),
+        } => {
+            let broker = broker.clone();
+            return Some(Box::pin(control(pool.clone(), stripe, broker, t)));
+        }
         Target::Coordinator {
             broker,
             lane: Lane::Join,
@@ -551,6 +714,8 @@ pub(super) fn send(net: &Session, t: Transmit, park: Park, answers: mpsc::Unboun
         }
     };
     let pool = pool.clone();
+    let kept = net.join_lane.clone();
+    let sent = net.sent.clone();
     tokio::spawn(async move {
         let api = t.request.api_key();
         let version = t.version;
@@ -615,7 +780,114 @@ pub(super) fn send(net: &Session, t: Transmit, park: Park, answers: mpsc::Unboun
         }
         let _ = answers.send(Box::new((Source::Member, t.id, result)));
     });
+    None
 }
+
+/// [`send`], with a control request run on a task of its own and answered on `answers` like
+/// the others.
+#[cfg(test)]
+pub(super) fn send_on_task(
+    net: &Session,
+    t: Transmit,
+    park: Park,
+    answers: mpsc::UnboundedSender<Answer>,
+) {
+    if let Some(request) = send(net, t, park, answers.clone()) {
+        tokio::spawn(async move {
+            let (id, result) = request.await;
+            let _ = answers.send(Box::new((Source::Member, id, result)));
+        });
+    }
+}
+
+/// A Heartbeat or LeaveGroup (`t`) on the quick connection of `stripe` to `broker`, with one
+/// timer: it runs until the connection is at hand (within the request's timeout plus the
+/// connect timeout, as on any route), then is moved to the request's own timeout from there,
+/// never past that first bound.
+///
+/// Apache may defer the answer to either (see [`held_by_the_broker`]), so the request stays
+/// registered with the connection past the broker's own bound while its caller hears of a
+/// timeout at the request's: the connection, shared by every lock of the client, is not
+/// closed under the requests queued behind it. A retry goes on a fresh connection, in case this
+/// one is dead rather than held. The membership judges its lease by its own clock; a timeout
+/// here is only an answer that did not come.
+fn control(
+    pool: Arc<Pool>,
+    stripe: usize,
+    broker: Broker,
+    t: Transmit,
+) -> impl Future<Output = (u64, Result<(Response, i16)>)> + Send {
+    // An async block, not an async fn: the future then holds the request once, not also the
+    // transmit it came in.
+    let Transmit {
+        id,
+        request,
+        version,
+        timeout,
+        ..
+    } = t;
+    async move {
+        let api = request.api_key();
+        let bound = timeout.saturating_add(pool.conn.connect_timeout);
+        let started = tokio::time::Instant::now();
+        let end = started + bound.min(FOREVER);
+        // Not polled (so not armed) while the connection is open, as it nearly always is.
+        let timer = tokio::time::sleep_until(end);
+        tokio::pin!(timer);
+        let timed_out = |after| Error::Timeout {
+            op: format!("{api:?}"),
+            after,
+        };
+        let conn = match pool.quick_open(Some(&broker), stripe) {
+            Some(conn) => Ok(conn),
+            // Boxed: opening a connection takes a future of several KB, which every
+            // Heartbeat's own future would otherwise carry (and allocate) for nothing.
+            None => tokio::select! {
+                biased;
+                conn = Box::pin(pool.quick(Some(&broker), stripe)) => conn,
+                () = &mut timer => Err(timed_out(bound)),
+            },
+        };
+        let result = match conn {
+            Ok(conn) => {
+                let mut after = bound;
+                if let Some(at) = tokio::time::Instant::now().checked_add(timeout) {
+                    if at < end {
+                        timer.as_mut().reset(at);
+                        after = timeout;
+                    }
+                }
+                // Only a request the broker may hold outlives its caller's timeout (the
+                // control lane carries no other); any other expires with it and fails the
+                // connection.
+                let keep = if held_by_the_broker(api) {
+                    ledger::parked_timeout(ledger::BROKER_COMMIT_TIMEOUT, timeout)
+                } else {
+                    timeout
+                };
+                tokio::select! {
+                    biased;
+                    response = conn.request_kept(&request, version, keep) => {
+                        response.map(|r| (r, version))
+                    }
+                    () = &mut timer => {
+                        pool.retire_quick(Some(&broker), stripe, &conn);
+                        Err(timed_out(after))
+                    }
+                }
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = &result {
+            warn!(?api, error = %e, "request failed");
+        }
+        (id, result)
+    }
+}
+
+/// Longer than any deadline that matters (tokio's own "far future"): a timeout configured as
+/// [`Duration::MAX`] waits this long instead of overflowing the clock.
+const FOREVER: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
 
 /// The group of a FindCoordinator lookup that may go out with others (KIP-699, v4+).
 fn batchable(request: &crate::wire::Request, version: i16) -> Option<String> {

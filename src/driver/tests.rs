@@ -270,6 +270,52 @@ async fn pipelined_requests_are_answered_in_order() {
     assert!(!conn.is_closed());
 }
 
+/// Requests are encoded one after another into room the connection keeps: each frame the
+/// broker reads is that request's alone, whatever the sizes before it, and a large one leaves
+/// no large room behind.
+#[tokio::test]
+async fn each_request_is_encoded_alone_and_a_large_one_leaves_no_room_behind() {
+    let (conn, mut peer) = setup().await;
+    let member_id = |len: usize| "m".repeat(len);
+    for (generation, len) in [
+        (1, 1),
+        (2, 300),
+        (3, 2),
+        (4, 100_000),
+        (5, 7),
+        (6, 40),
+        (7, 1),
+    ] {
+        let request = heartbeat(generation).with_member_id(StrBytes::from_string(member_id(len)));
+        let asked = tokio::spawn({
+            let conn = conn.clone();
+            async move { conn.request(request).await }
+        });
+        let (header, got) = tokio::time::timeout(
+            PROMPTLY,
+            peer.recv_as::<HeartbeatRequest>(ApiKey::Heartbeat),
+        )
+        .await
+        .expect("the request arrives");
+        assert_eq!(
+            (got.generation_id, got.member_id.len()),
+            (generation, len),
+            "request {generation} arrived other than it was sent"
+        );
+        peer.reply(&header, &HeartbeatResponse::default()).await;
+        tokio::time::timeout(PROMPTLY, asked)
+            .await
+            .expect("answered")
+            .unwrap()
+            .expect("request failed");
+    }
+    assert!(
+        conn.scratch_capacity() < super::conn::SCRATCH_KEPT,
+        "the connection kept {} bytes of room after a large request",
+        conn.scratch_capacity()
+    );
+}
+
 #[tokio::test]
 async fn correlation_mismatch_poisons_in_flight_and_later_requests() {
     let (conn, mut peer) = setup().await;
@@ -1560,7 +1606,7 @@ async fn one_locks_held_heartbeat_timing_out_does_not_fail_anothers_on_the_quick
         version: 4,
         timeout: request_timeout,
     };
-    session::send(
+    session::send_on_task(
         &net,
         heartbeat_of(1),
         pool::Park::Urgent,
@@ -1574,7 +1620,7 @@ async fn one_locks_held_heartbeat_timing_out_does_not_fail_anothers_on_the_quick
     let held_since = tokio::time::Instant::now();
     // B's turn to heartbeat comes while A's is held (within A's request timeout).
     tokio::time::sleep_until(held_since + request_timeout / 2).await;
-    session::send(
+    session::send_on_task(
         &net,
         heartbeat_of(2),
         pool::Park::Urgent,
@@ -1609,7 +1655,7 @@ async fn one_locks_held_heartbeat_timing_out_does_not_fail_anothers_on_the_quick
         got[&2].as_ref().err()
     );
     // A's retry goes on a fresh connection (the old one might have been dead, not held).
-    session::send(
+    session::send_on_task(
         &net,
         heartbeat_of(3),
         pool::Park::Urgent,
@@ -1628,6 +1674,76 @@ async fn one_locks_held_heartbeat_timing_out_does_not_fail_anothers_on_the_quick
         .unwrap();
     assert_eq!(id, 3);
     result.expect("the retry is answered on the fresh connection");
+}
+
+/// The session task polls its control requests itself: an answer to a later one is taken
+/// while an earlier one waits, and a request still out when the session ends finishes on its
+/// own (a LeaveGroup for a member id given up just before the end is still sent).
+#[tokio::test]
+async fn control_requests_are_answered_in_any_order_and_outlive_the_session() {
+    let mut control = session::Control::default();
+    let (first_go, first_wait) = tokio::sync::oneshot::channel::<()>();
+    let (first_done, first_finished) = tokio::sync::oneshot::channel::<()>();
+    let (second_go, second_wait) = tokio::sync::oneshot::channel::<()>();
+    control.push(Box::pin(async move {
+        let _ = first_wait.await;
+        let _ = first_done.send(());
+        (1, Err(Error::Closed))
+    }));
+    control.push(Box::pin(async move {
+        let _ = second_wait.await;
+        (2, Err(Error::Closed))
+    }));
+    second_go.send(()).unwrap();
+    let (id, _) = tokio::time::timeout(PROMPTLY, control.next())
+        .await
+        .expect("the second request's answer is taken while the first waits");
+    assert_eq!(id, 2);
+    control.detach();
+    first_go.send(()).unwrap();
+    tokio::time::timeout(PROMPTLY, first_finished)
+        .await
+        .expect("the request left out finishes")
+        .expect("the request left out was dropped, not finished");
+}
+
+/// The membership's deferrable timers (its next Heartbeat) are rounded up to the client's grid,
+/// so its locks' Heartbeats go out together; the lease's end and the ledger's deadlines are
+/// not, no timer is moved past the lease's end, and a timer already due is not delayed.
+#[test]
+fn deferrable_timers_round_up_to_the_grid_and_the_lease_end_never_moves() {
+    use session::{wake_at, TIMER_GRID};
+    let origin = std::time::Instant::now();
+    let ms = |n: u64| origin + Duration::from_millis(n);
+    let grid = u64::try_from(TIMER_GRID.as_millis()).unwrap();
+    let now = ms(1);
+    // Between two points of the grid: the next one.
+    assert_eq!(
+        wake_at(Some(ms(grid + 3)), None, None, now, origin),
+        Some(ms(2 * grid))
+    );
+    // On a point: as it is.
+    assert_eq!(
+        wake_at(Some(ms(2 * grid)), None, None, now, origin),
+        Some(ms(2 * grid))
+    );
+    // Never past the lease's end, nor the lease's end itself moved.
+    assert_eq!(
+        wake_at(Some(ms(grid + 3)), Some(ms(grid + 5)), None, now, origin),
+        Some(ms(grid + 5))
+    );
+    assert_eq!(
+        wake_at(Some(ms(grid + 5)), Some(ms(grid + 5)), None, now, origin),
+        Some(ms(grid + 5))
+    );
+    // Already due (a Heartbeat asked for at once): now.
+    assert_eq!(wake_at(Some(now), None, None, now, origin), Some(now));
+    // The ledger's deadline stands.
+    assert_eq!(
+        wake_at(Some(ms(grid + 3)), None, Some(ms(grid + 4)), now, origin),
+        Some(ms(grid + 4))
+    );
+    assert_eq!(wake_at(None, None, None, now, origin), None);
 }
 
 /// With every lane taken, an urgent request (a rejoin of a membership in force) does not wait:
@@ -1679,7 +1795,7 @@ async fn a_first_join_waiting_for_a_lane_leaves_the_line_with_its_session() {
         version: 5,
         timeout: Duration::from_secs(1),
     };
-    session::send(&net, join, pool::Park::Fresh, answers_tx);
+    session::send_on_task(&net, join, pool::Park::Fresh, answers_tx);
     // The quick connection dialled ahead for the member's first Heartbeat.
     let _quick = tokio::time::timeout(PROMPTLY, accepted.recv())
         .await
@@ -1742,7 +1858,7 @@ async fn a_held_heartbeat_holds_back_only_its_own_stripe() {
         version: 4,
         timeout: Duration::from_secs(5),
     };
-    session::send(
+    session::send_on_task(
         &session(0),
         heartbeat_of(1),
         pool::Park::Urgent,
@@ -1753,7 +1869,7 @@ async fn a_held_heartbeat_holds_back_only_its_own_stripe() {
         .expect("the quick connection of stripe 0 is opened")
         .unwrap();
     let (held, _) = first.recv().await;
-    session::send(
+    session::send_on_task(
         &session(1),
         heartbeat_of(2),
         pool::Park::Urgent,

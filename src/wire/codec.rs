@@ -1,6 +1,6 @@
 //! Request encoding and response decoding for the APIs kafka-lock speaks.
 //!
-//! Requests go out as complete frames ([`encode_request`]): length prefix, request header v1 or v2
+//! Requests go out as complete frames ([`encode_request_as`]): length prefix, request header v1 or v2
 //! (v2 for flexible versions), body. Responses come back as frame bodies
 //! ([`decode_response_frame`]): response header v0 or v1, a correlation-id check, then the body,
 //! which passes the [bounded-decoding guard](super::guard) before kafka-protocol decodes it.
@@ -219,15 +219,30 @@ pub enum EncodeError {
     Frame(#[from] FrameError),
 }
 
-/// Appends one complete frame to `out`: the length prefix, the request header (v1, or v2 when the
-/// API's `version` is flexible) and the body.
-///
-/// On error `out` is left exactly as it was, so a failed encode never leaves half a frame behind.
-pub fn encode_request(
+/// [`encode_request_as`] with a `&str` client id, for tests that build frames by hand.
+#[cfg(test)]
+pub(crate) fn encode_request(
     req: &Request,
     version: i16,
     correlation_id: i32,
     client_id: Option<&str>,
+    out: &mut BytesMut,
+) -> Result<(), EncodeError> {
+    let client_id = client_id.map(|c| StrBytes::from_string(c.to_owned()));
+    encode_request_as(req, version, correlation_id, client_id, out)
+}
+
+/// Appends one complete frame to `out`: the length prefix, the request header (v1, or v2 when the
+/// API's `version` is flexible) and the body. The client id is a [`StrBytes`]: a connection keeps
+/// its own and clones it per request (a reference count), where a `&str` costs an allocation
+/// each time.
+///
+/// On error `out` is left exactly as it was, so a failed encode never leaves half a frame behind.
+pub(crate) fn encode_request_as(
+    req: &Request,
+    version: i16,
+    correlation_id: i32,
+    client_id: Option<StrBytes>,
     out: &mut BytesMut,
 ) -> Result<(), EncodeError> {
     let api = req.api_key();
@@ -243,7 +258,7 @@ pub fn encode_request(
         .with_request_api_key(api as i16)
         .with_request_api_version(version)
         .with_correlation_id(correlation_id)
-        .with_client_id(client_id.map(|c| StrBytes::from_string(c.to_owned())));
+        .with_client_id(client_id);
     let header_version = api.request_header_version(version);
 
     let start = out.len();

@@ -3,7 +3,7 @@
 //! and ends, and what to take from their answers.
 //!
 //! Sans-I/O like the rest of `wire`: build a request here for the version the connection
-//! negotiated, send it with [`encode_request`](super::codec::encode_request), decode the answer
+//! negotiated, send it with [`encode_request_as`](super::codec::encode_request_as), decode the answer
 //! with [`decode_response_frame`](super::codec::decode_response_frame) (which passes the
 //! [guard](super::guard)), then read it with [`produced`], [`fetched`] or [`listed`]. The batches of a fetched
 //! partition are read by [`records::RecordBatches`](super::records::RecordBatches).
