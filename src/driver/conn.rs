@@ -438,6 +438,18 @@ impl Connection {
         scratch.capacity()
     }
 
+    /// Leaves `junk` in the encoding room and poisons its lock, as an encode that panicked
+    /// midway would.
+    #[cfg(test)]
+    pub(crate) fn spoil_scratch(&self, junk: &[u8]) {
+        let link = self.current.link();
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut scratch = link.scratch.lock().unwrap_or_else(|e| e.into_inner());
+            scratch.extend_from_slice(junk);
+            panic!("an encode panicked midway");
+        }));
+    }
+
     /// Requests registered and not yet answered or failed.
     #[cfg(test)]
     pub(crate) fn in_flight(&self) -> usize {
@@ -1007,6 +1019,10 @@ impl Link {
         let correlation_id = self.next_correlation_id.fetch_add(1, Ordering::Relaxed);
         let frame = {
             let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+            // Every frame is split off whole, so the scratch holds bytes only if an encode
+            // panicked midway under the lock: sent ahead of this frame, they would desynchronise
+            // the connection for every lock sharing it.
+            scratch.clear();
             // On error the scratch is left as it was.
             encode_request_as(
                 req,

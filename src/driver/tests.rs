@@ -316,6 +316,36 @@ async fn each_request_is_encoded_alone_and_a_large_one_leaves_no_room_behind() {
     );
 }
 
+/// An encode that panicked midway under the connection's encoding lock leaves nothing on the
+/// wire: the next request, another lock's Heartbeat on the shared quick connection, arrives as
+/// sent and is answered, and the connection stays open for the ones after it.
+#[tokio::test]
+async fn an_encode_that_panicked_midway_leaves_no_bytes_ahead_of_the_next_frame() {
+    let (conn, mut peer) = setup().await;
+    // A length prefix and part of a header, as `encode_request_as` writes them first.
+    conn.spoil_scratch(&[0, 0, 0, 0, 0, 12, 0, 4]);
+    for generation in [1, 2] {
+        let asked = tokio::spawn({
+            let conn = conn.clone();
+            async move { conn.request(heartbeat(generation)).await }
+        });
+        let (header, got) = tokio::time::timeout(
+            PROMPTLY,
+            peer.recv_as::<HeartbeatRequest>(ApiKey::Heartbeat),
+        )
+        .await
+        .expect("the request arrives");
+        assert_eq!(got.generation_id, generation);
+        peer.reply(&header, &HeartbeatResponse::default()).await;
+        tokio::time::timeout(PROMPTLY, asked)
+            .await
+            .expect("answered")
+            .unwrap()
+            .expect("request failed");
+    }
+    assert!(!conn.is_closed());
+}
+
 #[tokio::test]
 async fn correlation_mismatch_poisons_in_flight_and_later_requests() {
     let (conn, mut peer) = setup().await;
