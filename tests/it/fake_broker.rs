@@ -6,6 +6,7 @@
 //! which may hold an answer (`start_parking`) as Apache holds a request waiting for replicas.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,6 +34,10 @@ pub type ParkingScript =
 /// A running fake; it stops when dropped (the runtime that owns it ends with the test).
 pub struct FakeBroker {
     pub addr: SocketAddr,
+    /// Connections accepted so far.
+    pub connections: Arc<AtomicUsize>,
+    /// ApiVersions requests answered so far, on every connection.
+    pub api_versions: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -69,15 +74,17 @@ pub async fn start(script: Arc<Script>) -> FakeBroker {
 pub async fn start_parking(script: Arc<ParkingScript>) -> FakeBroker {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let connections = Arc::new(AtomicUsize::new(0));
+    let versions_asked = Arc::new(AtomicUsize::new(0));
+    let (accepted, asked) = (connections.clone(), versions_asked.clone());
     let task = tokio::spawn(async move {
-        let mut connections = 0;
         loop {
             let Ok((mut sock, _)) = listener.accept().await else {
                 return;
             };
-            connections += 1;
-            let conn = connections;
+            let conn = accepted.fetch_add(1, Ordering::SeqCst) + 1;
             let script = script.clone();
+            let asked = asked.clone();
             tokio::spawn(async move {
                 loop {
                     let mut len = [0u8; 4];
@@ -95,7 +102,10 @@ pub async fn start_parking(script: Arc<ParkingScript>) -> FakeBroker {
                         RequestHeader::decode(&mut buf, api.request_header_version(version))
                             .unwrap();
                     let answer = match api {
-                        ApiKey::ApiVersions => Some((api_versions(version), Duration::ZERO)),
+                        ApiKey::ApiVersions => {
+                            asked.fetch_add(1, Ordering::SeqCst);
+                            Some((api_versions(version), Duration::ZERO))
+                        }
                         ApiKey::FindCoordinator => {
                             Some((find_coordinator(addr, version, &mut buf), Duration::ZERO))
                         }
@@ -119,7 +129,12 @@ pub async fn start_parking(script: Arc<ParkingScript>) -> FakeBroker {
             });
         }
     });
-    FakeBroker { addr, task }
+    FakeBroker {
+        addr,
+        connections,
+        api_versions: versions_asked,
+        task,
+    }
 }
 
 fn api_versions(version: i16) -> BytesMut {
