@@ -232,14 +232,26 @@ impl Pool {
     }
 
     /// The quick connection to `broker` (`None`: any bootstrap broker) of `stripe`
-    /// ([`Pool::stripe`]; the bootstrap connection has one stripe), opened if needed.
+    /// ([`Pool::stripe`]; the bootstrap connection has one stripe but for lookups:
+    /// [`Pool::lookup_conn`]), opened if needed.
     pub(crate) async fn quick(
         self: &Arc<Self>,
         broker: Option<&Broker>,
         stripe: usize,
     ) -> Result<Connection> {
-        self.start_reaper();
         let key = (broker.cloned(), if broker.is_some() { stripe } else { 0 });
+        self.open_quick(key).await
+    }
+
+    /// The bootstrap connection that carries the FindCoordinator lookups of `stripe`
+    /// (`super::lookup`): stripe 0 is the one every other bootstrap request takes.
+    pub(crate) async fn lookup_conn(self: &Arc<Self>, stripe: usize) -> Result<Connection> {
+        self.open_quick((None, stripe)).await
+    }
+
+    async fn open_quick(self: &Arc<Self>, key: QuickKey) -> Result<Connection> {
+        self.start_reaper();
+        let broker = key.0.clone();
         let cell = {
             let mut quick = self.quick.lock().unwrap_or_else(|p| p.into_inner());
             quick.entry(key).or_default().clone()
@@ -251,7 +263,7 @@ impl Pool {
                 return Ok(c.clone());
             }
         }
-        let conn = match broker {
+        let conn = match &broker {
             None => {
                 let mut backoff =
                     Backoff::new(self.retry_backoff, self.retry_backoff_max, 2.0, 0.5);

@@ -2055,7 +2055,8 @@ fn coordinator_entry(key: &str, broker: &crate::membership::Broker, code: i16) -
 async fn lookups_queued_together_go_out_in_one_request_and_each_hears_its_own_key() {
     use crate::wire::coordinator::found_coordinator;
     let (broker, mut accepted) = broker_with(BROKER_APIS).await;
-    let client = crate::Client::new(format!("{}:{}", broker.host, broker.port));
+    let client =
+        crate::Client::new(format!("{}:{}", broker.host, broker.port)).quick_connections(1);
     let pool = client.pool().clone();
     let find = |key: String| {
         let pool = pool.clone();
@@ -2153,7 +2154,8 @@ async fn without_v4_each_lookup_is_a_request_of_its_own() {
         (ApiKey::DescribeGroups, 0, 5),
     ];
     let (broker, mut accepted) = broker_with(OLD).await;
-    let client = crate::Client::new(format!("{}:{}", broker.host, broker.port));
+    let client =
+        crate::Client::new(format!("{}:{}", broker.host, broker.port)).quick_connections(1);
     let pool = client.pool().clone();
     let lookups: Vec<_> = ["a", "b", "c"]
         .iter()
@@ -2377,7 +2379,8 @@ async fn queue_behind_a_first_lookup(
 #[tokio::test]
 async fn a_garbled_batched_answer_misroutes_no_lookup_and_strands_none() {
     let (broker, mut accepted) = broker_with(BROKER_APIS).await;
-    let client = crate::Client::new(format!("{}:{}", broker.host, broker.port));
+    let client =
+        crate::Client::new(format!("{}:{}", broker.host, broker.port)).quick_connections(1);
     let pool = client.pool().clone();
     let keys = ["missing", "twice", "cased", "own"];
     let task = {
@@ -2429,7 +2432,8 @@ async fn a_garbled_batched_answer_misroutes_no_lookup_and_strands_none() {
 #[tokio::test]
 async fn a_batch_whose_connection_drops_fails_its_lookups_at_once_and_the_next_goes_out() {
     let (broker, mut accepted) = broker_with(BROKER_APIS).await;
-    let client = crate::Client::new(format!("{}:{}", broker.host, broker.port));
+    let client =
+        crate::Client::new(format!("{}:{}", broker.host, broker.port)).quick_connections(1);
     let pool = client.pool().clone();
     let keys = ["a", "b", "c"];
     let (boot, later, _h2, r2) =
@@ -2539,7 +2543,8 @@ fn a_lookup_task_dropped_with_its_runtime_gives_its_turn_back() {
         .build()
         .unwrap();
     let (broker, mut accepted) = home.block_on(broker_with(BROKER_APIS));
-    let client = crate::Client::new(format!("{}:{}", broker.host, broker.port));
+    let client =
+        crate::Client::new(format!("{}:{}", broker.host, broker.port)).quick_connections(1);
     let pool = client.pool().clone();
     let find = |key: &'static str| {
         let pool = pool.clone();
@@ -2615,4 +2620,65 @@ fn a_lookup_task_dropped_with_its_runtime_gives_its_turn_back() {
             .expect("task")
             .expect("second lookup answered");
     });
+}
+
+/// Lookups are striped like the quick connections: while one stripe's batch is with a broker
+/// that does not answer it (an overloaded bootstrap broker, until the lookup's timeout closes
+/// that connection), a lookup of another stripe goes out on its own bootstrap connection and
+/// is answered; it is neither in the held batch nor queued behind it. Only the held batch's
+/// lookups fail.
+#[tokio::test]
+async fn a_held_lookup_batch_holds_back_only_its_own_stripes_lookups() {
+    let (broker, mut accepted) = broker_with(BROKER_APIS).await;
+    let client =
+        crate::Client::new(format!("{}:{}", broker.host, broker.port)).quick_connections(2);
+    let pool = client.pool().clone();
+    let held_key = "held".to_owned();
+    let other_key = (0..100)
+        .map(|i| format!("other{i}"))
+        .find(|k| pool.stripe(k) != pool.stripe(&held_key))
+        .expect("a group on the other stripe");
+    let find = |key: String| {
+        let pool = pool.clone();
+        tokio::spawn(async move { lookup::find_coordinator(&pool, &key, PROMPTLY * 3).await })
+    };
+    let held = find(held_key.clone());
+    let mut first = next_peer(&mut accepted).await;
+    let (_, r) = first
+        .recv_as::<FindCoordinatorRequest>(ApiKey::FindCoordinator)
+        .await;
+    assert_eq!(r.coordinator_keys[0].as_str(), held_key);
+
+    // Never answered while the other stripe's lookup is made.
+    let other = find(other_key.clone());
+    let mut second = next_peer(&mut accepted).await;
+    let (h, r) = tokio::time::timeout(
+        PROMPTLY,
+        second.recv_as::<FindCoordinatorRequest>(ApiKey::FindCoordinator),
+    )
+    .await
+    .expect("the other stripe's lookup went out while the first was held");
+    assert_eq!(r.coordinator_keys.len(), 1);
+    assert_eq!(r.coordinator_keys[0].as_str(), other_key);
+    second
+        .reply(
+            &h,
+            &FindCoordinatorResponse::default()
+                .with_coordinators(vec![coordinator_entry(&other_key, &broker, 0)]),
+        )
+        .await;
+    tokio::time::timeout(PROMPTLY, other)
+        .await
+        .expect("answered while the other batch is held")
+        .unwrap()
+        .expect("found");
+    assert!(!held.is_finished(), "the held lookup has no answer yet");
+
+    // The held broker's connection goes: its lookup fails, and only it.
+    drop(first);
+    let r = tokio::time::timeout(PROMPTLY, held)
+        .await
+        .expect("the held lookup ends with its connection")
+        .unwrap();
+    assert!(r.is_err(), "{r:?}");
 }
