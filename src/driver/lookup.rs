@@ -253,15 +253,16 @@ fn copy(e: &Arc<Error>) -> Error {
 /// The topic whose partition count places a group at its coordinator.
 const OFFSETS_TOPIC: &str = "__consumer_offsets";
 
-/// `__consumer_offsets`' partition count as a Metadata request on `conn` tells it: `Some(n)`
-/// when the broker names its partitions, `Some(default)` when it refuses to describe the topic
-/// (no DESCRIBE ACL on it: that answer will not change), `None` when the topic does not exist yet
-/// (Apache creates it at the first FindCoordinator) or the request failed: ask again later.
+/// `__consumer_offsets`' partitions as a Metadata request on `conn` tells them: `Some` with the
+/// count and each partition's leader when the broker names them, `Some(default)` with no leaders
+/// when it refuses to describe the topic (no DESCRIBE ACL on it: that answer will not change),
+/// `None` when the topic does not exist yet (Apache creates it at the first FindCoordinator) or
+/// the request failed: ask again later.
 pub(crate) async fn offsets_partitions(
     conn: &super::conn::Connection,
     timeout: Duration,
     default: u32,
-) -> Option<u32> {
+) -> Option<(u32, Vec<(u32, i32)>)> {
     use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
     use kafka_protocol::messages::{MetadataRequest, TopicName};
     let mut t = MetadataRequestTopic::default();
@@ -280,11 +281,19 @@ pub(crate) async fn offsets_partitions(
         .iter()
         .find(|t| t.name.as_ref().map(|n| n.0.as_str()) == Some(OFFSETS_TOPIC))?;
     match topic.error_code {
-        0 => u32::try_from(topic.partitions.len())
-            .ok()
-            .filter(|&n| n > 0),
+        0 => {
+            let n = u32::try_from(topic.partitions.len())
+                .ok()
+                .filter(|&n| n > 0)?;
+            let leaders = topic
+                .partitions
+                .iter()
+                .filter_map(|p| Some((u32::try_from(p.partition_index).ok()?, p.leader_id.0)))
+                .collect();
+            Some((n, leaders))
+        }
         // TOPIC_AUTHORIZATION_FAILED
-        29 => Some(default),
+        29 => Some((default, Vec::new())),
         _ => None,
     }
 }

@@ -88,8 +88,46 @@ pub(crate) struct Pool {
     reaper: AtomicBool,
     /// FindCoordinator lookups waiting to go out together (`super::lookup`).
     pub(crate) lookups: super::lookup::Lookups,
-    /// `__consumer_offsets`' partition count, once the cluster told it.
-    offsets_partitions: tokio::sync::OnceCell<u32>,
+    /// `__consumer_offsets`' partitions and their stripes, once the cluster told them.
+    offsets_partitions: tokio::sync::OnceCell<Placement>,
+}
+
+/// Where the groups of each `__consumer_offsets` partition go, as read once per client.
+struct Placement {
+    partitions: u32,
+    /// For a partition whose leader leads fewer partitions than there are stripes, the stripes
+    /// its groups spread over (the others go on `partition % stripes`).
+    spread: HashMap<u32, Vec<usize>>,
+}
+
+impl Placement {
+    /// Apache defers a Heartbeat only behind its own partition's writes, so groups of one
+    /// partition may share a connection with each other at no cost, never with another
+    /// partition's. A broker that leads fewer partitions than there are stripes (three nodes
+    /// and three partitions: one each) would use one connection of its stripes and leave the
+    /// rest idle: its partitions share the stripes out instead, each its own disjoint set, and
+    /// a partition's groups spread over its set.
+    fn new(partitions: u32, leaders: &[(u32, i32)], stripes: usize) -> Placement {
+        let mut led: HashMap<i32, Vec<u32>> = HashMap::new();
+        for &(p, leader) in leaders {
+            if p < partitions {
+                led.entry(leader).or_default().push(p);
+            }
+        }
+        let mut spread = HashMap::new();
+        for mut ps in led.into_values() {
+            if ps.len() >= stripes {
+                continue;
+            }
+            ps.sort_unstable();
+            ps.dedup();
+            let n = ps.len();
+            for (i, p) in ps.into_iter().enumerate() {
+                spread.insert(p, (0..stripes).filter(|s| s % n == i).collect());
+            }
+        }
+        Placement { partitions, spread }
+    }
 }
 
 /// A broker (`None`: the bootstrap connection) and a stripe.
@@ -197,6 +235,9 @@ impl Pool {
     /// cluster's partition count once [`Pool::learn_offsets_partitions`] has read it, 50 (the
     /// default) until then or when it cannot be read; with a wrong count this is still a hash of
     /// the group id, which spreads groups over the stripes, only without following partitions.
+    /// A partition whose leader (as read then) leads fewer partitions than there are stripes
+    /// has several stripes of its own ([`Placement`]); after a leader change the placement is
+    /// still a hash of the group id.
     pub(crate) fn stripe(&self, group: &str) -> usize {
         // Java's String.hashCode, over UTF-16 code units.
         let h = group
@@ -204,12 +245,15 @@ impl Pool {
             .fold(0i32, |h, c| h.wrapping_mul(31).wrapping_add(i32::from(c)));
         // Utils.abs: Integer.MIN_VALUE maps to 0.
         let abs = if h == i32::MIN { 0 } else { h.unsigned_abs() };
-        let partitions = self
-            .offsets_partitions
-            .get()
-            .copied()
-            .unwrap_or(OFFSETS_PARTITIONS);
-        (abs % partitions) as usize % self.stripes
+        let Some(placement) = self.offsets_partitions.get() else {
+            return (abs % OFFSETS_PARTITIONS) as usize % self.stripes;
+        };
+        let partition = abs % placement.partitions;
+        match placement.spread.get(&partition) {
+            // The rest of the hash, past the partition, picks within the partition's set.
+            Some(set) if !set.is_empty() => set[(abs / placement.partitions) as usize % set.len()],
+            _ => partition as usize % self.stripes,
+        }
     }
 
     /// Whether [`Pool::learn_offsets_partitions`] would ask.
@@ -225,9 +269,12 @@ impl Pool {
             return;
         }
         let timeout = self.conn.request_timeout;
-        if let Some(n) = super::lookup::offsets_partitions(conn, timeout, OFFSETS_PARTITIONS).await
+        if let Some((n, leaders)) =
+            super::lookup::offsets_partitions(conn, timeout, OFFSETS_PARTITIONS).await
         {
-            let _ = self.offsets_partitions.set(n);
+            let _ = self
+                .offsets_partitions
+                .set(Placement::new(n, &leaders, self.stripes));
         }
     }
 

@@ -2220,6 +2220,15 @@ async fn answer_offsets_metadata<S: AsyncRead + AsyncWrite + Unpin>(
     partitions: usize,
     code: i16,
 ) {
+    answer_offsets_metadata_led(peer, &vec![0; partitions], code).await
+}
+
+/// [`answer_offsets_metadata`] with partition `i` led by node `leaders[i]`.
+async fn answer_offsets_metadata_led<S: AsyncRead + AsyncWrite + Unpin>(
+    peer: &mut Peer<S>,
+    leaders: &[i32],
+    code: i16,
+) {
     use kafka_protocol::messages::metadata_response::{
         MetadataResponsePartition, MetadataResponseTopic,
     };
@@ -2236,8 +2245,14 @@ async fn answer_offsets_metadata<S: AsyncRead + AsyncWrite + Unpin>(
         ))))
         .with_error_code(code)
         .with_partitions(
-            (0..partitions)
-                .map(|i| MetadataResponsePartition::default().with_partition_index(i as i32))
+            leaders
+                .iter()
+                .enumerate()
+                .map(|(i, &leader)| {
+                    MetadataResponsePartition::default()
+                        .with_partition_index(i as i32)
+                        .with_leader_id(kafka_protocol::messages::BrokerId(leader))
+                })
                 .collect(),
         )]);
     peer.reply(&h, &answer).await;
@@ -2266,7 +2281,8 @@ async fn a_groups_stripe_follows_the_clusters_offsets_partition_count() {
         pool.learn_offsets_partitions(&conn),
         answer_offsets_metadata(&mut boot, 3, 0)
     );
-    assert_eq!(pool.stripe(&group), ((h % 3) % 4) as usize);
+    // One node leads the three partitions: each has stripes of its own (0 and 3, 1, 2).
+    assert_eq!(pool.stripe(&group) % 3, (h % 3) as usize);
 
     // Refused: the default, and no more asking.
     let refused = crate::Client::new(&addr).quick_connections(4);
@@ -2299,7 +2315,64 @@ async fn a_groups_stripe_follows_the_clusters_offsets_partition_count() {
         pool.learn_offsets_partitions(&conn),
         answer_offsets_metadata(&mut boot, 3, 0)
     );
-    assert_eq!(pool.stripe(&group), ((h % 3) % 4) as usize);
+    assert_eq!(pool.stripe(&group) % 3, (h % 3) as usize);
+}
+
+/// A client with four stripes that has learned `__consumer_offsets` partitions led by `leaders`.
+async fn learn_placement(
+    addr: &str,
+    accepted: &mut tokio::sync::mpsc::UnboundedReceiver<Peer<tokio::net::TcpStream>>,
+    leaders: Vec<i32>,
+) -> Arc<pool::Pool> {
+    let client = crate::Client::new(addr).quick_connections(4);
+    let pool = client.pool().clone();
+    let conn = pool.quick(None, 0).await.unwrap();
+    let mut boot = next_peer(accepted).await;
+    tokio::join!(
+        pool.learn_offsets_partitions(&conn),
+        answer_offsets_metadata_led(&mut boot, &leaders, 0)
+    );
+    pool
+}
+
+/// A broker that leads fewer `__consumer_offsets` partitions than the client has stripes shares
+/// all its stripes out among them (three nodes leading one partition each: every partition's
+/// groups spread over the four stripes, where `partition % 4` put each node's on one
+/// connection), while a broker leading as many as the stripes or more keeps a partition's
+/// groups on `partition % stripes`. Within a node, two partitions never share a stripe.
+#[tokio::test]
+async fn a_broker_leading_fewer_partitions_than_stripes_spreads_them_over_every_stripe() {
+    let (broker, mut accepted) = broker_with(BROKER_APIS).await;
+    let addr = format!("{}:{}", broker.host, broker.port);
+    let groups: Vec<String> = (0..400).map(|i| format!("g{i}")).collect();
+    // Three nodes, one partition each.
+    let pool = learn_placement(&addr, &mut accepted, vec![1, 2, 3]).await;
+    for p in 0..3 {
+        let stripes: BTreeSet<usize> = groups
+            .iter()
+            .filter(|g| java_abs_hash(g) % 3 == p)
+            .map(|g| pool.stripe(g))
+            .collect();
+        assert_eq!(stripes, (0..4).collect(), "partition {p}'s groups");
+    }
+
+    // One node leading two of them, another the third: the two share its stripes out.
+    let pool = learn_placement(&addr, &mut accepted, vec![1, 1, 2]).await;
+    for g in &groups {
+        let p = java_abs_hash(g) % 3;
+        let s = pool.stripe(g);
+        match p {
+            0 => assert!(s == 0 || s == 2, "{g}: partition 0 on stripe {s}"),
+            1 => assert!(s == 1 || s == 3, "{g}: partition 1 on stripe {s}"),
+            _ => assert!(s < 4),
+        }
+    }
+
+    // As many partitions as stripes or more on a node: the partition's own stripe.
+    let pool = learn_placement(&addr, &mut accepted, vec![1; 50]).await;
+    for g in &groups {
+        assert_eq!(pool.stripe(g), (java_abs_hash(g) % 50) as usize % 4, "{g}");
+    }
 }
 
 /// Queues `keys` behind a first lookup that is with the broker, answers the first, and returns
