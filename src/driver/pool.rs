@@ -50,6 +50,16 @@ pub const DEFAULT_PARKING_LANES: usize = 32;
 /// connection of a broker that coordinates none of the client's locks any more.
 pub(crate) const IDLE_AFTER: Duration = Duration::from_secs(60);
 
+/// Default bound on a client's acquisitions between their start and their first completed
+/// generation (`Client::acquisitions_at_once`).
+pub const DEFAULT_ACQUISITIONS_AT_ONCE: usize = 128;
+
+/// How long an admitted acquisition keeps its place among them at most: one whose first
+/// generation does not complete (a coordinator that cannot be reached, a join parked by a long
+/// initial delay) lets the next one in after this, so the bound paces bursts and never stops
+/// a client's acquisitions behind a few that cannot progress.
+pub(crate) const ADMITTED_FOR: Duration = Duration::from_secs(10);
+
 /// Default number of quick connections per broker (`Client::quick_connections`): a lock's
 /// Heartbeats take the one of its group's `__consumer_offsets` partition.
 pub const DEFAULT_QUICK_CONNECTIONS: usize = 4;
@@ -88,6 +98,9 @@ pub(crate) struct Pool {
     reaper: AtomicBool,
     /// FindCoordinator lookups waiting to go out together (`super::lookup`).
     pub(crate) lookups: super::lookup::Lookups,
+    /// Acquisitions between their start and their first completed generation (`None`: no
+    /// bound, a lock's own pool).
+    admission: Option<Arc<Semaphore>>,
     /// `__consumer_offsets`' partitions and their stripes, once the cluster told them.
     offsets_partitions: tokio::sync::OnceCell<Placement>,
 }
@@ -191,6 +204,8 @@ pub(crate) struct PoolConfig {
     pub(crate) retry_backoff_max: Duration,
     pub(crate) parking_lanes: usize,
     pub(crate) quick_connections: usize,
+    /// 0: no bound.
+    pub(crate) acquisitions_at_once: usize,
 }
 
 impl Pool {
@@ -212,8 +227,17 @@ impl Pool {
             parking: Mutex::new(HashMap::new()),
             reaper: AtomicBool::new(false),
             lookups: Default::default(),
+            admission: (cfg.acquisitions_at_once > 0)
+                .then(|| Arc::new(Semaphore::new(cfg.acquisitions_at_once))),
             offsets_partitions: tokio::sync::OnceCell::new(),
         }
+    }
+
+    /// A place among the acquisitions at once, waited for in turn (FIFO); `None` when there is
+    /// no bound. Held from an acquisition's start to its first completed generation, at most
+    /// [`ADMITTED_FOR`].
+    pub(crate) async fn admit(&self) -> Option<OwnedSemaphorePermit> {
+        self.admission.clone()?.acquire_owned().await.ok()
     }
 
     /// Lanes kept for [`Park::Urgent`]: a quarter of the cap, at least one when the cap allows

@@ -1444,6 +1444,7 @@ fn striped_pool(cap: usize, quick_connections: usize) -> Arc<pool::Pool> {
         retry_backoff_max: Duration::from_millis(100),
         parking_lanes: cap,
         quick_connections,
+        acquisitions_at_once: 0,
     }))
 }
 
