@@ -9,7 +9,8 @@
 //! at once with a 3 s heartbeat. It prints exactly two lines: `acquired A of N in S s` once every
 //! acquisition has ended (A of them with the lock), and `held at end H of N` after HOLD_SECS,
 //! before releasing. `KAFKA_LOCK_LOG=warn` (or `debug`, any `tracing` filter) logs the protocol
-//! on stderr. `MANY_LOCKS_QUICK_CONNECTIONS=k` sets `Client::quick_connections`.
+//! on stderr. `MANY_LOCKS_QUICK_CONNECTIONS=k` sets `Client::quick_connections`,
+//! `MANY_LOCKS_AT_ONCE=k` sets `Client::acquisitions_at_once`.
 
 use std::time::{Duration, Instant};
 
@@ -37,6 +38,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The quick connections per broker (`Client::quick_connections`), default if unset.
     if let Ok(k) = std::env::var("MANY_LOCKS_QUICK_CONNECTIONS") {
         client = client.quick_connections(k.parse().map_err(|_| usage)?);
+    }
+    // The acquisitions at once (`Client::acquisitions_at_once`), default if unset.
+    if let Ok(k) = std::env::var("MANY_LOCKS_AT_ONCE") {
+        client = client.acquisitions_at_once(k.parse().map_err(|_| usage)?);
     }
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();

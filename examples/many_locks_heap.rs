@@ -90,7 +90,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let hold: u64 = args.next().ok_or(usage)?.parse().map_err(|_| usage)?;
     let prefix = args.next().unwrap_or_else(|| "many-locks-heap".to_owned());
 
-    let client = Client::new(&bootstrap);
+    let mut client = Client::new(&bootstrap);
+    // `Client::acquisitions_at_once`, as in `examples/many_locks.rs`.
+    if let Some(k) = std::env::var("MANY_LOCKS_AT_ONCE")
+        .ok()
+        .and_then(|k| k.parse().ok())
+    {
+        client = client.acquisitions_at_once(k);
+    }
     // What each waiting acquisition keeps while it waits (its future, not yet polled).
     let acquire_future = std::mem::size_of_val(&client.lock("-").acquire(None));
     // The guards' vector is sized first, so that its growth is not counted as the locks'.

@@ -26,7 +26,9 @@ use crate::driver::{BootstrapConfig, ConnConfig};
 use crate::lock::LockOptions;
 use crate::security::Security;
 
-pub use crate::driver::pool::{DEFAULT_PARKING_LANES, DEFAULT_QUICK_CONNECTIONS};
+pub use crate::driver::pool::{
+    DEFAULT_ACQUISITIONS_AT_ONCE, DEFAULT_PARKING_LANES, DEFAULT_QUICK_CONNECTIONS,
+};
 
 /// A cluster's connections, shared by the locks made from it ([`Client::lock`]).
 ///
@@ -49,6 +51,7 @@ pub(crate) struct Settings {
     pub(crate) retry_backoff_max: Duration,
     pub(crate) parking_lanes: usize,
     pub(crate) quick_connections: usize,
+    pub(crate) acquisitions_at_once: usize,
 }
 
 impl fmt::Debug for Client {
@@ -76,6 +79,7 @@ impl Client {
             retry_backoff_max,
             parking_lanes: DEFAULT_PARKING_LANES,
             quick_connections: DEFAULT_QUICK_CONNECTIONS,
+            acquisitions_at_once: DEFAULT_ACQUISITIONS_AT_ONCE,
         })
     }
 
@@ -147,6 +151,19 @@ impl Client {
         self.change(|s| s.quick_connections = n.max(1))
     }
 
+    /// How many of the client's acquisitions (`acquire`, `try_acquire`) may be between their
+    /// start and their first completed generation at once (default
+    /// [`DEFAULT_ACQUISITIONS_AT_ONCE`], at least 1); later ones wait their turn, in order. An
+    /// acquisition holds its place until its member is in a generation (holding or queued) or
+    /// for 10 s at most, so one that cannot progress delays the others by no more than that.
+    /// A burst of thousands of acquisitions then runs in waves: the requests, answers and
+    /// tasks of an acquisition in flight exist for that many at a time, which bounds the
+    /// memory the burst takes (and the process keeps after it) and the parking lanes it opens.
+    #[must_use = "the client is changed in the value returned"]
+    pub fn acquisitions_at_once(self, n: usize) -> Self {
+        self.change(|s| s.acquisitions_at_once = n.max(1))
+    }
+
     /// Options for the lock `name` taken through this client's connections. Connection settings
     /// (bootstrap, security, client id, connect timeout) are the client's; everything else can
     /// be set on the options as usual.
@@ -178,6 +195,7 @@ impl Settings {
             .retry_backoff(self.retry_backoff, self.retry_backoff_max);
         let mut cfg = opts.pool_config(self.parking_lanes);
         cfg.quick_connections = self.quick_connections;
+        cfg.acquisitions_at_once = self.acquisitions_at_once;
         cfg
     }
 }
@@ -198,5 +216,6 @@ pub(crate) fn pool_config(
         retry_backoff_max: backoff.1,
         parking_lanes,
         quick_connections: 1,
+        acquisitions_at_once: 0,
     }
 }

@@ -125,7 +125,9 @@ mod security;
 mod wire;
 
 pub use api::Api;
-pub use client::{Client, DEFAULT_PARKING_LANES, DEFAULT_QUICK_CONNECTIONS};
+pub use client::{
+    Client, DEFAULT_ACQUISITIONS_AT_ONCE, DEFAULT_PARKING_LANES, DEFAULT_QUICK_CONNECTIONS,
+};
 pub use config::{ClientConfig, ConfigError, Timeouts};
 pub use describe::{
     LedgerSummary, LockDescription, LockHolder, LockMember, LockProtocol, LockState,

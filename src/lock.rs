@@ -997,6 +997,27 @@ impl LockOptions {
         let deadline = wait.and_then(|w| tokio::time::Instant::now().checked_add(w));
         let mut backoff = Backoff::new(self.retry_backoff, self.retry_backoff_max, 2.0, 0.5);
         let (pool, private) = self.pool();
+        // A client's acquisitions run in waves: the place is held until the member is in a
+        // generation (`wait_for_hold`).
+        let admitted = match deadline {
+            _ if private => None,
+            None => pool.admit().await,
+            Some(d) => match tokio::time::timeout_at(d, pool.admit()).await {
+                Ok(p) => p,
+                Err(_) if once => return Ok(None),
+                Err(_) => {
+                    return Err(Error::NotAcquired {
+                        lock: self.name.clone(),
+                        waited: wait.unwrap_or_default(),
+                        holder: None,
+                    })
+                }
+            },
+        };
+        let admitted = admitted.map(|p| {
+            let until = tokio::time::Instant::now() + crate::driver::pool::ADMITTED_FOR;
+            (p, until)
+        });
         let Some(first) = self.connect_by(&pool, &mut backoff, deadline).await? else {
             return if once {
                 Ok(None)
@@ -1023,7 +1044,9 @@ impl LockOptions {
             },
             Some(sink),
         );
-        let outcome = self.wait_for_hold(&mut handle, deadline, once).await;
+        let outcome = self
+            .wait_for_hold(&mut handle, deadline, once, admitted)
+            .await;
         self.conclude(outcome, handle, member_rx, wait, once).await
     }
 
@@ -1156,6 +1179,7 @@ impl LockOptions {
         handle: &mut SessionHandle,
         deadline: Option<tokio::time::Instant>,
         once: bool,
+        mut admitted: Option<(tokio::sync::OwnedSemaphorePermit, tokio::time::Instant)>,
     ) -> Result<Option<(FencingToken, Instant, u16)>> {
         loop {
             let current = handle.state.borrow_and_update().clone();
@@ -1178,20 +1202,34 @@ impl LockOptions {
                     if once && generation >= 0 {
                         return Ok(None);
                     }
-                }
-            }
-            let changed = handle.state.changed();
-            match deadline {
-                Some(d) => match tokio::time::timeout_at(d, changed).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(_)) => return Err(Error::Closed),
-                    Err(_) => return Ok(None),
-                },
-                None => {
-                    if changed.await.is_err() {
-                        return Err(Error::Closed);
+                    // In a generation, queued: the next acquisition of the client may start.
+                    if generation >= 0 {
+                        admitted = None;
                     }
                 }
+            }
+            let until = admitted.as_ref().map(|(_, until)| *until);
+            let changed = async {
+                match until {
+                    Some(until) => tokio::select! {
+                        r = handle.state.changed() => r.map(|()| true),
+                        () = tokio::time::sleep_until(until) => Ok(false),
+                    },
+                    None => handle.state.changed().await.map(|()| true),
+                }
+            };
+            let changed = match deadline {
+                Some(d) => match tokio::time::timeout_at(d, changed).await {
+                    Ok(r) => r,
+                    Err(_) => return Ok(None),
+                },
+                None => changed.await,
+            };
+            match changed {
+                Ok(true) => {}
+                // Admitted for long enough: the next acquisition may start.
+                Ok(false) => admitted = None,
+                Err(_) => return Err(Error::Closed),
             }
         }
     }

@@ -10,6 +10,13 @@
 //!
 //! A bootstrap connection that negotiated no v4 (a broker older than 3.0) gets one request per
 //! key, in the same turns.
+//!
+//! Lookups are striped like the quick connections ([`Pool::stripe`]): each stripe has a
+//! bootstrap connection and a line of its own. A batch whose request times out (an overloaded
+//! broker) closes its connection and fails every lookup in it; on one connection that was
+//! every lock being looked up at the time (a burst of 10,000 acquisitions logged thousands of
+//! such failures), on a stripe it is the locks of that stripe, and the other stripes' batches
+//! are neither in that request nor queued behind it.
 
 use std::collections::HashMap;
 use std::io;
@@ -33,10 +40,10 @@ pub(crate) const BATCH_VERSION: i16 = 4;
 /// plus the group id) well inside the frame limit. Lookups beyond it wait for the next turn.
 const MAX_KEYS: usize = 500;
 
-/// The lookups of one client waiting for their turn.
+/// The lookups of one client waiting for their turn, by stripe.
 #[derive(Default)]
 pub(crate) struct Lookups {
-    state: Mutex<State>,
+    state: Mutex<HashMap<usize, State>>,
 }
 
 #[derive(Default)]
@@ -53,13 +60,13 @@ struct Waiter {
 }
 
 impl Lookups {
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<usize, State>> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
-/// `group`'s coordinator, asked on `pool`'s bootstrap connection together with the lookups
-/// queued with it. The answer is shaped as the answer to a v4 request for `group` alone.
+/// `group`'s coordinator, asked on the bootstrap connection of its stripe together with the
+/// lookups queued with it. The answer is shaped as the answer to a v4 request for `group` alone.
 /// `timeout` bounds the request it goes out in (the shortest of its lookups' bounds it).
 pub(crate) async fn find_coordinator(
     pool: &Arc<Pool>,
@@ -67,8 +74,10 @@ pub(crate) async fn find_coordinator(
     timeout: Duration,
 ) -> Result<(Response, i16)> {
     let (reply, answer) = oneshot::channel();
+    let stripe = pool.stripe(group);
     let start = {
-        let mut state = pool.lookups.lock();
+        let mut stripes = pool.lookups.lock();
+        let state = stripes.entry(stripe).or_default();
         state.queued.push(Waiter {
             key: group.to_owned(),
             timeout,
@@ -79,15 +88,16 @@ pub(crate) async fn find_coordinator(
     // Sent by a task of its own, so a caller that gives up (its future dropped) never strands
     // the lookups queued behind it.
     if start {
-        tokio::spawn(run(Arc::downgrade(pool)));
+        tokio::spawn(run(Arc::downgrade(pool), stripe));
     }
     answer.await.map_err(|_| Error::Closed)?
 }
 
-/// Sends the queued lookups, a batch per turn, until none is left.
-async fn run(pool: Weak<Pool>) {
+/// Sends the queued lookups of `stripe`, a batch per turn, until none is left.
+async fn run(pool: Weak<Pool>, stripe: usize) {
     let mut turn = Turn {
         pool: pool.clone(),
+        stripe,
         given_back: false,
     };
     loop {
@@ -95,7 +105,8 @@ async fn run(pool: Weak<Pool>) {
             return;
         };
         let batch: Vec<Waiter> = {
-            let mut state = pool.lookups.lock();
+            let mut stripes = pool.lookups.lock();
+            let state = stripes.entry(stripe).or_default();
             // Callers that gave up need no answer.
             state.queued.retain(|w| !w.reply.is_closed());
             if state.queued.is_empty() {
@@ -106,7 +117,7 @@ async fn run(pool: Weak<Pool>) {
             let n = state.queued.len().min(MAX_KEYS);
             state.queued.drain(..n).collect()
         };
-        send(&pool, batch).await;
+        send(&pool, stripe, batch).await;
     }
 }
 
@@ -115,6 +126,7 @@ async fn run(pool: Weak<Pool>) {
 /// `running` would stay set and every later lookup of the client would queue behind no one.
 struct Turn {
     pool: Weak<Pool>,
+    stripe: usize,
     given_back: bool,
 }
 
@@ -122,17 +134,19 @@ impl Drop for Turn {
     fn drop(&mut self) {
         if !self.given_back {
             if let Some(pool) = self.pool.upgrade() {
-                pool.lookups.lock().running = false;
+                if let Some(state) = pool.lookups.lock().get_mut(&self.stripe) {
+                    state.running = false;
+                }
             }
         }
     }
 }
 
-async fn send(pool: &Arc<Pool>, batch: Vec<Waiter>) {
+async fn send(pool: &Arc<Pool>, stripe: usize, batch: Vec<Waiter>) {
     // The shortest: no lookup waits past its own timeout (the connection then closes, as it
     // would under that lookup alone).
     let timeout = batch.iter().map(|w| w.timeout).min().unwrap_or_default();
-    let conn = match pool.quick(None, 0).await {
+    let conn = match pool.lookup_conn(stripe).await {
         Ok(c) => c,
         Err(e) => return fail(batch, e),
     };
@@ -239,15 +253,16 @@ fn copy(e: &Arc<Error>) -> Error {
 /// The topic whose partition count places a group at its coordinator.
 const OFFSETS_TOPIC: &str = "__consumer_offsets";
 
-/// `__consumer_offsets`' partition count as a Metadata request on `conn` tells it: `Some(n)`
-/// when the broker names its partitions, `Some(default)` when it refuses to describe the topic
-/// (no DESCRIBE ACL on it: that answer will not change), `None` when the topic does not exist yet
-/// (Apache creates it at the first FindCoordinator) or the request failed: ask again later.
+/// `__consumer_offsets`' partitions as a Metadata request on `conn` tells them: `Some` with the
+/// count and each partition's leader when the broker names them, `Some(default)` with no leaders
+/// when it refuses to describe the topic (no DESCRIBE ACL on it: that answer will not change),
+/// `None` when the topic does not exist yet (Apache creates it at the first FindCoordinator) or
+/// the request failed: ask again later.
 pub(crate) async fn offsets_partitions(
     conn: &super::conn::Connection,
     timeout: Duration,
     default: u32,
-) -> Option<u32> {
+) -> Option<(u32, Vec<(u32, i32)>)> {
     use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
     use kafka_protocol::messages::{MetadataRequest, TopicName};
     let mut t = MetadataRequestTopic::default();
@@ -266,11 +281,19 @@ pub(crate) async fn offsets_partitions(
         .iter()
         .find(|t| t.name.as_ref().map(|n| n.0.as_str()) == Some(OFFSETS_TOPIC))?;
     match topic.error_code {
-        0 => u32::try_from(topic.partitions.len())
-            .ok()
-            .filter(|&n| n > 0),
+        0 => {
+            let n = u32::try_from(topic.partitions.len())
+                .ok()
+                .filter(|&n| n > 0)?;
+            let leaders = topic
+                .partitions
+                .iter()
+                .filter_map(|p| Some((u32::try_from(p.partition_index).ok()?, p.leader_id.0)))
+                .collect();
+            Some((n, leaders))
+        }
         // TOPIC_AUTHORIZATION_FAILED
-        29 => Some(default),
+        29 => Some((default, Vec::new())),
         _ => None,
     }
 }

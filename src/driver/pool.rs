@@ -50,6 +50,16 @@ pub const DEFAULT_PARKING_LANES: usize = 32;
 /// connection of a broker that coordinates none of the client's locks any more.
 pub(crate) const IDLE_AFTER: Duration = Duration::from_secs(60);
 
+/// Default bound on a client's acquisitions between their start and their first completed
+/// generation (`Client::acquisitions_at_once`).
+pub const DEFAULT_ACQUISITIONS_AT_ONCE: usize = 128;
+
+/// How long an admitted acquisition keeps its place among them at most: one whose first
+/// generation does not complete (a coordinator that cannot be reached, a join parked by a long
+/// initial delay) lets the next one in after this, so the bound paces bursts and never stops
+/// a client's acquisitions behind a few that cannot progress.
+pub(crate) const ADMITTED_FOR: Duration = Duration::from_secs(10);
+
 /// Default number of quick connections per broker (`Client::quick_connections`): a lock's
 /// Heartbeats take the one of its group's `__consumer_offsets` partition.
 pub const DEFAULT_QUICK_CONNECTIONS: usize = 4;
@@ -88,11 +98,52 @@ pub(crate) struct Pool {
     reaper: AtomicBool,
     /// FindCoordinator lookups waiting to go out together (`super::lookup`).
     pub(crate) lookups: super::lookup::Lookups,
-    /// `__consumer_offsets`' partition count, once the cluster told it.
-    offsets_partitions: tokio::sync::OnceCell<u32>,
+    /// Acquisitions between their start and their first completed generation (`None`: no
+    /// bound, a lock's own pool).
+    admission: Option<Arc<Semaphore>>,
+    /// `__consumer_offsets`' partitions and their stripes, once the cluster told them.
+    offsets_partitions: tokio::sync::OnceCell<Placement>,
     /// Where the grid of the locks' deferrable timers starts (`session::wake_at`): one grid for
     /// all the client's locks, so their Heartbeats line up.
     pub(crate) origin: std::time::Instant,
+}
+
+/// Where the groups of each `__consumer_offsets` partition go, as read once per client.
+struct Placement {
+    partitions: u32,
+    /// For a partition whose leader leads fewer partitions than there are stripes, the stripes
+    /// its groups spread over (the others go on `partition % stripes`).
+    spread: HashMap<u32, Vec<usize>>,
+}
+
+impl Placement {
+    /// Apache defers a Heartbeat only behind its own partition's writes, so groups of one
+    /// partition may share a connection with each other at no cost, never with another
+    /// partition's. A broker that leads fewer partitions than there are stripes (three nodes
+    /// and three partitions: one each) would use one connection of its stripes and leave the
+    /// rest idle: its partitions share the stripes out instead, each its own disjoint set, and
+    /// a partition's groups spread over its set.
+    fn new(partitions: u32, leaders: &[(u32, i32)], stripes: usize) -> Placement {
+        let mut led: HashMap<i32, Vec<u32>> = HashMap::new();
+        for &(p, leader) in leaders {
+            if p < partitions {
+                led.entry(leader).or_default().push(p);
+            }
+        }
+        let mut spread = HashMap::new();
+        for mut ps in led.into_values() {
+            if ps.len() >= stripes {
+                continue;
+            }
+            ps.sort_unstable();
+            ps.dedup();
+            let n = ps.len();
+            for (i, p) in ps.into_iter().enumerate() {
+                spread.insert(p, (0..stripes).filter(|s| s % n == i).collect());
+            }
+        }
+        Placement { partitions, spread }
+    }
 }
 
 /// A broker (`None`: the bootstrap connection) and a stripe.
@@ -156,6 +207,8 @@ pub(crate) struct PoolConfig {
     pub(crate) retry_backoff_max: Duration,
     pub(crate) parking_lanes: usize,
     pub(crate) quick_connections: usize,
+    /// 0: no bound.
+    pub(crate) acquisitions_at_once: usize,
 }
 
 impl Pool {
@@ -177,9 +230,18 @@ impl Pool {
             parking: Mutex::new(HashMap::new()),
             reaper: AtomicBool::new(false),
             lookups: Default::default(),
+            admission: (cfg.acquisitions_at_once > 0)
+                .then(|| Arc::new(Semaphore::new(cfg.acquisitions_at_once))),
             offsets_partitions: tokio::sync::OnceCell::new(),
             origin: Instant::now().into_std(),
         }
+    }
+
+    /// A place among the acquisitions at once, waited for in turn (FIFO); `None` when there is
+    /// no bound. Held from an acquisition's start to its first completed generation, at most
+    /// [`ADMITTED_FOR`].
+    pub(crate) async fn admit(&self) -> Option<OwnedSemaphorePermit> {
+        self.admission.clone()?.acquire_owned().await.ok()
     }
 
     /// Lanes kept for [`Park::Urgent`]: a quarter of the cap, at least one when the cap allows
@@ -201,6 +263,9 @@ impl Pool {
     /// cluster's partition count once [`Pool::learn_offsets_partitions`] has read it, 50 (the
     /// default) until then or when it cannot be read; with a wrong count this is still a hash of
     /// the group id, which spreads groups over the stripes, only without following partitions.
+    /// A partition whose leader (as read then) leads fewer partitions than there are stripes
+    /// has several stripes of its own ([`Placement`]); after a leader change the placement is
+    /// still a hash of the group id.
     pub(crate) fn stripe(&self, group: &str) -> usize {
         // Java's String.hashCode, over UTF-16 code units.
         let h = group
@@ -208,12 +273,15 @@ impl Pool {
             .fold(0i32, |h, c| h.wrapping_mul(31).wrapping_add(i32::from(c)));
         // Utils.abs: Integer.MIN_VALUE maps to 0.
         let abs = if h == i32::MIN { 0 } else { h.unsigned_abs() };
-        let partitions = self
-            .offsets_partitions
-            .get()
-            .copied()
-            .unwrap_or(OFFSETS_PARTITIONS);
-        (abs % partitions) as usize % self.stripes
+        let Some(placement) = self.offsets_partitions.get() else {
+            return (abs % OFFSETS_PARTITIONS) as usize % self.stripes;
+        };
+        let partition = abs % placement.partitions;
+        match placement.spread.get(&partition) {
+            // The rest of the hash, past the partition, picks within the partition's set.
+            Some(set) if !set.is_empty() => set[(abs / placement.partitions) as usize % set.len()],
+            _ => partition as usize % self.stripes,
+        }
     }
 
     /// Whether [`Pool::learn_offsets_partitions`] would ask.
@@ -229,21 +297,36 @@ impl Pool {
             return;
         }
         let timeout = self.conn.request_timeout;
-        if let Some(n) = super::lookup::offsets_partitions(conn, timeout, OFFSETS_PARTITIONS).await
+        if let Some((n, leaders)) =
+            super::lookup::offsets_partitions(conn, timeout, OFFSETS_PARTITIONS).await
         {
-            let _ = self.offsets_partitions.set(n);
+            let _ = self
+                .offsets_partitions
+                .set(Placement::new(n, &leaders, self.stripes));
         }
     }
 
     /// The quick connection to `broker` (`None`: any bootstrap broker) of `stripe`
-    /// ([`Pool::stripe`]; the bootstrap connection has one stripe), opened if needed.
+    /// ([`Pool::stripe`]; the bootstrap connection has one stripe but for lookups:
+    /// [`Pool::lookup_conn`]), opened if needed.
     pub(crate) async fn quick(
         self: &Arc<Self>,
         broker: Option<&Broker>,
         stripe: usize,
     ) -> Result<Connection> {
-        self.start_reaper();
         let key = (broker.cloned(), if broker.is_some() { stripe } else { 0 });
+        self.open_quick(key).await
+    }
+
+    /// The bootstrap connection that carries the FindCoordinator lookups of `stripe`
+    /// (`super::lookup`): stripe 0 is the one every other bootstrap request takes.
+    pub(crate) async fn lookup_conn(self: &Arc<Self>, stripe: usize) -> Result<Connection> {
+        self.open_quick((None, stripe)).await
+    }
+
+    async fn open_quick(self: &Arc<Self>, key: QuickKey) -> Result<Connection> {
+        self.start_reaper();
+        let broker = key.0.clone();
         let cell = {
             let mut quick = self.quick.lock().unwrap_or_else(|p| p.into_inner());
             quick.entry(key).or_default().clone()
@@ -255,7 +338,7 @@ impl Pool {
                 return Ok(c.clone());
             }
         }
-        let conn = match broker {
+        let conn = match &broker {
             None => {
                 let mut backoff =
                     Backoff::new(self.retry_backoff, self.retry_backoff_max, 2.0, 0.5);

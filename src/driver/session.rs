@@ -631,6 +631,9 @@ async fn exchange(
             let conn = pool.quick(broker.as_ref(), stripe).await?;
             let (request, version) = build(&conn)?;
             let api = request.api_key();
+            if api == ApiKey::ApiVersions {
+                return Ok((versions_answer(&conn), version));
+            }
             if !held_by_the_broker(api) {
                 return Ok((conn.request_at(request, version, timeout).await?, version));
             }
@@ -660,6 +663,29 @@ async fn exchange(
             Ok((response, version))
         }
     }
+}
+
+/// A membership asks a newly named coordinator for its versions (ApiVersions) before its first
+/// group request. The connection that request would go on asked that broker the same when it
+/// opened, so its answer is at hand: sending it again cost one request per lock whose
+/// coordinator is not the bootstrap broker (on three nodes, about two thirds of all
+/// acquisitions). Each API's range is the version the connection negotiated, which is what the
+/// membership then negotiates from it.
+fn versions_answer(conn: &Connection) -> Response {
+    use kafka_protocol::messages::api_versions_response::ApiVersion;
+    let mut r = kafka_protocol::messages::ApiVersionsResponse::default();
+    r.api_keys = conn
+        .versions()
+        .iter()
+        .map(|(api, v)| {
+            let mut a = ApiVersion::default();
+            a.api_key = api as i16;
+            a.min_version = v;
+            a.max_version = v;
+            a
+        })
+        .collect();
+    Response::ApiVersions(r)
 }
 
 /// Requests Apache runs as coordinator writes (GroupCoordinatorService `heartbeat` and

@@ -1521,6 +1521,7 @@ fn striped_pool(cap: usize, quick_connections: usize) -> Arc<pool::Pool> {
         retry_backoff_max: Duration::from_millis(100),
         parking_lanes: cap,
         quick_connections,
+        acquisitions_at_once: 0,
     }))
 }
 
@@ -2202,7 +2203,8 @@ fn coordinator_entry(key: &str, broker: &crate::membership::Broker, code: i16) -
 async fn lookups_queued_together_go_out_in_one_request_and_each_hears_its_own_key() {
     use crate::wire::coordinator::found_coordinator;
     let (broker, mut accepted) = broker_with(BROKER_APIS).await;
-    let client = crate::Client::new(format!("{}:{}", broker.host, broker.port));
+    let client =
+        crate::Client::new(format!("{}:{}", broker.host, broker.port)).quick_connections(1);
     let pool = client.pool().clone();
     let find = |key: String| {
         let pool = pool.clone();
@@ -2300,7 +2302,8 @@ async fn without_v4_each_lookup_is_a_request_of_its_own() {
         (ApiKey::DescribeGroups, 0, 5),
     ];
     let (broker, mut accepted) = broker_with(OLD).await;
-    let client = crate::Client::new(format!("{}:{}", broker.host, broker.port));
+    let client =
+        crate::Client::new(format!("{}:{}", broker.host, broker.port)).quick_connections(1);
     let pool = client.pool().clone();
     let lookups: Vec<_> = ["a", "b", "c"]
         .iter()
@@ -2365,6 +2368,15 @@ async fn answer_offsets_metadata<S: AsyncRead + AsyncWrite + Unpin>(
     partitions: usize,
     code: i16,
 ) {
+    answer_offsets_metadata_led(peer, &vec![0; partitions], code).await
+}
+
+/// [`answer_offsets_metadata`] with partition `i` led by node `leaders[i]`.
+async fn answer_offsets_metadata_led<S: AsyncRead + AsyncWrite + Unpin>(
+    peer: &mut Peer<S>,
+    leaders: &[i32],
+    code: i16,
+) {
     use kafka_protocol::messages::metadata_response::{
         MetadataResponsePartition, MetadataResponseTopic,
     };
@@ -2381,8 +2393,14 @@ async fn answer_offsets_metadata<S: AsyncRead + AsyncWrite + Unpin>(
         ))))
         .with_error_code(code)
         .with_partitions(
-            (0..partitions)
-                .map(|i| MetadataResponsePartition::default().with_partition_index(i as i32))
+            leaders
+                .iter()
+                .enumerate()
+                .map(|(i, &leader)| {
+                    MetadataResponsePartition::default()
+                        .with_partition_index(i as i32)
+                        .with_leader_id(kafka_protocol::messages::BrokerId(leader))
+                })
                 .collect(),
         )]);
     peer.reply(&h, &answer).await;
@@ -2411,7 +2429,8 @@ async fn a_groups_stripe_follows_the_clusters_offsets_partition_count() {
         pool.learn_offsets_partitions(&conn),
         answer_offsets_metadata(&mut boot, 3, 0)
     );
-    assert_eq!(pool.stripe(&group), ((h % 3) % 4) as usize);
+    // One node leads the three partitions: each has stripes of its own (0 and 3, 1, 2).
+    assert_eq!(pool.stripe(&group) % 3, (h % 3) as usize);
 
     // Refused: the default, and no more asking.
     let refused = crate::Client::new(&addr).quick_connections(4);
@@ -2444,7 +2463,64 @@ async fn a_groups_stripe_follows_the_clusters_offsets_partition_count() {
         pool.learn_offsets_partitions(&conn),
         answer_offsets_metadata(&mut boot, 3, 0)
     );
-    assert_eq!(pool.stripe(&group), ((h % 3) % 4) as usize);
+    assert_eq!(pool.stripe(&group) % 3, (h % 3) as usize);
+}
+
+/// A client with four stripes that has learned `__consumer_offsets` partitions led by `leaders`.
+async fn learn_placement(
+    addr: &str,
+    accepted: &mut tokio::sync::mpsc::UnboundedReceiver<Peer<tokio::net::TcpStream>>,
+    leaders: Vec<i32>,
+) -> Arc<pool::Pool> {
+    let client = crate::Client::new(addr).quick_connections(4);
+    let pool = client.pool().clone();
+    let conn = pool.quick(None, 0).await.unwrap();
+    let mut boot = next_peer(accepted).await;
+    tokio::join!(
+        pool.learn_offsets_partitions(&conn),
+        answer_offsets_metadata_led(&mut boot, &leaders, 0)
+    );
+    pool
+}
+
+/// A broker that leads fewer `__consumer_offsets` partitions than the client has stripes shares
+/// all its stripes out among them (three nodes leading one partition each: every partition's
+/// groups spread over the four stripes, where `partition % 4` put each node's on one
+/// connection), while a broker leading as many as the stripes or more keeps a partition's
+/// groups on `partition % stripes`. Within a node, two partitions never share a stripe.
+#[tokio::test]
+async fn a_broker_leading_fewer_partitions_than_stripes_spreads_them_over_every_stripe() {
+    let (broker, mut accepted) = broker_with(BROKER_APIS).await;
+    let addr = format!("{}:{}", broker.host, broker.port);
+    let groups: Vec<String> = (0..400).map(|i| format!("g{i}")).collect();
+    // Three nodes, one partition each.
+    let pool = learn_placement(&addr, &mut accepted, vec![1, 2, 3]).await;
+    for p in 0..3 {
+        let stripes: BTreeSet<usize> = groups
+            .iter()
+            .filter(|g| java_abs_hash(g) % 3 == p)
+            .map(|g| pool.stripe(g))
+            .collect();
+        assert_eq!(stripes, (0..4).collect(), "partition {p}'s groups");
+    }
+
+    // One node leading two of them, another the third: the two share its stripes out.
+    let pool = learn_placement(&addr, &mut accepted, vec![1, 1, 2]).await;
+    for g in &groups {
+        let p = java_abs_hash(g) % 3;
+        let s = pool.stripe(g);
+        match p {
+            0 => assert!(s == 0 || s == 2, "{g}: partition 0 on stripe {s}"),
+            1 => assert!(s == 1 || s == 3, "{g}: partition 1 on stripe {s}"),
+            _ => assert!(s < 4),
+        }
+    }
+
+    // As many partitions as stripes or more on a node: the partition's own stripe.
+    let pool = learn_placement(&addr, &mut accepted, vec![1; 50]).await;
+    for g in &groups {
+        assert_eq!(pool.stripe(g), (java_abs_hash(g) % 50) as usize % 4, "{g}");
+    }
 }
 
 /// Queues `keys` behind a first lookup that is with the broker, answers the first, and returns
@@ -2524,7 +2600,8 @@ async fn queue_behind_a_first_lookup(
 #[tokio::test]
 async fn a_garbled_batched_answer_misroutes_no_lookup_and_strands_none() {
     let (broker, mut accepted) = broker_with(BROKER_APIS).await;
-    let client = crate::Client::new(format!("{}:{}", broker.host, broker.port));
+    let client =
+        crate::Client::new(format!("{}:{}", broker.host, broker.port)).quick_connections(1);
     let pool = client.pool().clone();
     let keys = ["missing", "twice", "cased", "own"];
     let task = {
@@ -2576,7 +2653,8 @@ async fn a_garbled_batched_answer_misroutes_no_lookup_and_strands_none() {
 #[tokio::test]
 async fn a_batch_whose_connection_drops_fails_its_lookups_at_once_and_the_next_goes_out() {
     let (broker, mut accepted) = broker_with(BROKER_APIS).await;
-    let client = crate::Client::new(format!("{}:{}", broker.host, broker.port));
+    let client =
+        crate::Client::new(format!("{}:{}", broker.host, broker.port)).quick_connections(1);
     let pool = client.pool().clone();
     let keys = ["a", "b", "c"];
     let (boot, later, _h2, r2) =
@@ -2686,7 +2764,8 @@ fn a_lookup_task_dropped_with_its_runtime_gives_its_turn_back() {
         .build()
         .unwrap();
     let (broker, mut accepted) = home.block_on(broker_with(BROKER_APIS));
-    let client = crate::Client::new(format!("{}:{}", broker.host, broker.port));
+    let client =
+        crate::Client::new(format!("{}:{}", broker.host, broker.port)).quick_connections(1);
     let pool = client.pool().clone();
     let find = |key: &'static str| {
         let pool = pool.clone();
@@ -2762,4 +2841,65 @@ fn a_lookup_task_dropped_with_its_runtime_gives_its_turn_back() {
             .expect("task")
             .expect("second lookup answered");
     });
+}
+
+/// Lookups are striped like the quick connections: while one stripe's batch is with a broker
+/// that does not answer it (an overloaded bootstrap broker, until the lookup's timeout closes
+/// that connection), a lookup of another stripe goes out on its own bootstrap connection and
+/// is answered; it is neither in the held batch nor queued behind it. Only the held batch's
+/// lookups fail.
+#[tokio::test]
+async fn a_held_lookup_batch_holds_back_only_its_own_stripes_lookups() {
+    let (broker, mut accepted) = broker_with(BROKER_APIS).await;
+    let client =
+        crate::Client::new(format!("{}:{}", broker.host, broker.port)).quick_connections(2);
+    let pool = client.pool().clone();
+    let held_key = "held".to_owned();
+    let other_key = (0..100)
+        .map(|i| format!("other{i}"))
+        .find(|k| pool.stripe(k) != pool.stripe(&held_key))
+        .expect("a group on the other stripe");
+    let find = |key: String| {
+        let pool = pool.clone();
+        tokio::spawn(async move { lookup::find_coordinator(&pool, &key, PROMPTLY * 3).await })
+    };
+    let held = find(held_key.clone());
+    let mut first = next_peer(&mut accepted).await;
+    let (_, r) = first
+        .recv_as::<FindCoordinatorRequest>(ApiKey::FindCoordinator)
+        .await;
+    assert_eq!(r.coordinator_keys[0].as_str(), held_key);
+
+    // Never answered while the other stripe's lookup is made.
+    let other = find(other_key.clone());
+    let mut second = next_peer(&mut accepted).await;
+    let (h, r) = tokio::time::timeout(
+        PROMPTLY,
+        second.recv_as::<FindCoordinatorRequest>(ApiKey::FindCoordinator),
+    )
+    .await
+    .expect("the other stripe's lookup went out while the first was held");
+    assert_eq!(r.coordinator_keys.len(), 1);
+    assert_eq!(r.coordinator_keys[0].as_str(), other_key);
+    second
+        .reply(
+            &h,
+            &FindCoordinatorResponse::default()
+                .with_coordinators(vec![coordinator_entry(&other_key, &broker, 0)]),
+        )
+        .await;
+    tokio::time::timeout(PROMPTLY, other)
+        .await
+        .expect("answered while the other batch is held")
+        .unwrap()
+        .expect("found");
+    assert!(!held.is_finished(), "the held lookup has no answer yet");
+
+    // The held broker's connection goes: its lookup fails, and only it.
+    drop(first);
+    let r = tokio::time::timeout(PROMPTLY, held)
+        .await
+        .expect("the held lookup ends with its connection")
+        .unwrap();
+    assert!(r.is_err(), "{r:?}");
 }

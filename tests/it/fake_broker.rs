@@ -35,7 +35,9 @@ pub type ParkingScript =
 pub struct FakeBroker {
     pub addr: SocketAddr,
     /// Connections accepted so far.
-    pub accepted: Arc<AtomicUsize>,
+    pub connections: Arc<AtomicUsize>,
+    /// ApiVersions requests answered so far, on every connection.
+    pub api_versions: Arc<AtomicUsize>,
     /// FindCoordinator requests answered so far.
     pub lookups: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
@@ -74,20 +76,22 @@ pub async fn start(script: Arc<Script>) -> FakeBroker {
 pub async fn start_parking(script: Arc<ParkingScript>) -> FakeBroker {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let accepted = Arc::new(AtomicUsize::new(0));
-    let counted = accepted.clone();
+    let connections = Arc::new(AtomicUsize::new(0));
+    let versions_asked = Arc::new(AtomicUsize::new(0));
     let lookups = Arc::new(AtomicUsize::new(0));
-    let looked_up = lookups.clone();
+    let (accepted, asked, looked_up) = (
+        connections.clone(),
+        versions_asked.clone(),
+        lookups.clone(),
+    );
     let task = tokio::spawn(async move {
-        let mut connections = 0;
         loop {
             let Ok((mut sock, _)) = listener.accept().await else {
                 return;
             };
-            connections += 1;
-            counted.store(connections, Ordering::SeqCst);
-            let conn = connections;
+            let conn = accepted.fetch_add(1, Ordering::SeqCst) + 1;
             let script = script.clone();
+            let asked = asked.clone();
             let looked_up = looked_up.clone();
             tokio::spawn(async move {
                 loop {
@@ -106,7 +110,10 @@ pub async fn start_parking(script: Arc<ParkingScript>) -> FakeBroker {
                         RequestHeader::decode(&mut buf, api.request_header_version(version))
                             .unwrap();
                     let answer = match api {
-                        ApiKey::ApiVersions => Some((api_versions(version), Duration::ZERO)),
+                        ApiKey::ApiVersions => {
+                            asked.fetch_add(1, Ordering::SeqCst);
+                            Some((api_versions(version), Duration::ZERO))
+                        }
                         ApiKey::FindCoordinator => {
                             looked_up.fetch_add(1, Ordering::SeqCst);
                             Some((find_coordinator(addr, version, &mut buf), Duration::ZERO))
@@ -133,7 +140,8 @@ pub async fn start_parking(script: Arc<ParkingScript>) -> FakeBroker {
     });
     FakeBroker {
         addr,
-        accepted,
+        connections,
+        api_versions: versions_asked,
         lookups,
         task,
     }

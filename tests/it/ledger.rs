@@ -1424,7 +1424,7 @@ mod scripted {
             .expect("acquired within the bound")
             .expect("acquire");
 
-        let connections = fake.accepted.load(Ordering::SeqCst);
+        let connections = fake.connections.load(Ordering::SeqCst);
         let lookups = fake.lookups.load(Ordering::SeqCst);
         let before = log.lock().unwrap().len();
         let found = tokio::time::timeout(BOUND, guard.last_checkpoint())
@@ -1443,7 +1443,7 @@ mod scripted {
             .collect();
         assert_eq!(read, [ApiKey::OffsetFetch]);
         assert_eq!(
-            fake.accepted.load(Ordering::SeqCst),
+            fake.connections.load(Ordering::SeqCst),
             connections,
             "the read opened a connection"
         );
@@ -1474,7 +1474,7 @@ mod scripted {
             ]
         );
         assert_eq!(
-            fake.accepted.load(Ordering::SeqCst),
+            fake.connections.load(Ordering::SeqCst),
             connections,
             "the read opened a connection"
         );

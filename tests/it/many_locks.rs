@@ -567,3 +567,191 @@ async fn many_acquisitions_at_once_share_their_find_coordinator_requests() {
         g.release().await.expect("release");
     }
 }
+
+/// A scripted broker that grants every lock to its only member: JoinGroup makes the joiner the
+/// leader of generation 1, SyncGroup hands it its own assignment, Heartbeat and LeaveGroup answer
+/// at once, and Metadata names `__consumer_offsets` with four partitions.
+fn granting_script() -> std::sync::Arc<crate::fake_broker::Script> {
+    use crate::fake_broker::encode;
+    use kafka_protocol::messages::join_group_response::JoinGroupResponseMember;
+    use kafka_protocol::messages::leave_group_response::MemberResponse;
+    use kafka_protocol::messages::metadata_response::{
+        MetadataResponsePartition, MetadataResponseTopic,
+    };
+    use kafka_protocol::messages::{
+        ApiKey, HeartbeatResponse, JoinGroupRequest, JoinGroupResponse, LeaveGroupResponse,
+        MetadataResponse, SyncGroupRequest, SyncGroupResponse, TopicName,
+    };
+    use kafka_protocol::protocol::{Decodable, StrBytes};
+    const MEMBER: &str = "m-1";
+    std::sync::Arc::new(|api, version, body: &mut bytes::BytesMut| match api {
+        ApiKey::Metadata => {
+            let topic = MetadataResponseTopic::default()
+                .with_name(Some(TopicName(StrBytes::from_static_str(
+                    "__consumer_offsets",
+                ))))
+                .with_partitions(
+                    (0..4)
+                        .map(|i| MetadataResponsePartition::default().with_partition_index(i))
+                        .collect(),
+                );
+            Some(encode(
+                &MetadataResponse::default().with_topics(vec![topic]),
+                version,
+            ))
+        }
+        ApiKey::JoinGroup => {
+            let req = JoinGroupRequest::decode(body, version).expect("JoinGroup");
+            let protocol = req.protocols.first().expect("a protocol");
+            let r = JoinGroupResponse::default()
+                .with_generation_id(1)
+                .with_protocol_type(Some(req.protocol_type.clone()))
+                .with_protocol_name(Some(protocol.name.clone()))
+                .with_leader(StrBytes::from_static_str(MEMBER))
+                .with_member_id(StrBytes::from_static_str(MEMBER))
+                .with_members(vec![JoinGroupResponseMember::default()
+                    .with_member_id(StrBytes::from_static_str(MEMBER))
+                    .with_metadata(protocol.metadata.clone())]);
+            Some(encode(&r, version))
+        }
+        ApiKey::SyncGroup => {
+            let req = SyncGroupRequest::decode(body, version).expect("SyncGroup");
+            let mine = req
+                .assignments
+                .iter()
+                .find(|a| a.member_id.as_str() == MEMBER)
+                .map(|a| a.assignment.clone())
+                .unwrap_or_default();
+            let r = SyncGroupResponse::default()
+                .with_protocol_type(req.protocol_type.clone())
+                .with_protocol_name(req.protocol_name.clone())
+                .with_assignment(mine);
+            Some(encode(&r, version))
+        }
+        ApiKey::Heartbeat => Some(encode(&HeartbeatResponse::default(), version)),
+        ApiKey::LeaveGroup => Some(encode(
+            &LeaveGroupResponse::default().with_members(vec![
+                MemberResponse::default().with_member_id(StrBytes::from_static_str(MEMBER))
+            ]),
+            version,
+        )),
+        _ => None,
+    })
+}
+
+/// LOCKS locks taken one after another through one client open a handful of connections, not
+/// some per acquisition: the bootstrap connections and the coordinator's quick connections (one
+/// each per stripe) and a parking lane or two, reused. The bootstrap address names the scripted broker
+/// `localhost` and FindCoordinator names it `127.0.0.1`, as a cluster names every coordinator
+/// but the bootstrap node: a newly named coordinator's versions are read from the connection
+/// that asked it when it opened, so every ApiVersions the broker sees opens a connection (one
+/// more per lock before: on three nodes, 752 ApiVersions for 1,000 locks read as connections).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquisitions_through_one_client_open_a_handful_of_connections() {
+    use std::sync::atomic::Ordering;
+    const LOCKS: usize = 20;
+    support::init_tracing();
+    let fake = crate::fake_broker::start(granting_script()).await;
+    let client = Client::new(format!("localhost:{}", fake.addr.port()));
+    let mut guards = Vec::new();
+    for i in 0..LOCKS {
+        let options = client
+            .lock(format!("handful-{i}"))
+            .heartbeat_interval(Duration::from_secs(1));
+        let guard = tokio::time::timeout(Duration::from_secs(30), options.acquire(None))
+            .await
+            .expect("the acquire ends")
+            .expect("acquire");
+        guards.push(guard);
+    }
+    let connections = fake.connections.load(Ordering::SeqCst);
+    let asked = fake.api_versions.load(Ordering::SeqCst);
+    println!("{LOCKS} locks acquired: {connections} connections, {asked} ApiVersions");
+    // A bootstrap connection per stripe (lookups are striped), the coordinator's quick
+    // connection per stripe, and the lanes.
+    let bound = 2 * kafka_lock::DEFAULT_QUICK_CONNECTIONS + 2;
+    assert!(
+        connections <= bound,
+        "{connections} connections for {LOCKS} acquisitions (at most {bound})"
+    );
+    assert_eq!(
+        asked, connections,
+        "ApiVersions beyond the connections' own handshakes"
+    );
+    for g in guards {
+        tokio::time::timeout(Duration::from_secs(30), g.release())
+            .await
+            .expect("the release ends")
+            .expect("release");
+    }
+}
+
+/// LOCKS acquisitions started at once through a client that admits AT_ONCE at a time run in
+/// waves: on a scripted broker that holds every JoinGroup a while, no more than AT_ONCE of the
+/// client's members are ever between their JoinGroup and their SyncGroup (the broker sees a
+/// member's SyncGroup before the client can let the next acquisition in), and every lock is
+/// acquired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_acquisitions_through_a_client_runs_in_waves() {
+    use kafka_protocol::messages::{ApiKey, JoinGroupRequest, SyncGroupRequest};
+    use kafka_protocol::protocol::Decodable;
+    use std::sync::{Arc, Mutex};
+    const LOCKS: usize = 8;
+    const AT_ONCE: usize = 2;
+    support::init_tracing();
+    // Groups between JoinGroup and SyncGroup now, and the most there were.
+    let joining: Arc<Mutex<(BTreeSet<String>, usize)>> = Arc::default();
+    let inner = granting_script();
+    let seen = joining.clone();
+    let fake = crate::fake_broker::start_parking(Arc::new(
+        move |_conn, api, version, body: &mut bytes::BytesMut| {
+            let mut hold = Duration::ZERO;
+            match api {
+                ApiKey::JoinGroup => {
+                    let req = JoinGroupRequest::decode(&mut body.clone(), version).ok()?;
+                    let mut j = seen.lock().unwrap();
+                    j.0.insert(req.group_id.to_string());
+                    j.1 = j.1.max(j.0.len());
+                    hold = Duration::from_millis(300);
+                }
+                ApiKey::SyncGroup => {
+                    let req = SyncGroupRequest::decode(&mut body.clone(), version).ok()?;
+                    seen.lock().unwrap().0.remove(req.group_id.as_str());
+                }
+                _ => {}
+            }
+            inner(api, version, body).map(|b| (b, hold))
+        },
+    ))
+    .await;
+    let client = Client::new(fake.addr.to_string()).acquisitions_at_once(AT_ONCE);
+    let tasks: Vec<_> = (0..LOCKS)
+        .map(|i| {
+            let options = client
+                .lock(format!("wave-{i}"))
+                .heartbeat_interval(Duration::from_secs(1));
+            tokio::spawn(async move { options.acquire(None).await })
+        })
+        .collect();
+    let mut guards = Vec::new();
+    for t in tasks {
+        let g = tokio::time::timeout(Duration::from_secs(60), t)
+            .await
+            .expect("every acquire ends")
+            .unwrap()
+            .expect("acquire");
+        guards.push(g);
+    }
+    let most = joining.lock().unwrap().1;
+    println!("{LOCKS} acquisitions, {AT_ONCE} at once: at most {most} joining together");
+    assert!(
+        (1..=AT_ONCE).contains(&most),
+        "{most} members joining at once, the client admits {AT_ONCE}"
+    );
+    for g in guards {
+        tokio::time::timeout(Duration::from_secs(30), g.release())
+            .await
+            .expect("the release ends")
+            .expect("release");
+    }
+}
