@@ -875,6 +875,8 @@ fn control(
             },
         };
         let result = match conn {
+            // The connection asked this broker the same when it opened.
+            Ok(conn) if api == ApiKey::ApiVersions => Ok((versions_answer(&conn), version)),
             Ok(conn) => {
                 let mut after = bound;
                 if let Some(at) = tokio::time::Instant::now().checked_add(timeout) {

@@ -79,11 +79,8 @@ pub async fn start_parking(script: Arc<ParkingScript>) -> FakeBroker {
     let connections = Arc::new(AtomicUsize::new(0));
     let versions_asked = Arc::new(AtomicUsize::new(0));
     let lookups = Arc::new(AtomicUsize::new(0));
-    let (accepted, asked, looked_up) = (
-        connections.clone(),
-        versions_asked.clone(),
-        lookups.clone(),
-    );
+    let (accepted, asked, looked_up) =
+        (connections.clone(), versions_asked.clone(), lookups.clone());
     let task = tokio::spawn(async move {
         loop {
             let Ok((mut sock, _)) = listener.accept().await else {
