@@ -635,6 +635,12 @@ mod tests {
                 value: -2
             })
         );
+        // An empty owned-partition topic name is read, not refused: Java reads it leniently, and
+        // it names no lock topic.
+        let empty_owned = [
+            0, 1, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0,
+        ];
+        assert_eq!(decode_consumer_subscription(&empty_owned), Ok(vec![]));
         let null_owned = [
             0, 1, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 1, 0xff, 0xff, 0, 0, 0, 0,
         ];
