@@ -10,6 +10,8 @@
 #   LIST=1 scripts/mutants-safety.sh              # only count the mutants per file
 #   TIMEOUT=120 NICE=19 scripts/mutants-safety.sh ...   # test timeout per mutant (default 90 s)
 #   ITERATE=1 scripts/mutants-safety.sh src/membership.rs  # resume: skip the caught and unviable
+#   RE='^src/membership\.rs:(14[7-9][0-9]|1[5-9][0-9][0-9]):' scripts/mutants-safety.sh src/membership.rs
+#                                                 # only the mutants whose names match (`--list`)
 #
 # Results go to target/mutants-safety/<file>/mutants.out (outcomes.json, caught.txt,
 # missed.txt, timeout.txt, unviable.txt); a second run over the same file moves them to
@@ -143,6 +145,7 @@ for f in "${files[@]}"; do
     extra=()
     [ -z "${SHARD:-}" ] || extra=(--shard "$SHARD" --sharding round-robin)
     [ -z "${ITERATE:-}" ] || extra+=(--iterate)
+    [ -z "${RE:-}" ] || extra+=(--re "$RE")
     echo "== $f (${SHARD:-all})" >&2
     # A timeout counts as caught, and a passing run cut short by a loaded machine would be a
     # false catch: the default is several times what a mutant's tests take here under load.

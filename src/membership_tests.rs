@@ -287,7 +287,9 @@ fn native_assignment(holder: Option<&str>, generation: i32, position: i32) -> By
             slot: 0,
         }),
         position,
-        members: 2,
+        // Room for a holder and waiters at positions 1 and 2 (a position must be below the
+        // count to decode).
+        members: 3,
         permits: 1,
         other_holders: Vec::new(),
         ledger: None,
@@ -916,6 +918,26 @@ fn a_leave_waiting_for_a_join_goes_ahead_when_the_join_fails() {
     h.take(ApiKey::LeaveGroup);
 }
 
+/// A leave that waited for a SyncGroup goes ahead when that SyncGroup fails with an error the
+/// machine would otherwise answer with a new JoinGroup.
+#[test]
+fn a_leave_waiting_for_a_sync_goes_ahead_when_the_sync_fails() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let sync = h.join_as("m1", 3, false, &[]);
+    h.m.handle_command(Command::Leave, h.now);
+    h.drain();
+    assert!(
+        h.sent.is_empty(),
+        "must wait for the SyncGroup answer: {:?}",
+        h.apis()
+    );
+    // REBALANCE_IN_PROGRESS.
+    h.reply(sync.id, Ok(sync_err(27)));
+    h.take(ApiKey::LeaveGroup);
+    assert!(!h.apis().contains(&ApiKey::JoinGroup), "{:?}", h.apis());
+}
+
 #[test]
 fn follower_leaving_mid_join_leaves_after_the_answer() {
     let mut h = H::new(Mode::Native);
@@ -1131,6 +1153,12 @@ fn the_waiter_first_in_line_heartbeats_four_times_as_often() {
         h.reply(
             sync.id,
             Ok(sync_ok(native_assignment(Some("other"), 3, position))),
+        );
+        assert!(
+            !h.take_events()
+                .iter()
+                .any(|e| matches!(e, Event::PeerData { .. })),
+            "position {position}: the assignment must decode"
         );
         h.advance(period - Duration::from_millis(1));
         assert!(
@@ -2884,7 +2912,8 @@ fn a_rejoining_waiter_keeps_the_generation_of_its_first_join() {
     }
 }
 
-/// A retriable code the machine has no special case for is retried; it does not end the hold.
+/// A retriable code the machine has no special case for is retried after a backoff; it does not
+/// end the hold.
 #[test]
 fn a_retriable_heartbeat_error_keeps_the_hold() {
     let mut h = H::holding(3);
@@ -2896,6 +2925,7 @@ fn a_retriable_heartbeat_error_keeps_the_hold() {
         failed(&events).is_none() && lost(&events).is_none(),
         "{events:?}"
     );
+    assert!(h.sent.is_empty(), "not before a backoff: {:?}", h.apis());
     h.advance(Duration::from_millis(100));
     assert_eq!(h.apis(), [ApiKey::Heartbeat]);
 }

@@ -617,6 +617,47 @@ mod tests {
             decode_consumer_subscription(&[0, 0, 0, 0, 0, 1, 0, 1, 0xff, 0, 0, 0, 0]),
             Err(PeerDataError::InvalidUtf8 { .. })
         ));
+        // Version 3 (no topics, null user data, nothing owned, generation -1): a null rack is
+        // legal, any other negative length is not a length.
+        let v3 = |rack: i16| {
+            let mut b = vec![0, 3, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0];
+            b.extend_from_slice(&(-1i32).to_be_bytes());
+            b.extend_from_slice(&rack.to_be_bytes());
+            b
+        };
+        assert_eq!(decode_consumer_subscription(&v3(-1)), Ok(vec![]));
+        // The same for user data (-1 is null) and, from version 1, an owned partition's topic
+        // name (never null).
+        assert_eq!(
+            decode_consumer_subscription(&[0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xfe]),
+            Err(PeerDataError::OutOfRange {
+                what: "subscription user data",
+                value: -2
+            })
+        );
+        // An empty owned-partition topic name is read, not refused: Java reads it leniently, and
+        // it names no lock topic.
+        let empty_owned = [
+            0, 1, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0,
+        ];
+        assert_eq!(decode_consumer_subscription(&empty_owned), Ok(vec![]));
+        let null_owned = [
+            0, 1, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 1, 0xff, 0xff, 0, 0, 0, 0,
+        ];
+        assert_eq!(
+            decode_consumer_subscription(&null_owned),
+            Err(PeerDataError::OutOfRange {
+                what: "owned partitions topic",
+                value: -1
+            })
+        );
+        assert_eq!(
+            decode_consumer_subscription(&v3(-2)),
+            Err(PeerDataError::OutOfRange {
+                what: "subscription rack id",
+                value: -2
+            })
+        );
     }
 
     #[test]

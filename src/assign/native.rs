@@ -1455,6 +1455,12 @@ mod tests {
         ));
         b[n - 4..n - 2].copy_from_slice(&(MAX_PERMITS + 1).to_be_bytes());
         assert!(MemberMetadata::decode(&b).is_err());
+        // The bound itself is a number of permits.
+        b[n - 4..n - 2].copy_from_slice(&MAX_PERMITS.to_be_bytes());
+        assert_eq!(
+            MemberMetadata::decode(&b).map(|m| m.permits),
+            Ok(MAX_PERMITS)
+        );
         b[n - 4..n - 2].copy_from_slice(&3u16.to_be_bytes());
         b[n - 2..].copy_from_slice(&3u16.to_be_bytes());
         assert!(matches!(
@@ -1496,13 +1502,29 @@ mod tests {
                 ..
             })
         ));
+        // A first holder in the last slot leaves no room for others.
+        let last = NativeAssignment {
+            holder: Some(holder(1)),
+            other_holders: vec![holder(1)],
+            ..NativeAssignment::decode(&a).expect("decodes")
+        }
+        .encode();
+        assert!(matches!(
+            NativeAssignment::decode(&last),
+            Err(PeerDataError::OutOfRange {
+                what: "other holder count",
+                value: 1
+            })
+        ));
         // A count the bytes cannot hold is refused before anything is read.
         let mut short = a[..k].to_vec();
         short[k - 2..k].copy_from_slice(&1u16.to_be_bytes());
-        assert!(matches!(
+        assert_eq!(
             NativeAssignment::decode(&short),
-            Err(PeerDataError::Truncated { .. })
-        ));
+            Err(PeerDataError::Truncated {
+                what: "other holders"
+            })
+        );
         for cut in 0..a.len() {
             assert!(NativeAssignment::decode(&a[..cut]).is_err(), "prefix {cut}");
         }

@@ -2017,6 +2017,37 @@ fn no_acquired_is_sent_at_the_instant_the_lease_ends() {
     );
 }
 
+/// A waiter whose ledger topic is deleted stops its long poll and falls back to heartbeats; the
+/// Metadata retry scheduled with that refusal is then for no one (no append or poll wants the
+/// leader), so it must not be announced: `drive` would not act on it, and a wake-up due for
+/// ever would spin the driver.
+#[test]
+fn a_waiter_whose_ledger_topic_is_gone_asks_for_no_wake_up() {
+    let mut r = Rig::new();
+    waiting_at(&mut r, 10);
+    let fetch = r.last().clone();
+    assert!(matches!(fetch.op, Op::Fetch { .. }), "{fetch:?}");
+    // NOT_LEADER_OR_FOLLOWER: the leader is looked up again after a backoff.
+    let resp = FetchResponse::default().with_responses(vec![FetchableTopicResponse::default()
+        .with_topic(StrBytes::from_static_str(TOPIC).into())
+        .with_partitions(vec![PartitionData::default()
+            .with_partition_index(0)
+            .with_error_code(6)])]);
+    r.answer(fetch.id, Ok((Response::Fetch(resp), 12)));
+    r.advance(Duration::from_millis(100));
+    let meta = r.last().clone();
+    assert!(matches!(meta.op, Op::Metadata { .. }), "{meta:?}");
+    // The topic is gone.
+    r.answer(
+        meta.id,
+        Ok((Response::Metadata(MetadataResponse::default()), 12)),
+    );
+    assert_eq!(r.l.poll_timeout(), None);
+    let sent = r.sent.len();
+    r.advance(DEFAULT_POLL_WAIT * 2);
+    assert_eq!(r.sent.len(), sent, "{:?}", &r.sent[sent..]);
+}
+
 /// The OffsetCommit on the wire is what fences a checkpoint: the broker compares its generation
 /// and member id with the group's (GroupMetadataManager.validateOffsetCommit in Apache Kafka
 /// 4.1.2). A commit that left either out, or sent -1 / "", would be accepted from anyone
