@@ -914,3 +914,103 @@ async fn an_acquisition_checking_its_topic_gives_its_place_up_after_its_time() {
         .expect("the release ends")
         .expect("release");
 }
+
+/// A holder's rejoin never waits for an admission place: with the client's one place taken by
+/// an acquisition held in its join, the coordinator asks the holder to rejoin
+/// (REBALANCE_IN_PROGRESS to its Heartbeat) and the holder's JoinGroup reaches it at once, not
+/// after the held acquisition's 10 s (a member that waits past the rebalance timeout loses its
+/// membership).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holders_rejoin_does_not_wait_for_an_admission_place() {
+    use crate::fake_broker::encode;
+    use kafka_protocol::messages::{ApiKey, HeartbeatRequest, HeartbeatResponse, JoinGroupRequest};
+    use kafka_protocol::protocol::Decodable;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    support::init_tracing();
+    let inner = granting_script();
+    // Set once `held` is in its join: the holder's next Heartbeat is told to rejoin, once.
+    let rebalance = Arc::new(AtomicBool::new(false));
+    let (held_tx, mut held_seen) = tokio::sync::watch::channel(false);
+    let (rejoin_tx, mut rejoin_seen) = tokio::sync::watch::channel(None::<Instant>);
+    let (told_tx, mut told) = tokio::sync::watch::channel(None::<Instant>);
+    let told_once = Arc::new(AtomicBool::new(false));
+    let (rb, once) = (rebalance.clone(), told_once.clone());
+    let fake = crate::fake_broker::start_parking(Arc::new(
+        move |_conn, api, version, body: &mut bytes::BytesMut| {
+            let plain =
+                |body: &mut bytes::BytesMut| inner(api, version, body).map(|b| (b, Duration::ZERO));
+            match api {
+                ApiKey::JoinGroup => {
+                    let req = JoinGroupRequest::decode(&mut body.clone(), version).ok()?;
+                    match req.group_id.as_str() {
+                        "held" => {
+                            held_tx.send_replace(true);
+                            inner(api, version, body).map(|b| (b, Duration::from_secs(3600)))
+                        }
+                        "holder" if once.load(Ordering::SeqCst) => {
+                            rejoin_tx.send_replace(Some(Instant::now()));
+                            plain(body)
+                        }
+                        _ => plain(body),
+                    }
+                }
+                ApiKey::Heartbeat => {
+                    let req = HeartbeatRequest::decode(&mut body.clone(), version).ok()?;
+                    if req.group_id.as_str() == "holder"
+                        && rb.load(Ordering::SeqCst)
+                        && !once.swap(true, Ordering::SeqCst)
+                    {
+                        told_tx.send_replace(Some(Instant::now()));
+                        let r = HeartbeatResponse::default().with_error_code(27);
+                        return Some((encode(&r, version), Duration::ZERO));
+                    }
+                    plain(body)
+                }
+                _ => plain(body),
+            }
+        },
+    ))
+    .await;
+    let client = Client::new(fake.addr.to_string()).acquisitions_at_once(1);
+    let holder = client
+        .lock("holder")
+        .heartbeat_interval(Duration::from_millis(200));
+    let guard = tokio::time::timeout(Duration::from_secs(30), holder.acquire(None))
+        .await
+        .expect("the holder's acquire ends")
+        .expect("acquire");
+    let held = client
+        .lock("held")
+        .heartbeat_interval(Duration::from_secs(1));
+    let held = tokio::spawn(async move { held.acquire(None).await });
+    tokio::time::timeout(Duration::from_secs(30), held_seen.wait_for(|s| *s))
+        .await
+        .expect("the held lock's JoinGroup reaches the broker")
+        .unwrap();
+    rebalance.store(true, Ordering::SeqCst);
+    let told = *tokio::time::timeout(Duration::from_secs(30), told.wait_for(|t| t.is_some()))
+        .await
+        .expect("the holder heartbeats")
+        .unwrap();
+    let rejoined = *tokio::time::timeout(
+        Duration::from_secs(30),
+        rejoin_seen.wait_for(|t| t.is_some()),
+    )
+    .await
+    .expect("the holder rejoins")
+    .unwrap();
+    let after = rejoined.unwrap() - told.unwrap();
+    println!("the holder rejoined {after:?} after it was told to");
+    // Well inside the 10 s the held acquisition keeps the place.
+    assert!(
+        after < Duration::from_secs(5),
+        "the rejoin waited {after:?}"
+    );
+    assert!(
+        !held.is_finished(),
+        "the held acquisition still has the place"
+    );
+    held.abort();
+    let _ = tokio::time::timeout(Duration::from_secs(30), guard.release()).await;
+}
