@@ -1014,11 +1014,15 @@ impl LockOptions {
                 }
             },
         };
-        let admitted = admitted.map(|p| {
+        let mut admitted = admitted.map(|p| {
             let until = tokio::time::Instant::now() + crate::driver::pool::ADMITTED_FOR;
             (p, until)
         });
-        let Some(first) = self.connect_by(&pool, &mut backoff, deadline).await? else {
+        // The place's time counts from the admission: reaching the cluster and checking the
+        // lock's topic (retried for three connect timeouts while its leader is not available)
+        // are part of it.
+        let connect = self.connect_by(&pool, &mut backoff, deadline);
+        let Some(first) = while_admitted(&mut admitted, connect).await? else {
             return if once {
                 Ok(None)
             } else {
@@ -1029,7 +1033,7 @@ impl LockOptions {
                 })
             };
         };
-        let ledger = self.open_ledger(&first).await?;
+        let ledger = while_admitted(&mut admitted, self.open_ledger(&first)).await?;
         let machine = self.membership_for(&first)?;
         let (member_tx, member_rx) = watch::channel(String::new());
         let sink = self.event_sink(started, member_tx);
@@ -1179,7 +1183,7 @@ impl LockOptions {
         handle: &mut SessionHandle,
         deadline: Option<tokio::time::Instant>,
         once: bool,
-        mut admitted: Option<(tokio::sync::OwnedSemaphorePermit, tokio::time::Instant)>,
+        mut admitted: Admitted,
     ) -> Result<Option<(FencingToken, Instant, u16)>> {
         loop {
             let current = handle.state.borrow_and_update().clone();
@@ -1349,6 +1353,29 @@ fn host_name() -> Option<String> {
 
 /// Refuses topics that cannot serve as a lock: missing, or not exactly one partition (with four
 /// partitions, four consumers each get one and all believe they hold the lock).
+/// An admission place with the instant its time is over.
+type Admitted = Option<(tokio::sync::OwnedSemaphorePermit, tokio::time::Instant)>;
+
+/// Runs `work`, giving the admission place up when its time is over while `work` goes on: a
+/// step before the session starts that cannot progress (a lock topic without a leader) would
+/// otherwise keep the place past its bound, and every later acquisition of the client with it.
+async fn while_admitted<T>(
+    admitted: &mut Admitted,
+    work: impl std::future::Future<Output = T>,
+) -> T {
+    let Some(until) = admitted.as_ref().map(|(_, until)| *until) else {
+        return work.await;
+    };
+    // Boxed: the acquisition's future keeps room for its largest await.
+    let mut work = Box::pin(work);
+    tokio::select! {
+        r = &mut work => return r,
+        () = tokio::time::sleep_until(until) => {}
+    }
+    *admitted = None;
+    work.await
+}
+
 async fn check_lock_topic(conn: &Connection, topic: &str) -> Result<()> {
     let mut t = MetadataRequestTopic::default();
     t.name = Some(TopicName(StrBytes::from_string(topic.to_owned())));

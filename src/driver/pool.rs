@@ -112,8 +112,10 @@ pub(crate) struct Pool {
 struct Placement {
     partitions: u32,
     /// For a partition whose leader leads fewer partitions than there are stripes, the stripes
-    /// its groups spread over (the others go on `partition % stripes`).
-    spread: HashMap<u32, Vec<usize>>,
+    /// its groups spread over (the others go on `partition % stripes`): `(i, n)` for those `s`
+    /// with `s % n == i`, computed when asked, as a listing would take memory in proportion to
+    /// the stripe count (any `usize` the client was given).
+    spread: HashMap<u32, (usize, usize)>,
 }
 
 impl Placement {
@@ -139,7 +141,7 @@ impl Placement {
             ps.dedup();
             let n = ps.len();
             for (i, p) in ps.into_iter().enumerate() {
-                spread.insert(p, (0..stripes).filter(|s| s % n == i).collect());
+                spread.insert(p, (i, n));
             }
         }
         Placement { partitions, spread }
@@ -224,14 +226,19 @@ impl Pool {
             limits: cfg.limits,
             retry_backoff: cfg.retry_backoff,
             retry_backoff_max: cfg.retry_backoff_max,
-            cap: cfg.parking_lanes.max(1),
+            // A semaphore holds at most MAX_PERMITS (`Semaphore::new` panics beyond): a larger
+            // setting means no bound, as that many could never be in use.
+            cap: cfg.parking_lanes.clamp(1, Semaphore::MAX_PERMITS),
             stripes: cfg.quick_connections.max(1),
             quick: Mutex::new(HashMap::new()),
             parking: Mutex::new(HashMap::new()),
             reaper: AtomicBool::new(false),
             lookups: Default::default(),
-            admission: (cfg.acquisitions_at_once > 0)
-                .then(|| Arc::new(Semaphore::new(cfg.acquisitions_at_once))),
+            admission: (cfg.acquisitions_at_once > 0).then(|| {
+                Arc::new(Semaphore::new(
+                    cfg.acquisitions_at_once.min(Semaphore::MAX_PERMITS),
+                ))
+            }),
             offsets_partitions: tokio::sync::OnceCell::new(),
             origin: Instant::now().into_std(),
         }
@@ -278,8 +285,12 @@ impl Pool {
         };
         let partition = abs % placement.partitions;
         match placement.spread.get(&partition) {
-            // The rest of the hash, past the partition, picks within the partition's set.
-            Some(set) if !set.is_empty() => set[(abs / placement.partitions) as usize % set.len()],
+            // The rest of the hash, past the partition, picks within the partition's set: the
+            // stripes below `stripes` that are `i` more than a multiple of `n` (i < n < stripes).
+            Some(&(i, n)) if i < n && i < self.stripes => {
+                let size = (self.stripes - i).div_ceil(n);
+                i + (abs / placement.partitions) as usize % size * n
+            }
             _ => partition as usize % self.stripes,
         }
     }

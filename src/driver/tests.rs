@@ -2903,3 +2903,45 @@ async fn a_held_lookup_batch_holds_back_only_its_own_stripes_lookups() {
         .unwrap();
     assert!(r.is_err(), "{r:?}");
 }
+
+/// A stripe count of any size places groups as a small one does: a partition whose leader leads
+/// fewer partitions than there are stripes picks among the stripes `i` more than a multiple of
+/// its leader's partition count, computed when asked. Listing them (a `Vec` per partition)
+/// took memory and time in proportion to the count: `quick_connections(usize::MAX)` never
+/// finished learning the placement.
+#[tokio::test]
+async fn a_stripe_count_of_any_size_places_groups_without_listing_the_stripes() {
+    let (broker, mut accepted) = broker_with(BROKER_APIS).await;
+    let addr = format!("{}:{}", broker.host, broker.port);
+    let client = crate::Client::new(&addr).quick_connections(usize::MAX);
+    let pool = client.pool().clone();
+    let conn = pool.quick(None, 0).await.unwrap();
+    let mut boot = next_peer(&mut accepted).await;
+    // One node leading two partitions, another the third.
+    tokio::join!(
+        pool.learn_offsets_partitions(&conn),
+        answer_offsets_metadata_led(&mut boot, &[1, 1, 2], 0)
+    );
+    let mut seen = BTreeSet::new();
+    for i in 0..400 {
+        let g = format!("g{i}");
+        let (p, s) = (java_abs_hash(&g) % 3, pool.stripe(&g));
+        match p {
+            0 | 1 => assert_eq!(s % 2, p as usize, "{g}: partition {p} on stripe {s}"),
+            _ => {}
+        }
+        seen.insert(s);
+    }
+    assert!(seen.len() > 100, "groups spread over the stripes: {seen:?}");
+}
+
+/// Bounds of any size make a client: a semaphore holds at most `Semaphore::MAX_PERMITS`, and
+/// `Semaphore::new` panics beyond, so `acquisitions_at_once(usize::MAX)` (or
+/// `parking_lanes`) panicked where it means no bound.
+#[test]
+fn bounds_of_any_size_make_a_client() {
+    let client = crate::Client::new("127.0.0.1:9")
+        .acquisitions_at_once(usize::MAX)
+        .parking_lanes(usize::MAX);
+    let _ = client.lock("any");
+}

@@ -755,3 +755,262 @@ async fn a_burst_of_acquisitions_through_a_client_runs_in_waves() {
             .expect("release");
     }
 }
+
+/// A scripted broker granting every lock as [`granting_script`] does, except that the JoinGroup
+/// of group `held` is never answered and a Metadata request naming topic `offline` hears
+/// LEADER_NOT_AVAILABLE for it (a retriable answer: the consumer-mode check of that lock's topic
+/// is made again until its bound). `seen` is set once the broker has `held`'s JoinGroup or a
+/// Metadata request for `offline`.
+async fn withholding_broker(
+    seen: tokio::sync::watch::Sender<bool>,
+) -> crate::fake_broker::FakeBroker {
+    use crate::fake_broker::encode;
+    use kafka_protocol::messages::metadata_response::MetadataResponseTopic;
+    use kafka_protocol::messages::{
+        ApiKey, JoinGroupRequest, MetadataRequest, MetadataResponse, TopicName,
+    };
+    use kafka_protocol::protocol::{Decodable, StrBytes};
+    use std::sync::Arc;
+    let inner = granting_script();
+    crate::fake_broker::start_parking(Arc::new(
+        move |_conn, api, version, body: &mut bytes::BytesMut| match api {
+            ApiKey::JoinGroup => {
+                let req = JoinGroupRequest::decode(&mut body.clone(), version).ok()?;
+                let hold = if req.group_id.as_str() == "held" {
+                    seen.send_replace(true);
+                    Duration::from_secs(3600)
+                } else {
+                    Duration::ZERO
+                };
+                inner(api, version, body).map(|b| (b, hold))
+            }
+            ApiKey::Metadata => {
+                let req = MetadataRequest::decode(&mut body.clone(), version).ok()?;
+                let offline = req
+                    .topics
+                    .iter()
+                    .flatten()
+                    .any(|t| t.name.as_ref().is_some_and(|n| n.as_str() == "offline"));
+                if !offline {
+                    return inner(api, version, body).map(|b| (b, Duration::ZERO));
+                }
+                seen.send_replace(true);
+                let topic = MetadataResponseTopic::default()
+                    .with_name(Some(TopicName(StrBytes::from_static_str("offline"))))
+                    .with_error_code(5);
+                let r = MetadataResponse::default().with_topics(vec![topic]);
+                Some((encode(&r, version), Duration::ZERO))
+            }
+            _ => inner(api, version, body).map(|b| (b, Duration::ZERO)),
+        },
+    ))
+    .await
+}
+
+/// An acquisition whose member never gets into a generation (the coordinator holds its
+/// JoinGroup) keeps its admission place for 10 s at most: with one place, the next lock's
+/// acquisition starts after it and is granted while the first is still held in its join.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquisition_held_in_its_join_gives_its_place_up_after_its_time() {
+    support::init_tracing();
+    let (seen_tx, mut seen) = tokio::sync::watch::channel(false);
+    let fake = withholding_broker(seen_tx).await;
+    let client = Client::new(fake.addr.to_string()).acquisitions_at_once(1);
+    let held = client
+        .lock("held")
+        .heartbeat_interval(Duration::from_secs(1));
+    let held = tokio::spawn(async move { held.acquire(None).await });
+    tokio::time::timeout(Duration::from_secs(30), seen.wait_for(|s| *s))
+        .await
+        .expect("the held lock's JoinGroup reaches the broker")
+        .unwrap();
+    let started = Instant::now();
+    let free = client
+        .lock("free")
+        .heartbeat_interval(Duration::from_secs(1));
+    let guard = tokio::time::timeout(Duration::from_secs(60), free.acquire(None))
+        .await
+        .expect("the next acquisition is let in while the first is held in its join")
+        .expect("acquire");
+    println!("granted {:?} after the held JoinGroup", started.elapsed());
+    assert!(!held.is_finished(), "the held acquisition is still waiting");
+    held.abort();
+    tokio::time::timeout(Duration::from_secs(30), guard.release())
+        .await
+        .expect("the release ends")
+        .expect("release");
+}
+
+/// An acquisition whose future is dropped (the caller's timeout, a task aborted) gives its
+/// admission place back at once, not after its 10 s: the next lock is granted promptly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_acquisition_gives_its_place_back_at_once() {
+    support::init_tracing();
+    let (seen_tx, mut seen) = tokio::sync::watch::channel(false);
+    let fake = withholding_broker(seen_tx).await;
+    let client = Client::new(fake.addr.to_string()).acquisitions_at_once(1);
+    let held = client
+        .lock("held")
+        .heartbeat_interval(Duration::from_secs(1));
+    let held = tokio::spawn(async move { held.acquire(None).await });
+    tokio::time::timeout(Duration::from_secs(30), seen.wait_for(|s| *s))
+        .await
+        .expect("the held lock's JoinGroup reaches the broker")
+        .unwrap();
+    held.abort();
+    let _ = held.await;
+    let started = Instant::now();
+    let free = client
+        .lock("free")
+        .heartbeat_interval(Duration::from_secs(1));
+    // Well inside the 10 s a place that was not given back would be kept.
+    let guard = tokio::time::timeout(Duration::from_secs(7), free.acquire(None))
+        .await
+        .expect("the next acquisition is let in once the first is cancelled")
+        .expect("acquire");
+    println!("granted {:?} after the cancel", started.elapsed());
+    tokio::time::timeout(Duration::from_secs(30), guard.release())
+        .await
+        .expect("the release ends")
+        .expect("release");
+}
+
+/// The 10 s an admitted acquisition keeps its place count from its admission, reaching the
+/// cluster included: a consumer-mode lock whose topic's leader is not available checks it
+/// again until three connect timeouts (30 s by default) have passed, and the next lock's
+/// acquisition is let in after 10 s of it and granted while the check is still being made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquisition_checking_its_topic_gives_its_place_up_after_its_time() {
+    support::init_tracing();
+    let (seen_tx, mut seen) = tokio::sync::watch::channel(false);
+    let fake = withholding_broker(seen_tx).await;
+    let client = Client::new(fake.addr.to_string()).acquisitions_at_once(1);
+    let checking = client
+        .lock("checking")
+        .consumer_topic("offline")
+        .heartbeat_interval(Duration::from_secs(1));
+    let checking = tokio::spawn(async move { checking.acquire(None).await });
+    tokio::time::timeout(Duration::from_secs(30), seen.wait_for(|s| *s))
+        .await
+        .expect("the lock topic's check reaches the broker")
+        .unwrap();
+    let started = Instant::now();
+    let free = client
+        .lock("free")
+        .heartbeat_interval(Duration::from_secs(1));
+    let guard = tokio::time::timeout(Duration::from_secs(60), free.acquire(None))
+        .await
+        .expect("the next acquisition ends")
+        .expect("acquire");
+    println!("granted {:?} after the first check", started.elapsed());
+    assert!(
+        !checking.is_finished(),
+        "the next lock was let in only once the first gave up: {:?}",
+        checking.await
+    );
+    checking.abort();
+    tokio::time::timeout(Duration::from_secs(30), guard.release())
+        .await
+        .expect("the release ends")
+        .expect("release");
+}
+
+/// A holder's rejoin never waits for an admission place: with the client's one place taken by
+/// an acquisition held in its join, the coordinator asks the holder to rejoin
+/// (REBALANCE_IN_PROGRESS to its Heartbeat) and the holder's JoinGroup reaches it at once, not
+/// after the held acquisition's 10 s (a member that waits past the rebalance timeout loses its
+/// membership).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holders_rejoin_does_not_wait_for_an_admission_place() {
+    use crate::fake_broker::encode;
+    use kafka_protocol::messages::{ApiKey, HeartbeatRequest, HeartbeatResponse, JoinGroupRequest};
+    use kafka_protocol::protocol::Decodable;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    support::init_tracing();
+    let inner = granting_script();
+    // Set once `held` is in its join: the holder's next Heartbeat is told to rejoin, once.
+    let rebalance = Arc::new(AtomicBool::new(false));
+    let (held_tx, mut held_seen) = tokio::sync::watch::channel(false);
+    let (rejoin_tx, mut rejoin_seen) = tokio::sync::watch::channel(None::<Instant>);
+    let (told_tx, mut told) = tokio::sync::watch::channel(None::<Instant>);
+    let told_once = Arc::new(AtomicBool::new(false));
+    let (rb, once) = (rebalance.clone(), told_once.clone());
+    let fake = crate::fake_broker::start_parking(Arc::new(
+        move |_conn, api, version, body: &mut bytes::BytesMut| {
+            let plain =
+                |body: &mut bytes::BytesMut| inner(api, version, body).map(|b| (b, Duration::ZERO));
+            match api {
+                ApiKey::JoinGroup => {
+                    let req = JoinGroupRequest::decode(&mut body.clone(), version).ok()?;
+                    match req.group_id.as_str() {
+                        "held" => {
+                            held_tx.send_replace(true);
+                            inner(api, version, body).map(|b| (b, Duration::from_secs(3600)))
+                        }
+                        "holder" if once.load(Ordering::SeqCst) => {
+                            rejoin_tx.send_replace(Some(Instant::now()));
+                            plain(body)
+                        }
+                        _ => plain(body),
+                    }
+                }
+                ApiKey::Heartbeat => {
+                    let req = HeartbeatRequest::decode(&mut body.clone(), version).ok()?;
+                    if req.group_id.as_str() == "holder"
+                        && rb.load(Ordering::SeqCst)
+                        && !once.swap(true, Ordering::SeqCst)
+                    {
+                        told_tx.send_replace(Some(Instant::now()));
+                        let r = HeartbeatResponse::default().with_error_code(27);
+                        return Some((encode(&r, version), Duration::ZERO));
+                    }
+                    plain(body)
+                }
+                _ => plain(body),
+            }
+        },
+    ))
+    .await;
+    let client = Client::new(fake.addr.to_string()).acquisitions_at_once(1);
+    let holder = client
+        .lock("holder")
+        .heartbeat_interval(Duration::from_millis(200));
+    let guard = tokio::time::timeout(Duration::from_secs(30), holder.acquire(None))
+        .await
+        .expect("the holder's acquire ends")
+        .expect("acquire");
+    let held = client
+        .lock("held")
+        .heartbeat_interval(Duration::from_secs(1));
+    let held = tokio::spawn(async move { held.acquire(None).await });
+    tokio::time::timeout(Duration::from_secs(30), held_seen.wait_for(|s| *s))
+        .await
+        .expect("the held lock's JoinGroup reaches the broker")
+        .unwrap();
+    rebalance.store(true, Ordering::SeqCst);
+    let told = *tokio::time::timeout(Duration::from_secs(30), told.wait_for(|t| t.is_some()))
+        .await
+        .expect("the holder heartbeats")
+        .unwrap();
+    let rejoined = *tokio::time::timeout(
+        Duration::from_secs(30),
+        rejoin_seen.wait_for(|t| t.is_some()),
+    )
+    .await
+    .expect("the holder rejoins")
+    .unwrap();
+    let after = rejoined.unwrap() - told.unwrap();
+    println!("the holder rejoined {after:?} after it was told to");
+    // Well inside the 10 s the held acquisition keeps the place.
+    assert!(
+        after < Duration::from_secs(5),
+        "the rejoin waited {after:?}"
+    );
+    assert!(
+        !held.is_finished(),
+        "the held acquisition still has the place"
+    );
+    held.abort();
+    let _ = tokio::time::timeout(Duration::from_secs(30), guard.release()).await;
+}
