@@ -13,8 +13,10 @@ use std::time::Duration;
 use bytes::{BufMut, BytesMut};
 use kafka_protocol::messages::api_versions_response::{ApiVersion, ApiVersionsResponse};
 use kafka_protocol::messages::find_coordinator_response::{Coordinator, FindCoordinatorResponse};
+use kafka_protocol::messages::join_group_response::JoinGroupResponseMember;
 use kafka_protocol::messages::{
-    ApiKey, BrokerId, FindCoordinatorRequest, RequestHeader, ResponseHeader,
+    ApiKey, BrokerId, FindCoordinatorRequest, JoinGroupRequest, JoinGroupResponse, RequestHeader,
+    ResponseHeader, SyncGroupRequest, SyncGroupResponse,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -182,6 +184,39 @@ fn find_coordinator(addr: SocketAddr, version: i16, body: &mut BytesMut) -> Byte
         r.host = StrBytes::from_string(addr.ip().to_string());
         r.port = addr.port() as i32;
     }
+    encode(&r, version)
+}
+
+/// A JoinGroup answered as the group's only member, `member`, which leads generation 1.
+pub fn join_alone(body: &mut BytesMut, version: i16, member: &'static str) -> BytesMut {
+    let req = JoinGroupRequest::decode(body, version).expect("JoinGroup");
+    let protocol = req.protocols.first().expect("a protocol");
+    let r = JoinGroupResponse::default()
+        .with_generation_id(1)
+        .with_protocol_type(Some(req.protocol_type.clone()))
+        .with_protocol_name(Some(protocol.name.clone()))
+        .with_leader(StrBytes::from_static_str(member))
+        .with_member_id(StrBytes::from_static_str(member))
+        .with_members(vec![JoinGroupResponseMember::default()
+            .with_member_id(StrBytes::from_static_str(member))
+            .with_metadata(protocol.metadata.clone())]);
+    encode(&r, version)
+}
+
+/// A SyncGroup of the group's only member, `member`: it leads, so it gets the assignment it
+/// computed for itself.
+pub fn sync_alone(body: &mut BytesMut, version: i16, member: &str) -> BytesMut {
+    let req = SyncGroupRequest::decode(body, version).expect("SyncGroup");
+    let mine = req
+        .assignments
+        .iter()
+        .find(|a| a.member_id.as_str() == member)
+        .map(|a| a.assignment.clone())
+        .unwrap_or_default();
+    let r = SyncGroupResponse::default()
+        .with_protocol_type(req.protocol_type.clone())
+        .with_protocol_name(req.protocol_name.clone())
+        .with_assignment(mine);
     encode(&r, version)
 }
 

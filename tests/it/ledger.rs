@@ -1241,7 +1241,6 @@ mod scripted {
 
     use bytes::BytesMut;
     use kafka_lock::{CheckpointSource, LockOptions};
-    use kafka_protocol::messages::join_group_response::JoinGroupResponseMember;
     use kafka_protocol::messages::leave_group_response::MemberResponse;
     use kafka_protocol::messages::list_offsets_response::{
         ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
@@ -1257,9 +1256,8 @@ mod scripted {
         PartitionProduceResponse, TopicProduceResponse,
     };
     use kafka_protocol::messages::{
-        ApiKey, BrokerId, HeartbeatResponse, JoinGroupRequest, JoinGroupResponse,
-        LeaveGroupResponse, ListOffsetsResponse, MetadataResponse, OffsetFetchRequest,
-        OffsetFetchResponse, ProduceResponse, SyncGroupRequest, SyncGroupResponse, TopicName,
+        ApiKey, BrokerId, HeartbeatResponse, LeaveGroupResponse, ListOffsetsResponse,
+        MetadataResponse, OffsetFetchRequest, OffsetFetchResponse, ProduceResponse, TopicName,
     };
     use kafka_protocol::protocol::{Decodable, StrBytes};
 
@@ -1304,34 +1302,9 @@ mod scripted {
                         .with_topics(vec![topic]);
                     Some(encode(&r, version))
                 }
-                ApiKey::JoinGroup => {
-                    let req = JoinGroupRequest::decode(body, version).expect("JoinGroup");
-                    let protocol = req.protocols.first().expect("a protocol");
-                    let r = JoinGroupResponse::default()
-                        .with_generation_id(1)
-                        .with_protocol_type(Some(req.protocol_type.clone()))
-                        .with_protocol_name(Some(protocol.name.clone()))
-                        .with_leader(StrBytes::from_static_str(MEMBER))
-                        .with_member_id(StrBytes::from_static_str(MEMBER))
-                        .with_members(vec![JoinGroupResponseMember::default()
-                            .with_member_id(StrBytes::from_static_str(MEMBER))
-                            .with_metadata(protocol.metadata.clone())]);
-                    Some(encode(&r, version))
-                }
-                ApiKey::SyncGroup => {
-                    let req = SyncGroupRequest::decode(body, version).expect("SyncGroup");
-                    let mine = req
-                        .assignments
-                        .iter()
-                        .find(|a| a.member_id.as_str() == MEMBER)
-                        .map(|a| a.assignment.clone())
-                        .unwrap_or_default();
-                    let r = SyncGroupResponse::default()
-                        .with_protocol_type(req.protocol_type.clone())
-                        .with_protocol_name(req.protocol_name.clone())
-                        .with_assignment(mine);
-                    Some(encode(&r, version))
-                }
+                ApiKey::JoinGroup => Some(crate::fake_broker::join_alone(body, version, MEMBER)),
+                // The only member leads: it gets the assignment it computed for itself.
+                ApiKey::SyncGroup => Some(crate::fake_broker::sync_alone(body, version, MEMBER)),
                 ApiKey::Heartbeat => Some(encode(&HeartbeatResponse::default(), version)),
                 ApiKey::Produce => {
                     let at = produced.fetch_add(1, Ordering::SeqCst);

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use kafka_lock::LockOptions;
-use kafka_protocol::messages::join_group_response::JoinGroupResponseMember;
 use kafka_protocol::messages::leave_group_response::MemberResponse;
 use kafka_protocol::messages::metadata_response::{
     MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
@@ -18,11 +17,10 @@ use kafka_protocol::messages::offset_commit_response::{
 };
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
 use kafka_protocol::messages::{
-    ApiKey, BrokerId, HeartbeatResponse, JoinGroupRequest, JoinGroupResponse, LeaveGroupResponse,
-    MetadataResponse, OffsetCommitResponse, ProduceResponse, SyncGroupRequest, SyncGroupResponse,
-    TopicName,
+    ApiKey, BrokerId, HeartbeatResponse, LeaveGroupResponse, MetadataResponse,
+    OffsetCommitResponse, ProduceResponse, TopicName,
 };
-use kafka_protocol::protocol::{Decodable, StrBytes};
+use kafka_protocol::protocol::StrBytes;
 
 use crate::fake_broker::{self, encode};
 
@@ -65,35 +63,9 @@ fn script(addr: Arc<OnceLock<std::net::SocketAddr>>, log: Log) -> Arc<fake_broke
                     .with_topics(vec![topic]);
                 at_once(encode(&r, version))
             }
-            ApiKey::JoinGroup => {
-                let req = JoinGroupRequest::decode(body, version).expect("JoinGroup");
-                let protocol = req.protocols.first().expect("a protocol");
-                let r = JoinGroupResponse::default()
-                    .with_generation_id(1)
-                    .with_protocol_type(Some(req.protocol_type.clone()))
-                    .with_protocol_name(Some(protocol.name.clone()))
-                    .with_leader(StrBytes::from_static_str(MEMBER))
-                    .with_member_id(StrBytes::from_static_str(MEMBER))
-                    .with_members(vec![JoinGroupResponseMember::default()
-                        .with_member_id(StrBytes::from_static_str(MEMBER))
-                        .with_metadata(protocol.metadata.clone())]);
-                at_once(encode(&r, version))
-            }
-            ApiKey::SyncGroup => {
-                // The only member leads: it gets the assignment it computed for itself.
-                let req = SyncGroupRequest::decode(body, version).expect("SyncGroup");
-                let mine = req
-                    .assignments
-                    .iter()
-                    .find(|a| a.member_id.as_str() == MEMBER)
-                    .map(|a| a.assignment.clone())
-                    .unwrap_or_default();
-                let r = SyncGroupResponse::default()
-                    .with_protocol_type(req.protocol_type.clone())
-                    .with_protocol_name(req.protocol_name.clone())
-                    .with_assignment(mine);
-                at_once(encode(&r, version))
-            }
+            ApiKey::JoinGroup => at_once(crate::fake_broker::join_alone(body, version, MEMBER)),
+            // The only member leads: it gets the assignment it computed for itself.
+            ApiKey::SyncGroup => at_once(crate::fake_broker::sync_alone(body, version, MEMBER)),
             ApiKey::Heartbeat => at_once(encode(&HeartbeatResponse::default(), version)),
             ApiKey::Produce => {
                 let mut next = produced.lock().unwrap();

@@ -23,6 +23,7 @@ import java.util.concurrent.TimeUnit;
 import java.util.stream.Collectors;
 
 import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.common.ElectionType;
 import org.apache.kafka.clients.admin.AdminClientConfig;
 import org.apache.kafka.clients.admin.ClassicGroupDescription;
 import org.apache.kafka.clients.admin.MemberDescription;
@@ -49,6 +50,10 @@ public class KafkaAdmin {
                 case "delete-group" -> admin.deleteConsumerGroups(List.of(args[2])).all()
                         .get(TIMEOUT_MS, TimeUnit.MILLISECONDS);
                 case "describe-group" -> describeGroup(admin, args[2]);
+                // Every partition back to its preferred (first) replica; a partition already
+                // led by it answers ELECTION_NOT_NEEDED, which is no failure here.
+                case "elect-preferred" -> admin.electLeaders(ElectionType.PREFERRED, null)
+                        .partitions().get(TIMEOUT_MS, TimeUnit.MILLISECONDS);
                 case "delete-offsets" -> admin.deleteConsumerGroupOffsets(args[2],
                         Set.of(new TopicPartition(args[3], 0))).all()
                         .get(TIMEOUT_MS, TimeUnit.MILLISECONDS);
@@ -99,7 +104,8 @@ public class KafkaAdmin {
 
     private static void usage() {
         System.err.println("usage: KafkaAdmin BOOTSTRAP (create-topic NAME PARTITIONS"
-                + " | delete-group GROUP | describe-group GROUP | delete-offsets GROUP TOPIC)");
+                + " | delete-group GROUP | describe-group GROUP | delete-offsets GROUP TOPIC"
+                + " | elect-preferred all)");
         System.exit(2);
     }
 }

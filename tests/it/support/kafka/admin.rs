@@ -70,6 +70,19 @@ pub fn create_topic(bootstrap: &str, name: &str, partitions: i32) {
     }
 }
 
+/// Moves the leadership of every partition back to its preferred replica (Admin.electLeaders,
+/// PREFERRED): the cluster's nodes run with `auto.leader.rebalance.enable=false`, so a node that
+/// was fenced for a moment (a missed controller heartbeat on a loaded machine) does not get its
+/// partitions back by itself.
+///
+/// # Panics
+/// When the election cannot be asked for.
+pub fn elect_preferred_leaders(bootstrap: &str) {
+    if let Err(e) = run(bootstrap, &["elect-preferred", "all"]) {
+        panic!("electing preferred leaders at {bootstrap}: {e}");
+    }
+}
+
 /// Deletes `group` (Admin.deleteConsumerGroups). The broker refuses while the group has members:
 /// `Err` then carries the Java exception, e.g. `...GroupNotEmptyException: ...`.
 pub fn delete_group(bootstrap: &str, group: &str) -> Result<(), String> {
