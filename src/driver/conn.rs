@@ -334,15 +334,18 @@ impl Connection {
     ) -> Result<Response> {
         let req = req.into();
         let api = req.api_key();
-        match self.versions.get(api) {
-            Some(max) if version <= max && version >= 0 => {}
-            _ => {
-                return Err(Error::UnsupportedApi {
-                    api: crate::api::Api::of(api),
-                })
-            }
-        }
+        self.check_version(api, version)?;
         self.current.link().call(&req, version, timeout).await
+    }
+
+    /// Refuses a version the broker did not offer for `api` on this connection.
+    fn check_version(&self, api: ApiKey, version: i16) -> Result<()> {
+        match self.versions.get(api) {
+            Some(max) if version <= max && version >= 0 => Ok(()),
+            _ => Err(Error::UnsupportedApi {
+                api: crate::api::Api::of(api),
+            }),
+        }
     }
 
     /// Like [`Connection::request_at`] for a caller that bounds its own wait, shorter than
@@ -358,14 +361,7 @@ impl Connection {
         keep: Duration,
     ) -> Result<Response> {
         let api = req.api_key();
-        match self.versions.get(api) {
-            Some(max) if version <= max && version >= 0 => {}
-            _ => {
-                return Err(Error::UnsupportedApi {
-                    api: crate::api::Api::of(api),
-                })
-            }
-        }
+        self.check_version(api, version)?;
         let link = self.current.link();
         let (exchange, _, _) = link.queue(req, version, keep)?;
         exchange.await
