@@ -9,10 +9,17 @@ module names its submodules; the crate root's re-exports count as the module tha
 The binary (src/bin) is a crate of its own and is left out.
 
 Usage: scripts/import_cycles.py [src] [-v]   (-v: print every module's floor and imports)
-Exit status 1 when there is a circle other than the two docs/design.md ("Layers") declares.
+Exit status 1 when there is a circle other than the two docs/design.md ("Layers") declares, or
+when a sans-I/O module (the wire layer and the machines above it) reaches the crate's `error`,
+directly or through another module: each of those floors reports failures in its own types, which
+`error` wraps from above.
 """
 import os, re, sys
 from collections import defaultdict
+
+# The sans-I/O floors, which must not reach `error` (docs/design.md, "Layers"): a module is one
+# of them when its node is one of these or lies under one.
+SANS_IO = ("wire", "assign", "membership", "ledger", "group_view")
 
 # The circles docs/design.md declares: floor 1's knot of types, floor 4's pair.
 DECLARED = [
@@ -121,4 +128,26 @@ for c in circles:
         inside = sorted(edges.get(v, set()) & c)
         if inside:
             print(f"  {v} -> {', '.join(inside)}")
-sys.exit(1 if any(c not in DECLARED for c in circles) else 0)
+
+def path_to(start, goal):  # the first chain of imports from start to goal, or None
+    seen, queue = {start: None}, [start]
+    while queue:
+        v = queue.pop(0)
+        if v == goal:
+            chain = []
+            while v is not None:
+                chain.append(v); v = seen[v]
+            return chain[::-1]
+        for w in sorted(edges.get(v, ())):
+            if w not in seen:
+                seen[w] = v; queue.append(w)
+    return None
+
+upward = []
+for v in sorted(nodes):
+    if any(v == p or v.startswith(p + "/") for p in SANS_IO):
+        chain = path_to(v, "error")
+        if chain:
+            upward.append(chain)
+            print("sans-I/O module reaches error:", " -> ".join(chain))
+sys.exit(1 if upward or any(c not in DECLARED for c in circles) else 0)

@@ -1,7 +1,9 @@
 //! Errors: one flat [`Error`] for the whole crate. It wraps each layer's own error type (the wire's
 //! [`DecodeError`], [`EncodeError`], [`FrameError`] and [`VersionError`], the ledger's
 //! [`LedgerError`](crate::ledger::LedgerError), ...) through `From`; the codes brokers put in
-//! responses are the wire's [`KafkaCode`].
+//! responses are the wire's [`KafkaCode`]. The sans-I/O machines below it fail in types of their
+//! own (`membership::Failure`, `ledger::Failure`), each turned here into the `Error` of the same
+//! words, and ask the driver's failures, which are `Error`s, what `wire::Unanswered` offers.
 
 use std::fmt;
 use std::sync::Arc;
@@ -10,6 +12,8 @@ use std::time::Duration;
 use kafka_protocol::messages::ApiKey;
 
 pub use crate::api::Api;
+use crate::ledger::Failure as LedgerFailure;
+use crate::membership::{self, Failure as MembershipFailure};
 pub use crate::wire::code::KafkaCode;
 use crate::wire::codec::{DecodeError, EncodeError};
 use crate::wire::coordinator::CoordinatorError;
@@ -127,10 +131,7 @@ pub enum Error {
     Security(#[from] crate::security::SecurityError),
     /// The lock's group runs with another number of permits than this member was given. The
     /// group keeps its number (see `docs/protocol.md`); this member left it.
-    #[error(
-        "lock {lock:?} has {group} permit(s) but this member was configured with {ours}; \
-         every member of a lock must use the same number of permits"
-    )]
+    #[error("{}", membership::permits_mismatch(lock, *ours, *group))]
     PermitsMismatch {
         /// The lock's name.
         lock: String,
@@ -142,12 +143,7 @@ pub enum Error {
     /// The lock's group takes its tokens from another ledger topic (or from none, or from one
     /// where this member has none) than this member was given: their tokens would be unrelated
     /// numbers. This member left the group (see `docs/protocol.md`, "Ledger setting").
-    #[error(
-        "lock {lock:?} runs with {} but this member was configured with {}; every member of a \
-         lock must use the same ledger topic, or none",
-        ledger_setting(group.as_deref()),
-        ledger_setting(ours.as_deref())
-    )]
+    #[error("{}", membership::ledger_mismatch(lock, ours.as_deref(), group.as_deref()))]
     LedgerMismatch {
         /// The lock's name.
         lock: String,
@@ -200,13 +196,6 @@ impl fmt::Display for BootstrapError {
 
 impl std::error::Error for BootstrapError {}
 
-fn ledger_setting(topic: Option<&str>) -> String {
-    match topic {
-        Some(t) => format!("ledger topic {t:?}"),
-        None => "no ledger topic".to_owned(),
-    }
-}
-
 // Kept out of `#[from]` so that the words stay those of a broker error and of a protocol error,
 // whichever layer found them.
 impl From<CoordinatorError> for Error {
@@ -219,6 +208,83 @@ impl From<CoordinatorError> for Error {
             },
             unusable @ CoordinatorError::Unusable { .. } => Error::Protocol(unusable.to_string()),
         }
+    }
+}
+
+impl From<MembershipFailure> for Error {
+    fn from(e: MembershipFailure) -> Self {
+        match e {
+            MembershipFailure::Broker { api, code } => Error::Broker {
+                api,
+                code,
+                message: None,
+            },
+            MembershipFailure::MissingApi(api) => Error::Config(membership::missing_api(&api)),
+            MembershipFailure::Version(e) => Error::Version(e),
+            MembershipFailure::WrongAnswer { want, got } => {
+                Error::Protocol(membership::wrong_answer(want, got))
+            }
+            MembershipFailure::PermitsMismatch { lock, ours, group } => {
+                Error::PermitsMismatch { lock, ours, group }
+            }
+            MembershipFailure::LedgerMismatch { lock, ours, group } => {
+                Error::LedgerMismatch { lock, ours, group }
+            }
+        }
+    }
+}
+
+/// What the machines ask of the driver's failures.
+#[doc(hidden)]
+impl crate::wire::Unanswered for Error {
+    fn is_retriable(&self) -> bool {
+        Error::is_retriable(self)
+    }
+
+    fn broker_code(&self) -> Option<KafkaCode> {
+        match self {
+            Error::Broker { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+
+    fn bad_frame(&self) -> Option<&dyn fmt::Display> {
+        match self {
+            Error::Poisoned(cause) if matches!(**cause, Error::Frame(_)) => Some(&**cause),
+            _ => None,
+        }
+    }
+}
+
+#[doc(hidden)]
+impl crate::ledger::Unanswered for Error {
+    fn refused(&self) -> bool {
+        matches!(self, Error::Ledger(_))
+    }
+}
+
+/// `e` as the error of the same words; `unanswered` gives back the driver's own failure.
+fn from_ledger<F>(e: LedgerFailure<F>, unanswered: impl FnOnce(F) -> Error) -> Error {
+    match e {
+        LedgerFailure::Unanswered(e) => unanswered(e),
+        LedgerFailure::Broker { api, code, message } => Error::Broker { api, code, message },
+        LedgerFailure::Protocol(m) => Error::Protocol(m),
+        LedgerFailure::Ledger(e) => Error::Ledger(e),
+        LedgerFailure::UnsupportedApi { api } => Error::UnsupportedApi { api },
+        LedgerFailure::Timeout { op, after } => Error::Timeout { op, after },
+        LedgerFailure::Member(e) => e.into(),
+    }
+}
+
+impl From<LedgerFailure> for Error {
+    fn from(e: LedgerFailure) -> Self {
+        from_ledger(e, |never| match never {})
+    }
+}
+
+impl From<LedgerFailure<Error>> for Error {
+    fn from(e: LedgerFailure<Error>) -> Self {
+        from_ledger(e, |e| e)
     }
 }
 
@@ -316,6 +382,109 @@ mod tests {
         assert!(Error::Poisoned(Arc::new(io)).is_retriable());
         assert!(!Error::Closed.is_retriable());
         assert!(!Error::Config("x".into()).is_retriable());
+    }
+
+    /// The machines' failures say what the `Error` they become says, and the ledger decides
+    /// on them as on that `Error`.
+    #[test]
+    fn machine_failures_read_as_their_errors() {
+        use crate::ledger::LedgerError;
+        use crate::wire::Unanswered;
+        let member = [
+            MembershipFailure::Broker {
+                api: Api::JoinGroup,
+                code: KafkaCode::GROUP_AUTHORIZATION_FAILED,
+            },
+            MembershipFailure::MissingApi(ApiKey::SyncGroup),
+            MembershipFailure::Version(VersionError::Unsupported {
+                api: Api::JoinGroup,
+                ours: (0, 9),
+                broker: Some((10, 12)),
+            }),
+            MembershipFailure::WrongAnswer {
+                want: ApiKey::Heartbeat,
+                got: ApiKey::JoinGroup,
+            },
+            MembershipFailure::PermitsMismatch {
+                lock: "l".into(),
+                ours: 1,
+                group: 3,
+            },
+            MembershipFailure::LedgerMismatch {
+                lock: "l".into(),
+                ours: None,
+                group: Some("lg".into()),
+            },
+        ];
+        for f in member.clone() {
+            assert_eq!(Error::from(f.clone()).to_string(), f.to_string());
+        }
+        assert_eq!(
+            Error::from(member[1].clone()).to_string(),
+            "invalid configuration: the broker does not offer SyncGroup, which kafka-lock needs \
+             for group membership"
+        );
+        assert_eq!(
+            Error::from(member[3].clone()).to_string(),
+            "unexpected answer from the cluster: expected Heartbeat, got JoinGroup"
+        );
+        assert_eq!(
+            Error::from(member[4].clone()).to_string(),
+            "lock \"l\" has 3 permit(s) but this member was configured with 1; every member of \
+             a lock must use the same number of permits"
+        );
+        assert_eq!(
+            Error::from(member[5].clone()).to_string(),
+            "lock \"l\" runs with ledger topic \"lg\" but this member was configured with no \
+             ledger topic; every member of a lock must use the same ledger topic, or none"
+        );
+
+        let timeout = || Error::Timeout {
+            op: "OffsetCommit".into(),
+            after: Duration::from_secs(5),
+        };
+        let ledger: Vec<LedgerFailure<Error>> = vec![
+            LedgerFailure::Unanswered(timeout()),
+            LedgerFailure::Unanswered(Error::Poisoned(Arc::new(Error::Frame(FrameError::Empty)))),
+            LedgerFailure::Unanswered(Error::broker(
+                ApiKey::ApiVersions,
+                KafkaCode::NOT_COORDINATOR,
+                None,
+            )),
+            LedgerFailure::Unanswered(Error::Ledger(LedgerError::Unsupported {
+                api: Api::Produce,
+            })),
+            LedgerFailure::Broker {
+                api: Api::Produce,
+                code: KafkaCode(6),
+                message: Some("moved".into()),
+            },
+            LedgerFailure::broker(Api::OffsetCommit, KafkaCode::UNKNOWN_MEMBER_ID, None),
+            LedgerFailure::Protocol("no entry".into()),
+            LedgerFailure::Ledger(LedgerError::TopicReplaced { topic: "t".into() }),
+            LedgerFailure::UnsupportedApi {
+                api: Api::OffsetFetch,
+            },
+            LedgerFailure::Timeout {
+                op: "storing the checkpoint (OffsetCommit)".into(),
+                after: Duration::from_secs(15),
+            },
+            LedgerFailure::Member(member[0].clone()),
+            LedgerFailure::Member(member[4].clone()),
+        ];
+        for f in ledger {
+            let (words, retriable, code, serve) = (
+                f.to_string(),
+                f.is_retriable(),
+                f.broker_code(),
+                f.cannot_serve(),
+            );
+            let e = Error::from(f);
+            assert_eq!(e.to_string(), words);
+            assert_eq!(e.is_retriable(), retriable, "{e}");
+            assert_eq!(Unanswered::broker_code(&e), code, "{e}");
+            assert_eq!(matches!(e, Error::Ledger(_)), serve, "{e}");
+        }
     }
 
     #[test]

@@ -45,7 +45,8 @@ use tokio::sync::{mpsc, watch};
 use crate::backoff::Backoff;
 use crate::driver::ledger::Reach;
 use crate::driver::session::{
-    self, End, EventSink, Places, SessionCommand, SessionHandle, SessionParams, SessionState,
+    self, End, EventSink, Places, SessionCommand, SessionEvent, SessionHandle, SessionParams,
+    SessionState,
 };
 use crate::driver::{BootstrapConfig, ConnConfig, Connection};
 use crate::error::{Error, KafkaCode, Result};
@@ -1074,7 +1075,7 @@ impl LockOptions {
     }
 
     /// The ledger this lock writes to, once its topic is known to be fit for one.
-    async fn open_ledger(&self, first: &Connection) -> Result<Option<Ledger>> {
+    async fn open_ledger(&self, first: &Connection) -> Result<Option<Ledger<Error>>> {
         Ok(match &self.ledger_topic {
             Some(topic) => {
                 let partition = Box::pin(crate::driver::ledger::check_ledger_topic(
@@ -1115,7 +1116,7 @@ impl LockOptions {
         // step is a send on an unbounded channel or a counter, so the lease's timers never wait.
         let (user_tx, stats, name) = (self.events.clone(), self.stats.clone(), self.name.clone());
         let mut metrics = crate::metrics::LockMetrics::new(&self.name);
-        let sink = move |e: Event| {
+        let sink = move |e: SessionEvent| {
             let mut s = stats.lock().unwrap_or_else(|p| p.into_inner());
             let out = match e {
                 Event::Joined { member_id, .. } => {

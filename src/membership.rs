@@ -89,12 +89,101 @@ use kafka_protocol::messages::{ApiKey, GroupId};
 use kafka_protocol::protocol::StrBytes;
 use tracing::{debug, info, warn};
 
+use crate::api::Api;
 use crate::assign::{self, ConsumerStrategy, MemberMetadata, NativeAssignment};
 use crate::backoff::Backoff;
-use crate::error::Error;
 use crate::wire::code::KafkaCode;
-use crate::wire::coordinator::{find_coordinator_request, found_coordinator};
-use crate::wire::Response;
+use crate::wire::coordinator::{find_coordinator_request, found_coordinator, CoordinatorError};
+use crate::wire::versions::VersionError;
+use crate::wire::{Response, Unanswered};
+
+/// Why the membership ended on an error no retry can fix. The crate's `Error` wraps it, each
+/// variant as the `Error` of the same words (`Broker`, `Config`, `Version`, `Protocol`,
+/// `PermitsMismatch`, `LedgerMismatch`); a failed request the machine was told of is never one:
+/// those are retried.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Failure {
+    /// The broker answered a group request with a code no retry can fix (misconfiguration,
+    /// authorization).
+    #[error("{api} failed: {code}")]
+    Broker {
+        /// The API whose answer carried the code.
+        api: Api,
+        /// The code.
+        code: KafkaCode,
+    },
+    /// The coordinator offers no version of an API group membership needs.
+    #[error("invalid configuration: {}", missing_api(.0))]
+    MissingApi(ApiKey),
+    /// The coordinator and kafka-lock have no version in common of an API every connection needs.
+    #[error(transparent)]
+    Version(#[from] VersionError),
+    /// A request was answered with a response of another API.
+    #[error("unexpected answer from the cluster: {}", wrong_answer(*.want, *.got))]
+    WrongAnswer {
+        /// The API asked.
+        want: ApiKey,
+        /// The API of the answer.
+        got: ApiKey,
+    },
+    /// The group runs with another number of permits than this member was given.
+    #[error("{}", permits_mismatch(.lock, *.ours, *.group))]
+    PermitsMismatch {
+        /// The lock's name.
+        lock: String,
+        /// This member's number of permits.
+        ours: u16,
+        /// The group's.
+        group: u16,
+    },
+    /// The group takes its tokens from another ledger setting than this member's.
+    #[error("{}", ledger_mismatch(.lock, .ours.as_deref(), .group.as_deref()))]
+    LedgerMismatch {
+        /// The lock's name.
+        lock: String,
+        /// This member's ledger topic.
+        ours: Option<String>,
+        /// The group's, as its leader decided it.
+        group: Option<String>,
+    },
+}
+
+// The words of the failures above, which the crate's `Error` says too.
+
+/// What `Error::Config` says of an API the coordinator lacks.
+pub(crate) fn missing_api(api: &ApiKey) -> String {
+    format!("the broker does not offer {api:?}, which kafka-lock needs for group membership")
+}
+
+/// What `Error::Protocol` says of an answer of the wrong API.
+pub(crate) fn wrong_answer(want: ApiKey, got: ApiKey) -> String {
+    format!("expected {want:?}, got {got:?}")
+}
+
+/// What `Error::PermitsMismatch` says.
+pub(crate) fn permits_mismatch(lock: &str, ours: u16, group: u16) -> String {
+    format!(
+        "lock {lock:?} has {group} permit(s) but this member was configured with {ours}; \
+         every member of a lock must use the same number of permits"
+    )
+}
+
+/// What `Error::LedgerMismatch` says.
+pub(crate) fn ledger_mismatch(lock: &str, ours: Option<&str>, group: Option<&str>) -> String {
+    format!(
+        "lock {lock:?} runs with {} but this member was configured with {}; every member of a \
+         lock must use the same ledger topic, or none",
+        ledger_setting(group),
+        ledger_setting(ours)
+    )
+}
+
+fn ledger_setting(topic: Option<&str>) -> String {
+    match topic {
+        Some(t) => format!("ledger topic {t:?}"),
+        None => "no ledger topic".to_owned(),
+    }
+}
 
 /// Which protocol the group speaks.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -179,13 +268,11 @@ impl GroupVersions {
     };
 
     /// The versions to build with for a broker that negotiated `v`, capped at [`Self::LATEST`].
-    pub fn fit(v: &crate::wire::versions::NegotiatedVersions) -> Result<GroupVersions, Error> {
+    pub fn fit(v: &crate::wire::versions::NegotiatedVersions) -> Result<GroupVersions, Failure> {
         let need = |api: ApiKey, latest: i16| {
-            v.get(api).map(|x| x.min(latest)).ok_or_else(|| {
-                Error::Config(format!(
-                    "the broker does not offer {api:?}, which kafka-lock needs for group membership"
-                ))
-            })
+            v.get(api)
+                .map(|x| x.min(latest))
+                .ok_or(Failure::MissingApi(api))
         };
         let l = GroupVersions::LATEST;
         Ok(GroupVersions {
@@ -249,7 +336,7 @@ pub struct Transmit {
     pub request: crate::wire::Request,
     /// The version to encode it with.
     pub version: i16,
-    /// Give up on the answer after this long (the driver reports [`Error::Timeout`]).
+    /// Give up on the answer after this long (the driver then answers with its timeout).
     pub timeout: Duration,
 }
 
@@ -380,10 +467,11 @@ impl LossReason {
     }
 }
 
-/// What the machine tells its owner.
+/// What the machine tells its owner. `E` is what a failure is reported as: the machine's own
+/// [`Failure`], and each layer above turns it into its own ([`Event::map_failure`]).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
-pub enum Event {
+pub enum Event<E = Failure> {
     /// A JoinGroup completed.
     Joined {
         /// Our member id.
@@ -441,7 +529,43 @@ pub enum Event {
         confirmed: bool,
     },
     /// The membership ended on an error no retry can fix.
-    Failed(std::sync::Arc<Error>),
+    Failed(E),
+}
+
+impl<E> Event<E> {
+    /// The same event, a failure turned into `G` by `f`.
+    pub fn map_failure<G>(self, f: impl FnOnce(E) -> G) -> Event<G> {
+        match self {
+            Event::Joined { member_id } => Event::Joined { member_id },
+            Event::Acquired {
+                token,
+                lease_end,
+                permit,
+            } => Event::Acquired {
+                token,
+                lease_end,
+                permit,
+            },
+            Event::TokenChanged { token } => Event::TokenChanged { token },
+            Event::RebalanceWhileHeld => Event::RebalanceWhileHeld,
+            Event::Waiting {
+                holder,
+                holders,
+                position,
+                generation,
+            } => Event::Waiting {
+                holder,
+                holders,
+                position,
+                generation,
+            },
+            Event::Lost { reason, lease_end } => Event::Lost { reason, lease_end },
+            Event::Released => Event::Released,
+            Event::PeerData { what } => Event::PeerData { what },
+            Event::Left { confirmed } => Event::Left { confirmed },
+            Event::Failed(e) => Event::Failed(f(e)),
+        }
+    }
 }
 
 /// Commands from the lock's owner.
@@ -785,7 +909,14 @@ impl Membership {
 
     /// The answer (or failure) for the transmit `id`. Answers the machine no longer waits for are
     /// ignored, which is what stops a late success from reviving anything.
-    pub fn handle_response(&mut self, id: u64, result: Result<Response, Error>, now: Instant) {
+    /// A failed request (`Err`) is the driver's to describe: the machine asks it only what
+    /// [`Unanswered`] offers, and retries.
+    pub fn handle_response<F: Unanswered>(
+        &mut self,
+        id: u64,
+        result: Result<Response, F>,
+        now: Instant,
+    ) {
         // The lease is judged before the answer is looked at: an answer that arrives after the
         // lease ran out must not count, even if it was sent in time.
         self.check_lease(now);
@@ -991,11 +1122,11 @@ impl Membership {
         self.begin_leave(now);
     }
 
-    fn fail(&mut self, error: Error, now: Instant) {
+    fn fail(&mut self, error: Failure, now: Instant) {
         warn!(group = %self.cfg.group_id, member_id = %self.member_id, %error, "membership failed");
         if self.hold.is_some() {
             let reason = match &error {
-                Error::Broker { code, .. } => LossReason::Fenced(*code),
+                Failure::Broker { code, .. } => LossReason::Fenced(*code),
                 _ => LossReason::Fatal,
             };
             if let Some(hold) = self.hold.take() {
@@ -1006,7 +1137,7 @@ impl Membership {
             }
         }
         self.phase = Phase::Done;
-        self.emit(Event::Failed(std::sync::Arc::new(error)));
+        self.emit(Event::Failed(error));
     }
 
     fn finish(&mut self, confirmed: bool) {
@@ -1253,10 +1384,9 @@ impl Membership {
             // Misconfiguration or authorization: nothing a retry can fix.
             23 | 24 | 26 | 30 | 35 | 81 | 82 => {
                 self.fail(
-                    Error::Broker {
-                        api: crate::api::Api::of(api),
+                    Failure::Broker {
+                        api: Api::of(api),
                         code: kc,
-                        message: None,
                     },
                     now,
                 );
@@ -1264,10 +1394,9 @@ impl Membership {
             }
             _ if !kc.is_retriable() && !matches!(code, 22 | 25 | 27 | 79) => {
                 self.fail(
-                    Error::Broker {
-                        api: crate::api::Api::of(api),
+                    Failure::Broker {
+                        api: Api::of(api),
                         code: kc,
-                        message: None,
                     },
                     now,
                 );
@@ -1277,23 +1406,32 @@ impl Membership {
         }
     }
 
-    fn on_find(&mut self, result: Result<Response, Error>, now: Instant) {
+    fn on_find<F: Unanswered>(&mut self, result: Result<Response, F>, now: Instant) {
         if self.phase != Phase::Discover {
             return;
         }
+        // Why no coordinator came: the broker's code if there is one, and the words to log.
         let found = match result {
-            Ok(Response::FindCoordinator(r)) => {
-                found_coordinator(&r).map_err(Error::from).map(|c| Broker {
+            Ok(Response::FindCoordinator(r)) => found_coordinator(&r)
+                .map(|c| Broker {
                     node_id: c.node_id,
                     host: c.host,
                     port: i32::from(c.port),
                 })
-            }
-            Ok(other) => Err(Error::Protocol(format!(
-                "expected FindCoordinator, got {:?}",
-                other.api_key()
-            ))),
-            Err(e) => Err(e),
+                .map_err(|e| match &e {
+                    CoordinatorError::Broker { code, .. } => (Some(*code), e.to_string()),
+                    CoordinatorError::Unusable { .. } => {
+                        (None, format!("unexpected answer from the cluster: {e}"))
+                    }
+                }),
+            Ok(other) => Err((
+                None,
+                format!(
+                    "unexpected answer from the cluster: {}",
+                    wrong_answer(ApiKey::FindCoordinator, other.api_key())
+                ),
+            )),
+            Err(e) => Err((e.broker_code(), e.to_string())),
         };
         match found {
             Ok(broker) => {
@@ -1314,17 +1452,16 @@ impl Membership {
                     self.send_probe(now);
                 }
             }
-            Err(Error::Broker { code, .. }) if matches!(code.0, 30) => {
+            Err((Some(code), _)) if matches!(code.0, 30) => {
                 self.fail(
-                    Error::Broker {
-                        api: crate::api::Api::of(ApiKey::FindCoordinator),
+                    Failure::Broker {
+                        api: Api::FindCoordinator,
                         code,
-                        message: None,
                     },
                     now,
                 );
             }
-            Err(e) => {
+            Err((_, e)) => {
                 debug!(group = %self.cfg.group_id, error = %e, "FindCoordinator failed; retrying");
                 self.schedule_retry(now);
             }
@@ -1365,7 +1502,7 @@ impl Membership {
         self.in_flight.probe = Some(id);
     }
 
-    fn on_probe(&mut self, result: Result<Response, Error>, now: Instant) {
+    fn on_probe<F: Unanswered>(&mut self, result: Result<Response, F>, now: Instant) {
         if self.phase != Phase::Probe {
             return;
         }
@@ -1383,7 +1520,7 @@ impl Membership {
             }
         };
         let fitted = crate::wire::versions::negotiate(&resp)
-            .map_err(Error::from)
+            .map_err(Failure::Version)
             .and_then(|v| GroupVersions::fit(&v));
         match fitted {
             Ok(versions) => {
@@ -1401,13 +1538,16 @@ impl Membership {
     /// The connection answered a request with a response of another API: nothing about this
     /// connection can be trusted any more.
     fn wrong_kind(&mut self, want: ApiKey, got: &Response, now: Instant) {
-        let error = Error::Protocol(format!("expected {want:?}, got {:?}", got.api_key()));
+        let error = Failure::WrongAnswer {
+            want,
+            got: got.api_key(),
+        };
         self.fail(error, now);
     }
 
     /// A JoinGroup or SyncGroup got no answer (transport failure or timeout): the coordinator
     /// may have moved, so look it up again and rejoin, unless we were on our way out.
-    fn join_phase_unanswered(&mut self, api: ApiKey, e: Error, now: Instant) {
+    fn join_phase_unanswered(&mut self, api: ApiKey, e: impl fmt::Display, now: Instant) {
         debug!(group = %self.cfg.group_id, ?api, error = %e, "no answer");
         if self.leaving {
             self.begin_leave(now);
@@ -1431,7 +1571,7 @@ impl Membership {
         }
     }
 
-    fn on_join(&mut self, result: Result<Response, Error>, now: Instant) {
+    fn on_join<F: Unanswered>(&mut self, result: Result<Response, F>, now: Instant) {
         let resp: JoinGroupResponse = match result {
             Ok(Response::JoinGroup(r)) => r,
             Ok(other) => {
@@ -1597,7 +1737,7 @@ impl Membership {
         assignments
     }
 
-    fn on_sync(&mut self, result: Result<Response, Error>, now: Instant) {
+    fn on_sync<F: Unanswered>(&mut self, result: Result<Response, F>, now: Instant) {
         let resp: SyncGroupResponse = match result {
             Ok(Response::SyncGroup(r)) => r,
             Ok(other) => {
@@ -1734,7 +1874,7 @@ impl Membership {
                 Ok(a) => {
                     if a.permits != self.cfg.permits {
                         self.refuse(
-                            Error::PermitsMismatch {
+                            Failure::PermitsMismatch {
                                 lock: self.cfg.group_id.clone(),
                                 ours: self.cfg.permits,
                                 group: a.permits,
@@ -1745,7 +1885,7 @@ impl Membership {
                     }
                     if a.ledger != self.cfg.ledger {
                         self.refuse(
-                            Error::LedgerMismatch {
+                            Failure::LedgerMismatch {
                                 lock: self.cfg.group_id.clone(),
                                 ours: self.cfg.ledger.clone(),
                                 group: a.ledger,
@@ -1807,9 +1947,9 @@ impl Membership {
 
     /// The group runs with another number of permits or another ledger setting than ours: no
     /// retry can fix that. A hold is lost at once; the membership reports `error`
-    /// ([`Error::PermitsMismatch`], [`Error::LedgerMismatch`]) and leaves, so the group does not
-    /// keep a member that can never hold.
-    fn refuse(&mut self, error: Error, now: Instant) {
+    /// ([`Failure::PermitsMismatch`], [`Failure::LedgerMismatch`]) and leaves, so the group does
+    /// not keep a member that can never hold.
+    fn refuse(&mut self, error: Failure, now: Instant) {
         warn!(group = %self.cfg.group_id, member_id = %self.member_id, %error, "membership failed");
         if let Some(hold) = self.hold.take() {
             self.emit(Event::Lost {
@@ -1817,7 +1957,7 @@ impl Membership {
                 lease_end: hold.lease_end.min(now),
             });
         }
-        self.emit(Event::Failed(std::sync::Arc::new(error)));
+        self.emit(Event::Failed(error));
         self.begin_leave(now);
     }
 
@@ -1828,9 +1968,9 @@ impl Membership {
         }
     }
 
-    fn on_heartbeat(
+    fn on_heartbeat<F: Unanswered>(
         &mut self,
-        result: Result<Response, Error>,
+        result: Result<Response, F>,
         sent: Instant,
         generation: i32,
         now: Instant,
@@ -1894,7 +2034,7 @@ impl Membership {
         }
     }
 
-    fn on_leave(&mut self, result: Result<Response, Error>) {
+    fn on_leave<F: Unanswered>(&mut self, result: Result<Response, F>) {
         let confirmed = match result {
             Ok(Response::LeaveGroup(r)) => {
                 let code = r.members.first().map_or(r.error_code, |m| {

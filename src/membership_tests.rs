@@ -14,6 +14,7 @@ use kafka_protocol::protocol::StrBytes;
 
 use super::*;
 use crate::assign::{Holder, MemberMetadata, NativeAssignment};
+use crate::error::Error;
 use crate::wire::Request;
 
 const SESSION: Duration = Duration::from_secs(10);
@@ -341,7 +342,7 @@ fn failed(events: &[Event]) -> Option<KafkaCode> {
 
 fn failure(events: &[Event]) -> Option<std::sync::Arc<Error>> {
     events.iter().find_map(|e| match e {
-        Event::Failed(err) => Some(err.clone()),
+        Event::Failed(err) => Some(std::sync::Arc::new(Error::from(err.clone()))),
         _ => None,
     })
 }
@@ -587,7 +588,7 @@ fn answer_arriving_exactly_at_lease_end_does_not_renew() {
     h.advance(HB);
     let late = h.take(ApiKey::Heartbeat);
     // Apache answers a blind NONE while loading; here it comes only once the lease is over.
-    h.m.handle_response(late.id, Ok(hb(0)), lease_end);
+    h.m.handle_response(late.id, Ok::<_, Error>(hb(0)), lease_end);
     h.drain();
     assert_eq!(lost(&h.take_events()), Some(LossReason::LeaseExpired));
 }
@@ -1406,10 +1407,10 @@ fn a_coordinator_without_group_apis_fails_with_a_version_error() {
     );
     let ev = h.take_events();
     let err = ev.iter().find_map(|e| match e {
-        Event::Failed(err) => Some(err.clone()),
+        Event::Failed(err) => Some(Error::from(err.clone())),
         _ => None,
     });
-    assert!(matches!(err.as_deref(), Some(Error::Version(_))), "{err:?}");
+    assert!(matches!(err, Some(Error::Version(_))), "{err:?}");
     assert!(h.m.is_done());
 }
 
@@ -2392,7 +2393,7 @@ fn an_assignment_handled_at_its_deadline_begins_no_hold() {
         h.now = deadline - early;
         h.m.handle_response(
             sync.id,
-            Ok(sync_ok(native_assignment(Some("m1"), 4, 0))),
+            Ok::<_, Error>(sync_ok(native_assignment(Some("m1"), 4, 0))),
             h.now,
         );
         h.drain();
@@ -2400,7 +2401,7 @@ fn an_assignment_handled_at_its_deadline_begins_no_hold() {
         if expect_hold {
             assert_eq!(acquired_lease(&events, 4), Some(deadline), "{events:?}");
             let beat = h.take(ApiKey::Heartbeat);
-            h.m.handle_response(beat.id, Ok(hb(0)), deadline);
+            h.m.handle_response(beat.id, Ok::<_, Error>(hb(0)), deadline);
             h.drain();
             assert_eq!(lost(&h.take_events()), Some(LossReason::LeaseExpired));
         } else {
@@ -2498,14 +2499,18 @@ fn a_renewal_built_before_the_lease_end_and_answered_after_renews_nothing() {
     h.m.handle_timeout(h.now);
     h.drain();
     let find = h.take(ApiKey::FindCoordinator);
-    h.m.handle_response(find.id, Ok(find_ok()), h.now);
+    h.m.handle_response(find.id, Ok::<_, Error>(find_ok()), h.now);
     h.drain();
     let beat = h.take(ApiKey::Heartbeat);
     assert!(
         h.m.token().is_some(),
         "still held when the heartbeat is built"
     );
-    h.m.handle_response(beat.id, Ok(hb(0)), lease_end + Duration::from_millis(1));
+    h.m.handle_response(
+        beat.id,
+        Ok::<_, Error>(hb(0)),
+        lease_end + Duration::from_millis(1),
+    );
     h.drain();
     let events = h.take_events();
     assert_eq!(lost(&events), Some(LossReason::LeaseExpired));
@@ -2668,7 +2673,7 @@ fn review_a_resent_join_does_not_move_the_anchor_past_the_first_send() {
         h.now = t0 + Duration::from_millis(9_500);
         h.m.handle_response(
             sync.id,
-            Ok(sync_ok(native_assignment(Some("m1"), 4, 0))),
+            Ok::<_, Error>(sync_ok(native_assignment(Some("m1"), 4, 0))),
             h.now,
         );
         h.drain();

@@ -616,7 +616,7 @@ pub(crate) async fn read_committed(
         let conn = reach.quick(&at, lock).await?;
         let (req, v) = ledger::offset_fetch_request(lock, topic, conn.versions())?;
         let answer = reach.ask(&at, lock, &conn, req, v).await;
-        match answer.and_then(|r| ledger::offset_fetched(&r, topic)) {
+        match answer.and_then(|r| Ok(ledger::offset_fetched(&r, topic)?)) {
             Ok(found) => return Ok(found),
             // NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS...: ask again.
             Err(e) if e.is_retriable() && attempt < ATTEMPTS => {

@@ -23,10 +23,21 @@ use tracing::{debug, warn, Instrument};
 use super::conn::Connection;
 use super::pool::{self, Park, Pool};
 use crate::error::{Error, Result};
-use crate::ledger::{self, LeaderLane, Ledger, LedgerError, MemberView, Now};
+use crate::ledger::{self, LeaderLane, LedgerError, MemberView, Now};
 use crate::membership::{Broker, Command, Event, Lane, Membership, Target, Transmit};
 use crate::wire::Response;
 use kafka_protocol::messages::ApiKey;
+
+/// The lock's ledger machine, told of the driver's failures as they are.
+pub(crate) type Ledger = ledger::Ledger<Error>;
+
+/// An event as the session publishes it: a machine's failure turned into the crate's error.
+pub(crate) type SessionEvent = Event<Arc<Error>>;
+
+/// `e` with its failure, if any, in the crate's words.
+fn published(e: Event<impl Into<Error>>) -> SessionEvent {
+    e.map_failure(|f| Arc::new(f.into()))
+}
 
 /// What the session publishes for guards and waiters.
 #[derive(Debug, Clone)]
@@ -116,7 +127,7 @@ pub(crate) struct SessionParams {
 /// Takes every event of the membership, in order, on the session task. It must return at once:
 /// the lease's timers wait while it runs. A sink instead of a channel and a task of its own
 /// saves a held lock about 4.5 KB (BENCHMARKS.md, "Memory per held lock").
-pub(crate) type EventSink = Box<dyn FnMut(Event) + Send>;
+pub(crate) type EventSink = Box<dyn FnMut(SessionEvent) + Send>;
 
 /// Where the session task publishes: the hold's state for guards, the end of the membership
 /// for leaves, and every event for whoever listens.
@@ -297,7 +308,7 @@ impl Run {
         while let Some(e) = self.m.poll_event() {
             match &mut self.ledger {
                 Some(l) => l.on_membership(e, &view(&self.m), clock()),
-                None => self.outputs.emit(e),
+                None => self.outputs.emit(published(e)),
             }
         }
         let Some(l) = &mut self.ledger else {
@@ -307,11 +318,11 @@ impl Run {
             send_ledger(&self.net.pool, self.net.stripe, t, self.answers_tx.clone());
         }
         while let Some(e) = l.poll_event() {
-            self.outputs.emit(e);
+            self.outputs.emit(published(e));
         }
         while let Some((ticket, result)) = l.poll_checkpoint() {
             if let Some(reply) = self.replies.remove(&ticket) {
-                let _ = reply.send(result);
+                let _ = reply.send(result.map_err(Error::from));
             }
         }
         let mut nudged = false;
@@ -435,7 +446,7 @@ impl Run {
 }
 
 impl Outputs {
-    fn emit(&mut self, e: Event) {
+    fn emit(&mut self, e: SessionEvent) {
         publish(&self.state, &e);
         if let Event::Left { confirmed } = e {
             self.left.send_replace(Some(confirmed));
@@ -540,7 +551,7 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-fn publish(state: &watch::Sender<SessionState>, e: &Event) {
+fn publish(state: &watch::Sender<SessionState>, e: &SessionEvent) {
     let next = match e {
         Event::Acquired {
             token,
@@ -714,8 +725,8 @@ pub(super) fn send(
 ) -> Option<ControlRequest> {
     let pool = &net.pool;
     let stripe = net.stripe;
-    let route = match &t.target {
-        Target::Any => Route::Quick(None),
+    let join_to = match &t.target {
+        Target::Any => None,
         Target::Coordinator {
             broker,
             lane: Lane::Control,
@@ -736,77 +747,107 @@ pub(super) fn send(
                 let _ =
                     tokio::time::timeout(connect_timeout, pool.quick(Some(&quick), stripe)).await;
             });
-            Route::Lane(broker.clone(), park)
+            Some(broker.clone())
         }
     };
     let pool = pool.clone();
     let kept = net.join_lane.clone();
     let sent = net.sent.clone();
     tokio::spawn(async move {
-        let api = t.request.api_key();
-        let version = t.version;
-        let request = t.request;
-        // The connect and the request together stay within the transmit's timeout plus the
-        // connect timeout, so the machine always hears back.
-        let bound = t.timeout.saturating_add(pool.conn.connect_timeout);
-        let result = match route {
-            Route::Lane(broker, park) => {
-                let lane = match take_join_lane(&kept, &broker) {
-                    Some(lane) => Ok(lane),
-                    // A first join has no lease at stake: it waits its turn for a lane (the
-                    // semaphore is FIFO) outside the bound, instead of timing out and joining
-                    // the back of the line again. The acquire's own wait bounds it for the
-                    // caller. If the session ends meanwhile the wait ends with it: a dead
-                    // member's place in line would delay the live ones behind it.
-                    None if park == Park::Fresh => tokio::select! {
-                        lane = pool.lane(&broker, park) => lane,
-                        () = answers.closed() => return,
-                    },
-                    None => bounded(bound, pool.lane(&broker, park), || format!("{api:?}")).await,
-                };
-                match lane {
-                    // The session ended while this waited: the member it was for is gone.
-                    Ok(lane) if answers.is_closed() => {
-                        lane.done();
-                        return;
-                    }
-                    Ok(lane) => {
-                        // Nothing of it can have reached the broker before now, however long
-                        // it waited for the lane.
-                        *sent.lock().unwrap_or_else(|p| p.into_inner()) = Some((t.id, now()));
-                        let exchange = async {
-                            let response =
-                                lane.conn().request_at(request, version, t.timeout).await?;
-                            if api == ApiKey::SyncGroup {
-                                lane.done();
-                            } else {
-                                keep_join_lane(&kept, broker, lane);
-                            }
-                            Ok((response, version))
-                        };
-                        bounded(bound, exchange, || format!("{api:?}")).await
-                    }
-                    Err(e) => Err(e),
+        let (id, api) = (t.id, t.request.api_key());
+        let result = match join_to {
+            Some(broker) => {
+                match on_join_lane(&pool, &kept, &sent, broker, park, t, &answers).await {
+                    Some(result) => result,
+                    None => return,
                 }
             }
-            route => match (&route, batchable(&request, version)) {
-                (Route::Quick(None), Some(group)) => {
-                    let lookup = super::lookup::find_coordinator(&pool, &group, t.timeout);
-                    bounded(bound, lookup, || format!("{api:?}")).await
-                }
-                _ => {
-                    let exchange =
-                        exchange(&pool, stripe, route, |_| Ok((request, version)), t.timeout);
-                    bounded(bound, exchange, || format!("{api:?}")).await
-                }
-            },
+            None => to_any_broker(&pool, stripe, t).await,
         };
         if let Err(e) = &result {
             warn!(?api, error = %e, "request failed");
         }
-        let _ = answers.send(Box::new((Source::Member, t.id, result)));
+        let _ = answers.send(Box::new((Source::Member, id, result)));
     });
     None
+}
+
+/// A JoinGroup or SyncGroup (`t`) on the member's join lane to `broker`: the lane kept from the
+/// join's last step, or one the pool lends. The lane is kept after a JoinGroup, for the step
+/// that follows, and given back after a SyncGroup. `None` when the session ended while this
+/// waited for a lane: the member it was for is gone, and nobody waits for the answer.
+async fn on_join_lane(
+    pool: &Arc<Pool>,
+    kept: &JoinLane,
+    sent: &SentAt,
+    broker: Broker,
+    park: Park,
+    t: Transmit,
+    answers: &mpsc::UnboundedSender<Answer>,
+) -> Option<Result<(Response, i16)>> {
+    let api = t.request.api_key();
+    let version = t.version;
+    let request = t.request;
+    // The connect and the request together stay within the transmit's timeout plus the connect
+    // timeout, so the machine always hears back.
+    let bound = t.timeout.saturating_add(pool.conn.connect_timeout);
+    let lane = match take_join_lane(kept, &broker) {
+        Some(lane) => Ok(lane),
+        // A first join has no lease at stake: it waits its turn for a lane (the semaphore is
+        // FIFO) outside the bound, instead of timing out and joining the back of the line
+        // again. The acquire's own wait bounds it for the caller. If the session ends meanwhile
+        // the wait ends with it: a dead member's place in line would delay the live ones
+        // behind it.
+        None if park == Park::Fresh => tokio::select! {
+            lane = pool.lane(&broker, park) => lane,
+            () = answers.closed() => return None,
+        },
+        None => bounded(bound, pool.lane(&broker, park), || format!("{api:?}")).await,
+    };
+    match lane {
+        // The session ended while this waited: the member it was for is gone.
+        Ok(lane) if answers.is_closed() => {
+            lane.done();
+            None
+        }
+        Ok(lane) => {
+            // Nothing of it can have reached the broker before now, however long it waited
+            // for the lane.
+            *sent.lock().unwrap_or_else(|p| p.into_inner()) = Some((t.id, now()));
+            let exchange = async {
+                let response = lane.conn().request_at(request, version, t.timeout).await?;
+                if api == ApiKey::SyncGroup {
+                    lane.done();
+                } else {
+                    keep_join_lane(kept, broker, lane);
+                }
+                Ok((response, version))
+            };
+            Some(bounded(bound, exchange, || format!("{api:?}")).await)
+        }
+        Err(e) => Some(Err(e)),
+    }
+}
+
+/// A member request for any broker (`t`, a FindCoordinator): a lookup that may go out with
+/// other locks' in one request when the version allows, else a request of its own on a quick
+/// connection. Bounded as on the join lane.
+async fn to_any_broker(pool: &Arc<Pool>, stripe: usize, t: Transmit) -> Result<(Response, i16)> {
+    let api = t.request.api_key();
+    let version = t.version;
+    let request = t.request;
+    let bound = t.timeout.saturating_add(pool.conn.connect_timeout);
+    match batchable(&request, version) {
+        Some(group) => {
+            let lookup = super::lookup::find_coordinator(pool, &group, t.timeout);
+            bounded(bound, lookup, || format!("{api:?}")).await
+        }
+        None => {
+            let route = Route::Quick(None);
+            let exchange = exchange(pool, stripe, route, |_| Ok((request, version)), t.timeout);
+            bounded(bound, exchange, || format!("{api:?}")).await
+        }
+    }
 }
 
 /// [`send`], with a control request run on a task of its own and answered on `answers` like
@@ -976,7 +1017,7 @@ fn send_ledger(
             &pool,
             stripe,
             route,
-            |conn| ledger::build(&op, conn.versions()),
+            |conn| Ok(ledger::build(&op, conn.versions())?),
             t.timeout,
         );
         let bound = t.timeout.saturating_add(pool.conn.connect_timeout);

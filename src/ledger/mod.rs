@@ -51,13 +51,13 @@
 //! transport failure.
 
 pub(crate) mod error;
+mod failure;
 mod history;
 mod record;
 #[cfg(test)]
 mod tests;
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -76,12 +76,13 @@ use kafka_protocol::protocol::StrBytes;
 use tracing::{debug, info, warn};
 
 pub use error::{compression_fix, create_topic_command, LedgerError, SINGLE_BROKER_SETTINGS};
+pub use failure::{Failure, Unanswered};
 pub use history::{fold, Checkpoint, CheckpointSource, History, Hold, HoldEnd, Unreadable};
 pub use record::{LedgerRecord, RecordKind, MAX_CHECKPOINT};
 
+use crate::api::Api;
 use crate::backoff::Backoff;
-use crate::error::Error;
-use crate::membership::{Broker, Command, Event, FencingToken, LossReason};
+use crate::membership::{self, Broker, Command, Event, FencingToken, LossReason};
 use crate::wire::code::KafkaCode;
 use crate::wire::log::{
     fetch_request, fetched, list_offsets_request, listed, produce_request, produced, Appended,
@@ -300,12 +301,12 @@ pub struct Transmit {
 }
 
 /// The wire request for `op` at the highest version both `versions` and kafka-lock offer.
-pub fn build(op: &Op, versions: &NegotiatedVersions) -> Result<(Request, i16), Error> {
+pub fn build(op: &Op, versions: &NegotiatedVersions) -> Result<(Request, i16), Failure> {
     let need = |api: ApiKey| {
         versions
             .get(api)
-            .ok_or(Error::Ledger(LedgerError::Unsupported {
-                api: crate::api::Api::of(api),
+            .ok_or(Failure::Ledger(LedgerError::Unsupported {
+                api: Api::of(api),
             }))
     };
     // Requests that name topics by id need the id, which only Metadata v10+ gives.
@@ -316,7 +317,7 @@ pub fn build(op: &Op, versions: &NegotiatedVersions) -> Result<(Request, i16), E
             v
         }
     };
-    let log = |e: LogError| Error::Protocol(e.to_string());
+    let log = |e: LogError| Failure::Protocol(e.to_string());
     Ok(match op {
         Op::Metadata { topic } => {
             let v = need(ApiKey::Metadata)?;
@@ -388,11 +389,11 @@ pub fn offset_fetch_request(
     group: &str,
     topic: &str,
     versions: &NegotiatedVersions,
-) -> Result<(Request, i16), Error> {
+) -> Result<(Request, i16), Failure> {
     let v = versions
         .get(ApiKey::OffsetFetch)
-        .ok_or(Error::UnsupportedApi {
-            api: crate::api::Api::of(ApiKey::OffsetFetch),
+        .ok_or(Failure::UnsupportedApi {
+            api: Api::OffsetFetch,
         })?
         .min(OFFSET_REQUEST_MAX_VERSION);
     let topic = TopicName(StrBytes::from_string(topic.to_owned()));
@@ -417,14 +418,14 @@ pub fn offset_fetch_request(
 
 /// What an OffsetFetch answer says is committed for partition 0 of `topic`: `(offset, metadata)`,
 /// or `None` when nothing is (no commit, or the group is gone).
-pub fn offset_fetched(resp: &Response, topic: &str) -> Result<Option<(i64, String)>, Error> {
+pub fn offset_fetched(resp: &Response, topic: &str) -> Result<Option<(i64, String)>, Failure> {
     let Response::OffsetFetch(r) = resp else {
-        return Err(Error::Protocol(format!(
-            "expected OffsetFetch, got {:?}",
-            resp.api_key()
+        return Err(Failure::Protocol(membership::wrong_answer(
+            ApiKey::OffsetFetch,
+            resp.api_key(),
         )));
     };
-    let broker = |code: i16| Error::broker(ApiKey::OffsetFetch, KafkaCode(code), None);
+    let broker = |code: i16| Failure::broker(Api::OffsetFetch, KafkaCode(code), None);
     let found = if r.groups.is_empty() {
         if r.error_code != 0 {
             return Err(broker(r.error_code));
@@ -502,13 +503,13 @@ pub enum Compression {
 pub fn ledger_compression(
     resp: &DescribeConfigsResponse,
     topic: &str,
-) -> Result<Compression, Error> {
+) -> Result<Compression, Failure> {
     let Some(r) = resp
         .results
         .iter()
         .find(|r| r.resource_type == TOPIC_RESOURCE && r.resource_name.as_str() == topic)
     else {
-        return Err(Error::Protocol(format!(
+        return Err(Failure::Protocol(format!(
             "DescribeConfigs answered without a result for topic {topic:?}"
         )));
     };
@@ -549,7 +550,10 @@ pub fn ledger_compression(
 
 /// What a Metadata answer says about the ledger topic: its leader and id, or why it cannot serve.
 /// `Ok(None)`: the topic is there but has no leader right now (an election); ask again.
-pub fn ledger_partition(resp: &MetadataResponse, topic: &str) -> Result<Option<Partition>, Error> {
+pub fn ledger_partition(
+    resp: &MetadataResponse,
+    topic: &str,
+) -> Result<Option<Partition>, Failure> {
     let Some(t) = resp
         .topics
         .iter()
@@ -569,7 +573,7 @@ pub fn ledger_partition(resp: &MetadataResponse, topic: &str) -> Result<Option<P
             .into())
         }
         5 => return Ok(None),
-        code => return Err(Error::broker(ApiKey::Metadata, KafkaCode(code), None)),
+        code => return Err(Failure::broker(Api::Metadata, KafkaCode(code), None)),
     }
     if t.partitions.len() != 1 {
         return Err(LedgerError::NotOnePartition {
@@ -580,7 +584,7 @@ pub fn ledger_partition(resp: &MetadataResponse, topic: &str) -> Result<Option<P
     }
     let p = &t.partitions[0];
     if p.partition_index != 0 {
-        return Err(Error::Protocol(format!(
+        return Err(Failure::Protocol(format!(
             "Metadata names partition {} as the only partition of {topic:?}",
             p.partition_index
         )));
@@ -673,19 +677,19 @@ struct Append {
 /// A checkpoint on its way to the coordinator, with the hold it was sent under: its answer
 /// speaks of that hold, whatever the machine is doing when it arrives.
 #[derive(Debug)]
-struct SentCommit {
+struct SentCommit<F> {
     id: u64,
-    op: CheckpointOp,
+    op: CheckpointOp<F>,
     attempt: u64,
     token: FencingToken,
 }
 
 #[derive(Debug)]
-struct CheckpointOp {
+struct CheckpointOp<F> {
     ticket: u64,
     value: String,
     deadline: Instant,
-    last_error: Option<Error>,
+    last_error: Option<Failure<F>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -698,17 +702,29 @@ enum Poll {
 
 /// Requests awaiting an answer. An append or a checkpoint leaves its queue while it is sent, so
 /// an answer is always applied to what was sent, never to whatever is queued first by then.
-#[derive(Debug, Default)]
-struct InFlight {
+#[derive(Debug)]
+struct InFlight<F> {
     metadata: Option<u64>,
     append: Option<(u64, Append)>,
     /// The ListOffsets or Fetch of the long poll.
     poll: Option<u64>,
-    commit: Option<SentCommit>,
+    commit: Option<SentCommit<F>>,
 }
 
-/// The ledger machine. See the [module docs](self).
-pub struct Ledger {
+impl<F> Default for InFlight<F> {
+    fn default() -> Self {
+        InFlight {
+            metadata: None,
+            append: None,
+            poll: None,
+            commit: None,
+        }
+    }
+}
+
+/// The ledger machine. See the [module docs](self). `F` is the driver's failure, which the
+/// machine is told of and hands back inside its own ([`Failure::Unanswered`]).
+pub struct Ledger<F> {
     cfg: LedgerConfig,
     partition: Option<Partition>,
     hold: HoldState,
@@ -719,20 +735,20 @@ pub struct Ledger {
     metadata_retry_at: Option<Instant>,
     append_retry_at: Option<Instant>,
     backoff: Backoff,
-    checkpoints: VecDeque<CheckpointOp>,
+    checkpoints: VecDeque<CheckpointOp<F>>,
     checkpoint_retry_at: Option<Instant>,
     /// The membership has ended (Left or Failed seen); its event waits in `terminal` until the
     /// end record is settled.
     member_done: bool,
-    terminal: Option<Event>,
+    terminal: Option<Event<Failure<F>>>,
     /// The users were told the hold began.
     published_hold: bool,
-    in_flight: InFlight,
+    in_flight: InFlight<F>,
     next_id: u64,
     transmits: VecDeque<Transmit>,
-    events: VecDeque<Event>,
+    events: VecDeque<Event<Failure<F>>>,
     commands: VecDeque<Command>,
-    checkpoint_results: VecDeque<(u64, Result<(), Error>)>,
+    checkpoint_results: VecDeque<(u64, Result<(), Failure<F>>)>,
     /// The last compressed batch reported, so a waiter warns once per batch, not per poll.
     warned_at: Option<i64>,
     /// Counts tries at a hold, so an answer is matched to the try whose record it acknowledges.
@@ -745,7 +761,7 @@ pub struct Ledger {
     slot: u16,
 }
 
-impl std::fmt::Debug for Ledger {
+impl<F> std::fmt::Debug for Ledger<F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Ledger")
             .field("lock", &self.cfg.lock)
@@ -755,7 +771,7 @@ impl std::fmt::Debug for Ledger {
     }
 }
 
-impl Ledger {
+impl<F: Unanswered> Ledger<F> {
     /// A machine for `cfg`; `partition` when the caller already looked it up.
     pub fn new(cfg: LedgerConfig, partition: Option<Partition>, backoff: Backoff) -> Self {
         let topic_id = partition
@@ -817,7 +833,7 @@ impl Ledger {
     }
 
     /// Next event for the users.
-    pub fn poll_event(&mut self) -> Option<Event> {
+    pub fn poll_event(&mut self) -> Option<Event<Failure<F>>> {
         self.events.pop_front()
     }
 
@@ -827,7 +843,7 @@ impl Ledger {
     }
 
     /// Next finished checkpoint: the ticket given to [`Ledger::checkpoint`] and its outcome.
-    pub fn poll_checkpoint(&mut self) -> Option<(u64, Result<(), Error>)> {
+    pub fn poll_checkpoint(&mut self) -> Option<(u64, Result<(), Failure<F>>)> {
         self.checkpoint_results.pop_front()
     }
 
@@ -912,6 +928,7 @@ impl Ledger {
 
     /// An event of the membership machine. `view` is its state after the event.
     pub fn on_membership(&mut self, e: Event, view: &MemberView, now: Now) {
+        let e = e.map_failure(Failure::Member);
         match e {
             Event::Acquired { token, permit, .. } => self.on_acquired(token, permit, now),
             Event::TokenChanged { token } => match &mut self.hold {
@@ -1033,10 +1050,11 @@ impl Ledger {
     pub fn handle_response(
         &mut self,
         id: u64,
-        result: Result<(Response, i16), Error>,
+        result: Result<(Response, i16), F>,
         view: &MemberView,
         now: Now,
     ) {
+        let result = result.map_err(Failure::Unanswered);
         if self.in_flight.metadata == Some(id) {
             self.in_flight.metadata = None;
             self.on_metadata(result, now);
@@ -1376,7 +1394,7 @@ impl Ledger {
         self.commands.push_back(Command::Leave);
     }
 
-    fn fail_hold(&mut self, error: Error, now: Now) {
+    fn fail_hold(&mut self, error: Failure<F>, now: Now) {
         let HoldState::Appending { .. } = self.hold else {
             return;
         };
@@ -1386,18 +1404,20 @@ impl Ledger {
             now.mono,
             now,
         );
-        self.events.push_back(Event::Failed(Arc::new(error)));
+        self.events.push_back(Event::Failed(error));
         self.commands.push_back(Command::Leave);
     }
 
     // ---- answers -----------------------------------------------------------------------------
 
-    fn on_metadata(&mut self, result: Result<(Response, i16), Error>, now: Now) {
+    fn on_metadata(&mut self, result: Result<(Response, i16), Failure<F>>, now: Now) {
         let found = match result {
-            Ok((Response::Metadata(r), _)) => ledger_partition(&r, &self.cfg.topic),
-            Ok((other, _)) => Err(Error::Protocol(format!(
-                "expected Metadata, got {:?}",
-                other.api_key()
+            Ok((Response::Metadata(r), _)) => {
+                ledger_partition(&r, &self.cfg.topic).map_err(Failure::widen)
+            }
+            Ok((other, _)) => Err(Failure::Protocol(membership::wrong_answer(
+                ApiKey::Metadata,
+                other.api_key(),
             ))),
             Err(e) => Err(e),
         };
@@ -1407,7 +1427,7 @@ impl Ledger {
                     .topic_id
                     .is_some_and(|id| !p.topic_id.is_nil() && p.topic_id != id) =>
             {
-                let e: Error = LedgerError::TopicReplaced {
+                let e: Failure<F> = LedgerError::TopicReplaced {
                     topic: self.cfg.topic.clone(),
                 }
                 .into();
@@ -1429,7 +1449,7 @@ impl Ledger {
                 self.metadata_retry_at = None;
             }
             Ok(None) => self.metadata_retry_at = Some(now.mono + self.backoff.next_delay()),
-            Err(e @ Error::Ledger(_)) => {
+            Err(e) if e.cannot_serve() => {
                 // The topic is gone or was given other partitions: no hold can begin on it, and
                 // waiters fall back to their heartbeats.
                 warn!(lock = %self.cfg.lock, error = %e, "the ledger topic cannot serve");
@@ -1447,7 +1467,7 @@ impl Ledger {
     fn on_append(
         &mut self,
         sent: Append,
-        result: Result<(Response, i16), Error>,
+        result: Result<(Response, i16), Failure<F>>,
         view: &MemberView,
         now: Now,
     ) {
@@ -1470,19 +1490,17 @@ impl Ledger {
     }
 
     /// What a Produce answer says: where the batch landed, or why it did not.
-    fn append_outcome(&self, result: Result<(Response, i16), Error>) -> Result<Appended, Error> {
+    fn append_outcome(
+        &self,
+        result: Result<(Response, i16), Failure<F>>,
+    ) -> Result<Appended, Failure<F>> {
         match result {
-            Ok((Response::Produce(r), v)) => produced(&r, &self.tp(), v).map_err(|e| match e {
-                LogError::Broker { api, code, message } => Error::Broker {
-                    api: crate::api::Api::of(api),
-                    code,
-                    message,
-                },
-                other => Error::Protocol(other.to_string()),
-            }),
-            Ok((other, _)) => Err(Error::Protocol(format!(
-                "expected Produce, got {:?}",
-                other.api_key()
+            Ok((Response::Produce(r), v)) => {
+                produced(&r, &self.tp(), v).map_err(|e| log_error(None, e))
+            }
+            Ok((other, _)) => Err(Failure::Protocol(membership::wrong_answer(
+                ApiKey::Produce,
+                other.api_key(),
             ))),
             Err(e) => Err(e),
         }
@@ -1541,13 +1559,11 @@ impl Ledger {
     }
 
     /// `sent` was not stored: it is sent again, given up, or ends the try it was for.
-    fn on_append_failed(&mut self, sent: Append, try_state: Option<Try>, e: Error, now: Now) {
+    fn on_append_failed(&mut self, sent: Append, try_state: Option<Try>, e: Failure<F>, now: Now) {
         let purpose = sent.purpose;
-        let leader_gone = match &e {
-            Error::Broker { code, .. } => {
-                matches!(code.0, 3 | 5 | 6 | 56 | 74 | 75 | 100 | 103)
-            }
-            other => other.is_retriable(),
+        let leader_gone = match e.broker_code() {
+            Some(code) => matches!(code.0, 3 | 5 | 6 | 56 | 74 | 75 | 100 | 103),
+            None => e.is_retriable(),
         };
         if leader_gone {
             // The lookup waits out the backoff; the next append goes once it answers.
@@ -1622,20 +1638,20 @@ impl Ledger {
         }
     }
 
-    fn on_poll(&mut self, result: Result<(Response, i16), Error>, now: Now) {
+    fn on_poll(&mut self, result: Result<(Response, i16), Failure<F>>, now: Now) {
         let Poll::At(at) = self.poll else {
             return;
         };
         let tp = self.tp();
-        let outcome: Result<Option<i64>, Error> = match (at, result) {
+        let outcome: Result<Option<i64>, Failure<F>> = match (at, result) {
             (None, Ok((Response::ListOffsets(r), _))) => listed(&r, &tp)
                 .map(Some)
-                .map_err(|e| log_error(ApiKey::ListOffsets, e)),
+                .map_err(|e| log_error(Some(Api::ListOffsets), e)),
             (Some(offset), Ok((Response::Fetch(r), v))) => match fetched(&r, &tp, v) {
                 Ok(f) => Ok(Some(self.read_polled(offset, &f))),
-                Err(e) => Err(log_error(ApiKey::Fetch, e)),
+                Err(e) => Err(log_error(Some(Api::Fetch), e)),
             },
-            (_, Ok((other, _))) => Err(Error::Protocol(format!(
+            (_, Ok((other, _))) => Err(Failure::Protocol(format!(
                 "unexpected {:?} answer to the ledger's long poll",
                 other.api_key()
             ))),
@@ -1652,7 +1668,8 @@ impl Ledger {
                 self.poll = Poll::At(next);
                 self.poll_retry_at = None;
             }
-            Err(Error::Poisoned(cause)) if matches!(*cause, Error::Frame(_)) => {
+            Err(Failure::Unanswered(e)) if e.bad_frame().is_some() => {
+                let cause = e.bad_frame().expect("checked");
                 // An answer too large for any frame we accept (a batch above even
                 // LEDGER_MAX_FRAME_SIZE): every Fetch from here would fail the same way, so the
                 // poll starts again from the end. Heartbeats still tell of a release.
@@ -1664,12 +1681,12 @@ impl Ledger {
             }
             Err(e) => {
                 debug!(lock = %self.cfg.lock, error = %e, "ledger long poll failed");
-                match &e {
-                    Error::Broker { code, .. } if code.0 == 1 => self.poll = Poll::At(None),
-                    Error::Broker { code, .. } if matches!(code.0, 3 | 5 | 6 | 74 | 75 | 100) => {
+                match e.broker_code() {
+                    Some(code) if code.0 == 1 => self.poll = Poll::At(None),
+                    Some(code) if matches!(code.0, 3 | 5 | 6 | 74 | 75 | 100) => {
                         self.forget_leader(now)
                     }
-                    other if other.is_retriable() => self.forget_leader(now),
+                    _ if e.is_retriable() => self.forget_leader(now),
                     _ => {}
                 }
                 self.poll_retry_at = Some(now.mono + self.poll_backoff.next_delay());
@@ -1758,7 +1775,7 @@ impl Ledger {
         };
         if now.mono >= op.deadline {
             let op = self.checkpoints.pop_front().expect("front exists");
-            let error = op.last_error.unwrap_or(Error::Timeout {
+            let error = op.last_error.unwrap_or(Failure::Timeout {
                 op: "storing the checkpoint (OffsetCommit)".into(),
                 after: self.checkpoint_window(),
             });
@@ -1811,8 +1828,8 @@ impl Ledger {
 
     fn on_commit(
         &mut self,
-        sent: SentCommit,
-        result: Result<(Response, i16), Error>,
+        sent: SentCommit<F>,
+        result: Result<(Response, i16), Failure<F>>,
         view: &MemberView,
         now: Now,
     ) {
@@ -1823,9 +1840,9 @@ impl Ledger {
                 .flat_map(|t| &t.partitions)
                 .find(|p| p.partition_index == 0)
                 .map_or(-1, |p| p.error_code)),
-            Ok((other, _)) => Err(Error::Protocol(format!(
-                "expected OffsetCommit, got {:?}",
-                other.api_key()
+            Ok((other, _)) => Err(Failure::Protocol(membership::wrong_answer(
+                ApiKey::OffsetCommit,
+                other.api_key(),
             ))),
             Err(e) => Err(e),
         };
@@ -1837,10 +1854,10 @@ impl Ledger {
         } = sent;
         let error = match code {
             Ok(0) => None,
-            Ok(-1) => Some(Error::Protocol(
+            Ok(-1) => Some(Failure::Protocol(
                 "the OffsetCommit answer has no entry for the ledger partition".into(),
             )),
-            Ok(c) => Some(Error::broker(ApiKey::OffsetCommit, KafkaCode(c), None)),
+            Ok(c) => Some(Failure::broker(Api::OffsetCommit, KafkaCode(c), None)),
             Err(e) => Some(e),
         };
         match error {
@@ -1867,13 +1884,14 @@ impl Ledger {
                 });
             }
             Some(e) => {
-                let fenced =
-                    matches!(&e, Error::Broker { code, .. } if matches!(code.0, 22 | 25 | 82));
-                let retry = match &e {
+                let fenced = e
+                    .broker_code()
+                    .is_some_and(|code| matches!(code.0, 22 | 25 | 82));
+                let retry = match e.broker_code() {
                     // REBALANCE_IN_PROGRESS: the generation is completing; the holder keeps the
                     // lock through it (native mode) and the next try carries the new generation.
-                    Error::Broker { code, .. } => matches!(code.0, 7 | 14 | 15 | 16 | 27),
-                    other => other.is_retriable(),
+                    Some(code) => matches!(code.0, 7 | 14 | 15 | 16 | 27),
+                    None => e.is_retriable(),
                 };
                 let same_hold =
                     matches!(&self.hold, HoldState::Held { attempt: a, .. } if *a == attempt);
@@ -1886,7 +1904,7 @@ impl Ledger {
                     // The hold ended while the checkpoint was on its way. A broker's refusal
                     // says it was not stored; no answer at all leaves that open.
                     let error = match e {
-                        Error::Broker { .. } => LedgerError::NotHeld {
+                        _ if e.broker_code().is_some() => LedgerError::NotHeld {
                             lock: self.cfg.lock.clone(),
                         },
                         other => LedgerError::CheckpointUnknown {
@@ -1910,14 +1928,20 @@ impl Ledger {
     }
 }
 
-fn log_error(api: ApiKey, e: LogError) -> Error {
+/// A log answer's complaint as the ledger reports it: a broker code under `api` (or the API the
+/// answer names), anything else as a protocol error.
+fn log_error<F>(api: Option<Api>, e: LogError) -> Failure<F> {
     match e {
-        LogError::Broker { code, message, .. } => Error::Broker {
-            api: crate::api::Api::of(api),
+        LogError::Broker {
+            api: named,
+            code,
+            message,
+        } => Failure::Broker {
+            api: api.unwrap_or(Api::of(named)),
             code,
             message,
         },
-        other => Error::Protocol(other.to_string()),
+        other => Failure::Protocol(other.to_string()),
     }
 }
 

@@ -1,6 +1,7 @@
 //! Scripted tests of the ledger machine (a manual clock, hand-built broker answers), of the
 //! record format and of the history fold.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -22,6 +23,7 @@ use kafka_protocol::messages::{
 
 use super::record::{RecordError, MAX_LABEL};
 use super::*;
+use crate::error::Error;
 
 const LOCK: &str = "nightly";
 /// The largest delay of the machines' retries.
@@ -64,14 +66,15 @@ fn token(generation: i32) -> FencingToken {
     }
 }
 
-/// A machine, a manual clock, a membership it pretends to be, and everything the machine said.
+/// A machine, a manual clock, a membership it pretends to be, and everything the machine said,
+/// its failures in the crate's words (as the session publishes them).
 struct Rig {
-    l: Ledger,
+    l: Ledger<Error>,
     now: Instant,
     unix_ms: i64,
     view: MemberView,
     sent: Vec<Transmit>,
-    events: Vec<Event>,
+    events: Vec<Event<Arc<Error>>>,
     commands: Vec<Command>,
     checkpoints: Vec<(u64, Result<(), Error>)>,
 }
@@ -117,13 +120,14 @@ impl Rig {
             self.sent.push(t);
         }
         while let Some(e) = self.l.poll_event() {
-            self.events.push(e);
+            self.events
+                .push(e.map_failure(|f| Arc::new(Error::from(f))));
         }
         while let Some(c) = self.l.poll_command() {
             self.commands.push(c);
         }
-        while let Some(c) = self.l.poll_checkpoint() {
-            self.checkpoints.push(c);
+        while let Some((ticket, result)) = self.l.poll_checkpoint() {
+            self.checkpoints.push((ticket, result.map_err(Error::from)));
         }
     }
 
@@ -467,7 +471,9 @@ fn a_ledger_topic_with_two_partitions_is_refused() {
             MetadataResponsePartition::default().with_partition_index(0),
             MetadataResponsePartition::default().with_partition_index(1),
         ])]);
-    let err = ledger_partition(&resp, TOPIC).unwrap_err();
+    let err = ledger_partition(&resp, TOPIC)
+        .map_err(Error::from)
+        .unwrap_err();
     assert!(
         matches!(
             err,
@@ -478,7 +484,7 @@ fn a_ledger_topic_with_two_partitions_is_refused() {
     assert!(err.to_string().contains("exactly one"), "{err}");
     let missing = MetadataResponse::default();
     assert!(matches!(
-        ledger_partition(&missing, TOPIC),
+        ledger_partition(&missing, TOPIC).map_err(Error::from),
         Err(Error::Ledger(LedgerError::TopicMissing { .. }))
     ));
 }
@@ -2138,6 +2144,7 @@ fn a_ledger_partition_led_by_broker_zero_has_a_leader() {
                 .with_partition_index(0)
                 .with_leader_id(BrokerId(0))])]);
     let p = ledger_partition(&resp, TOPIC)
+        .map_err(Error::from)
         .expect("a valid answer")
         .expect("a leader");
     assert_eq!(p.leader.node_id, 0);
@@ -2165,7 +2172,7 @@ fn compression_answer(value: &str, error_code: i16, version: i16) -> Result<Comp
     let crate::wire::Response::DescribeConfigs(r) = decoded else {
         panic!("decoded as another API");
     };
-    ledger_compression(&r, TOPIC)
+    ledger_compression(&r, TOPIC).map_err(Error::from)
 }
 
 #[test]
@@ -2196,7 +2203,7 @@ fn a_recompressing_ledger_topic_is_refused_with_the_fix() {
             .with_resource_name(StrBytes::from_static_str("other")),
     ]);
     assert!(matches!(
-        ledger_compression(&other, TOPIC),
+        ledger_compression(&other, TOPIC).map_err(Error::from),
         Err(Error::Protocol(_))
     ));
 }
@@ -2296,20 +2303,20 @@ mod offset_fetched_answers {
         for layout in [flat, grouped] {
             let resp = layout(0, &[(TOPIC, 0, 42, Some("state after hold 41"), 0)]);
             assert_eq!(
-                offset_fetched(&resp, TOPIC).unwrap(),
+                offset_fetched(&resp, TOPIC).map_err(Error::from).unwrap(),
                 Some((42, "state after hold 41".to_owned()))
             );
             // Null metadata is an empty checkpoint, not a missing one.
             let resp = layout(0, &[(TOPIC, 0, 7, None, 0)]);
             assert_eq!(
-                offset_fetched(&resp, TOPIC).unwrap(),
+                offset_fetched(&resp, TOPIC).map_err(Error::from).unwrap(),
                 Some((7, String::new()))
             );
             // The committed offset is the hold's token, and the first hold of a new ledger has
             // token 0: a commit, not "none".
             let resp = layout(0, &[(TOPIC, 0, 0, Some(""), 0)]);
             assert_eq!(
-                offset_fetched(&resp, TOPIC).unwrap(),
+                offset_fetched(&resp, TOPIC).map_err(Error::from).unwrap(),
                 Some((0, String::new()))
             );
         }
@@ -2320,14 +2327,26 @@ mod offset_fetched_answers {
         for layout in [flat, grouped] {
             // Kafka answers offset -1 for a group with no commit for the partition.
             let resp = layout(0, &[(TOPIC, 0, -1, Some(""), 0)]);
-            assert_eq!(offset_fetched(&resp, TOPIC).unwrap(), None);
+            assert_eq!(
+                offset_fetched(&resp, TOPIC).map_err(Error::from).unwrap(),
+                None
+            );
             // Another topic's, or another partition's, commit is not the ledger's.
             let resp = layout(0, &[("other", 0, 42, Some("x"), 0)]);
-            assert_eq!(offset_fetched(&resp, TOPIC).unwrap(), None);
+            assert_eq!(
+                offset_fetched(&resp, TOPIC).map_err(Error::from).unwrap(),
+                None
+            );
             let resp = layout(0, &[(TOPIC, 1, 42, Some("x"), 0)]);
-            assert_eq!(offset_fetched(&resp, TOPIC).unwrap(), None);
+            assert_eq!(
+                offset_fetched(&resp, TOPIC).map_err(Error::from).unwrap(),
+                None
+            );
             let resp = layout(0, &[]);
-            assert_eq!(offset_fetched(&resp, TOPIC).unwrap(), None);
+            assert_eq!(
+                offset_fetched(&resp, TOPIC).map_err(Error::from).unwrap(),
+                None
+            );
         }
     }
 
@@ -2343,7 +2362,7 @@ mod offset_fetched_answers {
                 ],
             );
             assert_eq!(
-                offset_fetched(&resp, TOPIC).unwrap(),
+                offset_fetched(&resp, TOPIC).map_err(Error::from).unwrap(),
                 Some((42, "ours".to_owned()))
             );
         }
@@ -2356,13 +2375,25 @@ mod offset_fetched_answers {
         // the partition. An error is never read as "nothing committed".
         for layout in [flat, grouped] {
             let resp = layout(14, &[(TOPIC, 0, 42, Some("x"), 0)]);
-            assert_eq!(code_of(offset_fetched(&resp, TOPIC)), 14);
+            assert_eq!(
+                code_of(offset_fetched(&resp, TOPIC).map_err(Error::from)),
+                14
+            );
             let resp = layout(16, &[]);
-            assert_eq!(code_of(offset_fetched(&resp, TOPIC)), 16);
+            assert_eq!(
+                code_of(offset_fetched(&resp, TOPIC).map_err(Error::from)),
+                16
+            );
             let resp = layout(0, &[(TOPIC, 0, 42, Some("x"), 3)]);
-            assert_eq!(code_of(offset_fetched(&resp, TOPIC)), 3);
+            assert_eq!(
+                code_of(offset_fetched(&resp, TOPIC).map_err(Error::from)),
+                3
+            );
             let resp = layout(0, &[(TOPIC, 0, -1, None, 88)]);
-            assert_eq!(code_of(offset_fetched(&resp, TOPIC)), 88);
+            assert_eq!(
+                code_of(offset_fetched(&resp, TOPIC).map_err(Error::from)),
+                88
+            );
         }
     }
 
@@ -2370,7 +2401,7 @@ mod offset_fetched_answers {
     fn an_answer_of_another_kind_is_a_protocol_error() {
         let resp = Response::OffsetCommit(OffsetCommitResponse::default());
         assert!(matches!(
-            offset_fetched(&resp, TOPIC),
+            offset_fetched(&resp, TOPIC).map_err(Error::from),
             Err(Error::Protocol(_))
         ));
     }
