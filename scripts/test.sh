@@ -106,6 +106,9 @@ step "cargo doc --no-deps (warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --no-default-features --quiet
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --all-features --quiet
 
+step "the layers import in one direction, and no sans-I/O module reaches error.rs: scripts/import_cycles.py"
+python3 scripts/import_cycles.py
+
 step "no other crate's type in the stable API but tokio's: rustdoc JSON, scripts/public_api_types.py"
 # rustdoc's JSON output is nightly-only; its own target dir keeps nightly artefacts apart.
 if command -v rustup >/dev/null 2>&1; then
