@@ -8,7 +8,12 @@
 //!
 //! The locks are taken all at once with a 3 s heartbeat, as in `examples/many_locks.rs`; the
 //! count while holding is read after HOLD_SECS, once the connections opened for the joins have
-//! been closed for idleness (60 s). It prints one line of `key=value` pairs.
+//! been closed for idleness (60 s). It prints one line of `key=value` pairs on stdout. On stderr:
+//! the heap live right after the last acquisition, with the process's RSS (Linux) and the block
+//! sizes holding the most; then, every `MANY_LOCKS_HEAP_EVERY` seconds of the hold (default: at
+//! its end), the heap live and RSS again with the sizes freed since the look before, which
+//! names what the acquisitions left behind and when it went; last, the sizes live while
+//! holding.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering::Relaxed};
@@ -102,8 +107,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let acquire_future = std::mem::size_of_val(&client.lock("-").acquire(None));
     // The guards' vector is sized first, so that its growth is not counted as the locks'.
     let mut guards = Vec::with_capacity(n);
+    // So are the by-size snapshots (128 KB each).
+    let (mut sizes0, mut last, mut sizes) =
+        (vec![0; SIZES + 1], vec![0; SIZES + 1], vec![0; SIZES + 1]);
+    snapshot(&mut sizes0);
+    eprintln!("before the locks{}", rss());
     let (live0, blocks0) = (LIVE.load(Relaxed), BLOCKS.load(Relaxed));
-    let sizes0: Vec<isize> = BY_SIZE.iter().map(|c| c.load(Relaxed)).collect();
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..n {
         let lock = client
@@ -128,28 +137,93 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     drop(tasks);
     let acquired = guards.len();
     let live_acquired = LIVE.load(Relaxed) - live0;
-    tokio::time::sleep(Duration::from_secs(hold)).await;
+    let per_lock = |bytes: isize| bytes / acquired.max(1) as isize;
+    snapshot(&mut last);
+    eprintln!(
+        "right after acquiring: {} B/lock live, heap peak {} B/lock{}",
+        per_lock(live_acquired),
+        per_lock(PEAK.load(Relaxed) as isize - live0),
+        rss()
+    );
+    print_sizes(&last, &sizes0, acquired, "live");
+    // What leaves the heap while the locks are held, and when (MANY_LOCKS_HEAP_EVERY seconds
+    // apart): the sizes whose blocks were freed since the last look name what the acquisition
+    // left behind.
+    let every = std::env::var("MANY_LOCKS_HEAP_EVERY")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .filter(|&s| s > 0)
+        .unwrap_or(hold.max(1));
+    let (started, end) = (
+        tokio::time::Instant::now(),
+        tokio::time::Instant::now() + Duration::from_secs(hold),
+    );
+    while tokio::time::Instant::now() < end {
+        let next = (tokio::time::Instant::now() + Duration::from_secs(every)).min(end);
+        tokio::time::sleep_until(next).await;
+        snapshot(&mut sizes);
+        eprintln!(
+            "after {:.0} s of holding: {} B/lock live{}",
+            started.elapsed().as_secs_f64(),
+            per_lock(LIVE.load(Relaxed) - live0),
+            rss()
+        );
+        print_sizes(&last, &sizes, acquired, "freed since the last look");
+        std::mem::swap(&mut last, &mut sizes);
+    }
     let held = guards.iter().filter(|g| g.is_held()).count();
     let live_held = LIVE.load(Relaxed) - live0;
     let blocks_held = BLOCKS.load(Relaxed) - blocks0;
-    let per = |b: isize| b / acquired.max(1) as isize;
     println!(
         "n={n} acquired={acquired} held={held} live_after_acquire={live_acquired} \
          peak={} live_held={live_held} blocks_held={blocks_held} \
          bytes_per_lock={} blocks_per_lock={} acquire_future={acquire_future}",
         PEAK.load(Relaxed) as isize - live0,
-        per(live_held),
+        per_lock(live_held),
         blocks_held as f64 / acquired.max(1) as f64,
     );
-    // Where the bytes are, by block size: the sizes holding the most bytes per lock.
-    let mut sizes: Vec<(usize, isize)> = BY_SIZE
+    eprintln!("while holding:");
+    print_sizes(&last, &sizes0, acquired, "live");
+    for guard in guards {
+        let _ = guard.release().await;
+    }
+    Ok(())
+}
+
+/// The process's resident set now and at its peak (Linux), to set beside the heap: what the
+/// allocator keeps of what was freed is resident but no longer live.
+fn rss() -> String {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return String::new();
+    };
+    let kb = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .map(|v| v.trim().trim_end_matches(" kB").to_owned())
+            .unwrap_or_default()
+    };
+    format!(", RSS {} kB (peak {} kB)", kb("VmRSS:"), kb("VmHWM:"))
+}
+
+/// Blocks live now, by size, into `into` (allocating nothing, so the count stays the locks').
+fn snapshot(into: &mut [isize]) {
+    for (to, c) in into.iter_mut().zip(&BY_SIZE) {
+        *to = c.load(Relaxed);
+    }
+}
+
+/// The 25 block sizes with the most bytes per lock in `a` minus `b`, on stderr.
+fn print_sizes(a: &[isize], b: &[isize], locks: usize, what: &str) {
+    let locks = locks.max(1);
+    let mut sizes: Vec<(usize, isize)> = a
         .iter()
-        .zip(&sizes0)
+        .zip(b)
         .enumerate()
-        .map(|(size, (c, c0))| (size, c.load(Relaxed) - c0))
+        .map(|(size, (a, b))| (size, a - b))
         .filter(|&(_, blocks)| blocks > 0)
         .collect();
-    sizes.sort_by_key(|&(size, blocks)| std::cmp::Reverse(size as isize * blocks));
+    sizes.sort_by_key(|&(size, blocks)| std::cmp::Reverse(size.max(1) as isize * blocks));
     for (size, blocks) in sizes.into_iter().take(25) {
         let label = if size == SIZES {
             format!(">={SIZES}")
@@ -157,13 +231,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             size.to_string()
         };
         eprintln!(
-            "size {label:>6} B: {:>8.2} blocks/lock, {:>7} B/lock",
-            blocks as f64 / acquired.max(1) as f64,
-            size as isize * blocks / acquired.max(1) as isize
+            "  size {label:>6} B: {:>8.2} blocks/lock, {:>7} B/lock {what}",
+            blocks as f64 / locks as f64,
+            size as isize * blocks / locks as isize
         );
     }
-    for guard in guards {
-        let _ = guard.release().await;
-    }
-    Ok(())
 }

@@ -1563,7 +1563,7 @@ impl LockGuard {
         let (reply, answer) = tokio::sync::oneshot::channel();
         self.handle
             .commands
-            .send(SessionCommand::Checkpoint(Box::new((value, reply))))
+            .send(Box::new(SessionCommand::Checkpoint(value, reply)))
             .map_err(|_| Error::Closed)?;
         answer.await.map_err(|_| Error::Closed)?
     }

@@ -1673,7 +1673,10 @@ impl Membership {
         } else {
             Vec::new()
         };
-        self.send_sync(assignments, resp.protocol_name.clone(), now);
+        // Copied, not cut from the answer: a slice would keep the whole buffer the answer was
+        // read into (a connection's read room, 8 KB or more) until the SyncGroup is answered.
+        let protocol_name = resp.protocol_name.as_deref().map(sb);
+        self.send_sync(assignments, protocol_name, now);
     }
 
     /// The leader's assignment for every member of the generation.

@@ -903,6 +903,36 @@ fn the_sync_names_the_protocol_type_and_the_chosen_protocol() {
     );
 }
 
+/// The SyncGroup's protocol name is a copy: the connection decodes an answer's strings as slices
+/// of the buffer it read the answer into, and a slice kept in the SyncGroup would keep that whole
+/// buffer (8 KB or more) until the SyncGroup is answered.
+#[test]
+fn the_syncs_protocol_name_is_copied_out_of_the_join_answer() {
+    let mut h = H::new(Mode::Native);
+    h.find_ok();
+    let j = h.take(ApiKey::JoinGroup);
+    let name = crate::assign::NATIVE_PROTOCOL.as_bytes();
+    let mut read = vec![0u8; 8192];
+    read[100..100 + name.len()].copy_from_slice(name);
+    let read = Bytes::from(read);
+    let Response::JoinGroup(mut answer) = join_ok("m1", 1, "m1", &[("m1", meta(false, -1))]) else {
+        unreachable!()
+    };
+    answer.protocol_name = Some(StrBytes::from_utf8(read.slice(100..100 + name.len())).unwrap());
+    h.reply(j.id, Ok(Response::JoinGroup(answer)));
+    let sync = h.take(ApiKey::SyncGroup);
+    let req = sync_request(&sync);
+    let kept = req
+        .protocol_name
+        .as_ref()
+        .expect("SyncGroup v5+ names the protocol");
+    assert_eq!(kept.as_str(), crate::assign::NATIVE_PROTOCOL);
+    assert!(
+        !read.as_ptr_range().contains(&kept.as_str().as_ptr()),
+        "the SyncGroup keeps a slice of the JoinGroup answer's read buffer"
+    );
+}
+
 /// A leave that waited for a JoinGroup goes ahead when that JoinGroup fails with an error the
 /// machine would otherwise retry after a backoff.
 #[test]

@@ -61,25 +61,30 @@ pub(crate) enum End {
     Left,
 }
 
-/// What the lock's owner can ask of the session.
+/// What the lock's owner can ask of the session. Sent boxed ([`Commands`]).
 #[derive(Debug)]
 pub(crate) enum SessionCommand {
     /// A command for the membership machine.
     Member(Command),
-    /// Store a checkpoint, fenced (needs a ledger); the outcome goes to the sender. Boxed, as
-    /// rare: every lock's command channel allocates room for 32 commands at once.
-    Checkpoint(Box<(String, oneshot::Sender<Result<()>>)>),
+    /// Store a checkpoint, fenced (needs a ledger); the outcome goes to the sender.
+    Checkpoint(String, oneshot::Sender<Result<()>>),
 }
 
-impl From<Command> for SessionCommand {
+/// The lock's commands to its session, boxed: a tokio channel allocates its slots 32 at a time
+/// when it is made, and a held lock sends a command or two in its life (a release, a
+/// checkpoint), so 32 boxes (8 bytes each) cost it 288 bytes where 32 commands (32 bytes each)
+/// cost 1,056 (BENCHMARKS.md, "Memory per held lock").
+pub(crate) type Commands = mpsc::UnboundedSender<Box<SessionCommand>>;
+
+impl From<Command> for Box<SessionCommand> {
     fn from(c: Command) -> Self {
-        SessionCommand::Member(c)
+        Box::new(SessionCommand::Member(c))
     }
 }
 
 /// Handle to a running session.
 pub(crate) struct SessionHandle {
-    pub(crate) commands: mpsc::UnboundedSender<SessionCommand>,
+    pub(crate) commands: Commands,
     pub(crate) state: watch::Receiver<SessionState>,
     /// Set once the membership has ended: whether the coordinator confirmed that it has no
     /// member for us any more (see [`Event::Left`]).
@@ -258,7 +263,7 @@ struct Run {
 
 async fn run(
     mut run: Run,
-    mut commands: mpsc::UnboundedReceiver<SessionCommand>,
+    mut commands: mpsc::UnboundedReceiver<Box<SessionCommand>>,
     mut answers: mpsc::UnboundedReceiver<Answer>,
 ) {
     run.m.handle_timeout(now());
@@ -369,16 +374,16 @@ impl Run {
         }
     }
 
-    fn on_command(&mut self, cmd: Option<SessionCommand>) {
-        match cmd {
+    fn on_command(&mut self, cmd: Option<Box<SessionCommand>>) {
+        match cmd.map(|c| *c) {
             Some(SessionCommand::Member(c)) => self.m.handle_command(c, now()),
-            Some(SessionCommand::Checkpoint(checkpoint)) => match (*checkpoint, &mut self.ledger) {
-                ((value, reply), Some(l)) => {
+            Some(SessionCommand::Checkpoint(value, reply)) => match &mut self.ledger {
+                Some(l) => {
                     self.next_ticket += 1;
                     self.replies.insert(self.next_ticket, reply);
                     l.checkpoint(self.next_ticket, value, &view(&self.m), clock());
                 }
-                ((_, reply), None) => {
+                None => {
                     let _ = reply.send(Err(LedgerError::NoLedger {
                         lock: self.lock.clone(),
                     }
