@@ -89,6 +89,17 @@ pub enum Kind {
     /// kafka-lock cut off from every broker, past the session timeout, so the loss comes while
     /// the command's start is pending. Not in CI mode.
     NoexecLoss,
+    /// Two of the nemeses above ([`Kind::PAIRABLE`]) aimed at different targets, the second
+    /// started 0 to 2 s after the first, each healed on its own schedule. Not in CI mode.
+    Pair,
+    /// The coordinator broker killed or shut down (SIGTERM) the moment the holder reports its
+    /// release, so the waiters rejoin and the next generation forms across a coordinator
+    /// move. Not in CI mode.
+    HandoverMove,
+    /// The `stall` contender's only runtime thread blocked while it holds, for the session
+    /// timeout plus 1 to 3 s; then it asks `is_held()` and writes only if told it holds. Not
+    /// in CI mode.
+    RuntimeStall,
 }
 
 impl Kind {
@@ -110,7 +121,29 @@ impl Kind {
 
     /// Drawn only when named (`--kinds`): each needs a contender of its own, and CI mode keeps
     /// its time.
-    pub const OPTIONAL: [Kind; 2] = [Kind::HoldHeartbeat, Kind::NoexecLoss];
+    pub const OPTIONAL: [Kind; 5] = [
+        Kind::HoldHeartbeat,
+        Kind::NoexecLoss,
+        Kind::Pair,
+        Kind::HandoverMove,
+        Kind::RuntimeStall,
+    ];
+
+    /// What a pair draws from: the single faults (mixed and cut-move are combinations already;
+    /// the optional ones need contenders of their own).
+    pub const PAIRABLE: [Kind; 11] = [
+        Kind::PauseHolder,
+        Kind::KillHolder,
+        Kind::CutBlackhole,
+        Kind::CutReset,
+        Kind::CutDelay,
+        Kind::BrokerKill,
+        Kind::BrokerPause,
+        Kind::BrokerTerm,
+        Kind::SlowBroker,
+        Kind::Herd,
+        Kind::StallJoin,
+    ];
 
     /// The holder faults a mixed episode draws from.
     pub const HOLDER: [Kind; 4] = [
@@ -144,6 +177,9 @@ impl Kind {
             Kind::StallJoin => "stall-join",
             Kind::HoldHeartbeat => "hold-heartbeat",
             Kind::NoexecLoss => "noexec-loss",
+            Kind::Pair => "pair",
+            Kind::HandoverMove => "handover-move",
+            Kind::RuntimeStall => "runtime-stall",
         }
     }
 
@@ -186,6 +222,44 @@ pub struct Episode {
     pub broker_length: Duration,
     /// Cut-move episodes: cut the waiter the next assignment names rather than the holder.
     pub pending: bool,
+    /// A holder fault in a pair whose other half is a holder fault on the same lock: aimed at
+    /// a contender that does not hold, so the two targets differ.
+    pub waiter: bool,
+    /// Pair episodes: the two nemeses, the second started `offset` after the first.
+    pub parts: Vec<Episode>,
+    pub offset: Duration,
+}
+
+impl Kind {
+    /// A fault of the coordinator broker (or of every contender's link to it).
+    fn broker(self) -> bool {
+        Kind::BROKER.contains(&self)
+    }
+
+    /// A fault aimed at one contender (the holder, or in a pair a waiter).
+    fn at_contender(self) -> bool {
+        matches!(
+            self,
+            Kind::PauseHolder
+                | Kind::KillHolder
+                | Kind::CutBlackhole
+                | Kind::CutReset
+                | Kind::CutDelay
+        )
+    }
+
+    /// Whether two nemeses can run as a pair: one broker fault at most (there is one
+    /// coordinator to aim at), one herd and one stalled join at most, and no slowed broker with
+    /// a fault set on one contender's proxies (the proxies keep one fault per broker: one
+    /// heal would end the other's fault).
+    fn pairs_with(self, other: Kind) -> bool {
+        let proxied = |k: Kind| k.at_contender() && k != Kind::PauseHolder && k != Kind::KillHolder
+            || k == Kind::StallJoin;
+        !(self.broker() && other.broker()
+            || self == other && matches!(self, Kind::Herd | Kind::StallJoin)
+            || self == Kind::SlowBroker && proxied(other)
+            || other == Kind::SlowBroker && proxied(self))
+    }
 }
 
 impl fmt::Display for Episode {
@@ -228,6 +302,24 @@ impl fmt::Display for Episode {
                  refused {:?} after the heal",
                 self.delay
             ),
+            Kind::Pair => {
+                let (a, b) = (&self.parts[0], &self.parts[1]);
+                write!(f, ": [{a}{}] + {:.1} s later [{b}{}]",
+                    if a.waiter { ", a waiter" } else { "" },
+                    self.offset.as_secs_f64(),
+                    if b.waiter { ", a waiter" } else { "" })
+            }
+            Kind::HandoverMove => write!(
+                f,
+                ", node {} at the holder's release, down {:?}",
+                if self.broker_fault == Kind::BrokerTerm {
+                    "shut down"
+                } else {
+                    "killed"
+                },
+                self.length
+            ),
+            Kind::RuntimeStall => write!(f, ", runtime blocked session timeout + {:?}", self.length),
             Kind::Mixed => write!(
                 f,
                 ": {} ({:?}) during {} ({:?}, slowed {:?})",
@@ -256,9 +348,13 @@ pub fn schedule(seed: u64, episodes: usize, every_kind: bool, only: &[Kind]) -> 
         kinds.push(*rng.pick(pool));
     }
     kinds.truncate(episodes.max(if every_kind { pool.len() } else { 0 }));
-    kinds
-        .into_iter()
-        .map(|kind| {
+    kinds.into_iter().map(|kind| draw(kind, &mut rng)).collect()
+}
+
+/// One episode of `kind`, everything random about it drawn from `rng`. The draws for the kinds
+/// added later come after the others' and only for those kinds, so the older kinds' schedules
+/// stay as they were for every seed.
+fn draw(kind: Kind, rng: &mut Rng) -> Episode {
             let holder_fault = *rng.pick(&Kind::HOLDER);
             let broker_fault = *rng.pick(&Kind::BROKER);
             // A stalled join aims at the native lock's waiters, library or CLI.
@@ -271,6 +367,7 @@ pub fn schedule(seed: u64, episodes: usize, every_kind: bool, only: &[Kind]) -> 
                     | Kind::StallJoin
                     | Kind::HoldHeartbeat
                     | Kind::NoexecLoss
+                    | Kind::RuntimeStall
             );
             let target = if broker_wide || rng.range(0, 2) > 0 {
                 Target::Native
@@ -299,6 +396,8 @@ pub fn schedule(seed: u64, episodes: usize, every_kind: bool, only: &[Kind]) -> 
                 // unless load delays it, and near it may lose it (correctly).
                 Kind::HoldHeartbeat => rng.millis(2000, 4500),
                 Kind::NoexecLoss => Duration::ZERO,
+                // Drawn below, after the draws every kind makes.
+                Kind::Pair | Kind::HandoverMove | Kind::RuntimeStall => Duration::ZERO,
             };
             let delay = match kind {
                 Kind::CutDelay => rng.millis(300, 8000),
@@ -311,7 +410,7 @@ pub fn schedule(seed: u64, episodes: usize, every_kind: bool, only: &[Kind]) -> 
             };
             let broker_length = rng.millis(1000, 8000);
             let pending = kind == Kind::CutMove && rng.range(0, 1) == 1;
-            Episode {
+            let mut e = Episode {
                 kind,
                 target,
                 length,
@@ -323,9 +422,41 @@ pub fn schedule(seed: u64, episodes: usize, every_kind: bool, only: &[Kind]) -> 
                 broker_fault,
                 broker_length,
                 pending,
+                waiter: false,
+                parts: Vec::new(),
+                offset: Duration::ZERO,
+            };
+            match kind {
+                Kind::Pair => {
+                    let a = *rng.pick(&Kind::PAIRABLE);
+                    let b = loop {
+                        let b = *rng.pick(&Kind::PAIRABLE);
+                        if a.pairs_with(b) {
+                            break b;
+                        }
+                    };
+                    let first = draw(a, rng);
+                    let mut second = draw(b, rng);
+                    // Two faults at one contender would be one fault: on the same lock the
+                    // second aims at a contender that does not hold.
+                    second.waiter = a.at_contender()
+                        && b.at_contender()
+                        && first.target == second.target;
+                    e.offset = rng.millis(0, 2000);
+                    e.parts = vec![first, second];
+                }
+                Kind::HandoverMove => {
+                    e.length = rng.millis(1000, 4000);
+                    if rng.range(0, 1) == 1 {
+                        e.broker_fault = Kind::BrokerTerm;
+                    } else {
+                        e.broker_fault = Kind::BrokerKill;
+                    }
+                }
+                Kind::RuntimeStall => e.length = rng.millis(1000, 3000),
+                _ => {}
             }
-        })
-        .collect()
+            e
 }
 
 #[test]
@@ -341,9 +472,25 @@ fn a_seed_replays_the_same_schedule_and_ci_mode_has_every_kind() {
     for kind in Kind::OPTIONAL {
         assert!(ci.iter().all(|e| e.kind != kind), "{kind:?} in CI mode");
         assert_eq!(Kind::from_name(kind.name()), Some(kind));
+        // A pair's halves and a coordinator move at a release aim at either lock.
+        let either = matches!(kind, Kind::Pair | Kind::HandoverMove);
         assert!(schedule(7, 3, true, &[kind])
             .iter()
-            .all(|e| e.kind == kind && e.target == Target::Native));
+            .all(|e| e.kind == kind && (either || e.target == Target::Native)));
+    }
+    for e in schedule(3, 200, false, &[Kind::Pair]) {
+        let [a, b] = &e.parts[..] else {
+            panic!("a pair of {} nemeses", e.parts.len())
+        };
+        assert!(a.parts.is_empty() && b.parts.is_empty());
+        assert!(Kind::PAIRABLE.contains(&a.kind) && Kind::PAIRABLE.contains(&b.kind));
+        assert!(a.kind.pairs_with(b.kind), "{a} with {b}");
+        assert!(!(a.kind.broker() && b.kind.broker()));
+        // Two faults aimed at contenders of one lock: the second is not at the holder.
+        if a.kind.at_contender() && b.kind.at_contender() && a.target == b.target {
+            assert!(b.waiter && !a.waiter);
+        }
+        assert!(e.offset <= Duration::from_secs(2));
     }
     let only = schedule(7, 5, false, &[Kind::StallJoin]);
     assert!(only
