@@ -264,7 +264,12 @@ impl Kind {
 
 impl fmt::Display for Episode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} on {:?}", self.kind.name(), self.target)?;
+        if self.kind == Kind::Pair {
+            // Each half names its own lock.
+            write!(f, "{}", self.kind.name())?;
+        } else {
+            write!(f, "{} on {:?}", self.kind.name(), self.target)?;
+        }
         match self.kind {
             Kind::CutBlackhole => write!(f, ", {:?}, {:?}", self.dir, self.length),
             Kind::CutReset => write!(f, ", {:?}", self.length),

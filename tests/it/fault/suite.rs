@@ -459,7 +459,9 @@ impl Run {
     }
 
     fn episode(&mut self, n: usize, plan: Episode) -> Record {
-        let lock = self.lock_of(plan.target).to_owned();
+        let lock = self
+            .lock_of(plan.parts.first().unwrap_or(&plan).target)
+            .to_owned();
         let (target, note, start) = self.strike(n, &plan);
         // Every lock a fault was aimed at must be taken again (a pair's halves may aim at both).
         let mut locks = vec![lock.clone()];
