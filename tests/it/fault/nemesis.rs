@@ -100,6 +100,10 @@ pub enum Kind {
     /// timeout plus 1 to 3 s; then it asks `is_held()` and writes only if told it holds. Not
     /// in CI mode.
     RuntimeStall,
+    /// A producer appending RELEASED, LOST and ACQUIRED records to the native lock's ledger
+    /// that name the current holder's hold, member and generation (or the next generation),
+    /// while it holds. Not in CI mode.
+    LedgerForger,
 }
 
 impl Kind {
@@ -121,12 +125,13 @@ impl Kind {
 
     /// Drawn only when named (`--kinds`): each needs a contender of its own, and CI mode keeps
     /// its time.
-    pub const OPTIONAL: [Kind; 5] = [
+    pub const OPTIONAL: [Kind; 6] = [
         Kind::HoldHeartbeat,
         Kind::NoexecLoss,
         Kind::Pair,
         Kind::HandoverMove,
         Kind::RuntimeStall,
+        Kind::LedgerForger,
     ];
 
     /// What a pair draws from: the single faults (mixed and cut-move are combinations already;
@@ -180,6 +185,7 @@ impl Kind {
             Kind::Pair => "pair",
             Kind::HandoverMove => "handover-move",
             Kind::RuntimeStall => "runtime-stall",
+            Kind::LedgerForger => "ledger-forger",
         }
     }
 
@@ -325,6 +331,7 @@ impl fmt::Display for Episode {
                 self.length
             ),
             Kind::RuntimeStall => write!(f, ", runtime blocked session timeout + {:?}", self.length),
+            Kind::LedgerForger => write!(f, ", records forged for {:?}", self.length),
             Kind::Mixed => write!(
                 f,
                 ": {} ({:?}) during {} ({:?}, slowed {:?})",
@@ -373,6 +380,7 @@ fn draw(kind: Kind, rng: &mut Rng) -> Episode {
                     | Kind::HoldHeartbeat
                     | Kind::NoexecLoss
                     | Kind::RuntimeStall
+                    | Kind::LedgerForger
             );
             let target = if broker_wide || rng.range(0, 2) > 0 {
                 Target::Native
@@ -402,7 +410,9 @@ fn draw(kind: Kind, rng: &mut Rng) -> Episode {
                 Kind::HoldHeartbeat => rng.millis(2000, 4500),
                 Kind::NoexecLoss => Duration::ZERO,
                 // Drawn below, after the draws every kind makes.
-                Kind::Pair | Kind::HandoverMove | Kind::RuntimeStall => Duration::ZERO,
+                Kind::Pair | Kind::HandoverMove | Kind::RuntimeStall | Kind::LedgerForger => {
+                    Duration::ZERO
+                }
             };
             let delay = match kind {
                 Kind::CutDelay => rng.millis(300, 8000),
@@ -459,6 +469,7 @@ fn draw(kind: Kind, rng: &mut Rng) -> Episode {
                     }
                 }
                 Kind::RuntimeStall => e.length = rng.millis(1000, 3000),
+                Kind::LedgerForger => e.length = rng.millis(3000, 8000),
                 _ => {}
             }
             e

@@ -664,6 +664,12 @@ impl Run {
                 target = t;
                 note = n;
             }
+            Kind::LedgerForger => {
+                start = mono_ns();
+                let (t, n) = self.ledger_forger(plan, &lock);
+                target = t;
+                note = n;
+            }
         }
         if target.is_none() && plan.kind != Kind::Herd {
             note = "no holder to aim at: nothing done".into();
@@ -1165,6 +1171,125 @@ impl Run {
                 } else {
                     format!("its write after the block {writes}")
                 }
+            ),
+        )
+    }
+
+    /// The ledger-forger nemesis: while a kafka-lock contender holds the native lock, a
+    /// producer in this process appends, every 300 ms for the episode's length, records under
+    /// the lock's key that name the current hold (its token, its member id) and its generation
+    /// or the next: RELEASED, LOST or ACQUIRED, drawn each time. Anyone who can write to the
+    /// ledger topic can do this. The waiters that read a RELEASED or LOST naming their own
+    /// generation rejoin at once (src/ledger/mod.rs, "Waiters long-poll"): a rebalance the
+    /// holder did not cause. The checker judges every hold as always.
+    fn ledger_forger(&self, plan: &Episode, lock: &str) -> (Option<String>, String) {
+        use kafka_lock::internals::ledger::{LedgerRecord, RecordKind};
+        let Flavour::Ledger(topic) = self.ledger.clone() else {
+            return (None, String::new());
+        };
+        let Some(id) = self.holder(lock, HOLDER_BOUND) else {
+            return (None, String::new());
+        };
+        let bootstrap = self.cluster().bootstrap();
+        let nodes: Vec<String> = self
+            .cluster()
+            .nodes()
+            .iter()
+            .filter(|n| n.is_live())
+            .map(|n| n.addr())
+            .collect();
+        let reader = options(&bootstrap, lock, &self.ledger, self.cfg.permits);
+        // The newest hold the ledger shows, read again before each record (holds last 0.3 to
+        // 3 s, the forging longer), other than those the forged ACQUIRED records make up.
+        let mut ours = std::collections::BTreeSet::new();
+        let newest = |ours: &std::collections::BTreeSet<i64>| {
+            self.rt.block_on(async {
+                tokio::time::timeout(Duration::from_secs(10), reader.history())
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+                    .and_then(|h| h.holds.into_iter().rev().find(|h| !ours.contains(&h.token)))
+            })
+        };
+        let mut rng = Rng::new(plan.seed);
+        let from = mono_ns();
+        let until = Instant::now() + plan.length;
+        let (mut forged, mut refused) = (BTreeMap::<&str, usize>::new(), 0);
+        let mut named = std::collections::BTreeSet::new();
+        while Instant::now() < until {
+            let Some(hold) = newest(&ours) else {
+                refused += 1;
+                std::thread::sleep(Duration::from_millis(300));
+                continue;
+            };
+            named.insert(hold.token);
+            let generation = hold.generation + i32::from(rng.range(0, 1) == 1);
+            let (name, kind, of) = match rng.range(0, 2) {
+                0 => ("released", RecordKind::Released { held_ms: 1 }, hold.token),
+                1 => (
+                    "lost",
+                    RecordKind::Lost {
+                        held_ms: 1,
+                        reason: "session".into(),
+                        detail: "written by another producer".into(),
+                    },
+                    hold.token,
+                ),
+                _ => ("acquired", RecordKind::Acquired { lease_ms: 5000 }, -1),
+            };
+            let record = LedgerRecord {
+                unix_ms: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as i64),
+                hold: of,
+                generation,
+                member_id: hold.member_id.clone(),
+                label: None,
+                host: None,
+                pid: None,
+                slot: hold.slot,
+                kind,
+            };
+            match self.rt.block_on(append(&nodes, &topic, lock, record.encode())) {
+                Some(offset) => {
+                    *forged.entry(name).or_default() += 1;
+                    if name == "acquired" {
+                        ours.insert(offset);
+                    }
+                }
+                None => refused += 1,
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        let to = mono_ns();
+        // Against as long a time just before: the rebalances the records caused are the
+        // difference, roughly (the contenders' own comings and goings cause some).
+        let counts = |a: i64, b: i64| {
+            let log = self.checker.lock();
+            let inside =
+                |e: &&Event| checker::base(&e.lock) == lock && e.mono > a && e.mono <= b;
+            let n = |k: Ev| log.events.iter().filter(inside).filter(|e| e.kind == k).count();
+            (n(Ev::Acquired), n(Ev::Token))
+        };
+        let (acquired, changed) = counts(from, to);
+        let (acquired_before, changed_before) = counts(2 * from - to, from);
+        (
+            Some(id.clone()),
+            format!(
+                "{id} held first; forged {} ({refused} not appended) naming {} hold(s) ({}); \
+                 meanwhile {acquired} acquisition(s) and {changed} token change(s) of a hold \
+                 (the same time before: {acquired_before} and {changed_before})",
+                forged
+                    .iter()
+                    .map(|(k, n)| format!("{n} {k}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                named.len(),
+                named
+                    .iter()
+                    .map(i64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         )
     }
@@ -1748,4 +1873,80 @@ fn dump(out: &std::path::Path, events: &[Event], writes: &[checker::WriteRec], r
     for (name, text) in [("events.tsv", e), ("writes.tsv", w), ("episodes.tsv", r)] {
         let _ = std::fs::write(out.join(name), text);
     }
+}
+
+/// Appends one record under `key` to partition 0 of `topic` through its leader, found with
+/// Metadata from the first of `nodes` that answers, as any producer could. Its offset, or
+/// none if it could not be appended (no leader, a broker down): the forger goes on.
+async fn append(nodes: &[String], topic: &str, key: &str, value: bytes::Bytes) -> Option<i64> {
+    use kafka_lock::internals::driver::{ConnConfig, Connection};
+    use kafka_lock::internals::ledger::{build, Op};
+    use kafka_lock::internals::wire::log::{produced, TopicPartition};
+    use kafka_lock::internals::wire::records::{encode_batch, NewRecord};
+    use kafka_lock::internals::wire::Response;
+    use kafka_protocol::messages::metadata_request::{MetadataRequest, MetadataRequestTopic};
+    use kafka_protocol::messages::TopicName;
+    use kafka_protocol::protocol::StrBytes;
+    let bound = Duration::from_secs(5);
+    let cfg = ConnConfig::default();
+    let mut leader = None;
+    for addr in nodes {
+        let Ok(Ok(conn)) = tokio::time::timeout(bound, Connection::connect(addr, &cfg)).await
+        else {
+            continue;
+        };
+        let mut t = MetadataRequestTopic::default();
+        t.name = Some(TopicName(StrBytes::from_string(topic.to_owned())));
+        let mut req = MetadataRequest::default();
+        req.topics = Some(vec![t]);
+        let answer = tokio::time::timeout(bound, conn.request(req)).await;
+        conn.close();
+        if let Ok(Ok(Response::Metadata(r))) = answer {
+            let id = r
+                .topics
+                .first()
+                .and_then(|t| t.partitions.first())
+                .map(|p| p.leader_id.0);
+            leader = id
+                .filter(|&id| id >= 0)
+                .and_then(|id| r.brokers.iter().find(|b| b.node_id.0 == id))
+                .map(|b| format!("{}:{}", b.host, b.port));
+            if leader.is_some() {
+                break;
+            }
+        }
+    }
+    let leader = leader?;
+    let Ok(Ok(conn)) = tokio::time::timeout(bound, Connection::connect(&leader, &cfg)).await else {
+        return None;
+    };
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    let record = NewRecord {
+        timestamp: now_ms,
+        key: Some(bytes::Bytes::copy_from_slice(key.as_bytes())),
+        value: Some(value),
+        headers: Vec::new(),
+    };
+    let mut out = bytes::BytesMut::new();
+    if encode_batch(&[record], &mut out).is_err() {
+        conn.close();
+        return None;
+    }
+    let tp = TopicPartition::new(topic, 0);
+    let op = Op::Produce {
+        tp: tp.clone(),
+        batch: out.freeze(),
+        timeout: bound,
+    };
+    let offset = match build(&op, conn.versions()) {
+        Ok((req, v)) => match conn.request_at(req, v, bound).await {
+            Ok(Response::Produce(r)) => produced(&r, &tp, v).ok().map(|a| a.base_offset),
+            _ => None,
+        },
+        Err(_) => None,
+    };
+    conn.close();
+    offset
 }
