@@ -259,8 +259,12 @@ impl Kind {
     /// a fault set on one contender's proxies (the proxies keep one fault per broker: one
     /// heal would end the other's fault).
     fn pairs_with(self, other: Kind) -> bool {
-        let proxied = |k: Kind| k.at_contender() && k != Kind::PauseHolder && k != Kind::KillHolder
-            || k == Kind::StallJoin;
+        let proxied = |k: Kind| {
+            matches!(
+                k,
+                Kind::CutBlackhole | Kind::CutReset | Kind::CutDelay | Kind::StallJoin
+            )
+        };
         !(self.broker() && other.broker()
             || self == other && matches!(self, Kind::Herd | Kind::StallJoin)
             || self == Kind::SlowBroker && proxied(other)
@@ -315,10 +319,13 @@ impl fmt::Display for Episode {
             ),
             Kind::Pair => {
                 let (a, b) = (&self.parts[0], &self.parts[1]);
-                write!(f, ": [{a}{}] + {:.1} s later [{b}{}]",
+                write!(
+                    f,
+                    ": [{a}{}] + {:.1} s later [{b}{}]",
                     if a.waiter { ", a waiter" } else { "" },
                     self.offset.as_secs_f64(),
-                    if b.waiter { ", a waiter" } else { "" })
+                    if b.waiter { ", a waiter" } else { "" }
+                )
             }
             Kind::HandoverMove => write!(
                 f,
@@ -330,7 +337,9 @@ impl fmt::Display for Episode {
                 },
                 self.length
             ),
-            Kind::RuntimeStall => write!(f, ", runtime blocked session timeout + {:?}", self.length),
+            Kind::RuntimeStall => {
+                write!(f, ", runtime blocked session timeout + {:?}", self.length)
+            }
             Kind::LedgerForger => write!(f, ", records forged for {:?}", self.length),
             Kind::Mixed => write!(
                 f,
@@ -367,112 +376,108 @@ pub fn schedule(seed: u64, episodes: usize, every_kind: bool, only: &[Kind]) -> 
 /// added later come after the others' and only for those kinds, so the older kinds' schedules
 /// stay as they were for every seed.
 fn draw(kind: Kind, rng: &mut Rng) -> Episode {
-            let holder_fault = *rng.pick(&Kind::HOLDER);
-            let broker_fault = *rng.pick(&Kind::BROKER);
-            // A stalled join aims at the native lock's waiters, library or CLI.
-            let broker_wide = matches!(
-                kind,
-                Kind::BrokerKill
-                    | Kind::BrokerPause
-                    | Kind::BrokerTerm
-                    | Kind::SlowBroker
-                    | Kind::StallJoin
-                    | Kind::HoldHeartbeat
-                    | Kind::NoexecLoss
-                    | Kind::RuntimeStall
-                    | Kind::LedgerForger
-            );
-            let target = if broker_wide || rng.range(0, 2) > 0 {
-                Target::Native
+    let holder_fault = *rng.pick(&Kind::HOLDER);
+    let broker_fault = *rng.pick(&Kind::BROKER);
+    // A stalled join aims at the native lock's waiters, library or CLI.
+    let broker_wide = matches!(
+        kind,
+        Kind::BrokerKill
+            | Kind::BrokerPause
+            | Kind::BrokerTerm
+            | Kind::SlowBroker
+            | Kind::StallJoin
+            | Kind::HoldHeartbeat
+            | Kind::NoexecLoss
+            | Kind::RuntimeStall
+            | Kind::LedgerForger
+    );
+    let target = if broker_wide || rng.range(0, 2) > 0 {
+        Target::Native
+    } else {
+        Target::Consumer
+    };
+    let dir = match kind {
+        Kind::CutReset | Kind::SlowBroker => Dir::Both,
+        _ => *rng.pick(&[Dir::Up, Dir::Down, Dir::Both]),
+    };
+    let length = match kind {
+        Kind::PauseHolder | Kind::BrokerPause => rng.millis(500, 3000),
+        Kind::KillHolder => Duration::ZERO,
+        Kind::CutBlackhole | Kind::CutReset | Kind::CutDelay => rng.millis(2000, 10_000),
+        Kind::SlowBroker => rng.millis(4000, 10_000),
+        Kind::BrokerKill | Kind::BrokerTerm => rng.millis(1000, 4000),
+        Kind::Herd => Duration::ZERO,
+        // The holder fault's length; a pause lasts the session timeout on top.
+        Kind::Mixed => rng.millis(2000, 10_000),
+        // On top of the session timeout, so the group has dropped the member.
+        Kind::CutMove => rng.millis(500, 4000),
+        // Until the next release: no length of its own.
+        Kind::StallJoin => Duration::ZERO,
+        // Apache defers a Heartbeat up to offsets.commit.timeout.ms (5 s); the lease
+        // is 5 s from a renewal's send, so up to that bound the holder keeps its lock
+        // unless load delays it, and near it may lose it (correctly).
+        Kind::HoldHeartbeat => rng.millis(2000, 4500),
+        Kind::NoexecLoss => Duration::ZERO,
+        // Drawn below, after the draws every kind makes.
+        Kind::Pair | Kind::HandoverMove | Kind::RuntimeStall | Kind::LedgerForger => Duration::ZERO,
+    };
+    let delay = match kind {
+        Kind::CutDelay => rng.millis(300, 8000),
+        // Past the 5 s request timeout.
+        Kind::SlowBroker | Kind::Mixed => rng.millis(5500, 8000),
+        // Heartbeats refused after the stalled JoinGroup is delivered: the waiter learns
+        // late of the rebalance it completed. Under the session timeout.
+        Kind::StallJoin => rng.millis(1500, 4500),
+        _ => Duration::ZERO,
+    };
+    let broker_length = rng.millis(1000, 8000);
+    let pending = kind == Kind::CutMove && rng.range(0, 1) == 1;
+    let mut e = Episode {
+        kind,
+        target,
+        length,
+        dir,
+        delay,
+        herd: rng.range(20, 50) as usize,
+        seed: rng.next_u64(),
+        holder_fault,
+        broker_fault,
+        broker_length,
+        pending,
+        waiter: false,
+        parts: Vec::new(),
+        offset: Duration::ZERO,
+    };
+    match kind {
+        Kind::Pair => {
+            let a = *rng.pick(&Kind::PAIRABLE);
+            let b = loop {
+                let b = *rng.pick(&Kind::PAIRABLE);
+                if a.pairs_with(b) {
+                    break b;
+                }
+            };
+            let first = draw(a, rng);
+            let mut second = draw(b, rng);
+            // Two faults at one contender would be one fault: on the same lock the
+            // second aims at a contender that does not hold.
+            second.waiter = a.at_contender() && b.at_contender() && first.target == second.target;
+            e.offset = rng.millis(0, 2000);
+            e.parts = vec![first, second];
+        }
+        Kind::HandoverMove => {
+            e.length = rng.millis(1000, 4000);
+            if rng.range(0, 1) == 1 {
+                e.broker_fault = Kind::BrokerTerm;
             } else {
-                Target::Consumer
-            };
-            let dir = match kind {
-                Kind::CutReset | Kind::SlowBroker => Dir::Both,
-                _ => *rng.pick(&[Dir::Up, Dir::Down, Dir::Both]),
-            };
-            let length = match kind {
-                Kind::PauseHolder | Kind::BrokerPause => rng.millis(500, 3000),
-                Kind::KillHolder => Duration::ZERO,
-                Kind::CutBlackhole | Kind::CutReset | Kind::CutDelay => rng.millis(2000, 10_000),
-                Kind::SlowBroker => rng.millis(4000, 10_000),
-                Kind::BrokerKill | Kind::BrokerTerm => rng.millis(1000, 4000),
-                Kind::Herd => Duration::ZERO,
-                // The holder fault's length; a pause lasts the session timeout on top.
-                Kind::Mixed => rng.millis(2000, 10_000),
-                // On top of the session timeout, so the group has dropped the member.
-                Kind::CutMove => rng.millis(500, 4000),
-                // Until the next release: no length of its own.
-                Kind::StallJoin => Duration::ZERO,
-                // Apache defers a Heartbeat up to offsets.commit.timeout.ms (5 s); the lease
-                // is 5 s from a renewal's send, so up to that bound the holder keeps its lock
-                // unless load delays it, and near it may lose it (correctly).
-                Kind::HoldHeartbeat => rng.millis(2000, 4500),
-                Kind::NoexecLoss => Duration::ZERO,
-                // Drawn below, after the draws every kind makes.
-                Kind::Pair | Kind::HandoverMove | Kind::RuntimeStall | Kind::LedgerForger => {
-                    Duration::ZERO
-                }
-            };
-            let delay = match kind {
-                Kind::CutDelay => rng.millis(300, 8000),
-                // Past the 5 s request timeout.
-                Kind::SlowBroker | Kind::Mixed => rng.millis(5500, 8000),
-                // Heartbeats refused after the stalled JoinGroup is delivered: the waiter learns
-                // late of the rebalance it completed. Under the session timeout.
-                Kind::StallJoin => rng.millis(1500, 4500),
-                _ => Duration::ZERO,
-            };
-            let broker_length = rng.millis(1000, 8000);
-            let pending = kind == Kind::CutMove && rng.range(0, 1) == 1;
-            let mut e = Episode {
-                kind,
-                target,
-                length,
-                dir,
-                delay,
-                herd: rng.range(20, 50) as usize,
-                seed: rng.next_u64(),
-                holder_fault,
-                broker_fault,
-                broker_length,
-                pending,
-                waiter: false,
-                parts: Vec::new(),
-                offset: Duration::ZERO,
-            };
-            match kind {
-                Kind::Pair => {
-                    let a = *rng.pick(&Kind::PAIRABLE);
-                    let b = loop {
-                        let b = *rng.pick(&Kind::PAIRABLE);
-                        if a.pairs_with(b) {
-                            break b;
-                        }
-                    };
-                    let first = draw(a, rng);
-                    let mut second = draw(b, rng);
-                    // Two faults at one contender would be one fault: on the same lock the
-                    // second aims at a contender that does not hold.
-                    second.waiter = a.at_contender()
-                        && b.at_contender()
-                        && first.target == second.target;
-                    e.offset = rng.millis(0, 2000);
-                    e.parts = vec![first, second];
-                }
-                Kind::HandoverMove => {
-                    e.length = rng.millis(1000, 4000);
-                    if rng.range(0, 1) == 1 {
-                        e.broker_fault = Kind::BrokerTerm;
-                    } else {
-                        e.broker_fault = Kind::BrokerKill;
-                    }
-                }
-                Kind::RuntimeStall => e.length = rng.millis(1000, 3000),
-                Kind::LedgerForger => e.length = rng.millis(3000, 8000),
-                _ => {}
+                e.broker_fault = Kind::BrokerKill;
             }
-            e
+        }
+        Kind::RuntimeStall => e.length = rng.millis(1000, 3000),
+        Kind::LedgerForger => e.length = rng.millis(3000, 8000),
+        _ => {}
+    }
+    e
 }
 
 #[test]

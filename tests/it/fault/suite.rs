@@ -1044,7 +1044,10 @@ impl Run {
         let struck = mono_ns();
         let how = if term {
             let took = self.cluster().terminate(node, Duration::from_secs(120));
-            format!("shut down (controlled shutdown took {:.1} s)", took.as_secs_f64())
+            format!(
+                "shut down (controlled shutdown took {:.1} s)",
+                took.as_secs_f64()
+            )
         } else {
             self.cluster().kill(node);
             "killed".to_owned()
@@ -1250,7 +1253,10 @@ impl Run {
                 slot: hold.slot,
                 kind,
             };
-            match self.rt.block_on(append(&nodes, &topic, lock, record.encode())) {
+            match self
+                .rt
+                .block_on(append(&nodes, &topic, lock, record.encode()))
+            {
                 Some(offset) => {
                     *forged.entry(name).or_default() += 1;
                     if name == "acquired" {
@@ -1266,9 +1272,14 @@ impl Run {
         // difference, roughly (the contenders' own comings and goings cause some).
         let counts = |a: i64, b: i64| {
             let log = self.checker.lock();
-            let inside =
-                |e: &&Event| checker::base(&e.lock) == lock && e.mono > a && e.mono <= b;
-            let n = |k: Ev| log.events.iter().filter(inside).filter(|e| e.kind == k).count();
+            let inside = |e: &&Event| checker::base(&e.lock) == lock && e.mono > a && e.mono <= b;
+            let n = |k: Ev| {
+                log.events
+                    .iter()
+                    .filter(inside)
+                    .filter(|e| e.kind == k)
+                    .count()
+            };
             (n(Ev::Acquired), n(Ev::Token))
         };
         let (acquired, changed) = counts(from, to);
@@ -1474,7 +1485,9 @@ impl Run {
         let prefix = format!("{STALL}.");
         let after_block = |w: &checker::WriteRec| {
             events.iter().any(|e| {
-                e.kind == Ev::Stalled && e.id == w.id && (e.mono..e.mono + 1_000_000_000).contains(&w.sent)
+                e.kind == Ev::Stalled
+                    && e.id == w.id
+                    && (e.mono..e.mono + 1_000_000_000).contains(&w.sent)
             })
         };
         for w in analysis
