@@ -593,19 +593,19 @@ impl Run {
             }
             Kind::CutMove => {
                 start = mono_ns();
-                let (t, n) = self.cut_move(&plan, &lock, &mut rng);
+                let (t, n) = self.cut_move(plan, &lock, &mut rng);
                 target = t;
                 note = n;
             }
             Kind::StallJoin => {
                 start = mono_ns();
-                let (t, n) = self.stall_join(&plan, &lock);
+                let (t, n) = self.stall_join(plan, &lock);
                 target = t;
                 note = n;
             }
             Kind::HoldHeartbeat => {
                 start = mono_ns();
-                let (t, n) = self.hold_heartbeat(&plan, &lock);
+                let (t, n) = self.hold_heartbeat(plan, &lock);
                 target = t;
                 note = n;
             }
@@ -617,7 +617,7 @@ impl Run {
             }
             Kind::Herd => {
                 start = mono_ns();
-                let acquired = self.herd(n, &plan, &lock, &mut rng);
+                let acquired = self.herd(n, plan, &lock, &mut rng);
                 note = format!("{} joined at once, {acquired} acquired", plan.herd);
             }
             Kind::Pair => {
