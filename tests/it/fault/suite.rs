@@ -1458,12 +1458,12 @@ impl Run {
             );
         }
         if self.cfg.ci {
-            let kinds: &[Kind] = if self.cfg.kinds.is_empty() {
-                &Kind::ALL
+            let kinds: Vec<Kind> = if self.cfg.kinds.is_empty() {
+                Kind::ALL.into_iter().chain(Kind::CI_EXTRA).collect()
             } else {
-                &self.cfg.kinds
+                self.cfg.kinds.clone()
             };
-            for &kind in kinds {
+            for kind in kinds {
                 let ran = self
                     .records
                     .iter()
