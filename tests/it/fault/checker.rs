@@ -58,6 +58,10 @@ pub enum Kind {
     Released,
     GaveUp,
     Killed,
+    /// A `stall` contender's runtime thread was blocked while it held: at this instant it
+    /// asked `is_held()`, and the token field carries the answer (1 held, 0 not), the lease
+    /// end field the lease end it read before the block. Not part of a hold's history.
+    Stalled,
 }
 
 impl Kind {
@@ -71,6 +75,7 @@ impl Kind {
             Kind::Released => "released",
             Kind::GaveUp => "gaveup",
             Kind::Killed => "killed",
+            Kind::Stalled => "stalled",
         }
     }
 
@@ -84,6 +89,7 @@ impl Kind {
             Kind::Released,
             Kind::GaveUp,
             Kind::Killed,
+            Kind::Stalled,
         ]
         .into_iter()
         .find(|k| k.name() == s)
@@ -221,7 +227,7 @@ impl Checker {
         let log = self.lock();
         let mut last: HashMap<&str, &Event> = HashMap::new();
         for e in log.events.iter().filter(|e| base(&e.lock) == lock) {
-            if matches!(e.kind, Kind::Renewed | Kind::Token) {
+            if matches!(e.kind, Kind::Renewed | Kind::Token | Kind::Stalled) {
                 continue;
             }
             match last.get(e.id.as_str()) {
@@ -570,6 +576,9 @@ pub fn analyse_permits(
                         waits.push((lock.to_owned(), w, e.mono));
                     }
                 }
+                // Judged by the runtime-stall nemesis itself; the hold ends with the loss the
+                // contender reports next.
+                Kind::Stalled => {}
                 Kind::Killed => {
                     if let Some(o) = open.take() {
                         let at = o.3.map_or(e.mono, |l| l.min(e.mono));

@@ -89,6 +89,21 @@ pub enum Kind {
     /// kafka-lock cut off from every broker, past the session timeout, so the loss comes while
     /// the command's start is pending. Not in CI mode.
     NoexecLoss,
+    /// Two of the nemeses above ([`Kind::PAIRABLE`]) aimed at different targets, the second
+    /// started 0 to 2 s after the first, each healed on its own schedule. Not in CI mode.
+    Pair,
+    /// The coordinator broker killed or shut down (SIGTERM) the moment the holder reports its
+    /// release, so the waiters rejoin and the next generation forms across a coordinator
+    /// move. Not in CI mode.
+    HandoverMove,
+    /// The `stall` contender's only runtime thread blocked while it holds, for the session
+    /// timeout plus 1 to 3 s; then it asks `is_held()` and writes only if told it holds. In CI
+    /// mode once, after the other kinds ([`Kind::CI_EXTRA`]).
+    RuntimeStall,
+    /// A producer appending RELEASED, LOST and ACQUIRED records to the native lock's ledger
+    /// that name the current holder's hold, member and generation (or the next generation),
+    /// while it holds. Not in CI mode.
+    LedgerForger,
 }
 
 impl Kind {
@@ -108,9 +123,37 @@ impl Kind {
         Kind::StallJoin,
     ];
 
-    /// Drawn only when named (`--kinds`): each needs a contender of its own, and CI mode keeps
-    /// its time.
-    pub const OPTIONAL: [Kind; 2] = [Kind::HoldHeartbeat, Kind::NoexecLoss];
+    /// Drawn only when named (`--kinds`), but for [`Kind::CI_EXTRA`]: most need a contender of
+    /// their own or take long, and CI mode keeps its time.
+    pub const OPTIONAL: [Kind; 6] = [
+        Kind::HoldHeartbeat,
+        Kind::NoexecLoss,
+        Kind::Pair,
+        Kind::HandoverMove,
+        Kind::RuntimeStall,
+        Kind::LedgerForger,
+    ];
+
+    /// Optional kinds CI mode runs once anyway, after its schedule (so the kinds of [`Kind::ALL`]
+    /// keep theirs for every seed): cheap (about 15 s and one contender process), and what it
+    /// catches nothing else in CI mode does.
+    pub const CI_EXTRA: [Kind; 1] = [Kind::RuntimeStall];
+
+    /// What a pair draws from: the single faults (mixed and cut-move are combinations already;
+    /// the optional ones need contenders of their own).
+    pub const PAIRABLE: [Kind; 11] = [
+        Kind::PauseHolder,
+        Kind::KillHolder,
+        Kind::CutBlackhole,
+        Kind::CutReset,
+        Kind::CutDelay,
+        Kind::BrokerKill,
+        Kind::BrokerPause,
+        Kind::BrokerTerm,
+        Kind::SlowBroker,
+        Kind::Herd,
+        Kind::StallJoin,
+    ];
 
     /// The holder faults a mixed episode draws from.
     pub const HOLDER: [Kind; 4] = [
@@ -144,6 +187,10 @@ impl Kind {
             Kind::StallJoin => "stall-join",
             Kind::HoldHeartbeat => "hold-heartbeat",
             Kind::NoexecLoss => "noexec-loss",
+            Kind::Pair => "pair",
+            Kind::HandoverMove => "handover-move",
+            Kind::RuntimeStall => "runtime-stall",
+            Kind::LedgerForger => "ledger-forger",
         }
     }
 
@@ -186,11 +233,58 @@ pub struct Episode {
     pub broker_length: Duration,
     /// Cut-move episodes: cut the waiter the next assignment names rather than the holder.
     pub pending: bool,
+    /// A holder fault in a pair whose other half is a holder fault on the same lock: aimed at
+    /// a contender that does not hold, so the two targets differ.
+    pub waiter: bool,
+    /// Pair episodes: the two nemeses, the second started `offset` after the first.
+    pub parts: Vec<Episode>,
+    pub offset: Duration,
+}
+
+impl Kind {
+    /// A fault of the coordinator broker (or of every contender's link to it).
+    fn broker(self) -> bool {
+        Kind::BROKER.contains(&self)
+    }
+
+    /// A fault aimed at one contender (the holder, or in a pair a waiter).
+    fn at_contender(self) -> bool {
+        matches!(
+            self,
+            Kind::PauseHolder
+                | Kind::KillHolder
+                | Kind::CutBlackhole
+                | Kind::CutReset
+                | Kind::CutDelay
+        )
+    }
+
+    /// Whether two nemeses can run as a pair: one broker fault at most (there is one
+    /// coordinator to aim at), one herd and one stalled join at most, and no slowed broker with
+    /// a fault set on one contender's proxies (the proxies keep one fault per broker: one
+    /// heal would end the other's fault).
+    fn pairs_with(self, other: Kind) -> bool {
+        let proxied = |k: Kind| {
+            matches!(
+                k,
+                Kind::CutBlackhole | Kind::CutReset | Kind::CutDelay | Kind::StallJoin
+            )
+        };
+        !(self.broker() && other.broker()
+            || self == other && matches!(self, Kind::Herd | Kind::StallJoin)
+            || self == Kind::SlowBroker && proxied(other)
+            || other == Kind::SlowBroker && proxied(self))
+    }
 }
 
 impl fmt::Display for Episode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} on {:?}", self.kind.name(), self.target)?;
+        if self.kind == Kind::Pair {
+            // Each half names its own lock.
+            write!(f, "{}", self.kind.name())?;
+        } else {
+            write!(f, "{} on {:?}", self.kind.name(), self.target)?;
+        }
         match self.kind {
             Kind::CutBlackhole => write!(f, ", {:?}, {:?}", self.dir, self.length),
             Kind::CutReset => write!(f, ", {:?}", self.length),
@@ -228,6 +322,30 @@ impl fmt::Display for Episode {
                  refused {:?} after the heal",
                 self.delay
             ),
+            Kind::Pair => {
+                let (a, b) = (&self.parts[0], &self.parts[1]);
+                write!(
+                    f,
+                    ": [{a}{}] + {:.1} s later [{b}{}]",
+                    if a.waiter { ", a waiter" } else { "" },
+                    self.offset.as_secs_f64(),
+                    if b.waiter { ", a waiter" } else { "" }
+                )
+            }
+            Kind::HandoverMove => write!(
+                f,
+                ", node {} at the holder's release, down {:?}",
+                if self.broker_fault == Kind::BrokerTerm {
+                    "shut down"
+                } else {
+                    "killed"
+                },
+                self.length
+            ),
+            Kind::RuntimeStall => {
+                write!(f, ", runtime blocked session timeout + {:?}", self.length)
+            }
+            Kind::LedgerForger => write!(f, ", records forged for {:?}", self.length),
             Kind::Mixed => write!(
                 f,
                 ": {} ({:?}) during {} ({:?}, slowed {:?})",
@@ -256,76 +374,118 @@ pub fn schedule(seed: u64, episodes: usize, every_kind: bool, only: &[Kind]) -> 
         kinds.push(*rng.pick(pool));
     }
     kinds.truncate(episodes.max(if every_kind { pool.len() } else { 0 }));
-    kinds
-        .into_iter()
-        .map(|kind| {
-            let holder_fault = *rng.pick(&Kind::HOLDER);
-            let broker_fault = *rng.pick(&Kind::BROKER);
-            // A stalled join aims at the native lock's waiters, library or CLI.
-            let broker_wide = matches!(
-                kind,
-                Kind::BrokerKill
-                    | Kind::BrokerPause
-                    | Kind::BrokerTerm
-                    | Kind::SlowBroker
-                    | Kind::StallJoin
-                    | Kind::HoldHeartbeat
-                    | Kind::NoexecLoss
-            );
-            let target = if broker_wide || rng.range(0, 2) > 0 {
-                Target::Native
+    if every_kind && only.is_empty() {
+        kinds.extend(Kind::CI_EXTRA);
+    }
+    kinds.into_iter().map(|kind| draw(kind, &mut rng)).collect()
+}
+
+/// One episode of `kind`, everything random about it drawn from `rng`. The draws for the kinds
+/// added later come after the others' and only for those kinds, so the older kinds' schedules
+/// stay as they were for every seed.
+fn draw(kind: Kind, rng: &mut Rng) -> Episode {
+    let holder_fault = *rng.pick(&Kind::HOLDER);
+    let broker_fault = *rng.pick(&Kind::BROKER);
+    // A stalled join aims at the native lock's waiters, library or CLI.
+    let broker_wide = matches!(
+        kind,
+        Kind::BrokerKill
+            | Kind::BrokerPause
+            | Kind::BrokerTerm
+            | Kind::SlowBroker
+            | Kind::StallJoin
+            | Kind::HoldHeartbeat
+            | Kind::NoexecLoss
+            | Kind::RuntimeStall
+            | Kind::LedgerForger
+    );
+    let target = if broker_wide || rng.range(0, 2) > 0 {
+        Target::Native
+    } else {
+        Target::Consumer
+    };
+    let dir = match kind {
+        Kind::CutReset | Kind::SlowBroker => Dir::Both,
+        _ => *rng.pick(&[Dir::Up, Dir::Down, Dir::Both]),
+    };
+    let length = match kind {
+        Kind::PauseHolder | Kind::BrokerPause => rng.millis(500, 3000),
+        Kind::KillHolder => Duration::ZERO,
+        Kind::CutBlackhole | Kind::CutReset | Kind::CutDelay => rng.millis(2000, 10_000),
+        Kind::SlowBroker => rng.millis(4000, 10_000),
+        Kind::BrokerKill | Kind::BrokerTerm => rng.millis(1000, 4000),
+        Kind::Herd => Duration::ZERO,
+        // The holder fault's length; a pause lasts the session timeout on top.
+        Kind::Mixed => rng.millis(2000, 10_000),
+        // On top of the session timeout, so the group has dropped the member.
+        Kind::CutMove => rng.millis(500, 4000),
+        // Until the next release: no length of its own.
+        Kind::StallJoin => Duration::ZERO,
+        // Apache defers a Heartbeat up to offsets.commit.timeout.ms (5 s); the lease
+        // is 5 s from a renewal's send, so up to that bound the holder keeps its lock
+        // unless load delays it, and near it may lose it (correctly).
+        Kind::HoldHeartbeat => rng.millis(2000, 4500),
+        Kind::NoexecLoss => Duration::ZERO,
+        // Drawn below, after the draws every kind makes.
+        Kind::Pair | Kind::HandoverMove | Kind::RuntimeStall | Kind::LedgerForger => Duration::ZERO,
+    };
+    let delay = match kind {
+        Kind::CutDelay => rng.millis(300, 8000),
+        // Past the 5 s request timeout.
+        Kind::SlowBroker | Kind::Mixed => rng.millis(5500, 8000),
+        // Heartbeats refused after the stalled JoinGroup is delivered: the waiter learns
+        // late of the rebalance it completed. Under the session timeout.
+        Kind::StallJoin => rng.millis(1500, 4500),
+        _ => Duration::ZERO,
+    };
+    let broker_length = rng.millis(1000, 8000);
+    let pending = kind == Kind::CutMove && rng.range(0, 1) == 1;
+    let mut e = Episode {
+        kind,
+        target,
+        length,
+        dir,
+        delay,
+        herd: rng.range(20, 50) as usize,
+        seed: rng.next_u64(),
+        holder_fault,
+        broker_fault,
+        broker_length,
+        pending,
+        waiter: false,
+        parts: Vec::new(),
+        offset: Duration::ZERO,
+    };
+    match kind {
+        Kind::Pair => {
+            let a = *rng.pick(&Kind::PAIRABLE);
+            let b = loop {
+                let b = *rng.pick(&Kind::PAIRABLE);
+                if a.pairs_with(b) {
+                    break b;
+                }
+            };
+            let first = draw(a, rng);
+            let mut second = draw(b, rng);
+            // Two faults at one contender would be one fault: on the same lock the
+            // second aims at a contender that does not hold.
+            second.waiter = a.at_contender() && b.at_contender() && first.target == second.target;
+            e.offset = rng.millis(0, 2000);
+            e.parts = vec![first, second];
+        }
+        Kind::HandoverMove => {
+            e.length = rng.millis(1000, 4000);
+            if rng.range(0, 1) == 1 {
+                e.broker_fault = Kind::BrokerTerm;
             } else {
-                Target::Consumer
-            };
-            let dir = match kind {
-                Kind::CutReset | Kind::SlowBroker => Dir::Both,
-                _ => *rng.pick(&[Dir::Up, Dir::Down, Dir::Both]),
-            };
-            let length = match kind {
-                Kind::PauseHolder | Kind::BrokerPause => rng.millis(500, 3000),
-                Kind::KillHolder => Duration::ZERO,
-                Kind::CutBlackhole | Kind::CutReset | Kind::CutDelay => rng.millis(2000, 10_000),
-                Kind::SlowBroker => rng.millis(4000, 10_000),
-                Kind::BrokerKill | Kind::BrokerTerm => rng.millis(1000, 4000),
-                Kind::Herd => Duration::ZERO,
-                // The holder fault's length; a pause lasts the session timeout on top.
-                Kind::Mixed => rng.millis(2000, 10_000),
-                // On top of the session timeout, so the group has dropped the member.
-                Kind::CutMove => rng.millis(500, 4000),
-                // Until the next release: no length of its own.
-                Kind::StallJoin => Duration::ZERO,
-                // Apache defers a Heartbeat up to offsets.commit.timeout.ms (5 s); the lease
-                // is 5 s from a renewal's send, so up to that bound the holder keeps its lock
-                // unless load delays it, and near it may lose it (correctly).
-                Kind::HoldHeartbeat => rng.millis(2000, 4500),
-                Kind::NoexecLoss => Duration::ZERO,
-            };
-            let delay = match kind {
-                Kind::CutDelay => rng.millis(300, 8000),
-                // Past the 5 s request timeout.
-                Kind::SlowBroker | Kind::Mixed => rng.millis(5500, 8000),
-                // Heartbeats refused after the stalled JoinGroup is delivered: the waiter learns
-                // late of the rebalance it completed. Under the session timeout.
-                Kind::StallJoin => rng.millis(1500, 4500),
-                _ => Duration::ZERO,
-            };
-            let broker_length = rng.millis(1000, 8000);
-            let pending = kind == Kind::CutMove && rng.range(0, 1) == 1;
-            Episode {
-                kind,
-                target,
-                length,
-                dir,
-                delay,
-                herd: rng.range(20, 50) as usize,
-                seed: rng.next_u64(),
-                holder_fault,
-                broker_fault,
-                broker_length,
-                pending,
+                e.broker_fault = Kind::BrokerKill;
             }
-        })
-        .collect()
+        }
+        Kind::RuntimeStall => e.length = rng.millis(1000, 3000),
+        Kind::LedgerForger => e.length = rng.millis(3000, 8000),
+        _ => {}
+    }
+    e
 }
 
 #[test]
@@ -333,17 +493,37 @@ fn a_seed_replays_the_same_schedule_and_ci_mode_has_every_kind() {
     assert_eq!(schedule(7, 30, false, &[]), schedule(7, 30, false, &[]));
     assert_ne!(schedule(7, 30, false, &[]), schedule(8, 30, false, &[]));
     let ci = schedule(99, 3, true, &[]);
-    assert_eq!(ci.len(), Kind::ALL.len());
-    for kind in Kind::ALL {
+    assert_eq!(ci.len(), Kind::ALL.len() + Kind::CI_EXTRA.len());
+    for kind in Kind::ALL.into_iter().chain(Kind::CI_EXTRA) {
         assert!(ci.iter().any(|e| e.kind == kind), "{kind:?} missing");
         assert_eq!(Kind::from_name(kind.name()), Some(kind));
     }
     for kind in Kind::OPTIONAL {
-        assert!(ci.iter().all(|e| e.kind != kind), "{kind:?} in CI mode");
+        assert_eq!(
+            ci.iter().any(|e| e.kind == kind),
+            Kind::CI_EXTRA.contains(&kind),
+            "{kind:?} in CI mode"
+        );
         assert_eq!(Kind::from_name(kind.name()), Some(kind));
+        // A pair's halves and a coordinator move at a release aim at either lock.
+        let either = matches!(kind, Kind::Pair | Kind::HandoverMove);
         assert!(schedule(7, 3, true, &[kind])
             .iter()
-            .all(|e| e.kind == kind && e.target == Target::Native));
+            .all(|e| e.kind == kind && (either || e.target == Target::Native)));
+    }
+    for e in schedule(3, 200, false, &[Kind::Pair]) {
+        let [a, b] = &e.parts[..] else {
+            panic!("a pair of {} nemeses", e.parts.len())
+        };
+        assert!(a.parts.is_empty() && b.parts.is_empty());
+        assert!(Kind::PAIRABLE.contains(&a.kind) && Kind::PAIRABLE.contains(&b.kind));
+        assert!(a.kind.pairs_with(b.kind), "{a} with {b}");
+        assert!(!(a.kind.broker() && b.kind.broker()));
+        // Two faults aimed at contenders of one lock: the second is not at the holder.
+        if a.kind.at_contender() && b.kind.at_contender() && a.target == b.target {
+            assert!(b.waiter && !a.waiter);
+        }
+        assert!(e.offset <= Duration::from_secs(2));
     }
     let only = schedule(7, 5, false, &[Kind::StallJoin]);
     assert!(only

@@ -39,6 +39,15 @@ pub enum Role {
     Slow,
     /// `kafka-lock run` with a command that cannot exec (it does not exist).
     NoExec,
+    /// A library contender process (`roles` `stall`) on a current_thread runtime that blocks
+    /// that thread while it holds when the suite asks ([`stall_file`]).
+    Stall,
+}
+
+/// Where the suite asks slot `name`'s `stall` contender to block its runtime: a file holding
+/// the milliseconds, renamed into place.
+pub fn stall_file(logs: &Path, name: &str) -> std::path::PathBuf {
+    logs.join(format!("{name}.stall"))
 }
 
 /// The trap of [`Pool::stop_after_spawn`]: armed, it stops the supervisor of the slot's next
@@ -590,7 +599,7 @@ fn spawn(env: &Env, slot: &Slot, id: &str, rng: &mut Rng) -> Result<Running, Str
                 process,
             })
         }
-        Role::Reads | Role::Slow => {
+        Role::Reads | Role::Slow | Role::Stall => {
             let bootstrap = slot.proxies.as_ref().expect("proxies").bootstrap();
             let mut cmd = lib_command(
                 env,
@@ -603,13 +612,14 @@ fn spawn(env: &Env, slot: &Slot, id: &str, rng: &mut Rng) -> Result<Running, Str
             );
             cmd.env(
                 "FAULT_ROLE",
-                if spec.role == Role::Reads {
-                    "reads"
-                } else {
-                    "slow"
+                match spec.role {
+                    Role::Reads => "reads",
+                    Role::Slow => "slow",
+                    _ => "stall",
                 },
             )
-            .env("FAULT_PERMITS", spec.permits.to_string());
+            .env("FAULT_PERMITS", spec.permits.to_string())
+            .env("FAULT_STALL_FILE", stall_file(&env.logs, &spec.name));
             let (process, _) = Supervised::spawn(&cmd, Output::Log(&log), None)?;
             Ok(Running::Proc {
                 id: id.to_owned(),

@@ -22,6 +22,12 @@
 //!   watches its hold: it learns of a loss from [`kafka_lock::LockGuard::lost`] alone and writes
 //!   while [`kafka_lock::LockGuard::is_held`]. The library must neither wait on that stream
 //!   (the lease's renewals would stop) nor let the loss go astray in it.
+//! - `stall`: a `lib` contender on a current_thread runtime that, when the suite drops a
+//!   number of milliseconds into `FAULT_STALL_FILE` while it holds, blocks its one runtime
+//!   thread that long (`std::thread::sleep` in its task: no timer, no socket, no session task
+//!   runs meanwhile), then asks `is_held()` at once and reports the answer (a `stalled` event
+//!   with the lease end it read before the block). It writes only if the guard says it holds,
+//!   as every contender; if not, it reports the loss. The `runtime-stall` nemesis aims at it.
 //! - `writer`: the job the CLI contenders run under `kafka-lock run`: it writes
 //!   `$KAFKA_LOCK_TOKEN` to the store at once and every 200 ms for `FAULT_HOLD_MS`, then exits.
 //!   It never looks at the lock: stopping it in time is the CLI supervisor's job.
@@ -84,6 +90,28 @@ fn role() {
                 &|| options(&bootstrap, &lock, &flavour, permits()),
                 env("FAULT_SEED").parse().expect("FAULT_SEED"),
                 permits(),
+                None,
+            ));
+        }
+        "stall" => {
+            // One thread: a block in a task stops everything the library runs for this hold.
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            let (bootstrap, lock, flavour) = (
+                env("FAULT_BOOTSTRAP"),
+                env("FAULT_LOCK"),
+                Flavour::from_env(),
+            );
+            let stall = std::path::PathBuf::from(env("FAULT_STALL_FILE"));
+            rt.block_on(contender(
+                &mut reporter,
+                false,
+                &|| options(&bootstrap, &lock, &flavour, permits()),
+                env("FAULT_SEED").parse().expect("FAULT_SEED"),
+                permits(),
+                Some(&stall),
             ));
         }
         "many" => {
@@ -112,8 +140,15 @@ fn role() {
                     let client = client.clone();
                     tasks.spawn(async move {
                         let make = || tune(client.lock(&lock), &flavour, permits);
-                        contender(&mut rep, false, &make, seed.wrapping_add(i as u64), permits)
-                            .await;
+                        contender(
+                            &mut rep,
+                            false,
+                            &make,
+                            seed.wrapping_add(i as u64),
+                            permits,
+                            None,
+                        )
+                        .await;
                     });
                 }
                 // The contenders never end: a panic in one ends the process.
@@ -144,7 +179,7 @@ fn role() {
                     tune(client.lock(&lock), &flavour, permits()).request_timeout(READ_TIMEOUT);
                 tokio::spawn(read_all_the_time(reads));
                 let make = || tune(client.lock(&lock), &flavour, permits());
-                contender(&mut reporter, false, &make, seed, permits()).await;
+                contender(&mut reporter, false, &make, seed, permits(), None).await;
             });
         }
         "writer" => {
@@ -346,12 +381,22 @@ async fn slow_contender(
     }
 }
 
+/// The block the suite asked for in `path` (milliseconds), taken once: the file is removed.
+/// The suite renames a whole file into place, so a partial number is never read.
+fn stall_asked(path: Option<&std::path::Path>) -> Option<Duration> {
+    let path = path?;
+    let ms: u64 = std::fs::read_to_string(path).ok()?.trim().parse().ok()?;
+    std::fs::remove_file(path).ok()?;
+    Some(Duration::from_millis(ms))
+}
+
 async fn contender(
     rep: &mut Reporter,
     broken: bool,
     make: &(dyn Fn() -> LockOptions + Send + Sync),
     seed: u64,
     permits: u16,
+    stall: Option<&std::path::Path>,
 ) {
     let mut rng = Rng::new(seed);
     loop {
@@ -407,7 +452,21 @@ async fn contender(
                     }
                 }
                 _ = tick.tick() => {
-                    if broken || guard.is_held() {
+                    if let Some(block) = stall_asked(stall) {
+                        let before = to_mono(guard.lease_end());
+                        // Blocking on purpose: the runtime's only thread, so neither the
+                        // session's renewals nor the guard's own timer can run.
+                        std::thread::sleep(block);
+                        // Read before the guard is asked: a lease end before this instant
+                        // means the answer had to be no.
+                        let at = mono_ns();
+                        let held = guard.is_held();
+                        rep.event_at(Kind::Stalled, at, Some(i64::from(held)), Some(before));
+                        if !held {
+                            break Some(at);
+                        }
+                        rep.write(token);
+                    } else if broken || guard.is_held() {
                         rep.write(token);
                     }
                 }

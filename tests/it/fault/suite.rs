@@ -28,6 +28,8 @@ use crate::support::{mono_ns, repo_root, unique_group};
 const READS: &str = "read1";
 const NOEXEC: &str = "nox1";
 const SLOW: &str = "slow1";
+/// The `stall` contender's slot (runtime-stall's target).
+const STALL: &str = "stall1";
 
 /// Bound on a lock having a holder to aim a fault at.
 const HOLDER_BOUND: Duration = Duration::from_secs(60);
@@ -137,7 +139,9 @@ struct Record {
 struct Run {
     cfg: Config,
     out: PathBuf,
-    cluster: KafkaCluster,
+    /// Shared by the two halves of a pair; each call takes it briefly (a restart waits for the
+    /// node, so the other half's next call may wait too).
+    cluster: std::sync::Mutex<KafkaCluster>,
     rt: tokio::runtime::Runtime,
     checker: Arc<Checker>,
     pool: Pool,
@@ -148,6 +152,8 @@ struct Run {
     /// The locks only the many-locks contenders take (besides the native lock).
     extra: Vec<String>,
     records: Vec<Record>,
+    /// What the nemeses that judge for themselves found wrong (runtime-stall).
+    failures: std::sync::Mutex<Vec<String>>,
 }
 
 pub fn run(cfg: Config) {
@@ -236,6 +242,9 @@ pub fn run(cfg: Config) {
     if cfg.slow_consumer {
         specs.push(spec(SLOW, Role::Slow, &native, &ledger));
     }
+    if plan.iter().any(|e| e.kind == Kind::RuntimeStall) {
+        specs.push(spec(STALL, Role::Stall, &native, &ledger));
+    }
     if cfg.many > 1 {
         for name in ["many1", "many2"] {
             specs.push(SlotSpec {
@@ -254,7 +263,7 @@ pub fn run(cfg: Config) {
     let mut run = Run {
         cfg,
         out,
-        cluster,
+        cluster: std::sync::Mutex::new(cluster),
         rt,
         checker,
         pool,
@@ -263,6 +272,7 @@ pub fn run(cfg: Config) {
         ledger,
         extra,
         records: Vec::new(),
+        failures: std::sync::Mutex::new(Vec::new()),
     };
     let selfcheck = run.self_check();
     run.warm_up();
@@ -294,6 +304,10 @@ struct SelfCheck {
 }
 
 impl Run {
+    fn cluster(&self) -> std::sync::MutexGuard<'_, KafkaCluster> {
+        self.cluster.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn lock_of(&self, t: Target) -> &str {
         match t {
             Target::Native => &self.native,
@@ -315,7 +329,7 @@ impl Run {
     fn self_check(&mut self) -> SelfCheck {
         let lock = unique_group("fault-selfcheck");
         let env = self.pool.env();
-        let bootstrap = self.cluster.bootstrap();
+        let bootstrap = self.cluster().bootstrap();
         let start = |id: &str, broken: bool, seed: u64| {
             let cmd = pool::lib_command(env, id, &lock, &bootstrap, &Flavour::Plain, broken, seed);
             let log = env.logs.join(format!("{id}.log"));
@@ -394,7 +408,7 @@ impl Run {
                 |c| c.acquired_since(lock, 0, |id| id.starts_with(prefix)) > 0,
             );
         }
-        for slot in [READS, NOEXEC, SLOW] {
+        for slot in [READS, NOEXEC, SLOW, STALL] {
             if self.pool.has_slot(slot) {
                 self.wait_for(
                     Duration::from_secs(120),
@@ -445,6 +459,49 @@ impl Run {
     }
 
     fn episode(&mut self, n: usize, plan: Episode) -> Record {
+        let lock = self
+            .lock_of(plan.parts.first().unwrap_or(&plan).target)
+            .to_owned();
+        let (target, note, start) = self.strike(n, &plan);
+        // Every lock a fault was aimed at must be taken again (a pair's halves may aim at both).
+        let mut locks = vec![lock.clone()];
+        for part in &plan.parts {
+            let l = self.lock_of(part.target).to_owned();
+            if !locks.contains(&l) {
+                locks.push(l);
+            }
+        }
+        let healed = mono_ns();
+        let heal_instant = Instant::now();
+        let deadline = heal_instant + RECOVERY_BOUND;
+        let recovered = loop {
+            if locks
+                .iter()
+                .all(|l| self.checker.acquired_since(l, healed, judged) > 0)
+            {
+                break Some(heal_instant.elapsed());
+            }
+            if Instant::now() >= deadline {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        Record {
+            n,
+            plan,
+            lock,
+            target,
+            note,
+            start,
+            healed,
+            end: mono_ns(),
+            recovered,
+        }
+    }
+
+    /// Runs the fault `plan` describes and heals it. Returns its target (none: nothing to aim
+    /// at, nothing done), what was done, and when the fault began.
+    fn strike(&self, n: usize, plan: &Episode) -> (Option<String>, String, i64) {
         let lock = self.lock_of(plan.target).to_owned();
         let mut rng = Rng::new(plan.seed);
         let mut target = None;
@@ -452,7 +509,7 @@ impl Run {
         let start;
         match plan.kind {
             Kind::PauseHolder => {
-                target = self.holder(&lock, HOLDER_BOUND);
+                target = self.aim(plan, &lock, &mut rng);
                 start = mono_ns();
                 if let Some(id) = &target {
                     let pids = self.pool.pause(id);
@@ -462,7 +519,7 @@ impl Run {
                 }
             }
             Kind::KillHolder => {
-                target = self.holder(&lock, HOLDER_BOUND);
+                target = self.aim(plan, &lock, &mut rng);
                 start = mono_ns();
                 if let Some(id) = &target {
                     self.pool.kill(id);
@@ -470,8 +527,8 @@ impl Run {
                 }
             }
             Kind::CutBlackhole | Kind::CutReset | Kind::CutDelay => {
-                target = self.cut_target(&lock, &mut rng);
-                let coordinator = self.cluster.coordinator(&lock);
+                target = self.aim(plan, &lock, &mut rng);
+                let coordinator = self.cluster().coordinator(&lock);
                 let fault = match plan.kind {
                     Kind::CutBlackhole => Fault::Blackhole(plan.dir),
                     Kind::CutReset => Fault::Reset,
@@ -487,7 +544,7 @@ impl Run {
                 }
             }
             Kind::BrokerKill | Kind::BrokerPause | Kind::BrokerTerm | Kind::SlowBroker => {
-                let node = self.cluster.coordinator(&lock);
+                let node = self.cluster().coordinator(&lock);
                 start = mono_ns();
                 note = self.broker_fault(plan.kind, node, plan.length, plan.delay);
                 target = Some(format!("node {node}"));
@@ -499,7 +556,7 @@ impl Run {
                 } else {
                     self.holder(&lock, HOLDER_BOUND)
                 };
-                let node = self.cluster.coordinator(&lock);
+                let node = self.cluster().coordinator(&lock);
                 start = mono_ns();
                 let heal_at = Instant::now()
                     + match plan.holder_fault {
@@ -536,19 +593,19 @@ impl Run {
             }
             Kind::CutMove => {
                 start = mono_ns();
-                let (t, n) = self.cut_move(&plan, &lock, &mut rng);
+                let (t, n) = self.cut_move(plan, &lock, &mut rng);
                 target = t;
                 note = n;
             }
             Kind::StallJoin => {
                 start = mono_ns();
-                let (t, n) = self.stall_join(&plan, &lock);
+                let (t, n) = self.stall_join(plan, &lock);
                 target = t;
                 note = n;
             }
             Kind::HoldHeartbeat => {
                 start = mono_ns();
-                let (t, n) = self.hold_heartbeat(&plan, &lock);
+                let (t, n) = self.hold_heartbeat(plan, &lock);
                 target = t;
                 note = n;
             }
@@ -560,36 +617,64 @@ impl Run {
             }
             Kind::Herd => {
                 start = mono_ns();
-                let acquired = self.herd(n, &plan, &lock, &mut rng);
+                let acquired = self.herd(n, plan, &lock, &mut rng);
                 note = format!("{} joined at once, {acquired} acquired", plan.herd);
+            }
+            Kind::Pair => {
+                let (a, b) = (&plan.parts[0], &plan.parts[1]);
+                // Each half runs and heals on its own schedule; the second starts `offset`
+                // after the first, whatever the first is doing then.
+                let (first, second) = std::thread::scope(|s| {
+                    let later = s.spawn(|| {
+                        std::thread::sleep(plan.offset);
+                        self.strike(n, b)
+                    });
+                    let first = self.strike(n, a);
+                    (first, later.join().expect("the pair's second nemesis"))
+                });
+                start = first.2.min(second.2);
+                let said = |half: &(Option<String>, String, i64), k: &Episode| {
+                    format!(
+                        "{} at {:+.1} s: {}",
+                        k.kind.name(),
+                        (half.2 - start) as f64 / 1e9,
+                        half.1
+                    )
+                };
+                if first.0.is_some() || second.0.is_some() {
+                    target = Some(
+                        [&first.0, &second.0]
+                            .into_iter()
+                            .map(|t| t.as_deref().unwrap_or("-"))
+                            .collect::<Vec<_>>()
+                            .join(" + "),
+                    );
+                }
+                note = format!("{}; {}", said(&first, a), said(&second, b));
+            }
+            Kind::HandoverMove => {
+                start = mono_ns();
+                let (t, n) = self.handover_move(plan, &lock);
+                target = t;
+                note = n;
+            }
+            Kind::RuntimeStall => {
+                start = mono_ns();
+                let (t, n) = self.runtime_stall(plan, &lock);
+                target = t;
+                note = n;
+            }
+            Kind::LedgerForger => {
+                start = mono_ns();
+                let (t, n) = self.ledger_forger(plan, &lock);
+                target = t;
+                note = n;
             }
         }
         if target.is_none() && plan.kind != Kind::Herd {
             note = "no holder to aim at: nothing done".into();
         }
-        let healed = mono_ns();
-        let heal_instant = Instant::now();
-        let deadline = heal_instant + RECOVERY_BOUND;
-        let recovered = loop {
-            if self.checker.acquired_since(&lock, healed, judged) > 0 {
-                break Some(heal_instant.elapsed());
-            }
-            if Instant::now() >= deadline {
-                break None;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        Record {
-            n,
-            plan,
-            lock,
-            target,
-            note,
-            start,
-            healed,
-            end: mono_ns(),
-            recovered,
-        }
+        (target, note, start)
     }
 
     /// The cut-move nemesis: a member is cut off from every broker for longer than its session
@@ -598,7 +683,7 @@ impl Run {
     /// confirmed. Then the coordinator's node is killed and the cut heals as soon as another
     /// node is named coordinator, while it loads the group: the member's next Heartbeat may meet
     /// a coordinator that answers NONE blindly. Returns the target and what was done.
-    fn cut_move(&mut self, plan: &Episode, lock: &str, rng: &mut Rng) -> (Option<String>, String) {
+    fn cut_move(&self, plan: &Episode, lock: &str, rng: &mut Rng) -> (Option<String>, String) {
         let holder = self.holder(lock, HOLDER_BOUND);
         let target = if plan.pending {
             let waiters: Vec<String> = self
@@ -626,13 +711,13 @@ impl Run {
             }
         };
         std::thread::sleep(SESSION + plan.length);
-        let node = self.cluster.coordinator(lock);
-        self.cluster.kill(node);
+        let node = self.cluster().coordinator(lock);
+        self.cluster().kill(node);
         let down = Instant::now();
-        let new = self.cluster.wait_for_new_coordinator(lock, node);
+        let new = self.cluster().wait_for_new_coordinator(lock, node);
         self.pool.proxies_of(&target, |p| p.set_all(Fault::Clear));
         std::thread::sleep(plan.broker_length.saturating_sub(down.elapsed()));
-        self.cluster.restart(node);
+        self.cluster().restart(node);
         let what = if plan.pending {
             "cut after its next assignment while the holder was killed"
         } else {
@@ -654,7 +739,7 @@ impl Run {
     /// cut off right after its next SyncGroup answer for longer than the session timeout: if
     /// that answer begins a hold counted from its late JoinGroup, the broker drops it before
     /// the hold's lease ends.
-    fn stall_join(&mut self, plan: &Episode, lock: &str) -> (Option<String>, String) {
+    fn stall_join(&self, plan: &Episode, lock: &str) -> (Option<String>, String) {
         let holder = self.holder(lock, HOLDER_BOUND);
         let mut waiters: Vec<(i64, String)> = {
             let log = self.checker.lock();
@@ -748,7 +833,7 @@ impl Run {
         let mut stalled = None;
         self.pool
             .slot_proxies(&slot, |p| stalled = p.stalled_join());
-        let (coordinator, before) = stalled.unwrap_or((self.cluster.coordinator(lock), 0));
+        let (coordinator, before) = stalled.unwrap_or((self.cluster().coordinator(lock), 0));
         self.pool
             .slot_proxies(&slot, |p| p.set(coordinator, Fault::StallAndReset(before)));
         std::thread::sleep(super::HEARTBEAT / 3);
@@ -822,7 +907,7 @@ impl Run {
     /// held Heartbeat is on must stay open until its answer comes: a held answer the client
     /// closed its connection on ([`super::kproxy::ProxyStats::heartbeats_abandoned`]) fails the
     /// run.
-    fn hold_heartbeat(&mut self, plan: &Episode, lock: &str) -> (Option<String>, String) {
+    fn hold_heartbeat(&self, plan: &Episode, lock: &str) -> (Option<String>, String) {
         let Some(id) = self.slot_holder(lock, READS) else {
             return (None, String::new());
         };
@@ -870,7 +955,7 @@ impl Run {
     /// start pending; past the session timeout the supervisor is continued and the cut healed:
     /// the supervisor then fails the exec and ends while kafka-lock already knows of the loss.
     /// The hold must be reported ended once.
-    fn noexec_loss(&mut self, lock: &str) -> (Option<String>, String) {
+    fn noexec_loss(&self, lock: &str) -> (Option<String>, String) {
         self.pool.stop_after_spawn(NOEXEC);
         let deadline = Instant::now() + HOLDER_BOUND;
         let sprung = loop {
@@ -918,6 +1003,328 @@ impl Run {
         )
     }
 
+    /// The handover-move nemesis: the coordinator broker killed or shut down (SIGTERM) the
+    /// moment a kafka-lock holder of `lock` reports its release (reported just before its
+    /// LeaveGroup), so the waiters' rejoin and the next generation happen across a coordinator
+    /// move; the node is restarted after the episode's length.
+    fn handover_move(&self, plan: &Episode, lock: &str) -> (Option<String>, String) {
+        let deadline = Instant::now() + HOLDER_BOUND;
+        let mut node = self.cluster().coordinator(lock);
+        let mut looked_up = Instant::now();
+        let from = mono_ns();
+        let release = loop {
+            let seen = {
+                let log = self.checker.lock();
+                log.events
+                    .iter()
+                    .rev()
+                    .take_while(|e| e.mono > from - 10_000_000_000)
+                    .find(|e| {
+                        e.kind == Ev::Released
+                            && e.mono > from
+                            && judged(&e.id)
+                            && checker::base(&e.lock) == lock
+                    })
+                    .map(|e| (e.id.clone(), e.mono))
+            };
+            if seen.is_some() || Instant::now() >= deadline {
+                break seen;
+            }
+            // A node restarted by an earlier episode may have taken the group back since.
+            if looked_up.elapsed() > Duration::from_secs(2) {
+                node = self.cluster().coordinator(lock);
+                looked_up = Instant::now();
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        let Some((id, released)) = release else {
+            return (None, String::new());
+        };
+        let term = plan.broker_fault == Kind::BrokerTerm;
+        let struck = mono_ns();
+        let how = if term {
+            let took = self.cluster().terminate(node, Duration::from_secs(120));
+            format!(
+                "shut down (controlled shutdown took {:.1} s)",
+                took.as_secs_f64()
+            )
+        } else {
+            self.cluster().kill(node);
+            "killed".to_owned()
+        };
+        std::thread::sleep(plan.length);
+        self.cluster().restart(node);
+        let next = {
+            let log = self.checker.lock();
+            log.events
+                .iter()
+                .filter(|e| {
+                    e.kind == Ev::Acquired
+                        && e.mono > released
+                        && judged(&e.id)
+                        && checker::base(&e.lock) == lock
+                })
+                .min_by_key(|e| e.mono)
+                .map(|e| (e.id.clone(), e.mono, e.token))
+        };
+        let now = self.cluster().coordinator(lock);
+        (
+            Some(id.clone()),
+            format!(
+                "{id} released; node {node} {how} {:.0} ms later, restarted after {:?}; {}; \
+                 coordinator now node {now}",
+                (struck - released) as f64 / 1e6,
+                plan.length,
+                match next {
+                    Some((who, at, token)) => format!(
+                        "next hold {who} {:.1} s after the release (token {})",
+                        (at - released) as f64 / 1e9,
+                        token.map_or("-".to_owned(), |t| t.to_string())
+                    ),
+                    None => "no hold yet at the restart".to_owned(),
+                }
+            ),
+        )
+    }
+
+    /// The runtime-stall nemesis: the `stall` contender's only runtime thread is blocked while
+    /// it holds, for the session timeout plus the episode's length, so nothing of the library
+    /// runs: no renewal, no timer. On waking it asks `is_held()` at once (a `stalled` event)
+    /// and writes only if told it holds. An answer of "held" at an instant after the lease end
+    /// it read before the block fails the run: nothing renewed that lease meanwhile.
+    fn runtime_stall(&self, plan: &Episode, lock: &str) -> (Option<String>, String) {
+        if self.slot_holder(lock, STALL).is_none() {
+            return (None, String::new());
+        }
+        let block = SESSION + plan.length;
+        let file = pool::stall_file(&self.pool.env().logs, STALL);
+        let partial = file.with_extension("partial");
+        let from = mono_ns();
+        std::fs::write(&partial, block.as_millis().to_string()).expect("write the stall request");
+        std::fs::rename(&partial, &file).expect("place the stall request");
+        let prefix = format!("{STALL}.");
+        // A hold that ended before the contender read the request blocks the next one.
+        let bound = Instant::now() + block + HOLDER_BOUND;
+        let stalled = loop {
+            let seen = {
+                let log = self.checker.lock();
+                log.events
+                    .iter()
+                    .rev()
+                    .find(|e| e.kind == Ev::Stalled && e.mono > from && e.id.starts_with(&prefix))
+                    .cloned()
+            };
+            if seen.is_some() || Instant::now() >= bound {
+                break seen;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let Some(e) = stalled else {
+            let _ = std::fs::remove_file(&file);
+            return (None, String::new());
+        };
+        let held = e.token == Some(1);
+        let lease_end = e.lease_end.unwrap_or(i64::MAX);
+        let past = (e.mono - lease_end) as f64 / 1e9;
+        if held && e.mono >= lease_end {
+            self.failures
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(format!(
+                    "runtime-stall: {} was told it still held {past:.1} s after the lease end it \
+                     read before its runtime was blocked {block:?}",
+                    e.id
+                ));
+        }
+        // Give the loss (or the write) a moment to be reported, for the note.
+        std::thread::sleep(Duration::from_secs(2));
+        let (others, writes) = {
+            let log = self.checker.lock();
+            let others = log
+                .events
+                .iter()
+                .filter(|x| {
+                    x.kind == Ev::Acquired
+                        && x.mono > from
+                        && x.mono < e.mono
+                        && x.id != e.id
+                        && checker::base(&x.lock) == lock
+                })
+                .count();
+            let writes: Vec<&str> = log
+                .writes
+                .iter()
+                .filter(|w| w.id == e.id && w.sent >= e.mono)
+                .take(1)
+                .map(|w| if w.accepted { "accepted" } else { "fenced off" })
+                .collect();
+            (others, writes.join(""))
+        };
+        (
+            Some(e.id.clone()),
+            format!(
+                "{}: runtime blocked {:.1} s while holding; is_held() then {} ({past:+.1} s from \
+                 the lease end read before the block); {others} acquisition(s) by others \
+                 meanwhile; {}",
+                e.id,
+                block.as_secs_f64(),
+                if held { "TRUE" } else { "false" },
+                if writes.is_empty() {
+                    "no write after the block".to_owned()
+                } else {
+                    format!("its write after the block {writes}")
+                }
+            ),
+        )
+    }
+
+    /// The ledger-forger nemesis: while a kafka-lock contender holds the native lock, a
+    /// producer in this process appends, every 300 ms for the episode's length, records under
+    /// the lock's key that name the current hold (its token, its member id) and its generation
+    /// or the next: RELEASED, LOST or ACQUIRED, drawn each time. Anyone who can write to the
+    /// ledger topic can do this. The waiters that read a RELEASED or LOST naming their own
+    /// generation rejoin at once (src/ledger/mod.rs, "Waiters long-poll"): a rebalance the
+    /// holder did not cause. The checker judges every hold as always.
+    fn ledger_forger(&self, plan: &Episode, lock: &str) -> (Option<String>, String) {
+        use kafka_lock::internals::ledger::{LedgerRecord, RecordKind};
+        let Flavour::Ledger(topic) = self.ledger.clone() else {
+            return (None, String::new());
+        };
+        let Some(id) = self.holder(lock, HOLDER_BOUND) else {
+            return (None, String::new());
+        };
+        let bootstrap = self.cluster().bootstrap();
+        let nodes: Vec<String> = self
+            .cluster()
+            .nodes()
+            .iter()
+            .filter(|n| n.is_live())
+            .map(|n| n.addr())
+            .collect();
+        let reader = options(&bootstrap, lock, &self.ledger, self.cfg.permits);
+        // The newest hold the ledger shows, read again before each record (holds last 0.3 to
+        // 3 s, the forging longer), other than those the forged ACQUIRED records make up.
+        let mut ours = std::collections::BTreeSet::new();
+        let newest = |ours: &std::collections::BTreeSet<i64>| {
+            self.rt.block_on(async {
+                tokio::time::timeout(Duration::from_secs(10), reader.history())
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+                    .and_then(|h| h.holds.into_iter().rev().find(|h| !ours.contains(&h.token)))
+            })
+        };
+        let mut rng = Rng::new(plan.seed);
+        let from = mono_ns();
+        let until = Instant::now() + plan.length;
+        let (mut forged, mut refused) = (BTreeMap::<&str, usize>::new(), 0);
+        let mut named = std::collections::BTreeSet::new();
+        while Instant::now() < until {
+            let Some(hold) = newest(&ours) else {
+                refused += 1;
+                std::thread::sleep(Duration::from_millis(300));
+                continue;
+            };
+            named.insert(hold.token);
+            let generation = hold.generation + i32::from(rng.range(0, 1) == 1);
+            let (name, kind, of) = match rng.range(0, 2) {
+                0 => ("released", RecordKind::Released { held_ms: 1 }, hold.token),
+                1 => (
+                    "lost",
+                    RecordKind::Lost {
+                        held_ms: 1,
+                        reason: "session".into(),
+                        detail: "written by another producer".into(),
+                    },
+                    hold.token,
+                ),
+                _ => ("acquired", RecordKind::Acquired { lease_ms: 5000 }, -1),
+            };
+            let record = LedgerRecord {
+                unix_ms: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as i64),
+                hold: of,
+                generation,
+                member_id: hold.member_id.clone(),
+                label: None,
+                host: None,
+                pid: None,
+                slot: hold.slot,
+                kind,
+            };
+            match self
+                .rt
+                .block_on(append(&nodes, &topic, lock, record.encode()))
+            {
+                Some(offset) => {
+                    *forged.entry(name).or_default() += 1;
+                    if name == "acquired" {
+                        ours.insert(offset);
+                    }
+                }
+                None => refused += 1,
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        let to = mono_ns();
+        // Against as long a time just before: the rebalances the records caused are the
+        // difference, roughly (the contenders' own comings and goings cause some).
+        let counts = |a: i64, b: i64| {
+            let log = self.checker.lock();
+            let inside = |e: &&Event| checker::base(&e.lock) == lock && e.mono > a && e.mono <= b;
+            let n = |k: Ev| {
+                log.events
+                    .iter()
+                    .filter(inside)
+                    .filter(|e| e.kind == k)
+                    .count()
+            };
+            (n(Ev::Acquired), n(Ev::Token))
+        };
+        let (acquired, changed) = counts(from, to);
+        let (acquired_before, changed_before) = counts(2 * from - to, from);
+        (
+            Some(id.clone()),
+            format!(
+                "{id} held first; forged {} ({refused} not appended) naming {} hold(s) ({}); \
+                 meanwhile {acquired} acquisition(s) and {changed} token change(s) of a hold \
+                 (the same time before: {acquired_before} and {changed_before})",
+                forged
+                    .iter()
+                    .map(|(k, n)| format!("{n} {k}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                named.len(),
+                named
+                    .iter()
+                    .map(i64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )
+    }
+
+    /// The target of a fault aimed at one contender: the holder (for a cut, one with proxies),
+    /// or in a pair whose other half is at the holder, a proxied contender of the lock that does
+    /// not hold it.
+    fn aim(&self, plan: &Episode, lock: &str, rng: &mut Rng) -> Option<String> {
+        if plan.waiter {
+            let holders = self.checker.holders(lock);
+            let waiters: Vec<String> = self
+                .pool
+                .proxied(lock)
+                .into_iter()
+                .filter(|id| !holders.contains(id))
+                .collect();
+            return (!waiters.is_empty()).then(|| rng.pick(&waiters).clone());
+        }
+        match plan.kind {
+            Kind::PauseHolder | Kind::KillHolder => self.holder(lock, HOLDER_BOUND),
+            _ => self.cut_target(lock, rng),
+        }
+    }
+
     /// The holder if it has proxies (the Java client connects directly), else any contender of
     /// the lock that has.
     fn cut_target(&self, lock: &str, rng: &mut Rng) -> Option<String> {
@@ -931,25 +1338,25 @@ impl Run {
 
     /// Kills, pauses, shuts down or slows broker `node` for `length` (a pause: the session
     /// timeout on top), then brings it back to full strength. Returns what was done.
-    fn broker_fault(&mut self, kind: Kind, node: i32, length: Duration, delay: Duration) -> String {
+    fn broker_fault(&self, kind: Kind, node: i32, length: Duration, delay: Duration) -> String {
         match kind {
             Kind::BrokerKill => {
-                self.cluster.kill(node);
+                self.cluster().kill(node);
                 std::thread::sleep(length);
-                self.cluster.restart(node);
+                self.cluster().restart(node);
                 format!("node {node} killed")
             }
             Kind::BrokerPause => {
-                self.cluster.pause(node);
+                self.cluster().pause(node);
                 std::thread::sleep(SESSION + length);
-                self.cluster.resume(node);
-                self.cluster.wait_for_full_isr();
+                self.cluster().resume(node);
+                self.cluster().wait_for_full_isr();
                 format!("node {node} paused")
             }
             Kind::BrokerTerm => {
-                let took = self.cluster.terminate(node, Duration::from_secs(120));
+                let took = self.cluster().terminate(node, Duration::from_secs(120));
                 std::thread::sleep(length);
-                self.cluster.restart(node);
+                self.cluster().restart(node);
                 format!(
                     "node {node} shut down (controlled shutdown took {:.1} s)",
                     took.as_secs_f64()
@@ -974,7 +1381,7 @@ impl Run {
         } else {
             self.cfg.permits
         };
-        let bootstrap = self.cluster.bootstrap();
+        let bootstrap = self.cluster().bootstrap();
         let members: Vec<(String, Duration)> = (0..plan.herd)
             .map(|i| (format!("herd{n}.{i}"), rng.millis(1000, 6000)))
             .collect();
@@ -1051,12 +1458,12 @@ impl Run {
             );
         }
         if self.cfg.ci {
-            let kinds: &[Kind] = if self.cfg.kinds.is_empty() {
-                &Kind::ALL
+            let kinds: Vec<Kind> = if self.cfg.kinds.is_empty() {
+                Kind::ALL.into_iter().chain(Kind::CI_EXTRA).collect()
             } else {
-                &self.cfg.kinds
+                self.cfg.kinds.clone()
             };
-            for &kind in kinds {
+            for kind in kinds {
                 let ran = self
                     .records
                     .iter()
@@ -1065,6 +1472,33 @@ impl Run {
                     failures.push(format!("{} never found a target", kind.name()));
                 }
             }
+        }
+        failures.extend(
+            self.failures
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .cloned(),
+        );
+        // The stall contender writes after a block only when told it holds: that write
+        // accepted while it did not hold by its own account went out on a wrong answer.
+        let prefix = format!("{STALL}.");
+        let after_block = |w: &checker::WriteRec| {
+            events.iter().any(|e| {
+                e.kind == Ev::Stalled
+                    && e.id == w.id
+                    && (e.mono..e.mono + 1_000_000_000).contains(&w.sent)
+            })
+        };
+        for w in analysis
+            .late
+            .iter()
+            .filter(|w| w.accepted && w.id.starts_with(&prefix) && after_block(w))
+        {
+            failures.push(format!(
+                "runtime-stall: {} wrote with token {} outside its hold and the store accepted it",
+                w.id, w.token
+            ));
         }
         let abandoned = self.pool.heartbeats_abandoned();
         if abandoned > 0 {
@@ -1452,4 +1886,80 @@ fn dump(out: &std::path::Path, events: &[Event], writes: &[checker::WriteRec], r
     for (name, text) in [("events.tsv", e), ("writes.tsv", w), ("episodes.tsv", r)] {
         let _ = std::fs::write(out.join(name), text);
     }
+}
+
+/// Appends one record under `key` to partition 0 of `topic` through its leader, found with
+/// Metadata from the first of `nodes` that answers, as any producer could. Its offset, or
+/// none if it could not be appended (no leader, a broker down): the forger goes on.
+async fn append(nodes: &[String], topic: &str, key: &str, value: bytes::Bytes) -> Option<i64> {
+    use kafka_lock::internals::driver::{ConnConfig, Connection};
+    use kafka_lock::internals::ledger::{build, Op};
+    use kafka_lock::internals::wire::log::{produced, TopicPartition};
+    use kafka_lock::internals::wire::records::{encode_batch, NewRecord};
+    use kafka_lock::internals::wire::Response;
+    use kafka_protocol::messages::metadata_request::{MetadataRequest, MetadataRequestTopic};
+    use kafka_protocol::messages::TopicName;
+    use kafka_protocol::protocol::StrBytes;
+    let bound = Duration::from_secs(5);
+    let cfg = ConnConfig::default();
+    let mut leader = None;
+    for addr in nodes {
+        let Ok(Ok(conn)) = tokio::time::timeout(bound, Connection::connect(addr, &cfg)).await
+        else {
+            continue;
+        };
+        let mut t = MetadataRequestTopic::default();
+        t.name = Some(TopicName(StrBytes::from_string(topic.to_owned())));
+        let mut req = MetadataRequest::default();
+        req.topics = Some(vec![t]);
+        let answer = tokio::time::timeout(bound, conn.request(req)).await;
+        conn.close();
+        if let Ok(Ok(Response::Metadata(r))) = answer {
+            let id = r
+                .topics
+                .first()
+                .and_then(|t| t.partitions.first())
+                .map(|p| p.leader_id.0);
+            leader = id
+                .filter(|&id| id >= 0)
+                .and_then(|id| r.brokers.iter().find(|b| b.node_id.0 == id))
+                .map(|b| format!("{}:{}", b.host, b.port));
+            if leader.is_some() {
+                break;
+            }
+        }
+    }
+    let leader = leader?;
+    let Ok(Ok(conn)) = tokio::time::timeout(bound, Connection::connect(&leader, &cfg)).await else {
+        return None;
+    };
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    let record = NewRecord {
+        timestamp: now_ms,
+        key: Some(bytes::Bytes::copy_from_slice(key.as_bytes())),
+        value: Some(value),
+        headers: Vec::new(),
+    };
+    let mut out = bytes::BytesMut::new();
+    if encode_batch(&[record], &mut out).is_err() {
+        conn.close();
+        return None;
+    }
+    let tp = TopicPartition::new(topic, 0);
+    let op = Op::Produce {
+        tp: tp.clone(),
+        batch: out.freeze(),
+        timeout: bound,
+    };
+    let offset = match build(&op, conn.versions()) {
+        Ok((req, v)) => match conn.request_at(req, v, bound).await {
+            Ok(Response::Produce(r)) => produced(&r, &tp, v).ok().map(|a| a.base_offset),
+            _ => None,
+        },
+        Err(_) => None,
+    };
+    conn.close();
+    offset
 }
