@@ -270,6 +270,164 @@ async fn pipelined_requests_are_answered_in_order() {
     assert!(!conn.is_closed());
 }
 
+/// Counts the writes that reach the stream, so a test can see how requests were gathered.
+struct CountedWrites<S> {
+    io: S,
+    writes: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for CountedWrites<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for CountedWrites<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        let written = std::pin::Pin::new(&mut self.io).poll_write(cx, buf);
+        if matches!(written, std::task::Poll::Ready(Ok(n)) if n > 0) {
+            self.writes
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        written
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// The Heartbeats of one grid tick are queued by as many session tasks, one after another, on
+/// the runtime's workers: they go out in one write, not one each, in the order they were
+/// queued, and the answers the broker then sends together each reach their own request. On a
+/// worker that runs a task it has just woken first (tokio's LIFO slot), the writer would
+/// otherwise run, and write, after every single request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn requests_queued_in_one_wakeup_go_out_in_one_write_and_each_gets_its_own_answer() {
+    const AT_ONCE: i32 = 8;
+    let (client, server) = duplex(64 * 1024);
+    let writes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let client = CountedWrites {
+        io: client,
+        writes: Arc::clone(&writes),
+    };
+    let mut peer = Peer::new(server);
+    let cfg = ConnConfig::default();
+    let (conn, ()) = tokio::join!(
+        Connection::from_stream(client, "scripted-peer", &cfg),
+        peer.handshake(BROKER_APIS)
+    );
+    let conn = conn.expect("handshake failed");
+    let before = writes.load(std::sync::atomic::Ordering::Relaxed);
+    // One task spawns them all, as one wake-up of the timer wheel makes them all runnable at
+    // once: none runs before every one of them is queued on the worker.
+    let asked = tokio::spawn({
+        let conn = conn.clone();
+        async move {
+            (0..AT_ONCE)
+                .map(|generation| {
+                    let conn = conn.clone();
+                    tokio::spawn(
+                        async move { (generation, conn.request(heartbeat(generation)).await) },
+                    )
+                })
+                .collect::<Vec<_>>()
+        }
+    })
+    .await
+    .expect("spawning the requests");
+    let mut received = Vec::new();
+    for _ in 0..AT_ONCE {
+        received.push(peer.recv_as::<HeartbeatRequest>(ApiKey::Heartbeat).await);
+    }
+    let written = writes.load(std::sync::atomic::Ordering::Relaxed) - before;
+    // One write, or two when the worker's periodic check of its timers and sockets (every 61
+    // tasks it runs) falls among them.
+    assert!(
+        written <= 2,
+        "{AT_ONCE} requests queued at once took {written} writes"
+    );
+    let ids: Vec<i32> = received.iter().map(|(h, _)| h.correlation_id).collect();
+    assert!(
+        ids.windows(2).all(|w| w[0] < w[1]),
+        "requests written out of the order they were queued in: {ids:?}"
+    );
+    // All the answers in one write: each echoes its request's generation, so misrouting shows.
+    let mut answers = Vec::new();
+    for (header, req) in &received {
+        let mut payload = BytesMut::new();
+        let version = header.request_api_version;
+        ResponseHeader::default()
+            .with_correlation_id(header.correlation_id)
+            .encode(
+                &mut payload,
+                ApiKey::Heartbeat.response_header_version(version),
+            )
+            .expect("encode response header");
+        HeartbeatResponse::default()
+            .with_throttle_time_ms(req.generation_id)
+            .encode(&mut payload, version)
+            .expect("encode response body");
+        answers.put_i32(payload.len() as i32);
+        answers.put_slice(&payload);
+    }
+    peer.send_raw(&answers).await;
+    for task in asked {
+        let (generation, result) = tokio::time::timeout(PROMPTLY, task)
+            .await
+            .expect("answered")
+            .expect("request task");
+        assert_eq!(
+            heartbeat_throttle(result.expect("request failed")),
+            generation
+        );
+    }
+    assert!(!conn.is_closed());
+}
+
+/// Gathering requests into one write waits for nothing but the tasks already runnable: a
+/// request is on the wire in the wake-up it was queued in, with no time passing (the clock is
+/// paused and moves only when the runtime waits for a timer), so a Heartbeat sent at its grid
+/// tick is not held to a later one.
+#[tokio::test(start_paused = true)]
+async fn a_request_goes_out_in_the_wakeup_it_was_queued_in() {
+    let (conn, mut peer) = setup().await;
+    for generation in 0..3 {
+        let queued = tokio::time::Instant::now();
+        let asked = tokio::spawn({
+            let conn = conn.clone();
+            async move { conn.request(heartbeat(generation)).await }
+        });
+        let (header, got) = peer.recv_as::<HeartbeatRequest>(ApiKey::Heartbeat).await;
+        assert_eq!(got.generation_id, generation);
+        assert_eq!(
+            queued.elapsed(),
+            Duration::ZERO,
+            "the request waited for a timer before it was written"
+        );
+        peer.reply(&header, &HeartbeatResponse::default()).await;
+        asked.await.unwrap().expect("request failed");
+    }
+}
+
 /// Requests are encoded one after another into room the connection keeps: each frame the
 /// broker reads is that request's alone, whatever the sizes before it, and a large one leaves
 /// no large room behind.
