@@ -481,6 +481,10 @@ async fn establish(addr: &str, cfg: &ConnConfig, dialer: &Dialer) -> Result<Esta
                 )));
             }
         }
+        let tcp = super::polled::PolledTcp::new(tcp).map_err(|e| Error::Io {
+            op: "poll",
+            source: e,
+        })?;
         set_up(tcp, addr, cfg)
             .await
             .map_err(|e| tls_listener_hint(e, addr))
