@@ -67,10 +67,6 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// timeout) when it is full, which keeps a stalled socket from accumulating unbounded memory.
 const WRITE_QUEUE: usize = 64;
 
-/// Bytes of queued frames the writer gathers into one write (more once a single frame is
-/// larger); the rest wait for the next write.
-const WRITE_GATHERED: usize = 16 * 1024;
-
 /// Encoding room a connection keeps between requests; more is given back after a large one.
 pub(crate) const SCRATCH_KEPT: usize = 16 * 1024;
 
@@ -481,10 +477,6 @@ async fn establish(addr: &str, cfg: &ConnConfig, dialer: &Dialer) -> Result<Esta
                 )));
             }
         }
-        let tcp = super::polled::PolledTcp::new(tcp).map_err(|e| Error::Io {
-            op: "poll",
-            source: e,
-        })?;
         set_up(tcp, addr, cfg)
             .await
             .map_err(|e| tls_listener_hint(e, addr))
@@ -1096,11 +1088,8 @@ where
     W: AsyncWrite + Unpin,
 {
     let mut shutdown = shared.shutdown.subscribe();
-    // The frames of one write, and the room to join them in (kept between writes).
-    let mut frames: Vec<Bytes> = Vec::new();
-    let mut joined = BytesMut::new();
     loop {
-        let first = tokio::select! {
+        let out = tokio::select! {
             biased;
             _ = shutdown.wait_for(|closed| *closed) => break,
             msg = rx.recv() => match msg {
@@ -1111,32 +1100,23 @@ where
                 }
             },
         };
-        // The requests of one wake-up of the runtime (the Heartbeats of a grid tick, one per
-        // session task woken by it) are queued one task after another. Yielding once lets the
-        // tasks already runnable queue theirs, so they go out in one write instead of one write
-        // (a system call, and on loopback the broker's wake-up too) each. It waits for no timer
-        // or I/O: the yielded task runs again as soon as the worker has run what was ready, so
-        // no request waits past the wake-up it was queued in.
-        tokio::task::yield_now().await;
-        let mut size = 0;
-        let mut next = Some(first);
-        while let Some(out) = next.take() {
-            // The caller gave up while the request was queued: nothing is on the wire yet, so
-            // not sending it at all is both safe and what the caller asked for.
-            // Register before writing: the response can arrive before the write returns. Every
-            // frame gathered is registered in the order it is written.
-            if !out.pending.reply.is_closed() && shared.register(out.pending) {
-                size += out.frame.len();
-                frames.push(out.frame);
-            }
-            if size < WRITE_GATHERED {
-                next = rx.try_recv().ok();
-            }
+        // The caller gave up while the request was queued: nothing is on the wire yet, so
+        // not sending it at all is both safe and what the caller asked for.
+        if out.pending.reply.is_closed() {
+            continue;
+        }
+        // Register before writing: the response can arrive before write_all returns.
+        if !shared.register(out.pending) {
+            continue;
         }
         let written = tokio::select! {
             biased;
             _ = shutdown.wait_for(|closed| *closed) => break,
-            r = write_frames(&mut w, &mut frames, &mut joined) => r,
+            r = async {
+                w.write_all(&out.frame).await?;
+                // A no-op for TCP; wrappers such as TLS buffer until flushed.
+                w.flush().await
+            } => r,
         };
         if let Err(e) = written {
             shared.fail(Arc::new(Error::Io {
@@ -1149,36 +1129,6 @@ where
     // Requests still queued get their reply channels dropped, which their callers map to the
     // connection's failure.
     rx.close();
-}
-
-/// Writes `frames` (emptied) in one write: a single frame as it is, several joined in `joined`,
-/// whose room is kept unless a large request grew it.
-async fn write_frames<W>(
-    w: &mut W,
-    frames: &mut Vec<Bytes>,
-    joined: &mut BytesMut,
-) -> io::Result<()>
-where
-    W: AsyncWrite + Unpin,
-{
-    match frames.as_slice() {
-        [] => return Ok(()),
-        [frame] => w.write_all(frame).await?,
-        several => {
-            for frame in several {
-                joined.extend_from_slice(frame);
-            }
-            let result = w.write_all(joined).await;
-            joined.clear();
-            if joined.capacity() > SCRATCH_KEPT {
-                *joined = BytesMut::new();
-            }
-            result?;
-        }
-    }
-    frames.clear();
-    // A no-op for TCP; wrappers such as TLS buffer until flushed.
-    w.flush().await
 }
 
 async fn read_loop<R>(mut r: R, shared: Arc<Shared>, max_frame_size: usize)

@@ -24,7 +24,6 @@ mod conn;
 pub(crate) mod describe;
 mod dial;
 pub(crate) mod lookup;
-mod polled;
 pub(crate) mod pool;
 mod secure;
 #[cfg(test)]

@@ -240,7 +240,7 @@ impl Pool {
                 ))
             }),
             offsets_partitions: tokio::sync::OnceCell::new(),
-            origin: super::polled::ORIGIN.get_or_init(Instant::now).into_std(),
+            origin: Instant::now().into_std(),
         }
     }
 
