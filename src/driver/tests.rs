@@ -270,6 +270,31 @@ async fn pipelined_requests_are_answered_in_order() {
     assert!(!conn.is_closed());
 }
 
+/// The writer waits for nothing but the tasks already runnable: a request is on the wire in
+/// the wake-up it was queued in, with no time passing (the clock is paused and moves only when
+/// the runtime waits for a timer), so a Heartbeat sent at its grid tick is not held to a later
+/// one by a window that gathers writes.
+#[tokio::test(start_paused = true)]
+async fn a_request_goes_out_in_the_wakeup_it_was_queued_in() {
+    let (conn, mut peer) = setup().await;
+    for generation in 0..3 {
+        let queued = tokio::time::Instant::now();
+        let asked = tokio::spawn({
+            let conn = conn.clone();
+            async move { conn.request(heartbeat(generation)).await }
+        });
+        let (header, got) = peer.recv_as::<HeartbeatRequest>(ApiKey::Heartbeat).await;
+        assert_eq!(got.generation_id, generation);
+        assert_eq!(
+            queued.elapsed(),
+            Duration::ZERO,
+            "the request waited for a timer before it was written"
+        );
+        peer.reply(&header, &HeartbeatResponse::default()).await;
+        asked.await.unwrap().expect("request failed");
+    }
+}
+
 /// Requests are encoded one after another into room the connection keeps: each frame the
 /// broker reads is that request's alone, whatever the sizes before it, and a large one leaves
 /// no large room behind.
