@@ -3227,3 +3227,41 @@ fn a_stray_release_of_the_waiters_generation_never_gives_it_the_lock() {
     );
     assert!(h.m.lease_end().is_none());
 }
+
+/// The lookup's failure as the driver reports it: GROUP_AUTHORIZATION_FAILED ends the membership
+/// whichever layer read the code (the answer, or the driver's own `Error::Broker`); anything
+/// else, a poisoned connection that carries that code included (a batched lookup's other
+/// waiters get the failure that way), is looked up again.
+#[test]
+fn a_failed_lookup_is_fatal_only_on_group_authorization() {
+    let code = |c: i16| Error::broker(ApiKey::FindCoordinator, KafkaCode(c), None);
+    let cases = [
+        (code(30), true),
+        (Error::Poisoned(std::sync::Arc::new(code(30))), false),
+        (code(15), false),
+        (code(29), false),
+        (
+            Error::Timeout {
+                op: "FindCoordinator".into(),
+                after: SESSION,
+            },
+            false,
+        ),
+        (Error::Closed, false),
+    ];
+    for (e, fatal) in cases {
+        let words = e.to_string();
+        let mut h = H::new(Mode::Native);
+        let find = h.take(ApiKey::FindCoordinator);
+        h.reply(find.id, Err(e));
+        let ev = h.take_events();
+        if fatal {
+            assert_eq!(failed(&ev), Some(KafkaCode(30)), "{words}");
+            assert!(h.m.is_done(), "{words}");
+        } else {
+            assert!(failure(&ev).is_none(), "{words}: {ev:?}");
+            h.advance(RETRY_MAX);
+            h.take(ApiKey::FindCoordinator);
+        }
+    }
+}

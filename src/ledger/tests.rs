@@ -2460,3 +2460,235 @@ fn a_polled_batch_reports_the_newest_generation_whose_hold_ended() {
         }]
     );
 }
+
+// ---- the driver's failures --------------------------------------------------------------------
+//
+// The machine is told of a request that got no answer as the driver's failure and decides only
+// through `wire::Unanswered` and `ledger::Unanswered`. These tables give it each kind of `Error`
+// the session hands it and pin where each decision goes, so that a slip in what `Error` answers
+// (a poisoned connection read as a bad frame or as final, a broker code the connection found
+// ignored) or in what the machine asks shows as a changed row.
+
+/// The driver's failure of kind `kind`, as the session reports it.
+fn driver_failure(kind: &str) -> Error {
+    let timeout = || Error::Timeout {
+        op: "the request".into(),
+        after: REQUEST,
+    };
+    match kind {
+        "timeout" => timeout(),
+        "io" => Error::Io {
+            op: "read",
+            source: std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset"),
+        },
+        "poisoned by a timeout" => Error::Poisoned(Arc::new(timeout())),
+        "poisoned by a frame" => Error::Poisoned(Arc::new(Error::Frame(
+            crate::wire::frame::FrameError::TooLarge {
+                size: 1 << 30,
+                limit: 1 << 20,
+            },
+        ))),
+        "closed" => Error::Closed,
+        // `build` found no version of an API the ledger needs on this connection.
+        "refused by build" => Error::Ledger(LedgerError::Unsupported { api: Api::Produce }),
+        "unsupported" => Error::UnsupportedApi { api: Api::Metadata },
+        // A code the connection read (its handshake), not the request's answer.
+        broker => {
+            let code = broker
+                .strip_prefix("broker ")
+                .and_then(|c| c.parse().ok())
+                .unwrap_or_else(|| panic!("no failure of kind {broker:?}"));
+            Error::broker(ApiKey::ApiVersions, KafkaCode(code), None)
+        }
+    }
+}
+
+/// Where the long poll goes after a failure: a frame too large to read restarts it from the
+/// ledger's end (every Fetch from there would fail alike); a failure a retry elsewhere may fix
+/// looks the leader up again; anything else asks the same leader from the same offset; the
+/// broker's codes decide as if the answer had carried them.
+#[test]
+fn a_failed_long_poll_goes_on_as_its_failure_says() {
+    for (kind, next) in [
+        ("poisoned by a frame", "from the end"),
+        ("broker 1", "from the end"),
+        ("timeout", "leader looked up"),
+        ("io", "leader looked up"),
+        ("poisoned by a timeout", "leader looked up"),
+        ("broker 6", "leader looked up"),
+        ("closed", "same offset"),
+        ("refused by build", "same offset"),
+        ("broker 35", "same offset"),
+    ] {
+        let mut r = Rig::new();
+        waiting_at(&mut r, 5);
+        let fetch = r.last().clone();
+        assert!(
+            matches!(fetch.op, Op::Fetch { offset: 5, .. }),
+            "{:?}",
+            fetch.op
+        );
+        let before = r.sent.len();
+        r.answer(fetch.id, Err(driver_failure(kind)));
+        r.advance(RETRY_MAX * 2);
+        let ops: Vec<&Op> = r.sent[before..].iter().map(|t| &t.op).collect();
+        let polls = ops
+            .iter()
+            .filter(|op| matches!(op, Op::Fetch { .. } | Op::ListOffsets { .. }))
+            .count();
+        let went = match ops.first() {
+            Some(Op::ListOffsets { .. }) => "from the end",
+            Some(Op::Metadata { .. }) if polls == 0 => "leader looked up",
+            Some(Op::Fetch { offset: 5, .. }) => "same offset",
+            _ => "elsewhere",
+        };
+        assert_eq!(went, next, "{kind}: {ops:?}");
+    }
+}
+
+/// A checkpoint's OffsetCommit that got no answer: retried while the hold lasts when a retry may
+/// store it, reported as the failure itself when not. Once the hold ended, a failure that left
+/// the commit's fate open is `CheckpointUnknown`, a broker's refusal is `NotHeld`: a mapping slip
+/// here tells the caller a checkpoint was not stored when it may have been.
+#[test]
+fn a_failed_checkpoint_commit_is_retried_or_reported_as_its_failure_says() {
+    for (kind, retried, once_ended) in [
+        ("timeout", true, "unknown"),
+        ("io", true, "unknown"),
+        ("poisoned by a timeout", true, "unknown"),
+        ("poisoned by a frame", true, "unknown"),
+        ("broker 15", true, "not held"),
+        ("closed", false, "itself"),
+        ("refused by build", false, "itself"),
+        ("broker 35", false, "itself"),
+        ("broker 25", false, "itself"),
+    ] {
+        let mut r = Rig::new();
+        r.holding_at(42);
+        let (view, now) = (r.view.clone(), r.t());
+        r.l.checkpoint(1, "v".into(), &view, now);
+        r.drain();
+        let commit = r.last().clone();
+        assert!(matches!(commit.op, Op::Commit { .. }), "{:?}", commit.op);
+        r.commands.clear();
+        r.answer(commit.id, Err(driver_failure(kind)));
+        r.advance(RETRY_MAX * 2);
+        let commits = r
+            .sent
+            .iter()
+            .filter(|t| matches!(t.op, Op::Commit { .. }))
+            .count();
+        assert_eq!(commits == 2, retried, "{kind}: {:?}", r.checkpoints);
+        if retried {
+            assert!(r.checkpoints.is_empty(), "{kind}: {:?}", r.checkpoints);
+        } else {
+            let [(1, Err(e))] = &r.checkpoints[..] else {
+                panic!("{kind}: {:?}", r.checkpoints);
+            };
+            assert_eq!(e.to_string(), driver_failure(kind).to_string());
+        }
+        // UNKNOWN_MEMBER_ID, whoever read it: the coordinator is asked at once.
+        assert_eq!(
+            r.commands.contains(&Command::HeartbeatNow),
+            kind == "broker 25",
+            "{kind}: {:?}",
+            r.commands
+        );
+
+        let mut r = Rig::new();
+        r.holding_at(42);
+        let (view, now) = (r.view.clone(), r.t());
+        r.l.checkpoint(1, "v".into(), &view, now);
+        r.drain();
+        let commit = r.last().clone();
+        r.view.holding = false;
+        let lease_end = r.now;
+        r.member(Event::Lost {
+            reason: LossReason::LeaseExpired,
+            lease_end,
+        });
+        r.membership_leaves();
+        r.answer(commit.id, Err(driver_failure(kind)));
+        let heard = match &r.checkpoints[..] {
+            [(1, Err(Error::Ledger(LedgerError::CheckpointUnknown { .. })))] => "unknown",
+            [(1, Err(Error::Ledger(LedgerError::NotHeld { .. })))] => "not held",
+            [(1, Err(e))] if e.to_string() == driver_failure(kind).to_string() => "itself",
+            other => panic!("{kind}: {other:?}"),
+        };
+        assert_eq!(heard, once_ended, "{kind}");
+    }
+}
+
+/// An ACQUIRED append that got no answer: a failure a retry elsewhere may fix looks the leader up
+/// again and sends it there; any other ends the try (the hold is given up and the member
+/// leaves) with the driver's own words.
+#[test]
+fn a_failed_acquired_append_is_retried_or_ends_the_try_as_its_failure_says() {
+    for (kind, outcome) in [
+        ("timeout", "leader looked up"),
+        ("io", "leader looked up"),
+        ("poisoned by a timeout", "leader looked up"),
+        ("poisoned by a frame", "leader looked up"),
+        ("broker 6", "leader looked up"),
+        ("closed", "given up"),
+        ("refused by build", "given up"),
+        ("broker 35", "given up"),
+    ] {
+        let mut r = Rig::new();
+        r.membership_acquires(3);
+        let append = r.last().clone();
+        assert!(matches!(
+            appended(&append).kind,
+            RecordKind::Acquired { .. }
+        ));
+        let before = r.sent.len();
+        r.answer(append.id, Err(driver_failure(kind)));
+        r.advance(RETRY_MAX * 2);
+        let words = driver_failure(kind).to_string();
+        let failed = r
+            .events
+            .iter()
+            .any(|e| matches!(e, Event::Failed(e) if e.to_string() == words));
+        let went = if failed && r.commands.contains(&Command::Leave) {
+            "given up"
+        } else if !failed && matches!(r.sent.get(before).map(|t| &t.op), Some(Op::Metadata { .. }))
+        {
+            "leader looked up"
+        } else {
+            "elsewhere"
+        };
+        assert_eq!(
+            went,
+            outcome,
+            "{kind}: {:?} {:?}",
+            r.events,
+            r.sent[before..].len()
+        );
+    }
+}
+
+/// A ledger lookup the driver could not build (the connection offers no Metadata version the
+/// ledger implements) says the topic cannot serve: the try ends. Any other failure of the
+/// lookup is asked again.
+#[test]
+fn a_ledger_lookup_refused_by_build_ends_the_try() {
+    for (kind, gives_up) in [
+        ("refused by build", true),
+        ("unsupported", false),
+        ("closed", false),
+        ("timeout", false),
+        ("broker 35", false),
+    ] {
+        let mut r = Rig::new();
+        r.membership_acquires(3);
+        let append = r.last().clone();
+        r.answer(append.id, Err(driver_failure("timeout")));
+        r.advance(RETRY_MAX * 2);
+        let meta = r.last().clone();
+        assert!(matches!(meta.op, Op::Metadata { .. }), "{:?}", meta.op);
+        r.answer(meta.id, Err(driver_failure(kind)));
+        let failed = r.events.iter().any(|e| matches!(e, Event::Failed(_)));
+        assert_eq!(failed, gives_up, "{kind}: {:?}", r.events);
+        assert_eq!(r.commands.contains(&Command::Leave), gives_up, "{kind}");
+    }
+}
