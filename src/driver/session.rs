@@ -303,6 +303,18 @@ impl Run {
         let Some(l) = &mut self.ledger else {
             return false;
         };
+        // The membership hears the ledger's news before the ledger's own requests go out, and
+        // its answer (a rejoin's JoinGroup, on the next turn of the loop) is sent first: the
+        // long poll that the same news re-armed waits, and the JoinGroup finds the lane that
+        // poll just gave back still idle.
+        let mut nudged = false;
+        while let Some(c) = l.poll_command() {
+            self.m.handle_command(c, now());
+            nudged = true;
+        }
+        if nudged {
+            return true;
+        }
         while let Some(t) = l.poll_transmit() {
             send_ledger(&self.net.pool, self.net.stripe, t, self.answers_tx.clone());
         }
@@ -314,12 +326,7 @@ impl Run {
                 let _ = reply.send(result);
             }
         }
-        let mut nudged = false;
-        while let Some(c) = l.poll_command() {
-            self.m.handle_command(c, now());
-            nudged = true;
-        }
-        nudged
+        false
     }
 
     /// Renewals emit no event; without this the guard would time the lease from the
@@ -741,6 +748,14 @@ pub(super) fn send(
     };
     let pool = pool.clone();
     let kept = net.join_lane.clone();
+    // A member in force takes an idle lane now, before anything spawned after this call can
+    // (`Pool::idle_lane`).
+    let ready = match &route {
+        Route::Lane(broker, Park::Urgent) => {
+            take_join_lane(&kept, broker).or_else(|| pool.idle_lane(broker))
+        }
+        _ => None,
+    };
     let sent = net.sent.clone();
     tokio::spawn(async move {
         let api = t.request.api_key();
@@ -751,7 +766,7 @@ pub(super) fn send(
         let bound = t.timeout.saturating_add(pool.conn.connect_timeout);
         let result = match route {
             Route::Lane(broker, park) => {
-                let lane = match take_join_lane(&kept, &broker) {
+                let lane = match ready.or_else(|| take_join_lane(&kept, &broker)) {
                     Some(lane) => Ok(lane),
                     // A first join has no lease at stake: it waits its turn for a lane (the
                     // semaphore is FIFO) outside the bound, instead of timing out and joining

@@ -1461,4 +1461,154 @@ mod scripted {
             .expect("release within the bound")
             .expect("release");
     }
+
+    /// A waiter that reads RELEASED in its long poll rejoins on a lane it already has open: the
+    /// JoinGroup goes on a connection opened before the news, not a new one (connect, ApiVersions
+    /// and handshake on the handover's path). The member `h-1` holds generation 1 (it sorts
+    /// before `m-1` among members who never held); the first Fetch answers a RELEASED record of
+    /// `h-1`'s generation 1, the next ones park; the first Metadata finds no leader. Breaks if the long poll that the same answer
+    /// re-arms is sent before the JoinGroup and takes the idle lane (the session's flush sending
+    /// the ledger's requests before the membership's answer to its news, with the JoinGroup's
+    /// lane taken on its own task rather than at once). Current-thread, as the CLI runs.
+    #[tokio::test]
+    async fn a_waiters_rejoin_after_released_opens_no_connection() {
+        use kafka_lock::internals::ledger::{LedgerRecord, RecordKind};
+        use kafka_lock::internals::wire::records::{encode_batch, NewRecord};
+        use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+        use kafka_protocol::messages::join_group_response::JoinGroupResponseMember;
+        use kafka_protocol::messages::{FetchResponse, JoinGroupRequest, JoinGroupResponse};
+        use std::sync::atomic::AtomicUsize;
+
+        crate::support::init_tracing();
+        let addr = Arc::new(OnceLock::new());
+        let accepted: Arc<OnceLock<Arc<AtomicUsize>>> = Arc::new(OnceLock::new());
+        let common = script(
+            addr.clone(),
+            Arc::default(),
+            Arc::new(AtomicBool::new(false)),
+        );
+        // (connection, API) of every scripted request; the connections open when RELEASED went out.
+        let seen: Arc<Mutex<Vec<(usize, ApiKey)>>> = Arc::default();
+        let open_at_release = Arc::new(AtomicUsize::new(0));
+        let joins = Arc::new(AtomicUsize::new(0));
+        let fetches = Arc::new(AtomicUsize::new(0));
+        let looked_up = AtomicBool::new(false);
+        let (seen2, open2, accepted2) = (seen.clone(), open_at_release.clone(), accepted.clone());
+        let released = LedgerRecord {
+            unix_ms: 1_800_000_000_000,
+            hold: 0,
+            generation: 1,
+            member_id: "h-1".into(),
+            label: None,
+            host: None,
+            pid: None,
+            slot: 0,
+            kind: RecordKind::Released { held_ms: 1 },
+        };
+        let mut batch = BytesMut::new();
+        encode_batch(
+            &[NewRecord {
+                timestamp: 1_800_000_000_000,
+                key: Some(bytes::Bytes::from_static(b"lock")),
+                value: Some(released.encode()),
+                headers: Vec::new(),
+            }],
+            &mut batch,
+        )
+        .expect("encode");
+        let batch = batch.freeze();
+        let fake =
+            fake_broker::start_parking(Arc::new(move |conn, api, version, body: &mut BytesMut| {
+                seen2.lock().unwrap().push((conn, api));
+                let now = Duration::ZERO;
+                match api {
+                    ApiKey::JoinGroup => {
+                        let n = joins.fetch_add(1, Ordering::SeqCst) + 1;
+                        let req = JoinGroupRequest::decode(body, version).expect("JoinGroup");
+                        let protocol = req.protocols.first().expect("a protocol");
+                        let member = |id: &'static str| {
+                            JoinGroupResponseMember::default()
+                                .with_member_id(StrBytes::from_static_str(id))
+                                .with_metadata(protocol.metadata.clone())
+                        };
+                        let members = if n == 1 {
+                            vec![member("h-1"), member(MEMBER)]
+                        } else {
+                            vec![member(MEMBER)]
+                        };
+                        let r = JoinGroupResponse::default()
+                            .with_generation_id(n as i32)
+                            .with_protocol_type(Some(req.protocol_type.clone()))
+                            .with_protocol_name(Some(protocol.name.clone()))
+                            .with_leader(StrBytes::from_static_str(MEMBER))
+                            .with_member_id(StrBytes::from_static_str(MEMBER))
+                            .with_members(members);
+                        Some((encode(&r, version), now))
+                    }
+                    ApiKey::Fetch => {
+                        let first = fetches.fetch_add(1, Ordering::SeqCst) == 0;
+                        let mut p = PartitionData::default()
+                            .with_partition_index(0)
+                            .with_high_watermark(1)
+                            .with_last_stable_offset(1);
+                        if first {
+                            p = p.with_records(Some(batch.clone()));
+                            let open = accepted2.get().expect("set before any request");
+                            open2.store(open.load(Ordering::SeqCst), Ordering::SeqCst);
+                        }
+                        let r = FetchResponse::default().with_responses(vec![
+                            FetchableTopicResponse::default()
+                                .with_topic(name(LEDGER))
+                                .with_partitions(vec![p]),
+                        ]);
+                        // Later polls park as Apache parks them, with nothing new.
+                        let hold = if first { now } else { Duration::from_secs(1) };
+                        Some((encode(&r, version), hold))
+                    }
+                    // No leader at first: the session starts without the partition, so no lane is
+                    // opened ahead for the ACQUIRED record, and the waiter has one lane to the
+                    // broker, as when that lane's connect wins the race with the first JoinGroup's.
+                    ApiKey::Metadata if !looked_up.swap(true, Ordering::SeqCst) => {
+                        let r = MetadataResponse::default().with_topics(vec![
+                            MetadataResponseTopic::default()
+                                .with_name(Some(name(LEDGER)))
+                                .with_error_code(5),
+                        ]);
+                        Some((encode(&r, version), now))
+                    }
+                    _ => common(api, version, body).map(|b| (b, now)),
+                }
+            }))
+            .await;
+        addr.set(fake.addr).expect("set once");
+        accepted.set(fake.connections.clone()).expect("set once");
+        let o = LockOptions::new(fake.addr.to_string(), "lock")
+            .session_timeout(Duration::from_secs(6))
+            .rebalance_timeout(Duration::from_secs(6))
+            .heartbeat_interval(Duration::from_secs(1))
+            .lease_margin(Duration::from_secs(1))
+            .ledger_topic(LEDGER);
+        let guard = tokio::time::timeout(BOUND, o.acquire(Some(BOUND)))
+            .await
+            .expect("acquired within the bound")
+            .expect("acquire");
+        let seen = seen.lock().unwrap().clone();
+        let rejoin = seen
+            .iter()
+            .filter(|(_, api)| *api == ApiKey::JoinGroup)
+            .nth(1)
+            .map(|(conn, _)| *conn)
+            .expect("a waiter first, then a rejoin after RELEASED");
+        let open = open_at_release.load(Ordering::SeqCst);
+        assert!(open > 0, "RELEASED was read");
+        assert!(
+            rejoin <= open,
+            "the rejoin's JoinGroup went on connection {rejoin}, opened after RELEASED was sent \
+             ({open} were open then): {seen:?}"
+        );
+        tokio::time::timeout(BOUND, guard.release())
+            .await
+            .expect("release within the bound")
+            .expect("release");
+    }
 }
