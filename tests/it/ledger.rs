@@ -965,6 +965,56 @@ async fn a_checkpoint_reported_stored_reads_back_when_the_group_is_deleted() {
     );
 }
 
+/// The next holder after a push handover reads the previous holder's last checkpoint with
+/// `LockGuard::last_checkpoint` (what `kafka-lock run` does once it holds): from the group, and,
+/// once the group's copy is deleted (OffsetDelete while held, consumer-compatible mode), from
+/// the ledger's tail, whose ends are read beside the OffsetFetch. Breaks if the read trusted an
+/// OffsetFetch without a checkpoint and skipped the ledger (the second read finds nothing), or
+/// if the ends it reads beside the OffsetFetch were not the partition's (the copy is missed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_holder_reads_the_previous_holders_checkpoint() {
+    support::init_tracing();
+    let bootstrap = kafka().bootstrap();
+    let ledger = new_ledger(&bootstrap, "ledger-next");
+    let topic = new_ledger(&bootstrap, "ledger-next-topic");
+    let group = support::unique_group("ledger-next-lock");
+    let o = opts(&bootstrap, &group, &ledger).consumer_topic(&topic);
+    let first = o.acquire(Some(BOUND)).await.expect("acquire");
+    let next = {
+        let o = o.clone();
+        tokio::spawn(async move { o.acquire(Some(BOUND)).await })
+    };
+    first.checkpoint("one").await.expect("checkpoint");
+    first.checkpoint("two").await.expect("checkpoint");
+    let token = first.token();
+    first.release().await.expect("release");
+    let next = tokio::time::timeout(BOUND, next)
+        .await
+        .expect("the next holder within the bound")
+        .expect("task")
+        .expect("acquire");
+    let found = tokio::time::timeout(BOUND, next.last_checkpoint())
+        .await
+        .expect("read within the bound")
+        .expect("read")
+        .expect("the previous holder's checkpoint");
+    assert_eq!(
+        (found.value.as_str(), found.source, found.token),
+        ("two", CheckpointSource::Group, token.value())
+    );
+    delete_offsets(&bootstrap, &group, &ledger).expect("OffsetDelete while held");
+    let found = tokio::time::timeout(BOUND, next.last_checkpoint())
+        .await
+        .expect("read within the bound")
+        .expect("read")
+        .expect("the ledger's copy");
+    assert_eq!(
+        (found.value.as_str(), found.source, found.token),
+        ("two", CheckpointSource::Ledger, token.value())
+    );
+    next.release().await.expect("release");
+}
+
 /// The same, with the group's copy deleted by OffsetDelete while the lock is held in
 /// consumer-compatible mode (its members subscribe to the lock topic, not the ledger, so Apache
 /// lets the ledger partition's offset go while the group is active, as the offsets' expiry does
@@ -1373,8 +1423,8 @@ mod scripted {
     /// `LockGuard::last_checkpoint` goes over the hold's own connections and starts at the
     /// coordinator and ledger leader the hold knows: no connection is opened and nothing looked
     /// up (no FindCoordinator, no Metadata), both when the group has the checkpoint (one
-    /// OffsetFetch) and when it has none (OffsetFetch, then the ledger's two ListOffsets; the
-    /// ledger is empty, so no Fetch). Breaks if the guard read through
+    /// OffsetFetch with the ledger's two ListOffsets beside it) and when it has none (the same;
+    /// the ledger is empty, so no Fetch). Breaks if the guard read through
     /// `LockOptions::last_checkpoint` (a pool of its own: new connections, FindCoordinator,
     /// Metadata), or if the read looked the coordinator or the leader up.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1409,12 +1459,22 @@ mod scripted {
             (found.value.as_str(), found.token, found.source),
             ("c5", 5, CheckpointSource::Group)
         );
-        let read: Vec<ApiKey> = log.lock().unwrap()[before..]
+        let mut read: Vec<ApiKey> = log.lock().unwrap()[before..]
             .iter()
             .copied()
             .filter(|a| *a != ApiKey::Heartbeat)
             .collect();
-        assert_eq!(read, [ApiKey::OffsetFetch]);
+        // The ledger's ends are asked together with the OffsetFetch (in any order), for the
+        // case where the group has none.
+        read.sort_by_key(|a| *a as i16);
+        assert_eq!(
+            read,
+            [
+                ApiKey::ListOffsets,
+                ApiKey::ListOffsets,
+                ApiKey::OffsetFetch
+            ]
+        );
         assert_eq!(
             fake.connections.load(Ordering::SeqCst),
             connections,
@@ -1433,17 +1493,18 @@ mod scripted {
             .expect("read within the bound")
             .expect("read");
         assert_eq!(found, None);
-        let read: Vec<ApiKey> = log.lock().unwrap()[before..]
+        let mut read: Vec<ApiKey> = log.lock().unwrap()[before..]
             .iter()
             .copied()
             .filter(|a| *a != ApiKey::Heartbeat)
             .collect();
+        read.sort_by_key(|a| *a as i16);
         assert_eq!(
             read,
             [
-                ApiKey::OffsetFetch,
                 ApiKey::ListOffsets,
-                ApiKey::ListOffsets
+                ApiKey::ListOffsets,
+                ApiKey::OffsetFetch
             ]
         );
         assert_eq!(
@@ -1605,6 +1666,81 @@ mod scripted {
             rejoin <= open,
             "the rejoin's JoinGroup went on connection {rejoin}, opened after RELEASED was sent \
              ({open} were open then): {seen:?}"
+        );
+        tokio::time::timeout(BOUND, guard.release())
+            .await
+            .expect("release within the bound")
+            .expect("release");
+    }
+
+    /// A hold's checkpoint read asks the ledger's ends while the group's OffsetFetch is still
+    /// unanswered, so a group without a checkpoint costs one round trip before the tail's Fetch,
+    /// not two. The ledger's leader is a second scripted broker; the coordinator holds the
+    /// OffsetFetch answer for `HOLD`, and the leader notes whether a ListOffsets arrived before
+    /// that answer could have been sent. Breaks if the ends are asked only after the OffsetFetch
+    /// is answered (the read in sequence, as before).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_holds_checkpoint_read_asks_the_ledgers_ends_beside_the_offset_fetch() {
+        use std::time::Instant;
+        const HOLD: Duration = Duration::from_secs(3);
+        crate::support::init_tracing();
+        let leader_addr = Arc::new(OnceLock::new());
+        let committed = Arc::new(AtomicBool::new(false));
+        let asked: Arc<Mutex<Option<Instant>>> = Arc::default();
+        let overlapped = Arc::new(AtomicBool::new(false));
+        let leader_script = script(leader_addr.clone(), Arc::default(), committed.clone());
+        let (asked2, overlapped2) = (asked.clone(), overlapped.clone());
+        // The ledger's leader: its ListOffsets notes whether it came while the OffsetFetch was
+        // held.
+        let leader = fake_broker::start(Arc::new(move |api, version, body: &mut BytesMut| {
+            if api == ApiKey::ListOffsets {
+                if let Some(t) = *asked2.lock().unwrap() {
+                    if t.elapsed() < HOLD {
+                        overlapped2.store(true, Ordering::SeqCst);
+                    }
+                }
+            }
+            leader_script(api, version, body)
+        }))
+        .await;
+        leader_addr.set(leader.addr).expect("set once");
+        // The coordinator and bootstrap broker; its Metadata names the leader.
+        let coordinator_script = script(leader_addr.clone(), Arc::default(), committed.clone());
+        let park = Arc::new(AtomicBool::new(false));
+        let (park2, asked2) = (park.clone(), asked.clone());
+        let coordinator = fake_broker::start_parking(Arc::new(
+            move |_conn, api, version, body: &mut BytesMut| {
+                let hold = if api == ApiKey::OffsetFetch && park2.load(Ordering::SeqCst) {
+                    *asked2.lock().unwrap() = Some(Instant::now());
+                    HOLD
+                } else {
+                    Duration::ZERO
+                };
+                coordinator_script(api, version, body).map(|b| (b, hold))
+            },
+        ))
+        .await;
+        let o = LockOptions::new(coordinator.addr.to_string(), "lock")
+            .session_timeout(Duration::from_secs(6))
+            .rebalance_timeout(Duration::from_secs(6))
+            .heartbeat_interval(Duration::from_secs(1))
+            .lease_margin(Duration::from_secs(1))
+            .ledger_topic(LEDGER)
+            .ledger_push(false);
+        let guard = tokio::time::timeout(BOUND, o.acquire(Some(BOUND)))
+            .await
+            .expect("acquired within the bound")
+            .expect("acquire");
+        park.store(true, Ordering::SeqCst);
+        let found = tokio::time::timeout(BOUND, guard.last_checkpoint())
+            .await
+            .expect("read within the bound")
+            .expect("read");
+        assert_eq!(found, None);
+        assert!(asked.lock().unwrap().is_some(), "the group was asked");
+        assert!(
+            overlapped.load(Ordering::SeqCst),
+            "the ledger's ends were asked only after the OffsetFetch was answered"
         );
         tokio::time::timeout(BOUND, guard.release())
             .await
