@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "benches"))
-from local_kafka import LocalKafka, free_ports  # noqa: E402
+from local_kafka import LocalKafka, free_ports, linger_config  # noqa: E402
 
 SESSION_S = 6
 LIVE = []  # every Popen started, stopped in cleanup()
@@ -254,6 +254,11 @@ def main():
                     help="another kafka-lock binary (an earlier build) measured in the same rounds")
     ap.add_argument("--json", help="write every measurement here")
     ap.add_argument("--seed", type=int, default=26)
+    ap.add_argument("--append-linger-ms", type=int, default=None,
+                    help="the broker's group.coordinator.append.linger.ms (Apache 4.x's default: 5; "
+                         "every group-coordinator write, the SyncGroup's generation and each "
+                         "OffsetCommit, waits up to this long to batch): 0 shows how much of the "
+                         "handover it is")
     ap.add_argument("--trace", action="store_true",
                     help="one handover of each kafka-lock variant, taken apart: the step stamps of both "
                          "kafka-lock processes and both supervisors (KAFKA_LOCK_TRACE_FILE), their "
@@ -272,7 +277,7 @@ def main():
     etcd = None
     results = {}
     try:
-        with LocalKafka(initial_delay_ms=0) as kafka:
+        with LocalKafka(initial_delay_ms=0, extra=linger_config(args.append_linger_ms)) as kafka:
             from lock_bench import create_topic
             ledger = f"bench-ledger-{uuid.uuid4().hex[:8]}"
             create_topic(kafka.bootstrap, ledger)
@@ -321,8 +326,11 @@ def main():
             etcd.close()
         shutil.rmtree(work, ignore_errors=True)
 
+    linger = ("the broker's default" if args.append_linger_ms is None
+              else f"{args.append_linger_ms} ms")
     print(f"\nload average at start {load[0][0]:.2f}, at end {load[1][0]:.2f}; "
-          f"{args.rounds} rounds; medians (min-max) in ms\n")
+          f"{args.rounds} rounds; group.coordinator.append.linger.ms {linger}; "
+          f"medians (min-max) in ms\n")
     names = list(dict.fromkeys(n for s in results.values() for n in s))
     print("| | " + " | ".join(only) + " |")
     print("|---|" + "---|" * len(only))

@@ -92,6 +92,11 @@ def free_ports(n):
             s.close()
 
 
+def linger_config(ms):
+    """The broker setting for `--append-linger-ms`; `{}` (the broker's default) for `None`."""
+    return {} if ms is None else {"group.coordinator.append.linger.ms": str(ms)}
+
+
 def find_coordinator(bootstrap, group, timeout=2.0):
     """FindCoordinator v0 over a raw socket: (error_code, node_id, host, port)."""
     host, port = bootstrap.rsplit(":", 1)
@@ -295,8 +300,12 @@ def main():
     ap.add_argument("--nodes", type=int, default=1, choices=[1, 3])
     ap.add_argument("--initial-delay-ms", type=int, default=3000,
                     help="group.initial.rebalance.delay.ms (Kafka's default: 3000)")
+    ap.add_argument("--append-linger-ms", type=int, default=None,
+                    help="group.coordinator.append.linger.ms (Apache 4.x's default: 5): how long "
+                         "every group-coordinator write waits to batch with others")
     args = ap.parse_args()
-    kafka = LocalKafka(nodes=args.nodes, initial_delay_ms=args.initial_delay_ms)
+    kafka = LocalKafka(nodes=args.nodes, initial_delay_ms=args.initial_delay_ms,
+                       extra=linger_config(args.append_linger_ms))
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: done.set())

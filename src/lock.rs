@@ -651,10 +651,32 @@ impl LockOptions {
         reach: &Reach,
         known: &Places,
     ) -> Result<Option<Checkpoint>> {
-        if let Some(c) = self.committed_via(reach, known).await? {
+        let topic = self.ledger_required()?;
+        // The ledger's ends are asked together with the group's checkpoint, not after it: on
+        // one broker both go out on one connection in one round trip, and when the group has
+        // no checkpoint (a lock that never stored one, its group deleted or its offsets
+        // expired) the tail's Fetch follows at once. Reading the ends before the OffsetFetch is
+        // answered changes nothing the fallback promises: it finds every copy acknowledged
+        // before this call began, and each of those lies below an end read after the call
+        // began. A failure here is not one of the read: the tail asks again. Only where the
+        // leader is known (a hold's read): looking it up costs a Metadata and a DescribeConfigs
+        // that a group with a checkpoint never needed.
+        let (committed, ends) = match &known.ledger {
+            Some(leader) => {
+                let ends = crate::driver::ledger::ledger_ends(
+                    reach,
+                    &self.name,
+                    topic,
+                    Some(leader.clone()),
+                );
+                let (committed, ends) = tokio::join!(self.committed_via(reach, known), ends);
+                (committed, ends.ok())
+            }
+            None => (self.committed_via(reach, known).await, None),
+        };
+        if let Some(c) = committed? {
             return Ok(Some(c));
         }
-        let topic = self.ledger_required()?;
         let max = crate::driver::ledger::TAIL_MAX_OFFSETS;
         let history = crate::driver::ledger::read_checkpoint_tail(
             reach,
@@ -662,6 +684,7 @@ impl LockOptions {
             topic,
             max,
             known.ledger.clone(),
+            ends,
         )
         .await?;
         let found = history

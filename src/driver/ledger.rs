@@ -236,7 +236,7 @@ enum Span {
 
 /// Reads `lock`'s records from the whole retained ledger and folds them into its history.
 pub(crate) async fn read_history(reach: &Reach, lock: &str, topic: &str) -> Result<History> {
-    read_ledger(reach, lock, topic, Span::Whole, None).await
+    read_ledger(reach, lock, topic, Span::Whole, None, None).await
 }
 
 /// Reads `lock`'s records from the ledger's end backwards until its last checkpoint is settled
@@ -244,47 +244,39 @@ pub(crate) async fn read_history(reach: &Reach, lock: &str, topic: &str) -> Resu
 /// history of that tail ([`History::first_offset`] tells where it begins). A checkpoint older
 /// than that is not found; the whole history is. `known`: the partition as a lock session last
 /// found it, read first without a lookup.
+/// `ends`: the partition and its first and next offsets, read a moment ago
+/// ([`ledger_ends`]), used for the first try instead of asking again.
 pub(crate) async fn read_checkpoint_tail(
     reach: &Reach,
     lock: &str,
     topic: &str,
     max: i64,
     known: Option<Partition>,
+    ends: Option<Ends>,
 ) -> Result<History> {
-    read_ledger(reach, lock, topic, Span::CheckpointTail { max }, known).await
+    read_ledger(
+        reach,
+        lock,
+        topic,
+        Span::CheckpointTail { max },
+        known,
+        ends,
+    )
+    .await
 }
 
-async fn read_ledger(
+/// The ledger partition as found, and its log start and end offsets (ListOffsets earliest and
+/// latest, read committed).
+pub(crate) type Ends = (Partition, i64, i64);
+
+/// The ledger partition's ends, read once (no retry: a caller that needs them reads again
+/// through [`read_checkpoint_tail`]). `known`: the partition as a lock session last found it.
+pub(crate) async fn ledger_ends(
     reach: &Reach,
     lock: &str,
     topic: &str,
-    span: Span,
-    mut known: Option<Partition>,
-) -> Result<History> {
-    let mut backoff = reach.backoff();
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        // A partition known from before is tried once; after a failure the leader is looked up.
-        match read_history_once(reach, lock, topic, span, known.take()).await {
-            Ok(h) => return Ok(h),
-            // The leader moved or a connection broke: look it up again and start over.
-            Err(e) if e.is_retriable() && attempt < ATTEMPTS => {
-                debug!(%lock, error = %e, "reading the ledger failed; starting over");
-                tokio::time::sleep(backoff.next_delay()).await;
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-async fn read_history_once(
-    reach: &Reach,
-    lock: &str,
-    topic: &str,
-    span: Span,
     known: Option<Partition>,
-) -> Result<History> {
+) -> Result<Ends> {
     let p = match known {
         Some(p) => p,
         None => {
@@ -294,7 +286,6 @@ async fn read_history_once(
     };
     let conn = reach.quick(&p.leader, lock).await?;
     let tp = TopicPartition::new(topic, 0).with_topic_id(p.topic_id);
-    let timeout = reach.request_timeout;
     let offset_of = |spec| {
         let op = Op::ListOffsets {
             tp: tp.clone(),
@@ -321,6 +312,48 @@ async fn read_history_once(
         offset_of(OffsetSpec::Earliest),
         offset_of(OffsetSpec::Latest)
     )?;
+    Ok((p, start, end))
+}
+
+async fn read_ledger(
+    reach: &Reach,
+    lock: &str,
+    topic: &str,
+    span: Span,
+    mut known: Option<Partition>,
+    mut ends: Option<Ends>,
+) -> Result<History> {
+    let mut backoff = reach.backoff();
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        // A partition known from before is tried once; after a failure the leader is looked up.
+        match read_history_once(reach, lock, topic, span, known.take(), ends.take()).await {
+            Ok(h) => return Ok(h),
+            // The leader moved or a connection broke: look it up again and start over.
+            Err(e) if e.is_retriable() && attempt < ATTEMPTS => {
+                debug!(%lock, error = %e, "reading the ledger failed; starting over");
+                tokio::time::sleep(backoff.next_delay()).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+async fn read_history_once(
+    reach: &Reach,
+    lock: &str,
+    topic: &str,
+    span: Span,
+    known: Option<Partition>,
+    ends: Option<Ends>,
+) -> Result<History> {
+    let (p, start, end) = match ends {
+        Some(ends) => ends,
+        None => ledger_ends(reach, lock, topic, known).await?,
+    };
+    let tp = TopicPartition::new(topic, 0).with_topic_id(p.topic_id);
+    let timeout = reach.request_timeout;
     let floor = match span {
         Span::Whole => start,
         Span::CheckpointTail { max } => start.max(end.saturating_sub(max.max(0))),

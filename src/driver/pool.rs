@@ -475,6 +475,33 @@ impl Pool {
         })
     }
 
+    /// An idle parking lane to `broker` for an urgent request, taken now or not at all: no
+    /// connect, no wait. A rejoin takes one before its task is spawned, so a request spawned
+    /// earlier in the same turn (a waiter's long poll, re-armed by the same answer that made the
+    /// member rejoin) cannot take the lane the rejoin's JoinGroup would otherwise find idle and
+    /// send it to a new connection (its connect, ApiVersions and handshake on the handover's
+    /// critical path). Overflow when every lane is lent, as [`Pool::lane`]'s urgent ones.
+    pub(crate) fn idle_lane(&self, broker: &Broker) -> Option<Lane> {
+        let lanes = self
+            .parking
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(broker)?
+            .clone();
+        let conn = {
+            let mut idle = lanes.idle.lock().unwrap_or_else(|p| p.into_inner());
+            idle.retain(|(c, _)| !c.is_closed());
+            idle.pop().map(|(c, _)| c)
+        }?;
+        let all = lanes.all.clone().try_acquire_owned().ok();
+        Some(Lane {
+            conn: Some(conn),
+            lanes,
+            all,
+            _fresh: None,
+        })
+    }
+
     /// Closes every connection the pool holds now (the pool stays usable; later requests open
     /// fresh ones).
     /// The quick connections' cells as they are now, so none of their locks is taken under the

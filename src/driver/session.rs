@@ -319,6 +319,18 @@ impl Run {
         let Some(l) = &mut self.ledger else {
             return false;
         };
+        // The membership hears the ledger's news before the ledger's own requests go out, and
+        // its answer (a rejoin's JoinGroup, on the next turn of the loop) is sent first: the
+        // long poll that the same news re-armed waits, and the JoinGroup finds the lane that
+        // poll just gave back still idle.
+        let mut nudged = false;
+        while let Some(c) = l.poll_command() {
+            self.m.handle_command(c, now());
+            nudged = true;
+        }
+        if nudged {
+            return true;
+        }
         while let Some(t) = l.poll_transmit() {
             send_ledger(&self.net.pool, self.net.stripe, t, self.answers_tx.clone());
         }
@@ -330,12 +342,7 @@ impl Run {
                 let _ = reply.send(result.map_err(Error::from));
             }
         }
-        let mut nudged = false;
-        while let Some(c) = l.poll_command() {
-            self.m.handle_command(c, now());
-            nudged = true;
-        }
-        nudged
+        false
     }
 
     /// Renewals emit no event; without this the guard would time the lease from the
@@ -757,12 +764,20 @@ pub(super) fn send(
     };
     let pool = pool.clone();
     let kept = net.join_lane.clone();
+    // A member in force takes an idle lane now, before anything spawned after this call can
+    // (`Pool::idle_lane`).
+    let ready = match &join_to {
+        Some(broker) if park == Park::Urgent => {
+            take_join_lane(&kept, broker).or_else(|| pool.idle_lane(broker))
+        }
+        _ => None,
+    };
     let sent = net.sent.clone();
     tokio::spawn(async move {
         let (id, api) = (t.id, t.request.api_key());
         let result = match join_to {
             Some(broker) => {
-                match on_join_lane(&pool, &kept, &sent, broker, park, t, &answers).await {
+                match on_join_lane(&pool, &kept, &sent, broker, park, ready, t, &answers).await {
                     Some(result) => result,
                     None => return,
                 }
@@ -787,6 +802,7 @@ async fn on_join_lane(
     sent: &SentAt,
     broker: Broker,
     park: Park,
+    ready: Option<pool::Lane>,
     t: Transmit,
     answers: &mpsc::UnboundedSender<Answer>,
 ) -> Option<Result<(Response, i16)>> {
@@ -796,7 +812,7 @@ async fn on_join_lane(
     // The connect and the request together stay within the transmit's timeout plus the connect
     // timeout, so the machine always hears back.
     let bound = t.timeout.saturating_add(pool.conn.connect_timeout);
-    let lane = match take_join_lane(kept, &broker) {
+    let lane = match ready.or_else(|| take_join_lane(kept, &broker)) {
         Some(lane) => Ok(lane),
         // A first join has no lease at stake: it waits its turn for a lane (the semaphore is
         // FIFO) outside the bound, instead of timing out and joining the back of the line

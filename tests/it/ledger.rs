@@ -965,6 +965,56 @@ async fn a_checkpoint_reported_stored_reads_back_when_the_group_is_deleted() {
     );
 }
 
+/// The next holder after a push handover reads the previous holder's last checkpoint with
+/// `LockGuard::last_checkpoint` (what `kafka-lock run` does once it holds): from the group, and,
+/// once the group's copy is deleted (OffsetDelete while held, consumer-compatible mode), from
+/// the ledger's tail, whose ends are read beside the OffsetFetch. Breaks if the read trusted an
+/// OffsetFetch without a checkpoint and skipped the ledger (the second read finds nothing), or
+/// if the ends it reads beside the OffsetFetch were not the partition's (the copy is missed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_holder_reads_the_previous_holders_checkpoint() {
+    support::init_tracing();
+    let bootstrap = kafka().bootstrap();
+    let ledger = new_ledger(&bootstrap, "ledger-next");
+    let topic = new_ledger(&bootstrap, "ledger-next-topic");
+    let group = support::unique_group("ledger-next-lock");
+    let o = opts(&bootstrap, &group, &ledger).consumer_topic(&topic);
+    let first = o.acquire(Some(BOUND)).await.expect("acquire");
+    let next = {
+        let o = o.clone();
+        tokio::spawn(async move { o.acquire(Some(BOUND)).await })
+    };
+    first.checkpoint("one").await.expect("checkpoint");
+    first.checkpoint("two").await.expect("checkpoint");
+    let token = first.token();
+    first.release().await.expect("release");
+    let next = tokio::time::timeout(BOUND, next)
+        .await
+        .expect("the next holder within the bound")
+        .expect("task")
+        .expect("acquire");
+    let found = tokio::time::timeout(BOUND, next.last_checkpoint())
+        .await
+        .expect("read within the bound")
+        .expect("read")
+        .expect("the previous holder's checkpoint");
+    assert_eq!(
+        (found.value.as_str(), found.source, found.token),
+        ("two", CheckpointSource::Group, token.value())
+    );
+    delete_offsets(&bootstrap, &group, &ledger).expect("OffsetDelete while held");
+    let found = tokio::time::timeout(BOUND, next.last_checkpoint())
+        .await
+        .expect("read within the bound")
+        .expect("read")
+        .expect("the ledger's copy");
+    assert_eq!(
+        (found.value.as_str(), found.source, found.token),
+        ("two", CheckpointSource::Ledger, token.value())
+    );
+    next.release().await.expect("release");
+}
+
 /// The same, with the group's copy deleted by OffsetDelete while the lock is held in
 /// consumer-compatible mode (its members subscribe to the lock topic, not the ledger, so Apache
 /// lets the ledger partition's offset go while the group is active, as the offsets' expiry does
@@ -1373,8 +1423,8 @@ mod scripted {
     /// `LockGuard::last_checkpoint` goes over the hold's own connections and starts at the
     /// coordinator and ledger leader the hold knows: no connection is opened and nothing looked
     /// up (no FindCoordinator, no Metadata), both when the group has the checkpoint (one
-    /// OffsetFetch) and when it has none (OffsetFetch, then the ledger's two ListOffsets; the
-    /// ledger is empty, so no Fetch). Breaks if the guard read through
+    /// OffsetFetch with the ledger's two ListOffsets beside it) and when it has none (the same;
+    /// the ledger is empty, so no Fetch). Breaks if the guard read through
     /// `LockOptions::last_checkpoint` (a pool of its own: new connections, FindCoordinator,
     /// Metadata), or if the read looked the coordinator or the leader up.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1409,12 +1459,22 @@ mod scripted {
             (found.value.as_str(), found.token, found.source),
             ("c5", 5, CheckpointSource::Group)
         );
-        let read: Vec<ApiKey> = log.lock().unwrap()[before..]
+        let mut read: Vec<ApiKey> = log.lock().unwrap()[before..]
             .iter()
             .copied()
             .filter(|a| *a != ApiKey::Heartbeat)
             .collect();
-        assert_eq!(read, [ApiKey::OffsetFetch]);
+        // The ledger's ends are asked together with the OffsetFetch (in any order), for the
+        // case where the group has none.
+        read.sort_by_key(|a| *a as i16);
+        assert_eq!(
+            read,
+            [
+                ApiKey::ListOffsets,
+                ApiKey::ListOffsets,
+                ApiKey::OffsetFetch
+            ]
+        );
         assert_eq!(
             fake.connections.load(Ordering::SeqCst),
             connections,
@@ -1433,17 +1493,18 @@ mod scripted {
             .expect("read within the bound")
             .expect("read");
         assert_eq!(found, None);
-        let read: Vec<ApiKey> = log.lock().unwrap()[before..]
+        let mut read: Vec<ApiKey> = log.lock().unwrap()[before..]
             .iter()
             .copied()
             .filter(|a| *a != ApiKey::Heartbeat)
             .collect();
+        read.sort_by_key(|a| *a as i16);
         assert_eq!(
             read,
             [
-                ApiKey::OffsetFetch,
                 ApiKey::ListOffsets,
-                ApiKey::ListOffsets
+                ApiKey::ListOffsets,
+                ApiKey::OffsetFetch
             ]
         );
         assert_eq!(
@@ -1455,6 +1516,231 @@ mod scripted {
             fake.lookups.load(Ordering::SeqCst),
             lookups,
             "the read looked the coordinator up"
+        );
+        tokio::time::timeout(BOUND, guard.release())
+            .await
+            .expect("release within the bound")
+            .expect("release");
+    }
+
+    /// A waiter that reads RELEASED in its long poll rejoins on a lane it already has open: the
+    /// JoinGroup goes on a connection opened before the news, not a new one (connect, ApiVersions
+    /// and handshake on the handover's path). The member `h-1` holds generation 1 (it sorts
+    /// before `m-1` among members who never held); the first Fetch answers a RELEASED record of
+    /// `h-1`'s generation 1, the next ones park; the first Metadata finds no leader. Breaks if the long poll that the same answer
+    /// re-arms is sent before the JoinGroup and takes the idle lane (the session's flush sending
+    /// the ledger's requests before the membership's answer to its news, with the JoinGroup's
+    /// lane taken on its own task rather than at once). Current-thread, as the CLI runs.
+    #[tokio::test]
+    async fn a_waiters_rejoin_after_released_opens_no_connection() {
+        use kafka_lock::internals::ledger::{LedgerRecord, RecordKind};
+        use kafka_lock::internals::wire::records::{encode_batch, NewRecord};
+        use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+        use kafka_protocol::messages::join_group_response::JoinGroupResponseMember;
+        use kafka_protocol::messages::{FetchResponse, JoinGroupRequest, JoinGroupResponse};
+        use std::sync::atomic::AtomicUsize;
+
+        crate::support::init_tracing();
+        let addr = Arc::new(OnceLock::new());
+        let accepted: Arc<OnceLock<Arc<AtomicUsize>>> = Arc::new(OnceLock::new());
+        let common = script(
+            addr.clone(),
+            Arc::default(),
+            Arc::new(AtomicBool::new(false)),
+        );
+        // (connection, API) of every scripted request; the connections open when RELEASED went out.
+        let seen: Arc<Mutex<Vec<(usize, ApiKey)>>> = Arc::default();
+        let open_at_release = Arc::new(AtomicUsize::new(0));
+        let joins = Arc::new(AtomicUsize::new(0));
+        let fetches = Arc::new(AtomicUsize::new(0));
+        let looked_up = AtomicBool::new(false);
+        let (seen2, open2, accepted2) = (seen.clone(), open_at_release.clone(), accepted.clone());
+        let released = LedgerRecord {
+            unix_ms: 1_800_000_000_000,
+            hold: 0,
+            generation: 1,
+            member_id: "h-1".into(),
+            label: None,
+            host: None,
+            pid: None,
+            slot: 0,
+            kind: RecordKind::Released { held_ms: 1 },
+        };
+        let mut batch = BytesMut::new();
+        encode_batch(
+            &[NewRecord {
+                timestamp: 1_800_000_000_000,
+                key: Some(bytes::Bytes::from_static(b"lock")),
+                value: Some(released.encode()),
+                headers: Vec::new(),
+            }],
+            &mut batch,
+        )
+        .expect("encode");
+        let batch = batch.freeze();
+        let fake =
+            fake_broker::start_parking(Arc::new(move |conn, api, version, body: &mut BytesMut| {
+                seen2.lock().unwrap().push((conn, api));
+                let now = Duration::ZERO;
+                match api {
+                    ApiKey::JoinGroup => {
+                        let n = joins.fetch_add(1, Ordering::SeqCst) + 1;
+                        let req = JoinGroupRequest::decode(body, version).expect("JoinGroup");
+                        let protocol = req.protocols.first().expect("a protocol");
+                        let member = |id: &'static str| {
+                            JoinGroupResponseMember::default()
+                                .with_member_id(StrBytes::from_static_str(id))
+                                .with_metadata(protocol.metadata.clone())
+                        };
+                        let members = if n == 1 {
+                            vec![member("h-1"), member(MEMBER)]
+                        } else {
+                            vec![member(MEMBER)]
+                        };
+                        let r = JoinGroupResponse::default()
+                            .with_generation_id(n as i32)
+                            .with_protocol_type(Some(req.protocol_type.clone()))
+                            .with_protocol_name(Some(protocol.name.clone()))
+                            .with_leader(StrBytes::from_static_str(MEMBER))
+                            .with_member_id(StrBytes::from_static_str(MEMBER))
+                            .with_members(members);
+                        Some((encode(&r, version), now))
+                    }
+                    ApiKey::Fetch => {
+                        let first = fetches.fetch_add(1, Ordering::SeqCst) == 0;
+                        let mut p = PartitionData::default()
+                            .with_partition_index(0)
+                            .with_high_watermark(1)
+                            .with_last_stable_offset(1);
+                        if first {
+                            p = p.with_records(Some(batch.clone()));
+                            let open = accepted2.get().expect("set before any request");
+                            open2.store(open.load(Ordering::SeqCst), Ordering::SeqCst);
+                        }
+                        let r = FetchResponse::default().with_responses(vec![
+                            FetchableTopicResponse::default()
+                                .with_topic(name(LEDGER))
+                                .with_partitions(vec![p]),
+                        ]);
+                        // Later polls park as Apache parks them, with nothing new.
+                        let hold = if first { now } else { Duration::from_secs(1) };
+                        Some((encode(&r, version), hold))
+                    }
+                    // No leader at first: the session starts without the partition, so no lane is
+                    // opened ahead for the ACQUIRED record, and the waiter has one lane to the
+                    // broker, as when that lane's connect wins the race with the first JoinGroup's.
+                    ApiKey::Metadata if !looked_up.swap(true, Ordering::SeqCst) => {
+                        let r = MetadataResponse::default().with_topics(vec![
+                            MetadataResponseTopic::default()
+                                .with_name(Some(name(LEDGER)))
+                                .with_error_code(5),
+                        ]);
+                        Some((encode(&r, version), now))
+                    }
+                    _ => common(api, version, body).map(|b| (b, now)),
+                }
+            }))
+            .await;
+        addr.set(fake.addr).expect("set once");
+        accepted.set(fake.connections.clone()).expect("set once");
+        let o = LockOptions::new(fake.addr.to_string(), "lock")
+            .session_timeout(Duration::from_secs(6))
+            .rebalance_timeout(Duration::from_secs(6))
+            .heartbeat_interval(Duration::from_secs(1))
+            .lease_margin(Duration::from_secs(1))
+            .ledger_topic(LEDGER);
+        let guard = tokio::time::timeout(BOUND, o.acquire(Some(BOUND)))
+            .await
+            .expect("acquired within the bound")
+            .expect("acquire");
+        let seen = seen.lock().unwrap().clone();
+        let rejoin = seen
+            .iter()
+            .filter(|(_, api)| *api == ApiKey::JoinGroup)
+            .nth(1)
+            .map(|(conn, _)| *conn)
+            .expect("a waiter first, then a rejoin after RELEASED");
+        let open = open_at_release.load(Ordering::SeqCst);
+        assert!(open > 0, "RELEASED was read");
+        assert!(
+            rejoin <= open,
+            "the rejoin's JoinGroup went on connection {rejoin}, opened after RELEASED was sent \
+             ({open} were open then): {seen:?}"
+        );
+        tokio::time::timeout(BOUND, guard.release())
+            .await
+            .expect("release within the bound")
+            .expect("release");
+    }
+
+    /// A hold's checkpoint read asks the ledger's ends while the group's OffsetFetch is still
+    /// unanswered, so a group without a checkpoint costs one round trip before the tail's Fetch,
+    /// not two. The ledger's leader is a second scripted broker; the coordinator holds the
+    /// OffsetFetch answer for `HOLD`, and the leader notes whether a ListOffsets arrived before
+    /// that answer could have been sent. Breaks if the ends are asked only after the OffsetFetch
+    /// is answered (the read in sequence, as before).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_holds_checkpoint_read_asks_the_ledgers_ends_beside_the_offset_fetch() {
+        use std::time::Instant;
+        const HOLD: Duration = Duration::from_secs(3);
+        crate::support::init_tracing();
+        let leader_addr = Arc::new(OnceLock::new());
+        let committed = Arc::new(AtomicBool::new(false));
+        let asked: Arc<Mutex<Option<Instant>>> = Arc::default();
+        let overlapped = Arc::new(AtomicBool::new(false));
+        let leader_script = script(leader_addr.clone(), Arc::default(), committed.clone());
+        let (asked2, overlapped2) = (asked.clone(), overlapped.clone());
+        // The ledger's leader: its ListOffsets notes whether it came while the OffsetFetch was
+        // held.
+        let leader = fake_broker::start(Arc::new(move |api, version, body: &mut BytesMut| {
+            if api == ApiKey::ListOffsets {
+                if let Some(t) = *asked2.lock().unwrap() {
+                    if t.elapsed() < HOLD {
+                        overlapped2.store(true, Ordering::SeqCst);
+                    }
+                }
+            }
+            leader_script(api, version, body)
+        }))
+        .await;
+        leader_addr.set(leader.addr).expect("set once");
+        // The coordinator and bootstrap broker; its Metadata names the leader.
+        let coordinator_script = script(leader_addr.clone(), Arc::default(), committed.clone());
+        let park = Arc::new(AtomicBool::new(false));
+        let (park2, asked2) = (park.clone(), asked.clone());
+        let coordinator = fake_broker::start_parking(Arc::new(
+            move |_conn, api, version, body: &mut BytesMut| {
+                let hold = if api == ApiKey::OffsetFetch && park2.load(Ordering::SeqCst) {
+                    *asked2.lock().unwrap() = Some(Instant::now());
+                    HOLD
+                } else {
+                    Duration::ZERO
+                };
+                coordinator_script(api, version, body).map(|b| (b, hold))
+            },
+        ))
+        .await;
+        let o = LockOptions::new(coordinator.addr.to_string(), "lock")
+            .session_timeout(Duration::from_secs(6))
+            .rebalance_timeout(Duration::from_secs(6))
+            .heartbeat_interval(Duration::from_secs(1))
+            .lease_margin(Duration::from_secs(1))
+            .ledger_topic(LEDGER)
+            .ledger_push(false);
+        let guard = tokio::time::timeout(BOUND, o.acquire(Some(BOUND)))
+            .await
+            .expect("acquired within the bound")
+            .expect("acquire");
+        park.store(true, Ordering::SeqCst);
+        let found = tokio::time::timeout(BOUND, guard.last_checkpoint())
+            .await
+            .expect("read within the bound")
+            .expect("read");
+        assert_eq!(found, None);
+        assert!(asked.lock().unwrap().is_some(), "the group was asked");
+        assert!(
+            overlapped.load(Ordering::SeqCst),
+            "the ledger's ends were asked only after the OffsetFetch was answered"
         );
         tokio::time::timeout(BOUND, guard.release())
             .await
