@@ -1763,7 +1763,11 @@ mod scripted {
 
         crate::support::init_tracing();
         let addr = Arc::new(OnceLock::new());
-        let common = script(addr.clone(), Arc::default(), Arc::new(AtomicBool::new(false)));
+        let common = script(
+            addr.clone(),
+            Arc::default(),
+            Arc::new(AtomicBool::new(false)),
+        );
         // The previous holder's copy of its checkpoint, the ledger's only record of this lock.
         let copy = LedgerRecord {
             unix_ms: 1_800_000_000_000,
@@ -1860,7 +1864,11 @@ mod scripted {
             (found.value.as_str(), found.token, found.source),
             ("theirs", 0, CheckpointSource::Ledger)
         );
-        assert_eq!(failing.load(Ordering::SeqCst), 0, "the ends read beside failed");
+        assert_eq!(
+            failing.load(Ordering::SeqCst),
+            0,
+            "the ends read beside failed"
+        );
         tokio::time::timeout(BOUND, guard.release())
             .await
             .expect("release within the bound")
