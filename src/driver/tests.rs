@@ -1630,6 +1630,72 @@ async fn a_lane_dropped_before_its_answer_is_closed_not_reused() {
     next.done();
 }
 
+/// A rejoin's lane taken at once (`Pool::idle_lane`) is only one whose last request was
+/// answered, and it counts as one of the cap's lanes until its answer is in. Apache serves a
+/// connection's requests one at a time (SocketServer.scala's Processor mutes a channel while
+/// one of its requests is handled), so a JoinGroup lent a connection whose abandoned long poll is still parked would wait
+/// behind it, past the rebalance; and a rejoin lent an idle lane beyond the cap would leave a
+/// long poll free to dial another. Breaks if a lane dropped unanswered went back to the idle
+/// ones (`Lane`'s drop keeping the connection), or if `idle_lane` lent without a permit (the
+/// long poll below gets a lane at once, on a new connection).
+#[tokio::test]
+async fn a_rejoin_takes_only_an_answered_idle_lane_and_holds_it_within_the_cap() {
+    use pool::Park;
+    let (broker, mut accepted) = lane_broker().await;
+    let pool = lane_pool(1);
+    assert!(
+        pool.idle_lane(&broker).is_none(),
+        "no lane was ever lent to this broker"
+    );
+    // A long poll given up before its answer: its connection is not lent to the rejoin.
+    let poll = pool.lane(&broker, Park::Fresh).await.unwrap();
+    let mut parked = tokio::time::timeout(PROMPTLY, accepted.recv())
+        .await
+        .expect("a connection for the long poll")
+        .unwrap();
+    let conn = poll.conn().clone();
+    let asked = tokio::spawn(async move { conn.request(heartbeat(1)).await });
+    let _ = parked.recv().await;
+    drop(poll);
+    assert!(
+        pool.idle_lane(&broker).is_none(),
+        "a rejoin was lent the connection of an abandoned request"
+    );
+    parked.expect_closed().await;
+    assert!(asked.await.unwrap().is_err());
+    // An answered long poll's lane is lent at once, on its own connection.
+    let poll = pool.lane(&broker, Park::Fresh).await.unwrap();
+    let _server = tokio::time::timeout(PROMPTLY, accepted.recv())
+        .await
+        .expect("a connection for the next long poll")
+        .unwrap();
+    poll.done();
+    let rejoin = pool
+        .idle_lane(&broker)
+        .expect("the answered long poll's lane, at once");
+    // It is the cap's only lane: the re-armed long poll waits for it.
+    let mut again = tokio::spawn({
+        let (pool, broker) = (pool.clone(), broker.clone());
+        async move { pool.lane(&broker, Park::Fresh).await.map(|l| l.done()) }
+    });
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), &mut again)
+            .await
+            .is_err(),
+        "the long poll got a lane while the rejoin held the cap's only one"
+    );
+    rejoin.done();
+    tokio::time::timeout(PROMPTLY, again)
+        .await
+        .expect("the rejoin's lane, given back, serves the long poll")
+        .unwrap()
+        .unwrap();
+    assert!(
+        accepted.try_recv().is_err(),
+        "a connection was dialled though the rejoin's lane went back"
+    );
+}
+
 /// Apache schedules a classic Heartbeat as a coordinator write bounded by
 /// `offsets.commit.timeout.ms` (GroupCoordinatorService.heartbeat, `scheduleWriteOperation(
 /// "classic-group-heartbeat", ..., config.offsetCommitTimeoutMs())`), deferred while the group's

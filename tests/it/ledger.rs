@@ -1747,4 +1747,131 @@ mod scripted {
             .expect("release within the bound")
             .expect("release");
     }
+
+    /// The ledger's ends read beside the group's OffsetFetch are only a head start: when that
+    /// read fails (here NOT_LEADER_OR_FOLLOWER, as from a leader that just moved) and the group
+    /// has no checkpoint, the tail is read with ends asked again, and the previous holder's copy
+    /// in the ledger is found. Breaks if a failed read of the ends were taken for an empty
+    /// ledger (the read answers that no checkpoint was ever stored).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_read_of_the_ledgers_ends_beside_the_offset_fetch_is_read_again() {
+        use kafka_lock::internals::ledger::{LedgerRecord, RecordKind};
+        use kafka_lock::internals::wire::records::{encode_batch, NewRecord};
+        use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+        use kafka_protocol::messages::{FetchResponse, ListOffsetsRequest};
+        use std::sync::atomic::AtomicUsize;
+
+        crate::support::init_tracing();
+        let addr = Arc::new(OnceLock::new());
+        let common = script(
+            addr.clone(),
+            Arc::default(),
+            Arc::new(AtomicBool::new(false)),
+        );
+        // The previous holder's copy of its checkpoint, the ledger's only record of this lock.
+        let copy = LedgerRecord {
+            unix_ms: 1_800_000_000_000,
+            hold: 0,
+            generation: 1,
+            member_id: "h-1".into(),
+            label: None,
+            host: None,
+            pid: None,
+            slot: 0,
+            kind: RecordKind::Checkpoint {
+                value: "theirs".into(),
+            },
+        };
+        let mut batch = BytesMut::new();
+        encode_batch(
+            &[NewRecord {
+                timestamp: 1_800_000_000_000,
+                key: Some(bytes::Bytes::from_static(b"lock")),
+                value: Some(copy.encode()),
+                headers: Vec::new(),
+            }],
+            &mut batch,
+        )
+        .expect("encode");
+        let batch = batch.freeze();
+        // Set once the lock is held: the next two ListOffsets (the ends asked beside the
+        // OffsetFetch) fail.
+        let failing = Arc::new(AtomicUsize::new(0));
+        let failing2 = failing.clone();
+        let fake = fake_broker::start(Arc::new(move |api, version, body: &mut BytesMut| {
+            match api {
+                ApiKey::ListOffsets => {
+                    let req = ListOffsetsRequest::decode(body, version).expect("ListOffsets");
+                    let timestamp = req
+                        .topics
+                        .first()
+                        .and_then(|t| t.partitions.first())
+                        .map(|p| p.timestamp)
+                        .expect("one partition");
+                    let fail = failing2
+                        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                        .is_ok();
+                    let p = ListOffsetsPartitionResponse::default().with_partition_index(0);
+                    let p = if fail {
+                        p.with_error_code(6)
+                    } else {
+                        // Earliest (-2): 0; latest (-1): 1, past the copy.
+                        p.with_offset(if timestamp == -2 { 0 } else { 1 })
+                    };
+                    let r = ListOffsetsResponse::default().with_topics(vec![
+                        ListOffsetsTopicResponse::default()
+                            .with_name(name(LEDGER))
+                            .with_partitions(vec![p]),
+                    ]);
+                    Some(encode(&r, version))
+                }
+                ApiKey::Fetch => {
+                    let p = PartitionData::default()
+                        .with_partition_index(0)
+                        .with_high_watermark(1)
+                        .with_last_stable_offset(1)
+                        .with_records(Some(batch.clone()));
+                    let r = FetchResponse::default().with_responses(vec![
+                        FetchableTopicResponse::default()
+                            .with_topic(name(LEDGER))
+                            .with_partitions(vec![p]),
+                    ]);
+                    Some(encode(&r, version))
+                }
+                _ => common(api, version, body),
+            }
+        }))
+        .await;
+        addr.set(fake.addr).expect("set once");
+        let o = LockOptions::new(fake.addr.to_string(), "lock")
+            .session_timeout(Duration::from_secs(6))
+            .rebalance_timeout(Duration::from_secs(6))
+            .heartbeat_interval(Duration::from_secs(1))
+            .lease_margin(Duration::from_secs(1))
+            .ledger_topic(LEDGER)
+            .ledger_push(false);
+        let guard = tokio::time::timeout(BOUND, o.acquire(Some(BOUND)))
+            .await
+            .expect("acquired within the bound")
+            .expect("acquire");
+        failing.store(2, Ordering::SeqCst);
+        let found = tokio::time::timeout(BOUND, guard.last_checkpoint())
+            .await
+            .expect("read within the bound")
+            .expect("read")
+            .expect("the previous holder's copy in the ledger");
+        assert_eq!(
+            (found.value.as_str(), found.token, found.source),
+            ("theirs", 0, CheckpointSource::Ledger)
+        );
+        assert_eq!(
+            failing.load(Ordering::SeqCst),
+            0,
+            "the ends read beside failed"
+        );
+        tokio::time::timeout(BOUND, guard.release())
+            .await
+            .expect("release within the bound")
+            .expect("release");
+    }
 }
