@@ -777,7 +777,8 @@ pub(super) fn send(
         let (id, api) = (t.id, t.request.api_key());
         let result = match join_to {
             Some(broker) => {
-                match on_join_lane(&pool, &kept, &sent, broker, park, ready, t, &answers).await {
+                let to = JoinTo { broker, ready };
+                match on_join_lane(&pool, &kept, &sent, to, park, t, &answers).await {
                     Some(result) => result,
                     None => return,
                 }
@@ -792,17 +793,24 @@ pub(super) fn send(
     None
 }
 
-/// A JoinGroup or SyncGroup (`t`) on the member's join lane to `broker`: the lane kept from the
-/// join's last step, or one the pool lends. The lane is kept after a JoinGroup, for the step
-/// that follows, and given back after a SyncGroup. `None` when the session ended while this
-/// waited for a lane: the member it was for is gone, and nobody waits for the answer.
+/// Where a member request on the join lane goes, and the lane a member in force already
+/// claimed for it when it was sent (`send`).
+struct JoinTo {
+    broker: Broker,
+    ready: Option<pool::Lane>,
+}
+
+/// A JoinGroup or SyncGroup (`t`) on the member's join lane to `to.broker`: the lane claimed
+/// when it was sent, the lane kept from the join's last step, or one the pool lends. The lane
+/// is kept after a JoinGroup, for the step that follows, and given back after a SyncGroup.
+/// `None` when the session ended while this waited for a lane: the member it was for is gone,
+/// and nobody waits for the answer.
 async fn on_join_lane(
     pool: &Arc<Pool>,
     kept: &JoinLane,
     sent: &SentAt,
-    broker: Broker,
+    to: JoinTo,
     park: Park,
-    ready: Option<pool::Lane>,
     t: Transmit,
     answers: &mpsc::UnboundedSender<Answer>,
 ) -> Option<Result<(Response, i16)>> {
@@ -812,6 +820,7 @@ async fn on_join_lane(
     // The connect and the request together stay within the transmit's timeout plus the connect
     // timeout, so the machine always hears back.
     let bound = t.timeout.saturating_add(pool.conn.connect_timeout);
+    let JoinTo { broker, ready } = to;
     let lane = match ready.or_else(|| take_join_lane(kept, &broker)) {
         Some(lane) => Ok(lane),
         // A first join has no lease at stake: it waits its turn for a lane (the semaphore is
