@@ -109,6 +109,10 @@ pub enum Kind {
     /// (during its ACQUIRED append and checkpoint read) or every waiter's while they long-poll
     /// the ledger. Not in CI mode.
     CutLedger,
+    /// The many-locks contenders (`--many`, at least 4 locks each) built with one parking lane,
+    /// while the holders of their locks are killed in a loop; every one of their locks must be
+    /// acquired again within the recovery bound. Not in CI mode.
+    LaneStarvation,
 }
 
 impl Kind {
@@ -130,7 +134,7 @@ impl Kind {
 
     /// Drawn only when named (`--kinds`), but for [`Kind::CI_EXTRA`]: most need a contender of
     /// their own or take long, and CI mode keeps its time.
-    pub const OPTIONAL: [Kind; 7] = [
+    pub const OPTIONAL: [Kind; 8] = [
         Kind::HoldHeartbeat,
         Kind::NoexecLoss,
         Kind::Pair,
@@ -138,6 +142,7 @@ impl Kind {
         Kind::RuntimeStall,
         Kind::LedgerForger,
         Kind::CutLedger,
+        Kind::LaneStarvation,
     ];
 
     /// Optional kinds CI mode runs once anyway, after its schedule (so the kinds of [`Kind::ALL`]
@@ -198,6 +203,7 @@ impl Kind {
             Kind::RuntimeStall => "runtime-stall",
             Kind::LedgerForger => "ledger-forger",
             Kind::CutLedger => "cut-ledger",
+            Kind::LaneStarvation => "lane-starvation",
         }
     }
 
@@ -354,6 +360,7 @@ impl fmt::Display for Episode {
                 write!(f, ", runtime blocked session timeout + {:?}", self.length)
             }
             Kind::LedgerForger => write!(f, ", records forged for {:?}", self.length),
+            Kind::LaneStarvation => write!(f, ", holders killed for {:?}", self.length),
             Kind::CutLedger => write!(
                 f,
                 ", {} cut from the ledger leader ({}), {:?}",
@@ -422,6 +429,7 @@ fn draw(kind: Kind, rng: &mut Rng) -> Episode {
             | Kind::RuntimeStall
             | Kind::LedgerForger
             | Kind::CutLedger
+            | Kind::LaneStarvation
     );
     let target = if broker_wide || rng.range(0, 2) > 0 {
         Target::Native
@@ -455,7 +463,8 @@ fn draw(kind: Kind, rng: &mut Rng) -> Episode {
         | Kind::HandoverMove
         | Kind::RuntimeStall
         | Kind::LedgerForger
-        | Kind::CutLedger => Duration::ZERO,
+        | Kind::CutLedger
+        | Kind::LaneStarvation => Duration::ZERO,
     };
     let delay = match kind {
         Kind::CutDelay => rng.millis(300, 8000),
@@ -511,6 +520,7 @@ fn draw(kind: Kind, rng: &mut Rng) -> Episode {
         }
         Kind::RuntimeStall => e.length = rng.millis(1000, 3000),
         Kind::LedgerForger => e.length = rng.millis(3000, 8000),
+        Kind::LaneStarvation => e.length = rng.millis(8000, 15_000),
         Kind::CutLedger => {
             e.length = rng.millis(2000, 8000);
             e.pending = rng.range(0, 1) == 1;

@@ -156,7 +156,7 @@ struct Run {
     failures: std::sync::Mutex<Vec<String>>,
 }
 
-pub fn run(cfg: Config) {
+pub fn run(mut cfg: Config) {
     let mode = if cfg.ci { "ci" } else { "long" };
     let out = repo_root().join("target/fault-suite").join(format!(
         "{mode}-seed{}-{}",
@@ -176,6 +176,11 @@ pub fn run(cfg: Config) {
         out.display()
     );
     let began = Instant::now();
+    // Lane starvation aims at the many-locks contenders, with enough locks to queue on a lane.
+    let starve = plan.iter().any(|e| e.kind == Kind::LaneStarvation);
+    if starve {
+        cfg.many = cfg.many.max(4);
+    }
 
     let cluster = KafkaCluster::start(KafkaOptions::three_nodes());
     let native = unique_group("fault-native");
@@ -219,6 +224,7 @@ pub fn run(cfg: Config) {
             permits
         },
         extra: Vec::new(),
+        lanes: 0,
     };
     let prefix = unique_group("fault-many");
     let extra: Vec<String> = (1..cfg.many).map(|i| format!("{prefix}-{i}")).collect();
@@ -249,6 +255,7 @@ pub fn run(cfg: Config) {
         for name in ["many1", "many2"] {
             specs.push(SlotSpec {
                 extra: extra.clone(),
+                lanes: usize::from(starve),
                 ..spec(name, Role::Many, &native, &ledger)
             });
         }
@@ -465,6 +472,9 @@ impl Run {
         let (target, note, start) = self.strike(n, &plan);
         // Every lock a fault was aimed at must be taken again (a pair's halves may aim at both).
         let mut locks = vec![lock.clone()];
+        if plan.kind == Kind::LaneStarvation {
+            locks.extend(self.extra.iter().cloned());
+        }
         for part in &plan.parts {
             let l = self.lock_of(part.target).to_owned();
             if !locks.contains(&l) {
@@ -486,6 +496,15 @@ impl Run {
             }
             std::thread::sleep(Duration::from_millis(50));
         };
+        if plan.kind == Kind::LaneStarvation && target.is_some() && recovered.is_none() {
+            self.failures
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(format!(
+                    "lane-starvation, episode {n}: a lock of the one-lane clients not acquired \
+                     within {RECOVERY_BOUND:?} of the last kill"
+                ));
+        }
         Record {
             n,
             plan,
@@ -667,6 +686,12 @@ impl Run {
             Kind::LedgerForger => {
                 start = mono_ns();
                 let (t, n) = self.ledger_forger(plan, &lock);
+                target = t;
+                note = n;
+            }
+            Kind::LaneStarvation => {
+                start = mono_ns();
+                let (t, n) = self.lane_starvation(plan, &mut rng);
                 target = t;
                 note = n;
             }
@@ -1395,6 +1420,41 @@ impl Run {
             format!(
                 "{} {who} from ledger leader node {leader}{also}",
                 cut.join(", ")
+            ),
+        )
+    }
+
+    /// The lane-starvation nemesis: for `plan.length`, the holder of one of the many-locks
+    /// contenders' locks (the native lock or one of theirs), drawn each round, is killed, then
+    /// 0.5 to 2 s pass. Killing a many-locks process ends every hold it had, so the other one,
+    /// whose client parks every waiting lock on its one lane, must acquire them all; the run
+    /// fails if some lock is not acquired again within the recovery bound after the last kill.
+    fn lane_starvation(&self, plan: &Episode, rng: &mut Rng) -> (Option<String>, String) {
+        if self.extra.is_empty() {
+            return (None, String::new());
+        }
+        let locks: Vec<String> = std::iter::once(self.native.clone())
+            .chain(self.extra.iter().cloned())
+            .collect();
+        let until = Instant::now() + plan.length;
+        let mut killed = Vec::new();
+        while Instant::now() < until {
+            let lock = rng.pick(&locks);
+            if let Some(id) = self.holder(lock, Duration::from_secs(10)) {
+                self.pool.kill(&id);
+                killed.push(id);
+            }
+            std::thread::sleep(rng.millis(500, 2000));
+        }
+        if killed.is_empty() {
+            return (None, String::new());
+        }
+        (
+            Some(killed.join(",")),
+            format!(
+                "{} holder(s) killed: {} (one parking lane per many-locks client)",
+                killed.len(),
+                killed.join(", ")
             ),
         )
     }
