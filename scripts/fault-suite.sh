@@ -17,8 +17,10 @@
 # --kinds a,b draws only those nemeses (names as in RELIABILITY.md, e.g. stall-join); the
 # optional ones only so: hold-heartbeat, noexec-loss and runtime-stall (each brings its own
 # contender; CI mode runs runtime-stall once, last), pair (two nemeses at different targets at
-# once), handover-move (the coordinator killed or shut down at a holder's release) and
-# ledger-forger (records naming the current hold appended to the ledger by another producer).
+# once), handover-move (the coordinator killed or shut down at a holder's release),
+# ledger-forger (records naming the current hold appended to the ledger by another producer),
+# cut-ledger (links to the ledger partition's leader cut, at a grant or while waiters poll) and
+# lane-starvation (the many-locks contenders on one parking lane while holders are killed).
 # --many N (N > 1) adds two contender processes that each take the native lock and the same
 # N-1 other locks through one client, so the faults hit connections many locks share; the
 # checker judges every lock on its own.
@@ -27,7 +29,7 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-usage() { sed -n '4,25p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '4,27p' "$0" | sed 's/^# \{0,1\}//'; }
 
 test=fault::suite_ci
 ignored=()

@@ -36,6 +36,8 @@
 //! [`ProxySet::cut_after_sync`] arms a trigger instead: the next SyncGroup answer through any of
 //! the set's proxies is delivered, and then every proxy of the set black-holes both ways. A
 //! member whose assignment names it is cut off before its first Heartbeat can get out.
+//! [`ProxySet::cut_when_granted`] sets a fault on one broker's proxy right after the SyncGroup
+//! answer that makes the contender a holder, before its first request to that broker as one.
 //! [`ProxySet::stall_next_join`] arms another: the next JoinGroup through any of the set's
 //! proxies is held, with the connection it came on (a stall of that proxy's open connections),
 //! and the client's side of that connection is shut down, so the client resends at once on a
@@ -49,6 +51,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use kafka_lock::internals::assign::NativeAssignment;
 use kafka_lock::internals::wire::{decode_response_frame, Response};
 use kafka_protocol::messages::{ApiKey, ResponseHeader};
 use kafka_protocol::protocol::{Encodable, StrBytes};
@@ -270,21 +273,53 @@ fn joins_as_member(frame: &[u8]) -> bool {
         .is_ok_and(|r| !r.member_id.is_empty())
 }
 
-/// The trigger of [`ProxySet::cut_after_sync`], shared by every connection of a set.
+/// The triggers of [`ProxySet::cut_after_sync`] and [`ProxySet::cut_when_granted`], shared by
+/// every connection of a set.
 #[derive(Default)]
 struct SyncCut {
     armed: std::sync::atomic::AtomicBool,
-    /// Every proxy's fault, set once the set is built.
-    faults: std::sync::OnceLock<Vec<watch::Sender<Fault>>>,
+    /// Every proxy's node and fault, set once the set is built.
+    faults: std::sync::OnceLock<Vec<(i32, watch::Sender<Fault>)>>,
+    /// [`ProxySet::cut_when_granted`]: the node and the fault to set on its proxy.
+    granted: Mutex<Option<(i32, Fault)>>,
+    granted_fired: std::sync::atomic::AtomicBool,
 }
 
 impl SyncCut {
-    /// A SyncGroup answer is on its way to the client: if armed, cut everything after it.
-    fn sync_answered(&self) {
+    /// A SyncGroup answer is on its way to the client: if armed, cut everything after it; if
+    /// the grant trigger is armed and the answer makes the client a holder of a native lock,
+    /// set its fault on its node's proxy.
+    fn sync_answered(&self, frame: &[u8], version: i16, correlation: i32) {
         if self.armed.swap(false, Ordering::SeqCst) {
-            for f in self.faults.get().into_iter().flatten() {
+            for (_, f) in self.faults.get().into_iter().flatten() {
                 f.send_replace(Fault::Blackhole(Dir::Both));
             }
+        }
+        let mut granted = self.granted.lock().unwrap_or_else(|p| p.into_inner());
+        let Some((node, fault)) = *granted else {
+            return;
+        };
+        // Every member's assignment names the holder; only a holder's has position 0.
+        let holds = match decode_response_frame(frame, ApiKey::SyncGroup, version, correlation) {
+            Ok(Response::SyncGroup(r)) => {
+                r.error_code == 0
+                    && NativeAssignment::decode(&r.assignment)
+                        .is_ok_and(|a| a.position == 0 && a.holder.is_some())
+            }
+            _ => false,
+        };
+        if holds {
+            *granted = None;
+            for (_, f) in self
+                .faults
+                .get()
+                .into_iter()
+                .flatten()
+                .filter(|(n, _)| *n == node)
+            {
+                f.send_replace(fault);
+            }
+            self.granted_fired.store(true, Ordering::SeqCst);
         }
     }
 }
@@ -340,9 +375,12 @@ impl ProxySet {
                 }
             })
             .collect();
-        let _ = sync_cut
-            .faults
-            .set(proxies.iter().map(|p| p.fault.clone()).collect());
+        let _ = sync_cut.faults.set(
+            proxies
+                .iter()
+                .map(|p| (p.node_id, p.fault.clone()))
+                .collect(),
+        );
         ProxySet {
             proxies,
             stats,
@@ -363,6 +401,23 @@ impl ProxySet {
     /// proxy of the set black-holes both ways (until [`ProxySet::set_all`] clears it).
     pub fn cut_after_sync(&self) {
         self.sync_cut.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// Arms (or with `None` disarms) the trigger: the next SyncGroup answer that makes this
+    /// contender a holder of a native lock (position 0 in its assignment) is delivered, and
+    /// then `fault` is set on the proxy in front of `node` (until [`ProxySet::set`] clears it).
+    pub fn cut_when_granted(&self, cut: Option<(i32, Fault)>) {
+        self.sync_cut.granted_fired.store(false, Ordering::SeqCst);
+        *self
+            .sync_cut
+            .granted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = cut;
+    }
+
+    /// Whether the trigger armed by [`ProxySet::cut_when_granted`] has set its fault.
+    pub fn granted_cut_fired(&self) -> bool {
+        self.sync_cut.granted_fired.load(Ordering::SeqCst)
     }
 
     /// Whether the trigger armed by [`ProxySet::cut_after_sync`] is still waiting.
@@ -758,7 +813,7 @@ fn rewrite_answer(
         return frame;
     };
     if api == ApiKey::SyncGroup {
-        cut.sync_answered();
+        cut.sync_answered(&frame, version, correlation);
         return frame;
     }
     match rewrite(&frame, api, version, correlation, ports) {

@@ -104,6 +104,15 @@ pub enum Kind {
     /// that name the current holder's hold, member and generation (or the next generation),
     /// while it holds. Not in CI mode.
     LedgerForger,
+    /// A contender's links to the ledger partition's leader reset (new ones refused) or
+    /// black-holed, either the next holder's right after the SyncGroup answer that grants it
+    /// (during its ACQUIRED append and checkpoint read) or every waiter's while they long-poll
+    /// the ledger. Not in CI mode.
+    CutLedger,
+    /// The many-locks contenders (`--many`, at least 4 locks each) built with one parking lane,
+    /// while the holders of their locks are killed in a loop; every one of their locks must be
+    /// acquired again within the recovery bound. Not in CI mode.
+    LaneStarvation,
 }
 
 impl Kind {
@@ -125,13 +134,15 @@ impl Kind {
 
     /// Drawn only when named (`--kinds`), but for [`Kind::CI_EXTRA`]: most need a contender of
     /// their own or take long, and CI mode keeps its time.
-    pub const OPTIONAL: [Kind; 6] = [
+    pub const OPTIONAL: [Kind; 8] = [
         Kind::HoldHeartbeat,
         Kind::NoexecLoss,
         Kind::Pair,
         Kind::HandoverMove,
         Kind::RuntimeStall,
         Kind::LedgerForger,
+        Kind::CutLedger,
+        Kind::LaneStarvation,
     ];
 
     /// Optional kinds CI mode runs once anyway, after its schedule (so the kinds of [`Kind::ALL`]
@@ -191,6 +202,8 @@ impl Kind {
             Kind::HandoverMove => "handover-move",
             Kind::RuntimeStall => "runtime-stall",
             Kind::LedgerForger => "ledger-forger",
+            Kind::CutLedger => "cut-ledger",
+            Kind::LaneStarvation => "lane-starvation",
         }
     }
 
@@ -232,6 +245,7 @@ pub struct Episode {
     pub broker_fault: Kind,
     pub broker_length: Duration,
     /// Cut-move episodes: cut the waiter the next assignment names rather than the holder.
+    /// Cut-ledger episodes: cut the next holder at its grant rather than the waiters.
     pub pending: bool,
     /// A holder fault in a pair whose other half is a holder fault on the same lock: aimed at
     /// a contender that does not hold, so the two targets differ.
@@ -346,6 +360,22 @@ impl fmt::Display for Episode {
                 write!(f, ", runtime blocked session timeout + {:?}", self.length)
             }
             Kind::LedgerForger => write!(f, ", records forged for {:?}", self.length),
+            Kind::LaneStarvation => write!(f, ", holders killed for {:?}", self.length),
+            Kind::CutLedger => write!(
+                f,
+                ", {} cut from the ledger leader ({}), {:?}",
+                if self.pending {
+                    "the next holder at its grant"
+                } else {
+                    "the waiters"
+                },
+                if self.holder_fault == Kind::CutReset {
+                    "reset".to_owned()
+                } else {
+                    format!("black-holed {:?}", self.dir)
+                },
+                self.length
+            ),
             Kind::Mixed => write!(
                 f,
                 ": {} ({:?}) during {} ({:?}, slowed {:?})",
@@ -398,6 +428,8 @@ fn draw(kind: Kind, rng: &mut Rng) -> Episode {
             | Kind::NoexecLoss
             | Kind::RuntimeStall
             | Kind::LedgerForger
+            | Kind::CutLedger
+            | Kind::LaneStarvation
     );
     let target = if broker_wide || rng.range(0, 2) > 0 {
         Target::Native
@@ -427,7 +459,12 @@ fn draw(kind: Kind, rng: &mut Rng) -> Episode {
         Kind::HoldHeartbeat => rng.millis(2000, 4500),
         Kind::NoexecLoss => Duration::ZERO,
         // Drawn below, after the draws every kind makes.
-        Kind::Pair | Kind::HandoverMove | Kind::RuntimeStall | Kind::LedgerForger => Duration::ZERO,
+        Kind::Pair
+        | Kind::HandoverMove
+        | Kind::RuntimeStall
+        | Kind::LedgerForger
+        | Kind::CutLedger
+        | Kind::LaneStarvation => Duration::ZERO,
     };
     let delay = match kind {
         Kind::CutDelay => rng.millis(300, 8000),
@@ -483,6 +520,16 @@ fn draw(kind: Kind, rng: &mut Rng) -> Episode {
         }
         Kind::RuntimeStall => e.length = rng.millis(1000, 3000),
         Kind::LedgerForger => e.length = rng.millis(3000, 8000),
+        Kind::LaneStarvation => e.length = rng.millis(8000, 15_000),
+        Kind::CutLedger => {
+            e.length = rng.millis(2000, 8000);
+            e.pending = rng.range(0, 1) == 1;
+            e.holder_fault = if rng.range(0, 1) == 1 {
+                Kind::CutReset
+            } else {
+                Kind::CutBlackhole
+            };
+        }
         _ => {}
     }
     e

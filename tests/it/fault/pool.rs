@@ -68,6 +68,8 @@ pub struct SlotSpec {
     pub permits: u16,
     /// [`Role::Many`]: the locks it takes besides `lock` (generation tokens, one permit).
     pub extra: Vec<String>,
+    /// [`Role::Many`]: its client's parking lanes (`Client::parking_lanes`; 0: the default).
+    pub lanes: usize,
 }
 
 impl SlotSpec {
@@ -639,7 +641,8 @@ fn spawn(env: &Env, slot: &Slot, id: &str, rng: &mut Rng) -> Result<Running, Str
             );
             cmd.env("FAULT_ROLE", "many")
                 .env("FAULT_EXTRA_LOCKS", spec.extra.join(","))
-                .env("FAULT_PERMITS", spec.permits.to_string());
+                .env("FAULT_PERMITS", spec.permits.to_string())
+                .env("FAULT_PARKING_LANES", spec.lanes.to_string());
             let (process, _) = Supervised::spawn(&cmd, Output::Log(&log), None)?;
             Ok(Running::Proc {
                 id: id.to_owned(),

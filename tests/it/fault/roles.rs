@@ -131,8 +131,15 @@ fn role() {
                 .build()
                 .expect("runtime");
             drop(reporter);
+            let lanes: usize = std::env::var("FAULT_PARKING_LANES")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0);
             rt.block_on(async move {
-                let client = kafka_lock::Client::new(&bootstrap);
+                let mut client = kafka_lock::Client::new(&bootstrap);
+                if lanes > 0 {
+                    client = client.parking_lanes(lanes);
+                }
                 let mut tasks = tokio::task::JoinSet::new();
                 for (i, (lock, flavour, permits)) in locks.into_iter().enumerate() {
                     let mut rep = Reporter::connect(&env("FAULT_CHECKER"), &lock, &env("FAULT_ID"))

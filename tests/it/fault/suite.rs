@@ -156,7 +156,7 @@ struct Run {
     failures: std::sync::Mutex<Vec<String>>,
 }
 
-pub fn run(cfg: Config) {
+pub fn run(mut cfg: Config) {
     let mode = if cfg.ci { "ci" } else { "long" };
     let out = repo_root().join("target/fault-suite").join(format!(
         "{mode}-seed{}-{}",
@@ -176,6 +176,11 @@ pub fn run(cfg: Config) {
         out.display()
     );
     let began = Instant::now();
+    // Lane starvation aims at the many-locks contenders, with enough locks to queue on a lane.
+    let starve = plan.iter().any(|e| e.kind == Kind::LaneStarvation);
+    if starve {
+        cfg.many = cfg.many.max(4);
+    }
 
     let cluster = KafkaCluster::start(KafkaOptions::three_nodes());
     let native = unique_group("fault-native");
@@ -219,6 +224,7 @@ pub fn run(cfg: Config) {
             permits
         },
         extra: Vec::new(),
+        lanes: 0,
     };
     let prefix = unique_group("fault-many");
     let extra: Vec<String> = (1..cfg.many).map(|i| format!("{prefix}-{i}")).collect();
@@ -249,6 +255,7 @@ pub fn run(cfg: Config) {
         for name in ["many1", "many2"] {
             specs.push(SlotSpec {
                 extra: extra.clone(),
+                lanes: usize::from(starve),
                 ..spec(name, Role::Many, &native, &ledger)
             });
         }
@@ -465,6 +472,9 @@ impl Run {
         let (target, note, start) = self.strike(n, &plan);
         // Every lock a fault was aimed at must be taken again (a pair's halves may aim at both).
         let mut locks = vec![lock.clone()];
+        if plan.kind == Kind::LaneStarvation {
+            locks.extend(self.extra.iter().cloned());
+        }
         for part in &plan.parts {
             let l = self.lock_of(part.target).to_owned();
             if !locks.contains(&l) {
@@ -486,6 +496,15 @@ impl Run {
             }
             std::thread::sleep(Duration::from_millis(50));
         };
+        if plan.kind == Kind::LaneStarvation && target.is_some() && recovered.is_none() {
+            self.failures
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(format!(
+                    "lane-starvation, episode {n}: a lock of the one-lane clients not acquired \
+                     within {RECOVERY_BOUND:?} of the last kill"
+                ));
+        }
         Record {
             n,
             plan,
@@ -667,6 +686,18 @@ impl Run {
             Kind::LedgerForger => {
                 start = mono_ns();
                 let (t, n) = self.ledger_forger(plan, &lock);
+                target = t;
+                note = n;
+            }
+            Kind::LaneStarvation => {
+                start = mono_ns();
+                let (t, n) = self.lane_starvation(plan, &mut rng);
+                target = t;
+                note = n;
+            }
+            Kind::CutLedger => {
+                start = mono_ns();
+                let (t, n) = self.cut_ledger(plan, &lock);
                 target = t;
                 note = n;
             }
@@ -1305,6 +1336,139 @@ impl Run {
         )
     }
 
+    /// The cut-ledger nemesis: the links of contenders of `lock` to the ledger partition's
+    /// leader (on three nodes often not the coordinator, which every other cut aims at) reset
+    /// or black-holed for `plan.length`. Either (`pending`) the next holder's, armed on every
+    /// proxied contender that does not hold and set right after the SyncGroup answer that
+    /// grants one of them, so its ACQUIRED append and checkpoint read meet the cut; or every
+    /// waiter's, while they long-poll the ledger for a RELEASED record. The checker judges the
+    /// holds as always.
+    fn cut_ledger(&self, plan: &Episode, lock: &str) -> (Option<String>, String) {
+        let Flavour::Ledger(topic) = self.ledger.clone() else {
+            return (None, String::new());
+        };
+        let nodes = self.live_nodes();
+        let Some((leader, _)) = self.rt.block_on(leader_of(&nodes, &topic)) else {
+            return (None, String::new());
+        };
+        let fault = if plan.holder_fault == Kind::CutReset {
+            Fault::Reset
+        } else {
+            Fault::Blackhole(plan.dir)
+        };
+        let coordinator = self.cluster().coordinator(lock);
+        let also = if coordinator == leader {
+            " (also the coordinator)"
+        } else {
+            ""
+        };
+        let holders = self.checker.holders(lock);
+        let others: Vec<String> = self
+            .pool
+            .proxied(lock)
+            .into_iter()
+            .filter(|id| !holders.contains(id))
+            .collect();
+        if others.is_empty() {
+            return (None, String::new());
+        }
+        let cut: Vec<String> = if plan.pending {
+            for id in &others {
+                self.pool
+                    .proxies_of(id, |p| p.cut_when_granted(Some((leader, fault))));
+            }
+            let deadline = Instant::now() + HOLDER_BOUND;
+            let fired = loop {
+                let fired: Vec<String> = others
+                    .iter()
+                    .filter(|id| {
+                        let mut f = false;
+                        self.pool.proxies_of(id, |p| f = p.granted_cut_fired());
+                        f
+                    })
+                    .cloned()
+                    .collect();
+                if !fired.is_empty() || Instant::now() >= deadline {
+                    break fired;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            };
+            for id in &others {
+                self.pool.proxies_of(id, |p| p.cut_when_granted(None));
+            }
+            fired
+        } else {
+            for id in &others {
+                self.pool.proxies_of(id, |p| p.set(leader, fault));
+            }
+            others
+        };
+        if cut.is_empty() {
+            return (None, String::new());
+        }
+        std::thread::sleep(plan.length);
+        for id in &cut {
+            self.pool.proxies_of(id, |p| p.set(leader, Fault::Clear));
+        }
+        let who = if plan.pending {
+            "granted, then cut"
+        } else {
+            "waiting, cut"
+        };
+        (
+            Some(cut.join(",")),
+            format!(
+                "{} {who} from ledger leader node {leader}{also}",
+                cut.join(", ")
+            ),
+        )
+    }
+
+    /// The lane-starvation nemesis: for `plan.length`, the holder of one of the many-locks
+    /// contenders' locks (the native lock or one of theirs), drawn each round, is killed, then
+    /// 0.5 to 2 s pass. Killing a many-locks process ends every hold it had, so the other one,
+    /// whose client parks every waiting lock on its one lane, must acquire them all; the run
+    /// fails if some lock is not acquired again within the recovery bound after the last kill.
+    fn lane_starvation(&self, plan: &Episode, rng: &mut Rng) -> (Option<String>, String) {
+        if self.extra.is_empty() {
+            return (None, String::new());
+        }
+        let locks: Vec<String> = std::iter::once(self.native.clone())
+            .chain(self.extra.iter().cloned())
+            .collect();
+        let until = Instant::now() + plan.length;
+        let mut killed = Vec::new();
+        while Instant::now() < until {
+            let lock = rng.pick(&locks);
+            if let Some(id) = self.holder(lock, Duration::from_secs(10)) {
+                self.pool.kill(&id);
+                killed.push(id);
+            }
+            std::thread::sleep(rng.millis(500, 2000));
+        }
+        if killed.is_empty() {
+            return (None, String::new());
+        }
+        (
+            Some(killed.join(",")),
+            format!(
+                "{} holder(s) killed: {} (one parking lane per many-locks client)",
+                killed.len(),
+                killed.join(", ")
+            ),
+        )
+    }
+
+    /// The addresses of the nodes that run.
+    fn live_nodes(&self) -> Vec<String> {
+        self.cluster()
+            .nodes()
+            .iter()
+            .filter(|n| n.is_live())
+            .map(|n| n.addr())
+            .collect()
+    }
+
     /// The target of a fault aimed at one contender: the holder (for a cut, one with proxies),
     /// or in a pair whose other half is at the holder, a proxied contender of the lock that does
     /// not hold it.
@@ -1888,21 +2052,16 @@ fn dump(out: &std::path::Path, events: &[Event], writes: &[checker::WriteRec], r
     }
 }
 
-/// Appends one record under `key` to partition 0 of `topic` through its leader, found with
-/// Metadata from the first of `nodes` that answers, as any producer could. Its offset, or
-/// none if it could not be appended (no leader, a broker down): the forger goes on.
-async fn append(nodes: &[String], topic: &str, key: &str, value: bytes::Bytes) -> Option<i64> {
+/// The node id and address of the leader of partition 0 of `topic`, found with Metadata from
+/// the first of `nodes` that names one.
+async fn leader_of(nodes: &[String], topic: &str) -> Option<(i32, String)> {
     use kafka_lock::internals::driver::{ConnConfig, Connection};
-    use kafka_lock::internals::ledger::{build, Op};
-    use kafka_lock::internals::wire::log::{produced, TopicPartition};
-    use kafka_lock::internals::wire::records::{encode_batch, NewRecord};
     use kafka_lock::internals::wire::Response;
     use kafka_protocol::messages::metadata_request::{MetadataRequest, MetadataRequestTopic};
     use kafka_protocol::messages::TopicName;
     use kafka_protocol::protocol::StrBytes;
     let bound = Duration::from_secs(5);
     let cfg = ConnConfig::default();
-    let mut leader = None;
     for addr in nodes {
         let Ok(Ok(conn)) = tokio::time::timeout(bound, Connection::connect(addr, &cfg)).await
         else {
@@ -1920,16 +2079,30 @@ async fn append(nodes: &[String], topic: &str, key: &str, value: bytes::Bytes) -
                 .first()
                 .and_then(|t| t.partitions.first())
                 .map(|p| p.leader_id.0);
-            leader = id
+            let leader = id
                 .filter(|&id| id >= 0)
                 .and_then(|id| r.brokers.iter().find(|b| b.node_id.0 == id))
-                .map(|b| format!("{}:{}", b.host, b.port));
+                .map(|b| (b.node_id.0, format!("{}:{}", b.host, b.port)));
             if leader.is_some() {
-                break;
+                return leader;
             }
         }
     }
-    let leader = leader?;
+    None
+}
+
+/// Appends one record under `key` to partition 0 of `topic` through its leader, found with
+/// Metadata from the first of `nodes` that answers, as any producer could. Its offset, or
+/// none if it could not be appended (no leader, a broker down): the forger goes on.
+async fn append(nodes: &[String], topic: &str, key: &str, value: bytes::Bytes) -> Option<i64> {
+    use kafka_lock::internals::driver::{ConnConfig, Connection};
+    use kafka_lock::internals::ledger::{build, Op};
+    use kafka_lock::internals::wire::log::{produced, TopicPartition};
+    use kafka_lock::internals::wire::records::{encode_batch, NewRecord};
+    use kafka_lock::internals::wire::Response;
+    let bound = Duration::from_secs(5);
+    let cfg = ConnConfig::default();
+    let (_, leader) = leader_of(nodes, topic).await?;
     let Ok(Ok(conn)) = tokio::time::timeout(bound, Connection::connect(&leader, &cfg)).await else {
         return None;
     };
