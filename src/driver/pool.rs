@@ -563,3 +563,52 @@ async fn reap(pool: Weak<Pool>) {
 fn address(b: &Broker) -> String {
     format!("{}:{}", b.host, b.port)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What has been unused for [`IDLE_AFTER`] is closed, a quick connection and an idle lane
+    /// alike, and nothing sooner: the reaper is driven by hand with the instants on either side.
+    #[tokio::test]
+    async fn what_is_unused_for_idle_after_is_closed_and_nothing_sooner() {
+        let (broker, _accepted) = crate::driver::tests::lane_broker().await;
+        let pool = Arc::new(Pool::new(PoolConfig {
+            bootstrap: vec![],
+            conn: ConnConfig::default(),
+            limits: BootstrapConfig::default(),
+            retry_backoff: Duration::from_millis(10),
+            retry_backoff_max: Duration::from_millis(100),
+            parking_lanes: 4,
+            quick_connections: 1,
+            acquisitions_at_once: 0,
+        }));
+        let before = Instant::now();
+        let bound = Duration::from_secs(10);
+        let quick = tokio::time::timeout(bound, pool.quick(Some(&broker), 0))
+            .await
+            .expect("a loopback connection opens at once")
+            .unwrap();
+        let lane = tokio::time::timeout(bound, pool.lane(&broker, Park::Fresh))
+            .await
+            .expect("a loopback connection opens at once")
+            .unwrap();
+        let parked = lane.conn().clone();
+        lane.done();
+        let after = Instant::now();
+
+        pool.reap_once(before + IDLE_AFTER - Duration::from_millis(1));
+        assert!(
+            !quick.is_closed(),
+            "a quick connection closed before it was idle long enough"
+        );
+        assert!(
+            !parked.is_closed(),
+            "an idle lane closed before it was idle long enough"
+        );
+
+        pool.reap_once(after + IDLE_AFTER);
+        assert!(quick.is_closed(), "an idle quick connection was kept");
+        assert!(parked.is_closed(), "an idle lane was kept");
+    }
+}

@@ -60,7 +60,7 @@ fn api_versions(apis: &[(ApiKey, i16, i16)]) -> ApiVersionsResponse {
 }
 
 /// The broker side of a connection, scripted by the test.
-struct Peer<S> {
+pub(super) struct Peer<S> {
     io: S,
     buf: BytesMut,
 }
@@ -1484,7 +1484,7 @@ fn request_enum_accepts_typed_requests() {
 
 /// A scripted broker for the pool: accepts connections on loopback, answers each one's
 /// ApiVersions, then reports it (the server side) on `accepted`.
-async fn lane_broker() -> (
+pub(super) async fn lane_broker() -> (
     crate::membership::Broker,
     tokio::sync::mpsc::UnboundedReceiver<Peer<tokio::net::TcpStream>>,
 ) {
@@ -1513,7 +1513,11 @@ fn lane_pool(cap: usize) -> Arc<pool::Pool> {
 }
 
 fn striped_pool(cap: usize, quick_connections: usize) -> Arc<pool::Pool> {
-    Arc::new(pool::Pool::new(pool::PoolConfig {
+    Arc::new(pool::Pool::new(pool_config(cap, quick_connections)))
+}
+
+fn pool_config(cap: usize, quick_connections: usize) -> pool::PoolConfig {
+    pool::PoolConfig {
         bootstrap: vec![],
         conn: ConnConfig::default(),
         limits: BootstrapConfig::default(),
@@ -1522,7 +1526,7 @@ fn striped_pool(cap: usize, quick_connections: usize) -> Arc<pool::Pool> {
         parking_lanes: cap,
         quick_connections,
         acquisitions_at_once: 0,
-    }))
+    }
 }
 
 /// First joins and polls take at most `cap - cap/4` lanes; what a membership in force needs
@@ -2944,4 +2948,46 @@ fn bounds_of_any_size_make_a_client() {
         .acquisitions_at_once(usize::MAX)
         .parking_lanes(usize::MAX);
     let _ = client.lock("any");
+}
+
+/// `acquisitions_at_once` bounds the acquisitions between their start and their first
+/// generation: the places are taken in turn, one given back lets the next in, and without a
+/// bound nobody waits.
+#[tokio::test]
+async fn admissions_beyond_the_bound_wait_for_a_place() {
+    let bounded = Arc::new(pool::Pool::new(pool::PoolConfig {
+        acquisitions_at_once: 2,
+        ..pool_config(1, 1)
+    }));
+    let first = tokio::time::timeout(PROMPTLY, bounded.admit())
+        .await
+        .expect("a free place is given at once");
+    let second = tokio::time::timeout(PROMPTLY, bounded.admit())
+        .await
+        .expect("a free place is given at once");
+    assert!(first.is_some() && second.is_some(), "a bound gives places");
+    let mut third = tokio::spawn({
+        let bounded = bounded.clone();
+        async move { bounded.admit().await.is_some() }
+    });
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), &mut third)
+            .await
+            .is_err(),
+        "a third acquisition was let in while two held the places"
+    );
+    drop(first);
+    assert!(
+        tokio::time::timeout(PROMPTLY, third)
+            .await
+            .expect("a place given back lets the next in")
+            .unwrap(),
+        "the next one holds a place"
+    );
+    let unbounded = lane_pool(1);
+    assert!(tokio::time::timeout(PROMPTLY, unbounded.admit())
+        .await
+        .expect("no bound: nobody waits")
+        .is_none());
+    drop(second);
 }
