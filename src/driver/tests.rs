@@ -1788,12 +1788,19 @@ async fn an_urgent_request_gets_an_overflow_lane_when_every_lane_is_taken() {
     use pool::Park;
     let (broker, mut accepted) = lane_broker().await;
     let pool = lane_pool(1);
-    let fresh = pool.lane(&broker, Park::Fresh).await.unwrap();
+    // One lane and no reserve: the fresh request takes it.
+    let fresh = tokio::time::timeout(PROMPTLY, pool.lane(&broker, Park::Fresh))
+        .await
+        .expect("a cap of one lane keeps none in reserve")
+        .unwrap();
     let urgent = tokio::time::timeout(PROMPTLY, pool.lane(&broker, Park::Urgent))
         .await
         .expect("an urgent request never waits for a lane")
         .unwrap();
-    let _first = accepted.recv().await.unwrap();
+    let _first = tokio::time::timeout(PROMPTLY, accepted.recv())
+        .await
+        .expect("a connection for the fresh lane")
+        .unwrap();
     let mut overflow = tokio::time::timeout(PROMPTLY, accepted.recv())
         .await
         .expect("a connection for the overflow lane")
@@ -1817,8 +1824,14 @@ async fn a_first_join_waiting_for_a_lane_leaves_the_line_with_its_session() {
         sent: Default::default(),
         stripe: 0,
     };
-    let taken = net.pool.lane(&broker, pool::Park::Fresh).await.unwrap();
-    let _server = accepted.recv().await.unwrap();
+    let taken = tokio::time::timeout(PROMPTLY, net.pool.lane(&broker, pool::Park::Fresh))
+        .await
+        .expect("a cap of one lane keeps none in reserve")
+        .unwrap();
+    let _server = tokio::time::timeout(PROMPTLY, accepted.recv())
+        .await
+        .expect("a connection for the lane")
+        .unwrap();
     let (answers_tx, answers) = tokio::sync::mpsc::unbounded_channel();
     let join = Transmit {
         id: 1,
@@ -2990,4 +3003,50 @@ async fn admissions_beyond_the_bound_wait_for_a_place() {
         .expect("no bound: nobody waits")
         .is_none());
     drop(second);
+}
+
+/// Two lanes are the smallest cap that keeps one in reserve: a second first join waits, and an
+/// urgent request gets the reserve lane without an overflow.
+#[tokio::test]
+async fn with_two_lanes_one_is_kept_for_urgent_requests() {
+    use pool::Park;
+    let (broker, mut accepted) = lane_broker().await;
+    let pool = lane_pool(2);
+    let fresh = tokio::time::timeout(PROMPTLY, pool.lane(&broker, Park::Fresh))
+        .await
+        .expect("a free lane is lent at once")
+        .unwrap();
+    let mut waiting = tokio::spawn({
+        let (pool, broker) = (pool.clone(), broker.clone());
+        async move { pool.lane(&broker, Park::Fresh).await.map(|l| l.done()) }
+    });
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), &mut waiting)
+            .await
+            .is_err(),
+        "a second fresh request took the reserve lane"
+    );
+    let urgent = tokio::time::timeout(PROMPTLY, pool.lane(&broker, Park::Urgent))
+        .await
+        .expect("the reserve lane is lent")
+        .unwrap();
+    let mut servers = Vec::new();
+    for _ in 0..2 {
+        servers.push(
+            tokio::time::timeout(PROMPTLY, accepted.recv())
+                .await
+                .expect("a connection per lane")
+                .unwrap(),
+        );
+    }
+    // Within the cap: the urgent lane goes back to the pool rather than being closed.
+    urgent.done();
+    fresh.done();
+    tokio::time::timeout(PROMPTLY, waiting)
+        .await
+        .expect("a returned lane serves the waiting request")
+        .unwrap()
+        .unwrap();
+    assert!(accepted.try_recv().is_err(), "returned lanes are reused");
+    drop(servers);
 }
