@@ -2520,6 +2520,18 @@ async fn a_broker_leading_fewer_partitions_than_stripes_spreads_them_over_every_
             .collect();
         assert_eq!(stripes, (0..4).collect(), "partition {p}'s groups");
     }
+    // Two nodes, one partition each: a partition count with a factor in common with the stripe
+    // count still spreads each partition's groups over every stripe (the hash past the
+    // partition picks one, not the whole hash times the partition count).
+    let pool = learn_placement(&addr, &mut accepted, vec![1, 2]).await;
+    for p in 0..2 {
+        let stripes: BTreeSet<usize> = groups
+            .iter()
+            .filter(|g| java_abs_hash(g) % 2 == p)
+            .map(|g| pool.stripe(g))
+            .collect();
+        assert_eq!(stripes, (0..4).collect(), "partition {p} of two's groups");
+    }
 
     // One node leading two of them, another the third: the two share its stripes out.
     let pool = learn_placement(&addr, &mut accepted, vec![1, 1, 2]).await;
