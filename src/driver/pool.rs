@@ -663,5 +663,11 @@ mod tests {
             boot.same(&first),
             "an open bootstrap connection was replaced"
         );
+        // A session's close (`close_all`) closes what the pool holds.
+        pool.close_all();
+        assert!(
+            first.is_closed(),
+            "close_all left the bootstrap connection open"
+        );
     }
 }
