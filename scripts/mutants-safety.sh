@@ -9,6 +9,8 @@
 #   SHARD=0/4 scripts/mutants-safety.sh src/ledger/mod.rs   # a round-robin quarter of a file
 #   LIST=1 scripts/mutants-safety.sh              # only count the mutants per file
 #   TIMEOUT=120 NICE=19 scripts/mutants-safety.sh ...   # test timeout per mutant (default 90 s)
+#   LIB_ONLY=1 scripts/mutants-safety.sh src/driver/pool.rs      # its lib tests only, no brokers
+#   BIN_ONLY=1 scripts/mutants-safety.sh src/bin/kafka-lock/tree.rs  # the CLI's unit tests only
 #   ITERATE=1 scripts/mutants-safety.sh src/membership.rs  # resume: skip the caught and unviable
 #   RE='^src/membership\.rs:(14[7-9][0-9]|1[5-9][0-9][0-9]):' scripts/mutants-safety.sh src/membership.rs
 #                                                 # only the mutants whose names match (`--list`)
@@ -120,7 +122,13 @@ selection() {
         echo "--cargo-arg=--bin=kafka-lock $(test_args -- hold::)"
         ;;
     src/bin/kafka-lock/*)
-        echo "--all-features --cargo-arg=--bin=kafka-lock --cargo-arg=--test=it $(test_args -- run:: supervise:: tree:: "${CLI_IT[@]}")"
+        # The CLI's unit tests, then (unless BIN_ONLY is set) the integration tests above, which
+        # start Apache Kafka and real commands: minutes per mutant instead of seconds.
+        if [ -n "${BIN_ONLY:-}" ]; then
+            echo "--all-features --cargo-arg=--bin=kafka-lock $(test_args -- run:: supervise:: tree::)"
+        else
+            echo "--all-features --cargo-arg=--bin=kafka-lock --cargo-arg=--test=it $(test_args -- run:: supervise:: tree:: "${CLI_IT[@]}")"
+        fi
         ;;
     *)
         echo "$1 is not in the safety scope: ${SCOPE[*]}" >&2

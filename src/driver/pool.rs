@@ -590,3 +590,111 @@ async fn reap(pool: Weak<Pool>) {
 fn address(b: &Broker) -> String {
     format!("{}:{}", b.host, b.port)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What has been unused for [`IDLE_AFTER`] is closed, a quick connection and an idle lane
+    /// alike, and nothing sooner: the reaper is driven by hand with the instants on either side.
+    #[tokio::test]
+    async fn what_is_unused_for_idle_after_is_closed_and_nothing_sooner() {
+        let (broker, _accepted) = crate::driver::tests::lane_broker().await;
+        let pool = Arc::new(Pool::new(PoolConfig {
+            bootstrap: vec![],
+            conn: ConnConfig::default(),
+            limits: BootstrapConfig::default(),
+            retry_backoff: Duration::from_millis(10),
+            retry_backoff_max: Duration::from_millis(100),
+            parking_lanes: 4,
+            quick_connections: 1,
+            acquisitions_at_once: 0,
+        }));
+        let before = Instant::now();
+        let bound = Duration::from_secs(10);
+        let quick = tokio::time::timeout(bound, pool.quick(Some(&broker), 0))
+            .await
+            .expect("a loopback connection opens at once")
+            .unwrap();
+        let lane = tokio::time::timeout(bound, pool.lane(&broker, Park::Fresh))
+            .await
+            .expect("a loopback connection opens at once")
+            .unwrap();
+        let parked = lane.conn().clone();
+        lane.done();
+        let after = Instant::now();
+
+        pool.reap_once(before + IDLE_AFTER - Duration::from_millis(1));
+        assert!(
+            !quick.is_closed(),
+            "a quick connection closed before it was idle long enough"
+        );
+        assert!(
+            !parked.is_closed(),
+            "an idle lane closed before it was idle long enough"
+        );
+
+        pool.reap_once(after + IDLE_AFTER);
+        assert!(quick.is_closed(), "an idle quick connection was kept");
+        assert!(parked.is_closed(), "an idle lane was kept");
+    }
+
+    /// The Heartbeat path's fast lookup lends an open quick connection and never a closed one
+    /// (a closed one is opened again by [`Pool::quick`]); a connection offered as the bootstrap
+    /// one is lent as such, but never in place of one still open.
+    #[tokio::test]
+    async fn only_open_connections_are_lent_and_an_open_bootstrap_is_kept() {
+        let (broker, _accepted) = crate::driver::tests::lane_broker().await;
+        let pool = Arc::new(Pool::new(PoolConfig {
+            bootstrap: vec![],
+            conn: ConnConfig::default(),
+            limits: BootstrapConfig::default(),
+            retry_backoff: Duration::from_millis(10),
+            retry_backoff_max: Duration::from_millis(100),
+            parking_lanes: 4,
+            quick_connections: 1,
+            acquisitions_at_once: 0,
+        }));
+        let bound = Duration::from_secs(10);
+        let quick = tokio::time::timeout(bound, pool.quick(Some(&broker), 0))
+            .await
+            .expect("a loopback connection opens at once")
+            .unwrap();
+        let lent = pool
+            .quick_open(Some(&broker), 0)
+            .expect("the open one is lent");
+        assert!(lent.same(&quick));
+        quick.close();
+        assert!(
+            pool.quick_open(Some(&broker), 0).is_none(),
+            "a closed quick connection was lent"
+        );
+
+        let at = address(&broker);
+        let first = tokio::time::timeout(bound, Connection::connect(&at, &pool.conn))
+            .await
+            .expect("a loopback connection opens at once")
+            .unwrap();
+        let second = tokio::time::timeout(bound, Connection::connect(&at, &pool.conn))
+            .await
+            .expect("a loopback connection opens at once")
+            .unwrap();
+        pool.offer_bootstrap(&first);
+        pool.offer_bootstrap(&second);
+        // The bootstrap list is empty: only an offered connection can be lent.
+        let boot = tokio::time::timeout(bound, pool.quick(None, 0))
+            .await
+            .expect("an offered connection is lent at once")
+            .expect("the offered connection is the bootstrap one");
+        assert!(
+            boot.same(&first),
+            "an open bootstrap connection was replaced"
+        );
+        // A session's close (`close_all`) closes what the pool holds.
+        pool.close_all();
+        assert!(
+            first.is_closed(),
+            "close_all left the bootstrap connection open"
+        );
+    }
+}

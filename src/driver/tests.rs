@@ -60,7 +60,7 @@ fn api_versions(apis: &[(ApiKey, i16, i16)]) -> ApiVersionsResponse {
 }
 
 /// The broker side of a connection, scripted by the test.
-struct Peer<S> {
+pub(super) struct Peer<S> {
     io: S,
     buf: BytesMut,
 }
@@ -1509,7 +1509,7 @@ fn request_enum_accepts_typed_requests() {
 
 /// A scripted broker for the pool: accepts connections on loopback, answers each one's
 /// ApiVersions, then reports it (the server side) on `accepted`.
-async fn lane_broker() -> (
+pub(super) async fn lane_broker() -> (
     crate::membership::Broker,
     tokio::sync::mpsc::UnboundedReceiver<Peer<tokio::net::TcpStream>>,
 ) {
@@ -1538,7 +1538,11 @@ fn lane_pool(cap: usize) -> Arc<pool::Pool> {
 }
 
 fn striped_pool(cap: usize, quick_connections: usize) -> Arc<pool::Pool> {
-    Arc::new(pool::Pool::new(pool::PoolConfig {
+    Arc::new(pool::Pool::new(pool_config(cap, quick_connections)))
+}
+
+fn pool_config(cap: usize, quick_connections: usize) -> pool::PoolConfig {
+    pool::PoolConfig {
         bootstrap: vec![],
         conn: ConnConfig::default(),
         limits: BootstrapConfig::default(),
@@ -1547,7 +1551,7 @@ fn striped_pool(cap: usize, quick_connections: usize) -> Arc<pool::Pool> {
         parking_lanes: cap,
         quick_connections,
         acquisitions_at_once: 0,
-    }))
+    }
 }
 
 /// First joins and polls take at most `cap - cap/4` lanes; what a membership in force needs
@@ -1875,12 +1879,19 @@ async fn an_urgent_request_gets_an_overflow_lane_when_every_lane_is_taken() {
     use pool::Park;
     let (broker, mut accepted) = lane_broker().await;
     let pool = lane_pool(1);
-    let fresh = pool.lane(&broker, Park::Fresh).await.unwrap();
+    // One lane and no reserve: the fresh request takes it.
+    let fresh = tokio::time::timeout(PROMPTLY, pool.lane(&broker, Park::Fresh))
+        .await
+        .expect("a cap of one lane keeps none in reserve")
+        .unwrap();
     let urgent = tokio::time::timeout(PROMPTLY, pool.lane(&broker, Park::Urgent))
         .await
         .expect("an urgent request never waits for a lane")
         .unwrap();
-    let _first = accepted.recv().await.unwrap();
+    let _first = tokio::time::timeout(PROMPTLY, accepted.recv())
+        .await
+        .expect("a connection for the fresh lane")
+        .unwrap();
     let mut overflow = tokio::time::timeout(PROMPTLY, accepted.recv())
         .await
         .expect("a connection for the overflow lane")
@@ -1904,8 +1915,14 @@ async fn a_first_join_waiting_for_a_lane_leaves_the_line_with_its_session() {
         sent: Default::default(),
         stripe: 0,
     };
-    let taken = net.pool.lane(&broker, pool::Park::Fresh).await.unwrap();
-    let _server = accepted.recv().await.unwrap();
+    let taken = tokio::time::timeout(PROMPTLY, net.pool.lane(&broker, pool::Park::Fresh))
+        .await
+        .expect("a cap of one lane keeps none in reserve")
+        .unwrap();
+    let _server = tokio::time::timeout(PROMPTLY, accepted.recv())
+        .await
+        .expect("a connection for the lane")
+        .unwrap();
     let (answers_tx, answers) = tokio::sync::mpsc::unbounded_channel();
     let join = Transmit {
         id: 1,
@@ -2594,6 +2611,18 @@ async fn a_broker_leading_fewer_partitions_than_stripes_spreads_them_over_every_
             .collect();
         assert_eq!(stripes, (0..4).collect(), "partition {p}'s groups");
     }
+    // Two nodes, one partition each: a partition count with a factor in common with the stripe
+    // count still spreads each partition's groups over every stripe (the hash past the
+    // partition picks one, not the whole hash times the partition count).
+    let pool = learn_placement(&addr, &mut accepted, vec![1, 2]).await;
+    for p in 0..2 {
+        let stripes: BTreeSet<usize> = groups
+            .iter()
+            .filter(|g| java_abs_hash(g) % 2 == p)
+            .map(|g| pool.stripe(g))
+            .collect();
+        assert_eq!(stripes, (0..4).collect(), "partition {p} of two's groups");
+    }
 
     // One node leading two of them, another the third: the two share its stripes out.
     let pool = learn_placement(&addr, &mut accepted, vec![1, 1, 2]).await;
@@ -3035,4 +3064,92 @@ fn bounds_of_any_size_make_a_client() {
         .acquisitions_at_once(usize::MAX)
         .parking_lanes(usize::MAX);
     let _ = client.lock("any");
+}
+
+/// `acquisitions_at_once` bounds the acquisitions between their start and their first
+/// generation: the places are taken in turn, one given back lets the next in, and without a
+/// bound nobody waits.
+#[tokio::test]
+async fn admissions_beyond_the_bound_wait_for_a_place() {
+    let bounded = Arc::new(pool::Pool::new(pool::PoolConfig {
+        acquisitions_at_once: 2,
+        ..pool_config(1, 1)
+    }));
+    let first = tokio::time::timeout(PROMPTLY, bounded.admit())
+        .await
+        .expect("a free place is given at once");
+    let second = tokio::time::timeout(PROMPTLY, bounded.admit())
+        .await
+        .expect("a free place is given at once");
+    assert!(first.is_some() && second.is_some(), "a bound gives places");
+    let mut third = tokio::spawn({
+        let bounded = bounded.clone();
+        async move { bounded.admit().await.is_some() }
+    });
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), &mut third)
+            .await
+            .is_err(),
+        "a third acquisition was let in while two held the places"
+    );
+    drop(first);
+    assert!(
+        tokio::time::timeout(PROMPTLY, third)
+            .await
+            .expect("a place given back lets the next in")
+            .unwrap(),
+        "the next one holds a place"
+    );
+    let unbounded = lane_pool(1);
+    assert!(tokio::time::timeout(PROMPTLY, unbounded.admit())
+        .await
+        .expect("no bound: nobody waits")
+        .is_none());
+    drop(second);
+}
+
+/// Two lanes are the smallest cap that keeps one in reserve: a second first join waits, and an
+/// urgent request gets the reserve lane without an overflow.
+#[tokio::test]
+async fn with_two_lanes_one_is_kept_for_urgent_requests() {
+    use pool::Park;
+    let (broker, mut accepted) = lane_broker().await;
+    let pool = lane_pool(2);
+    let fresh = tokio::time::timeout(PROMPTLY, pool.lane(&broker, Park::Fresh))
+        .await
+        .expect("a free lane is lent at once")
+        .unwrap();
+    let mut waiting = tokio::spawn({
+        let (pool, broker) = (pool.clone(), broker.clone());
+        async move { pool.lane(&broker, Park::Fresh).await.map(|l| l.done()) }
+    });
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), &mut waiting)
+            .await
+            .is_err(),
+        "a second fresh request took the reserve lane"
+    );
+    let urgent = tokio::time::timeout(PROMPTLY, pool.lane(&broker, Park::Urgent))
+        .await
+        .expect("the reserve lane is lent")
+        .unwrap();
+    let mut servers = Vec::new();
+    for _ in 0..2 {
+        servers.push(
+            tokio::time::timeout(PROMPTLY, accepted.recv())
+                .await
+                .expect("a connection per lane")
+                .unwrap(),
+        );
+    }
+    // Within the cap: the urgent lane goes back to the pool rather than being closed.
+    urgent.done();
+    fresh.done();
+    tokio::time::timeout(PROMPTLY, waiting)
+        .await
+        .expect("a returned lane serves the waiting request")
+        .unwrap()
+        .unwrap();
+    assert!(accepted.try_recv().is_err(), "returned lanes are reused");
+    drop(servers);
 }
