@@ -793,6 +793,37 @@ fn a_loss_reported_in_time_is_not_reported_again_at_the_kill() {
     assert_eq!(h.feed(Input::Deadline), vec![Action::Signal(9)]);
 }
 
+/// The kill after a SIGTERM's grace may fall due before the bound on a loss seen just before
+/// it: that wake-up kills and leaves the loss to the session until the bound, so that the
+/// `lost` event carries the lease end the session computed.
+#[test]
+fn a_kill_due_before_the_loss_bound_leaves_the_loss_to_the_session() {
+    let mut h = H::started(false);
+    assert_eq!(h.feed(Input::Signal(TERM)), vec![Action::Signal(TERM)]);
+    let kill_at = h.now + GRACE;
+    h.advance(GRACE - LOSS_REPORT_BOUND / 2);
+    h.lose();
+    assert_eq!(
+        h.feed(Input::Lost(LossReason::Reassigned)),
+        vec![Action::Stop]
+    );
+    assert_eq!(h.m.deadline(), Some(kill_at));
+    h.advance(LOSS_REPORT_BOUND / 2);
+    assert_eq!(h.feed(Input::Deadline), vec![Action::Signal(9)]);
+    assert_eq!(h.m.deadline(), Some(h.now + LOSS_REPORT_BOUND / 2));
+    assert_eq!(
+        h.feed(Input::LossReported {
+            reason: LossReason::Reassigned,
+            lease_end: h.t0 + LEASE
+        }),
+        vec![Action::ReportLost {
+            reason: LossReason::Reassigned,
+            lease_end: Some(h.t0 + LEASE)
+        }]
+    );
+    assert_eq!(h.m.deadline(), None);
+}
+
 /// adversarial review: the lease is held strictly before its end; a command that ends at the
 /// very instant the lease ends ran without it for that instant.
 #[test]
