@@ -622,7 +622,6 @@ mod tests {
             .unwrap();
         let parked = lane.conn().clone();
         lane.done();
-        let after = Instant::now();
 
         pool.reap_once(before + IDLE_AFTER - Duration::from_millis(1));
         assert!(
@@ -634,9 +633,25 @@ mod tests {
             "an idle lane closed before it was idle long enough"
         );
 
-        pool.reap_once(after + IDLE_AFTER);
-        assert!(quick.is_closed(), "an idle quick connection was kept");
-        assert!(parked.is_closed(), "an idle lane was kept");
+        // Unused for exactly IDLE_AFTER is unused long enough, for both kinds. The quick
+        // connection was last used before the lane went idle, so it is reaped first.
+        let since = pool.all_lanes()[0]
+            .idle
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())[0]
+            .1;
+        let used = pool.quick_cells()[0]
+            .last_used
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .expect("the quick connection was used");
+        pool.reap_once(used + IDLE_AFTER);
+        assert!(
+            quick.is_closed(),
+            "a quick connection idle for IDLE_AFTER was kept"
+        );
+        pool.reap_once(since + IDLE_AFTER);
+        assert!(parked.is_closed(), "a lane idle for IDLE_AFTER was kept");
     }
 
     /// The Heartbeat path's fast lookup lends an open quick connection and never a closed one
