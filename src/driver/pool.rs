@@ -654,6 +654,44 @@ mod tests {
         assert!(parked.is_closed(), "a lane idle for IDLE_AFTER was kept");
     }
 
+    /// The reaper the pool starts with its first connection runs `reap_once` every quarter of
+    /// [`IDLE_AFTER`] on its own: what nobody uses is closed within `IDLE_AFTER` and a quarter,
+    /// without any call from the pool's users. Tokio's clock (which the pool reads) is paused
+    /// once the connections are open, so the wait costs no real time.
+    #[tokio::test]
+    async fn the_reaper_closes_idle_connections_on_its_own() {
+        let (broker, _accepted) = crate::driver::tests::lane_broker().await;
+        let pool = Arc::new(Pool::new(PoolConfig {
+            bootstrap: vec![],
+            conn: ConnConfig::default(),
+            limits: BootstrapConfig::default(),
+            retry_backoff: Duration::from_millis(10),
+            retry_backoff_max: Duration::from_millis(100),
+            parking_lanes: 4,
+            quick_connections: 1,
+            acquisitions_at_once: 0,
+        }));
+        let bound = Duration::from_secs(10);
+        let quick = tokio::time::timeout(bound, pool.quick(Some(&broker), 0))
+            .await
+            .expect("a loopback connection opens at once")
+            .unwrap();
+        let lane = tokio::time::timeout(bound, pool.lane(&broker, Park::Fresh))
+            .await
+            .expect("a loopback connection opens at once")
+            .unwrap();
+        let parked = lane.conn().clone();
+        // The lane goes idle an eighth of IDLE_AFTER after the reaper started, so that the
+        // pass due IDLE_AFTER after its start finds it idle for less, whatever the timer's
+        // rounding: it is closed by the pass after, IDLE_AFTER and a quarter from the start.
+        tokio::time::pause();
+        tokio::time::advance(IDLE_AFTER / 8).await;
+        lane.done();
+        tokio::time::sleep(IDLE_AFTER + IDLE_AFTER / 8 + Duration::from_secs(1)).await;
+        assert!(parked.is_closed(), "an idle lane was kept");
+        assert!(quick.is_closed(), "an idle quick connection was kept");
+    }
+
     /// The Heartbeat path's fast lookup lends an open quick connection and never a closed one
     /// (a closed one is opened again by [`Pool::quick`]); a connection offered as the bootstrap
     /// one is lent as such, but never in place of one still open.
