@@ -3,8 +3,8 @@
 circles among them, and the floors of the rest.
 
 A node is a file's module (`ledger/error` for src/ledger/error.rs, `ledger` for its mod.rs);
-test files are left out (a module's tests may drive it from above: the driver's own tests run
-whole locks through a Client). A path names the deepest module it reaches, and a
+test files and inline `#[cfg(test)] mod` blocks are left out (a module's tests may drive it from
+above: the driver's own tests run whole locks through a Client). A path names the deepest module it reaches, and a
 module names its submodules; the crate root's re-exports count as the module that defines them.
 The binary (src/bin) is a crate of its own and is left out.
 
@@ -38,6 +38,18 @@ def node_of(rel):  # "ledger/tests.rs" -> "ledger"
         parts[-1] = parts[-1][: -len("_tests")]
     return "/".join(parts) or "lib"
 
+def without_test_modules(text):  # drops each `#[cfg(test)] mod x { ... }` up to its closing brace
+    out, at = [], 0
+    for m in re.finditer(r"#\[cfg\(test\)\]\s*(?:pub(?:\([\w:]+\))?\s+)?mod\s+\w+\s*\{", text):
+        if m.start() < at:
+            continue
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            depth += (text[i] == "{") - (text[i] == "}")
+            i += 1
+        out.append(text[at:m.start()]); at = i
+    return "".join(out) + text[at:]
+
 files = {}
 for root, _, names in os.walk(SRC):
     for n in names:
@@ -45,7 +57,7 @@ for root, _, names in os.walk(SRC):
         is_test = n == "tests.rs" or n.endswith("_tests.rs")
         if n.endswith(".rs") and not rel.startswith("bin") and not is_test:
             text = re.sub(r"//[^\n]*", "", open(os.path.join(SRC, rel)).read())
-            files[rel] = text
+            files[rel] = without_test_modules(text)
 nodes = {node_of(r) for r in files}
 
 def flatten(tree, prefix=""):  # "a::{b, c::{d}}" -> ["a::b", "a::c::d"]
