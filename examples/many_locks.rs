@@ -10,7 +10,10 @@
 //! acquisition has ended (A of them with the lock), and `held at end H of N` after HOLD_SECS,
 //! before releasing. `KAFKA_LOCK_LOG=warn` (or `debug`, any `tracing` filter) logs the protocol
 //! on stderr. `MANY_LOCKS_QUICK_CONNECTIONS=k` sets `Client::quick_connections`,
-//! `MANY_LOCKS_AT_ONCE=k` sets `Client::acquisitions_at_once`.
+//! `MANY_LOCKS_AT_ONCE=k` sets `Client::acquisitions_at_once`. `MANY_LOCKS_WORKER_THREADS=k`
+//! runs it on a multi-thread runtime with k workers (default: one per core), and `0` on a
+//! `current_thread` runtime: what the runtime's hand-offs between threads cost, apart from
+//! the library's own work.
 
 use std::time::{Duration, Instant};
 
@@ -19,15 +22,35 @@ use kafka_lock::Client;
 /// How long one acquisition may take before it counts as failed.
 const ACQUIRE_WAIT: Duration = Duration::from_secs(600);
 
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let usage = "usage: many_locks BOOTSTRAP N HOLD_SECS [LOCK_PREFIX]";
+    let runtime = match std::env::var("MANY_LOCKS_WORKER_THREADS") {
+        Ok(k) => match k
+            .parse()
+            .map_err(|_| "MANY_LOCKS_WORKER_THREADS: a number")?
+        {
+            0 => tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?,
+            k => tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(k)
+                .enable_all()
+                .build()?,
+        },
+        Err(_) => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?,
+    };
+    runtime.block_on(run(usage))
+}
+
+async fn run(usage: &str) -> Result<(), Box<dyn std::error::Error>> {
     if let Ok(filter) = std::env::var("KAFKA_LOCK_LOG") {
         tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
             .with_writer(std::io::stderr)
             .init();
     }
-    let usage = "usage: many_locks BOOTSTRAP N HOLD_SECS [LOCK_PREFIX]";
     let mut args = std::env::args().skip(1);
     let bootstrap = args.next().ok_or(usage)?;
     let n: usize = args.next().ok_or(usage)?.parse().map_err(|_| usage)?;
