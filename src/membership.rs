@@ -651,7 +651,11 @@ pub struct Membership {
     coordinator: Option<Broker>,
     /// The coordinator whose versions `versions` were last fitted to.
     probed: Option<Broker>,
-    member_id: String,
+    /// Kept as the wire's string type: a Heartbeat clones it (a reference count) where a
+    /// `String` would be copied into a fresh allocation each time.
+    member_id: StrBytes,
+    /// `cfg.group_id` as the wire's string type, for the same reason.
+    group_id: GroupId,
     generation: i32,
     leader: bool,
     /// The generation of our first completed join: our place in the FIFO queue.
@@ -717,17 +721,23 @@ fn sb(s: &str) -> StrBytes {
     StrBytes::from_string(s.to_owned())
 }
 
+/// A string of a decoded answer, copied out of it: a slice would keep the answer's whole read
+/// buffer alive for as long as the machine keeps the string.
+fn owned(s: &StrBytes) -> StrBytes {
+    sb(s)
+}
+
 impl Membership {
     /// A machine that starts looking for the coordinator at the first call that passes a time.
     pub fn new(cfg: MembershipConfig, versions: GroupVersions, backoff: Backoff) -> Self {
         Membership {
-            cfg,
             versions,
             phase: Phase::Discover,
             resume: Phase::Join,
             coordinator: None,
             probed: None,
-            member_id: String::new(),
+            group_id: GroupId(sb(&cfg.group_id)),
+            member_id: StrBytes::default(),
             generation: -1,
             leader: false,
             first_joined: -1,
@@ -750,6 +760,7 @@ impl Membership {
             next_id: 1,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
+            cfg,
         }
     }
 
@@ -976,7 +987,7 @@ impl Membership {
               slow_join, "assigned the lock after the assignment's deadline; leaving, then joining again as a new member");
         if let Some(target) = self.coordinator_target(Lane::Control) {
             let old = self.member_id.clone();
-            let id = self.push_leave(target, &old, "kafka-lock: assignment came too late");
+            let id = self.push_leave(target, old, "kafka-lock: assignment came too late");
             self.in_flight.parting = Some(id);
         }
         self.reset_member();
@@ -1084,7 +1095,7 @@ impl Membership {
     }
 
     fn reset_member(&mut self) {
-        self.member_id.clear();
+        self.member_id = StrBytes::default();
         self.unanswered_join = None;
         self.generation = -1;
         self.leader = false;
@@ -1249,12 +1260,12 @@ impl Membership {
         };
         let v = self.versions.join_group;
         let mut req = JoinGroupRequest::default();
-        req.group_id = GroupId(sb(&self.cfg.group_id));
+        req.group_id = self.group_id.clone();
         req.session_timeout_ms = duration_ms(self.cfg.session_timeout);
         if v >= 1 {
             req.rebalance_timeout_ms = duration_ms(self.cfg.rebalance_timeout);
         }
-        req.member_id = sb(&self.member_id);
+        req.member_id = self.member_id.clone();
         req.protocol_type = sb(self.protocol_type());
         req.protocols = self.metadata();
         self.offered_cooperative_only =
@@ -1281,9 +1292,9 @@ impl Membership {
         };
         let v = self.versions.sync_group;
         let mut req = SyncGroupRequest::default();
-        req.group_id = GroupId(sb(&self.cfg.group_id));
+        req.group_id = self.group_id.clone();
         req.generation_id = self.generation;
-        req.member_id = sb(&self.member_id);
+        req.member_id = self.member_id.clone();
         if v >= 5 {
             req.protocol_type = Some(sb(self.protocol_type()));
             req.protocol_name = protocol_name;
@@ -1309,9 +1320,9 @@ impl Membership {
         };
         let v = self.versions.heartbeat;
         let mut req = HeartbeatRequest::default();
-        req.group_id = GroupId(sb(&self.cfg.group_id));
+        req.group_id = self.group_id.clone();
         req.generation_id = self.generation;
-        req.member_id = sb(&self.member_id);
+        req.member_id = self.member_id.clone();
         let id = self.push(target, req.into(), v, self.cfg.request_timeout);
         self.in_flight.heartbeat = Some((id, now, self.generation));
         self.next_heartbeat = Some(now + self.heartbeat_period());
@@ -1339,23 +1350,23 @@ impl Membership {
             return;
         };
         info!(group = %self.cfg.group_id, member_id = %self.member_id, "LeaveGroup");
-        let id = self.push_leave(target, &self.member_id.clone(), "kafka-lock: released");
+        let id = self.push_leave(target, self.member_id.clone(), "kafka-lock: released");
         self.in_flight.leave = Some(id);
     }
 
-    fn push_leave(&mut self, target: Target, member_id: &str, reason: &str) -> u64 {
+    fn push_leave(&mut self, target: Target, member_id: StrBytes, reason: &str) -> u64 {
         let v = self.versions.leave_group;
         let mut req = LeaveGroupRequest::default();
-        req.group_id = GroupId(sb(&self.cfg.group_id));
+        req.group_id = self.group_id.clone();
         if v >= 3 {
             let mut m = MemberIdentity::default();
-            m.member_id = sb(member_id);
+            m.member_id = member_id;
             if v >= 5 {
                 m.reason = Some(sb(reason));
             }
             req.members = vec![m];
         } else {
-            req.member_id = sb(member_id);
+            req.member_id = member_id;
         }
         self.push(target, req.into(), v, self.cfg.request_timeout)
     }
@@ -1594,7 +1605,7 @@ impl Membership {
             0 => {}
             79 => {
                 // KIP-394: the broker parked a pending member under this id; rejoin with it now.
-                self.member_id = resp.member_id.to_string();
+                self.member_id = owned(&resp.member_id);
                 debug!(group = %self.cfg.group_id, member_id = %self.member_id, "MEMBER_ID_REQUIRED");
                 if self.leaving {
                     self.begin_leave(now);
@@ -1641,7 +1652,7 @@ impl Membership {
         }
 
         self.backoff.reset();
-        self.member_id = resp.member_id.to_string();
+        self.member_id = owned(&resp.member_id);
         // A generation new to us completed a join phase that counted one of the JoinGroups sent
         // since we learned the last one, and re-armed our timer then (GMM
         // completeClassicGroupJoin). The same generation again completed nothing (an answer at
@@ -1659,7 +1670,7 @@ impl Membership {
         info!(group = %self.cfg.group_id, member_id = %self.member_id, generation = self.generation,
               leader = self.leader, "joined");
         self.emit(Event::Joined {
-            member_id: self.member_id.clone(),
+            member_id: self.member_id.to_string(),
         });
         // No renewal here: a JoinGroup answered at once (a follower of a STABLE group rejoining
         // with unchanged metadata) did not re-arm the broker's session timer for us.
@@ -1688,7 +1699,7 @@ impl Membership {
                 let id = m.member_id.to_string();
                 // A leader that is leaving must not hand the lock to itself: it gives its own entry
                 // bytes no decoder accepts, which makes it ineligible under both assignors.
-                let meta = if self.leaving && id == self.member_id {
+                let meta = if self.leaving && *id == *self.member_id {
                     Bytes::new()
                 } else {
                     m.metadata.clone()
@@ -1728,7 +1739,7 @@ impl Membership {
             }
         };
         for (member, error) in rejected {
-            if !(self.leaving && member == self.member_id) {
+            if !(self.leaving && *member == *self.member_id) {
                 warn!(group = %self.cfg.group_id, %member, %error, "ignoring a member whose metadata does not decode");
                 self.emit(Event::PeerData {
                     what: format!("metadata of member {member}"),
@@ -1795,7 +1806,7 @@ impl Membership {
             let token = FencingToken {
                 ledger_offset: None,
                 generation: self.generation,
-                member_id: self.member_id.clone(),
+                member_id: self.member_id.to_string(),
             };
             // A SyncGroup answer proves the assignment but not that the broker re-armed our
             // session timer (in STABLE it answers at once without doing so), so it renews
@@ -1908,7 +1919,9 @@ impl Membership {
                         .collect();
                     let slot = holders
                         .iter()
-                        .find(|h| h.member_id == self.member_id && h.generation == self.generation)
+                        .find(|h| {
+                            *h.member_id == *self.member_id && h.generation == self.generation
+                        })
                         .map(|h| h.slot);
                     Some(Read {
                         slot,

@@ -731,19 +731,20 @@ enum Route {
 #[must_use]
 pub(super) fn send(
     net: &Session,
-    t: Transmit,
+    mut t: Transmit,
     park: Park,
     answers: mpsc::UnboundedSender<Answer>,
 ) -> Option<ControlRequest> {
     let pool = &net.pool;
     let stripe = net.stripe;
-    let join_to = match &t.target {
+    // Taken out of the transmit rather than cloned: a copy of the broker's host name is an
+    // allocation per Heartbeat.
+    let join_to = match std::mem::replace(&mut t.target, Target::Any) {
         Target::Any => None,
         Target::Coordinator {
             broker,
             lane: Lane::Control,
         } => {
-            let broker = broker.clone();
             return Some(Box::pin(control(pool.clone(), stripe, broker, t)));
         }
         Target::Coordinator {
@@ -759,7 +760,7 @@ pub(super) fn send(
                 let _ =
                     tokio::time::timeout(connect_timeout, pool.quick(Some(&quick), stripe)).await;
             });
-            Some(broker.clone())
+            Some(broker)
         }
     };
     let pool = pool.clone();
