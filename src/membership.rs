@@ -651,11 +651,7 @@ pub struct Membership {
     coordinator: Option<Broker>,
     /// The coordinator whose versions `versions` were last fitted to.
     probed: Option<Broker>,
-    /// Kept as the wire's string type: a Heartbeat clones it (a reference count) where a
-    /// `String` would be copied into a fresh allocation each time.
-    member_id: StrBytes,
-    /// `cfg.group_id` as the wire's string type, for the same reason.
-    group_id: GroupId,
+    member_id: String,
     generation: i32,
     leader: bool,
     /// The generation of our first completed join: our place in the FIFO queue.
@@ -721,23 +717,17 @@ fn sb(s: &str) -> StrBytes {
     StrBytes::from_string(s.to_owned())
 }
 
-/// A string of a decoded answer, copied out of it: a slice would keep the answer's whole read
-/// buffer alive for as long as the machine keeps the string.
-fn owned(s: &StrBytes) -> StrBytes {
-    sb(s)
-}
-
 impl Membership {
     /// A machine that starts looking for the coordinator at the first call that passes a time.
     pub fn new(cfg: MembershipConfig, versions: GroupVersions, backoff: Backoff) -> Self {
         Membership {
+            cfg,
             versions,
             phase: Phase::Discover,
             resume: Phase::Join,
             coordinator: None,
             probed: None,
-            group_id: GroupId(sb(&cfg.group_id)),
-            member_id: StrBytes::default(),
+            member_id: String::new(),
             generation: -1,
             leader: false,
             first_joined: -1,
@@ -760,7 +750,6 @@ impl Membership {
             next_id: 1,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
-            cfg,
         }
     }
 
@@ -987,7 +976,7 @@ impl Membership {
               slow_join, "assigned the lock after the assignment's deadline; leaving, then joining again as a new member");
         if let Some(target) = self.coordinator_target(Lane::Control) {
             let old = self.member_id.clone();
-            let id = self.push_leave(target, old, "kafka-lock: assignment came too late");
+            let id = self.push_leave(target, &old, "kafka-lock: assignment came too late");
             self.in_flight.parting = Some(id);
         }
         self.reset_member();
@@ -1095,7 +1084,7 @@ impl Membership {
     }
 
     fn reset_member(&mut self) {
-        self.member_id = StrBytes::default();
+        self.member_id.clear();
         self.unanswered_join = None;
         self.generation = -1;
         self.leader = false;
@@ -1260,12 +1249,12 @@ impl Membership {
         };
         let v = self.versions.join_group;
         let mut req = JoinGroupRequest::default();
-        req.group_id = self.group_id.clone();
+        req.group_id = GroupId(sb(&self.cfg.group_id));
         req.session_timeout_ms = duration_ms(self.cfg.session_timeout);
         if v >= 1 {
             req.rebalance_timeout_ms = duration_ms(self.cfg.rebalance_timeout);
         }
-        req.member_id = self.member_id.clone();
+        req.member_id = sb(&self.member_id);
         req.protocol_type = sb(self.protocol_type());
         req.protocols = self.metadata();
         self.offered_cooperative_only =
@@ -1292,9 +1281,9 @@ impl Membership {
         };
         let v = self.versions.sync_group;
         let mut req = SyncGroupRequest::default();
-        req.group_id = self.group_id.clone();
+        req.group_id = GroupId(sb(&self.cfg.group_id));
         req.generation_id = self.generation;
-        req.member_id = self.member_id.clone();
+        req.member_id = sb(&self.member_id);
         if v >= 5 {
             req.protocol_type = Some(sb(self.protocol_type()));
             req.protocol_name = protocol_name;
@@ -1320,9 +1309,9 @@ impl Membership {
         };
         let v = self.versions.heartbeat;
         let mut req = HeartbeatRequest::default();
-        req.group_id = self.group_id.clone();
+        req.group_id = GroupId(sb(&self.cfg.group_id));
         req.generation_id = self.generation;
-        req.member_id = self.member_id.clone();
+        req.member_id = sb(&self.member_id);
         let id = self.push(target, req.into(), v, self.cfg.request_timeout);
         self.in_flight.heartbeat = Some((id, now, self.generation));
         self.next_heartbeat = Some(now + self.heartbeat_period());
@@ -1350,23 +1339,23 @@ impl Membership {
             return;
         };
         info!(group = %self.cfg.group_id, member_id = %self.member_id, "LeaveGroup");
-        let id = self.push_leave(target, self.member_id.clone(), "kafka-lock: released");
+        let id = self.push_leave(target, &self.member_id.clone(), "kafka-lock: released");
         self.in_flight.leave = Some(id);
     }
 
-    fn push_leave(&mut self, target: Target, member_id: StrBytes, reason: &str) -> u64 {
+    fn push_leave(&mut self, target: Target, member_id: &str, reason: &str) -> u64 {
         let v = self.versions.leave_group;
         let mut req = LeaveGroupRequest::default();
-        req.group_id = self.group_id.clone();
+        req.group_id = GroupId(sb(&self.cfg.group_id));
         if v >= 3 {
             let mut m = MemberIdentity::default();
-            m.member_id = member_id;
+            m.member_id = sb(member_id);
             if v >= 5 {
                 m.reason = Some(sb(reason));
             }
             req.members = vec![m];
         } else {
-            req.member_id = member_id;
+            req.member_id = sb(member_id);
         }
         self.push(target, req.into(), v, self.cfg.request_timeout)
     }
@@ -1605,7 +1594,7 @@ impl Membership {
             0 => {}
             79 => {
                 // KIP-394: the broker parked a pending member under this id; rejoin with it now.
-                self.member_id = owned(&resp.member_id);
+                self.member_id = resp.member_id.to_string();
                 debug!(group = %self.cfg.group_id, member_id = %self.member_id, "MEMBER_ID_REQUIRED");
                 if self.leaving {
                     self.begin_leave(now);
@@ -1652,7 +1641,7 @@ impl Membership {
         }
 
         self.backoff.reset();
-        self.member_id = owned(&resp.member_id);
+        self.member_id = resp.member_id.to_string();
         // A generation new to us completed a join phase that counted one of the JoinGroups sent
         // since we learned the last one, and re-armed our timer then (GMM
         // completeClassicGroupJoin). The same generation again completed nothing (an answer at
@@ -1670,7 +1659,7 @@ impl Membership {
         info!(group = %self.cfg.group_id, member_id = %self.member_id, generation = self.generation,
               leader = self.leader, "joined");
         self.emit(Event::Joined {
-            member_id: self.member_id.to_string(),
+            member_id: self.member_id.clone(),
         });
         // No renewal here: a JoinGroup answered at once (a follower of a STABLE group rejoining
         // with unchanged metadata) did not re-arm the broker's session timer for us.
@@ -1699,7 +1688,7 @@ impl Membership {
                 let id = m.member_id.to_string();
                 // A leader that is leaving must not hand the lock to itself: it gives its own entry
                 // bytes no decoder accepts, which makes it ineligible under both assignors.
-                let meta = if self.leaving && *id == *self.member_id {
+                let meta = if self.leaving && id == self.member_id {
                     Bytes::new()
                 } else {
                     m.metadata.clone()
@@ -1739,7 +1728,7 @@ impl Membership {
             }
         };
         for (member, error) in rejected {
-            if !(self.leaving && *member == *self.member_id) {
+            if !(self.leaving && member == self.member_id) {
                 warn!(group = %self.cfg.group_id, %member, %error, "ignoring a member whose metadata does not decode");
                 self.emit(Event::PeerData {
                     what: format!("metadata of member {member}"),
@@ -1806,7 +1795,7 @@ impl Membership {
             let token = FencingToken {
                 ledger_offset: None,
                 generation: self.generation,
-                member_id: self.member_id.to_string(),
+                member_id: self.member_id.clone(),
             };
             // A SyncGroup answer proves the assignment but not that the broker re-armed our
             // session timer (in STABLE it answers at once without doing so), so it renews
@@ -1919,9 +1908,7 @@ impl Membership {
                         .collect();
                     let slot = holders
                         .iter()
-                        .find(|h| {
-                            *h.member_id == *self.member_id && h.generation == self.generation
-                        })
+                        .find(|h| h.member_id == self.member_id && h.generation == self.generation)
                         .map(|h| h.slot);
                     Some(Read {
                         slot,

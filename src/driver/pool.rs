@@ -363,16 +363,12 @@ impl Pool {
 
     /// [`Pool::quick`] if it is open and nobody is opening it, without waiting.
     pub(crate) fn quick_open(&self, broker: Option<&Broker>, stripe: usize) -> Option<Connection> {
-        let stripe = if broker.is_some() { stripe } else { 0 };
-        // Looked for rather than looked up: a key for `get` would copy the broker's host name,
-        // an allocation on every Heartbeat, and the map has one entry per broker and stripe.
+        let key = (broker.cloned(), if broker.is_some() { stripe } else { 0 });
         let cell = self
             .quick
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .find(|((b, s), _)| *s == stripe && b.as_ref() == broker)?
-            .1
+            .get(&key)?
             .clone();
         *cell.last_used.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
         let guard = cell.conn.try_lock().ok()?;

@@ -731,20 +731,19 @@ enum Route {
 #[must_use]
 pub(super) fn send(
     net: &Session,
-    mut t: Transmit,
+    t: Transmit,
     park: Park,
     answers: mpsc::UnboundedSender<Answer>,
 ) -> Option<ControlRequest> {
     let pool = &net.pool;
     let stripe = net.stripe;
-    // Taken out of the transmit rather than cloned: a copy of the broker's host name is an
-    // allocation per Heartbeat.
-    let join_to = match std::mem::replace(&mut t.target, Target::Any) {
+    let join_to = match &t.target {
         Target::Any => None,
         Target::Coordinator {
             broker,
             lane: Lane::Control,
         } => {
+            let broker = broker.clone();
             return Some(Box::pin(control(pool.clone(), stripe, broker, t)));
         }
         Target::Coordinator {
@@ -760,7 +759,7 @@ pub(super) fn send(
                 let _ =
                     tokio::time::timeout(connect_timeout, pool.quick(Some(&quick), stripe)).await;
             });
-            Some(broker)
+            Some(broker.clone())
         }
     };
     let pool = pool.clone();
