@@ -593,6 +593,59 @@ fn a_checkpoint_read_of_an_earlier_try_does_not_begin_the_next() {
     );
 }
 
+/// A read that came in first decides nothing about the hold: an ACQUIRED append the ledger
+/// refuses still fails the acquisition (nothing handed out), a retriable refusal is retried and
+/// the hold begins with that read once the retry is acknowledged, and the append's own deadline
+/// still ends a try whose ACQUIRED never is. Breaks if a read that is in began the hold without
+/// the ACQUIRED offset, or if it lifted the append's deadline.
+#[test]
+fn a_checkpoint_read_in_first_leaves_the_acquired_append_to_decide() {
+    let mut r = reading();
+    r.membership_acquires(3);
+    let append = r.last().clone();
+    r.read_done(1, found("c5"));
+    r.answer(append.id, produce_answer(29, -1)); // TOPIC_AUTHORIZATION_FAILED
+    assert!(
+        matches!(r.events.last(), Some(Event::Failed(_))),
+        "{:?}",
+        r.events
+    );
+    assert_eq!(acquired(&r), 0);
+    assert!(r.granted.is_empty());
+
+    let mut r = reading();
+    r.membership_acquires(3);
+    let append = r.last().clone();
+    r.read_done(1, found("c5"));
+    r.answer(append.id, produce_answer(19, -1)); // NOT_ENOUGH_REPLICAS: retried
+    assert_eq!(acquired(&r), 0);
+    r.advance(RETRY_MAX);
+    let retry = r.last().clone();
+    assert!(matches!(appended(&retry).kind, RecordKind::Acquired { .. }));
+    assert_ne!(retry.id, append.id);
+    r.answer(retry.id, produced_at(43));
+    assert_eq!(acquired(&r), 1, "{:?}", r.events);
+    assert!(matches!(r.granted.as_slice(), [Ok(Some(c))] if c.value == "c5"));
+
+    let mut r = reading();
+    r.membership_acquires(3);
+    r.read_done(1, found("c5"));
+    r.advance(REQUEST * 2 + Duration::from_millis(1));
+    assert!(
+        matches!(
+            r.events.last(),
+            Some(Event::Lost {
+                reason: LossReason::Ledger,
+                ..
+            })
+        ),
+        "{:?}",
+        r.events
+    );
+    assert_eq!(acquired(&r), 0);
+    assert!(r.granted.is_empty());
+}
+
 #[test]
 fn retriable_append_failures_are_retried_until_the_deadline_then_the_hold_is_given_up() {
     let mut r = Rig::new();
