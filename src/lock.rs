@@ -330,9 +330,10 @@ impl LockOptions {
     /// the read starts when the group assigns the lock, beside the ACQUIRED append, rather than
     /// after the hold began, which takes about a round trip off the time from the assignment to
     /// the checkpoint in hand. The hold still begins only once both are in. The guard's first
-    /// [`LockGuard::last_checkpoint`] answers with what the read found (a read that failed
-    /// answers its error there; a call after that, or after [`LockGuard::checkpoint`], reads
-    /// afresh). Needs a ledger topic and one permit.
+    /// [`LockGuard::last_checkpoint`] while the hold runs answers with what the read found (a
+    /// read that failed answers its error there; a call after that, after
+    /// [`LockGuard::checkpoint`], or once the hold has ended, reads afresh). Needs a ledger
+    /// topic and one permit.
     #[must_use = "the options are changed in the value returned"]
     pub fn read_checkpoint_on_acquire(mut self, read: bool) -> Self {
         self.read_checkpoint_on_acquire = read;
@@ -1650,12 +1651,14 @@ impl LockGuard {
     /// and ledger leader the hold already knows, so it opens no connection and looks nothing up
     /// while they stay where they were.
     ///
-    /// With [`LockOptions::read_checkpoint_on_acquire`], the first call answers with the read
-    /// made when the lock was assigned, which the hold waited for.
+    /// With [`LockOptions::read_checkpoint_on_acquire`], the first call, while the hold still
+    /// runs, answers with the read made when the lock was assigned, which the hold waited for.
     pub async fn last_checkpoint(&self) -> Result<Option<Checkpoint>> {
         // Taken at the grant, after every checkpoint the previous holders could still store
-        // (docs/design.md, "Checkpoint"); only this hold can store one since, and storing one
-        // drops it.
+        // (docs/design.md, "Checkpoint"). While the hold it was taken for still runs, only this
+        // hold can have stored one since, and storing one drops it; once that hold is lost (a
+        // later hold has an ACQUIRED offset of its own), a later holder may have stored a newer
+        // one, so the read starts afresh.
         let granted = self
             .handle
             .granted
@@ -1663,7 +1666,9 @@ impl LockGuard {
             .unwrap_or_else(|p| p.into_inner())
             .take();
         if let Some(read) = granted {
-            return read;
+            if self.is_held() && self.token().ledger_offset == self.token.ledger_offset {
+                return read;
+            }
         }
         let known = self
             .handle

@@ -1978,4 +1978,72 @@ mod scripted {
                 .expect("release");
         }
     }
+
+    /// A guard's first `last_checkpoint` answers with the read made at the grant only while
+    /// that hold still runs: once it is lost, another holder may have stored a newer checkpoint
+    /// (here the coordinator forgets the holder, and the group's checkpoint appears after), and
+    /// the call reads afresh, as it does without `read_checkpoint_on_acquire`: it finds "c5", or
+    /// fails as that read fails once the lost session has closed its connections. Breaks if the
+    /// grant's read were handed out after the hold ended: the call would answer the older
+    /// checkpoint (none) although "c5" was stored after the loss and before the call.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lost_guard_does_not_answer_with_the_read_made_at_its_grant() {
+        use kafka_protocol::messages::JoinGroupResponse;
+        crate::support::init_tracing();
+        let addr = Arc::new(OnceLock::new());
+        let log: Log = Arc::default();
+        let committed = Arc::new(AtomicBool::new(false));
+        let common = script(addr.clone(), log.clone(), committed.clone());
+        let fenced = Arc::new(AtomicBool::new(false));
+        let fenced_now = fenced.clone();
+        let fake = fake_broker::start(Arc::new(move |api, version, body: &mut BytesMut| {
+            if fenced_now.load(Ordering::SeqCst) {
+                match api {
+                    // UNKNOWN_MEMBER_ID: the coordinator no longer knows the holder.
+                    ApiKey::Heartbeat => {
+                        let r = HeartbeatResponse::default().with_error_code(25);
+                        return Some(encode(&r, version));
+                    }
+                    // COORDINATOR_NOT_AVAILABLE: no new hold for this member meanwhile.
+                    ApiKey::JoinGroup => {
+                        let r = JoinGroupResponse::default().with_error_code(15);
+                        return Some(encode(&r, version));
+                    }
+                    _ => {}
+                }
+            }
+            common(api, version, body)
+        }))
+        .await;
+        addr.set(fake.addr).expect("set once");
+        let o = LockOptions::new(fake.addr.to_string(), "lock")
+            .session_timeout(Duration::from_secs(6))
+            .rebalance_timeout(Duration::from_secs(6))
+            .heartbeat_interval(Duration::from_secs(1))
+            .lease_margin(Duration::from_secs(1))
+            .ledger_topic(LEDGER)
+            .ledger_push(false)
+            .read_checkpoint_on_acquire(true);
+        let guard = tokio::time::timeout(BOUND, o.acquire(Some(BOUND)))
+            .await
+            .expect("acquired within the bound")
+            .expect("acquire");
+        fenced.store(true, Ordering::SeqCst);
+        tokio::time::timeout(BOUND, guard.lost())
+            .await
+            .expect("lost within the bound");
+        committed.store(true, Ordering::SeqCst);
+        let read = tokio::time::timeout(BOUND, guard.last_checkpoint())
+            .await
+            .expect("read within the bound");
+        match read {
+            Ok(found) => assert_eq!(
+                found.map(|c| (c.value, c.token)),
+                Some(("c5".to_owned(), 5)),
+                "a read begun after c5 was stored answered an older checkpoint"
+            ),
+            Err(e) => assert!(matches!(e, kafka_lock::Error::Closed), "{e}"),
+        }
+        drop(guard);
+    }
 }
