@@ -1797,6 +1797,18 @@ mod tests {
         }
     }
 
+    /// The checkpoint read on acquire is a read of the ledger's one checkpoint per lock: without
+    /// a ledger, or with more than one permit, the options are refused with a typed error, not
+    /// left to do nothing. Breaks if `validate` did not check it.
+    #[test]
+    fn a_checkpoint_read_on_acquire_needs_a_ledger_and_one_permit() {
+        let o = LockOptions::new("127.0.0.1:9092", "l").read_checkpoint_on_acquire(true);
+        assert!(matches!(o.validate(), Err(Error::Config(_))));
+        let o = o.ledger_topic("ledger");
+        assert!(o.validate().is_ok());
+        assert!(matches!(o.permits(2).validate(), Err(Error::Config(_))));
+    }
+
     /// Durations from zero to `Duration::MAX`, weighted towards the edges where overflow lives.
     fn any_duration() -> impl Strategy<Value = Duration> {
         prop_oneof![
