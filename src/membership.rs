@@ -432,7 +432,8 @@ pub enum LossReason {
     /// A fatal error ended the membership.
     Fatal,
     /// The ledger did not acknowledge the hold's ACQUIRED record before the lease ended (or
-    /// within its deadline): the hold never began.
+    /// within its deadline), or the checkpoint read the hold waited for came in after it ended
+    /// ([`crate::LockOptions::read_checkpoint_on_acquire`]): the hold never began.
     Ledger,
 }
 

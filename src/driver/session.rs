@@ -94,7 +94,22 @@ pub(crate) struct SessionHandle {
     pub(crate) pool: Arc<Pool>,
     /// Where the session last found the coordinator and the ledger's leader.
     pub(crate) places: Arc<Mutex<Places>>,
+    /// The checkpoint read made for the hold that began (see [`CheckpointRead`]), until the
+    /// guard takes it.
+    pub(crate) granted: Granted,
 }
+
+/// What a checkpoint read found: the lock's last checkpoint, if any, or why it could not be read.
+pub(crate) type ReadOutcome = Result<Option<ledger::Checkpoint>>;
+
+/// The read of the hold that began, left for its guard.
+pub(crate) type Granted = Arc<Mutex<Option<ReadOutcome>>>;
+
+/// Starts a read of the lock's last checkpoint from the places the session knows. With one,
+/// the ledger machine asks for it when the membership is assigned the lock, beside the ACQUIRED
+/// append, and the hold begins once both are in.
+pub(crate) type CheckpointRead =
+    Box<dyn Fn(Places) -> Pin<Box<dyn Future<Output = ReadOutcome> + Send>> + Send>;
 
 /// Where the session last found the lock's coordinator and its ledger partition's leader, as
 /// its machines know them. A read that starts there skips the lookups; a place that is out of
@@ -127,6 +142,8 @@ pub(crate) struct SessionParams {
     pub(crate) first: Connection,
     /// The lock's ledger machine, if it has a ledger.
     pub(crate) ledger: Option<Ledger>,
+    /// The read the ledger machine asks for when its config has `read_at_grant`.
+    pub(crate) read: Option<CheckpointRead>,
 }
 
 /// Takes every event of the membership, in order, on the session task. It must return at once:
@@ -141,6 +158,7 @@ struct Outputs {
     left: watch::Sender<Option<bool>>,
     events: Option<EventSink>,
     places: Arc<Mutex<Places>>,
+    granted: Granted,
 }
 
 /// Starts the driver task for `machine`.
@@ -176,6 +194,7 @@ pub(crate) fn spawn(
     }
     let (left_tx, left_rx) = watch::channel(None);
     let places = Arc::new(Mutex::new(Places::default()));
+    let granted = Granted::default();
     let pool = net.pool.clone();
     let span = tracing::info_span!("kafka_lock", group = %group);
     let (answers_tx, answers) = mpsc::unbounded_channel::<Answer>();
@@ -189,11 +208,14 @@ pub(crate) fn spawn(
         commands_open: true,
         replies: HashMap::new(),
         next_ticket: 0,
+        read: params.read,
+        reading: None,
         outputs: Outputs {
             state: state_tx,
             left: left_tx,
             events,
             places: places.clone(),
+            granted: granted.clone(),
         },
     };
     tokio::spawn(run(session, cmd_rx, answers).instrument(span));
@@ -203,6 +225,7 @@ pub(crate) fn spawn(
         left: left_rx,
         pool,
         places,
+        granted,
     }
 }
 
@@ -258,6 +281,10 @@ struct Run {
     commands_open: bool,
     replies: HashMap<u64, oneshot::Sender<Result<()>>>,
     next_ticket: u64,
+    read: Option<CheckpointRead>,
+    /// The checkpoint read under way, with the try it is for. On a task of its own: its work
+    /// (a tail's decoding, a lookup's waits) must not hold up the lease's timers.
+    reading: Option<(u64, tokio::task::JoinHandle<ReadOutcome>)>,
     outputs: Outputs,
 }
 
@@ -287,6 +314,7 @@ async fn run(
             (id, result) = run.control.next() => run.on_member_answer(id, result),
             cmd = commands.recv(), if run.commands_open => run.on_command(cmd),
             Some(answer) = answers.recv() => run.on_answer(*answer),
+            read = read_done(&mut run.reading), if run.reading.is_some() => run.on_read(read),
         }
     }
     run.finish();
@@ -333,6 +361,28 @@ impl Run {
         }
         while let Some(t) = l.poll_transmit() {
             send_ledger(&self.net.pool, self.net.stripe, t, self.answers_tx.clone());
+        }
+        while let Some(attempt) = l.poll_read() {
+            if let Some(read) = &self.read {
+                let places = self
+                    .outputs
+                    .places
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone();
+                let task = tokio::spawn(read(places).in_current_span());
+                if let Some((_, earlier)) = self.reading.replace((attempt, task)) {
+                    earlier.abort();
+                }
+            }
+        }
+        // Before the `Acquired` event it goes with: the guard handed out on it takes it.
+        while let Some(read) = l.poll_granted() {
+            *self
+                .outputs
+                .granted
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = Some(read);
         }
         while let Some(e) = l.poll_event() {
             self.outputs.emit(published(e));
@@ -415,6 +465,13 @@ impl Run {
         }
     }
 
+    fn on_read(&mut self, (attempt, read): (u64, ReadOutcome)) {
+        self.reading = None;
+        if let Some(l) = &mut self.ledger {
+            l.on_read(attempt, read, &view(&self.m), clock());
+        }
+    }
+
     fn on_member_answer(&mut self, id: u64, result: Result<(Response, i16)>) {
         // Written before the request, so it is here before the answer.
         let sent = self
@@ -430,6 +487,9 @@ impl Run {
     }
 
     fn finish(self) {
+        if let Some((_, task)) = &self.reading {
+            task.abort();
+        }
         // A session that ended without leaving (a fatal error) left nothing confirmed.
         self.outputs.left.send_if_modified(|l| {
             let unset = l.is_none();
@@ -466,6 +526,23 @@ impl Outputs {
         if let Some(sink) = &mut self.events {
             sink(e);
         }
+    }
+}
+
+/// The outcome of the checkpoint read under way, with its try's attempt number.
+async fn read_done(
+    reading: &mut Option<(u64, tokio::task::JoinHandle<ReadOutcome>)>,
+) -> (u64, ReadOutcome) {
+    match reading {
+        Some((attempt, task)) => {
+            let read = task.await.unwrap_or_else(|e| {
+                Err(Error::Protocol(format!(
+                    "the checkpoint read did not finish: {e}"
+                )))
+            });
+            (*attempt, read)
+        }
+        None => std::future::pending().await,
     }
 }
 

@@ -27,7 +27,9 @@
 //!   the answer arrives the machine asks the [`MemberView`] whether the lease still runs *now*. If
 //!   it does, the hold begins with the record's offset as the token; if not, the record names no
 //!   hold, the users are told the lock was lost ([`LossReason::Ledger`]) and the membership is
-//!   asked to leave.
+//!   asked to leave. With [`LedgerConfig::read_at_grant`] the lock's last checkpoint is read
+//!   beside the append ([`Ledger::poll_read`]), and the hold begins only once both are in, in
+//!   either order, the lease checked when the later one arrives.
 //! - **End records come after the membership has ended** (LeaveGroup answered or given up), so a
 //!   waiter that reads RELEASED and rejoins finds the rebalance already begun. A failure to
 //!   write one is logged, never fatal; the users' `Left` waits for it, bounded by the request
@@ -153,6 +155,9 @@ pub struct LedgerConfig {
     pub checkpoint_max_bytes: usize,
     /// First retry delay.
     pub retry_backoff: Duration,
+    /// Whether each hold begins with its lock's last checkpoint read, started when the
+    /// membership is assigned the lock, beside the ACQUIRED append ([`Ledger::poll_read`]).
+    pub read_at_grant: bool,
 }
 
 /// The ledger partition: where it is and what it is called on the wire.
@@ -722,6 +727,10 @@ impl<F> Default for InFlight<F> {
     }
 }
 
+/// What a checkpoint read started at the grant found: the lock's last checkpoint, if any, or why
+/// it could not be read.
+pub type GrantRead<F> = Result<Option<Checkpoint>, F>;
+
 /// The ledger machine. See the [module docs](self). `F` is the driver's failure, which the
 /// machine is told of and hands back inside its own ([`Failure::Unanswered`]).
 pub struct Ledger<F> {
@@ -753,6 +762,13 @@ pub struct Ledger<F> {
     warned_at: Option<i64>,
     /// Counts tries at a hold, so an answer is matched to the try whose record it acknowledges.
     attempts: u64,
+    /// The checkpoint read of a try (`read_at_grant`): the try's attempt, and the read's outcome
+    /// once it is in. The hold waits for both it and the ACQUIRED answer.
+    grant_read: Option<(u64, Option<GrantRead<F>>)>,
+    /// Reads to start, by attempt.
+    reads: VecDeque<u64>,
+    /// The read of the hold that just began, handed out before its `Acquired` event.
+    granted: VecDeque<GrantRead<F>>,
     /// The ledger topic's id as first seen: a topic deleted and created again under the same
     /// name starts its offsets at 0 again, so it cannot go on serving this process's tokens.
     topic_id: Option<Uuid>,
@@ -808,6 +824,9 @@ impl<F: Unanswered> Ledger<F> {
             checkpoint_results: VecDeque::new(),
             warned_at: None,
             attempts: 0,
+            grant_read: None,
+            reads: VecDeque::new(),
+            granted: VecDeque::new(),
             topic_id,
             slot: 0,
         }
@@ -842,6 +861,32 @@ impl<F: Unanswered> Ledger<F> {
         self.commands.pop_front()
     }
 
+    /// Next checkpoint read to start (`read_at_grant`), for the try with this attempt number; its
+    /// outcome goes to [`Ledger::on_read`].
+    pub fn poll_read(&mut self) -> Option<u64> {
+        self.reads.pop_front()
+    }
+
+    /// The read of the hold that began, handed out just before its `Acquired` event.
+    pub fn poll_granted(&mut self) -> Option<GrantRead<F>> {
+        self.granted.pop_front()
+    }
+
+    /// The checkpoint read asked for by [`Ledger::poll_read`] for try `attempt` is done. A read
+    /// of a try that is over is dropped.
+    pub fn on_read(&mut self, attempt: u64, read: GrantRead<F>, view: &MemberView, now: Now) {
+        match &mut self.grant_read {
+            Some((a, slot @ None)) if *a == attempt => {
+                *slot = Some(read);
+                self.begin_when_ready(view, now);
+            }
+            _ => {
+                debug!(lock = %self.cfg.lock, attempt, "a checkpoint read of a try that is over; dropped")
+            }
+        }
+        self.drive(view, now);
+    }
+
     /// Next finished checkpoint: the ticket given to [`Ledger::checkpoint`] and its outcome.
     pub fn poll_checkpoint(&mut self) -> Option<(u64, Result<(), Failure<F>>)> {
         self.checkpoint_results.pop_front()
@@ -865,8 +910,13 @@ impl<F: Unanswered> Ledger<F> {
                 at = Some(at.map_or(t, |a| a.min(t)));
             }
         };
-        if let HoldState::Appending { deadline, .. } = &self.hold {
-            consider(Some(*deadline));
+        if let HoldState::Appending {
+            deadline, token, ..
+        } = &self.hold
+        {
+            if token.ledger_offset.is_none() {
+                consider(Some(*deadline));
+            }
         }
         if self.in_flight.metadata.is_none() && self.partition.is_none() && self.wants_leader() {
             consider(self.metadata_retry_at);
@@ -1003,6 +1053,11 @@ impl<F: Unanswered> Ledger<F> {
                 permit,
             };
             self.published_hold = false;
+            // Beside the append, not after it: see docs/design.md, "Checkpoint".
+            self.grant_read = self.cfg.read_at_grant.then_some((attempt, None));
+            if self.cfg.read_at_grant {
+                self.reads.push_back(attempt);
+            }
         }
     }
 
@@ -1092,6 +1147,8 @@ impl<F: Unanswered> Ledger<F> {
             } => (*attempt, token.clone(), Some(*since)),
             HoldState::Waiting | HoldState::Ending { .. } => return,
         };
+        // Its checkpoint read, in flight or done, is for a hold that will not begin.
+        self.grant_read = None;
         self.hold = HoldState::Ending {
             attempt,
             token,
@@ -1242,8 +1299,13 @@ impl<F: Unanswered> Ledger<F> {
     /// Gives up what ran out of time.
     fn expire(&mut self, view: &MemberView, now: Now) {
         // An ACQUIRED append that did not make it in time: the hold never begins.
-        if let HoldState::Appending { deadline, .. } = &self.hold {
-            if now.mono >= *deadline {
+        // Once it is acknowledged, only the lease bounds the wait for the checkpoint read, whose
+        // requests are bounded themselves.
+        if let HoldState::Appending {
+            deadline, token, ..
+        } = &self.hold
+        {
+            if token.ledger_offset.is_none() && now.mono >= *deadline {
                 warn!(lock = %self.cfg.lock, topic = %self.cfg.topic,
                       "the ledger did not acknowledge the ACQUIRED record in time; giving the lock up");
                 self.give_up_hold(view, now);
@@ -1601,17 +1663,34 @@ impl<F: Unanswered> Ledger<F> {
 
     /// The ACQUIRED record of the try now appending is durable at `offset`.
     fn acquired_at(&mut self, offset: i64, view: &MemberView, now: Now) {
+        let HoldState::Appending { token, .. } = &mut self.hold else {
+            return;
+        };
+        token.ledger_offset = Some(offset);
+        self.begin_when_ready(view, now);
+    }
+
+    /// The try appending begins its hold once its ACQUIRED record is acknowledged and its
+    /// checkpoint read, if one was asked for, is done, provided the lease still runs now.
+    fn begin_when_ready(&mut self, view: &MemberView, now: Now) {
         let HoldState::Appending {
             attempt,
             token,
             since,
             permit,
             ..
-        } = &mut self.hold
+        } = &self.hold
         else {
             return;
         };
-        token.ledger_offset = Some(offset);
+        let Some(offset) = token.ledger_offset else {
+            return;
+        };
+        if matches!(&self.grant_read, Some((a, None)) if a == attempt) {
+            debug!(lock = %self.cfg.lock, offset,
+                   "ACQUIRED acknowledged; the hold begins once the checkpoint read is done");
+            return;
+        }
         let (attempt, token, since, permit) = (*attempt, token.clone(), *since, *permit);
         let lease_end = view.lease_end.filter(|end| view.holding && now.mono < *end);
         match lease_end {
@@ -1624,6 +1703,11 @@ impl<F: Unanswered> Ledger<F> {
                     since,
                 };
                 self.published_hold = true;
+                if let Some((a, Some(read))) = self.grant_read.take() {
+                    if a == attempt {
+                        self.granted.push_back(read);
+                    }
+                }
                 self.events.push_back(Event::Acquired {
                     token,
                     lease_end,
@@ -1632,7 +1716,7 @@ impl<F: Unanswered> Ledger<F> {
             }
             None => {
                 warn!(lock = %self.cfg.lock, offset,
-                      "the ACQUIRED record was acknowledged after the lease ended; it names no hold");
+                      "the ACQUIRED record (or the checkpoint read) came in after the lease ended; it names no hold");
                 self.give_up_hold(view, now);
             }
         }

@@ -47,6 +47,7 @@ fn config() -> LedgerConfig {
         poll_max_bytes: DEFAULT_POLL_MAX_BYTES,
         checkpoint_max_bytes: DEFAULT_CHECKPOINT_MAX_BYTES,
         retry_backoff: Duration::from_millis(100),
+        read_at_grant: false,
     }
 }
 
@@ -77,6 +78,10 @@ struct Rig {
     events: Vec<Event<Arc<Error>>>,
     commands: Vec<Command>,
     checkpoints: Vec<(u64, Result<(), Error>)>,
+    /// Checkpoint reads asked for, by attempt.
+    reads: Vec<u64>,
+    /// What the holds that began were handed of their reads.
+    granted: Vec<GrantRead<Error>>,
 }
 
 impl Rig {
@@ -105,6 +110,8 @@ impl Rig {
             events: Vec::new(),
             commands: Vec::new(),
             checkpoints: Vec::new(),
+            reads: Vec::new(),
+            granted: Vec::new(),
         }
     }
 
@@ -129,6 +136,19 @@ impl Rig {
         while let Some((ticket, result)) = self.l.poll_checkpoint() {
             self.checkpoints.push((ticket, result.map_err(Error::from)));
         }
+        while let Some(attempt) = self.l.poll_read() {
+            self.reads.push(attempt);
+        }
+        while let Some(read) = self.l.poll_granted() {
+            self.granted.push(read);
+        }
+    }
+
+    /// The checkpoint read of try `attempt` is done.
+    fn read_done(&mut self, attempt: u64, read: GrantRead<Error>) {
+        let (view, now) = (self.view.clone(), self.t());
+        self.l.on_read(attempt, read, &view, now);
+        self.drain();
     }
 
     fn member(&mut self, e: Event) {
@@ -393,6 +413,237 @@ fn an_ack_just_before_the_lease_end_is_a_hold() {
     r.advance(LEASE - Duration::from_millis(1));
     r.answer(t.id, produced_at(7));
     assert!(matches!(r.events.last(), Some(Event::Acquired { .. })));
+}
+
+// ---- the checkpoint read at the grant ------------------------------------------------------------
+
+fn reading() -> Rig {
+    Rig::with(LedgerConfig {
+        read_at_grant: true,
+        ..config()
+    })
+}
+
+fn found(value: &str) -> GrantRead<Error> {
+    Ok(Some(Checkpoint {
+        value: value.into(),
+        token: 5,
+        source: CheckpointSource::Group,
+    }))
+}
+
+fn acquired(r: &Rig) -> usize {
+    r.events
+        .iter()
+        .filter(|e| matches!(e, Event::Acquired { .. }))
+        .count()
+}
+
+/// The read is asked for with the ACQUIRED append, before its answer; the hold begins only
+/// once both are in, whichever comes first, and carries what the read found. Breaks if the read
+/// were asked for only once the append is acknowledged, or if either answer alone began the
+/// hold.
+#[test]
+fn with_a_checkpoint_read_the_hold_waits_for_it_and_the_acquired_answer_in_either_order() {
+    for read_first in [false, true] {
+        let mut r = reading();
+        r.membership_acquires(3);
+        let append = r.last().clone();
+        assert!(matches!(
+            appended(&append).kind,
+            RecordKind::Acquired { .. }
+        ));
+        assert_eq!(r.reads, [1], "the read goes out beside the append");
+        r.advance(Duration::from_millis(2));
+        if read_first {
+            r.read_done(1, found("c5"));
+            assert_eq!(acquired(&r), 0, "the read alone began the hold");
+            r.advance(Duration::from_millis(2));
+            r.answer(append.id, produced_at(42));
+        } else {
+            r.answer(append.id, produced_at(42));
+            assert_eq!(acquired(&r), 0, "the ACQUIRED answer alone began the hold");
+            assert!(r.granted.is_empty());
+            r.advance(Duration::from_millis(2));
+            r.read_done(1, found("c5"));
+        }
+        assert_eq!(acquired(&r), 1, "{:?}", r.events);
+        assert!(
+            matches!(r.events.last(), Some(Event::Acquired { token, .. }) if token.ledger_offset == Some(42)),
+            "{:?}",
+            r.events
+        );
+        assert_eq!(r.granted.len(), 1);
+        assert_eq!(
+            r.granted[0]
+                .as_ref()
+                .ok()
+                .cloned()
+                .flatten()
+                .map(|c| c.value),
+            Some("c5".to_owned())
+        );
+        assert_eq!(r.reads, [1], "one read per try");
+    }
+}
+
+/// A read that failed still lets the hold begin (its error goes to the guard, whose reader
+/// refuses to go on as before); the machine never reads the value.
+#[test]
+fn a_failed_checkpoint_read_is_handed_on_with_the_hold() {
+    let mut r = reading();
+    r.membership_acquires(3);
+    let append = r.last().clone();
+    r.read_done(1, Err(Error::Closed));
+    r.answer(append.id, produced_at(42));
+    assert_eq!(acquired(&r), 1);
+    assert!(matches!(r.granted.as_slice(), [Err(Error::Closed)]));
+}
+
+/// The lease ends while the read is still out, after the ACQUIRED answer: no hold begins, the
+/// users hear of a loss, and a read that comes in for the try afterwards is dropped. Breaks if
+/// the hold began at the ACQUIRED answer, or if the late read began it (or checked no lease).
+#[test]
+fn a_lease_end_while_the_checkpoint_read_is_out_ends_the_try() {
+    let mut r = reading();
+    r.membership_acquires(3);
+    let append = r.last().clone();
+    r.answer(append.id, produced_at(42));
+    // The ACQUIRED deadline no longer counts once acknowledged: only the lease does.
+    r.advance(REQUEST * 3);
+    assert_eq!(acquired(&r), 0);
+    assert!(r.commands.is_empty(), "{:?}", r.commands);
+    r.view.holding = false;
+    let lease_end = r.now;
+    r.member(Event::Lost {
+        reason: LossReason::LeaseExpired,
+        lease_end,
+    });
+    r.read_done(1, found("c5"));
+    assert_eq!(acquired(&r), 0, "{:?}", r.events);
+    assert!(r.granted.is_empty());
+    r.membership_leaves();
+    let rec = appended(r.last());
+    assert_eq!(rec.hold, 42);
+    assert!(matches!(rec.kind, RecordKind::Lost { .. }));
+}
+
+/// A read answered after the lease ran out, with the membership not yet told (its timer not
+/// yet fired): the hold does not begin. Breaks if the lease were checked only at the ACQUIRED
+/// answer.
+#[test]
+fn a_checkpoint_read_done_after_the_lease_end_begins_no_hold() {
+    let mut r = reading();
+    r.membership_acquires(3);
+    let append = r.last().clone();
+    r.answer(append.id, produced_at(42));
+    r.now += LEASE;
+    r.read_done(1, found("c5"));
+    assert_eq!(acquired(&r), 0, "{:?}", r.events);
+    assert!(matches!(
+        r.events.last(),
+        Some(Event::Lost {
+            reason: LossReason::Ledger,
+            ..
+        })
+    ));
+    assert_eq!(r.commands, [Command::Leave]);
+}
+
+/// A read of an earlier try (eager revocation, then a new assignment) does not stand in for the
+/// new try's. Breaks if reads were not matched to their try.
+#[test]
+fn a_checkpoint_read_of_an_earlier_try_does_not_begin_the_next() {
+    let mut r = reading();
+    r.membership_acquires(3);
+    let first = r.last().clone();
+    let lease_end = r.now;
+    r.member(Event::Lost {
+        reason: LossReason::Revoked,
+        lease_end,
+    });
+    r.membership_acquires(4);
+    assert_eq!(r.reads, [1, 2]);
+    // One append at a time: the second try's ACQUIRED goes once the first is answered.
+    r.answer(first.id, produced_at(42));
+    let append = r
+        .sent
+        .iter()
+        .rev()
+        .find(|t| {
+            matches!(&t.op, Op::Produce { .. })
+                && matches!(appended(t).kind, RecordKind::Acquired { .. })
+                && appended(t).generation == 4
+        })
+        .expect("the second try's ACQUIRED")
+        .clone();
+    r.answer(append.id, produced_at(50));
+    r.read_done(1, found("old"));
+    assert_eq!(acquired(&r), 0, "{:?}", r.events);
+    r.read_done(2, found("new"));
+    assert_eq!(acquired(&r), 1, "{:?}", r.events);
+    assert_eq!(
+        r.granted[0]
+            .as_ref()
+            .ok()
+            .cloned()
+            .flatten()
+            .map(|c| c.value),
+        Some("new".to_owned())
+    );
+}
+
+/// A read that came in first decides nothing about the hold: an ACQUIRED append the ledger
+/// refuses still fails the acquisition (nothing handed out), a retriable refusal is retried and
+/// the hold begins with that read once the retry is acknowledged, and the append's own deadline
+/// still ends a try whose ACQUIRED never is. Breaks if a read that is in began the hold without
+/// the ACQUIRED offset, or if it lifted the append's deadline.
+#[test]
+fn a_checkpoint_read_in_first_leaves_the_acquired_append_to_decide() {
+    let mut r = reading();
+    r.membership_acquires(3);
+    let append = r.last().clone();
+    r.read_done(1, found("c5"));
+    r.answer(append.id, produce_answer(29, -1)); // TOPIC_AUTHORIZATION_FAILED
+    assert!(
+        matches!(r.events.last(), Some(Event::Failed(_))),
+        "{:?}",
+        r.events
+    );
+    assert_eq!(acquired(&r), 0);
+    assert!(r.granted.is_empty());
+
+    let mut r = reading();
+    r.membership_acquires(3);
+    let append = r.last().clone();
+    r.read_done(1, found("c5"));
+    r.answer(append.id, produce_answer(19, -1)); // NOT_ENOUGH_REPLICAS: retried
+    assert_eq!(acquired(&r), 0);
+    r.advance(RETRY_MAX);
+    let retry = r.last().clone();
+    assert!(matches!(appended(&retry).kind, RecordKind::Acquired { .. }));
+    assert_ne!(retry.id, append.id);
+    r.answer(retry.id, produced_at(43));
+    assert_eq!(acquired(&r), 1, "{:?}", r.events);
+    assert!(matches!(r.granted.as_slice(), [Ok(Some(c))] if c.value == "c5"));
+
+    let mut r = reading();
+    r.membership_acquires(3);
+    r.read_done(1, found("c5"));
+    r.advance(REQUEST * 2 + Duration::from_millis(1));
+    assert!(
+        matches!(
+            r.events.last(),
+            Some(Event::Lost {
+                reason: LossReason::Ledger,
+                ..
+            })
+        ),
+        "{:?}",
+        r.events
+    );
+    assert_eq!(acquired(&r), 0);
+    assert!(r.granted.is_empty());
 }
 
 #[test]

@@ -966,7 +966,8 @@ async fn a_checkpoint_reported_stored_reads_back_when_the_group_is_deleted() {
 }
 
 /// The next holder after a push handover reads the previous holder's last checkpoint with
-/// `LockGuard::last_checkpoint` (what `kafka-lock run` does once it holds): from the group, and,
+/// `LockGuard::last_checkpoint` (what `kafka-lock run` does once it holds), also when the read
+/// started at the grant, beside the ACQUIRED append: from the group, and,
 /// once the group's copy is deleted (OffsetDelete while held, consumer-compatible mode), from
 /// the ledger's tail, whose ends are read beside the OffsetFetch. Breaks if the read trusted an
 /// OffsetFetch without a checkpoint and skipped the ledger (the second read finds nothing), or
@@ -975,44 +976,48 @@ async fn a_checkpoint_reported_stored_reads_back_when_the_group_is_deleted() {
 async fn the_next_holder_reads_the_previous_holders_checkpoint() {
     support::init_tracing();
     let bootstrap = kafka().bootstrap();
-    let ledger = new_ledger(&bootstrap, "ledger-next");
-    let topic = new_ledger(&bootstrap, "ledger-next-topic");
-    let group = support::unique_group("ledger-next-lock");
-    let o = opts(&bootstrap, &group, &ledger).consumer_topic(&topic);
-    let first = o.acquire(Some(BOUND)).await.expect("acquire");
-    let next = {
-        let o = o.clone();
-        tokio::spawn(async move { o.acquire(Some(BOUND)).await })
-    };
-    first.checkpoint("one").await.expect("checkpoint");
-    first.checkpoint("two").await.expect("checkpoint");
-    let token = first.token();
-    first.release().await.expect("release");
-    let next = tokio::time::timeout(BOUND, next)
-        .await
-        .expect("the next holder within the bound")
-        .expect("task")
-        .expect("acquire");
-    let found = tokio::time::timeout(BOUND, next.last_checkpoint())
-        .await
-        .expect("read within the bound")
-        .expect("read")
-        .expect("the previous holder's checkpoint");
-    assert_eq!(
-        (found.value.as_str(), found.source, found.token),
-        ("two", CheckpointSource::Group, token.value())
-    );
-    delete_offsets(&bootstrap, &group, &ledger).expect("OffsetDelete while held");
-    let found = tokio::time::timeout(BOUND, next.last_checkpoint())
-        .await
-        .expect("read within the bound")
-        .expect("read")
-        .expect("the ledger's copy");
-    assert_eq!(
-        (found.value.as_str(), found.source, found.token),
-        ("two", CheckpointSource::Ledger, token.value())
-    );
-    next.release().await.expect("release");
+    // As `LockGuard::last_checkpoint` reads after the hold began, and as the read started at
+    // the grant, beside the ACQUIRED append, does (`read_checkpoint_on_acquire`, the CLI's).
+    for at_grant in [false, true] {
+        let ledger = new_ledger(&bootstrap, "ledger-next");
+        let topic = new_ledger(&bootstrap, "ledger-next-topic");
+        let group = support::unique_group("ledger-next-lock");
+        let o = opts(&bootstrap, &group, &ledger).consumer_topic(&topic);
+        let first = o.acquire(Some(BOUND)).await.expect("acquire");
+        let next = {
+            let o = o.clone().read_checkpoint_on_acquire(at_grant);
+            tokio::spawn(async move { o.acquire(Some(BOUND)).await })
+        };
+        first.checkpoint("one").await.expect("checkpoint");
+        first.checkpoint("two").await.expect("checkpoint");
+        let token = first.token();
+        first.release().await.expect("release");
+        let next = tokio::time::timeout(BOUND, next)
+            .await
+            .expect("the next holder within the bound")
+            .expect("task")
+            .expect("acquire");
+        let found = tokio::time::timeout(BOUND, next.last_checkpoint())
+            .await
+            .expect("read within the bound")
+            .expect("read")
+            .expect("the previous holder's checkpoint");
+        assert_eq!(
+            (found.value.as_str(), found.source, found.token),
+            ("two", CheckpointSource::Group, token.value())
+        );
+        delete_offsets(&bootstrap, &group, &ledger).expect("OffsetDelete while held");
+        let found = tokio::time::timeout(BOUND, next.last_checkpoint())
+            .await
+            .expect("read within the bound")
+            .expect("read")
+            .expect("the ledger's copy");
+        assert_eq!(
+            (found.value.as_str(), found.source, found.token),
+            ("two", CheckpointSource::Ledger, token.value())
+        );
+        next.release().await.expect("release");
+    }
 }
 
 /// The same, with the group's copy deleted by OffsetDelete while the lock is held in
@@ -1873,5 +1878,172 @@ mod scripted {
             .await
             .expect("release within the bound")
             .expect("release");
+    }
+    /// With `read_checkpoint_on_acquire`, the checkpoint read (OffsetFetch, the ledger's ends
+    /// beside it) goes out while the ACQUIRED append is still unanswered, and the hold begins
+    /// only once both are answered, whichever is answered last: first the Produce is held for
+    /// `HOLD` (the OffsetFetch must arrive meanwhile, and `acquire` return only after), then the
+    /// OffsetFetch is (`acquire` returns only after it). The guard's first `last_checkpoint` is
+    /// that read, with no request of its own. Breaks if the read starts only once ACQUIRED is
+    /// acknowledged (the OffsetFetch comes after the held Produce), or if either answer alone
+    /// begins the hold (`acquire` returns before the held answer).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_checkpoint_read_goes_out_beside_the_acquired_append_and_the_hold_waits_for_both() {
+        use std::time::Instant;
+        const HOLD: Duration = Duration::from_secs(1);
+        crate::support::init_tracing();
+        for parked in [ApiKey::Produce, ApiKey::OffsetFetch] {
+            let addr = Arc::new(OnceLock::new());
+            let log: Log = Arc::default();
+            let common = script(addr.clone(), log.clone(), Arc::new(AtomicBool::new(true)));
+            // When each API first arrived, and when the parked answer was let go.
+            let arrived: Arc<Mutex<Vec<(ApiKey, Instant)>>> = Arc::default();
+            let released: Arc<Mutex<Option<Instant>>> = Arc::default();
+            let (arrived2, released2) = (arrived.clone(), released.clone());
+            let fake = fake_broker::start_parking(Arc::new(
+                move |_conn, api, version, body: &mut BytesMut| {
+                    let now = Instant::now();
+                    arrived2.lock().unwrap().push((api, now));
+                    let mut released = released2.lock().unwrap();
+                    let hold = if api == parked && released.is_none() {
+                        *released = Some(now + HOLD);
+                        HOLD
+                    } else {
+                        Duration::ZERO
+                    };
+                    common(api, version, body).map(|b| (b, hold))
+                },
+            ))
+            .await;
+            addr.set(fake.addr).expect("set once");
+            let o = LockOptions::new(fake.addr.to_string(), "lock")
+                .session_timeout(Duration::from_secs(6))
+                .rebalance_timeout(Duration::from_secs(6))
+                .heartbeat_interval(Duration::from_secs(1))
+                .lease_margin(Duration::from_secs(1))
+                .ledger_topic(LEDGER)
+                .ledger_push(false)
+                .read_checkpoint_on_acquire(true);
+            let guard = tokio::time::timeout(BOUND, o.acquire(Some(BOUND)))
+                .await
+                .expect("acquired within the bound")
+                .expect("acquire");
+            let returned = Instant::now();
+            let released = released
+                .lock()
+                .unwrap()
+                .expect("the parked answer was asked for");
+            let arrived = arrived.lock().unwrap().clone();
+            let first = |api: ApiKey| {
+                arrived
+                    .iter()
+                    .find(|(a, _)| *a == api)
+                    .map(|(_, t)| *t)
+                    .unwrap_or_else(|| panic!("no {api:?}: {arrived:?}"))
+            };
+            let other = if parked == ApiKey::Produce {
+                ApiKey::OffsetFetch
+            } else {
+                ApiKey::Produce
+            };
+            assert!(
+                first(other) < released,
+                "{other:?} came only after the parked {parked:?} was answered"
+            );
+            assert!(
+                returned >= released,
+                "the hold began before the {parked:?} was answered"
+            );
+            let fetches = |log: &Log| {
+                log.lock()
+                    .unwrap()
+                    .iter()
+                    .filter(|a| **a == ApiKey::OffsetFetch)
+                    .count()
+            };
+            assert_eq!(fetches(&log), 1);
+            let found = tokio::time::timeout(BOUND, guard.last_checkpoint())
+                .await
+                .expect("read within the bound")
+                .expect("read")
+                .expect("the group's checkpoint");
+            assert_eq!(
+                (found.value.as_str(), found.token, found.source),
+                ("c5", 5, CheckpointSource::Group)
+            );
+            assert_eq!(fetches(&log), 1, "the guard read again");
+            tokio::time::timeout(BOUND, guard.release())
+                .await
+                .expect("release within the bound")
+                .expect("release");
+        }
+    }
+
+    /// A guard's first `last_checkpoint` answers with the read made at the grant only while
+    /// that hold still runs: once it is lost, another holder may have stored a newer checkpoint
+    /// (here the coordinator forgets the holder, and the group's checkpoint appears after), and
+    /// the call reads afresh, as it does without `read_checkpoint_on_acquire`: it finds "c5", or
+    /// fails as that read fails once the lost session has closed its connections. Breaks if the
+    /// grant's read were handed out after the hold ended: the call would answer the older
+    /// checkpoint (none) although "c5" was stored after the loss and before the call.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lost_guard_does_not_answer_with_the_read_made_at_its_grant() {
+        use kafka_protocol::messages::JoinGroupResponse;
+        crate::support::init_tracing();
+        let addr = Arc::new(OnceLock::new());
+        let log: Log = Arc::default();
+        let committed = Arc::new(AtomicBool::new(false));
+        let common = script(addr.clone(), log.clone(), committed.clone());
+        let fenced = Arc::new(AtomicBool::new(false));
+        let fenced_now = fenced.clone();
+        let fake = fake_broker::start(Arc::new(move |api, version, body: &mut BytesMut| {
+            if fenced_now.load(Ordering::SeqCst) {
+                match api {
+                    // UNKNOWN_MEMBER_ID: the coordinator no longer knows the holder.
+                    ApiKey::Heartbeat => {
+                        let r = HeartbeatResponse::default().with_error_code(25);
+                        return Some(encode(&r, version));
+                    }
+                    // COORDINATOR_NOT_AVAILABLE: no new hold for this member meanwhile.
+                    ApiKey::JoinGroup => {
+                        let r = JoinGroupResponse::default().with_error_code(15);
+                        return Some(encode(&r, version));
+                    }
+                    _ => {}
+                }
+            }
+            common(api, version, body)
+        }))
+        .await;
+        addr.set(fake.addr).expect("set once");
+        let o = LockOptions::new(fake.addr.to_string(), "lock")
+            .session_timeout(Duration::from_secs(6))
+            .rebalance_timeout(Duration::from_secs(6))
+            .heartbeat_interval(Duration::from_secs(1))
+            .lease_margin(Duration::from_secs(1))
+            .ledger_topic(LEDGER)
+            .ledger_push(false)
+            .read_checkpoint_on_acquire(true);
+        let guard = tokio::time::timeout(BOUND, o.acquire(Some(BOUND)))
+            .await
+            .expect("acquired within the bound")
+            .expect("acquire");
+        fenced.store(true, Ordering::SeqCst);
+        tokio::time::timeout(BOUND, guard.lost())
+            .await
+            .expect("lost within the bound");
+        committed.store(true, Ordering::SeqCst);
+        let read = tokio::time::timeout(BOUND, guard.last_checkpoint())
+            .await
+            .expect("read within the bound");
+        match read {
+            Ok(found) => assert_eq!(
+                found.map(|c| (c.value, c.token)),
+                Some(("c5".to_owned(), 5)),
+                "a read begun after c5 was stored answered an older checkpoint"
+            ),
+            Err(e) => assert!(matches!(e, kafka_lock::Error::Closed), "{e}"),
+        }
+        drop(guard);
     }
 }

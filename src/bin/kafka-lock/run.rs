@@ -420,7 +420,10 @@ pub(crate) fn options(
     if let Some(ledger) = &c.ledger_topic {
         opts = opts
             .ledger_topic(ledger.clone())
-            .checkpoint_max_bytes(c.checkpoint_max_bytes);
+            .checkpoint_max_bytes(c.checkpoint_max_bytes)
+            // The command gets the last checkpoint before it starts (`CheckpointDir::prepare`):
+            // read beside the ACQUIRED append, it is in hand when the hold begins.
+            .read_checkpoint_on_acquire(c.permits == 1);
     }
     opts.validate()
         .map_err(|e| exit::failure(&e, &c.lock, &c.bootstrap))?;
