@@ -84,17 +84,45 @@ impl Reach {
         req: crate::wire::Request,
         version: i16,
     ) -> Result<Response> {
+        self.ask_within(broker, group, conn, req, version, self.request_timeout)
+            .await
+    }
+
+    /// [`Reach::ask`] for a request the broker may hold up to its commit timeout and then
+    /// answers itself (an OffsetFetch with `require_stable`): waited for past that bound, so
+    /// the broker's own REQUEST_TIMED_OUT arrives before the connection is given up.
+    pub(crate) async fn ask_broker_bounded(
+        &self,
+        broker: &Broker,
+        group: &str,
+        conn: &Connection,
+        req: crate::wire::Request,
+        version: i16,
+    ) -> Result<Response> {
+        let within = ledger::parked_timeout(ledger::BROKER_COMMIT_TIMEOUT, self.request_timeout);
+        self.ask_within(broker, group, conn, req, version, within)
+            .await
+    }
+
+    async fn ask_within(
+        &self,
+        broker: &Broker,
+        group: &str,
+        conn: &Connection,
+        req: crate::wire::Request,
+        version: i16,
+        within: Duration,
+    ) -> Result<Response> {
         let api = req.api_key();
         let keep = ledger::parked_timeout(ledger::BROKER_COMMIT_TIMEOUT, self.request_timeout);
-        match tokio::time::timeout(self.request_timeout, conn.request_at(req, version, keep)).await
-        {
+        match tokio::time::timeout(within, conn.request_at(req, version, keep)).await {
             Ok(r) => r,
             Err(_) => {
                 self.pool
                     .retire_quick(Some(broker), self.pool.stripe(group), conn);
                 Err(Error::Timeout {
                     op: format!("{api:?}"),
-                    after: self.request_timeout,
+                    after: within,
                 })
             }
         }
@@ -626,11 +654,17 @@ pub(crate) async fn coordinator(group: &str, reach: &Reach) -> Result<Broker> {
 /// the checkpoint)`, or `None` (never committed, or the group is gone). `known`: the
 /// coordinator as a lock session last found it, asked first without a lookup.
 ///
-/// An OffsetFetch without `require_stable` is a read of the coordinator's last committed state
-/// (GroupCoordinatorService `fetchOffsets`: `scheduleReadOperation`), and an OffsetCommit is
-/// answered only once its write is committed (`commitOffsets`: `scheduleWriteOperation`, whose
-/// response waits for the records to be replicated): an OffsetFetch sent after a commit was
-/// acknowledged reads it or a later one, whichever connection carries it.
+/// The OffsetFetch sets `require_stable` (from v7, [`ledger::offset_fetch_request`]): Apache
+/// serves it as a write without records (GroupCoordinatorService `fetchOffsets`:
+/// `scheduleWriteOperation`), which reads every offset written to the group's partition and is
+/// answered once the last of them is committed. An OffsetCommit is answered only once its write
+/// is committed (`commitOffsets`: `scheduleWriteOperation`), so an OffsetFetch sent after a
+/// commit was acknowledged reads it or a later one, whichever connection carries it, and also
+/// on a coordinator that has just taken over, whose last committed offset (its own high
+/// watermark) can lag the old leader's. The broker bounds the wait itself
+/// (`offsets.commit.timeout.ms`), so the request is waited for past that bound. It may sit in
+/// front of other groups' Heartbeats on the stripe's quick connection only as long as a
+/// Heartbeat of its own group, which Apache defers behind the same partition's writes.
 pub(crate) async fn read_committed(
     reach: &Reach,
     lock: &str,
@@ -648,7 +682,7 @@ pub(crate) async fn read_committed(
         };
         let conn = reach.quick(&at, lock).await?;
         let (req, v) = ledger::offset_fetch_request(lock, topic, conn.versions())?;
-        let answer = reach.ask(&at, lock, &conn, req, v).await;
+        let answer = reach.ask_broker_bounded(&at, lock, &conn, req, v).await;
         match answer.and_then(|r| Ok(ledger::offset_fetched(&r, topic)?)) {
             Ok(found) => return Ok(found),
             // NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS...: ask again.

@@ -390,6 +390,13 @@ pub fn build(op: &Op, versions: &NegotiatedVersions) -> Result<(Request, i16), F
 
 /// An OffsetFetch for the ledger partition's committed offset in `group`, at the highest version
 /// `versions` allows (for reading checkpoints; no membership needed).
+///
+/// From v7 it sets `require_stable`, which Apache's coordinator serves as a write without
+/// records (GroupCoordinatorService `fetchOffsets`): it reads every offset written to the
+/// group's partition and answers once the last of them is committed. Without it the read is at
+/// `lastCommittedOffset`, which on a coordinator that has just taken over is the new leader's
+/// high watermark, and that can lag commits the old leader already acknowledged
+/// (CoordinatorLoaderImpl `load`): the new holder would read an older checkpoint.
 pub fn offset_fetch_request(
     group: &str,
     topic: &str,
@@ -403,6 +410,7 @@ pub fn offset_fetch_request(
         .min(OFFSET_REQUEST_MAX_VERSION);
     let topic = TopicName(StrBytes::from_string(topic.to_owned()));
     let mut req = OffsetFetchRequest::default();
+    req.require_stable = v >= 7;
     if v >= 8 {
         let mut t = OffsetFetchRequestTopics::default();
         t.name = topic;

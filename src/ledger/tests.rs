@@ -2313,8 +2313,7 @@ fn a_waiter_whose_ledger_topic_is_gone_asks_for_no_wake_up() {
 #[test]
 fn a_checkpoint_commit_is_encoded_with_the_holds_generation_and_member_id() {
     use crate::wire::frame::{decode_frame, DEFAULT_MAX_FRAME_SIZE};
-    use kafka_protocol::messages::api_versions_response::ApiVersion;
-    use kafka_protocol::messages::{ApiVersionsResponse, OffsetCommitRequest};
+    use kafka_protocol::messages::OffsetCommitRequest;
     use kafka_protocol::protocol::{decode_request_header_from_buffer, Decodable};
 
     let mut r = Rig::new();
@@ -2330,23 +2329,7 @@ fn a_checkpoint_commit_is_encoded_with_the_holds_generation_and_member_id() {
     let (ours_min, ours_max) = crate::wire::versions::supported_range(ApiKey::OffsetCommit)
         .expect("kafka-lock implements OffsetCommit");
     for broker_max in ours_min..=ours_max {
-        let offered = ApiVersionsResponse::default().with_api_keys(
-            crate::wire::versions::SUPPORTED
-                .iter()
-                .map(|&(api, min, max)| {
-                    let max = if api == ApiKey::OffsetCommit {
-                        broker_max
-                    } else {
-                        max
-                    };
-                    ApiVersion::default()
-                        .with_api_key(api as i16)
-                        .with_min_version(min)
-                        .with_max_version(max)
-                })
-                .collect(),
-        );
-        let versions = crate::wire::versions::negotiate(&offered).expect("negotiates");
+        let versions = offering_up_to(ApiKey::OffsetCommit, broker_max);
         let (req, v) = build(&op, &versions).expect("builds");
         assert!(v <= broker_max, "v{v} sent to a broker with v{broker_max}");
         let mut out = BytesMut::new();
@@ -2379,6 +2362,62 @@ fn a_checkpoint_commit_is_encoded_with_the_holds_generation_and_member_id() {
             "v{v}"
         );
     }
+}
+
+/// What a broker offering every API kafka-lock implements, `api` only up to `broker_max`,
+/// negotiates with it.
+fn offering_up_to(api: ApiKey, broker_max: i16) -> NegotiatedVersions {
+    use kafka_protocol::messages::api_versions_response::ApiVersion;
+    use kafka_protocol::messages::ApiVersionsResponse;
+    let offered = ApiVersionsResponse::default().with_api_keys(
+        crate::wire::versions::SUPPORTED
+            .iter()
+            .map(|&(a, min, max)| {
+                ApiVersion::default()
+                    .with_api_key(a as i16)
+                    .with_min_version(min)
+                    .with_max_version(if a == api { broker_max } else { max })
+            })
+            .collect(),
+    );
+    crate::wire::versions::negotiate(&offered).expect("negotiates")
+}
+
+/// The checkpoint read asks for stable offsets wherever the version has the flag (v7 on):
+/// Apache then serves it as a write without records, reading every offset written to the
+/// group's partition and answering once they are committed, where a plain read is at
+/// `lastCommittedOffset`, which a coordinator that has just taken over sets to its own lagging
+/// high watermark (CoordinatorLoaderImpl `load`) and which can miss the previous holder's last
+/// acknowledged checkpoint. Checked as encoded, at every version kafka-lock may choose.
+#[test]
+fn the_checkpoint_read_asks_for_stable_offsets_from_v7() {
+    use crate::wire::frame::{decode_frame, DEFAULT_MAX_FRAME_SIZE};
+    use kafka_protocol::messages::OffsetFetchRequest;
+    use kafka_protocol::protocol::{decode_request_header_from_buffer, Decodable};
+
+    let (ours_min, ours_max) = crate::wire::versions::supported_range(ApiKey::OffsetFetch)
+        .expect("kafka-lock implements OffsetFetch");
+    let mut seen_stable = false;
+    for broker_max in ours_min..=ours_max {
+        let versions = offering_up_to(ApiKey::OffsetFetch, broker_max);
+        let (req, v) = offset_fetch_request(LOCK, TOPIC, &versions).expect("builds");
+        assert!(v <= broker_max, "v{v} sent to a broker with v{broker_max}");
+        let mut out = BytesMut::new();
+        crate::wire::codec::encode_request(&req, v, 1, Some("kafka-lock"), &mut out)
+            .expect("encodes");
+        let mut frame = decode_frame(&mut out, DEFAULT_MAX_FRAME_SIZE)
+            .expect("a frame")
+            .expect("a whole frame");
+        let header = decode_request_header_from_buffer(&mut frame).expect("a header");
+        assert_eq!(header.request_api_version, v);
+        let sent = OffsetFetchRequest::decode(&mut frame, v).expect("decodes");
+        assert_eq!(sent.require_stable, v >= 7, "v{v}");
+        seen_stable |= sent.require_stable;
+    }
+    assert!(
+        seen_stable,
+        "no version up to v{ours_max} asked for stable offsets"
+    );
 }
 
 /// Broker ids start at 0: a ledger partition led by broker 0 has a leader.
