@@ -124,6 +124,8 @@ pub struct Env {
     pub logs: PathBuf,
     pub exe: PathBuf,
     pub kafka_lock: PathBuf,
+    /// Checkpoint continuity: contenders store and read checkpoints (`FAULT_CHECKPOINTS`).
+    pub checkpoints: bool,
 }
 
 pub struct Pool {
@@ -675,6 +677,12 @@ fn spawn(env: &Env, slot: &Slot, id: &str, rng: &mut Rng) -> Result<Running, Str
                     .env("FAULT_ID", id)
                     .env("FAULT_PERMITS", spec.permits.to_string())
                     .env("FAULT_HOLD_MS", rng.range(300, 3000).to_string());
+                if env.checkpoints
+                    && spec.permits == 1
+                    && matches!(spec.flavour, Flavour::Ledger(_))
+                {
+                    cmd.env("FAULT_CHECKPOINTS", "1");
+                }
             }
             env.checker.event(Event {
                 lock: spec.lock.clone(),
@@ -740,6 +748,9 @@ pub fn lib_command(
         .env("FAULT_ID", id)
         .env("FAULT_BOOTSTRAP", bootstrap)
         .env("FAULT_SEED", seed.to_string());
+    if env.checkpoints {
+        cmd.env("FAULT_CHECKPOINTS", "1");
+    }
     if let Some((k, v)) = flavour.env() {
         cmd.env(k, v);
     }
@@ -773,6 +784,8 @@ fn forward_cli_events(
             Some("token_changed") => Kind::Token,
             Some("lost") => Kind::Lost,
             Some("released") => Kind::Released,
+            // The job's checkpoint stored; the value is the one the job last reported writing.
+            Some("checkpoint") => Kind::CkAcked,
             _ => continue,
         };
         let Some(mono) = v["mono_ns"].as_i64() else {
@@ -786,6 +799,17 @@ fn forward_cli_events(
             .as_u64()
             .and_then(|p| u16::try_from(p).ok())
             .filter(|_| permits > 1);
+        if kind == Kind::CkAcked {
+            checker.event(Event {
+                lock: super::checker::key(lock, slot),
+                id: id.to_owned(),
+                kind,
+                mono,
+                token: None,
+                lease_end: None,
+            });
+            continue;
+        }
         checker.event(Event {
             lock: super::checker::key(lock, slot),
             id: id.to_owned(),
