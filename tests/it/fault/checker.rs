@@ -799,14 +799,20 @@ pub fn checkpoint_continuity(events: &[Event], writes: &[WriteRec]) -> Continuit
             out.reads_bound += 1;
             if c < need {
                 out.violations.push(format!(
-                    "STALE CHECKPOINT READ on {lock}: {id} (token {t}) granted at {at} read {},                      but {by} had checkpoint {need} reported stored at {acked}",
-                    if c < 0 { "none".to_owned() } else { c.to_string() }
+                    "STALE CHECKPOINT READ on {lock}: {id} (token {t}) granted at {at} read {}, \
+                     but {by} had checkpoint {need} reported stored at {acked}",
+                    if c < 0 {
+                        "none".to_owned()
+                    } else {
+                        c.to_string()
+                    }
                 ));
             }
         }
         if c >= 0 && (c / CKPT_PER_HOLD >= t || !sent.contains(&(lock, c))) {
             out.violations.push(format!(
-                "CHECKPOINT READ THAT NO EARLIER HOLD STORED on {lock}: {id} (token {t}) granted                  at {at} read {c}"
+                "CHECKPOINT READ THAT NO EARLIER HOLD STORED on {lock}: {id} (token {t}) granted \
+                 at {at} read {c}"
             ));
         }
     }
@@ -821,7 +827,8 @@ pub fn checkpoint_continuity(events: &[Event], writes: &[WriteRec]) -> Continuit
                 && w.decided < before
         }) {
             out.violations.push(format!(
-                "FENCED CHECKPOINT STORED on {lock}: {id} had checkpoint {c} reported stored at                  {acked} (sent {before}), after the store fenced off its token {token} at {}",
+                "FENCED CHECKPOINT STORED on {lock}: {id} had checkpoint {c} reported stored at \
+                 {acked} (sent {before}), after the store fenced off its token {token} at {}",
                 w.decided
             ));
         }
