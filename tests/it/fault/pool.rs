@@ -772,6 +772,8 @@ fn forward_cli_events(
         .append(true)
         .open(log)
         .ok();
+    // Whether a hold is open by kafka-lock's own events.
+    let mut holding = false;
     for line in BufReader::new(stdout).lines().map_while(Result::ok) {
         if let Some(f) = file.as_mut() {
             let _ = writeln!(f, "{line}");
@@ -784,6 +786,10 @@ fn forward_cli_events(
             Some("token_changed") => Kind::Token,
             Some("lost") => Kind::Lost,
             Some("released") => Kind::Released,
+            // A run whose command's checkpoint the broker refused ends with `failed` alone,
+            // neither `lost` nor `released` (RELIABILITY.md, "Checkpoints across handovers"):
+            // its command and every process of it are gone by then, so the hold ends there.
+            Some("failed") if holding => Kind::Lost,
             // The job's checkpoint stored; the value is the one the job last reported writing.
             Some("checkpoint") => Kind::CkAcked,
             _ => continue,
@@ -791,6 +797,11 @@ fn forward_cli_events(
         let Some(mono) = v["mono_ns"].as_i64() else {
             continue;
         };
+        match kind {
+            Kind::Acquired => holding = true,
+            Kind::Lost | Kind::Released => holding = false,
+            _ => {}
+        }
         if kind == Kind::Acquired && trap.armed.swap(false, Ordering::SeqCst) {
             spring(trap, pid, id);
         }
