@@ -119,7 +119,8 @@ pub enum Kind {
     /// read meet a leader that moved. Not in CI mode.
     HandoverLedgerMove,
     /// At a release of the native lock, the waiters' long-poll Fetch answers held by their
-    /// proxies past the poll's wait (or their links to the ledger leader black-holed), so a
+    /// proxies past the poll's wait (or their connections open then to the ledger leader
+    /// black-holed; new ones pass), so a
     /// waiter learns of the release only through its Heartbeats. Not in CI mode.
     AbandonedPolls,
 }
@@ -394,7 +395,7 @@ impl fmt::Display for Episode {
                 if self.pending {
                     "long-poll answers held"
                 } else {
-                    "links to the ledger leader black-holed"
+                    "connections to the ledger leader black-holed"
                 },
                 self.length
             ),

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use super::checker::{
     self, analyse, analyse_permits, judged, Analysis, Checker, Event, Kind as Ev,
 };
-use super::kproxy::{Dir, Fault, ProxySet};
+use super::kproxy::{Fault, ProxySet};
 use super::nemesis::{schedule, Episode, Kind, Rng, Target};
 use super::pool::{self, Env, Pool, Role, SlotSpec};
 use super::roles::{options, to_mono, Flavour};
@@ -1178,8 +1178,8 @@ impl Run {
     /// The abandoned-polls nemesis: the moment a holder of the native lock reports its release,
     /// every other proxied contender of it (the waiters) has its Fetch answers held for
     /// `plan.length` (`pending`; the long poll that would carry the RELEASED record comes
-    /// after the poll's wait, or never, if the client gives it up first), or its links to the
-    /// ledger leader black-holed both ways for as long. A waiter then learns of the release
+    /// after the poll's wait, or never, if the client gives it up first), or its connections
+    /// open then to the ledger leader black-holed both ways for as long (new ones pass). A waiter then learns of the release
     /// only from its Heartbeats (REBALANCE_IN_PROGRESS once the LeaveGroup has landed). The
     /// checker judges the holds as always.
     fn abandoned_polls(&self, plan: &Episode, lock: &str) -> (Option<String>, String) {
@@ -1202,25 +1202,25 @@ impl Run {
             .into_iter()
             .filter(|w| w != &id)
             .collect();
-        let held = |ids: &[String]| {
+        // Over every proxy set: a CLI slot's id changes with each run, and only these hold.
+        let held = || {
             let mut n = 0;
-            for w in ids {
-                self.pool.proxies_of(w, |p| {
-                    n += p
-                        .stats()
-                        .fetches_held
-                        .load(std::sync::atomic::Ordering::SeqCst)
-                });
-            }
+            self.pool.all_proxies(|p| {
+                n += p
+                    .stats()
+                    .fetches_held
+                    .load(std::sync::atomic::Ordering::SeqCst)
+            });
             n
         };
-        let before = held(&waiters);
+        let before = held();
         for w in &waiters {
             if plan.pending {
                 self.pool.proxies_of(w, |p| p.hold_fetches(plan.length));
             } else {
-                self.pool
-                    .proxies_of(w, |p| p.set(leader, Fault::Blackhole(Dir::Both)));
+                // Only the connections open now, the long poll's among them: a black-hole of
+                // every link would hold the next holder's ACQUIRED append too (cut-ledger).
+                self.pool.proxies_of(w, |p| p.stall(leader));
             }
         }
         let armed = mono_ns();
@@ -1232,9 +1232,12 @@ impl Run {
         }
         let healed = mono_ns();
         let what = if plan.pending {
-            format!("Fetch answers held ({} held)", held(&waiters) - before)
+            format!(
+                "Fetch answers held ({} held)",
+                held().saturating_sub(before)
+            )
         } else {
-            format!("links to ledger leader node {leader} black-holed")
+            format!("connections to ledger leader node {leader} black-holed")
         };
         (
             Some(id.clone()),
