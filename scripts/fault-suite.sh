@@ -2,7 +2,7 @@
 # The fault-injection safety suite on Apache Kafka (tests/it/fault, RELIABILITY.md).
 #
 #   scripts/fault-suite.sh [--long] [--seed N] [--episodes N] [--permits N] [--kinds a,b]
-#                          [--many N] [--slow-consumer] [--checkpoints]
+#                          [--many N] [--slow-consumer] [--[no-]checkpoints]
 #
 # Without --long: the CI mode (every nemesis once, about 130 s), the same test that
 # scripts/test.sh runs. With --long: 200 episodes of nemeses drawn at random (about 30 minutes),
@@ -29,9 +29,9 @@
 # checker judges every lock on its own.
 # --slow-consumer adds a contender that never reads its lock's events stream.
 # --checkpoints makes the native lock's contenders store checkpoints while they hold and read
-# the last one at their grant; the run then also fails if a new holder read a checkpoint older
-# than one reported stored before its grant, or one was reported stored after its holder's
-# token was fenced off.
+# the last one at their grant (on by default in CI mode; --no-checkpoints turns it off); the
+# run then also fails if a new holder read a checkpoint older than one reported stored before
+# its grant, or one was reported stored after its holder's token was fenced off.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -50,6 +50,7 @@ while [[ $# -gt 0 ]]; do
         --many) export KAFKA_LOCK_FAULT_MANY=${2:?--many needs a number}; shift ;;
         --slow-consumer) export KAFKA_LOCK_FAULT_SLOW_CONSUMER=1 ;;
         --checkpoints) export KAFKA_LOCK_FAULT_CHECKPOINTS=1 ;;
+        --no-checkpoints) export KAFKA_LOCK_FAULT_CHECKPOINTS=0 ;;
         -h | --help) usage; exit 0 ;;
         *) usage >&2; exit 64 ;;
     esac

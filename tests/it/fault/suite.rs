@@ -55,9 +55,10 @@ pub struct Config {
     /// A contender that never reads its lock's events stream joins the native lock
     /// (`KAFKA_LOCK_FAULT_SLOW_CONSUMER=1`).
     pub slow_consumer: bool,
-    /// Checkpoint continuity (`KAFKA_LOCK_FAULT_CHECKPOINTS=1`, and whenever a nemesis aimed at
-    /// the handover's ledger traffic is drawn): the native lock's contenders store checkpoints
-    /// while they hold and read the last one at their grant, and the checker judges them.
+    /// Checkpoint continuity (`KAFKA_LOCK_FAULT_CHECKPOINTS=1`; by default in CI mode and
+    /// whenever a nemesis aimed at the handover's ledger traffic is drawn): the native lock's
+    /// contenders store checkpoints while they hold and read the last one at their grant, and
+    /// the checker judges them.
     pub checkpoints: bool,
 }
 
@@ -114,9 +115,13 @@ impl Config {
         });
         let slow_consumer = std::env::var("KAFKA_LOCK_FAULT_SLOW_CONSUMER")
             .is_ok_and(|v| !v.is_empty() && v != "0");
-        let checkpoints = std::env::var("KAFKA_LOCK_FAULT_CHECKPOINTS")
-            .is_ok_and(|v| !v.is_empty() && v != "0")
-            || kinds.iter().any(|k| Kind::CHECKPOINTS.contains(k));
+        // On in CI mode: it adds no episode, and it is what catches a new holder reading an
+        // older checkpoint than one already reported stored (RELIABILITY.md). `=0` turns it
+        // off there.
+        let checkpoints = match std::env::var("KAFKA_LOCK_FAULT_CHECKPOINTS") {
+            Ok(v) if !v.is_empty() => v != "0",
+            _ => ci || kinds.iter().any(|k| Kind::CHECKPOINTS.contains(k)),
+        };
         Config {
             seed,
             episodes,
