@@ -520,6 +520,20 @@ impl Run {
                      within {RECOVERY_BOUND:?} of the last kill"
                 ));
         }
+        // The waiters' fallback is the point of these two: the lock must be taken again.
+        if matches!(plan.kind, Kind::AbandonedPolls | Kind::HandoverLedgerMove)
+            && target.is_some()
+            && recovered.is_none()
+        {
+            self.failures
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(format!(
+                    "{}, episode {n}: the lock not acquired again within {RECOVERY_BOUND:?} of \
+                     the heal",
+                    plan.kind.name()
+                ));
+        }
         Record {
             n,
             plan,
