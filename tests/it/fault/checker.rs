@@ -35,6 +35,11 @@
 //!   one holder to the next, whatever the faults;
 //! - **acquisitions**, and the **longest time the lock was free while someone waited**.
 //!
+//! **Checkpoint continuity** ([`checkpoint_continuity`], when the contenders store and read
+//! checkpoints): a new holder's read at its grant is never older than a checkpoint of an
+//! earlier hold reported stored before that grant, and no checkpoint is reported stored after
+//! the store fenced its holder's token off.
+//!
 //! **Semaphore mode** (a lock with N permits, `KAFKA_LOCK_FAULT_PERMITS`): a holder reports its
 //! acquisition and writes under the key `<lock>#<slot>`, so the store fences each permit slot
 //! on its own and the overlap and stale-write checks above apply per slot; on top, the holds of

@@ -34,6 +34,12 @@
 //!
 //! With `FAULT_PERMITS` above 1 the lock is a semaphore: contenders take it with that many
 //! permits and report and write under their permit slot's key (see [`super::checker`]).
+//!
+//! With `FAULT_CHECKPOINTS=1` (checkpoint continuity), a `lib`-like contender of a lock with a
+//! ledger and one permit reads the last checkpoint right after each grant, and stores a
+//! checkpoint after each write and once more just before it releases; the `writer` reports the
+//! `KAFKA_LOCK_CHECKPOINT` it was started with and leaves one for kafka-lock to store. Each is
+//! reported to the checker (`ckread`, `cksent`, `ckacked`).
 
 use std::time::{Duration, Instant};
 
