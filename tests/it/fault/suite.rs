@@ -2078,7 +2078,7 @@ fn report(
          same lock or permit slot.\n",
         a.inversions.len()
     );
-    if run.cfg.checkpoints {
+    if run.cfg.checkpoints && run.cfg.permits == 1 {
         let c = &a.checkpoints;
         let _ = writeln!(
             s,
