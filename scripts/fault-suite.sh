@@ -2,7 +2,7 @@
 # The fault-injection safety suite on Apache Kafka (tests/it/fault, RELIABILITY.md).
 #
 #   scripts/fault-suite.sh [--long] [--seed N] [--episodes N] [--permits N] [--kinds a,b]
-#                          [--many N] [--slow-consumer]
+#                          [--many N] [--slow-consumer] [--[no-]checkpoints]
 #
 # Without --long: the CI mode (every nemesis once, about 130 s), the same test that
 # scripts/test.sh runs. With --long: 200 episodes of nemeses drawn at random (about 30 minutes),
@@ -20,16 +20,23 @@
 # once), handover-move (the coordinator killed or shut down at a holder's release),
 # ledger-forger (records naming the current hold appended to the ledger by another producer),
 # cut-ledger (links to the ledger partition's leader cut, at a grant or while waiters poll) and
-# lane-starvation (the many-locks contenders on one parking lane while holders are killed).
+# lane-starvation (the many-locks contenders on one parking lane while holders are killed),
+# handover-ledger-move (the ledger partition's leader killed or shut down at a holder's
+# release) and abandoned-polls (the waiters' long-poll answers held, or their links to the
+# ledger leader black-holed, at a release); the last two turn --checkpoints on.
 # --many N (N > 1) adds two contender processes that each take the native lock and the same
 # N-1 other locks through one client, so the faults hit connections many locks share; the
 # checker judges every lock on its own.
 # --slow-consumer adds a contender that never reads its lock's events stream.
+# --checkpoints makes the native lock's contenders store checkpoints while they hold and read
+# the last one at their grant (on by default in CI mode; --no-checkpoints turns it off); the
+# run then also fails if a new holder read a checkpoint older than one reported stored before
+# its grant, or one was reported stored after its holder's token was fenced off.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-usage() { sed -n '4,27p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '4,34p' "$0" | sed 's/^# \{0,1\}//'; }
 
 test=fault::suite_ci
 ignored=()
@@ -42,6 +49,8 @@ while [[ $# -gt 0 ]]; do
         --kinds) export KAFKA_LOCK_FAULT_KINDS=${2:?--kinds needs nemesis names}; shift ;;
         --many) export KAFKA_LOCK_FAULT_MANY=${2:?--many needs a number}; shift ;;
         --slow-consumer) export KAFKA_LOCK_FAULT_SLOW_CONSUMER=1 ;;
+        --checkpoints) export KAFKA_LOCK_FAULT_CHECKPOINTS=1 ;;
+        --no-checkpoints) export KAFKA_LOCK_FAULT_CHECKPOINTS=0 ;;
         -h | --help) usage; exit 0 ;;
         *) usage >&2; exit 64 ;;
     esac

@@ -35,6 +35,11 @@
 //!   one holder to the next, whatever the faults;
 //! - **acquisitions**, and the **longest time the lock was free while someone waited**.
 //!
+//! **Checkpoint continuity** ([`checkpoint_continuity`], when the contenders store and read
+//! checkpoints): a new holder's read at its grant is never older than a checkpoint of an
+//! earlier hold reported stored before that grant, and no checkpoint is reported stored after
+//! the store fenced its holder's token off.
+//!
 //! **Semaphore mode** (a lock with N permits, `KAFKA_LOCK_FAULT_PERMITS`): a holder reports its
 //! acquisition and writes under the key `<lock>#<slot>`, so the store fences each permit slot
 //! on its own and the overlap and stale-write checks above apply per slot; on top, the holds of
@@ -62,6 +67,17 @@ pub enum Kind {
     /// asked `is_held()`, and the token field carries the answer (1 held, 0 not), the lease
     /// end field the lease end it read before the block. Not part of a hold's history.
     Stalled,
+    /// Checkpoint continuity (`--checkpoints`): what a holder read as the lock's last
+    /// checkpoint right after its grant. The token field carries the checkpoint read as
+    /// [`ckpt_number`] (-1: none), the lease end field the reader's own token.
+    CkRead,
+    /// A holder is about to store checkpoint [`ckpt_number`] (in the token field); for the
+    /// CLI, the job wrote it to its checkpoint file, which kafka-lock stores after it exits.
+    CkSent,
+    /// The checkpoint in the token field was reported stored (the library's `Ok`, or the
+    /// CLI's `checkpoint` event, which names no value: it is the one the job last wrote);
+    /// the lease end field carries the instant it was sent, when known.
+    CkAcked,
 }
 
 impl Kind {
@@ -76,7 +92,23 @@ impl Kind {
             Kind::GaveUp => "gaveup",
             Kind::Killed => "killed",
             Kind::Stalled => "stalled",
+            Kind::CkRead => "ckread",
+            Kind::CkSent => "cksent",
+            Kind::CkAcked => "ckacked",
         }
+    }
+
+    /// Whether the event begins or ends a hold or a wait (the others happen within one).
+    pub fn ends_or_begins(self) -> bool {
+        !matches!(
+            self,
+            Kind::Renewed
+                | Kind::Token
+                | Kind::Stalled
+                | Kind::CkRead
+                | Kind::CkSent
+                | Kind::CkAcked
+        )
     }
 
     fn parse(s: &str) -> Option<Kind> {
@@ -90,6 +122,9 @@ impl Kind {
             Kind::GaveUp,
             Kind::Killed,
             Kind::Stalled,
+            Kind::CkRead,
+            Kind::CkSent,
+            Kind::CkAcked,
         ]
         .into_iter()
         .find(|k| k.name() == s)
@@ -227,7 +262,7 @@ impl Checker {
         let log = self.lock();
         let mut last: HashMap<&str, &Event> = HashMap::new();
         for e in log.events.iter().filter(|e| base(&e.lock) == lock) {
-            if matches!(e.kind, Kind::Renewed | Kind::Token | Kind::Stalled) {
+            if !e.kind.ends_or_begins() {
                 continue;
             }
             match last.get(e.id.as_str()) {
@@ -411,6 +446,8 @@ pub struct Analysis {
     /// end of one hold, or an end with no acquisition): the contender's account of its holds
     /// is wrong, and a user reading those events would believe so too.
     pub unmatched_ends: Vec<Event>,
+    /// Checkpoint continuity ([`checkpoint_continuity`]).
+    pub checkpoints: Continuity,
 }
 
 impl Analysis {
@@ -424,6 +461,7 @@ impl Analysis {
             || !self.stale_accepted.is_empty()
             || !self.too_many.is_empty()
             || !self.inversions.is_empty()
+            || !self.checkpoints.violations.is_empty()
     }
 
     /// The first few end reports with no open hold, for a failure message.
@@ -471,6 +509,9 @@ impl Analysis {
                  until {}",
                 b.lock, b.id, b.token, b.start, a.id, a.token, a.end
             );
+        }
+        for v in self.checkpoints.violations.iter().take(max) {
+            let _ = writeln!(s, "{v}");
         }
         for (lock, at, n) in self.too_many.iter().take(max) {
             let _ = writeln!(s, "TOO MANY HOLDERS on {lock}: {n} at once at {at}");
@@ -579,6 +620,8 @@ pub fn analyse_permits(
                 // Judged by the runtime-stall nemesis itself; the hold ends with the loss the
                 // contender reports next.
                 Kind::Stalled => {}
+                // Judged on their own ([`checkpoint_continuity`]).
+                Kind::CkRead | Kind::CkSent | Kind::CkAcked => {}
                 Kind::Killed => {
                     if let Some(o) = open.take() {
                         let at = o.3.map_or(e.mono, |l| l.min(e.mono));
@@ -625,6 +668,7 @@ pub fn analyse_permits(
         overlaps,
         inversions,
         unmatched_ends,
+        checkpoints: checkpoint_continuity(events, writes),
         ..Analysis::default()
     };
     for w in writes {
@@ -672,6 +716,129 @@ pub fn analyse_permits(
         analysis.most_at_once.push((lock.clone(), n, most));
     }
     analysis
+}
+
+/// The checkpoint a holder with token `token` stores as its `seq`-th: one number, so that
+/// checkpoints compare in the order they were meant to be stored (a later hold's above an
+/// earlier hold's, and within a hold in order). The value stored is its decimal text.
+pub fn ckpt_number(token: i64, seq: i64) -> i64 {
+    token * CKPT_PER_HOLD + seq.min(CKPT_PER_HOLD - 1)
+}
+
+/// More than a hold of at most a few seconds stores, one every 200 ms.
+const CKPT_PER_HOLD: i64 = 1000;
+
+/// What [`checkpoint_continuity`] found.
+#[derive(Debug, Default)]
+pub struct Continuity {
+    /// Checkpoints read at a grant, and how many of them had an earlier checkpoint to find.
+    pub reads: usize,
+    pub reads_bound: usize,
+    /// Checkpoints reported stored.
+    pub acked: usize,
+    /// Reads older than a checkpoint reported stored before the grant, reads of checkpoints
+    /// nobody stored before, and checkpoints reported stored after the store had fenced their
+    /// holder's token off.
+    pub violations: Vec<String>,
+}
+
+/// Checkpoint continuity, per lock: every checkpoint a holder read right after its grant
+/// (`ckread`) is at least the newest checkpoint of an earlier hold (a lower token) reported
+/// stored (`ckacked`) before that grant, and one some earlier hold sent; and no checkpoint is
+/// reported stored whose holder's write with that token the store had fenced off before it was
+/// sent (the broker's generation check must refuse it: a higher token was already written, so
+/// a newer hold had begun and the group's generation had moved).
+///
+/// Why a checkpoint reported stored before the grant must be read: it was accepted by the
+/// coordinator under its hold's generation, so before the generation moved to the reader's
+/// (Apache validates an OffsetCommit's generation and appends it to the group's offsets
+/// partition in one write, and runs one partition's writes in order), and the reader's read
+/// starts after its SyncGroup answer, which leaves only once the new generation's write is
+/// committed (docs/design.md, "Checkpoint").
+pub fn checkpoint_continuity(events: &[Event], writes: &[WriteRec]) -> Continuity {
+    let mut out = Continuity::default();
+    let mut by_id: HashMap<(&str, &str), Vec<&Event>> = HashMap::new();
+    for e in events {
+        by_id.entry((base(&e.lock), &e.id)).or_default().push(e);
+    }
+    // (lock, id, number, acked at, sent at); (lock, id, number read, grant, reader's token).
+    let mut acks: Vec<(&str, &str, i64, i64, Option<i64>)> = Vec::new();
+    let mut reads: Vec<(&str, &str, i64, i64, i64)> = Vec::new();
+    let mut sent: std::collections::HashSet<(&str, i64)> = Default::default();
+    for ((lock, id), mut evs) in by_id {
+        evs.sort_by_key(|e| e.mono);
+        let (mut last_sent, mut granted) = (None, None);
+        for e in evs {
+            match e.kind {
+                Kind::Acquired => granted = Some(e.mono),
+                Kind::CkSent => {
+                    last_sent = e.token;
+                    if let Some(c) = e.token {
+                        sent.insert((lock, c));
+                    }
+                }
+                Kind::CkAcked => {
+                    // The CLI's acknowledgement names no value: the job's last one.
+                    if let Some(c) = e.token.or(last_sent) {
+                        acks.push((lock, id, c, e.mono, e.lease_end));
+                    }
+                }
+                Kind::CkRead => {
+                    if let (Some(c), Some(t), Some(g)) = (e.token, e.lease_end, granted) {
+                        reads.push((lock, id, c, g, t));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    acks.sort_by_key(|a| a.3);
+    out.acked = acks.len();
+    for &(lock, id, c, at, t) in &reads {
+        out.reads += 1;
+        let newest = acks
+            .iter()
+            .filter(|a| a.0 == lock && a.3 < at && a.2 / CKPT_PER_HOLD < t)
+            .max_by_key(|a| a.2);
+        if let Some(&(_, by, need, acked, _)) = newest {
+            out.reads_bound += 1;
+            if c < need {
+                out.violations.push(format!(
+                    "STALE CHECKPOINT READ on {lock}: {id} (token {t}) granted at {at} read {}, \
+                     but {by} had checkpoint {need} reported stored at {acked}",
+                    if c < 0 {
+                        "none".to_owned()
+                    } else {
+                        c.to_string()
+                    }
+                ));
+            }
+        }
+        if c >= 0 && (c / CKPT_PER_HOLD >= t || !sent.contains(&(lock, c))) {
+            out.violations.push(format!(
+                "CHECKPOINT READ THAT NO EARLIER HOLD STORED on {lock}: {id} (token {t}) granted \
+                 at {at} read {c}"
+            ));
+        }
+    }
+    for &(lock, id, c, acked, sent_at) in &acks {
+        let token = c / CKPT_PER_HOLD;
+        let before = sent_at.unwrap_or(acked);
+        if let Some(w) = writes.iter().find(|w| {
+            base(&w.lock) == lock
+                && w.id == id
+                && w.token == token
+                && !w.accepted
+                && w.decided < before
+        }) {
+            out.violations.push(format!(
+                "FENCED CHECKPOINT STORED on {lock}: {id} had checkpoint {c} reported stored at \
+                 {acked} (sent {before}), after the store fenced off its token {token} at {}",
+                w.decided
+            ));
+        }
+    }
+    out
 }
 
 /// Per store key (a lock, or a semaphore's permit slot): every kafka-lock hold whose token is
@@ -974,6 +1141,49 @@ mod tests {
         assert!(a.unsafe_());
         assert_eq!(a.too_many.len(), 1);
         assert_eq!(a.judged_overlaps().count(), 1, "a and c share slot 0");
+    }
+
+    /// Checkpoint continuity: b reads a's last checkpoint, reported stored before b's grant;
+    /// c reads one older than that and is flagged, d reads a checkpoint nobody had stored, and
+    /// a checkpoint reported stored after its holder's token was fenced off is flagged. A
+    /// checkpoint reported stored after the grant (a late answer) does not bind the reader.
+    #[test]
+    fn checkpoint_reads_older_than_a_stored_one_are_flagged() {
+        let (a1, a2, b1) = (ckpt_number(5, 1), ckpt_number(5, 2), ckpt_number(7, 1));
+        let mut events = vec![
+            ev("a", Kind::Acquired, 10, Some(5), Some(60)),
+            ev("a", Kind::CkRead, 11, Some(-1), Some(5)),
+            ev("a", Kind::CkSent, 20, Some(a1), None),
+            ev("a", Kind::CkAcked, 22, Some(a1), Some(20)),
+            ev("a", Kind::CkSent, 30, Some(a2), None),
+            ev("a", Kind::CkAcked, 32, Some(a2), Some(30)),
+            ev("a", Kind::Released, 33, None, Some(33)),
+            ev("b", Kind::Acquired, 40, Some(7), Some(90)),
+            ev("b", Kind::CkRead, 41, Some(a2), Some(7)),
+            // The CLI's acknowledgement: the value the job wrote last.
+            ev("b", Kind::CkSent, 50, Some(b1), None),
+            ev("b", Kind::Released, 55, None, Some(55)),
+            ev("b", Kind::CkAcked, 53, None, None),
+        ];
+        let a = analyse(&events, &[], 100);
+        assert!(!a.unsafe_(), "{}", a.violations(5));
+        assert_eq!((a.checkpoints.reads, a.checkpoints.acked), (2, 3));
+        assert_eq!(a.checkpoints.reads_bound, 1);
+
+        events.extend([
+            ev("c", Kind::Acquired, 60, Some(9), Some(120)),
+            ev("c", Kind::CkRead, 61, Some(a2), Some(9)),
+            ev("d", Kind::Acquired, 70, Some(11), Some(130)),
+            ev("d", Kind::CkRead, 71, Some(ckpt_number(8, 1)), Some(11)),
+        ]);
+        let fenced = [wr("b", 7, 45, false)];
+        let a = analyse(&events, &fenced, 200);
+        let v = a.violations(10);
+        assert!(a.unsafe_());
+        assert_eq!(a.checkpoints.violations.len(), 3, "{v}");
+        assert!(v.contains("STALE CHECKPOINT READ on L: c (token 9)"), "{v}");
+        assert!(v.contains("NO EARLIER HOLD STORED on L: d"), "{v}");
+        assert!(v.contains("FENCED CHECKPOINT STORED on L: b"), "{v}");
     }
 
     #[test]

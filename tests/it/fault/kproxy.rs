@@ -33,6 +33,10 @@
 //! offsets partition has uncommitted writes. A held answer whose connection the client closes
 //! before it is delivered is counted ([`ProxyStats::heartbeats_abandoned`]).
 //!
+//! [`ProxySet::hold_fetches`] does the same to every Fetch answer (the ledger's long polls):
+//! a waiter whose poll answer is held past the poll's wait learns of a release only through its
+//! Heartbeats, and one held past its request bound gives the poll up.
+//!
 //! [`ProxySet::cut_after_sync`] arms a trigger instead: the next SyncGroup answer through any of
 //! the set's proxies is delivered, and then every proxy of the set black-holes both ways. A
 //! member whose assignment names it is cut off before its first Heartbeat can get out.
@@ -138,9 +142,12 @@ pub struct ProxyStats {
     /// first: it gave up on a Heartbeat the broker was still holding, and every request queued
     /// behind it on that connection with it.
     pub heartbeats_abandoned: AtomicU64,
+    /// Fetch answers held by [`ProxySet::hold_fetches`].
+    pub fetches_held: AtomicU64,
 }
 
-/// The state of [`ProxySet::hold_heartbeats`], shared by every connection of a set.
+/// The state of [`ProxySet::hold_heartbeats`] (or [`ProxySet::hold_fetches`]), shared by every
+/// connection of a set.
 #[derive(Default)]
 struct HeartbeatHold {
     /// Heartbeat answers read before this instant are delivered at it.
@@ -168,6 +175,7 @@ pub struct ProxySet {
     sync_cut: Arc<SyncCut>,
     join_stall: Arc<JoinStall>,
     hb_hold: Arc<HeartbeatHold>,
+    fetch_hold: Arc<HeartbeatHold>,
 }
 
 /// What a connection may trip: the set's triggers, and its own proxy's fault, which a stalled
@@ -177,6 +185,7 @@ struct Triggers {
     sync_cut: Arc<SyncCut>,
     join_stall: Arc<JoinStall>,
     hb_hold: Arc<HeartbeatHold>,
+    fetch_hold: Arc<HeartbeatHold>,
     fault: watch::Sender<Fault>,
     node: i32,
 }
@@ -347,6 +356,7 @@ impl ProxySet {
         let sync_cut = Arc::new(SyncCut::default());
         let join_stall = Arc::new(JoinStall::default());
         let hb_hold = Arc::new(HeartbeatHold::default());
+        let fetch_hold = Arc::new(HeartbeatHold::default());
         let proxies: Vec<BrokerProxy> = brokers
             .iter()
             .zip(listeners)
@@ -358,6 +368,7 @@ impl ProxySet {
                     sync_cut: sync_cut.clone(),
                     join_stall: join_stall.clone(),
                     hb_hold: hb_hold.clone(),
+                    fetch_hold: fetch_hold.clone(),
                     fault: fault.clone(),
                     node: node_id,
                 };
@@ -387,6 +398,7 @@ impl ProxySet {
             sync_cut,
             join_stall,
             hb_hold,
+            fetch_hold,
         }
     }
 
@@ -395,6 +407,16 @@ impl ProxySet {
     pub fn hold_heartbeats(&self, length: Duration) {
         *self.hb_hold.until.lock().unwrap_or_else(|p| p.into_inner()) =
             Some(Instant::now() + length);
+    }
+
+    /// Holds every Fetch answer read from now for `length` and delivers it then, with the
+    /// answers queued behind it on its connection.
+    pub fn hold_fetches(&self, length: Duration) {
+        *self
+            .fetch_hold
+            .until
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(Instant::now() + length);
     }
 
     /// Arms the trigger: the next SyncGroup answer to this contender is delivered, then every
@@ -583,6 +605,7 @@ async fn connection(
         sync_cut: cut,
         join_stall,
         hb_hold,
+        fetch_hold,
         fault: own_fault,
         node,
     } = triggers;
@@ -590,6 +613,9 @@ async fn connection(
     // are held and not yet written to the client.
     let heartbeats: Arc<Mutex<std::collections::HashSet<i32>>> = Arc::default();
     let (asked, answered_hb) = (heartbeats.clone(), heartbeats);
+    // The same for its Fetches.
+    let fetches: Arc<Mutex<std::collections::HashSet<i32>>> = Arc::default();
+    let (asked_fetch, answered_fetch) = (fetches.clone(), fetches);
     let pending_held = Arc::new(AtomicU64::new(0));
     let (held_in, held_out) = (pending_held.clone(), pending_held.clone());
     let (hold_stats, abandon_stats) = (stats.clone(), stats.clone());
@@ -597,14 +623,16 @@ async fn connection(
     let answered_here = join_stall.clone();
     let read = move |frame: &Bytes| {
         join_stall.request_read(frame, (number, client_fd), (node, &own_fault), &seen);
-        if frame.len() >= 8
-            && ApiKey::try_from(i16::from_be_bytes([frame[0], frame[1]])) == Ok(ApiKey::Heartbeat)
-        {
+        if frame.len() >= 8 {
             let correlation = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
-            asked
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(correlation);
+            match ApiKey::try_from(i16::from_be_bytes([frame[0], frame[1]])) {
+                Ok(ApiKey::Heartbeat) => &asked,
+                Ok(ApiKey::Fetch) => &asked_fetch,
+                _ => return None,
+            }
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(correlation);
         }
         None
     };
@@ -647,10 +675,19 @@ async fn connection(
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&correlation);
+            let fetch = answered_fetch
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&correlation);
+            if let Some(until) = fetch_hold.until().filter(|_| fetch) {
+                hold_stats.fetches_held.fetch_add(1, Ordering::SeqCst);
+                // Not counted as a held Heartbeat: a client may give a held poll up.
+                return Some((until, false));
+            }
             let until = hb_hold.until().filter(|_| heartbeat)?;
             hold_stats.heartbeats_held.fetch_add(1, Ordering::SeqCst);
             held_in.fetch_add(1, Ordering::SeqCst);
-            Some(until)
+            Some((until, true))
         },
         move |frame| rewrite_answer(frame, &answers, &ports, &stats, &cut),
     );
@@ -700,14 +737,14 @@ type Timed = (Bytes, Instant, bool);
 
 /// Reads frames from one side and queues them, each with the time it is due at the other side.
 /// `read` sees each frame as soon as it is read, and may set a fault that holds it, or return
-/// an instant before which it is not delivered (a held Heartbeat answer).
+/// an instant before which it is not delivered, and whether it is a held Heartbeat answer.
 async fn pump_in(
     mut from: OwnedReadHalf,
     dir: Dir,
     connection: u64,
     mut fault: watch::Receiver<Fault>,
     to: mpsc::UnboundedSender<Timed>,
-    mut read: impl FnMut(&Bytes) -> Option<Instant>,
+    mut read: impl FnMut(&Bytes) -> Option<(Instant, bool)>,
     mut each: impl FnMut(Bytes) -> Bytes,
 ) -> io::Result<()> {
     loop {
@@ -720,8 +757,8 @@ async fn pump_in(
         // A frame read just before a black-hole began is held with the rest.
         wait_unheld(&mut fault, dir, connection).await;
         let due = read_at + fault.borrow().delay(dir);
-        let held = not_before.is_some();
-        let due = not_before.map_or(due, |n| n.max(due));
+        let held = not_before.is_some_and(|(_, counted)| counted);
+        let due = not_before.map_or(due, |(n, _)| n.max(due));
         if to.send((each(frame), due, held)).is_err() {
             return Ok(());
         }

@@ -113,6 +113,16 @@ pub enum Kind {
     /// while the holders of their locks are killed in a loop; every one of their locks must be
     /// acquired again within the recovery bound. Not in CI mode.
     LaneStarvation,
+    /// The ledger partition's leader killed or shut down (SIGTERM, a controlled shutdown that
+    /// moves its leadership) the moment a holder of the native lock reports its release, so
+    /// the RELEASED append, the waiters' long polls and the next ACQUIRED append and checkpoint
+    /// read meet a leader that moved. Not in CI mode.
+    HandoverLedgerMove,
+    /// At a release of the native lock, the waiters' long-poll Fetch answers held by their
+    /// proxies past the poll's wait (or their connections open then to the ledger leader
+    /// black-holed; new ones pass), so a
+    /// waiter learns of the release only through its Heartbeats. Not in CI mode.
+    AbandonedPolls,
 }
 
 impl Kind {
@@ -134,7 +144,7 @@ impl Kind {
 
     /// Drawn only when named (`--kinds`), but for [`Kind::CI_EXTRA`]: most need a contender of
     /// their own or take long, and CI mode keeps its time.
-    pub const OPTIONAL: [Kind; 8] = [
+    pub const OPTIONAL: [Kind; 10] = [
         Kind::HoldHeartbeat,
         Kind::NoexecLoss,
         Kind::Pair,
@@ -143,7 +153,13 @@ impl Kind {
         Kind::LedgerForger,
         Kind::CutLedger,
         Kind::LaneStarvation,
+        Kind::HandoverLedgerMove,
+        Kind::AbandonedPolls,
     ];
+
+    /// The kinds that strike the handover's ledger traffic: drawing one turns checkpoint
+    /// continuity on (the contenders store and read checkpoints, the checker judges them).
+    pub const CHECKPOINTS: [Kind; 2] = [Kind::HandoverLedgerMove, Kind::AbandonedPolls];
 
     /// Optional kinds CI mode runs once anyway, after its schedule (so the kinds of [`Kind::ALL`]
     /// keep theirs for every seed): cheap (about 15 s and one contender process), and what it
@@ -204,6 +220,8 @@ impl Kind {
             Kind::LedgerForger => "ledger-forger",
             Kind::CutLedger => "cut-ledger",
             Kind::LaneStarvation => "lane-starvation",
+            Kind::HandoverLedgerMove => "handover-ledger-move",
+            Kind::AbandonedPolls => "abandoned-polls",
         }
     }
 
@@ -361,6 +379,26 @@ impl fmt::Display for Episode {
             }
             Kind::LedgerForger => write!(f, ", records forged for {:?}", self.length),
             Kind::LaneStarvation => write!(f, ", holders killed for {:?}", self.length),
+            Kind::HandoverLedgerMove => write!(
+                f,
+                ", the ledger leader {} at the holder's release, down {:?}",
+                if self.broker_fault == Kind::BrokerTerm {
+                    "shut down"
+                } else {
+                    "killed"
+                },
+                self.length
+            ),
+            Kind::AbandonedPolls => write!(
+                f,
+                ", the waiters' {} at a release for {:?}",
+                if self.pending {
+                    "long-poll answers held"
+                } else {
+                    "connections to the ledger leader black-holed"
+                },
+                self.length
+            ),
             Kind::CutLedger => write!(
                 f,
                 ", {} cut from the ledger leader ({}), {:?}",
@@ -430,6 +468,8 @@ fn draw(kind: Kind, rng: &mut Rng) -> Episode {
             | Kind::LedgerForger
             | Kind::CutLedger
             | Kind::LaneStarvation
+            | Kind::HandoverLedgerMove
+            | Kind::AbandonedPolls
     );
     let target = if broker_wide || rng.range(0, 2) > 0 {
         Target::Native
@@ -464,7 +504,9 @@ fn draw(kind: Kind, rng: &mut Rng) -> Episode {
         | Kind::RuntimeStall
         | Kind::LedgerForger
         | Kind::CutLedger
-        | Kind::LaneStarvation => Duration::ZERO,
+        | Kind::LaneStarvation
+        | Kind::HandoverLedgerMove
+        | Kind::AbandonedPolls => Duration::ZERO,
     };
     let delay = match kind {
         Kind::CutDelay => rng.millis(300, 8000),
@@ -521,6 +563,20 @@ fn draw(kind: Kind, rng: &mut Rng) -> Episode {
         Kind::RuntimeStall => e.length = rng.millis(1000, 3000),
         Kind::LedgerForger => e.length = rng.millis(3000, 8000),
         Kind::LaneStarvation => e.length = rng.millis(8000, 15_000),
+        Kind::HandoverLedgerMove => {
+            e.length = rng.millis(1000, 4000);
+            e.broker_fault = if rng.range(0, 1) == 1 {
+                Kind::BrokerTerm
+            } else {
+                Kind::BrokerKill
+            };
+        }
+        // Past the poll's 5 s wait, some past its 10 s bound (wait plus request timeout), so
+        // a waiter also gives a poll up and opens another connection.
+        Kind::AbandonedPolls => {
+            e.length = rng.millis(5500, 12_000);
+            e.pending = rng.range(0, 1) == 1;
+        }
         Kind::CutLedger => {
             e.length = rng.millis(2000, 8000);
             e.pending = rng.range(0, 1) == 1;

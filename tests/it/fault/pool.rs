@@ -124,6 +124,8 @@ pub struct Env {
     pub logs: PathBuf,
     pub exe: PathBuf,
     pub kafka_lock: PathBuf,
+    /// Checkpoint continuity: contenders store and read checkpoints (`FAULT_CHECKPOINTS`).
+    pub checkpoints: bool,
 }
 
 pub struct Pool {
@@ -675,6 +677,12 @@ fn spawn(env: &Env, slot: &Slot, id: &str, rng: &mut Rng) -> Result<Running, Str
                     .env("FAULT_ID", id)
                     .env("FAULT_PERMITS", spec.permits.to_string())
                     .env("FAULT_HOLD_MS", rng.range(300, 3000).to_string());
+                if env.checkpoints
+                    && spec.permits == 1
+                    && matches!(spec.flavour, Flavour::Ledger(_))
+                {
+                    cmd.env("FAULT_CHECKPOINTS", "1");
+                }
             }
             env.checker.event(Event {
                 lock: spec.lock.clone(),
@@ -740,6 +748,9 @@ pub fn lib_command(
         .env("FAULT_ID", id)
         .env("FAULT_BOOTSTRAP", bootstrap)
         .env("FAULT_SEED", seed.to_string());
+    if env.checkpoints {
+        cmd.env("FAULT_CHECKPOINTS", "1");
+    }
     if let Some((k, v)) = flavour.env() {
         cmd.env(k, v);
     }
@@ -761,6 +772,8 @@ fn forward_cli_events(
         .append(true)
         .open(log)
         .ok();
+    // Whether a hold is open by kafka-lock's own events.
+    let mut holding = false;
     for line in BufReader::new(stdout).lines().map_while(Result::ok) {
         if let Some(f) = file.as_mut() {
             let _ = writeln!(f, "{line}");
@@ -773,11 +786,22 @@ fn forward_cli_events(
             Some("token_changed") => Kind::Token,
             Some("lost") => Kind::Lost,
             Some("released") => Kind::Released,
+            // A run whose command's checkpoint the broker refused ends with `failed` alone,
+            // neither `lost` nor `released` (RELIABILITY.md, "Checkpoints across handovers"):
+            // its command and every process of it are gone by then, so the hold ends there.
+            Some("failed") if holding => Kind::Lost,
+            // The job's checkpoint stored; the value is the one the job last reported writing.
+            Some("checkpoint") => Kind::CkAcked,
             _ => continue,
         };
         let Some(mono) = v["mono_ns"].as_i64() else {
             continue;
         };
+        match kind {
+            Kind::Acquired => holding = true,
+            Kind::Lost | Kind::Released => holding = false,
+            _ => {}
+        }
         if kind == Kind::Acquired && trap.armed.swap(false, Ordering::SeqCst) {
             spring(trap, pid, id);
         }
@@ -786,6 +810,17 @@ fn forward_cli_events(
             .as_u64()
             .and_then(|p| u16::try_from(p).ok())
             .filter(|_| permits > 1);
+        if kind == Kind::CkAcked {
+            checker.event(Event {
+                lock: super::checker::key(lock, slot),
+                id: id.to_owned(),
+                kind,
+                mono,
+                token: None,
+                lease_end: None,
+            });
+            continue;
+        }
         checker.event(Event {
             lock: super::checker::key(lock, slot),
             id: id.to_owned(),

@@ -34,12 +34,18 @@
 //!
 //! With `FAULT_PERMITS` above 1 the lock is a semaphore: contenders take it with that many
 //! permits and report and write under their permit slot's key (see [`super::checker`]).
+//!
+//! With `FAULT_CHECKPOINTS=1` (checkpoint continuity), a `lib`-like contender of a lock with a
+//! ledger and one permit reads the last checkpoint right after each grant, and stores a
+//! checkpoint after each write and once more just before it releases; the `writer` reports the
+//! `KAFKA_LOCK_CHECKPOINT` it was started with and leaves one for kafka-lock to store. Each is
+//! reported to the checker (`ckread`, `cksent`, `ckacked`).
 
 use std::time::{Duration, Instant};
 
 use kafka_lock::{LockEvent, LockOptions};
 
-use super::checker::{Kind, Reporter};
+use super::checker::{ckpt_number, Kind, Reporter};
 use super::nemesis::Rng;
 use super::{HEARTBEAT, SESSION};
 use crate::support::mono_ns;
@@ -197,6 +203,20 @@ fn role() {
                 let slot = env("KAFKA_LOCK_PERMIT").parse().expect("KAFKA_LOCK_PERMIT");
                 reporter.set_slot(Some(slot));
             }
+            if checkpoints() {
+                // Read by kafka-lock before the job started, from the hold's grant.
+                let read = match std::env::var("KAFKA_LOCK_CHECKPOINT") {
+                    Ok(v) => v.parse().unwrap_or(-2),
+                    Err(_) => -1,
+                };
+                reporter.event(Kind::CkRead, Some(read), Some(token));
+                // kafka-lock stores it after the job exits 0, before it releases.
+                let c = ckpt_number(token, 1);
+                let file = env("KAFKA_LOCK_CHECKPOINT_FILE");
+                std::fs::write(&file, c.to_string())
+                    .unwrap_or_else(|e| panic!("cannot write {file}: {e}"));
+                reporter.event(Kind::CkSent, Some(c), None);
+            }
             reporter.write(token);
             while Instant::now() < until {
                 std::thread::sleep(Duration::from_millis(200));
@@ -206,6 +226,47 @@ fn role() {
         other => panic!("unknown FAULT_ROLE {other}"),
     }
 }
+
+/// `FAULT_CHECKPOINTS`: the contenders of a lock with a ledger and one permit store
+/// checkpoints while they hold and read the last one at their grant (checkpoint continuity).
+fn checkpoints() -> bool {
+    std::env::var("FAULT_CHECKPOINTS").is_ok_and(|v| v == "1")
+}
+
+/// Reads the lock's last checkpoint right after the grant and reports it (`ckread`).
+async fn read_checkpoint(rep: &mut Reporter, guard: &kafka_lock::LockGuard, token: i64) {
+    match tokio::time::timeout(CKPT_BOUND, guard.last_checkpoint()).await {
+        Ok(Ok(found)) => {
+            let read = found.map_or(-1, |c| c.value.parse().unwrap_or(-2));
+            rep.event(Kind::CkRead, Some(read), Some(token));
+        }
+        Ok(Err(e)) => eprintln!("checkpoint read failed: {e}"),
+        Err(_) => eprintln!("checkpoint read: no answer within {CKPT_BOUND:?}"),
+    }
+}
+
+/// Stores the hold's next checkpoint and reports it sent, then stored if the library says so.
+async fn store_checkpoint(
+    rep: &mut Reporter,
+    guard: &kafka_lock::LockGuard,
+    token: i64,
+    seq: &mut i64,
+) {
+    *seq += 1;
+    let c = ckpt_number(token, *seq);
+    let sent = mono_ns();
+    rep.event_at(Kind::CkSent, sent, Some(c), None);
+    match tokio::time::timeout(CKPT_BOUND, guard.checkpoint(c.to_string())).await {
+        Ok(Ok(())) => rep.event(Kind::CkAcked, Some(c), Some(sent)),
+        Ok(Err(e)) => eprintln!("checkpoint {c} not stored: {e}"),
+        // The session still takes its answer; the outcome stays unknown here.
+        Err(_) => eprintln!("checkpoint {c}: no answer within {CKPT_BOUND:?}"),
+    }
+}
+
+/// How long a contender waits on a checkpoint's read or store before it goes on holding
+/// (a store may wait up to `offsets.commit.timeout.ms` plus the request timeout).
+const CKPT_BOUND: Duration = Duration::from_secs(3);
 
 /// `FAULT_PERMITS`, 1 when unset.
 fn permits() -> u16 {
@@ -406,6 +467,8 @@ async fn contender(
     stall: Option<&std::path::Path>,
 ) {
     let mut rng = Rng::new(seed);
+    // A checkpoint is one per lock: none for a semaphore, nor without a ledger.
+    let ckpts = checkpoints() && !broken && permits == 1 && make().ledger().is_some();
     loop {
         let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
         let opts = make().events(tx);
@@ -427,6 +490,10 @@ async fn contender(
         }
         // The broken contender believes it holds until it says otherwise: no lease end.
         rep.event(Kind::Acquired, Some(token), (!broken).then_some(lease));
+        let mut seq = 0;
+        if ckpts && guard.is_held() {
+            read_checkpoint(rep, &guard, token).await;
+        }
         if broken || guard.is_held() {
             rep.write(token);
         }
@@ -475,12 +542,24 @@ async fn contender(
                         rep.write(token);
                     } else if broken || guard.is_held() {
                         rep.write(token);
+                        // Whatever the store said: a fenced-off holder's checkpoint must be
+                        // refused by the broker.
+                        if ckpts {
+                            store_checkpoint(rep, &guard, token, &mut seq).await;
+                        }
                     }
                 }
                 // After a pause both this and the loss can be ready at once, and select! picks
                 // either: a hold whose lease ran out meanwhile was lost, not released.
                 _ = tokio::time::sleep_until(until) => {
                     if broken || guard.is_held() {
+                        // The last one just before the release: the next holder must read it.
+                        if ckpts {
+                            store_checkpoint(rep, &guard, token, &mut seq).await;
+                            if !guard.is_held() {
+                                break Some(mono_ns());
+                            }
+                        }
                         break None;
                     }
                     break Some(mono_ns());

@@ -55,6 +55,11 @@ pub struct Config {
     /// A contender that never reads its lock's events stream joins the native lock
     /// (`KAFKA_LOCK_FAULT_SLOW_CONSUMER=1`).
     pub slow_consumer: bool,
+    /// Checkpoint continuity (`KAFKA_LOCK_FAULT_CHECKPOINTS=1`; by default in CI mode and
+    /// whenever a nemesis aimed at the handover's ledger traffic is drawn): the native lock's
+    /// contenders store checkpoints while they hold and read the last one at their grant, and
+    /// the checker judges them.
+    pub checkpoints: bool,
 }
 
 impl Config {
@@ -110,6 +115,13 @@ impl Config {
         });
         let slow_consumer = std::env::var("KAFKA_LOCK_FAULT_SLOW_CONSUMER")
             .is_ok_and(|v| !v.is_empty() && v != "0");
+        // On in CI mode: it adds no episode, and it is what catches a new holder reading an
+        // older checkpoint than one already reported stored (RELIABILITY.md). `=0` turns it
+        // off there.
+        let checkpoints = match std::env::var("KAFKA_LOCK_FAULT_CHECKPOINTS") {
+            Ok(v) if !v.is_empty() => v != "0",
+            _ => ci || kinds.iter().any(|k| Kind::CHECKPOINTS.contains(k)),
+        };
         Config {
             seed,
             episodes,
@@ -118,6 +130,7 @@ impl Config {
             kinds,
             many,
             slow_consumer,
+            checkpoints,
         }
     }
 }
@@ -211,6 +224,8 @@ pub fn run(mut cfg: Config) {
         logs: logs.clone(),
         exe: std::env::current_exe().expect("the test binary"),
         kafka_lock: PathBuf::from(env!("CARGO_BIN_EXE_kafka-lock")),
+        // A checkpoint is one per lock: a semaphore has none.
+        checkpoints: cfg.checkpoints && cfg.permits == 1,
     };
     let permits = cfg.permits;
     let spec = |name: &str, role, lock: &str, flavour: &Flavour| SlotSpec {
@@ -505,6 +520,20 @@ impl Run {
                      within {RECOVERY_BOUND:?} of the last kill"
                 ));
         }
+        // The waiters' fallback is the point of these two: the lock must be taken again.
+        if matches!(plan.kind, Kind::AbandonedPolls | Kind::HandoverLedgerMove)
+            && target.is_some()
+            && recovered.is_none()
+        {
+            self.failures
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(format!(
+                    "{}, episode {n}: the lock not acquired again within {RECOVERY_BOUND:?} of \
+                     the heal",
+                    plan.kind.name()
+                ));
+        }
         Record {
             n,
             plan,
@@ -671,9 +700,16 @@ impl Run {
                 }
                 note = format!("{}; {}", said(&first, a), said(&second, b));
             }
-            Kind::HandoverMove => {
+            Kind::HandoverMove | Kind::HandoverLedgerMove => {
                 start = mono_ns();
-                let (t, n) = self.handover_move(plan, &lock);
+                let ledger = plan.kind == Kind::HandoverLedgerMove;
+                let (t, n) = self.handover_move(plan, &lock, ledger);
+                target = t;
+                note = n;
+            }
+            Kind::AbandonedPolls => {
+                start = mono_ns();
+                let (t, n) = self.abandoned_polls(plan, &lock);
                 target = t;
                 note = n;
             }
@@ -1037,13 +1073,86 @@ impl Run {
     /// The handover-move nemesis: the coordinator broker killed or shut down (SIGTERM) the
     /// moment a kafka-lock holder of `lock` reports its release (reported just before its
     /// LeaveGroup), so the waiters' rejoin and the next generation happen across a coordinator
-    /// move; the node is restarted after the episode's length.
-    fn handover_move(&self, plan: &Episode, lock: &str) -> (Option<String>, String) {
+    /// move; the node is restarted after the episode's length. With `ledger`
+    /// (handover-ledger-move) the node is the ledger partition's leader instead, so the
+    /// RELEASED append, the waiters' long polls, the next ACQUIRED append and its checkpoint
+    /// read meet a leader that moved (NOT_LEADER_OR_FOLLOWER after a controlled shutdown,
+    /// connections refused after a kill).
+    fn handover_move(&self, plan: &Episode, lock: &str, ledger: bool) -> (Option<String>, String) {
+        // handover-ledger-move: the ledger partition's leader rather than the coordinator.
+        let locate = || {
+            if ledger {
+                let Flavour::Ledger(topic) = &self.ledger else {
+                    return None;
+                };
+                self.rt
+                    .block_on(leader_of(&self.live_nodes(), topic))
+                    .map(|(n, _)| n)
+            } else {
+                Some(self.cluster().coordinator(lock))
+            }
+        };
+        let Some(mut node) = locate() else {
+            return (None, String::new());
+        };
+        // A node restarted by an earlier episode may have taken the group (or the ledger's
+        // leadership) back since.
+        let Some((id, released)) = self.next_release(lock, || node = locate().unwrap_or(node))
+        else {
+            return (None, String::new());
+        };
+        let term = plan.broker_fault == Kind::BrokerTerm;
+        let coordinator_too = ledger && self.cluster().coordinator(lock) == node;
+        let struck = mono_ns();
+        let how = if term {
+            let took = self.cluster().terminate(node, Duration::from_secs(120));
+            format!(
+                "shut down (controlled shutdown took {:.1} s)",
+                took.as_secs_f64()
+            )
+        } else {
+            self.cluster().kill(node);
+            "killed".to_owned()
+        };
+        std::thread::sleep(plan.length);
+        self.cluster().restart(node);
+        let now = self.cluster().coordinator(lock);
+        (
+            Some(id.clone()),
+            format!(
+                "{id} released; {}node {node} {how} {:.0} ms later, restarted after {:?}; {}; \
+                 coordinator now node {now}{}",
+                match (ledger, coordinator_too) {
+                    (true, true) => "ledger leader and coordinator ",
+                    (true, false) => "ledger leader ",
+                    _ => "",
+                },
+                (struck - released) as f64 / 1e6,
+                plan.length,
+                match self.next_hold(lock, released) {
+                    Some((who, at, token)) => format!(
+                        "next hold {who} {:.1} s after the release (token {})",
+                        (at - released) as f64 / 1e9,
+                        token.map_or("-".to_owned(), |t| t.to_string())
+                    ),
+                    None => "no hold yet at the restart".to_owned(),
+                },
+                match (ledger, locate()) {
+                    (true, Some(n)) => format!(", ledger leader now node {n}"),
+                    _ => String::new(),
+                }
+            ),
+        )
+    }
+
+    /// The release of the native lock a nemesis times itself on: the first `released` of a
+    /// kafka-lock contender reported from now, polled every 2 ms; `relocate` runs every 2 s
+    /// meanwhile. None when nobody releases within the holder bound.
+    fn next_release(&self, lock: &str, mut relocate: impl FnMut()) -> Option<(String, i64)> {
         let deadline = Instant::now() + HOLDER_BOUND;
-        let mut node = self.cluster().coordinator(lock);
         let mut looked_up = Instant::now();
         let from = mono_ns();
-        let release = loop {
+        loop {
             let seen = {
                 let log = self.checker.lock();
                 log.events
@@ -1059,60 +1168,112 @@ impl Run {
                     .map(|e| (e.id.clone(), e.mono))
             };
             if seen.is_some() || Instant::now() >= deadline {
-                break seen;
+                return seen;
             }
-            // A node restarted by an earlier episode may have taken the group back since.
             if looked_up.elapsed() > Duration::from_secs(2) {
-                node = self.cluster().coordinator(lock);
+                relocate();
                 looked_up = Instant::now();
             }
             std::thread::sleep(Duration::from_millis(2));
-        };
-        let Some((id, released)) = release else {
+        }
+    }
+
+    /// The first acquisition of `lock` by a kafka-lock contender after `released`: who, when,
+    /// with which token.
+    fn next_hold(&self, lock: &str, released: i64) -> Option<(String, i64, Option<i64>)> {
+        let log = self.checker.lock();
+        log.events
+            .iter()
+            .filter(|e| {
+                e.kind == Ev::Acquired
+                    && e.mono > released
+                    && judged(&e.id)
+                    && checker::base(&e.lock) == lock
+            })
+            .min_by_key(|e| e.mono)
+            .map(|e| (e.id.clone(), e.mono, e.token))
+    }
+
+    /// The abandoned-polls nemesis: the moment a holder of the native lock reports its release,
+    /// every other proxied contender of it (the waiters) has its Fetch answers held for
+    /// `plan.length` (`pending`; the long poll that would carry the RELEASED record comes
+    /// after the poll's wait, or never, if the client gives it up first), or its connections
+    /// open then to the ledger leader black-holed both ways for as long (new ones pass). A waiter then learns of the release
+    /// only from its Heartbeats (REBALANCE_IN_PROGRESS once the LeaveGroup has landed). The
+    /// checker judges the holds as always.
+    fn abandoned_polls(&self, plan: &Episode, lock: &str) -> (Option<String>, String) {
+        let Flavour::Ledger(topic) = self.ledger.clone() else {
             return (None, String::new());
         };
-        let term = plan.broker_fault == Kind::BrokerTerm;
-        let struck = mono_ns();
-        let how = if term {
-            let took = self.cluster().terminate(node, Duration::from_secs(120));
+        let Some((mut leader, _)) = self.rt.block_on(leader_of(&self.live_nodes(), &topic)) else {
+            return (None, String::new());
+        };
+        let Some((id, released)) = self.next_release(lock, || {
+            if let Some((n, _)) = self.rt.block_on(leader_of(&self.live_nodes(), &topic)) {
+                leader = n;
+            }
+        }) else {
+            return (None, String::new());
+        };
+        let waiters: Vec<String> = self
+            .pool
+            .proxied(lock)
+            .into_iter()
+            .filter(|w| w != &id)
+            .collect();
+        // Over every proxy set: a CLI slot's id changes with each run, and only these hold.
+        let held = || {
+            let mut n = 0;
+            self.pool.all_proxies(|p| {
+                n += p
+                    .stats()
+                    .fetches_held
+                    .load(std::sync::atomic::Ordering::SeqCst)
+            });
+            n
+        };
+        let before = held();
+        for w in &waiters {
+            if plan.pending {
+                self.pool.proxies_of(w, |p| p.hold_fetches(plan.length));
+            } else {
+                // Only the connections open now, the long poll's among them: a black-hole of
+                // every link would hold the next holder's ACQUIRED append too (cut-ledger).
+                self.pool.proxies_of(w, |p| p.stall(leader));
+            }
+        }
+        let armed = mono_ns();
+        std::thread::sleep(plan.length);
+        if !plan.pending {
+            for w in &waiters {
+                self.pool.proxies_of(w, |p| p.set(leader, Fault::Clear));
+            }
+        }
+        let healed = mono_ns();
+        let what = if plan.pending {
             format!(
-                "shut down (controlled shutdown took {:.1} s)",
-                took.as_secs_f64()
+                "Fetch answers held ({} held)",
+                held().saturating_sub(before)
             )
         } else {
-            self.cluster().kill(node);
-            "killed".to_owned()
+            format!("connections to ledger leader node {leader} black-holed")
         };
-        std::thread::sleep(plan.length);
-        self.cluster().restart(node);
-        let next = {
-            let log = self.checker.lock();
-            log.events
-                .iter()
-                .filter(|e| {
-                    e.kind == Ev::Acquired
-                        && e.mono > released
-                        && judged(&e.id)
-                        && checker::base(&e.lock) == lock
-                })
-                .min_by_key(|e| e.mono)
-                .map(|e| (e.id.clone(), e.mono, e.token))
-        };
-        let now = self.cluster().coordinator(lock);
         (
             Some(id.clone()),
             format!(
-                "{id} released; node {node} {how} {:.0} ms later, restarted after {:?}; {}; \
-                 coordinator now node {now}",
-                (struck - released) as f64 / 1e6,
+                "{id} released; {} waiters ({}) had their {what} {:.1} ms later, for {:?}; {}",
+                waiters.len(),
+                waiters.join(", "),
+                (armed - released) as f64 / 1e6,
                 plan.length,
-                match next {
+                match self.next_hold(lock, released) {
                     Some((who, at, token)) => format!(
-                        "next hold {who} {:.1} s after the release (token {})",
+                        "next hold {who} {:.2} s after the release ({} the heal; token {})",
                         (at - released) as f64 / 1e9,
+                        if at < healed { "before" } else { "after" },
                         token.map_or("-".to_owned(), |t| t.to_string())
                     ),
-                    None => "no hold yet at the restart".to_owned(),
+                    None => "no hold yet at the heal".to_owned(),
                 }
             ),
         )
@@ -1917,6 +2078,20 @@ fn report(
          same lock or permit slot.\n",
         a.inversions.len()
     );
+    if run.cfg.checkpoints && run.cfg.permits == 1 {
+        let c = &a.checkpoints;
+        let _ = writeln!(
+            s,
+            "Checkpoint continuity: {} checkpoint(s) reported stored; {} read at a grant, {} of \
+             them after an earlier hold's was reported stored; {} violation(s) (a read older \
+             than one reported stored before the grant, a read of one no earlier hold stored, \
+             or one reported stored after the store fenced its token off).\n",
+            c.acked,
+            c.reads,
+            c.reads_bound,
+            c.violations.len()
+        );
+    }
     let _ = writeln!(
         s,
         "End reports with no open hold (`lost` or `released` when the contender held nothing, \
