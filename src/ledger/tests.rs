@@ -763,6 +763,31 @@ fn a_waiter_long_polls_from_the_end_and_tells_the_membership_of_this_locks_relea
     assert_eq!(r.commands.len(), n);
 }
 
+/// A waiter's Fetch has room for hundreds of ledger records, as the module docs promise: each
+/// record is a batch of its own (appended one at a time), and a busy ledger shared by many locks
+/// is read in few round trips.
+#[test]
+fn a_waiters_fetch_has_room_for_hundreds_of_records() {
+    let mut r = Rig::new();
+    waiting_at(&mut r, 10);
+    let Op::Fetch { options, .. } = &r.last().op else {
+        panic!("{:?}", r.last())
+    };
+    let released = LedgerRecord {
+        member_id: "kafka-lock-0b6f5c1e-8a8e-4a63-9d5e-2f4c1b7a9e01".into(),
+        label: Some("job a".into()),
+        host: Some("host-a".into()),
+        pid: Some(4242),
+        ..record(RecordKind::Released { held_ms: 1 }, 11)
+    };
+    let hundreds = 200 * batch_of(&[(LOCK, released)]).len();
+    assert!(
+        usize::try_from(options.max_bytes).is_ok_and(|max| max >= hundreds),
+        "{} bytes, not room for 200 records ({hundreds} bytes)",
+        options.max_bytes
+    );
+}
+
 #[test]
 fn without_push_a_waiter_does_not_poll() {
     let mut r = Rig::with(LedgerConfig {
@@ -2061,10 +2086,7 @@ fn a_waiter_whose_ledger_topic_is_gone_asks_for_no_wake_up() {
 /// group), so the request is checked as encoded at every version kafka-lock may choose.
 #[test]
 fn a_checkpoint_commit_is_encoded_with_the_holds_generation_and_member_id() {
-    use crate::wire::frame::{decode_frame, DEFAULT_MAX_FRAME_SIZE};
-    use kafka_protocol::messages::api_versions_response::ApiVersion;
-    use kafka_protocol::messages::{ApiVersionsResponse, OffsetCommitRequest};
-    use kafka_protocol::protocol::{decode_request_header_from_buffer, Decodable};
+    use kafka_protocol::messages::OffsetCommitRequest;
 
     let mut r = Rig::new();
     r.holding_at(42);
@@ -2076,38 +2098,7 @@ fn a_checkpoint_commit_is_encoded_with_the_holds_generation_and_member_id() {
     let op = r.last().op.clone();
     assert!(matches!(op, Op::Commit { .. }), "{op:?}");
 
-    let (ours_min, ours_max) = crate::wire::versions::supported_range(ApiKey::OffsetCommit)
-        .expect("kafka-lock implements OffsetCommit");
-    for broker_max in ours_min..=ours_max {
-        let offered = ApiVersionsResponse::default().with_api_keys(
-            crate::wire::versions::SUPPORTED
-                .iter()
-                .map(|&(api, min, max)| {
-                    let max = if api == ApiKey::OffsetCommit {
-                        broker_max
-                    } else {
-                        max
-                    };
-                    ApiVersion::default()
-                        .with_api_key(api as i16)
-                        .with_min_version(min)
-                        .with_max_version(max)
-                })
-                .collect(),
-        );
-        let versions = crate::wire::versions::negotiate(&offered).expect("negotiates");
-        let (req, v) = build(&op, &versions).expect("builds");
-        assert!(v <= broker_max, "v{v} sent to a broker with v{broker_max}");
-        let mut out = BytesMut::new();
-        crate::wire::codec::encode_request(&req, v, 1, Some("kafka-lock"), &mut out)
-            .expect("encodes");
-        let mut frame = decode_frame(&mut out, DEFAULT_MAX_FRAME_SIZE)
-            .expect("a frame")
-            .expect("a whole frame");
-        let header = decode_request_header_from_buffer(&mut frame).expect("a header");
-        assert_eq!(header.request_api_key, ApiKey::OffsetCommit as i16);
-        assert_eq!(header.request_api_version, v);
-        let sent = OffsetCommitRequest::decode(&mut frame, v).expect("decodes");
+    sent_at_every_version(&op, ApiKey::OffsetCommit, |sent: OffsetCommitRequest, v| {
         assert_eq!(sent.group_id.as_str(), LOCK, "v{v}");
         assert_eq!(sent.generation_id_or_member_epoch, 7, "v{v}");
         assert_eq!(sent.member_id.as_str(), "m-7", "v{v}");
@@ -2127,7 +2118,78 @@ fn a_checkpoint_commit_is_encoded_with_the_holds_generation_and_member_id() {
             (0, 42, Some("up to 2026-11-29")),
             "v{v}"
         );
+    });
+}
+
+/// `op` built for a broker offering each version of `api` kafka-lock implements (and every other
+/// API in full), encoded as a request frame and decoded back as the broker would read it; `check`
+/// sees each request with the version it was sent at.
+fn sent_at_every_version<R: kafka_protocol::protocol::Decodable>(
+    op: &Op,
+    api: ApiKey,
+    mut check: impl FnMut(R, i16),
+) {
+    use crate::wire::frame::{decode_frame, DEFAULT_MAX_FRAME_SIZE};
+    use kafka_protocol::messages::api_versions_response::ApiVersion;
+    use kafka_protocol::messages::ApiVersionsResponse;
+    use kafka_protocol::protocol::decode_request_header_from_buffer;
+
+    let (ours_min, ours_max) =
+        crate::wire::versions::supported_range(api).expect("kafka-lock implements the API");
+    for broker_max in ours_min..=ours_max {
+        let offered = ApiVersionsResponse::default().with_api_keys(
+            crate::wire::versions::SUPPORTED
+                .iter()
+                .map(|&(a, min, max)| {
+                    let max = if a == api { broker_max } else { max };
+                    ApiVersion::default()
+                        .with_api_key(a as i16)
+                        .with_min_version(min)
+                        .with_max_version(max)
+                })
+                .collect(),
+        );
+        let versions = crate::wire::versions::negotiate(&offered).expect("negotiates");
+        let (req, v) = build(op, &versions).expect("builds");
+        assert!(v <= broker_max, "v{v} sent to a broker with v{broker_max}");
+        let mut out = BytesMut::new();
+        crate::wire::codec::encode_request(&req, v, 1, Some("kafka-lock"), &mut out)
+            .unwrap_or_else(|e| panic!("v{v} encodes: {e}"));
+        let mut frame = decode_frame(&mut out, DEFAULT_MAX_FRAME_SIZE)
+            .expect("a frame")
+            .expect("a whole frame");
+        let header = decode_request_header_from_buffer(&mut frame).expect("a header");
+        assert_eq!(header.request_api_key, api as i16);
+        assert_eq!(header.request_api_version, v);
+        check(R::decode(&mut frame, v).expect("decodes"), v);
     }
+}
+
+/// A ledger is never created by accident: a typo in its name must not start a new token sequence
+/// at 0 on a broker with `auto.create.topics.enable` (its default), which Metadata from v4 on
+/// asks for unless told not to (before v4 a Metadata request never creates a topic).
+#[test]
+fn the_ledgers_metadata_lookup_never_creates_the_topic() {
+    use kafka_protocol::messages::MetadataRequest;
+
+    let op = Op::Metadata {
+        topic: TOPIC.into(),
+    };
+    let mut seen = Vec::new();
+    sent_at_every_version(&op, ApiKey::Metadata, |sent: MetadataRequest, v| {
+        let names: Vec<_> = sent
+            .topics
+            .iter()
+            .flatten()
+            .map(|t| t.name.as_ref().map(|n| n.as_str().to_owned()))
+            .collect();
+        assert_eq!(names, [Some(TOPIC.to_owned())], "v{v}");
+        if v >= 4 {
+            assert!(!sent.allow_auto_topic_creation, "v{v} may create the topic");
+        }
+        seen.push(v);
+    });
+    assert!(seen.contains(&3) && seen.contains(&4), "{seen:?}");
 }
 
 /// Broker ids start at 0: a ledger partition led by broker 0 has a leader.
