@@ -463,6 +463,39 @@ fn a_new_leader_is_looked_up_after_not_leader_or_follower() {
     assert!(matches!(r.events.last(), Some(Event::Acquired { .. })));
 }
 
+/// A lookup that finds no leader (an election) or gets no answer is asked again after a
+/// backoff, not at once: each answer would otherwise be followed by the next in a loop.
+#[test]
+fn a_lookup_without_a_leader_or_an_answer_is_retried_after_a_backoff() {
+    type Answer = fn() -> Result<(Response, i16), Error>;
+    let no_leader: Answer = || {
+        let resp = MetadataResponse::default().with_topics(vec![MetadataResponseTopic::default()
+            .with_name(Some(StrBytes::from_static_str(TOPIC).into()))
+            .with_error_code(5)]);
+        Ok((Response::Metadata(resp), 12))
+    };
+    let unanswered: Answer = || Err(driver_failure("timeout"));
+    for (case, answer) in [("no leader", no_leader), ("unanswered", unanswered)] {
+        let mut r = Rig::new();
+        r.membership_acquires(3);
+        let id = r.last().id;
+        r.answer(id, produce_answer(6, -1));
+        r.advance(Duration::from_millis(100));
+        let meta = r.last().clone();
+        assert!(matches!(meta.op, Op::Metadata { .. }), "{case}: {meta:?}");
+        r.answer(meta.id, answer());
+        let lookups = |r: &Rig| {
+            r.sent
+                .iter()
+                .filter(|t| matches!(t.op, Op::Metadata { .. }))
+                .count()
+        };
+        assert_eq!(lookups(&r), 1, "{case}: looked up again at once");
+        r.advance(RETRY_MAX);
+        assert_eq!(lookups(&r), 2, "{case}: {:?}", r.sent);
+    }
+}
+
 #[test]
 fn a_ledger_topic_with_two_partitions_is_refused() {
     let resp = MetadataResponse::default().with_topics(vec![MetadataResponseTopic::default()
@@ -614,6 +647,50 @@ fn a_loss_while_appending_is_published_and_the_late_offset_still_recorded() {
     assert!(!r.events.iter().any(|e| matches!(e, Event::Acquired { .. })));
     let rec = appended(r.last());
     assert_eq!(rec.hold, 9);
+}
+
+/// An ACQUIRED record acknowledged after its try was lost is named by that try's end record,
+/// which waits for the membership to leave like every end record (a waiter that reads it and
+/// rejoins must find the rebalance begun) and says how the try ended.
+#[test]
+fn an_acquired_acknowledged_after_a_loss_is_named_after_the_leave_with_the_losss_reason() {
+    let mut r = Rig::new();
+    r.membership_acquires(3);
+    let t = r.last().clone();
+    r.view.holding = false;
+    let lease_end = r.now;
+    r.member(Event::Lost {
+        reason: LossReason::Fenced(KafkaCode(25)),
+        lease_end,
+    });
+    r.answer(t.id, produced_at(9));
+    assert_eq!(r.sent.len(), 1, "{:?}", &r.sent[1..]);
+    assert_eq!(r.l.poll_timeout(), None);
+    r.membership_leaves();
+    let rec = appended(r.last());
+    assert_eq!(rec.hold, 9);
+    let RecordKind::Lost { reason, .. } = &rec.kind else {
+        panic!("{rec:?}")
+    };
+    assert_eq!(reason, LossReason::Fenced(KafkaCode(25)).as_str());
+    assert!(!r.events.iter().any(|e| matches!(e, Event::Acquired { .. })));
+}
+
+/// A try abandoned while its ACQUIRED record waits out a retry's backoff drops the record, and
+/// with it the retry: nothing is left to wake the machine for.
+#[test]
+fn an_abandoned_acquired_retry_asks_for_no_wake_up() {
+    let mut r = Rig::new();
+    r.membership_acquires(3);
+    let t = r.last().clone();
+    // NOT_ENOUGH_REPLICAS: retriable, the leader stays; the retry waits out a backoff.
+    r.answer(t.id, produce_answer(19, -1));
+    assert!(r.l.poll_timeout().is_some_and(|at| at > r.now));
+    r.member(Event::Released);
+    assert_eq!(r.l.poll_timeout(), None);
+    let sent = r.sent.len();
+    r.advance(REQUEST * 4);
+    assert_eq!(r.sent.len(), sent, "{:?}", &r.sent[sent..]);
 }
 
 #[test]
@@ -895,6 +972,55 @@ fn an_unreadable_batch_is_skipped_alone_not_to_the_high_watermark() {
     );
 }
 
+/// A record batch as large as Apache Kafka accepts by default (`max.message.bytes`,
+/// `LogConfig.DEFAULT_MAX_MESSAGE_BYTES`: 1 MiB and a 12-byte log overhead) comes whole in a
+/// Fetch answer when it is the first (KIP-74), whatever the Fetch's limit: at every Fetch version
+/// kafka-lock speaks, that answer is above the default frame limit and is read whole on a ledger
+/// connection.
+#[test]
+fn a_fetch_of_a_batch_of_the_brokers_default_size_fits_a_ledger_connections_frame() {
+    use crate::wire::frame::{decode_frame, DEFAULT_MAX_FRAME_SIZE};
+    use kafka_protocol::messages::ResponseHeader;
+    use kafka_protocol::protocol::Encodable;
+
+    let batch = Bytes::from(vec![7u8; 1024 * 1024 + 12]);
+    let (min, max) = crate::wire::versions::supported_range(ApiKey::Fetch).expect("Fetch");
+    for v in min..=max {
+        let topic = if v < 13 {
+            FetchableTopicResponse::default().with_topic(StrBytes::from_static_str(TOPIC).into())
+        } else {
+            FetchableTopicResponse::default().with_topic_id(Uuid::from_u128(7))
+        };
+        let resp = FetchResponse::default().with_responses(vec![topic.with_partitions(vec![
+            PartitionData::default()
+                .with_partition_index(0)
+                .with_high_watermark(1)
+                .with_records(Some(batch.clone())),
+        ])]);
+        let mut payload = BytesMut::new();
+        ResponseHeader::default()
+            .with_correlation_id(1)
+            .encode(&mut payload, ApiKey::Fetch.response_header_version(v))
+            .expect("a header");
+        resp.encode(&mut payload, v).expect("an answer");
+        assert!(payload.len() > DEFAULT_MAX_FRAME_SIZE, "v{v}");
+        let mut framed = BytesMut::new();
+        framed.extend_from_slice(&(payload.len() as i32).to_be_bytes());
+        framed.extend_from_slice(&payload);
+        let frame = decode_frame(&mut framed, LEDGER_MAX_FRAME_SIZE)
+            .unwrap_or_else(|e| panic!("v{v}: {e}"))
+            .expect("a whole frame");
+        let Response::Fetch(read) =
+            crate::wire::codec::decode_response_frame_bytes(frame, ApiKey::Fetch, v, 1)
+                .unwrap_or_else(|e| panic!("v{v}: {e}"))
+        else {
+            panic!("v{v}: not a Fetch answer")
+        };
+        let records = read.responses[0].partitions[0].records.as_ref();
+        assert_eq!(records.map(Bytes::len), Some(batch.len()), "v{v}");
+    }
+}
+
 #[test]
 fn a_first_batch_that_cannot_arrive_whole_is_skipped_by_its_header() {
     let mut r = Rig::new();
@@ -1092,6 +1218,31 @@ fn a_late_copy_of_an_older_hold_does_not_settle_the_tail_read() {
     assert_eq!(settled.last_checkpoint().map(|c| c.0), Some("new"));
     // Nothing found settles nothing.
     assert!(!tail_settles_checkpoint(&tail_from(5001)));
+}
+
+/// An OffsetCommit answer that says nothing of the ledger partition is the broker's answer to
+/// another request: a protocol error, not a broker code the checkpoint could be retried on.
+#[test]
+fn a_commit_answer_without_the_ledger_partition_is_a_protocol_error() {
+    let mut r = Rig::new();
+    r.holding_at(42);
+    let (view, now) = (r.view.clone(), r.t());
+    r.l.checkpoint(1, "up to 2026-11-29".into(), &view, now);
+    r.drain();
+    let commit = r.last().clone();
+    assert!(matches!(commit.op, Op::Commit { .. }), "{commit:?}");
+    let resp =
+        OffsetCommitResponse::default().with_topics(vec![OffsetCommitResponseTopic::default()
+            .with_name(StrBytes::from_static_str(TOPIC).into())
+            .with_partitions(vec![
+                OffsetCommitResponsePartition::default().with_partition_index(1)
+            ])]);
+    r.answer(commit.id, Ok((Response::OffsetCommit(resp), 9)));
+    assert!(
+        matches!(&r.checkpoints[..], [(1, Err(Error::Protocol(_)))]),
+        "{:?}",
+        r.checkpoints
+    );
 }
 
 #[test]
@@ -2077,6 +2228,58 @@ fn a_waiter_whose_ledger_topic_is_gone_asks_for_no_wake_up() {
     let sent = r.sent.len();
     r.advance(DEFAULT_POLL_WAIT * 2);
     assert_eq!(r.sent.len(), sent, "{:?}", &r.sent[sent..]);
+}
+
+/// A ledger topic that cannot serve (gone, or deleted and created again under the same name) is
+/// looked up again no sooner than a poll's wait later, even when the next rebalance restarts the
+/// waiter's poll at once: waiters fall back to their heartbeats meanwhile.
+#[test]
+fn a_ledger_topic_that_cannot_serve_is_looked_up_again_after_a_polls_wait() {
+    let first = Uuid::from_u128(0x1111);
+    type Answer = fn() -> Result<(Response, i16), Error>;
+    let gone: Answer = || Ok((Response::Metadata(MetadataResponse::default()), 12));
+    let replaced: Answer = || metadata_with_id(Uuid::from_u128(0x2222));
+    for (case, answer) in [("gone", gone), ("replaced", replaced)] {
+        let mut r = Rig::new();
+        let backoff = Backoff::with_rng(REQUEST / 50, RETRY_MAX, 2.0, 0.0, || 0.0);
+        r.l = Ledger::new(
+            config(),
+            Some(Partition {
+                leader: broker(1),
+                topic_id: first,
+            }),
+            backoff,
+        );
+        waiting_at(&mut r, 10);
+        let fetch = r.last().clone();
+        // NOT_LEADER_OR_FOLLOWER: the leader is looked up again after a backoff.
+        let resp = FetchResponse::default().with_responses(vec![FetchableTopicResponse::default()
+            .with_topic(StrBytes::from_static_str(TOPIC).into())
+            .with_partitions(vec![PartitionData::default()
+                .with_partition_index(0)
+                .with_error_code(6)])]);
+        r.answer(fetch.id, Ok((Response::Fetch(resp), 12)));
+        r.advance(REQUEST / 50);
+        let meta = r.last().clone();
+        assert!(matches!(meta.op, Op::Metadata { .. }), "{case}: {meta:?}");
+        r.answer(meta.id, answer());
+        let sent = r.sent.len();
+        // The next rebalance: the waiter's poll starts again and wants the leader.
+        r.member(Event::Waiting {
+            holder: None,
+            holders: Vec::new(),
+            position: 1,
+            generation: 4,
+        });
+        r.advance(DEFAULT_POLL_WAIT - Duration::from_millis(1));
+        assert_eq!(r.sent.len(), sent, "{case}: {:?}", &r.sent[sent..]);
+        r.advance(Duration::from_millis(1));
+        assert!(
+            matches!(r.last().op, Op::Metadata { .. }),
+            "{case}: {:?}",
+            r.last()
+        );
+    }
 }
 
 /// The OffsetCommit on the wire is what fences a checkpoint: the broker compares its generation
