@@ -591,12 +591,20 @@ fn a_failed_end_record_is_logged_not_fatal() {
             after: REQUEST,
         }),
     );
+    // The record waits for the leader to be looked up again: the session may not end yet.
+    assert!(!r.l.is_done());
+    assert!(
+        !matches!(r.events.last(), Some(Event::Left { .. })),
+        "{:?}",
+        r.events
+    );
     r.advance(REQUEST);
     assert!(
         matches!(r.events.last(), Some(Event::Left { .. })),
         "{:?}",
         r.events
     );
+    assert!(r.l.is_done());
 }
 
 #[test]
