@@ -984,7 +984,7 @@ fn an_unreadable_batch_is_skipped_alone_not_to_the_high_watermark() {
 /// `LogConfig.DEFAULT_MAX_MESSAGE_BYTES`: 1 MiB and a 12-byte log overhead) comes whole in a
 /// Fetch answer when it is the first (KIP-74), whatever the Fetch's limit: at every Fetch version
 /// kafka-lock speaks, that answer is above the default frame limit and is read whole on a ledger
-/// connection.
+/// connection, whose limit still refuses far larger frames.
 #[test]
 fn a_fetch_of_a_batch_of_the_brokers_default_size_fits_a_ledger_connections_frame() {
     use crate::wire::frame::{decode_frame, DEFAULT_MAX_FRAME_SIZE};
@@ -1027,6 +1027,9 @@ fn a_fetch_of_a_batch_of_the_brokers_default_size_fits_a_ledger_connections_fram
         let records = read.responses[0].partitions[0].records.as_ref();
         assert_eq!(records.map(Bytes::len), Some(batch.len()), "v{v}");
     }
+    // Still a bound on what a peer can make the reader buffer: twice the default is refused.
+    let twice = i32::try_from(2 * DEFAULT_MAX_FRAME_SIZE).expect("fits");
+    assert!(crate::wire::frame::frame_length(twice.to_be_bytes(), LEDGER_MAX_FRAME_SIZE).is_err());
 }
 
 #[test]
