@@ -196,6 +196,8 @@ impl Rig {
             "{:?}",
             self.events
         );
+        // Nothing in flight or queued, but the membership goes on: the session must too.
+        assert!(!self.l.is_done());
     }
 }
 
@@ -1682,6 +1684,46 @@ fn a_ledger_topic_created_again_is_refused_mid_session() {
     assert!(matches!(r2.events.last(), Some(Event::Acquired { .. })));
 }
 
+/// The topic's id is learnt from the first Metadata answer that carries one (v10 on): a later
+/// answer with another id is a topic deleted and created again, refused; an answer without an
+/// id (an older broker's) neither sets it nor changes it.
+#[test]
+fn the_ledger_topics_id_is_learnt_from_the_first_answer_that_has_one() {
+    let (a, b, none) = (
+        Uuid::from_u128(0x1111),
+        Uuid::from_u128(0x2222),
+        Uuid::nil(),
+    );
+    for (first, then, refused) in [
+        (a, b, true),
+        (a, a, false),
+        (a, none, false),
+        (none, b, false),
+    ] {
+        let case = format!("{first:?} then {then:?}");
+        let mut r = Rig::new();
+        let backoff = Backoff::with_rng(REQUEST / 50, RETRY_MAX, 2.0, 0.0, || 0.0);
+        r.l = Ledger::new(config(), None, backoff);
+        r.membership_acquires(3);
+        let meta = r.last().clone();
+        assert!(matches!(meta.op, Op::Metadata { .. }), "{case}: {meta:?}");
+        r.answer(meta.id, metadata_with_id(first));
+        let append = r.last().clone();
+        r.answer(append.id, produce_answer(6, -1)); // NOT_LEADER_OR_FOLLOWER: look it up again
+        r.advance(REQUEST / 50);
+        let meta = r.last().clone();
+        assert!(matches!(meta.op, Op::Metadata { .. }), "{case}: {meta:?}");
+        r.answer(meta.id, metadata_with_id(then));
+        let replaced = r.events.iter().any(|e| {
+            matches!(e, Event::Failed(e) if matches!(**e, Error::Ledger(LedgerError::TopicReplaced { .. })))
+        });
+        assert_eq!(replaced, refused, "{case}: {:?}", r.events);
+        if !refused {
+            r.hold_begins_with_acquired(3, 7);
+        }
+    }
+}
+
 #[test]
 fn an_eager_revocation_before_the_hold_began_is_no_loss_to_the_users() {
     let mut r = Rig::new();
@@ -2806,6 +2848,8 @@ fn a_failed_long_poll_goes_on_as_its_failure_says() {
         );
         let before = r.sent.len();
         r.answer(fetch.id, Err(driver_failure(kind)));
+        // Whatever comes next waits out a backoff: a failure met at once again would loop.
+        assert_eq!(r.sent.len(), before, "{kind}: {:?}", &r.sent[before..]);
         r.advance(RETRY_MAX * 2);
         let ops: Vec<&Op> = r.sent[before..].iter().map(|t| &t.op).collect();
         let polls = ops
