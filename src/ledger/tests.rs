@@ -746,6 +746,33 @@ fn a_token_change_keeps_the_ledger_offset() {
     );
 }
 
+/// A rebalance while the ACQUIRED record is on its way moves the hold to the new generation:
+/// the users' token and the end record carry it (a waiter that reads the end record rejoins at
+/// once only when it names the waiter's own generation).
+#[test]
+fn a_token_change_while_appending_is_the_holds_generation() {
+    let mut r = Rig::new();
+    r.membership_acquires(3);
+    let t = r.last().clone();
+    r.member(Event::TokenChanged { token: token(4) });
+    assert!(
+        !r.events
+            .iter()
+            .any(|e| matches!(e, Event::TokenChanged { .. })),
+        "published before the hold began: {:?}",
+        r.events
+    );
+    r.answer(t.id, produced_at(42));
+    let Some(Event::Acquired { token, .. }) = r.events.last() else {
+        panic!("{:?}", r.events)
+    };
+    assert_eq!((token.ledger_offset, token.generation), (Some(42), 4));
+    r.member(Event::Released);
+    r.membership_leaves();
+    let rec = appended(r.last());
+    assert_eq!((rec.hold, rec.generation), (42, 4), "{rec:?}");
+}
+
 // ---- the waiters' long poll ---------------------------------------------------------------------
 
 #[test]
@@ -2354,35 +2381,40 @@ fn a_checkpoint_commit_is_encoded_with_the_holds_generation_and_member_id() {
     let op = r.last().op.clone();
     assert!(matches!(op, Op::Commit { .. }), "{op:?}");
 
-    sent_at_every_version(&op, ApiKey::OffsetCommit, |sent: OffsetCommitRequest, v| {
-        assert_eq!(sent.group_id.as_str(), LOCK, "v{v}");
-        assert_eq!(sent.generation_id_or_member_epoch, 7, "v{v}");
-        assert_eq!(sent.member_id.as_str(), "m-7", "v{v}");
-        let [topic] = &sent.topics[..] else {
-            panic!("v{v}: {sent:?}")
-        };
-        assert_eq!(topic.name.as_str(), TOPIC, "v{v}");
-        let [p] = &topic.partitions[..] else {
-            panic!("v{v}: {sent:?}")
-        };
-        assert_eq!(
-            (
-                p.partition_index,
-                p.committed_offset,
-                p.committed_metadata.as_deref()
-            ),
-            (0, 42, Some("up to 2026-11-29")),
-            "v{v}"
-        );
-    });
+    let make = |versions: &NegotiatedVersions| build(&op, versions);
+    sent_at_every_version(
+        ApiKey::OffsetCommit,
+        make,
+        |sent: OffsetCommitRequest, v| {
+            assert_eq!(sent.group_id.as_str(), LOCK, "v{v}");
+            assert_eq!(sent.generation_id_or_member_epoch, 7, "v{v}");
+            assert_eq!(sent.member_id.as_str(), "m-7", "v{v}");
+            let [topic] = &sent.topics[..] else {
+                panic!("v{v}: {sent:?}")
+            };
+            assert_eq!(topic.name.as_str(), TOPIC, "v{v}");
+            let [p] = &topic.partitions[..] else {
+                panic!("v{v}: {sent:?}")
+            };
+            assert_eq!(
+                (
+                    p.partition_index,
+                    p.committed_offset,
+                    p.committed_metadata.as_deref()
+                ),
+                (0, 42, Some("up to 2026-11-29")),
+                "v{v}"
+            );
+        },
+    );
 }
 
-/// `op` built for a broker offering each version of `api` kafka-lock implements (and every other
-/// API in full), encoded as a request frame and decoded back as the broker would read it; `check`
-/// sees each request with the version it was sent at.
+/// The request `make` builds for a broker offering each version of `api` kafka-lock implements
+/// (and every other API in full), encoded as a request frame and decoded back as the broker
+/// would read it; `check` sees each request with the version it was sent at.
 fn sent_at_every_version<R: kafka_protocol::protocol::Decodable>(
-    op: &Op,
     api: ApiKey,
+    make: impl Fn(&NegotiatedVersions) -> Result<(Request, i16), Failure>,
     mut check: impl FnMut(R, i16),
 ) {
     use crate::wire::frame::{decode_frame, DEFAULT_MAX_FRAME_SIZE};
@@ -2406,7 +2438,7 @@ fn sent_at_every_version<R: kafka_protocol::protocol::Decodable>(
                 .collect(),
         );
         let versions = crate::wire::versions::negotiate(&offered).expect("negotiates");
-        let (req, v) = build(op, &versions).expect("builds");
+        let (req, v) = make(&versions).expect("builds");
         assert!(v <= broker_max, "v{v} sent to a broker with v{broker_max}");
         let mut out = BytesMut::new();
         crate::wire::codec::encode_request(&req, v, 1, Some("kafka-lock"), &mut out)
@@ -2421,6 +2453,132 @@ fn sent_at_every_version<R: kafka_protocol::protocol::Decodable>(
     }
 }
 
+/// Reading a checkpoint back asks the lock's group for partition 0 of the ledger, in the
+/// request's layout of each version: the group and its topics at the top before v8, a list of
+/// groups from v8 on (KIP-709).
+#[test]
+fn a_checkpoint_read_asks_the_locks_group_for_the_ledger_partition() {
+    use kafka_protocol::messages::OffsetFetchRequest;
+
+    let make = |versions: &NegotiatedVersions| offset_fetch_request(LOCK, TOPIC, versions);
+    let mut seen = Vec::new();
+    sent_at_every_version(ApiKey::OffsetFetch, make, |sent: OffsetFetchRequest, v| {
+        let (group, topics) = if v < 8 {
+            assert!(sent.groups.is_empty(), "v{v}: {sent:?}");
+            let topics = sent.topics.iter().flatten();
+            let topics: Vec<_> = topics
+                .map(|t| (t.name.as_str().to_owned(), t.partition_indexes.clone()))
+                .collect();
+            (sent.group_id.as_str().to_owned(), topics)
+        } else {
+            let [g] = &sent.groups[..] else {
+                panic!("v{v}: {sent:?}")
+            };
+            let topics = g.topics.iter().flatten();
+            let topics: Vec<_> = topics
+                .map(|t| (t.name.as_str().to_owned(), t.partition_indexes.clone()))
+                .collect();
+            (g.group_id.as_str().to_owned(), topics)
+        };
+        assert_eq!(group, LOCK, "v{v}");
+        assert_eq!(topics, [(TOPIC.to_owned(), vec![0])], "v{v}");
+        seen.push(v);
+    });
+    assert!(seen.contains(&7) && seen.contains(&8), "{seen:?}");
+}
+
+/// The ledger topic's compression is asked for by name, of that topic only.
+#[test]
+fn the_compression_check_asks_for_the_ledger_topics_compression_type() {
+    let req = compression_request(TOPIC);
+    let [r] = &req.resources[..] else {
+        panic!("{req:?}")
+    };
+    assert_eq!((r.resource_type, r.resource_name.as_str()), (2, TOPIC));
+    let keys: Vec<&str> = r
+        .configuration_keys
+        .iter()
+        .flatten()
+        .map(|k| k.as_str())
+        .collect();
+    assert_eq!(keys, [COMPRESSION_TYPE]);
+}
+
+/// Produce and Fetch name topics by id from v13 on (KIP-516): with the ledger topic's id known
+/// they go up to the highest version both sides offer, and without it (Metadata before v10)
+/// they name the topic at the highest version before that, whatever the broker offers.
+#[test]
+fn appends_and_polls_name_the_topic_as_far_as_its_id_is_known() {
+    use kafka_protocol::messages::{FetchRequest, ProduceRequest};
+
+    let id = Uuid::from_u128(0x1111);
+    let top = |api| {
+        crate::wire::versions::supported_range(api)
+            .expect("implemented")
+            .1
+    };
+    for topic_id in [Uuid::nil(), id] {
+        let tp = TopicPartition::new(TOPIC, 0).with_topic_id(topic_id);
+        let highest = |api| {
+            if topic_id.is_nil() {
+                TOPIC_ID_VERSION - 1
+            } else {
+                top(api)
+            }
+        };
+        let names = |name: &str, by_id: Uuid, v: i16| {
+            if v >= TOPIC_ID_VERSION {
+                assert_eq!(by_id, id, "v{v}");
+            } else {
+                assert_eq!(name, TOPIC, "v{v}");
+            }
+        };
+        let produce = Op::Produce {
+            tp: tp.clone(),
+            batch: batch_of(&[(LOCK, record(RecordKind::Released { held_ms: 1 }, 3))]),
+            timeout: REQUEST,
+        };
+        let mut sent_at = Vec::new();
+        let make = |versions: &NegotiatedVersions| build(&produce, versions);
+        sent_at_every_version(ApiKey::Produce, make, |sent: ProduceRequest, v| {
+            let [t] = &sent.topic_data[..] else {
+                panic!("v{v}: {sent:?}")
+            };
+            names(t.name.as_str(), t.topic_id, v);
+            sent_at.push(v);
+        });
+        assert_eq!(
+            sent_at.iter().max(),
+            Some(&highest(ApiKey::Produce)),
+            "{tp:?}"
+        );
+        let fetch = Op::Fetch {
+            tp: tp.clone(),
+            offset: 10,
+            options: FetchOptions {
+                max_wait: DEFAULT_POLL_WAIT,
+                min_bytes: 1,
+                max_bytes: DEFAULT_POLL_MAX_BYTES,
+                isolation: Isolation::ReadCommitted,
+            },
+        };
+        let mut sent_at = Vec::new();
+        let make = |versions: &NegotiatedVersions| build(&fetch, versions);
+        sent_at_every_version(ApiKey::Fetch, make, |sent: FetchRequest, v| {
+            let [t] = &sent.topics[..] else {
+                panic!("v{v}: {sent:?}")
+            };
+            names(t.topic.as_str(), t.topic_id, v);
+            sent_at.push(v);
+        });
+        assert_eq!(
+            sent_at.iter().max(),
+            Some(&highest(ApiKey::Fetch)),
+            "{tp:?}"
+        );
+    }
+}
+
 /// A ledger is never created by accident: a typo in its name must not start a new token sequence
 /// at 0 on a broker with `auto.create.topics.enable` (its default), which Metadata from v4 on
 /// asks for unless told not to (before v4 a Metadata request never creates a topic).
@@ -2432,7 +2590,8 @@ fn the_ledgers_metadata_lookup_never_creates_the_topic() {
         topic: TOPIC.into(),
     };
     let mut seen = Vec::new();
-    sent_at_every_version(&op, ApiKey::Metadata, |sent: MetadataRequest, v| {
+    let make = |versions: &NegotiatedVersions| build(&op, versions);
+    sent_at_every_version(ApiKey::Metadata, make, |sent: MetadataRequest, v| {
         let names: Vec<_> = sent
             .topics
             .iter()
@@ -2776,6 +2935,46 @@ fn a_polled_batch_reports_the_newest_generation_whose_hold_ended() {
             generation: 3,
             member_id: "m-2".into()
         }]
+    );
+}
+
+/// Kafka answers a Fetch with whole batches, so a batch that begins before the poll's offset
+/// brings records already read (or from before the poll began): those are skipped, and every
+/// record from the offset on is read, not only the first.
+#[test]
+fn a_polled_batch_is_read_from_the_polls_offset_on() {
+    let mut r = Rig::new();
+    waiting_at(&mut r, 10);
+    r.commands.clear();
+    let t = r.last().clone();
+    assert!(matches!(t.op, Op::Fetch { offset: 10, .. }), "{t:?}");
+    let ended = |generation: i32| LedgerRecord {
+        generation,
+        ..record(RecordKind::Released { held_ms: 1 }, 7)
+    };
+    r.answer(
+        t.id,
+        fetch_answer(
+            8,
+            &[
+                (LOCK, ended(5)),
+                (LOCK, record(RecordKind::Acquired { lease_ms: 1 }, -1)),
+                ("other-lock", ended(6)),
+                (LOCK, ended(3)),
+            ],
+        ),
+    );
+    assert_eq!(
+        r.commands,
+        [Command::HoldEnded {
+            generation: 3,
+            member_id: "m-2".into()
+        }]
+    );
+    assert!(
+        matches!(r.last().op, Op::Fetch { offset: 12, .. }),
+        "{:?}",
+        r.last()
     );
 }
 
