@@ -1501,6 +1501,33 @@ fn an_old_tries_acquired_answer_is_not_the_new_holds_token() {
     assert_eq!(acquireds, 2);
 }
 
+/// An earlier try's ACQUIRED answer that arrives once a later try has ended too is still the
+/// earlier try's: a LOST record in that try's generation says its offset names no hold, at once,
+/// and the later try, whose record never went out, has no offset to name.
+#[test]
+fn an_old_tries_acquired_answer_after_the_next_try_ended_is_marked_as_the_old_tries() {
+    let mut r = Rig::new();
+    r.membership_acquires(3);
+    let old = r.last().clone();
+    r.view.holding = false;
+    let lease_end = r.now;
+    r.member(Event::Lost {
+        reason: LossReason::Revoked,
+        lease_end,
+    });
+    r.membership_acquires(5);
+    // The caller gives up before the new try's record could go out.
+    r.member(Event::Released);
+    let sent = r.sent.len();
+    r.answer(old.id, produced_at(10));
+    assert_eq!(r.sent.len(), sent + 1, "{:?}", &r.sent[sent..]);
+    let rec = appended(r.last());
+    assert!(
+        matches!(rec.kind, RecordKind::Lost { .. }) && rec.hold == 10 && rec.generation == 3,
+        "{rec:?}"
+    );
+}
+
 #[test]
 fn an_old_commit_answer_does_not_complete_a_new_checkpoint() {
     let mut r = Rig::new();
