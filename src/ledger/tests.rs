@@ -216,6 +216,8 @@ impl Rig {
             "{:?}",
             self.events
         );
+        // Nothing in flight or queued, but the membership goes on: the session must too.
+        assert!(!self.l.is_done());
     }
 }
 
@@ -714,6 +716,39 @@ fn a_new_leader_is_looked_up_after_not_leader_or_follower() {
     assert!(matches!(r.events.last(), Some(Event::Acquired { .. })));
 }
 
+/// A lookup that finds no leader (an election) or gets no answer is asked again after a
+/// backoff, not at once: each answer would otherwise be followed by the next in a loop.
+#[test]
+fn a_lookup_without_a_leader_or_an_answer_is_retried_after_a_backoff() {
+    type Answer = fn() -> Result<(Response, i16), Error>;
+    let no_leader: Answer = || {
+        let resp = MetadataResponse::default().with_topics(vec![MetadataResponseTopic::default()
+            .with_name(Some(StrBytes::from_static_str(TOPIC).into()))
+            .with_error_code(5)]);
+        Ok((Response::Metadata(resp), 12))
+    };
+    let unanswered: Answer = || Err(driver_failure("timeout"));
+    for (case, answer) in [("no leader", no_leader), ("unanswered", unanswered)] {
+        let mut r = Rig::new();
+        r.membership_acquires(3);
+        let id = r.last().id;
+        r.answer(id, produce_answer(6, -1));
+        r.advance(Duration::from_millis(100));
+        let meta = r.last().clone();
+        assert!(matches!(meta.op, Op::Metadata { .. }), "{case}: {meta:?}");
+        r.answer(meta.id, answer());
+        let lookups = |r: &Rig| {
+            r.sent
+                .iter()
+                .filter(|t| matches!(t.op, Op::Metadata { .. }))
+                .count()
+        };
+        assert_eq!(lookups(&r), 1, "{case}: looked up again at once");
+        r.advance(RETRY_MAX);
+        assert_eq!(lookups(&r), 2, "{case}: {:?}", r.sent);
+    }
+}
+
 #[test]
 fn a_ledger_topic_with_two_partitions_is_refused() {
     let resp = MetadataResponse::default().with_topics(vec![MetadataResponseTopic::default()
@@ -809,12 +844,20 @@ fn a_failed_end_record_is_logged_not_fatal() {
             after: REQUEST,
         }),
     );
+    // The record waits for the leader to be looked up again: the session may not end yet.
+    assert!(!r.l.is_done());
+    assert!(
+        !matches!(r.events.last(), Some(Event::Left { .. })),
+        "{:?}",
+        r.events
+    );
     r.advance(REQUEST);
     assert!(
         matches!(r.events.last(), Some(Event::Left { .. })),
         "{:?}",
         r.events
     );
+    assert!(r.l.is_done());
 }
 
 #[test]
@@ -867,6 +910,50 @@ fn a_loss_while_appending_is_published_and_the_late_offset_still_recorded() {
     assert_eq!(rec.hold, 9);
 }
 
+/// An ACQUIRED record acknowledged after its try was lost is named by that try's end record,
+/// which waits for the membership to leave like every end record (a waiter that reads it and
+/// rejoins must find the rebalance begun) and says how the try ended.
+#[test]
+fn an_acquired_acknowledged_after_a_loss_is_named_after_the_leave_with_the_losss_reason() {
+    let mut r = Rig::new();
+    r.membership_acquires(3);
+    let t = r.last().clone();
+    r.view.holding = false;
+    let lease_end = r.now;
+    r.member(Event::Lost {
+        reason: LossReason::Fenced(KafkaCode(25)),
+        lease_end,
+    });
+    r.answer(t.id, produced_at(9));
+    assert_eq!(r.sent.len(), 1, "{:?}", &r.sent[1..]);
+    assert_eq!(r.l.poll_timeout(), None);
+    r.membership_leaves();
+    let rec = appended(r.last());
+    assert_eq!(rec.hold, 9);
+    let RecordKind::Lost { reason, .. } = &rec.kind else {
+        panic!("{rec:?}")
+    };
+    assert_eq!(reason, LossReason::Fenced(KafkaCode(25)).as_str());
+    assert!(!r.events.iter().any(|e| matches!(e, Event::Acquired { .. })));
+}
+
+/// A try abandoned while its ACQUIRED record waits out a retry's backoff drops the record, and
+/// with it the retry: nothing is left to wake the machine for.
+#[test]
+fn an_abandoned_acquired_retry_asks_for_no_wake_up() {
+    let mut r = Rig::new();
+    r.membership_acquires(3);
+    let t = r.last().clone();
+    // NOT_ENOUGH_REPLICAS: retriable, the leader stays; the retry waits out a backoff.
+    r.answer(t.id, produce_answer(19, -1));
+    assert!(r.l.poll_timeout().is_some_and(|at| at > r.now));
+    r.member(Event::Released);
+    assert_eq!(r.l.poll_timeout(), None);
+    let sent = r.sent.len();
+    r.advance(REQUEST * 4);
+    assert_eq!(r.sent.len(), sent, "{:?}", &r.sent[sent..]);
+}
+
 #[test]
 fn an_abandoned_acquire_never_publishes_a_hold() {
     let mut r = Rig::new();
@@ -908,6 +995,33 @@ fn a_token_change_keeps_the_ledger_offset() {
                 })
                 .unwrap()
     );
+}
+
+/// A rebalance while the ACQUIRED record is on its way moves the hold to the new generation:
+/// the users' token and the end record carry it (a waiter that reads the end record rejoins at
+/// once only when it names the waiter's own generation).
+#[test]
+fn a_token_change_while_appending_is_the_holds_generation() {
+    let mut r = Rig::new();
+    r.membership_acquires(3);
+    let t = r.last().clone();
+    r.member(Event::TokenChanged { token: token(4) });
+    assert!(
+        !r.events
+            .iter()
+            .any(|e| matches!(e, Event::TokenChanged { .. })),
+        "published before the hold began: {:?}",
+        r.events
+    );
+    r.answer(t.id, produced_at(42));
+    let Some(Event::Acquired { token, .. }) = r.events.last() else {
+        panic!("{:?}", r.events)
+    };
+    assert_eq!((token.ledger_offset, token.generation), (Some(42), 4));
+    r.member(Event::Released);
+    r.membership_leaves();
+    let rec = appended(r.last());
+    assert_eq!((rec.hold, rec.generation), (42, 4), "{rec:?}");
 }
 
 // ---- the waiters' long poll ---------------------------------------------------------------------
@@ -1012,6 +1126,31 @@ fn a_waiter_long_polls_from_the_end_and_tells_the_membership_of_this_locks_relea
         ),
     );
     assert_eq!(r.commands.len(), n);
+}
+
+/// A waiter's Fetch has room for hundreds of ledger records, as the module docs promise: each
+/// record is a batch of its own (appended one at a time), and a busy ledger shared by many locks
+/// is read in few round trips.
+#[test]
+fn a_waiters_fetch_has_room_for_hundreds_of_records() {
+    let mut r = Rig::new();
+    waiting_at(&mut r, 10);
+    let Op::Fetch { options, .. } = &r.last().op else {
+        panic!("{:?}", r.last())
+    };
+    let released = LedgerRecord {
+        member_id: "kafka-lock-0b6f5c1e-8a8e-4a63-9d5e-2f4c1b7a9e01".into(),
+        label: Some("job a".into()),
+        host: Some("host-a".into()),
+        pid: Some(4242),
+        ..record(RecordKind::Released { held_ms: 1 }, 11)
+    };
+    let hundreds = 200 * batch_of(&[(LOCK, released)]).len();
+    assert!(
+        usize::try_from(options.max_bytes).is_ok_and(|max| max >= hundreds),
+        "{} bytes, not room for 200 records ({hundreds} bytes)",
+        options.max_bytes
+    );
 }
 
 #[test]
@@ -1119,6 +1258,58 @@ fn an_unreadable_batch_is_skipped_alone_not_to_the_high_watermark() {
         "the poll went on from {:?}",
         next.op
     );
+}
+
+/// A record batch as large as Apache Kafka accepts by default (`max.message.bytes`,
+/// `LogConfig.DEFAULT_MAX_MESSAGE_BYTES`: 1 MiB and a 12-byte log overhead) comes whole in a
+/// Fetch answer when it is the first (KIP-74), whatever the Fetch's limit: at every Fetch version
+/// kafka-lock speaks, that answer is above the default frame limit and is read whole on a ledger
+/// connection, whose limit still refuses far larger frames.
+#[test]
+fn a_fetch_of_a_batch_of_the_brokers_default_size_fits_a_ledger_connections_frame() {
+    use crate::wire::frame::{decode_frame, DEFAULT_MAX_FRAME_SIZE};
+    use kafka_protocol::messages::ResponseHeader;
+    use kafka_protocol::protocol::Encodable;
+
+    let batch = Bytes::from(vec![7u8; 1024 * 1024 + 12]);
+    let (min, max) = crate::wire::versions::supported_range(ApiKey::Fetch).expect("Fetch");
+    for v in min..=max {
+        let topic = if v < 13 {
+            FetchableTopicResponse::default().with_topic(StrBytes::from_static_str(TOPIC).into())
+        } else {
+            FetchableTopicResponse::default().with_topic_id(Uuid::from_u128(7))
+        };
+        let resp = FetchResponse::default().with_responses(vec![topic.with_partitions(vec![
+            PartitionData::default()
+                .with_partition_index(0)
+                .with_high_watermark(1)
+                .with_records(Some(batch.clone())),
+        ])]);
+        let mut payload = BytesMut::new();
+        ResponseHeader::default()
+            .with_correlation_id(1)
+            .encode(&mut payload, ApiKey::Fetch.response_header_version(v))
+            .expect("a header");
+        resp.encode(&mut payload, v).expect("an answer");
+        assert!(payload.len() > DEFAULT_MAX_FRAME_SIZE, "v{v}");
+        let mut framed = BytesMut::new();
+        framed.extend_from_slice(&(payload.len() as i32).to_be_bytes());
+        framed.extend_from_slice(&payload);
+        let frame = decode_frame(&mut framed, LEDGER_MAX_FRAME_SIZE)
+            .unwrap_or_else(|e| panic!("v{v}: {e}"))
+            .expect("a whole frame");
+        let Response::Fetch(read) =
+            crate::wire::codec::decode_response_frame_bytes(frame, ApiKey::Fetch, v, 1)
+                .unwrap_or_else(|e| panic!("v{v}: {e}"))
+        else {
+            panic!("v{v}: not a Fetch answer")
+        };
+        let records = read.responses[0].partitions[0].records.as_ref();
+        assert_eq!(records.map(Bytes::len), Some(batch.len()), "v{v}");
+    }
+    // Still a bound on what a peer can make the reader buffer: twice the default is refused.
+    let twice = i32::try_from(2 * DEFAULT_MAX_FRAME_SIZE).expect("fits");
+    assert!(crate::wire::frame::frame_length(twice.to_be_bytes(), LEDGER_MAX_FRAME_SIZE).is_err());
 }
 
 #[test]
@@ -1318,6 +1509,31 @@ fn a_late_copy_of_an_older_hold_does_not_settle_the_tail_read() {
     assert_eq!(settled.last_checkpoint().map(|c| c.0), Some("new"));
     // Nothing found settles nothing.
     assert!(!tail_settles_checkpoint(&tail_from(5001)));
+}
+
+/// An OffsetCommit answer that says nothing of the ledger partition is the broker's answer to
+/// another request: a protocol error, not a broker code the checkpoint could be retried on.
+#[test]
+fn a_commit_answer_without_the_ledger_partition_is_a_protocol_error() {
+    let mut r = Rig::new();
+    r.holding_at(42);
+    let (view, now) = (r.view.clone(), r.t());
+    r.l.checkpoint(1, "up to 2026-11-29".into(), &view, now);
+    r.drain();
+    let commit = r.last().clone();
+    assert!(matches!(commit.op, Op::Commit { .. }), "{commit:?}");
+    let resp =
+        OffsetCommitResponse::default().with_topics(vec![OffsetCommitResponseTopic::default()
+            .with_name(StrBytes::from_static_str(TOPIC).into())
+            .with_partitions(vec![
+                OffsetCommitResponsePartition::default().with_partition_index(1)
+            ])]);
+    r.answer(commit.id, Ok((Response::OffsetCommit(resp), 9)));
+    assert!(
+        matches!(&r.checkpoints[..], [(1, Err(Error::Protocol(_)))]),
+        "{:?}",
+        r.checkpoints
+    );
 }
 
 #[test]
@@ -1536,6 +1752,33 @@ fn an_old_tries_acquired_answer_is_not_the_new_holds_token() {
     assert_eq!(acquireds, 2);
 }
 
+/// An earlier try's ACQUIRED answer that arrives once a later try has ended too is still the
+/// earlier try's: a LOST record in that try's generation says its offset names no hold, at once,
+/// and the later try, whose record never went out, has no offset to name.
+#[test]
+fn an_old_tries_acquired_answer_after_the_next_try_ended_is_marked_as_the_old_tries() {
+    let mut r = Rig::new();
+    r.membership_acquires(3);
+    let old = r.last().clone();
+    r.view.holding = false;
+    let lease_end = r.now;
+    r.member(Event::Lost {
+        reason: LossReason::Revoked,
+        lease_end,
+    });
+    r.membership_acquires(5);
+    // The caller gives up before the new try's record could go out.
+    r.member(Event::Released);
+    let sent = r.sent.len();
+    r.answer(old.id, produced_at(10));
+    assert_eq!(r.sent.len(), sent + 1, "{:?}", &r.sent[sent..]);
+    let rec = appended(r.last());
+    assert!(
+        matches!(rec.kind, RecordKind::Lost { .. }) && rec.hold == 10 && rec.generation == 3,
+        "{rec:?}"
+    );
+}
+
 #[test]
 fn an_old_commit_answer_does_not_complete_a_new_checkpoint() {
     let mut r = Rig::new();
@@ -1744,6 +1987,46 @@ fn a_ledger_topic_created_again_is_refused_mid_session() {
     let again = r2.last().clone();
     r2.answer(again.id, produced_at(7));
     assert!(matches!(r2.events.last(), Some(Event::Acquired { .. })));
+}
+
+/// The topic's id is learnt from the first Metadata answer that carries one (v10 on): a later
+/// answer with another id is a topic deleted and created again, refused; an answer without an
+/// id (an older broker's) neither sets it nor changes it.
+#[test]
+fn the_ledger_topics_id_is_learnt_from_the_first_answer_that_has_one() {
+    let (a, b, none) = (
+        Uuid::from_u128(0x1111),
+        Uuid::from_u128(0x2222),
+        Uuid::nil(),
+    );
+    for (first, then, refused) in [
+        (a, b, true),
+        (a, a, false),
+        (a, none, false),
+        (none, b, false),
+    ] {
+        let case = format!("{first:?} then {then:?}");
+        let mut r = Rig::new();
+        let backoff = Backoff::with_rng(REQUEST / 50, RETRY_MAX, 2.0, 0.0, || 0.0);
+        r.l = Ledger::new(config(), None, backoff);
+        r.membership_acquires(3);
+        let meta = r.last().clone();
+        assert!(matches!(meta.op, Op::Metadata { .. }), "{case}: {meta:?}");
+        r.answer(meta.id, metadata_with_id(first));
+        let append = r.last().clone();
+        r.answer(append.id, produce_answer(6, -1)); // NOT_LEADER_OR_FOLLOWER: look it up again
+        r.advance(REQUEST / 50);
+        let meta = r.last().clone();
+        assert!(matches!(meta.op, Op::Metadata { .. }), "{case}: {meta:?}");
+        r.answer(meta.id, metadata_with_id(then));
+        let replaced = r.events.iter().any(|e| {
+            matches!(e, Event::Failed(e) if matches!(**e, Error::Ledger(LedgerError::TopicReplaced { .. })))
+        });
+        assert_eq!(replaced, refused, "{case}: {:?}", r.events);
+        if !refused {
+            r.hold_begins_with_acquired(3, 7);
+        }
+    }
 }
 
 #[test]
@@ -2305,6 +2588,58 @@ fn a_waiter_whose_ledger_topic_is_gone_asks_for_no_wake_up() {
     assert_eq!(r.sent.len(), sent, "{:?}", &r.sent[sent..]);
 }
 
+/// A ledger topic that cannot serve (gone, or deleted and created again under the same name) is
+/// looked up again no sooner than a poll's wait later, even when the next rebalance restarts the
+/// waiter's poll at once: waiters fall back to their heartbeats meanwhile.
+#[test]
+fn a_ledger_topic_that_cannot_serve_is_looked_up_again_after_a_polls_wait() {
+    let first = Uuid::from_u128(0x1111);
+    type Answer = fn() -> Result<(Response, i16), Error>;
+    let gone: Answer = || Ok((Response::Metadata(MetadataResponse::default()), 12));
+    let replaced: Answer = || metadata_with_id(Uuid::from_u128(0x2222));
+    for (case, answer) in [("gone", gone), ("replaced", replaced)] {
+        let mut r = Rig::new();
+        let backoff = Backoff::with_rng(REQUEST / 50, RETRY_MAX, 2.0, 0.0, || 0.0);
+        r.l = Ledger::new(
+            config(),
+            Some(Partition {
+                leader: broker(1),
+                topic_id: first,
+            }),
+            backoff,
+        );
+        waiting_at(&mut r, 10);
+        let fetch = r.last().clone();
+        // NOT_LEADER_OR_FOLLOWER: the leader is looked up again after a backoff.
+        let resp = FetchResponse::default().with_responses(vec![FetchableTopicResponse::default()
+            .with_topic(StrBytes::from_static_str(TOPIC).into())
+            .with_partitions(vec![PartitionData::default()
+                .with_partition_index(0)
+                .with_error_code(6)])]);
+        r.answer(fetch.id, Ok((Response::Fetch(resp), 12)));
+        r.advance(REQUEST / 50);
+        let meta = r.last().clone();
+        assert!(matches!(meta.op, Op::Metadata { .. }), "{case}: {meta:?}");
+        r.answer(meta.id, answer());
+        let sent = r.sent.len();
+        // The next rebalance: the waiter's poll starts again and wants the leader.
+        r.member(Event::Waiting {
+            holder: None,
+            holders: Vec::new(),
+            position: 1,
+            generation: 4,
+        });
+        r.advance(DEFAULT_POLL_WAIT - Duration::from_millis(1));
+        assert_eq!(r.sent.len(), sent, "{case}: {:?}", &r.sent[sent..]);
+        r.advance(Duration::from_millis(1));
+        assert!(
+            matches!(r.last().op, Op::Metadata { .. }),
+            "{case}: {:?}",
+            r.last()
+        );
+    }
+}
+
 /// The OffsetCommit on the wire is what fences a checkpoint: the broker compares its generation
 /// and member id with the group's (GroupMetadataManager.validateOffsetCommit in Apache Kafka
 /// 4.1.2). A commit that left either out, or sent -1 / "", would be accepted from anyone
@@ -2312,9 +2647,7 @@ fn a_waiter_whose_ledger_topic_is_gone_asks_for_no_wake_up() {
 /// group), so the request is checked as encoded at every version kafka-lock may choose.
 #[test]
 fn a_checkpoint_commit_is_encoded_with_the_holds_generation_and_member_id() {
-    use crate::wire::frame::{decode_frame, DEFAULT_MAX_FRAME_SIZE};
     use kafka_protocol::messages::OffsetCommitRequest;
-    use kafka_protocol::protocol::{decode_request_header_from_buffer, Decodable};
 
     let mut r = Rig::new();
     r.holding_at(42);
@@ -2326,61 +2659,230 @@ fn a_checkpoint_commit_is_encoded_with_the_holds_generation_and_member_id() {
     let op = r.last().op.clone();
     assert!(matches!(op, Op::Commit { .. }), "{op:?}");
 
-    let (ours_min, ours_max) = crate::wire::versions::supported_range(ApiKey::OffsetCommit)
-        .expect("kafka-lock implements OffsetCommit");
+    let make = |versions: &NegotiatedVersions| build(&op, versions);
+    sent_at_every_version(
+        ApiKey::OffsetCommit,
+        make,
+        |sent: OffsetCommitRequest, v| {
+            assert_eq!(sent.group_id.as_str(), LOCK, "v{v}");
+            assert_eq!(sent.generation_id_or_member_epoch, 7, "v{v}");
+            assert_eq!(sent.member_id.as_str(), "m-7", "v{v}");
+            let [topic] = &sent.topics[..] else {
+                panic!("v{v}: {sent:?}")
+            };
+            assert_eq!(topic.name.as_str(), TOPIC, "v{v}");
+            let [p] = &topic.partitions[..] else {
+                panic!("v{v}: {sent:?}")
+            };
+            assert_eq!(
+                (
+                    p.partition_index,
+                    p.committed_offset,
+                    p.committed_metadata.as_deref()
+                ),
+                (0, 42, Some("up to 2026-11-29")),
+                "v{v}"
+            );
+        },
+    );
+}
+
+/// The request `make` builds for a broker offering each version of `api` kafka-lock implements
+/// (and every other API in full), encoded as a request frame and decoded back as the broker
+/// would read it; `check` sees each request with the version it was sent at.
+fn sent_at_every_version<R: kafka_protocol::protocol::Decodable>(
+    api: ApiKey,
+    make: impl Fn(&NegotiatedVersions) -> Result<(Request, i16), Failure>,
+    mut check: impl FnMut(R, i16),
+) {
+    use crate::wire::frame::{decode_frame, DEFAULT_MAX_FRAME_SIZE};
+    use kafka_protocol::messages::api_versions_response::ApiVersion;
+    use kafka_protocol::messages::ApiVersionsResponse;
+    use kafka_protocol::protocol::decode_request_header_from_buffer;
+
+    let (ours_min, ours_max) =
+        crate::wire::versions::supported_range(api).expect("kafka-lock implements the API");
     for broker_max in ours_min..=ours_max {
-        let versions = offering_up_to(ApiKey::OffsetCommit, broker_max);
-        let (req, v) = build(&op, &versions).expect("builds");
+        let offered = ApiVersionsResponse::default().with_api_keys(
+            crate::wire::versions::SUPPORTED
+                .iter()
+                .map(|&(a, min, max)| {
+                    let max = if a == api { broker_max } else { max };
+                    ApiVersion::default()
+                        .with_api_key(a as i16)
+                        .with_min_version(min)
+                        .with_max_version(max)
+                })
+                .collect(),
+        );
+        let versions = crate::wire::versions::negotiate(&offered).expect("negotiates");
+        let (req, v) = make(&versions).expect("builds");
         assert!(v <= broker_max, "v{v} sent to a broker with v{broker_max}");
         let mut out = BytesMut::new();
         crate::wire::codec::encode_request(&req, v, 1, Some("kafka-lock"), &mut out)
-            .expect("encodes");
+            .unwrap_or_else(|e| panic!("v{v} encodes: {e}"));
         let mut frame = decode_frame(&mut out, DEFAULT_MAX_FRAME_SIZE)
             .expect("a frame")
             .expect("a whole frame");
         let header = decode_request_header_from_buffer(&mut frame).expect("a header");
-        assert_eq!(header.request_api_key, ApiKey::OffsetCommit as i16);
+        assert_eq!(header.request_api_key, api as i16);
         assert_eq!(header.request_api_version, v);
-        let sent = OffsetCommitRequest::decode(&mut frame, v).expect("decodes");
-        assert_eq!(sent.group_id.as_str(), LOCK, "v{v}");
-        assert_eq!(sent.generation_id_or_member_epoch, 7, "v{v}");
-        assert_eq!(sent.member_id.as_str(), "m-7", "v{v}");
-        let [topic] = &sent.topics[..] else {
-            panic!("v{v}: {sent:?}")
+        check(R::decode(&mut frame, v).expect("decodes"), v);
+    }
+}
+
+/// Reading a checkpoint back asks the lock's group for partition 0 of the ledger, in the
+/// request's layout of each version: the group and its topics at the top before v8, a list of
+/// groups from v8 on (KIP-709).
+#[test]
+fn a_checkpoint_read_asks_the_locks_group_for_the_ledger_partition() {
+    use kafka_protocol::messages::OffsetFetchRequest;
+
+    let make = |versions: &NegotiatedVersions| offset_fetch_request(LOCK, TOPIC, versions);
+    let mut seen = Vec::new();
+    sent_at_every_version(ApiKey::OffsetFetch, make, |sent: OffsetFetchRequest, v| {
+        let (group, topics) = if v < 8 {
+            assert!(sent.groups.is_empty(), "v{v}: {sent:?}");
+            let topics = sent.topics.iter().flatten();
+            let topics: Vec<_> = topics
+                .map(|t| (t.name.as_str().to_owned(), t.partition_indexes.clone()))
+                .collect();
+            (sent.group_id.as_str().to_owned(), topics)
+        } else {
+            let [g] = &sent.groups[..] else {
+                panic!("v{v}: {sent:?}")
+            };
+            let topics = g.topics.iter().flatten();
+            let topics: Vec<_> = topics
+                .map(|t| (t.name.as_str().to_owned(), t.partition_indexes.clone()))
+                .collect();
+            (g.group_id.as_str().to_owned(), topics)
         };
-        assert_eq!(topic.name.as_str(), TOPIC, "v{v}");
-        let [p] = &topic.partitions[..] else {
-            panic!("v{v}: {sent:?}")
+        assert_eq!(group, LOCK, "v{v}");
+        assert_eq!(topics, [(TOPIC.to_owned(), vec![0])], "v{v}");
+        seen.push(v);
+    });
+    assert!(seen.contains(&7) && seen.contains(&8), "{seen:?}");
+}
+
+/// The ledger topic's compression is asked for by name, of that topic only.
+#[test]
+fn the_compression_check_asks_for_the_ledger_topics_compression_type() {
+    let req = compression_request(TOPIC);
+    let [r] = &req.resources[..] else {
+        panic!("{req:?}")
+    };
+    assert_eq!((r.resource_type, r.resource_name.as_str()), (2, TOPIC));
+    let keys: Vec<&str> = r
+        .configuration_keys
+        .iter()
+        .flatten()
+        .map(|k| k.as_str())
+        .collect();
+    assert_eq!(keys, [COMPRESSION_TYPE]);
+}
+
+/// Produce and Fetch name topics by id from v13 on (KIP-516): with the ledger topic's id known
+/// they go up to the highest version both sides offer, and without it (Metadata before v10)
+/// they name the topic at the highest version before that, whatever the broker offers.
+#[test]
+fn appends_and_polls_name_the_topic_as_far_as_its_id_is_known() {
+    use kafka_protocol::messages::{FetchRequest, ProduceRequest};
+
+    let id = Uuid::from_u128(0x1111);
+    let top = |api| {
+        crate::wire::versions::supported_range(api)
+            .expect("implemented")
+            .1
+    };
+    for topic_id in [Uuid::nil(), id] {
+        let tp = TopicPartition::new(TOPIC, 0).with_topic_id(topic_id);
+        let highest = |api| {
+            if topic_id.is_nil() {
+                TOPIC_ID_VERSION - 1
+            } else {
+                top(api)
+            }
         };
+        let names = |name: &str, by_id: Uuid, v: i16| {
+            if v >= TOPIC_ID_VERSION {
+                assert_eq!(by_id, id, "v{v}");
+            } else {
+                assert_eq!(name, TOPIC, "v{v}");
+            }
+        };
+        let produce = Op::Produce {
+            tp: tp.clone(),
+            batch: batch_of(&[(LOCK, record(RecordKind::Released { held_ms: 1 }, 3))]),
+            timeout: REQUEST,
+        };
+        let mut sent_at = Vec::new();
+        let make = |versions: &NegotiatedVersions| build(&produce, versions);
+        sent_at_every_version(ApiKey::Produce, make, |sent: ProduceRequest, v| {
+            let [t] = &sent.topic_data[..] else {
+                panic!("v{v}: {sent:?}")
+            };
+            names(t.name.as_str(), t.topic_id, v);
+            sent_at.push(v);
+        });
         assert_eq!(
-            (
-                p.partition_index,
-                p.committed_offset,
-                p.committed_metadata.as_deref()
-            ),
-            (0, 42, Some("up to 2026-11-29")),
-            "v{v}"
+            sent_at.iter().max(),
+            Some(&highest(ApiKey::Produce)),
+            "{tp:?}"
+        );
+        let fetch = Op::Fetch {
+            tp: tp.clone(),
+            offset: 10,
+            options: FetchOptions {
+                max_wait: DEFAULT_POLL_WAIT,
+                min_bytes: 1,
+                max_bytes: DEFAULT_POLL_MAX_BYTES,
+                isolation: Isolation::ReadCommitted,
+            },
+        };
+        let mut sent_at = Vec::new();
+        let make = |versions: &NegotiatedVersions| build(&fetch, versions);
+        sent_at_every_version(ApiKey::Fetch, make, |sent: FetchRequest, v| {
+            let [t] = &sent.topics[..] else {
+                panic!("v{v}: {sent:?}")
+            };
+            names(t.topic.as_str(), t.topic_id, v);
+            sent_at.push(v);
+        });
+        assert_eq!(
+            sent_at.iter().max(),
+            Some(&highest(ApiKey::Fetch)),
+            "{tp:?}"
         );
     }
 }
 
-/// What a broker offering every API kafka-lock implements, `api` only up to `broker_max`,
-/// negotiates with it.
-fn offering_up_to(api: ApiKey, broker_max: i16) -> NegotiatedVersions {
-    use kafka_protocol::messages::api_versions_response::ApiVersion;
-    use kafka_protocol::messages::ApiVersionsResponse;
-    let offered = ApiVersionsResponse::default().with_api_keys(
-        crate::wire::versions::SUPPORTED
+/// A ledger is never created by accident: a typo in its name must not start a new token sequence
+/// at 0 on a broker with `auto.create.topics.enable` (its default), which Metadata from v4 on
+/// asks for unless told not to (before v4 a Metadata request never creates a topic).
+#[test]
+fn the_ledgers_metadata_lookup_never_creates_the_topic() {
+    use kafka_protocol::messages::MetadataRequest;
+
+    let op = Op::Metadata {
+        topic: TOPIC.into(),
+    };
+    let mut seen = Vec::new();
+    let make = |versions: &NegotiatedVersions| build(&op, versions);
+    sent_at_every_version(ApiKey::Metadata, make, |sent: MetadataRequest, v| {
+        let names: Vec<_> = sent
+            .topics
             .iter()
-            .map(|&(a, min, max)| {
-                ApiVersion::default()
-                    .with_api_key(a as i16)
-                    .with_min_version(min)
-                    .with_max_version(if a == api { broker_max } else { max })
-            })
-            .collect(),
-    );
-    crate::wire::versions::negotiate(&offered).expect("negotiates")
+            .flatten()
+            .map(|t| t.name.as_ref().map(|n| n.as_str().to_owned()))
+            .collect();
+        assert_eq!(names, [Some(TOPIC.to_owned())], "v{v}");
+        if v >= 4 {
+            assert!(!sent.allow_auto_topic_creation, "v{v} may create the topic");
+        }
+        seen.push(v);
+    });
+    assert!(seen.contains(&3) && seen.contains(&4), "{seen:?}");
 }
 
 /// The checkpoint read asks for stable offsets wherever the version has the flag (v7 on):
@@ -2388,36 +2890,18 @@ fn offering_up_to(api: ApiKey, broker_max: i16) -> NegotiatedVersions {
 /// group's partition and answering once they are committed, where a plain read is at
 /// `lastCommittedOffset`, which a coordinator that has just taken over sets to its own lagging
 /// high watermark (CoordinatorLoaderImpl `load`) and which can miss the previous holder's last
-/// acknowledged checkpoint. Checked as encoded, at every version kafka-lock may choose.
+/// acknowledged checkpoint.
 #[test]
 fn the_checkpoint_read_asks_for_stable_offsets_from_v7() {
-    use crate::wire::frame::{decode_frame, DEFAULT_MAX_FRAME_SIZE};
     use kafka_protocol::messages::OffsetFetchRequest;
-    use kafka_protocol::protocol::{decode_request_header_from_buffer, Decodable};
 
-    let (ours_min, ours_max) = crate::wire::versions::supported_range(ApiKey::OffsetFetch)
-        .expect("kafka-lock implements OffsetFetch");
-    let mut seen_stable = false;
-    for broker_max in ours_min..=ours_max {
-        let versions = offering_up_to(ApiKey::OffsetFetch, broker_max);
-        let (req, v) = offset_fetch_request(LOCK, TOPIC, &versions).expect("builds");
-        assert!(v <= broker_max, "v{v} sent to a broker with v{broker_max}");
-        let mut out = BytesMut::new();
-        crate::wire::codec::encode_request(&req, v, 1, Some("kafka-lock"), &mut out)
-            .expect("encodes");
-        let mut frame = decode_frame(&mut out, DEFAULT_MAX_FRAME_SIZE)
-            .expect("a frame")
-            .expect("a whole frame");
-        let header = decode_request_header_from_buffer(&mut frame).expect("a header");
-        assert_eq!(header.request_api_version, v);
-        let sent = OffsetFetchRequest::decode(&mut frame, v).expect("decodes");
+    let make = |versions: &NegotiatedVersions| offset_fetch_request(LOCK, TOPIC, versions);
+    let mut seen = Vec::new();
+    sent_at_every_version(ApiKey::OffsetFetch, make, |sent: OffsetFetchRequest, v| {
         assert_eq!(sent.require_stable, v >= 7, "v{v}");
-        seen_stable |= sent.require_stable;
-    }
-    assert!(
-        seen_stable,
-        "no version up to v{ours_max} asked for stable offsets"
-    );
+        seen.push(v);
+    });
+    assert!(seen.contains(&6) && seen.contains(&7), "{seen:?}");
 }
 
 /// Broker ids start at 0: a ledger partition led by broker 0 has a leader.
@@ -2751,6 +3235,46 @@ fn a_polled_batch_reports_the_newest_generation_whose_hold_ended() {
     );
 }
 
+/// Kafka answers a Fetch with whole batches, so a batch that begins before the poll's offset
+/// brings records already read (or from before the poll began): those are skipped, and every
+/// record from the offset on is read, not only the first.
+#[test]
+fn a_polled_batch_is_read_from_the_polls_offset_on() {
+    let mut r = Rig::new();
+    waiting_at(&mut r, 10);
+    r.commands.clear();
+    let t = r.last().clone();
+    assert!(matches!(t.op, Op::Fetch { offset: 10, .. }), "{t:?}");
+    let ended = |generation: i32| LedgerRecord {
+        generation,
+        ..record(RecordKind::Released { held_ms: 1 }, 7)
+    };
+    r.answer(
+        t.id,
+        fetch_answer(
+            8,
+            &[
+                (LOCK, ended(5)),
+                (LOCK, record(RecordKind::Acquired { lease_ms: 1 }, -1)),
+                ("other-lock", ended(6)),
+                (LOCK, ended(3)),
+            ],
+        ),
+    );
+    assert_eq!(
+        r.commands,
+        [Command::HoldEnded {
+            generation: 3,
+            member_id: "m-2".into()
+        }]
+    );
+    assert!(
+        matches!(r.last().op, Op::Fetch { offset: 12, .. }),
+        "{:?}",
+        r.last()
+    );
+}
+
 // ---- the driver's failures --------------------------------------------------------------------
 //
 // The machine is told of a request that got no answer as the driver's failure and decides only
@@ -2820,6 +3344,8 @@ fn a_failed_long_poll_goes_on_as_its_failure_says() {
         );
         let before = r.sent.len();
         r.answer(fetch.id, Err(driver_failure(kind)));
+        // Whatever comes next waits out a backoff: a failure met at once again would loop.
+        assert_eq!(r.sent.len(), before, "{kind}: {:?}", &r.sent[before..]);
         r.advance(RETRY_MAX * 2);
         let ops: Vec<&Op> = r.sent[before..].iter().map(|t| &t.op).collect();
         let polls = ops
