@@ -251,6 +251,7 @@ fn view(m: &Membership) -> MemberView {
         coordinator: m.coordinator().cloned(),
         generation: m.generation(),
         member_id: m.member_id().to_owned(),
+        awaiting_sync: m.token().is_some_and(|t| t.generation != m.generation()),
     }
 }
 

@@ -183,6 +183,10 @@ pub struct MemberView {
     pub generation: i32,
     /// Our member id ("" before a join).
     pub member_id: String,
+    /// Holding, and a JoinGroup answer has moved `generation` past the hold's while no SyncGroup
+    /// answer has yet said who holds the new one: a commit at `generation` now could be stored
+    /// for a member that is no longer the holder.
+    pub awaiting_sync: bool,
 }
 
 /// Whether a retry time has come (none set means at once).
@@ -1892,8 +1896,12 @@ impl<F: Unanswered> Ledger<F> {
             ));
             return;
         };
-        let Some(coordinator) = view.coordinator.clone().filter(|_| view.holding) else {
-            // The membership is finding the coordinator again; try shortly.
+        let settled = view.holding && !view.awaiting_sync;
+        let Some(coordinator) = view.coordinator.clone().filter(|_| settled) else {
+            // The membership is finding the coordinator again, or is between the JoinGroup and
+            // SyncGroup answers of a new generation (once the group is Stable, Apache's
+            // ClassicGroup.validateOffsetCommit takes a commit from any member of the current
+            // generation, holder or not); try shortly.
             self.checkpoint_retry_at = Some(now.mono + self.backoff.next_delay());
             return;
         };
@@ -1979,16 +1987,25 @@ impl<F: Unanswered> Ledger<F> {
                 let fenced = e
                     .broker_code()
                     .is_some_and(|code| matches!(code.0, 22 | 25 | 82));
+                let same_hold =
+                    matches!(&self.hold, HoldState::Held { attempt: a, .. } if *a == attempt);
                 let retry = match e.broker_code() {
                     // REBALANCE_IN_PROGRESS: the generation is completing; the holder keeps the
                     // lock through it (native mode) and the next try carries the new generation.
-                    Some(code) => matches!(code.0, 7 | 14 | 15 | 16 | 27),
+                    // ILLEGAL_GENERATION while the hold goes on: the group moved to a generation
+                    // this member has not learned yet. The membership settles it (the heartbeat
+                    // below) and the retry waits until a SyncGroup answer names us again at the
+                    // new generation, or the hold ends and the checkpoint is NotHeld.
+                    Some(code) => {
+                        matches!(code.0, 7 | 14 | 15 | 16 | 27) || (code.0 == 22 && same_hold)
+                    }
                     None => e.is_retriable(),
                 };
-                let same_hold =
-                    matches!(&self.hold, HoldState::Held { attempt: a, .. } if *a == attempt);
                 if retry && same_hold {
                     debug!(lock = %self.cfg.lock, error = %e, "checkpoint not stored yet; retrying");
+                    if fenced {
+                        self.commands.push_back(Command::HeartbeatNow);
+                    }
                     op.last_error = Some(e);
                     self.checkpoint_retry_at = Some(now.mono + self.backoff.next_delay());
                     self.checkpoints.push_front(op);

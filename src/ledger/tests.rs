@@ -105,6 +105,7 @@ impl Rig {
                 coordinator: Some(broker(2)),
                 generation: 3,
                 member_id: "m-1".into(),
+                awaiting_sync: false,
             },
             sent: Vec::new(),
             events: Vec::new(),
@@ -1538,7 +1539,7 @@ fn a_commit_answer_without_the_ledger_partition_is_a_protocol_error() {
 
 #[test]
 fn a_fenced_checkpoint_is_an_error_and_the_membership_heartbeats() {
-    for code in [22, 25, 82] {
+    for code in [25, 82] {
         let mut r = Rig::new();
         r.holding_at(42);
         let (view, now) = (r.view.clone(), r.t());
@@ -1598,6 +1599,96 @@ fn a_checkpoint_during_a_rebalance_is_retried_with_the_new_generation() {
     let copy = r.last().id;
     r.answer(copy, produced_at(43));
     assert!(matches!(r.checkpoints[..], [(1, Ok(()))]));
+}
+
+/// The fault suite's finding: a holder kept the lock through a rebalance, and its checkpoint,
+/// sent at the old generation, met ILLEGAL_GENERATION from a group already at the next one. The
+/// same hold goes on, so the checkpoint is stored at the generation the SyncGroup answer named
+/// us in, not reported fenced.
+#[test]
+fn a_checkpoint_refused_for_an_old_generation_is_stored_when_the_same_hold_continues() {
+    let mut r = Rig::new();
+    r.holding_at(42);
+    let (view, now) = (r.view.clone(), r.t());
+    r.l.checkpoint(1, "v".into(), &view, now);
+    r.drain();
+    let t = r.last().clone();
+    assert!(matches!(t.op, Op::Commit { generation: 3, .. }), "{t:?}");
+    r.commands.clear();
+    r.answer(t.id, commit_answer(22));
+    assert!(r.checkpoints.is_empty(), "{:?}", r.checkpoints);
+    assert_eq!(r.commands, [Command::HeartbeatNow]);
+    // The JoinGroup answer of generation 4: who holds it is not known yet.
+    r.view.generation = 4;
+    r.view.awaiting_sync = true;
+    let sent = r.sent.len();
+    r.advance(RETRY_MAX * 2);
+    assert_eq!(r.sent.len(), sent, "{:?}", &r.sent[sent..]);
+    // The SyncGroup answer names us again.
+    r.view.awaiting_sync = false;
+    r.advance(RETRY_MAX * 2);
+    let t = r.last().clone();
+    assert!(matches!(t.op, Op::Commit { generation: 4, .. }), "{t:?}");
+    r.answer(t.id, commit_answer(0));
+    let copy = r.last().id;
+    r.answer(copy, produced_at(43));
+    assert!(
+        matches!(r.checkpoints[..], [(1, Ok(()))]),
+        "{:?}",
+        r.checkpoints
+    );
+}
+
+/// The same refusal when the hold ends instead (the SyncGroup answer named someone else):
+/// the checkpoint was not stored and the lock is not held.
+#[test]
+fn a_checkpoint_refused_for_an_old_generation_is_not_held_when_the_hold_ends() {
+    let mut r = Rig::new();
+    r.holding_at(42);
+    let (view, now) = (r.view.clone(), r.t());
+    r.l.checkpoint(1, "v".into(), &view, now);
+    r.drain();
+    let t = r.last().clone();
+    r.answer(t.id, commit_answer(22));
+    assert!(r.checkpoints.is_empty(), "{:?}", r.checkpoints);
+    r.view = MemberView::default();
+    let lease_end = r.now;
+    r.member(Event::Lost {
+        reason: LossReason::Reassigned,
+        lease_end,
+    });
+    r.advance(RETRY_MAX * 2);
+    let [(1, Err(e))] = &r.checkpoints[..] else {
+        panic!("{:?}", r.checkpoints)
+    };
+    assert!(e.to_string().contains("not held"), "{e}");
+    let commits = r
+        .sent
+        .iter()
+        .filter(|t| matches!(t.op, Op::Commit { .. }))
+        .count();
+    assert_eq!(commits, 1);
+}
+
+/// Between the JoinGroup answer of a new generation and the SyncGroup answer that says who
+/// holds it, no commit goes out: once the group is Stable, Apache takes a commit from any member
+/// of the current generation, and this one may no longer be the holder.
+#[test]
+fn no_commit_is_sent_between_a_new_generations_join_and_sync_answers() {
+    let mut r = Rig::new();
+    r.holding_at(42);
+    r.view.generation = 4;
+    r.view.awaiting_sync = true;
+    let sent = r.sent.len();
+    let (view, now) = (r.view.clone(), r.t());
+    r.l.checkpoint(1, "v".into(), &view, now);
+    r.drain();
+    r.advance(RETRY_MAX * 2);
+    assert_eq!(r.sent.len(), sent, "{:?}", &r.sent[sent..]);
+    r.view.awaiting_sync = false;
+    r.advance(RETRY_MAX * 2);
+    let t = r.last().clone();
+    assert!(matches!(t.op, Op::Commit { generation: 4, .. }), "{t:?}");
 }
 
 #[test]
