@@ -463,6 +463,29 @@ fn rebalance_while_holding_native_keeps_the_lock_with_a_new_token() {
     assert_eq!(h.m.token().unwrap().generation, 6);
 }
 
+/// The ledger sends no checkpoint commit while `token().generation != generation()` (the
+/// session's `awaiting_sync`): once the group is Stable, Apache's
+/// ClassicGroup.validateOffsetCommit takes a commit from any member of the current generation,
+/// holder or not. So the token must not take the new generation from the JoinGroup answer, only
+/// from a SyncGroup answer that names us; one that names someone else ends the hold.
+#[test]
+fn a_holders_token_keeps_its_generation_until_the_sync_answer() {
+    for (holder, keeps) in [("m1", true), ("m2", false)] {
+        let mut h = H::holding(5);
+        h.advance(HB);
+        let beat = h.take(ApiKey::Heartbeat);
+        h.reply(beat.id, Ok(hb(27)));
+        let j = h.take(ApiKey::JoinGroup);
+        h.reply(j.id, Ok(join_ok("m1", 6, "m2", &[])));
+        assert_eq!(h.m.generation(), 6);
+        assert_eq!(h.m.token().map(|t| t.generation), Some(5), "{holder}");
+        let sync = h.take(ApiKey::SyncGroup);
+        h.reply(sync.id, Ok(sync_ok(native_assignment(Some(holder), 6, 0))));
+        let token = h.m.token().map(|t| t.generation);
+        assert_eq!(token, keeps.then_some(6), "{holder}");
+    }
+}
+
 #[test]
 fn rebalance_while_holding_consumer_mode_surrenders_first() {
     let mut h = H::new(Mode::Consumer {
