@@ -3599,3 +3599,40 @@ fn a_ledger_lookup_refused_by_build_ends_the_try() {
         assert_eq!(r.commands.contains(&Command::Leave), gives_up, "{kind}");
     }
 }
+
+/// A holder refused for an old generation whose membership never settles the new one (its
+/// SyncGroup answer never comes): the retries stop at the checkpoint window with the refusal,
+/// and none goes out at the JoinGroup answer's generation meanwhile.
+#[test]
+fn a_checkpoint_refused_for_an_old_generation_ends_with_the_window_if_no_sync_answer_comes() {
+    let mut r = Rig::new();
+    r.holding_at(42);
+    let (view, now) = (r.view.clone(), r.t());
+    r.l.checkpoint(1, "v".into(), &view, now);
+    r.drain();
+    let t = r.last().clone();
+    r.answer(t.id, commit_answer(22));
+    r.view.generation = 4;
+    r.view.awaiting_sync = true;
+    let sent = r.sent.len();
+    for _ in 0..60 {
+        if !r.checkpoints.is_empty() {
+            break;
+        }
+        r.advance(Duration::from_secs(10));
+    }
+    assert!(
+        !r.sent[sent..]
+            .iter()
+            .any(|t| matches!(t.op, Op::Commit { .. })),
+        "{:?}",
+        &r.sent[sent..]
+    );
+    let [(1, Err(e))] = &r.checkpoints[..] else {
+        panic!("{:?}", r.checkpoints)
+    };
+    assert!(
+        e.to_string().contains("22") || e.to_string().to_lowercase().contains("generation"),
+        "{e}"
+    );
+}
