@@ -1164,7 +1164,11 @@ impl Run {
     /// is a stable read. The checker's checkpoint continuity judges it.
     fn coord_move_at_grant(&self, plan: &Episode, lock: &str) -> (Option<String>, String) {
         let mut node = self.cluster().coordinator(lock);
-        let at = if plan.pending { Ev::Released } else { Ev::Acquired };
+        let at = if plan.pending {
+            Ev::Released
+        } else {
+            Ev::Acquired
+        };
         let Some((id, reported)) =
             self.next_report(lock, at, || node = self.cluster().coordinator(lock))
         else {
