@@ -123,6 +123,12 @@ pub enum Kind {
     /// black-holed; new ones pass), so a
     /// waiter learns of the release only through its Heartbeats. Not in CI mode.
     AbandonedPolls,
+    /// The coordinator broker killed the moment a holder of the native lock reports its grant
+    /// (or, `pending`, its release, just after its last checkpoint was stored), and the third
+    /// broker (the follower left) stopped (SIGSTOP) for 1 to 2 s as soon as another node is
+    /// named coordinator, so the new coordinator's high watermark stays behind the old
+    /// leader's while the next checkpoint read meets it. Not in CI mode.
+    CoordMoveAtGrant,
 }
 
 impl Kind {
@@ -144,7 +150,7 @@ impl Kind {
 
     /// Drawn only when named (`--kinds`), but for [`Kind::CI_EXTRA`]: most need a contender of
     /// their own or take long, and CI mode keeps its time.
-    pub const OPTIONAL: [Kind; 10] = [
+    pub const OPTIONAL: [Kind; 11] = [
         Kind::HoldHeartbeat,
         Kind::NoexecLoss,
         Kind::Pair,
@@ -155,11 +161,16 @@ impl Kind {
         Kind::LaneStarvation,
         Kind::HandoverLedgerMove,
         Kind::AbandonedPolls,
+        Kind::CoordMoveAtGrant,
     ];
 
     /// The kinds that strike the handover's ledger traffic: drawing one turns checkpoint
     /// continuity on (the contenders store and read checkpoints, the checker judges them).
-    pub const CHECKPOINTS: [Kind; 2] = [Kind::HandoverLedgerMove, Kind::AbandonedPolls];
+    pub const CHECKPOINTS: [Kind; 3] = [
+        Kind::HandoverLedgerMove,
+        Kind::AbandonedPolls,
+        Kind::CoordMoveAtGrant,
+    ];
 
     /// Optional kinds CI mode runs once anyway, after its schedule (so the kinds of [`Kind::ALL`]
     /// keep theirs for every seed): cheap (about 15 s and one contender process), and what it
@@ -222,6 +233,7 @@ impl Kind {
             Kind::LaneStarvation => "lane-starvation",
             Kind::HandoverLedgerMove => "handover-ledger-move",
             Kind::AbandonedPolls => "abandoned-polls",
+            Kind::CoordMoveAtGrant => "coord-move-at-grant",
         }
     }
 
@@ -389,6 +401,12 @@ impl fmt::Display for Episode {
                 },
                 self.length
             ),
+            Kind::CoordMoveAtGrant => write!(
+                f,
+                ", the coordinator killed at a {}, the third node stopped {:?}",
+                if self.pending { "release" } else { "grant" },
+                self.length
+            ),
             Kind::AbandonedPolls => write!(
                 f,
                 ", the waiters' {} at a release for {:?}",
@@ -470,6 +488,7 @@ fn draw(kind: Kind, rng: &mut Rng) -> Episode {
             | Kind::LaneStarvation
             | Kind::HandoverLedgerMove
             | Kind::AbandonedPolls
+            | Kind::CoordMoveAtGrant
     );
     let target = if broker_wide || rng.range(0, 2) > 0 {
         Target::Native
@@ -506,7 +525,8 @@ fn draw(kind: Kind, rng: &mut Rng) -> Episode {
         | Kind::CutLedger
         | Kind::LaneStarvation
         | Kind::HandoverLedgerMove
-        | Kind::AbandonedPolls => Duration::ZERO,
+        | Kind::AbandonedPolls
+        | Kind::CoordMoveAtGrant => Duration::ZERO,
     };
     let delay = match kind {
         Kind::CutDelay => rng.millis(300, 8000),
@@ -575,6 +595,11 @@ fn draw(kind: Kind, rng: &mut Rng) -> Episode {
         // a waiter also gives a poll up and opens another connection.
         Kind::AbandonedPolls => {
             e.length = rng.millis(5500, 12_000);
+            e.pending = rng.range(0, 1) == 1;
+        }
+        // The follower's stop: short of the session timeouts, long against one fetch round.
+        Kind::CoordMoveAtGrant => {
+            e.length = rng.millis(1000, 2000);
             e.pending = rng.range(0, 1) == 1;
         }
         Kind::CutLedger => {

@@ -521,8 +521,10 @@ impl Run {
                 ));
         }
         // The waiters' fallback is the point of these two: the lock must be taken again.
-        if matches!(plan.kind, Kind::AbandonedPolls | Kind::HandoverLedgerMove)
-            && target.is_some()
+        if matches!(
+            plan.kind,
+            Kind::AbandonedPolls | Kind::HandoverLedgerMove | Kind::CoordMoveAtGrant
+        ) && target.is_some()
             && recovered.is_none()
         {
             self.failures
@@ -704,6 +706,12 @@ impl Run {
                 start = mono_ns();
                 let ledger = plan.kind == Kind::HandoverLedgerMove;
                 let (t, n) = self.handover_move(plan, &lock, ledger);
+                target = t;
+                note = n;
+            }
+            Kind::CoordMoveAtGrant => {
+                start = mono_ns();
+                let (t, n) = self.coord_move_at_grant(plan, &lock);
                 target = t;
                 note = n;
             }
@@ -1145,10 +1153,81 @@ impl Run {
         )
     }
 
+    /// The coord-move-at-grant nemesis: the coordinator broker killed the moment a kafka-lock
+    /// holder of `lock` reports its grant (`pending`: its release, its last checkpoint just
+    /// stored), and the third node stopped for `plan.length` as soon as FindCoordinator names
+    /// another node. A follower promoted to leader keeps the high watermark it last heard of
+    /// (Partition `makeLeader`) until its followers fetch from it; the coordinator loading there
+    /// sets `lastCommittedOffset` to that watermark (CoordinatorLoaderImpl `load`), which a
+    /// plain OffsetFetch reads at (GroupCoordinatorService `fetchOffsets`), so with the only
+    /// other follower stopped the next checkpoint read can only see the last stored one if it
+    /// is a stable read. The checker's checkpoint continuity judges it.
+    fn coord_move_at_grant(&self, plan: &Episode, lock: &str) -> (Option<String>, String) {
+        let mut node = self.cluster().coordinator(lock);
+        let at = if plan.pending {
+            Ev::Released
+        } else {
+            Ev::Acquired
+        };
+        let Some((id, reported)) =
+            self.next_report(lock, at, || node = self.cluster().coordinator(lock))
+        else {
+            return (None, String::new());
+        };
+        self.cluster().kill(node);
+        let struck = mono_ns();
+        let new = self.cluster().wait_for_new_coordinator(lock, node);
+        let named = mono_ns();
+        let third = self
+            .cluster()
+            .nodes()
+            .iter()
+            .map(|n| n.id())
+            .find(|&n| n != node && n != new);
+        if let Some(t) = third {
+            self.cluster().pause(t);
+            std::thread::sleep(plan.length);
+            self.cluster().resume(t);
+        }
+        self.cluster().restart(node);
+        (
+            Some(id.clone()),
+            format!(
+                "{id} {}; node {node} killed {:.0} ms later, node {new} named {:.0} ms after \
+                 the kill; {}; {}",
+                if plan.pending { "released" } else { "granted" },
+                (struck - reported) as f64 / 1e6,
+                (named - struck) as f64 / 1e6,
+                match third {
+                    Some(t) => format!("node {t} stopped {:?}", plan.length),
+                    None => "no third node".to_owned(),
+                },
+                match self.next_hold(lock, reported) {
+                    Some((who, at, token)) => format!(
+                        "next hold {who} {:.1} s later (token {})",
+                        (at - reported) as f64 / 1e9,
+                        token.map_or("-".to_owned(), |t| t.to_string())
+                    ),
+                    None => "no hold yet at the restart".to_owned(),
+                }
+            ),
+        )
+    }
+
     /// The release of the native lock a nemesis times itself on: the first `released` of a
     /// kafka-lock contender reported from now, polled every 2 ms; `relocate` runs every 2 s
     /// meanwhile. None when nobody releases within the holder bound.
-    fn next_release(&self, lock: &str, mut relocate: impl FnMut()) -> Option<(String, i64)> {
+    fn next_release(&self, lock: &str, relocate: impl FnMut()) -> Option<(String, i64)> {
+        self.next_report(lock, Ev::Released, relocate)
+    }
+
+    /// As [`Self::next_release`], for the first report of `kind`.
+    fn next_report(
+        &self,
+        lock: &str,
+        kind: Ev,
+        mut relocate: impl FnMut(),
+    ) -> Option<(String, i64)> {
         let deadline = Instant::now() + HOLDER_BOUND;
         let mut looked_up = Instant::now();
         let from = mono_ns();
@@ -1160,7 +1239,7 @@ impl Run {
                     .rev()
                     .take_while(|e| e.mono > from - 10_000_000_000)
                     .find(|e| {
-                        e.kind == Ev::Released
+                        e.kind == kind
                             && e.mono > from
                             && judged(&e.id)
                             && checker::base(&e.lock) == lock
