@@ -14,6 +14,9 @@
 #   ITERATE=1 scripts/mutants-safety.sh src/membership.rs  # resume: skip the caught and unviable
 #   RE='^src/membership\.rs:(14[7-9][0-9]|1[5-9][0-9][0-9]):' scripts/mutants-safety.sh src/membership.rs
 #                                                 # only the mutants whose names match (`--list`)
+#   CLI_IT_ONLY='cli::supervisor_' RE='...' scripts/mutants-safety.sh src/bin/kafka-lock/supervise.rs
+#                                                 # the CLI's rows against these tests/it filters
+#                                                 # (space-separated) instead of the seven below
 #
 # Results go to target/mutants-safety/<file>/mutants.out (outcomes.json, caught.txt,
 # missed.txt, timeout.txt, unviable.txt); a second run over the same file moves them to
@@ -76,6 +79,11 @@ CLI_IT=(
     cli::a_dead_supervisor_is_replaced_by_kafka_lock_stopping_everything_then_releasing
     cli::supervisor_
 )
+# The `cli::supervisor_` tests drive the supervisor over its socket and start no broker: seconds
+# per mutant instead of minutes, so a run may narrow the row to them (or to any other filters).
+if [ -n "${CLI_IT_ONLY:-}" ]; then
+    read -r -a CLI_IT <<<"$CLI_IT_ONLY"
+fi
 
 # The tests of one file: `cargo test` arguments, then test-name filters.
 test_args() {
