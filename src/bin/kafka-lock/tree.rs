@@ -374,29 +374,42 @@ mod tests {
         assert_eq!(pin.group(), None);
     }
 
-    /// Set in the process [`alone`] starts: `reap` waits for any child of the process and
-    /// `signal_tree` reaches every descendant, which in the test harness would be the processes
-    /// of the tests running beside these.
+    /// Set in the process [`alone`] starts.
     const ALONE: &str = "KAFKA_LOCK_TREE_TEST_ALONE";
 
-    /// In the test harness: runs the test `name` again in a process of its own (a child
-    /// subreaper, as the supervisor and `kafka-lock run` are), bounded, fails if it failed, and
-    /// kills whatever it started that is still there; returns false. In that process: true.
+    /// In the test harness: runs the test `name` again as the first process of a PID namespace
+    /// of its own, with its own /proc (`unshare`, as root or in a user namespace), bounded, and
+    /// fails if it failed; returns false. In that process: true.
+    ///
+    /// `reap` waits for any child and `signal_tree` signals every descendant /proc shows; in the
+    /// harness that would include the processes of the tests running beside these, and a mutant
+    /// that widens the walk (`descendants_in` keeping every process) would signal every process
+    /// of the host. In the namespace /proc shows only what the test started, and when its first
+    /// process ends (even killed at the bound) the kernel kills everything left in it.
     fn alone(name: &str) -> bool {
         use std::io::Read;
         use std::process::Stdio;
         if std::env::var_os(ALONE).is_some() {
-            sys::become_subreaper().expect("become a child subreaper");
+            assert_eq!(std::process::id(), 1, "not alone in a PID namespace");
             return true;
         }
-        let mut child = std::process::Command::new(std::env::current_exe().expect("this test"))
+        let exe = std::env::current_exe().expect("this test");
+        let mut child = std::process::Command::new("unshare")
+            .args([
+                "--map-root-user",
+                "--pid",
+                "--mount-proc",
+                "--kill-child",
+                "--",
+            ])
+            .arg(exe)
             .args([name, "--exact", "--test-threads=1", "--nocapture"])
             .env(ALONE, "1")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .expect("run the test in a process of its own");
+            .expect("run unshare (util-linux) to give the test a PID namespace of its own");
         let pid = child.id();
         let mut out = child.stdout.take().expect("piped");
         let mut err = child.stderr.take().expect("piped");
@@ -409,24 +422,21 @@ mod tests {
         });
         let bound = Duration::from_secs(40);
         let (status, out, err) = rx.recv_timeout(bound).unwrap_or_else(|_| {
-            // Our unreaped child: the pid is still its own.
+            // Our unreaped child, so the pid is still unshare's; with --kill-child its death
+            // kills the namespace's first process, and with it everything in the namespace.
             let _ = rustix::process::kill_process(sys::pid(pid).expect("a pid"), Signal::KILL);
             rx.recv_timeout(bound)
                 .expect("the killed test process's output")
         });
-        // What it started and did not stop was re-parented to init when it ended.
-        for line in out.lines() {
-            let Some(p) = line.strip_prefix("started ").and_then(|p| p.parse().ok()) else {
-                continue;
-            };
-            if read_stat(p).is_some_and(|s| s.state != b'Z') {
-                if let Some(p) = sys::pid(p) {
-                    let _ = rustix::process::kill_process(p, Signal::KILL);
-                }
-            }
-        }
-        let status = status.expect("wait for the test process");
-        assert!(status.success(), "{name} {status}:\n{out}\n{err}");
+        let status = status.expect("wait for unshare");
+        assert!(
+            status.success(),
+            "{name} in a PID namespace of its own {status}:\n{out}\n{err}"
+        );
+        assert!(
+            out.contains("1 passed"),
+            "{name} did not run in the namespace:\n{out}\n{err}"
+        );
         false
     }
 
@@ -446,16 +456,13 @@ mod tests {
             .spawn()
             .expect("start sh");
         let mut pids = vec![sh.id()];
-        println!("started {}", sh.id());
         let out = std::io::BufReader::new(sh.stdout.take().expect("piped"));
         for line in out.lines() {
             let line = line.expect("the script's output");
             if line == "ready" {
                 break;
             }
-            let p: u32 = line.parse().expect("a pid");
-            println!("started {p}");
-            pids.push(p);
+            pids.push(line.parse().expect("a pid"));
         }
         assert_eq!(pids.len(), 4, "{pids:?}");
         let pin = PinnedGroup::pin(pids[0], &[std::process::id()]).expect("a child of ours");
@@ -465,7 +472,8 @@ mod tests {
     }
 
     /// One process in the command's group, one that left it (setsid) and still has the shell as
-    /// its parent, and one that left it and was orphaned (re-parented to this process).
+    /// its parent, and one that left it and was orphaned (re-parented to this process, the
+    /// namespace's init, as it would be to the subreaper the supervisor is).
     const LEAVES: &str = r#"sleep 60 & echo $!
 setsid sleep 60 & echo $!
 (setsid sleep 60 & echo $!)
