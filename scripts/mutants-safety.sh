@@ -11,6 +11,7 @@
 #   TIMEOUT=120 NICE=19 scripts/mutants-safety.sh ...   # test timeout per mutant (default 90 s)
 #   LIB_ONLY=1 scripts/mutants-safety.sh src/driver/pool.rs      # its lib tests only, no brokers
 #   BIN_ONLY=1 scripts/mutants-safety.sh src/bin/kafka-lock/tree.rs  # the CLI's unit tests only
+#                                                 # (tree.rs runs only so: see `selection`)
 #   ITERATE=1 scripts/mutants-safety.sh src/membership.rs  # resume: skip the caught and unviable
 #   RE='^src/membership\.rs:(14[7-9][0-9]|1[5-9][0-9][0-9]):' scripts/mutants-safety.sh src/membership.rs
 #                                                 # only the mutants whose names match (`--list`)
@@ -128,6 +129,17 @@ selection() {
     src/bin/kafka-lock/hold.rs)
         # The hold's machine is sans-I/O: its scripted tests are the reference.
         echo "--cargo-arg=--bin=kafka-lock $(test_args -- hold::)"
+        ;;
+    src/bin/kafka-lock/tree.rs)
+        # Only the CLI's unit tests, which stop real process trees inside a PID namespace of
+        # their own. Against tests/it, a mutant of the walk that finds the descendants (one
+        # that keeps every process /proc lists) would have the supervisor signal every process
+        # of the host that this user may signal.
+        if [ -z "${BIN_ONLY:-}" ] && [ -z "${LIST:-}" ]; then
+            echo "$1 runs with BIN_ONLY=1 only: its mutants can make the supervisor signal every process of the host" >&2
+            return 1
+        fi
+        echo "--all-features --cargo-arg=--bin=kafka-lock $(test_args -- run:: supervise:: tree::)"
         ;;
     src/bin/kafka-lock/*)
         # The CLI's unit tests, then (unless BIN_ONLY is set) the integration tests above, which
