@@ -420,7 +420,8 @@ mod tests {
             let _ = err.read_to_string(&mut e);
             let _ = tx.send((child.wait(), o, e));
         });
-        let bound = Duration::from_secs(40);
+        // A stop takes well under a second; the longest grace below is 10 s.
+        let bound = Duration::from_secs(20);
         let (status, out, err) = rx.recv_timeout(bound).unwrap_or_else(|_| {
             // Our unreaped child, so the pid is still unshare's; with --kill-child its death
             // kills the namespace's first process, and with it everything in the namespace.
