@@ -1595,6 +1595,25 @@ mod tests {
         );
     }
 
+    /// With only a short `--session-timeout`, the grace, the margin and the heartbeat shrink
+    /// with it (a fifth, a quarter and a third of what is left) instead of keeping defaults
+    /// that no longer fit.
+    #[test]
+    fn a_short_session_scales_the_defaults_down() {
+        let mut c = config();
+        c.session_timeout = S(2);
+        let t = Timing::resolve(&c).expect("a 2 s session with every other default");
+        assert_eq!(
+            (t.kill_grace, t.margin, t.heartbeat),
+            (
+                Duration::from_millis(400),
+                Duration::from_millis(500),
+                Duration::from_millis(500)
+            ),
+            "{t:?}"
+        );
+    }
+
     /// Zero is a valid `--wait` (one try), `--kill-grace` (SIGKILL at the lease end) and
     /// `--lease-margin` (with a zero grace); every other timeout must be positive.
     #[test]
