@@ -11,9 +11,13 @@
 #   TIMEOUT=120 NICE=19 scripts/mutants-safety.sh ...   # test timeout per mutant (default 90 s)
 #   LIB_ONLY=1 scripts/mutants-safety.sh src/driver/pool.rs      # its lib tests only, no brokers
 #   BIN_ONLY=1 scripts/mutants-safety.sh src/bin/kafka-lock/tree.rs  # the CLI's unit tests only
+#                                                 # (tree.rs runs only so: see `selection`)
 #   ITERATE=1 scripts/mutants-safety.sh src/membership.rs  # resume: skip the caught and unviable
 #   RE='^src/membership\.rs:(14[7-9][0-9]|1[5-9][0-9][0-9]):' scripts/mutants-safety.sh src/membership.rs
 #                                                 # only the mutants whose names match (`--list`)
+#   CLI_IT_ONLY='cli::supervisor_' RE='...' scripts/mutants-safety.sh src/bin/kafka-lock/supervise.rs
+#                                                 # the CLI's rows against these tests/it filters
+#                                                 # (space-separated) instead of the seven below
 #
 # Results go to target/mutants-safety/<file>/mutants.out (outcomes.json, caught.txt,
 # missed.txt, timeout.txt, unviable.txt); a second run over the same file moves them to
@@ -76,6 +80,11 @@ CLI_IT=(
     cli::a_dead_supervisor_is_replaced_by_kafka_lock_stopping_everything_then_releasing
     cli::supervisor_
 )
+# The `cli::supervisor_` tests drive the supervisor over its socket and start no broker: seconds
+# per mutant instead of minutes, so a run may narrow the row to them (or to any other filters).
+if [ -n "${CLI_IT_ONLY:-}" ]; then
+    read -r -a CLI_IT <<<"$CLI_IT_ONLY"
+fi
 
 # The tests of one file: `cargo test` arguments, then test-name filters.
 test_args() {
@@ -120,6 +129,17 @@ selection() {
     src/bin/kafka-lock/hold.rs)
         # The hold's machine is sans-I/O: its scripted tests are the reference.
         echo "--cargo-arg=--bin=kafka-lock $(test_args -- hold::)"
+        ;;
+    src/bin/kafka-lock/tree.rs)
+        # Only the CLI's unit tests, which stop real process trees inside a PID namespace of
+        # their own. Against tests/it, a mutant of the walk that finds the descendants (one
+        # that keeps every process /proc lists) would have the supervisor signal every process
+        # of the host that this user may signal.
+        if [ -z "${BIN_ONLY:-}" ] && [ -z "${LIST:-}" ]; then
+            echo "$1 runs with BIN_ONLY=1 only: its mutants can make the supervisor signal every process of the host" >&2
+            return 1
+        fi
+        echo "--all-features --cargo-arg=--bin=kafka-lock $(test_args -- run:: supervise:: tree::)"
         ;;
     src/bin/kafka-lock/*)
         # The CLI's unit tests, then (unless BIN_ONLY is set) the integration tests above, which

@@ -2490,6 +2490,51 @@ fn supervisor_kills_at_the_lease_end_plus_the_grace_on_its_own() {
     );
 }
 
+/// A command that exits and leaves a process behind: the supervisor reports the command's own
+/// status once, stops what is left, and says GONE; nothing it reaps later passes for the
+/// command's end.
+#[test]
+fn supervisor_reports_the_commands_end_once_when_it_left_a_process_behind() {
+    let sup = supervisor(
+        Duration::from_secs(5),
+        &["sh", "-c", "sleep 600 & echo $!; exit 3"],
+    );
+    sup.send(&format!("LEASE {}", mono_now() + 600_000_000_000));
+    assert!(sup.recv().starts_with("PID "));
+    let left: u32 = sup
+        .stdout
+        .recv_timeout(STEP)
+        .expect("the pid of what the command left")
+        .parse()
+        .expect("a pid");
+    let watched = Liveness::watch(left);
+    assert_eq!(sup.recv(), "EXIT CODE 3");
+    assert_eq!(sup.recv(), "GONE");
+    watched.gone_within(STEP);
+}
+
+/// What the command left behind ignores SIGTERM: it is SIGKILLed a grace later and GONE follows
+/// at once, though neither kafka-lock nor the command (reaped already) wakes the supervisor.
+#[test]
+fn supervisor_kills_leftovers_that_ignore_sigterm_and_says_gone() {
+    let sup = supervisor(
+        Duration::from_millis(300),
+        &["sh", "-c", "trap '' TERM; sleep 600 & echo $!; exit 0"],
+    );
+    sup.send(&format!("LEASE {}", mono_now() + 600_000_000_000));
+    assert!(sup.recv().starts_with("PID "));
+    let left: u32 = sup
+        .stdout
+        .recv_timeout(STEP)
+        .expect("the pid of what the command left")
+        .parse()
+        .expect("a pid");
+    let watched = Liveness::watch(left);
+    assert_eq!(sup.recv(), "EXIT CODE 0");
+    assert_eq!(sup.recv(), "GONE");
+    watched.gone_within(STEP);
+}
+
 #[test]
 fn supervisor_keeps_a_command_whose_lease_is_renewed() {
     let mut sup = supervisor(Duration::from_millis(200), &["sh", "-c", "sleep 2; exit 6"]);

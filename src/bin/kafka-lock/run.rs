@@ -1598,6 +1598,53 @@ mod tests {
         );
     }
 
+    /// With only a short `--session-timeout`, the grace, the margin and the heartbeat shrink
+    /// with it (a fifth, a quarter and a third of what is left) instead of keeping defaults
+    /// that no longer fit.
+    #[test]
+    fn a_short_session_scales_the_defaults_down() {
+        let mut c = config();
+        c.session_timeout = S(2);
+        let t = Timing::resolve(&c).expect("a 2 s session with every other default");
+        assert_eq!(
+            (t.kill_grace, t.margin, t.heartbeat),
+            (
+                Duration::from_millis(400),
+                Duration::from_millis(500),
+                Duration::from_millis(500)
+            ),
+            "{t:?}"
+        );
+    }
+
+    /// Zero is a valid `--wait` (one try), `--kill-grace` (SIGKILL at the lease end) and
+    /// `--lease-margin` (with a zero grace); every other timeout must be positive.
+    #[test]
+    fn zero_is_refused_only_where_it_means_nothing() {
+        type Set = fn(&mut RunConfig, Option<Duration>);
+        let positive: [(&str, Set); 5] = [
+            ("--session-timeout", |c, d| c.session_timeout = d),
+            ("--rebalance-timeout", |c, d| c.rebalance_timeout = d),
+            ("--heartbeat-interval", |c, d| c.heartbeat_interval = d),
+            ("--request-timeout", |c, d| c.request_timeout = d),
+            ("--connect-timeout", |c, d| c.connect_timeout = d),
+        ];
+        for (flag, set) in positive {
+            let mut c = config();
+            set(&mut c, Some(Duration::ZERO));
+            refused(&c, flag);
+        }
+        let mut c = config();
+        c.wait = Some(Duration::ZERO);
+        c.kill_grace = Some(Duration::ZERO);
+        c.lease_margin = Some(Duration::ZERO);
+        let t = Timing::resolve(&c).expect("zero wait, grace and margin");
+        assert_eq!(
+            (t.wait, t.kill_grace, t.margin),
+            (Some(Duration::ZERO), Duration::ZERO, Duration::ZERO)
+        );
+    }
+
     fn duration() -> impl Strategy<Value = Option<Duration>> {
         prop_oneof![
             Just(None),

@@ -590,6 +590,23 @@ mod tests {
             command: os(&["sh", "-c", "exit 3"]),
         };
         assert_eq!(Args::parse(&a.to_argv()), Ok(a));
+        // The shortest command line: a command of one word.
+        let a = Args {
+            fd: 3,
+            grace_ns: 0,
+            command: os(&["true"]),
+        };
+        assert_eq!(Args::parse(&a.to_argv()), Ok(a));
+    }
+
+    /// Run by hand, the mode refuses its arguments and exits 64 before it touches any
+    /// descriptor.
+    #[test]
+    fn bad_arguments_exit_64_before_anything_starts() {
+        assert_eq!(
+            main(os(&["kafka-lock", MODE])),
+            ExitCode::from(crate::exit::USAGE)
+        );
     }
 
     #[test]

@@ -338,6 +338,10 @@ mod tests {
         // reused could show one.
         let procs = vec![(5, stat(6, 5)), (6, stat(5, 6))];
         assert!(descendants_in(5, &procs).len() <= procs.len());
+        // A pid listed twice, once as its own parent: the walk finds it again and again, and
+        // only the bound stops it, at one entry per line of the snapshot.
+        let procs = vec![(2, stat(1, 2)), (2, stat(2, 2))];
+        assert_eq!(descendants_in(1, &procs).len(), procs.len());
     }
 
     /// The pin answers with the group only while the leader is our unreaped child: after it is
@@ -368,6 +372,182 @@ mod tests {
         assert_eq!(pin.group(), Some(pid));
         child.wait().expect("reap sleep");
         assert_eq!(pin.group(), None);
+    }
+
+    /// Set in the process [`alone`] starts.
+    const ALONE: &str = "KAFKA_LOCK_TREE_TEST_ALONE";
+
+    /// In the test harness: runs the test `name` again as the first process of a PID namespace
+    /// of its own, with its own /proc (`unshare`, as root or in a user namespace), bounded, and
+    /// fails if it failed; returns false. In that process: true.
+    ///
+    /// `reap` waits for any child and `signal_tree` signals every descendant /proc shows; in the
+    /// harness that would include the processes of the tests running beside these, and a mutant
+    /// that widens the walk (`descendants_in` keeping every process) would signal every process
+    /// of the host. In the namespace /proc shows only what the test started, and when its first
+    /// process ends (even killed at the bound) the kernel kills everything left in it.
+    fn alone(name: &str) -> bool {
+        use std::io::Read;
+        use std::process::Stdio;
+        if std::env::var_os(ALONE).is_some() {
+            assert_eq!(std::process::id(), 1, "not alone in a PID namespace");
+            return true;
+        }
+        let exe = std::env::current_exe().expect("this test");
+        let mut child = std::process::Command::new("unshare")
+            .args([
+                "--map-root-user",
+                "--pid",
+                "--mount-proc",
+                "--kill-child",
+                "--",
+            ])
+            .arg(exe)
+            .args([name, "--exact", "--test-threads=1", "--nocapture"])
+            .env(ALONE, "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run unshare (util-linux) to give the test a PID namespace of its own");
+        let pid = child.id();
+        let mut out = child.stdout.take().expect("piped");
+        let mut err = child.stderr.take().expect("piped");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let (mut o, mut e) = (String::new(), String::new());
+            let _ = out.read_to_string(&mut o);
+            let _ = err.read_to_string(&mut e);
+            let _ = tx.send((child.wait(), o, e));
+        });
+        // A stop takes well under a second; the longest grace below is 10 s.
+        let bound = Duration::from_secs(20);
+        let (status, out, err) = rx.recv_timeout(bound).unwrap_or_else(|_| {
+            // Our unreaped child, so the pid is still unshare's; with --kill-child its death
+            // kills the namespace's first process, and with it everything in the namespace.
+            let _ = rustix::process::kill_process(sys::pid(pid).expect("a pid"), Signal::KILL);
+            rx.recv_timeout(bound)
+                .expect("the killed test process's output")
+        });
+        let status = status.expect("wait for unshare");
+        assert!(
+            status.success(),
+            "{name} in a PID namespace of its own {status}:\n{out}\n{err}"
+        );
+        assert!(
+            out.contains("1 passed"),
+            "{name} did not run in the namespace:\n{out}\n{err}"
+        );
+        false
+    }
+
+    /// Starts `sh -c script` in its own process group, as the supervisor starts a command, and
+    /// pins its group. The script prints the pids of what it starts, then `ready`; the shell's
+    /// pid comes first in the list.
+    fn start_command(script: &str) -> (PinnedGroup, Vec<u32>) {
+        use std::io::BufRead;
+        use std::os::unix::process::CommandExt;
+        use std::process::Stdio;
+        let mut sh = std::process::Command::new("sh")
+            .args(["-c", script])
+            .process_group(0)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start sh");
+        let mut pids = vec![sh.id()];
+        let out = std::io::BufReader::new(sh.stdout.take().expect("piped"));
+        for line in out.lines() {
+            let line = line.expect("the script's output");
+            if line == "ready" {
+                break;
+            }
+            pids.push(line.parse().expect("a pid"));
+        }
+        assert_eq!(pids.len(), 4, "{pids:?}");
+        let pin = PinnedGroup::pin(pids[0], &[std::process::id()]).expect("a child of ours");
+        // Reaped by `stop_everything`, not through std.
+        drop(sh);
+        (pin, pids)
+    }
+
+    /// One process in the command's group, one that left it (setsid) and still has the shell as
+    /// its parent, and one that left it and was orphaned (re-parented to this process, the
+    /// namespace's init, as it would be to the subreaper the supervisor is).
+    const LEAVES: &str = r#"sleep 60 & echo $!
+setsid sleep 60 & echo $!
+(setsid sleep 60 & echo $!)
+echo ready; exec sleep 60"#;
+
+    /// Stops the tree and checks that every process was reaped, each ended by `signal`; returns
+    /// how long the stop took.
+    fn stop_and_check(
+        pin: PinnedGroup,
+        pids: &[u32],
+        grace: Duration,
+        kill_by: Option<u64>,
+        signal: Signal,
+    ) -> Duration {
+        let started = Instant::now();
+        let mut exits = Vec::new();
+        stop_everything(Some(pin), grace, kill_by, |pid, e| exits.push((pid, e)));
+        let took = started.elapsed();
+        for pid in pids {
+            assert_eq!(
+                exits.iter().find(|(p, _)| p == pid).map(|(_, e)| *e),
+                Some(Some(ChildExit::Signal(signal.as_raw()))),
+                "process {pid} (of {pids:?}): {exits:?}"
+            );
+            assert!(read_stat(*pid).is_none(), "process {pid} is still there");
+        }
+        took
+    }
+
+    /// SIGTERM reaches the command's group, a descendant that left it and an orphan: each ends
+    /// by it, and the stop returns as soon as they are gone, not at the SIGKILL a grace later.
+    #[test]
+    fn a_stop_terms_the_group_and_every_descendant_outside_it() {
+        if !alone("tree::tests::a_stop_terms_the_group_and_every_descendant_outside_it") {
+            return;
+        }
+        let (pin, pids) = start_command(LEAVES);
+        let grace = Duration::from_secs(10);
+        let took = stop_and_check(pin, &pids, grace, None, Signal::TERM);
+        assert!(took < grace, "the stop took {took:?}");
+    }
+
+    /// What ignores SIGTERM is SIGKILLed at `kill_by` when that comes before the grace is over,
+    /// and not sooner.
+    #[test]
+    fn what_ignores_sigterm_is_killed_at_kill_by_and_not_sooner() {
+        if !alone("tree::tests::what_ignores_sigterm_is_killed_at_kill_by_and_not_sooner") {
+            return;
+        }
+        // SIG_IGN survives fork and exec: every process of the script ignores SIGTERM.
+        let (pin, pids) = start_command(&format!("trap '' TERM\n{LEAVES}"));
+        let (grace, by) = (Duration::from_secs(10), Duration::from_millis(500));
+        let took = stop_and_check(
+            pin,
+            &pids,
+            grace,
+            Some(sys::boot_ns() + sys::nanos(by)),
+            Signal::KILL,
+        );
+        assert!(took >= by && took < grace, "the stop took {took:?}");
+    }
+
+    /// A `kill_by` already past (the lease ended during the stop's wait for its turn): SIGKILL
+    /// at once, no SIGTERM first, even for a command that would end on SIGTERM.
+    #[test]
+    fn a_kill_by_already_past_kills_at_once_without_a_sigterm() {
+        if !alone("tree::tests::a_kill_by_already_past_kills_at_once_without_a_sigterm") {
+            return;
+        }
+        let (pin, pids) = start_command(LEAVES);
+        let grace = Duration::from_secs(10);
+        let took = stop_and_check(pin, &pids, grace, Some(sys::boot_ns() - 1), Signal::KILL);
+        assert!(took < grace, "the stop took {took:?}");
     }
 
     #[test]
