@@ -2495,32 +2495,29 @@ fn supervisor_kills_at_the_lease_end_plus_the_grace_on_its_own() {
 /// command's end.
 #[test]
 fn supervisor_reports_the_commands_end_once_when_it_left_a_process_behind() {
-    let sup = supervisor(
+    command_leaves_a_process_behind(
         Duration::from_secs(5),
-        &["sh", "-c", "sleep 600 & echo $!; exit 3"],
+        "sleep 600 & echo $!; exit 3",
+        "EXIT CODE 3",
     );
-    sup.send(&format!("LEASE {}", mono_now() + 600_000_000_000));
-    assert!(sup.recv().starts_with("PID "));
-    let left: u32 = sup
-        .stdout
-        .recv_timeout(STEP)
-        .expect("the pid of what the command left")
-        .parse()
-        .expect("a pid");
-    let watched = Liveness::watch(left);
-    assert_eq!(sup.recv(), "EXIT CODE 3");
-    assert_eq!(sup.recv(), "GONE");
-    watched.gone_within(STEP);
 }
 
 /// What the command left behind ignores SIGTERM: it is SIGKILLed a grace later and GONE follows
 /// at once, though neither kafka-lock nor the command (reaped already) wakes the supervisor.
 #[test]
 fn supervisor_kills_leftovers_that_ignore_sigterm_and_says_gone() {
-    let sup = supervisor(
+    command_leaves_a_process_behind(
         Duration::from_millis(300),
-        &["sh", "-c", "trap '' TERM; sleep 600 & echo $!; exit 0"],
+        "trap '' TERM; sleep 600 & echo $!; exit 0",
+        "EXIT CODE 0",
     );
+}
+
+/// Runs `script` (which prints the pid of a process it leaves behind, then exits) under a
+/// supervisor with `grace`: the command's end is reported once as `exit`, then GONE, and the
+/// process left behind is gone too.
+fn command_leaves_a_process_behind(grace: Duration, script: &str, exit: &str) {
+    let sup = supervisor(grace, &["sh", "-c", script]);
     sup.send(&format!("LEASE {}", mono_now() + 600_000_000_000));
     assert!(sup.recv().starts_with("PID "));
     let left: u32 = sup
@@ -2530,7 +2527,7 @@ fn supervisor_kills_leftovers_that_ignore_sigterm_and_says_gone() {
         .parse()
         .expect("a pid");
     let watched = Liveness::watch(left);
-    assert_eq!(sup.recv(), "EXIT CODE 0");
+    assert_eq!(sup.recv(), exit);
     assert_eq!(sup.recv(), "GONE");
     watched.gone_within(STEP);
 }
