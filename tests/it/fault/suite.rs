@@ -1239,6 +1239,8 @@ impl Run {
         }
         self.cluster().begin_terminate(old);
         let struck = Instant::now();
+        let struck_mono = mono_ns();
+        let mut resumed_mono = None;
         let ms = |d: Duration| d.as_millis();
         // Every distinct answer of the plain reads at `next`, with when it first came.
         let mut seen: Vec<(u128, String)> = Vec::new();
@@ -1266,6 +1268,7 @@ impl Run {
                     self.cluster().resume(t);
                 }
                 resumed_at = Some(ms(struck.elapsed()));
+                resumed_mono = Some(mono_ns());
                 // Watch the plain reads catch up for a second after the resume.
                 stop_until = Some(Instant::now() + Duration::from_secs(1));
             } else if resumed_at.is_some() && stop_until.is_some_and(|u| Instant::now() >= u) {
@@ -1283,11 +1286,30 @@ impl Run {
         self.cluster().restart(old);
         let before = before.unwrap_or_else(|e| format!("unread ({e})"));
         let stale = seen.first().is_some_and(|(_, v)| *v != before);
+        // What the contenders did while the third node was stopped: a grant there would have
+        // read in the window the plain reads show.
+        let (grants, reads) = {
+            let until = resumed_mono.unwrap_or_else(mono_ns);
+            let log = self.checker.lock();
+            let during = |k: Ev| {
+                log.events
+                    .iter()
+                    .filter(|e| {
+                        e.kind == k
+                            && e.mono > struck_mono
+                            && e.mono < until
+                            && checker::base(&e.lock) == lock
+                    })
+                    .count()
+            };
+            (during(Ev::Acquired), during(Ev::CkRead))
+        };
         (
             Some(id.clone()),
             format!(
                 "{id}: OffsetCommit answer held; node {old} read {before}, shut down; node {} \
-                 next, node {} stopped {:?}{}; plain reads at node {}: {}{}",
+                 next, node {} stopped {:?}{}, meanwhile {grants} grant(s) and {reads} grant \
+                 read(s); plain reads at node {}: {}{}",
                 next.map_or("-".to_owned(), |n| n.to_string()),
                 third.map_or("-".to_owned(), |n| n.to_string()),
                 plan.length,
