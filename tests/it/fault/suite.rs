@@ -1198,6 +1198,15 @@ impl Run {
         let Some((id, old)) = held else {
             return (None, String::new());
         };
+        // Another holder (permits, or the many-locks contenders) may have tripped its trigger
+        // before it was disarmed: only the first answer held is the episode's.
+        for other in contenders.iter().filter(|o| **o != id) {
+            self.pool.proxies_of(other, |p| {
+                if let Some(n) = p.commit_held() {
+                    p.set(n, Fault::Clear);
+                }
+            });
+        }
         let let_out = || {
             self.pool.proxies_of(&id, |p| p.set(old, Fault::Clear));
         };
