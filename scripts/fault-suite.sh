@@ -23,8 +23,9 @@
 # lane-starvation (the many-locks contenders on one parking lane while holders are killed),
 # handover-ledger-move (the ledger partition's leader killed or shut down at a holder's
 # release) and abandoned-polls (the waiters' long-poll answers held, or their links to the
-# ledger leader black-holed, at a release), and coord-move-at-grant (the coordinator killed at
-# a grant or release, the third node stopped 1 to 2 s); these three turn --checkpoints on.
+# ledger leader black-holed, at a release), and coord-move-at-grant (a checkpoint's answer
+# held, the coordinator shut down with the third replica stopped 1 to 2 s, plain reads at the
+# new leader reported); these three turn --checkpoints on.
 # --many N (N > 1) adds two contender processes that each take the native lock and the same
 # N-1 other locks through one client, so the faults hit connections many locks share; the
 # checker judges every lock on its own.

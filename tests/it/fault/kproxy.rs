@@ -46,6 +46,9 @@
 //! proxies is held, with the connection it came on (a stall of that proxy's open connections),
 //! and the client's side of that connection is shut down, so the client resends at once on a
 //! new one while the broker receives the stalled JoinGroup only at the heal.
+//! [`ProxySet::hold_next_commit`] arms a third: the next OffsetCommit answer through any of the
+//! set's proxies is held, with every later answer of that broker, until the proxy's fault is
+//! cleared: the broker has committed the checkpoint, the client does not know yet.
 
 use std::collections::HashMap;
 use std::io;
@@ -176,6 +179,15 @@ pub struct ProxySet {
     join_stall: Arc<JoinStall>,
     hb_hold: Arc<HeartbeatHold>,
     fetch_hold: Arc<HeartbeatHold>,
+    commit_hold: Arc<CommitHold>,
+}
+
+/// The trigger of [`ProxySet::hold_next_commit`], shared by every connection of a set.
+#[derive(Default)]
+struct CommitHold {
+    armed: std::sync::atomic::AtomicBool,
+    /// The node whose OffsetCommit answer is held, once one is.
+    node: Mutex<Option<i32>>,
 }
 
 /// What a connection may trip: the set's triggers, and its own proxy's fault, which a stalled
@@ -186,6 +198,7 @@ struct Triggers {
     join_stall: Arc<JoinStall>,
     hb_hold: Arc<HeartbeatHold>,
     fetch_hold: Arc<HeartbeatHold>,
+    commit_hold: Arc<CommitHold>,
     fault: watch::Sender<Fault>,
     node: i32,
 }
@@ -357,6 +370,7 @@ impl ProxySet {
         let join_stall = Arc::new(JoinStall::default());
         let hb_hold = Arc::new(HeartbeatHold::default());
         let fetch_hold = Arc::new(HeartbeatHold::default());
+        let commit_hold = Arc::new(CommitHold::default());
         let proxies: Vec<BrokerProxy> = brokers
             .iter()
             .zip(listeners)
@@ -369,6 +383,7 @@ impl ProxySet {
                     join_stall: join_stall.clone(),
                     hb_hold: hb_hold.clone(),
                     fetch_hold: fetch_hold.clone(),
+                    commit_hold: commit_hold.clone(),
                     fault: fault.clone(),
                     node: node_id,
                 };
@@ -399,7 +414,33 @@ impl ProxySet {
             join_stall,
             hb_hold,
             fetch_hold,
+            commit_hold,
         }
+    }
+
+    /// Arms the trigger: the next OffsetCommit answer to this contender is held, with every
+    /// answer after it from that broker (a [`Fault::Blackhole`] of answers on that broker's
+    /// proxy, set before the answer is queued), until [`ProxySet::set`] or
+    /// [`ProxySet::set_all`] clears it. `false` disarms it if it has not fired.
+    pub fn hold_next_commit(&self, arm: bool) {
+        if arm {
+            *self
+                .commit_hold
+                .node
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = None;
+        }
+        self.commit_hold.armed.store(arm, Ordering::SeqCst);
+    }
+
+    /// The broker whose OffsetCommit answer the trigger of [`ProxySet::hold_next_commit`]
+    /// holds, once it holds one.
+    pub fn commit_held(&self) -> Option<i32> {
+        *self
+            .commit_hold
+            .node
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// Holds every Heartbeat answer read from now for `length` and delivers it then, with the
@@ -513,11 +554,12 @@ impl ProxySet {
     }
 
     /// Sets the fault on every proxy of the set: the contender cut off from the whole cluster.
-    /// Disarms [`ProxySet::cut_after_sync`] and [`ProxySet::stall_next_join`] if they have not
-    /// fired.
+    /// Disarms [`ProxySet::cut_after_sync`], [`ProxySet::stall_next_join`] and
+    /// [`ProxySet::hold_next_commit`] if they have not fired.
     pub fn set_all(&self, fault: Fault) {
         self.sync_cut.armed.store(false, Ordering::SeqCst);
         self.join_stall.armed.store(false, Ordering::SeqCst);
+        self.commit_hold.armed.store(false, Ordering::SeqCst);
         for p in &self.proxies {
             p.fault.send_replace(fault);
         }
@@ -606,9 +648,14 @@ async fn connection(
         join_stall,
         hb_hold,
         fetch_hold,
+        commit_hold,
         fault: own_fault,
         node,
     } = triggers;
+    // The connection's OffsetCommits in flight (correlation ids).
+    let commits: Arc<Mutex<std::collections::HashSet<i32>>> = Arc::default();
+    let (asked_commit, answered_commit) = (commits.clone(), commits);
+    let commit_fault = own_fault.clone();
     // The connection's Heartbeats in flight (correlation ids), and how many of their answers
     // are held and not yet written to the client.
     let heartbeats: Arc<Mutex<std::collections::HashSet<i32>>> = Arc::default();
@@ -628,6 +675,7 @@ async fn connection(
             match ApiKey::try_from(i16::from_be_bytes([frame[0], frame[1]])) {
                 Ok(ApiKey::Heartbeat) => &asked,
                 Ok(ApiKey::Fetch) => &asked_fetch,
+                Ok(ApiKey::OffsetCommit) => &asked_commit,
                 _ => return None,
             }
             .lock()
@@ -679,6 +727,15 @@ async fn connection(
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&correlation);
+            let commit = answered_commit
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&correlation);
+            // Set before the frame is queued: `pump_in` then holds it with the black-hole.
+            if commit && commit_hold.armed.swap(false, Ordering::SeqCst) {
+                commit_fault.send_replace(Fault::Blackhole(Dir::Down));
+                *commit_hold.node.lock().unwrap_or_else(|p| p.into_inner()) = Some(node);
+            }
             if let Some(until) = fetch_hold.until().filter(|_| fetch) {
                 hold_stats.fetches_held.fetch_add(1, Ordering::SeqCst);
                 // Not counted as a held Heartbeat: a client may give a held poll up.

@@ -403,8 +403,8 @@ impl fmt::Display for Episode {
             ),
             Kind::CoordMoveAtGrant => write!(
                 f,
-                ", the coordinator killed at a {}, the third node stopped {:?}",
-                if self.pending { "release" } else { "grant" },
+                ", the coordinator shut down at a held checkpoint answer, the third node stopped \
+                 {:?}",
                 self.length
             ),
             Kind::AbandonedPolls => write!(
@@ -598,10 +598,7 @@ fn draw(kind: Kind, rng: &mut Rng) -> Episode {
             e.pending = rng.range(0, 1) == 1;
         }
         // The follower's stop: short of the session timeouts, long against one fetch round.
-        Kind::CoordMoveAtGrant => {
-            e.length = rng.millis(1000, 2000);
-            e.pending = rng.range(0, 1) == 1;
-        }
+        Kind::CoordMoveAtGrant => e.length = rng.millis(1000, 2000),
         Kind::CutLedger => {
             e.length = rng.millis(2000, 8000);
             e.pending = rng.range(0, 1) == 1;

@@ -17,7 +17,7 @@ use super::nemesis::{schedule, Episode, Kind, Rng, Target};
 use super::pool::{self, Env, Pool, Role, SlotSpec};
 use super::roles::{options, to_mono, Flavour};
 use super::SESSION;
-use crate::support::kafka::probe::create_topic;
+use crate::support::kafka::probe::{create_topic, offsets_partition};
 use crate::support::kafka::{KafkaCluster, KafkaOptions};
 use crate::support::lifeline::{Output, Supervised};
 use crate::support::{mono_ns, repo_root, unique_group};
@@ -1153,62 +1153,189 @@ impl Run {
         )
     }
 
-    /// The coord-move-at-grant nemesis: the coordinator broker killed the moment a kafka-lock
-    /// holder of `lock` reports its grant (`pending`: its release, its last checkpoint just
-    /// stored), and the third node stopped for `plan.length` as soon as FindCoordinator names
-    /// another node. A follower promoted to leader keeps the high watermark it last heard of
-    /// (Partition `makeLeader`) until its followers fetch from it; the coordinator loading there
-    /// sets `lastCommittedOffset` to that watermark (CoordinatorLoaderImpl `load`), which a
-    /// plain OffsetFetch reads at (GroupCoordinatorService `fetchOffsets`), so with the only
-    /// other follower stopped the next checkpoint read can only see the last stored one if it
-    /// is a stable read. The checker's checkpoint continuity judges it.
+    /// The coord-move-at-grant nemesis, aimed at the one place a checkpoint read without
+    /// `require_stable` can answer older than an acknowledged checkpoint: a coordinator that
+    /// has just taken over with a high watermark short of it. The next OffsetCommit answer any
+    /// contender of `lock` gets is held at its proxy (the broker has committed the checkpoint:
+    /// Apache answers a commit only once its high watermark passed it). Then the committed
+    /// state is read at the old coordinator, the replica of the group's `__consumer_offsets`
+    /// partition that is not next in line is stopped (SIGSTOP, in the ISR, not fenced: the new
+    /// leader's high watermark cannot pass what it last heard from the old one), and the old
+    /// coordinator is shut down (SIGTERM, a controlled shutdown, so the leadership moves at once
+    /// while the other two nodes keep a controller quorum, and before the follower's parked
+    /// Fetch, DelayedFetch up to `replica.fetch.wait.max.ms`, can bring it the new high
+    /// watermark). Plain OffsetFetches (no `require_stable`) are sent to the new leader from
+    /// then on, every 5 ms; the held answer is let out at the first one answered; the third
+    /// node is resumed `plan.length` later. The note says what the plain reads answered, next
+    /// to the committed state read before: the window the grant read must not fall in. The
+    /// checker's checkpoint continuity judges the contenders' own reads.
     fn coord_move_at_grant(&self, plan: &Episode, lock: &str) -> (Option<String>, String) {
-        let mut node = self.cluster().coordinator(lock);
-        let at = if plan.pending {
-            Ev::Released
-        } else {
-            Ev::Acquired
+        let contenders = self.pool.proxied(lock);
+        for id in &contenders {
+            self.pool.proxies_of(id, |p| p.hold_next_commit(true));
+        }
+        let deadline = Instant::now() + HOLDER_BOUND;
+        let held = loop {
+            let mut found = None;
+            for id in &contenders {
+                self.pool.proxies_of(id, |p| {
+                    if let Some(n) = p.commit_held() {
+                        found = Some((id.clone(), n));
+                    }
+                });
+                if found.is_some() {
+                    break;
+                }
+            }
+            if found.is_some() || Instant::now() >= deadline {
+                break found;
+            }
+            std::thread::sleep(Duration::from_millis(1));
         };
-        let Some((id, reported)) =
-            self.next_report(lock, at, || node = self.cluster().coordinator(lock))
-        else {
+        for id in &contenders {
+            self.pool.proxies_of(id, |p| p.hold_next_commit(false));
+        }
+        let Some((id, old)) = held else {
             return (None, String::new());
         };
-        self.cluster().kill(node);
-        let struck = mono_ns();
-        let new = self.cluster().wait_for_new_coordinator(lock, node);
-        let named = mono_ns();
-        let third = self
+        // Another holder (permits, or the many-locks contenders) may have tripped its trigger
+        // before it was disarmed: only the first answer held is the episode's.
+        for other in contenders.iter().filter(|o| **o != id) {
+            self.pool.proxies_of(other, |p| {
+                if let Some(n) = p.commit_held() {
+                    p.set(n, Fault::Clear);
+                }
+            });
+        }
+        let let_out = || {
+            self.pool.proxies_of(&id, |p| p.set(old, Fault::Clear));
+        };
+        let nodes: Vec<(i32, String)> = self
             .cluster()
             .nodes()
             .iter()
-            .map(|n| n.id())
-            .find(|&n| n != node && n != new);
+            .filter(|n| n.is_live())
+            .map(|n| (n.id(), n.addr()))
+            .collect();
+        let addr = |n: i32| {
+            nodes
+                .iter()
+                .find(|(id, _)| *id == n)
+                .map(|(_, a)| a.clone())
+        };
+        let Some(old_addr) = addr(old) else {
+            let_out();
+            return (Some(id), format!("node {old} not running: nothing done"));
+        };
+        let before = self.rt.block_on(plain_offsets(old_addr, lock.to_owned()));
+        let partition = offsets_partition(lock, self.cluster().offsets_partitions());
+        let replicas = self.rt.block_on(replicas_of(
+            nodes.iter().map(|(_, a)| a.clone()).collect(),
+            "__consumer_offsets",
+            partition,
+        ));
+        // The controller elects the first replica in assignment order that is in the ISR and
+        // may lead (KRaft PartitionChangeBuilder): that one is next; the other one is stopped.
+        let others: Vec<i32> = replicas
+            .iter()
+            .flatten()
+            .copied()
+            .filter(|&n| n != old)
+            .collect();
+        let (next, third) = (others.first().copied(), others.get(1).copied());
         if let Some(t) = third {
             self.cluster().pause(t);
-            std::thread::sleep(plan.length);
-            self.cluster().resume(t);
         }
-        self.cluster().restart(node);
+        self.cluster().begin_terminate(old);
+        let struck = Instant::now();
+        let struck_mono = mono_ns();
+        let mut resumed_mono = None;
+        let ms = |d: Duration| d.as_millis();
+        // Every distinct answer of the plain reads at `next`, with when it first came.
+        let mut seen: Vec<(u128, String)> = Vec::new();
+        let mut resumed_at = None;
+        let mut stop_until = None;
+        let bound = struck + Duration::from_secs(20);
+        while let Some(n) = next {
+            let now = Instant::now();
+            if now >= bound {
+                break;
+            }
+            if let Some(a) = addr(n) {
+                if let Ok(v) = self.rt.block_on(plain_offsets(a, lock.to_owned())) {
+                    if seen.is_empty() {
+                        let_out();
+                        stop_until = Some(now + plan.length);
+                    }
+                    if seen.last().is_none_or(|(_, last)| *last != v) {
+                        seen.push((ms(struck.elapsed()), v));
+                    }
+                }
+            }
+            if resumed_at.is_none() && stop_until.is_some_and(|u| Instant::now() >= u) {
+                if let Some(t) = third {
+                    self.cluster().resume(t);
+                }
+                resumed_at = Some(ms(struck.elapsed()));
+                resumed_mono = Some(mono_ns());
+                // Watch the plain reads catch up for a second after the resume.
+                stop_until = Some(Instant::now() + Duration::from_secs(1));
+            } else if resumed_at.is_some() && stop_until.is_some_and(|u| Instant::now() >= u) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let_out();
+        if resumed_at.is_none() {
+            if let Some(t) = third {
+                self.cluster().resume(t);
+            }
+        }
+        self.cluster().terminate(old, Duration::from_secs(120));
+        self.cluster().restart(old);
+        let before = before.unwrap_or_else(|e| format!("unread ({e})"));
+        let stale = seen.first().is_some_and(|(_, v)| *v != before);
+        // What the contenders did while the third node was stopped: a grant there would have
+        // read in the window the plain reads show.
+        let (grants, reads) = {
+            let until = resumed_mono.unwrap_or_else(mono_ns);
+            let log = self.checker.lock();
+            let during = |k: Ev| {
+                log.events
+                    .iter()
+                    .filter(|e| {
+                        e.kind == k
+                            && e.mono > struck_mono
+                            && e.mono < until
+                            && checker::base(&e.lock) == lock
+                    })
+                    .count()
+            };
+            (during(Ev::Acquired), during(Ev::CkRead))
+        };
         (
             Some(id.clone()),
             format!(
-                "{id} {}; node {node} killed {:.0} ms later, node {new} named {:.0} ms after \
-                 the kill; {}; {}",
-                if plan.pending { "released" } else { "granted" },
-                (struck - reported) as f64 / 1e6,
-                (named - struck) as f64 / 1e6,
-                match third {
-                    Some(t) => format!("node {t} stopped {:?}", plan.length),
-                    None => "no third node".to_owned(),
+                "{id}: OffsetCommit answer held; node {old} read {before}, shut down; node {} \
+                 next, node {} stopped {:?}{}, meanwhile {grants} grant(s) and {reads} grant \
+                 read(s); plain reads at node {}: {}{}",
+                next.map_or("-".to_owned(), |n| n.to_string()),
+                third.map_or("-".to_owned(), |n| n.to_string()),
+                plan.length,
+                resumed_at.map_or(String::new(), |t| format!(" (resumed at {t} ms)")),
+                next.map_or("-".to_owned(), |n| n.to_string()),
+                if seen.is_empty() {
+                    "none answered".to_owned()
+                } else {
+                    seen.iter()
+                        .map(|(t, v)| format!("{t} ms: {v}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 },
-                match self.next_hold(lock, reported) {
-                    Some((who, at, token)) => format!(
-                        "next hold {who} {:.1} s later (token {})",
-                        (at - reported) as f64 / 1e9,
-                        token.map_or("-".to_owned(), |t| t.to_string())
-                    ),
-                    None => "no hold yet at the restart".to_owned(),
+                if stale {
+                    "; STALE PLAIN READ (older than the held commit)"
+                } else {
+                    ""
                 }
             ),
         )
@@ -2389,4 +2516,98 @@ async fn append(nodes: &[String], topic: &str, key: &str, value: bytes::Bytes) -
     };
     conn.close();
     offset
+}
+
+/// The group's committed offsets as a plain OffsetFetch (v8, no `require_stable`) at the
+/// broker at `addr` reads them: every partition as `topic/partition@offset`, with a prefix of
+/// its metadata. A broker error (NOT_COORDINATOR while it has not loaded the group) is an `Err`.
+async fn plain_offsets(addr: String, group: String) -> Result<String, String> {
+    use kafka_lock::internals::driver::{ConnConfig, Connection};
+    use kafka_lock::internals::wire::Response;
+    use kafka_protocol::messages::offset_fetch_request::{
+        OffsetFetchRequest, OffsetFetchRequestGroup,
+    };
+    use kafka_protocol::messages::GroupId;
+    use kafka_protocol::protocol::StrBytes;
+    let bound = Duration::from_secs(2);
+    let conn = tokio::time::timeout(bound, Connection::connect(&addr, &ConnConfig::default()))
+        .await
+        .map_err(|_| "connect timed out".to_owned())?
+        .map_err(|e| e.to_string())?;
+    let mut g = OffsetFetchRequestGroup::default();
+    g.group_id = GroupId(StrBytes::from_string(group));
+    g.topics = None;
+    let mut req = OffsetFetchRequest::default();
+    req.require_stable = false;
+    req.groups = vec![g];
+    let answer = conn.request_at(req, 8, bound).await;
+    conn.close();
+    let Response::OffsetFetch(r) = answer.map_err(|e| e.to_string())? else {
+        return Err("not an OffsetFetch answer".to_owned());
+    };
+    let g = r.groups.first().ok_or("no group in the answer")?;
+    if g.error_code != 0 {
+        return Err(format!("error {}", g.error_code));
+    }
+    let mut out: Vec<String> = g
+        .topics
+        .iter()
+        .flat_map(|t| {
+            t.partitions.iter().map(move |p| {
+                let meta: String = p
+                    .metadata
+                    .as_deref()
+                    .unwrap_or("")
+                    .chars()
+                    .take(24)
+                    .collect();
+                format!(
+                    "{}/{}@{} {meta:?}",
+                    t.name.0.as_str(),
+                    p.partition_index,
+                    p.committed_offset
+                )
+            })
+        })
+        .collect();
+    out.sort();
+    Ok(if out.is_empty() {
+        "nothing committed".to_owned()
+    } else {
+        out.join(" ")
+    })
+}
+
+/// The replicas of `topic`'s partition `partition` in assignment order, from Metadata at the
+/// first of `nodes` that answers.
+async fn replicas_of(nodes: Vec<String>, topic: &'static str, partition: i32) -> Option<Vec<i32>> {
+    use kafka_lock::internals::driver::{ConnConfig, Connection};
+    use kafka_lock::internals::wire::Response;
+    use kafka_protocol::messages::metadata_request::{MetadataRequest, MetadataRequestTopic};
+    use kafka_protocol::messages::TopicName;
+    use kafka_protocol::protocol::StrBytes;
+    let bound = Duration::from_secs(5);
+    for addr in nodes {
+        let Ok(Ok(conn)) =
+            tokio::time::timeout(bound, Connection::connect(&addr, &ConnConfig::default())).await
+        else {
+            continue;
+        };
+        let mut t = MetadataRequestTopic::default();
+        t.name = Some(TopicName(StrBytes::from_static_str(topic)));
+        let mut req = MetadataRequest::default();
+        req.topics = Some(vec![t]);
+        let answer = tokio::time::timeout(bound, conn.request(req)).await;
+        conn.close();
+        if let Ok(Ok(Response::Metadata(r))) = answer {
+            if let Some(p) = r
+                .topics
+                .first()
+                .and_then(|t| t.partitions.iter().find(|p| p.partition_index == partition))
+            {
+                return Some(p.replica_nodes.iter().map(|n| n.0).collect());
+            }
+        }
+    }
+    None
 }

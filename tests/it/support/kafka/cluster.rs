@@ -477,6 +477,12 @@ impl KafkaCluster {
         self.node_mut(id).signal(libc::SIGCONT);
     }
 
+    /// SIGTERMs node `id` (a controlled shutdown) without waiting; [`KafkaCluster::terminate`]
+    /// waits for the exit.
+    pub fn begin_terminate(&mut self, id: i32) {
+        self.node_mut(id).signal(libc::SIGTERM);
+    }
+
     /// SIGTERMs node `id` (a controlled shutdown: it hands its leaderships over first) and waits
     /// up to `bound` for it to exit; returns how long that took.
     ///
