@@ -76,8 +76,8 @@ const OFFSETS_PARTITIONS: u32 = 50;
 
 /// The places among a client's acquisitions at once: a window between one and the ceiling
 /// (`Client::acquisitions_at_once`), halved when a Heartbeat of the client's is slow and widened
-/// by one for each window's worth of acquisitions that reach their first generation (additive
-/// increase, multiplicative decrease).
+/// by one for each window's worth of acquisitions that reach their first generation with no
+/// slow Heartbeat among them (additive increase, multiplicative decrease).
 ///
 /// Apache runs a classic Heartbeat as a coordinator write (GroupCoordinatorService `heartbeat`:
 /// `scheduleWriteOperation`) that writes no records, and CoordinatorRuntime answers such a
@@ -129,18 +129,24 @@ impl Admission {
     }
 
     /// A Heartbeat sent at `sent` came back slow (or not at all): halves the window, not below
-    /// one, unless an earlier cut came after it was sent. The free places go at once, the
-    /// given-out ones as they come back.
-    fn cut(&self, sent: Instant) {
+    /// one, unless an earlier cut came after it was sent; either way the window does not grow
+    /// on the acquisitions completed before it. The free places go at once, the given-out ones
+    /// as they come back.
+    fn slow(&self, sent: Instant) {
         let mut w = self.window();
+        // The backlog is still there: what completed before this answer does not count.
+        w.completed = 0;
         if w.size <= 1 || w.cut_at.is_some_and(|at| sent <= at) {
             return;
         }
         w.cut_at = Some(Instant::now());
-        w.completed = 0;
         let cut = w.size - w.size / 2;
         w.size -= cut;
         w.owed += cut - self.places.forget_permits(cut);
+        tracing::debug!(
+            window = w.size,
+            "a slow Heartbeat narrowed the acquisitions at once"
+        );
     }
 
     /// An admitted acquisition reached its first generation.
@@ -152,6 +158,7 @@ impl Admission {
         }
         w.completed = 0;
         w.size += 1;
+        tracing::debug!(window = w.size, "the acquisitions at once widened");
         if w.owed > 0 {
             w.owed -= 1;
         } else {
@@ -177,10 +184,14 @@ impl Admit {
 impl Drop for Admit {
     fn drop(&mut self) {
         if let Some(permit) = self.permit.take() {
+            // Given back under the window's lock: a cut meanwhile counts it as free or as owed,
+            // never as both.
             let mut w = self.admission.window();
             if w.owed > 0 {
                 w.owed -= 1;
                 permit.forget();
+            } else {
+                drop(permit);
             }
         }
     }
@@ -371,13 +382,13 @@ impl Pool {
 
     /// A Heartbeat of one of the client's members, sent at `sent`, was answered now, or its
     /// request timeout `timeout` ran out: one that took more than a quarter of it cuts the
-    /// admission window ([`Admission::cut`]).
+    /// admission window ([`Admission::slow`]).
     pub(crate) fn heartbeat_answered(&self, sent: Instant, timeout: Duration) {
         let Some(admission) = &self.admission else {
             return;
         };
         if sent.elapsed() > timeout / SLOW_HEARTBEAT_DIVISOR {
-            admission.cut(sent);
+            admission.slow(sent);
         }
     }
 
