@@ -1428,8 +1428,6 @@ fn host_name() -> Option<String> {
     (!name.is_empty()).then(|| name.to_owned())
 }
 
-/// Refuses topics that cannot serve as a lock: missing, or not exactly one partition (with four
-/// partitions, four consumers each get one and all believe they hold the lock).
 /// An admission place with the instant its time is over.
 type Admitted = Option<(crate::driver::pool::Admit, tokio::time::Instant)>;
 
@@ -1453,6 +1451,8 @@ async fn while_admitted<T>(
     work.await
 }
 
+/// Refuses topics that cannot serve as a lock: missing, or not exactly one partition (with four
+/// partitions, four consumers each get one and all believe they hold the lock).
 async fn check_lock_topic(conn: &Connection, topic: &str) -> Result<()> {
     let mut t = MetadataRequestTopic::default();
     t.name = Some(TopicName(StrBytes::from_string(topic.to_owned())));
