@@ -159,6 +159,10 @@ impl Client {
     /// A burst of thousands of acquisitions then runs in waves: the requests, answers and
     /// tasks of an acquisition in flight exist for that many at a time, which bounds the
     /// memory the burst takes (and the process keeps after it) and the parking lanes it opens.
+    /// This is a ceiling: the client halves the number when its locks' Heartbeats come back
+    /// late (after a quarter of the request timeout: the coordinators' `__consumer_offsets`
+    /// partitions behind on the burst's writes, where the held locks' renewals wait too) and
+    /// raises it by one each time as many acquisitions as it lets in have completed.
     #[must_use = "the client is changed in the value returned"]
     pub fn acquisitions_at_once(self, n: usize) -> Self {
         self.change(|s| s.acquisitions_at_once = n.max(1))

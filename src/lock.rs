@@ -1261,7 +1261,10 @@ impl LockOptions {
             let current = handle.state.borrow_and_update().clone();
             match current {
                 SessionState::Held(token, lease_end, permit) => {
-                    return Ok(Some((token, lease_end, permit)))
+                    if let Some((place, _)) = admitted.take() {
+                        place.completed();
+                    }
+                    return Ok(Some((token, lease_end, permit)));
                 }
                 SessionState::Ended(End::Failed(e)) => return Err(unwrap_error(e)),
                 SessionState::Ended(End::Lost(reason)) => {
@@ -1280,7 +1283,9 @@ impl LockOptions {
                     }
                     // In a generation, queued: the next acquisition of the client may start.
                     if generation >= 0 {
-                        admitted = None;
+                        if let Some((place, _)) = admitted.take() {
+                            place.completed();
+                        }
                     }
                 }
             }
@@ -1423,10 +1428,8 @@ fn host_name() -> Option<String> {
     (!name.is_empty()).then(|| name.to_owned())
 }
 
-/// Refuses topics that cannot serve as a lock: missing, or not exactly one partition (with four
-/// partitions, four consumers each get one and all believe they hold the lock).
 /// An admission place with the instant its time is over.
-type Admitted = Option<(tokio::sync::OwnedSemaphorePermit, tokio::time::Instant)>;
+type Admitted = Option<(crate::driver::pool::Admit, tokio::time::Instant)>;
 
 /// Runs `work`, giving the admission place up when its time is over while `work` goes on: a
 /// step before the session starts that cannot progress (a lock topic without a leader) would
@@ -1448,6 +1451,8 @@ async fn while_admitted<T>(
     work.await
 }
 
+/// Refuses topics that cannot serve as a lock: missing, or not exactly one partition (with four
+/// partitions, four consumers each get one and all believe they hold the lock).
 async fn check_lock_topic(conn: &Connection, topic: &str) -> Result<()> {
     let mut t = MetadataRequestTopic::default();
     t.name = Some(TopicName(StrBytes::from_string(topic.to_owned())));

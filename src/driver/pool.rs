@@ -51,8 +51,12 @@ pub const DEFAULT_PARKING_LANES: usize = 32;
 pub(crate) const IDLE_AFTER: Duration = Duration::from_secs(60);
 
 /// Default bound on a client's acquisitions between their start and their first completed
-/// generation (`Client::acquisitions_at_once`).
+/// generation (`Client::acquisitions_at_once`): the ceiling of the window ([`Admission`]).
 pub const DEFAULT_ACQUISITIONS_AT_ONCE: usize = 128;
+
+/// A Heartbeat answered after more than this share of its request timeout (or not answered)
+/// cuts the admission window: its group's `__consumer_offsets` partition is behind on commits.
+const SLOW_HEARTBEAT_DIVISOR: u32 = 4;
 
 /// How long an admitted acquisition keeps its place among them at most: one whose first
 /// generation does not complete (a coordinator that cannot be reached, a join parked by a long
@@ -69,6 +73,129 @@ pub const DEFAULT_QUICK_CONNECTIONS: usize = 4;
 /// until the cluster's own count is known ([`Pool::learn_offsets_partitions`]), and for good when
 /// the client may not describe `__consumer_offsets`.
 const OFFSETS_PARTITIONS: u32 = 50;
+
+/// The places among a client's acquisitions at once: a window between one and the ceiling
+/// (`Client::acquisitions_at_once`), halved when a Heartbeat of the client's is slow and widened
+/// by one for each window's worth of acquisitions that reach their first generation with no
+/// slow Heartbeat among them (additive increase, multiplicative decrease).
+///
+/// Apache runs a classic Heartbeat as a coordinator write (GroupCoordinatorService `heartbeat`:
+/// `scheduleWriteOperation`) that writes no records, and CoordinatorRuntime answers such a
+/// write only once every earlier write of its `__consumer_offsets` partition is committed, that
+/// is replicated to the in-sync replicas. Every first acquisition writes its group's metadata
+/// twice (GroupMetadataManager `classicGroupJoin`: a new group's empty metadata; the leader's
+/// SyncGroup: the generation and its assignment), so a burst of them fills those partitions'
+/// replication and the Heartbeats of the client's members wait behind it: on three nodes, 128
+/// acquisitions at once cost most of 10,000 holds their leases (BENCHMARKS.md). A Heartbeat's
+/// delay is the one signal of that backlog the client sees, so admission follows it. This
+/// paces acquisitions only: leases, renewals and fencing are the membership's, untouched.
+pub(crate) struct Admission {
+    places: Arc<Semaphore>,
+    ceiling: usize,
+    window: Mutex<Window>,
+}
+
+struct Window {
+    /// Places in the window, given out or free.
+    size: usize,
+    /// Places cut while given out, taken out of use as they come back.
+    owed: usize,
+    /// First generations completed since the window last grew.
+    completed: usize,
+    /// When the window was last cut: a Heartbeat sent before then waited behind the backlog
+    /// that cut it, and does not cut again.
+    cut_at: Option<Instant>,
+}
+
+impl Admission {
+    fn new(ceiling: usize) -> Admission {
+        // A semaphore holds at most MAX_PERMITS (`Semaphore::new` panics beyond): a larger
+        // setting means no bound, as that many could never be in use.
+        let ceiling = ceiling.clamp(1, Semaphore::MAX_PERMITS);
+        Admission {
+            places: Arc::new(Semaphore::new(ceiling)),
+            ceiling,
+            window: Mutex::new(Window {
+                size: ceiling,
+                owed: 0,
+                completed: 0,
+                cut_at: None,
+            }),
+        }
+    }
+
+    fn window(&self) -> std::sync::MutexGuard<'_, Window> {
+        self.window.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A Heartbeat sent at `sent` came back slow (or not at all): halves the window, not below
+    /// one, unless an earlier cut came after it was sent; either way the window does not grow
+    /// on the acquisitions completed before it. The free places go at once, the given-out ones
+    /// as they come back.
+    fn slow(&self, sent: Instant) {
+        let mut w = self.window();
+        // The backlog is still there: what completed before this answer does not count.
+        w.completed = 0;
+        if w.size <= 1 || w.cut_at.is_some_and(|at| sent <= at) {
+            return;
+        }
+        w.cut_at = Some(Instant::now());
+        let cut = w.size - w.size / 2;
+        w.size -= cut;
+        w.owed += cut - self.places.forget_permits(cut);
+        tracing::debug!(
+            window = w.size,
+            "a slow Heartbeat narrowed the acquisitions at once"
+        );
+    }
+
+    /// An admitted acquisition reached its first generation.
+    fn grow(&self) {
+        let mut w = self.window();
+        w.completed += 1;
+        if w.size >= self.ceiling || w.completed < w.size {
+            return;
+        }
+        w.completed = 0;
+        w.size += 1;
+        tracing::debug!(window = w.size, "the acquisitions at once widened");
+        if w.owed > 0 {
+            w.owed -= 1;
+        } else {
+            self.places.add_permits(1);
+        }
+    }
+}
+
+/// A place among the acquisitions at once ([`Pool::admit`]), given back when dropped.
+pub(crate) struct Admit {
+    permit: Option<OwnedSemaphorePermit>,
+    admission: Arc<Admission>,
+}
+
+impl Admit {
+    /// The acquisition reached its first generation: gives the place back, and counts towards
+    /// widening the window.
+    pub(crate) fn completed(self) {
+        self.admission.grow();
+    }
+}
+
+impl Drop for Admit {
+    fn drop(&mut self) {
+        if let Some(permit) = self.permit.take() {
+            // Given back under the window's lock: a cut meanwhile counts it as free or as owed,
+            // never as both.
+            let mut w = self.admission.window();
+            if w.owed > 0 {
+                w.owed -= 1;
+                permit.forget();
+            } else {
+                drop(permit);
+            }
+        }
+    }
+}
 
 /// Which lanes a parked request may take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,7 +227,7 @@ pub(crate) struct Pool {
     pub(crate) lookups: super::lookup::Lookups,
     /// Acquisitions between their start and their first completed generation (`None`: no
     /// bound, a lock's own pool).
-    admission: Option<Arc<Semaphore>>,
+    admission: Option<Arc<Admission>>,
     /// `__consumer_offsets`' partitions and their stripes, once the cluster told them.
     offsets_partitions: tokio::sync::OnceCell<Placement>,
     /// Where the grid of the locks' deferrable timers starts (`session::wake_at`): one grid for
@@ -234,11 +361,8 @@ impl Pool {
             parking: Mutex::new(HashMap::new()),
             reaper: AtomicBool::new(false),
             lookups: Default::default(),
-            admission: (cfg.acquisitions_at_once > 0).then(|| {
-                Arc::new(Semaphore::new(
-                    cfg.acquisitions_at_once.min(Semaphore::MAX_PERMITS),
-                ))
-            }),
+            admission: (cfg.acquisitions_at_once > 0)
+                .then(|| Arc::new(Admission::new(cfg.acquisitions_at_once))),
             offsets_partitions: tokio::sync::OnceCell::new(),
             origin: Instant::now().into_std(),
         }
@@ -246,9 +370,39 @@ impl Pool {
 
     /// A place among the acquisitions at once, waited for in turn (FIFO); `None` when there is
     /// no bound. Held from an acquisition's start to its first completed generation, at most
-    /// [`ADMITTED_FOR`].
-    pub(crate) async fn admit(&self) -> Option<OwnedSemaphorePermit> {
-        self.admission.clone()?.acquire_owned().await.ok()
+    /// [`ADMITTED_FOR`]. How many there are follows the Heartbeats ([`Admission`]).
+    pub(crate) async fn admit(&self) -> Option<Admit> {
+        let admission = self.admission.clone()?;
+        let permit = admission.places.clone().acquire_owned().await.ok()?;
+        Some(Admit {
+            permit: Some(permit),
+            admission,
+        })
+    }
+
+    /// A Heartbeat of one of the client's members, sent at `sent`, was answered now, or its
+    /// request timeout `timeout` ran out: one that took more than a quarter of it cuts the
+    /// admission window ([`Admission::slow`]).
+    pub(crate) fn heartbeat_answered(&self, sent: Instant, timeout: Duration) {
+        let Some(admission) = &self.admission else {
+            return;
+        };
+        if sent.elapsed() > timeout / SLOW_HEARTBEAT_DIVISOR {
+            admission.slow(sent);
+        }
+    }
+
+    /// The admission window now (`None`: no bound).
+    #[cfg(test)]
+    pub(crate) fn admission_window(&self) -> Option<usize> {
+        let admission = self.admission.as_ref()?;
+        Some(
+            admission
+                .window
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .size,
+        )
     }
 
     /// Lanes kept for [`Park::Urgent`]: a quarter of the cap, at least one when the cap allows

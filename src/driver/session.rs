@@ -1042,7 +1042,8 @@ fn control(
                 } else {
                     timeout
                 };
-                tokio::select! {
+                let asked = tokio::time::Instant::now();
+                let result = tokio::select! {
                     biased;
                     response = conn.request_kept(&request, version, keep) => {
                         response.map(|r| (r, version))
@@ -1051,7 +1052,15 @@ fn control(
                         pool.retire_quick(Some(&broker), stripe, &conn);
                         Err(timed_out(after))
                     }
+                };
+                // How long the coordinator held a Heartbeat paces the client's acquisitions
+                // (`pool::Admission`); a broken connection says nothing of it. The answer goes
+                // on to its member as it is.
+                if api == ApiKey::Heartbeat && matches!(result, Ok(_) | Err(Error::Timeout { .. }))
+                {
+                    pool.heartbeat_answered(asked, timeout);
                 }
+                result
             }
             Err(e) => Err(e),
         };

@@ -3153,3 +3153,177 @@ async fn with_two_lanes_one_is_kept_for_urgent_requests() {
     assert!(accepted.try_recv().is_err(), "returned lanes are reused");
     drop(servers);
 }
+
+/// A Heartbeat the coordinator holds (its offsets partition behind on commits, as during a
+/// burst of first joins) halves the client's admission window, places given out included as
+/// they come back; one sent before that cut and held as long does not cut again, one sent after
+/// it does; a prompt one leaves the window; each window's worth of acquisitions that reach
+/// their first generation with no slow heartbeat among them widens it by one, up to the
+/// ceiling.
+#[tokio::test]
+async fn a_held_heartbeat_narrows_the_admission_window_and_acquisitions_widen_it() {
+    use crate::membership::{Lane, Target, Transmit};
+    let (broker, mut accepted) = lane_broker().await;
+    let net = session::Session {
+        pool: Arc::new(pool::Pool::new(pool::PoolConfig {
+            acquisitions_at_once: 8,
+            ..pool_config(4, 1)
+        })),
+        private: false,
+        join_lane: Default::default(),
+        sent: Default::default(),
+        stripe: 0,
+    };
+    let pool = net.pool.clone();
+    let mut places = Vec::new();
+    for _ in 0..8 {
+        places.push(admit_promptly(&pool).await);
+    }
+    let (answers_tx, mut answers) = tokio::sync::mpsc::unbounded_channel();
+    // Slow: answered after more than a quarter of this.
+    let request_timeout = Duration::from_secs(4);
+    let held_for = request_timeout / 2;
+    let send = |id: u64| {
+        let t = Transmit {
+            id,
+            target: Target::Coordinator {
+                broker: broker.clone(),
+                lane: Lane::Control,
+            },
+            request: heartbeat(1).into(),
+            version: 4,
+            timeout: request_timeout,
+        };
+        session::send_on_task(&net, t, pool::Park::Urgent, answers_tx.clone());
+    };
+    send(1);
+    send(2);
+    let mut server = tokio::time::timeout(PROMPTLY, accepted.recv())
+        .await
+        .expect("the quick connection is opened")
+        .unwrap();
+    let first = received(&mut server).await;
+    let second = received(&mut server).await;
+    // The coordinator holds both (the scripted delay), then answers them.
+    tokio::time::sleep(held_for).await;
+    for held in [&first, &second] {
+        server.reply(held, &HeartbeatResponse::default()).await;
+        assert!(
+            answered(&mut answers).await.2.is_ok(),
+            "a held heartbeat is answered"
+        );
+    }
+    assert_eq!(
+        pool.admission_window(),
+        Some(4),
+        "held heartbeats sent before one cut halve the window once"
+    );
+    // The four places cut were all given out: the first four back are taken out of use.
+    places.truncate(4);
+    let mut ninth = tokio::spawn({
+        let pool = pool.clone();
+        async move { pool.admit().await.is_some() }
+    });
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), &mut ninth)
+            .await
+            .is_err(),
+        "an acquisition was let in beyond the narrowed window"
+    );
+    places.truncate(3);
+    assert!(
+        tokio::time::timeout(PROMPTLY, ninth)
+            .await
+            .expect("a place given back within the window lets the next in")
+            .unwrap(),
+        "the next one holds a place"
+    );
+    drop(places);
+    send(3);
+    let prompt = received(&mut server).await;
+    server.reply(&prompt, &HeartbeatResponse::default()).await;
+    assert!(
+        answered(&mut answers).await.2.is_ok(),
+        "the prompt heartbeat is answered"
+    );
+    assert_eq!(pool.admission_window(), Some(4), "a prompt heartbeat cut");
+    // Two more held together: the first cuts, the second, sent before that cut, does not cut
+    // again but still says the backlog is there, so what completed before it does not count.
+    send(4);
+    send(5);
+    let fourth = received(&mut server).await;
+    let fifth = received(&mut server).await;
+    tokio::time::sleep(held_for).await;
+    server.reply(&fourth, &HeartbeatResponse::default()).await;
+    assert!(
+        answered(&mut answers).await.2.is_ok(),
+        "the held heartbeat is answered"
+    );
+    assert_eq!(
+        pool.admission_window(),
+        Some(2),
+        "a heartbeat sent after a cut and held cuts again"
+    );
+    admit_promptly(&pool).await.completed();
+    server.reply(&fifth, &HeartbeatResponse::default()).await;
+    assert!(
+        answered(&mut answers).await.2.is_ok(),
+        "the held heartbeat is answered"
+    );
+    assert_eq!(pool.admission_window(), Some(2), "sent before the cut");
+    admit_promptly(&pool).await.completed();
+    assert_eq!(
+        pool.admission_window(),
+        Some(2),
+        "grown on an acquisition completed before a slow heartbeat"
+    );
+    admit_promptly(&pool).await.completed();
+    for size in 3..=8 {
+        assert_eq!(
+            pool.admission_window(),
+            Some(size),
+            "a window's worth widens by one"
+        );
+        let mut round = Vec::new();
+        for _ in 0..size {
+            round.push(admit_promptly(&pool).await);
+        }
+        round.into_iter().for_each(pool::Admit::completed);
+    }
+    assert_eq!(pool.admission_window(), Some(8), "never past the ceiling");
+    let mut full = Vec::new();
+    for _ in 0..8 {
+        full.push(admit_promptly(&pool).await);
+    }
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), pool.admit())
+            .await
+            .is_err(),
+        "an acquisition was let in beyond the ceiling"
+    );
+    drop(full);
+}
+
+async fn received(server: &mut Peer<tokio::net::TcpStream>) -> RequestHeader {
+    tokio::time::timeout(PROMPTLY, server.recv())
+        .await
+        .expect("the heartbeat reaches the broker")
+        .0
+}
+
+async fn admit_promptly(pool: &pool::Pool) -> pool::Admit {
+    tokio::time::timeout(PROMPTLY, pool.admit())
+        .await
+        .expect("a free place is given at once")
+        .expect("a bound gives places")
+}
+
+async fn answered(
+    answers: &mut tokio::sync::mpsc::UnboundedReceiver<session::Answer>,
+) -> (session::Source, u64, crate::error::Result<(Response, i16)>) {
+    tokio::time::timeout(PROMPTLY, answers.recv())
+        .await
+        .expect("every request is answered or failed")
+        .map(|answer| *answer)
+        .unwrap()
+}
