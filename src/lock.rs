@@ -1278,14 +1278,15 @@ impl LockOptions {
                 // whatever the assignment said (consumer mode and undecodable assignments name no
                 // holder and no position).
                 SessionState::Waiting { generation, .. } => {
-                    if once && generation >= 0 {
-                        return Ok(None);
-                    }
-                    // In a generation, queued: the next acquisition of the client may start.
+                    // In a generation, queued: the next acquisition of the client may start,
+                    // and this one counts towards widening the window (a try's too).
                     if generation >= 0 {
                         if let Some((place, _)) = admitted.take() {
                             place.completed();
                         }
+                    }
+                    if once && generation >= 0 {
+                        return Ok(None);
                     }
                 }
             }
