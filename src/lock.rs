@@ -1278,14 +1278,15 @@ impl LockOptions {
                 // whatever the assignment said (consumer mode and undecodable assignments name no
                 // holder and no position).
                 SessionState::Waiting { generation, .. } => {
-                    if once && generation >= 0 {
-                        return Ok(None);
-                    }
-                    // In a generation, queued: the next acquisition of the client may start.
+                    // In a generation, queued: the next acquisition of the client may start,
+                    // and this one counts towards widening the window (a try's too).
                     if generation >= 0 {
                         if let Some((place, _)) = admitted.take() {
                             place.completed();
                         }
+                    }
+                    if once && generation >= 0 {
+                        return Ok(None);
                     }
                 }
             }
@@ -1961,5 +1962,58 @@ mod tests {
             assert!(Instant::now() >= lease_end, "lost before the lease end");
             assert!(!guard.is_held());
         });
+    }
+
+    // ---- the admission window --------------------------------------------------------------
+
+    /// A try (`try_acquire`) whose first generation completes with someone else holding the
+    /// lock has reached its first generation as much as a waiter has: its place counts towards
+    /// widening the admission window. Otherwise a client that tries contended locks keeps a
+    /// window narrowed by one slow Heartbeat for good, its tries one at a time.
+    #[tokio::test]
+    async fn a_try_that_completes_its_first_generation_widens_the_admission_window() {
+        let options = LockOptions::new("127.0.0.1:9", "lock");
+        let pool = Arc::new(crate::driver::pool::Pool::new(
+            crate::driver::pool::PoolConfig {
+                acquisitions_at_once: 2,
+                ..options.pool_config(1)
+            },
+        ));
+        let long_ago = tokio::time::Instant::now()
+            .checked_sub(Duration::from_secs(2))
+            .expect("the clock has run for two seconds");
+        pool.heartbeat_answered(long_ago, Duration::from_secs(1));
+        assert_eq!(pool.admission_window(), Some(1), "a slow Heartbeat cuts");
+        let place = tokio::time::timeout(Duration::from_secs(5), pool.admit())
+            .await
+            .expect("the window has a free place")
+            .expect("a client's pool has a window");
+        let (_session, state) = watch::channel(SessionState::Waiting {
+            holder: None,
+            generation: 4,
+        });
+        let (commands, _) = mpsc::unbounded_channel();
+        let (_, left) = watch::channel(None);
+        let mut handle = SessionHandle {
+            commands,
+            state,
+            left,
+            pool: pool.clone(),
+            places: Arc::default(),
+            granted: Arc::default(),
+        };
+        let until = tokio::time::Instant::now() + crate::driver::pool::ADMITTED_FOR;
+        let outcome = tokio::time::timeout(
+            Duration::from_secs(5),
+            options.wait_for_hold(&mut handle, None, true, Some((place, until))),
+        )
+        .await
+        .expect("a completed generation answers a try at once");
+        assert!(matches!(outcome, Ok(None)), "{outcome:?}");
+        assert_eq!(
+            pool.admission_window(),
+            Some(2),
+            "a window's worth of first generations widens the window"
+        );
     }
 }

@@ -904,4 +904,50 @@ mod tests {
             "close_all left the bootstrap connection open"
         );
     }
+
+    /// Whatever the order of admissions, places given back, first generations and cuts, the
+    /// window lets an acquisition in exactly when fewer than the window are in: never more (the
+    /// places cut while given out are owed, not handed out again), and never fewer, so nothing
+    /// waits while the window has room (with none in, there always is: the window is at least
+    /// one). Once every place is back, the window's worth are free again.
+    #[test]
+    fn the_window_admits_exactly_while_fewer_than_it_are_in() {
+        use proptest::prelude::*;
+        proptest!(|(ceiling in 1usize..12, steps in proptest::collection::vec((0u8..4, 0usize..16), 0..120))| {
+            let admission = Arc::new(Admission::new(ceiling));
+            let size = |a: &Admission| a.window().size;
+            let try_admit = |a: &Arc<Admission>| {
+                a.places.clone().try_acquire_owned().ok().map(|permit| Admit {
+                    permit: Some(permit),
+                    admission: a.clone(),
+                })
+            };
+            let mut out: Vec<Admit> = Vec::new();
+            for (op, at) in steps {
+                match op {
+                    0 => {
+                        let room = out.len() < size(&admission);
+                        let admitted = try_admit(&admission);
+                        prop_assert_eq!(admitted.is_some(), room, "in: {}, window: {}", out.len(), size(&admission));
+                        out.extend(admitted);
+                    }
+                    1 if !out.is_empty() => drop(out.swap_remove(at % out.len())),
+                    2 if !out.is_empty() => out.swap_remove(at % out.len()).completed(),
+                    _ => {
+                        let before = size(&admission);
+                        admission.cut(Instant::now());
+                        let after = size(&admission);
+                        prop_assert!(after == before || (before > 1 && after == before / 2));
+                    }
+                }
+                let w = size(&admission);
+                prop_assert!((1..=ceiling).contains(&w), "window {} of {}", w, ceiling);
+            }
+            drop(out);
+            let w = size(&admission);
+            let free: Vec<_> = (0..w).map_while(|_| try_admit(&admission)).collect();
+            prop_assert_eq!(free.len(), w, "places lost");
+            prop_assert!(try_admit(&admission).is_none(), "places beyond the window");
+        });
+    }
 }
