@@ -935,7 +935,7 @@ mod tests {
                     2 if !out.is_empty() => out.swap_remove(at % out.len()).completed(),
                     _ => {
                         let before = size(&admission);
-                        admission.cut(Instant::now());
+                        admission.slow(Instant::now());
                         let after = size(&admission);
                         prop_assert!(after == before || (before > 1 && after == before / 2));
                     }
