@@ -605,3 +605,86 @@ async fn a_checkpoint_asked_in_a_rebalance_waits_for_the_sync_answer_and_is_stor
 async fn a_checkpoint_asked_in_a_rebalance_the_holder_loses_sends_nothing_and_fails_not_held() {
     checkpoint_asked_between_the_join_and_sync_answers(false).await;
 }
+
+/// Two checkpoints asked at once on one guard each get their own outcome: the coordinator
+/// refuses the first's commit (OFFSET_METADATA_TOO_LARGE, which is not retried) and takes the
+/// second's, and the commits go out in the order asked. Breaks if the session gave two
+/// checkpoints one ticket (the first caller's reply is then dropped, and the first outcome goes
+/// to the second caller).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_checkpoints_asked_at_once_each_get_their_own_outcome() {
+    use kafka_protocol::messages::offset_commit_response::{
+        OffsetCommitResponsePartition, OffsetCommitResponseTopic,
+    };
+    use kafka_protocol::messages::{OffsetCommitRequest, OffsetCommitResponse};
+    use kafka_protocol::protocol::Decodable;
+    use std::future::Future;
+
+    crate::support::init_tracing();
+    let addr = Arc::new(OnceLock::new());
+    let base = script(addr.clone(), Log::default());
+    let values: Arc<Mutex<Vec<String>>> = Arc::default();
+    let seen = values.clone();
+    let fake =
+        fake_broker::start_parking(Arc::new(move |conn, api, version, body: &mut BytesMut| {
+            if api != ApiKey::OffsetCommit {
+                return base(conn, api, version, body);
+            }
+            let req = OffsetCommitRequest::decode(body, version).expect("OffsetCommit");
+            let value = req
+                .topics
+                .first()
+                .and_then(|t| t.partitions.first())
+                .and_then(|p| p.committed_metadata.as_ref())
+                .map(|m| m.to_string())
+                .unwrap_or_default();
+            let code = if value == "first" { 12 } else { 0 };
+            seen.lock().unwrap().push(value);
+            let r = OffsetCommitResponse::default().with_topics(vec![
+                OffsetCommitResponseTopic::default()
+                    .with_name(TopicName(StrBytes::from_static_str(LEDGER)))
+                    .with_partitions(vec![OffsetCommitResponsePartition::default()
+                        .with_partition_index(0)
+                        .with_error_code(code)]),
+            ]);
+            Some((encode(&r, version), Duration::ZERO))
+        }))
+        .await;
+    addr.set(fake.addr).expect("set once");
+    let o = LockOptions::new(fake.addr.to_string(), "lock")
+        .session_timeout(Duration::from_secs(6))
+        .rebalance_timeout(Duration::from_secs(6))
+        .heartbeat_interval(Duration::from_millis(300))
+        .lease_margin(Duration::from_secs(1))
+        .request_timeout(REQUEST_TIMEOUT)
+        .ledger_topic(LEDGER)
+        .ledger_push(false);
+    let guard = tokio::time::timeout(BOUND, o.acquire(Some(BOUND)))
+        .await
+        .expect("acquired within the bound")
+        .expect("acquire");
+    let (first, second) = {
+        let mut first = std::pin::pin!(guard.checkpoint("first"));
+        // One poll sends the first's command, so that it is the first asked.
+        std::future::poll_fn(|cx| {
+            let _ = first.as_mut().poll(cx);
+            std::task::Poll::Ready(())
+        })
+        .await;
+        tokio::time::timeout(BOUND, async {
+            tokio::join!(first, guard.checkpoint("second"))
+        })
+        .await
+        .expect("both outcomes within the bound")
+    };
+    assert!(
+        matches!(&first, Err(kafka_lock::Error::Broker { code, .. }) if code.0 == 12),
+        "first: {first:?}"
+    );
+    second.expect("second stored");
+    assert_eq!(*values.lock().unwrap(), ["first", "second"]);
+    tokio::time::timeout(BOUND, guard.release())
+        .await
+        .expect("release within the bound")
+        .expect("release");
+}
