@@ -51,6 +51,7 @@ SCOPE=(
     src/lock.rs
     src/driver/ledger.rs
     src/driver/pool.rs
+    src/driver/session.rs
     src/bin/kafka-lock/hold.rs
     src/bin/kafka-lock/run.rs
     src/bin/kafka-lock/supervise.rs
@@ -70,6 +71,12 @@ LEDGER_IT=(
     ledger::waiters_learn_of_a_release_from_the_ledger_at_once
     ledger::a_ledger_topic_with_two_partitions_is_refused
     ledger::scripted::a_holds_checkpoint_read_opens_no_connection_and_looks_nothing_up
+)
+# The session task between a lock and its machines, through whole locks on scripted
+# coordinators: a checkpoint in a rebalance, a held commit, events, the checkpoint read.
+SESSION_IT=(
+    parked::
+    ledger::scripted::
 )
 CLI_IT=(
     cli::the_command_is_stopped_when_the_lease_runs_out_and_kafka_lock_exits_74
@@ -125,6 +132,12 @@ selection() {
         else
             echo "--all-features --cargo-arg=--lib --cargo-arg=--test=it $(test_args -- driver:: lock:: many_locks::)"
         fi
+        ;;
+    src/driver/session.rs)
+        # The lib's scripted-broker and machine tests (`ledger::tests::`, `lock::tests::`: not
+        # the Apache tests of tests/it that the same names would match), then whole locks on
+        # the scripted coordinators of tests/it, which start no broker.
+        echo "--all-features --cargo-arg=--lib --cargo-arg=--test=it $(test_args -- driver:: ledger::tests:: lock::tests:: "${SESSION_IT[@]}")"
         ;;
     src/bin/kafka-lock/hold.rs)
         # The hold's machine is sans-I/O: its scripted tests are the reference.

@@ -3,9 +3,12 @@
 //!
 //! It speaks just enough of the protocol: ApiVersions (Apache 4.x's ranges for the APIs
 //! kafka-lock uses), FindCoordinator naming itself, and everything else through the closure,
-//! which may hold an answer (`start_parking`) as Apache holds a request waiting for replicas.
+//! which may hold an answer (`start_parking`) as Apache holds a request waiting for replicas,
+//! or until the test lets it go (`start_gated`).
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,6 +35,14 @@ pub type Script = dyn Fn(ApiKey, i16, &mut BytesMut) -> Option<BytesMut> + Send 
 /// holds every later request on its connection.
 pub type ParkingScript =
     dyn Fn(usize, ApiKey, i16, &mut BytesMut) -> Option<(BytesMut, Duration)> + Send + Sync;
+
+/// What a gated answer waits for before it is sent.
+pub type Hold = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// A [`ParkingScript`] whose answer waits for a future (a test's gate) instead of a fixed time:
+/// for a test that must act while an answer is held and then let it go.
+pub type GatedScript =
+    dyn Fn(usize, ApiKey, i16, &mut BytesMut) -> Option<(BytesMut, Hold)> + Send + Sync;
 
 /// A running fake; it stops when dropped (the runtime that owns it ends with the test).
 pub struct FakeBroker {
@@ -76,6 +87,15 @@ pub async fn start(script: Arc<Script>) -> FakeBroker {
 
 /// [`start`] with answers the script may hold.
 pub async fn start_parking(script: Arc<ParkingScript>) -> FakeBroker {
+    start_gated(Arc::new(move |conn, api, version, body: &mut BytesMut| {
+        script(conn, api, version, body)
+            .map(|(b, hold)| (b, Box::pin(tokio::time::sleep(hold)) as Hold))
+    }))
+    .await
+}
+
+/// [`start`] with answers that wait for what the script says.
+pub async fn start_gated(script: Arc<GatedScript>) -> FakeBroker {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let connections = Arc::new(AtomicUsize::new(0));
@@ -111,16 +131,16 @@ pub async fn start_parking(script: Arc<ParkingScript>) -> FakeBroker {
                     let answer = match api {
                         ApiKey::ApiVersions => {
                             asked.fetch_add(1, Ordering::SeqCst);
-                            Some((api_versions(version), Duration::ZERO))
+                            Some((api_versions(version), ready()))
                         }
                         ApiKey::FindCoordinator => {
                             looked_up.fetch_add(1, Ordering::SeqCst);
-                            Some((find_coordinator(addr, version, &mut buf), Duration::ZERO))
+                            Some((find_coordinator(addr, version, &mut buf), ready()))
                         }
                         _ => script(conn, api, version, &mut buf),
                     };
                     let Some((body, hold)) = answer else { return };
-                    tokio::time::sleep(hold).await;
+                    hold.await;
                     let mut out = BytesMut::new();
                     let mut rh = ResponseHeader::default();
                     rh.correlation_id = header.correlation_id;
@@ -144,6 +164,11 @@ pub async fn start_parking(script: Arc<ParkingScript>) -> FakeBroker {
         lookups,
         task,
     }
+}
+
+/// A hold that is over at once.
+pub fn ready() -> Hold {
+    Box::pin(std::future::ready(()))
 }
 
 fn api_versions(version: i16) -> BytesMut {
