@@ -1453,10 +1453,13 @@ mod scripted {
                     joined2.lock().unwrap().get_or_insert(now);
                 }
                 if api == ApiKey::Metadata {
-                    let req = MetadataRequest::decode(&mut body.clone(), version).expect("Metadata");
-                    let ledger = req.topics.iter().flatten().any(|t| {
-                        t.name.as_ref().is_some_and(|n| n.0.as_str() == LEDGER)
-                    });
+                    let req =
+                        MetadataRequest::decode(&mut body.clone(), version).expect("Metadata");
+                    let ledger = req
+                        .topics
+                        .iter()
+                        .flatten()
+                        .any(|t| t.name.as_ref().is_some_and(|n| n.0.as_str() == LEDGER));
                     let mut released = released2.lock().unwrap();
                     if ledger && released.is_none() {
                         *released = Some(now + HOLD);
@@ -1507,7 +1510,10 @@ mod scripted {
             .expect("acquired within the bound")
             .expect("the acquire's task")
             .expect("acquire");
-        let released = released.lock().unwrap().expect("the ledger's Metadata was asked for");
+        let released = released
+            .lock()
+            .unwrap()
+            .expect("the ledger's Metadata was asked for");
         let joined = joined.lock().unwrap().expect("a JoinGroup");
         assert!(
             looked_up < released,
