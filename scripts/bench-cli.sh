@@ -7,6 +7,7 @@
 #   scripts/bench-cli.sh                 # 10 rounds of each
 #   scripts/bench-cli.sh --rounds 3      # a quick check; its numbers are not results
 #   scripts/bench-cli.sh --only handover --json handover.json
+#   scripts/bench-cli.sh --trace acquire # one uncontended acquire of each, taken apart the same way
 #   scripts/bench-cli.sh --trace         # one handover of each kafka-lock variant taken apart:
 #                                        # the steps of both processes, stamped, and their requests
 set -euo pipefail

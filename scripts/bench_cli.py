@@ -145,7 +145,8 @@ def wait_for(path, key, proc, bound):
     return stamps(path)[key]
 
 
-def acquire(tool, work, i, delay):
+def acquire_once(tool, work, i):
+    """(spawn, first line) in realtime ns of one uncontended acquire of a fresh lock."""
     f = work / f"acq-{i}"
     log = open(work / f"acq-{i}.log", "w")
     t0 = time.time_ns()
@@ -153,6 +154,11 @@ def acquire(tool, work, i, delay):
     t1 = wait_for(f, "start", p, 30)
     p.wait(30)
     LIVE.remove(p)
+    return t0, t1
+
+
+def acquire(tool, work, i, delay):
+    t0, t1 = acquire_once(tool, work, i)
     return (t1 - t0) / 1e6
 
 
@@ -188,11 +194,17 @@ def log_stamps(path, who):
     import datetime
     import re
     out = []
+    sent = {}
     for line in Path(path).read_text(errors="replace").splitlines():
-        m = re.match(r"(\S+Z)\s+\w+\s+(\S+): (.*)", line)
+        m = re.match(r"(\S+Z)\s+\w+\s+(.*)", line)
         if not m:
             continue
-        ts, target, rest = m.groups()
+        ts, tail = m.groups()
+        # The target follows the spans (`kafka_lock{group=..}: `), if any.
+        m = re.search(r"(kafka_lock(?:::\w+)*): (.*)", tail)
+        if not m:
+            continue
+        target, rest = m.groups()
         frac = ts[19:-1].lstrip(".")
         t = datetime.datetime.strptime(ts[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=datetime.timezone.utc)
         ns = int(t.timestamp()) * 10**9 + int((frac + "000000000")[:9])
@@ -201,7 +213,13 @@ def log_stamps(path, who):
         peer = re.search(r"peer=(\S+)", rest)
         word = rest.split()[0] if rest else ""
         if api and word in ("request", "response"):
-            out.append((ns, who, f"{word} {api.group(1)} #{corr.group(1) if corr else '?'} {peer.group(1) if peer else ''}"))
+            key = (api.group(1), corr.group(1) if corr else "?", peer.group(1) if peer else "")
+            step = f"{word} {key[0]} #{key[1]} {key[2]}"
+            if word == "request":
+                sent[key] = ns
+            elif key in sent:
+                step += f" (answered in {(ns - sent.pop(key)) / 1e6:.2f})"
+            out.append((ns, who, step))
         elif "driver" not in target:
             out.append((ns, who, rest[:90]))
     return out
@@ -237,6 +255,23 @@ def timeline(work, i):
     return "\n".join(out)
 
 
+def acquire_timeline(work, i, t0):
+    """One uncontended acquire as a table, times relative to the spawn of kafka-lock."""
+    rows = [(t0, "bench", "spawn of kafka-lock run"),
+            (stamps(work / f"acq-{i}")["start"], "command", "first line")]
+    names = {}
+    for line in (work / "trace").read_text().splitlines():
+        mono, real, pid, parent, role, step = line.split()
+        names.setdefault(pid, role)
+        rows.append((int(real), pid, step))
+    rows += log_stamps(work / f"acq-{i}.log", "run")
+    rows = sorted((t, names.get(w, w), s) for t, w, s in rows)
+    out = ["| ms after the spawn | process | step |", "|---|---|---|"]
+    for t, w, s in rows:
+        out.append(f"| {(t - t0) / 1e6:8.2f} | {w} | {s} |")
+    return "\n".join(out)
+
+
 SCENARIOS = {
     "acquire": acquire,
     "handover": lambda t, w, i, d: contended(t, w, i, d, kill=False),
@@ -259,10 +294,14 @@ def main():
                          "every group-coordinator write, the SyncGroup's generation and each "
                          "OffsetCommit, waits up to this long to batch): 0 shows how much of the "
                          "handover it is")
-    ap.add_argument("--trace", action="store_true",
-                    help="one handover of each kafka-lock variant, taken apart: the step stamps of both "
-                         "kafka-lock processes and both supervisors (KAFKA_LOCK_TRACE_FILE), their "
-                         "requests and answers (KAFKA_LOCK_LOG=trace) and the commands' readings")
+    ap.add_argument("--trace", nargs="?", const="handover", choices=("handover", "acquire"),
+                    help="one handover (the default) or one uncontended acquire of each kafka-lock "
+                         "variant, taken apart: the step stamps of the kafka-lock processes and their "
+                         "supervisors (KAFKA_LOCK_TRACE_FILE), their requests and answers "
+                         "(KAFKA_LOCK_LOG=trace) and the commands' readings")
+    ap.add_argument("--keep", action="store_true",
+                    help="leave the working directory (the commands' readings, the logs, the trace "
+                         "file) in place and print its path")
     args = ap.parse_args()
     only = [s for s in args.only.split(",") if s]
     if args.trace:
@@ -300,6 +339,16 @@ def main():
                 tools.append(kafka_lock_tool(args.compare, kafka.bootstrap, tag=tag))
                 tools.append(kafka_lock_tool(args.compare, kafka.bootstrap, ledger, tag=tag))
             load = os.getloadavg()
+            if args.trace == "acquire":
+                print(f"load average {load[0]:.2f}")
+                for k, tool in enumerate(tools):
+                    acquire_once(tool, work, f"trace-warm-{k}")
+                    (work / "trace").unlink(missing_ok=True)
+                    t0, t1 = acquire_once(tool, work, f"trace-{k}")
+                    print(f"\n{tool.name}: acquire {(t1 - t0) / 1e6:.1f} ms\n")
+                    print(acquire_timeline(work, f"trace-{k}", t0))
+                print(f"\nload average {os.getloadavg()[0]:.2f}")
+                return
             if args.trace:
                 for k, tool in enumerate(tools):
                     contended(tool, work, f"trace-warm-{k}", 1.0, kill=False)
@@ -324,7 +373,10 @@ def main():
         cleanup()
         if etcd:
             etcd.close()
-        shutil.rmtree(work, ignore_errors=True)
+        if args.keep:
+            print(f"kept {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
     linger = ("the broker's default" if args.append_linger_ms is None
               else f"{args.append_linger_ms} ms")

@@ -1085,7 +1085,17 @@ impl LockOptions {
                 })
             };
         };
-        let ledger = while_admitted(&mut admitted, self.open_ledger(&first)).await?;
+        // The ledger topic is checked beside the membership's first steps (the coordinator's
+        // lookup, the connects), not before them; the JoinGroup waits for the check.
+        let ledger = self.ledger_topic.as_ref().map(|topic| {
+            Ledger::new(
+                self.ledger_config(topic),
+                None,
+                Backoff::new(self.retry_backoff, self.retry_backoff_max, 2.0, 0.5),
+            )
+        });
+        let checking = ledger.is_some();
+        let check_on = first.clone();
         let machine = self.membership_for(&first)?;
         let (member_tx, member_rx) = watch::channel(String::new());
         let sink = self.event_sink(started, member_tx);
@@ -1100,13 +1110,52 @@ impl LockOptions {
                 first,
                 ledger,
                 read,
+                checking,
             },
             Some(sink),
         );
         let outcome = self
-            .wait_for_hold(&mut handle, deadline, once, admitted)
+            .wait_for_checked_hold(&mut handle, deadline, once, admitted, &check_on)
             .await;
         self.conclude(outcome, handle, member_rx, wait, once).await
+    }
+
+    /// [`LockOptions::wait_for_hold`], with the ledger topic's check (when the lock has a
+    /// ledger) made meanwhile on `first`: a topic that cannot serve fails the acquisition with
+    /// the check's error, and one that can lets the session's JoinGroup go.
+    async fn wait_for_checked_hold(
+        &self,
+        handle: &mut SessionHandle,
+        deadline: Option<tokio::time::Instant>,
+        once: bool,
+        admitted: Admitted,
+        first: &Connection,
+    ) -> Result<Option<(FencingToken, Instant, u16)>> {
+        let Some(topic) = &self.ledger_topic else {
+            return self.wait_for_hold(handle, deadline, once, admitted).await;
+        };
+        let commands = handle.commands.clone();
+        let check = Box::pin(crate::driver::ledger::check_ledger_topic(
+            first,
+            topic,
+            self.request_timeout,
+        ));
+        let mut check = std::pin::pin!(check);
+        let wait = Box::pin(self.wait_for_hold(handle, deadline, once, admitted));
+        let mut wait = std::pin::pin!(wait);
+        tokio::select! {
+            checked = &mut check => {
+                let partition = checked?;
+                let _ = commands.send(Box::new(SessionCommand::LedgerChecked(partition)));
+                wait.await
+            }
+            // Over before the check: no hold began (the JoinGroup is still held back), so this
+            // is a wait that ended; the check's refusal, if it comes, says more.
+            outcome = &mut wait => match check.await {
+                Err(e) => Err(e),
+                Ok(_) => outcome,
+            },
+        }
     }
 
     /// The read a hold's session starts at the grant: [`LockGuard::last_checkpoint`]'s, over the
@@ -1143,26 +1192,6 @@ impl LockOptions {
             },
             None => connect.await.map(Some),
         }
-    }
-
-    /// The ledger this lock writes to, once its topic is known to be fit for one.
-    async fn open_ledger(&self, first: &Connection) -> Result<Option<Ledger<Error>>> {
-        Ok(match &self.ledger_topic {
-            Some(topic) => {
-                let partition = Box::pin(crate::driver::ledger::check_ledger_topic(
-                    first,
-                    topic,
-                    self.request_timeout,
-                ))
-                .await?;
-                Some(Ledger::new(
-                    self.ledger_config(topic),
-                    partition,
-                    Backoff::new(self.retry_backoff, self.retry_backoff_max, 2.0, 0.5),
-                ))
-            }
-            None => None,
-        })
     }
 
     /// The membership machine, speaking the versions the first broker supports.

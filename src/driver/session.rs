@@ -68,6 +68,9 @@ pub(crate) enum SessionCommand {
     Member(Command),
     /// Store a checkpoint, fenced (needs a ledger); the outcome goes to the sender.
     Checkpoint(String, oneshot::Sender<Result<()>>),
+    /// The ledger topic passed its check (`driver::ledger::check_ledger_topic`), with its
+    /// partition when that has a leader: the member's JoinGroup, held until now, may go out.
+    LedgerChecked(Option<ledger::Partition>),
 }
 
 /// The lock's commands to its session, boxed: a tokio channel allocates its slots 32 at a time
@@ -144,6 +147,9 @@ pub(crate) struct SessionParams {
     pub(crate) ledger: Option<Ledger>,
     /// The read the ledger machine asks for when its config has `read_at_grant`.
     pub(crate) read: Option<CheckpointRead>,
+    /// The ledger topic is still being checked: the member finds its coordinator and opens its
+    /// connections meanwhile, but its JoinGroup waits for [`SessionCommand::LedgerChecked`].
+    pub(crate) checking: bool,
 }
 
 /// Takes every event of the membership, in order, on the session task. It must return at once:
@@ -174,23 +180,24 @@ pub(crate) fn spawn(
         generation: -1,
     });
     let stripe = params.pool.stripe(group);
+    let (gate, join_gate) = match params.checking {
+        true => {
+            let (tx, rx) = watch::channel(false);
+            (Some(tx), Some(rx))
+        }
+        false => (None, None),
+    };
     let net = Session {
         pool: params.pool,
         private: params.private,
         join_lane: Arc::default(),
         sent: Arc::default(),
         stripe,
+        join_gate,
     };
     net.pool.offer_bootstrap(&params.first);
-    // The ACQUIRED record is on the acquisition's critical path: a lane to the leader is opened
-    // now, while the membership joins.
     if let Some(p) = params.ledger.as_ref().and_then(Ledger::partition) {
-        let (pool, leader) = (net.pool.clone(), p.leader.clone());
-        tokio::spawn(async move {
-            if let Ok(lane) = pool.lane(&leader, Park::Urgent).await {
-                lane.done();
-            }
-        });
+        open_append_lane(&net.pool, p);
     }
     let (left_tx, left_rx) = watch::channel(None);
     let places = Arc::new(Mutex::new(Places::default()));
@@ -210,6 +217,7 @@ pub(crate) fn spawn(
         next_ticket: 0,
         read: params.read,
         reading: None,
+        gate,
         outputs: Outputs {
             state: state_tx,
             left: left_tx,
@@ -227,6 +235,17 @@ pub(crate) fn spawn(
         places,
         granted,
     }
+}
+
+/// The ACQUIRED record is on the acquisition's critical path: a lane to the ledger's leader is
+/// opened as soon as the leader is known, while the membership joins.
+fn open_append_lane(pool: &Arc<Pool>, p: &ledger::Partition) {
+    let (pool, leader) = (pool.clone(), p.leader.clone());
+    tokio::spawn(async move {
+        if let Ok(lane) = pool.lane(&leader, Park::Urgent).await {
+            lane.done();
+        }
+    });
 }
 
 fn now() -> Instant {
@@ -286,6 +305,9 @@ struct Run {
     /// The checkpoint read under way, with the try it is for. On a task of its own: its work
     /// (a tail's decoding, a lookup's waits) must not hold up the lease's timers.
     reading: Option<(u64, tokio::task::JoinHandle<ReadOutcome>)>,
+    /// Opens the JoinGroup's gate ([`Session::join_gate`]) once the ledger topic passed its
+    /// check; dropped then. Dropped unopened with the session when the check fails.
+    gate: Option<watch::Sender<bool>>,
     outputs: Outputs,
 }
 
@@ -434,7 +456,13 @@ impl Run {
 
     fn on_command(&mut self, cmd: Option<Box<SessionCommand>>) {
         match cmd.map(|c| *c) {
-            Some(SessionCommand::Member(c)) => self.m.handle_command(c, now()),
+            Some(SessionCommand::Member(c)) => {
+                if c == Command::Leave {
+                    // A JoinGroup held for the ledger topic's check is not sent.
+                    self.gate = None;
+                }
+                self.m.handle_command(c, now());
+            }
             Some(SessionCommand::Checkpoint(value, reply)) => match &mut self.ledger {
                 Some(l) => {
                     self.next_ticket += 1;
@@ -448,8 +476,19 @@ impl Run {
                     .into()));
                 }
             },
+            Some(SessionCommand::LedgerChecked(partition)) => {
+                if let (Some(l), Some(p)) = (&mut self.ledger, partition) {
+                    open_append_lane(&self.net.pool, &p);
+                    l.found_partition(p);
+                }
+                if let Some(gate) = self.gate.take() {
+                    let _ = gate.send(true);
+                }
+                self.net.join_gate = None;
+            }
             // Every handle is gone: nobody can use the lock any more, so leave.
             None => {
+                self.gate = None;
                 self.commands_open = false;
                 self.m.handle_command(Command::Leave, now());
             }
@@ -691,6 +730,10 @@ pub(super) struct Session {
     pub(super) sent: SentAt,
     /// Which of a broker's quick connections the lock's requests take ([`Pool::stripe`]).
     pub(super) stripe: usize,
+    /// While the ledger topic is being checked: opens when it passed. A JoinGroup waits for it
+    /// on the lane it was given, so the lookup and the connects overlap the check, while a
+    /// topic that cannot serve is refused before the member joins the group.
+    pub(super) join_gate: Option<watch::Receiver<bool>>,
 }
 
 pub(super) type SentAt = Arc<Mutex<Option<(u64, Instant)>>>;
@@ -851,11 +894,19 @@ pub(super) fn send(
         _ => None,
     };
     let sent = net.sent.clone();
+    let gate = match t.request.api_key() {
+        ApiKey::JoinGroup => net.join_gate.clone(),
+        _ => None,
+    };
     tokio::spawn(async move {
         let (id, api) = (t.id, t.request.api_key());
         let result = match join_to {
             Some(broker) => {
-                let to = JoinTo { broker, ready };
+                let to = JoinTo {
+                    broker,
+                    ready,
+                    gate,
+                };
                 match on_join_lane(&pool, &kept, &sent, to, park, t, &answers).await {
                     Some(result) => result,
                     None => return,
@@ -876,6 +927,8 @@ pub(super) fn send(
 struct JoinTo {
     broker: Broker,
     ready: Option<pool::Lane>,
+    /// The ledger topic's check, which a JoinGroup waits for ([`Session::join_gate`]).
+    gate: Option<watch::Receiver<bool>>,
 }
 
 /// A JoinGroup or SyncGroup (`t`) on the member's join lane to `to.broker`: the lane claimed
@@ -898,7 +951,11 @@ async fn on_join_lane(
     // The connect and the request together stay within the transmit's timeout plus the connect
     // timeout, so the machine always hears back.
     let bound = t.timeout.saturating_add(pool.conn.connect_timeout);
-    let JoinTo { broker, ready } = to;
+    let JoinTo {
+        broker,
+        ready,
+        gate,
+    } = to;
     let lane = match ready.or_else(|| take_join_lane(kept, &broker)) {
         Some(lane) => Ok(lane),
         // A first join has no lease at stake: it waits its turn for a lane (the semaphore is
@@ -919,8 +976,26 @@ async fn on_join_lane(
             None
         }
         Ok(lane) => {
+            if let Some(mut gate) = gate {
+                // The lane is open (its connect done) while the check is out; the request waits.
+                // A check that failed drops the gate with the session.
+                // A member that leaves before the check is done never joins: the session then
+                // drops the gate, and the JoinGroup is answered as never sent, which lets the
+                // leave finish (a member leaving waits for its JoinGroup's answer).
+                let open = tokio::select! {
+                    r = gate.wait_for(|open| *open) => r.is_ok(),
+                    () = answers.closed() => {
+                        lane.done();
+                        return None;
+                    }
+                };
+                if !open {
+                    lane.done();
+                    return Some(Err(Error::Closed));
+                }
+            }
             // Nothing of it can have reached the broker before now, however long it waited
-            // for the lane.
+            // for the lane or the check.
             *sent.lock().unwrap_or_else(|p| p.into_inner()) = Some((t.id, now()));
             let exchange = async {
                 let response = lane.conn().request_at(request, version, t.timeout).await?;

@@ -1719,6 +1719,7 @@ async fn one_locks_held_heartbeat_timing_out_does_not_fail_anothers_on_the_quick
         join_lane: Default::default(),
         sent: Default::default(),
         stripe: 0,
+        join_gate: None,
     };
     let (answers_tx, mut answers) = tokio::sync::mpsc::unbounded_channel();
     let request_timeout = Duration::from_millis(600);
@@ -1914,6 +1915,7 @@ async fn a_first_join_waiting_for_a_lane_leaves_the_line_with_its_session() {
         join_lane: Default::default(),
         sent: Default::default(),
         stripe: 0,
+        join_gate: None,
     };
     let taken = tokio::time::timeout(PROMPTLY, net.pool.lane(&broker, pool::Park::Fresh))
         .await
@@ -1985,6 +1987,7 @@ async fn a_held_heartbeat_holds_back_only_its_own_stripe() {
         join_lane: Default::default(),
         sent: Default::default(),
         stripe,
+        join_gate: None,
     };
     let (answers_tx, mut answers) = tokio::sync::mpsc::unbounded_channel();
     let heartbeat_of = |id: u64| Transmit {

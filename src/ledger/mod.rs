@@ -858,6 +858,18 @@ impl<F: Unanswered> Ledger<F> {
         self.partition.as_ref()
     }
 
+    /// The ledger topic's check (made beside the membership's first steps) found `p`: the
+    /// partition and its leader, unless a lookup of the machine's own has answered already.
+    pub fn found_partition(&mut self, p: Partition) {
+        if self.partition.is_some() {
+            return;
+        }
+        if self.topic_id.is_none() && !p.topic_id.is_nil() {
+            self.topic_id = Some(p.topic_id);
+        }
+        self.partition = Some(p);
+    }
+
     /// Next request to send.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         self.transmits.pop_front()

@@ -1425,6 +1425,177 @@ mod scripted {
         })
     }
 
+    /// The ledger topic's check (its Metadata, held here for `HOLD`) goes out beside the
+    /// membership's first steps: the coordinator is looked up while the check is out, and the
+    /// JoinGroup waits for the check's answer, so a topic that cannot serve is still refused
+    /// before the member joins. The client has two quick connections and the group's stripe is
+    /// not the first connection's, so the lookup does not queue behind the held Metadata (the
+    /// fake, like Apache, answers one connection's requests in order). Breaks if the check came
+    /// before the session again (no FindCoordinator until the Metadata is answered), or if the
+    /// JoinGroup did not wait for it (a JoinGroup during the hold).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_ledger_topic_check_goes_out_beside_the_lookup_and_the_join_waits_for_it() {
+        use kafka_protocol::messages::MetadataRequest;
+        use std::time::Instant;
+        const HOLD: Duration = Duration::from_secs(2);
+        crate::support::init_tracing();
+        let addr = Arc::new(OnceLock::new());
+        let log: Log = Arc::default();
+        let common = script(addr.clone(), log.clone(), Arc::new(AtomicBool::new(false)));
+        let joined: Arc<Mutex<Option<Instant>>> = Arc::default();
+        let released: Arc<Mutex<Option<Instant>>> = Arc::default();
+        let (joined2, released2) = (joined.clone(), released.clone());
+        let fake = fake_broker::start_parking(Arc::new(
+            move |_conn, api, version, body: &mut BytesMut| {
+                let now = Instant::now();
+                let mut hold = Duration::ZERO;
+                if api == ApiKey::JoinGroup {
+                    joined2.lock().unwrap().get_or_insert(now);
+                }
+                if api == ApiKey::Metadata {
+                    let req =
+                        MetadataRequest::decode(&mut body.clone(), version).expect("Metadata");
+                    let ledger = req
+                        .topics
+                        .iter()
+                        .flatten()
+                        .any(|t| t.name.as_ref().is_some_and(|n| n.0.as_str() == LEDGER));
+                    let mut released = released2.lock().unwrap();
+                    if ledger && released.is_none() {
+                        *released = Some(now + HOLD);
+                        hold = HOLD;
+                    }
+                }
+                common(api, version, body).map(|b| (b, hold))
+            },
+        ))
+        .await;
+        addr.set(fake.addr).expect("set once");
+        // Java's String.hashCode, as the pool stripes groups: a group whose lookups go on the
+        // second bootstrap connection, not on the first, which carries the check.
+        let stripe = |g: &str| {
+            let h = g
+                .encode_utf16()
+                .fold(0i32, |h, c| h.wrapping_mul(31).wrapping_add(i32::from(c)));
+            (h.unsigned_abs() % 50) % 2
+        };
+        let group = (0..)
+            .map(|i| format!("lock-{i}"))
+            .find(|g| stripe(g) == 1)
+            .expect("a group on the second stripe");
+        let client = kafka_lock::Client::new(fake.addr.to_string()).quick_connections(2);
+        let o = client
+            .lock(group)
+            .session_timeout(Duration::from_secs(6))
+            .rebalance_timeout(Duration::from_secs(6))
+            .heartbeat_interval(Duration::from_secs(1))
+            .lease_margin(Duration::from_secs(1))
+            .ledger_topic(LEDGER)
+            .ledger_push(false);
+        let lookups = fake.lookups.clone();
+        // No wait given: a bounded `acquire` looks at the group first (DescribeGroups, after a
+        // FindCoordinator of its own), which this test must not count.
+        let acquire = tokio::spawn(async move { o.acquire(None).await });
+        // The fake counts its lookups but cannot signal them: looked at every millisecond.
+        let looked_up = tokio::time::timeout(BOUND, async {
+            while lookups.load(Ordering::SeqCst) == 0 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            Instant::now()
+        })
+        .await
+        .expect("a FindCoordinator within the bound");
+        let guard = tokio::time::timeout(BOUND, acquire)
+            .await
+            .expect("acquired within the bound")
+            .expect("the acquire's task")
+            .expect("acquire");
+        let released = released
+            .lock()
+            .unwrap()
+            .expect("the ledger's Metadata was asked for");
+        let joined = joined.lock().unwrap().expect("a JoinGroup");
+        assert!(
+            looked_up < released,
+            "the coordinator was looked up only once the ledger topic's check was answered"
+        );
+        assert!(
+            joined >= released,
+            "the JoinGroup went out before the ledger topic's check was answered"
+        );
+        tokio::time::timeout(BOUND, guard.release())
+            .await
+            .expect("release within the bound")
+            .expect("release");
+    }
+
+    /// An acquisition whose wait ends while the ledger topic's check is out (its Metadata held
+    /// for `HOLD`, the wait 200 ms) leaves without ever joining: its Leave drops the JoinGroup's
+    /// gate, the held JoinGroup is answered as never sent, and the member, which has no id yet,
+    /// is done at once; `acquire` returns once the check is answered. Breaks if the Leave left
+    /// the gate shut: the member would wait for the answer of a JoinGroup that never goes out
+    /// until its leave deadline (join timeout plus request timeout: 60 s here), and `acquire`
+    /// with it, its leave timeout being longer.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_wait_that_ends_during_the_ledger_topic_check_leaves_without_joining() {
+        use kafka_protocol::messages::MetadataRequest;
+        const HOLD: Duration = Duration::from_secs(2);
+        // Far below the 60 s the break takes, far above the fix's HOLD and a few round trips.
+        const PROMPTLY: Duration = Duration::from_secs(20);
+        crate::support::init_tracing();
+        let addr = Arc::new(OnceLock::new());
+        let log: Log = Arc::default();
+        let common = script(addr.clone(), log.clone(), Arc::new(AtomicBool::new(false)));
+        let held = Arc::new(AtomicBool::new(false));
+        let held2 = held.clone();
+        let fake = fake_broker::start_parking(Arc::new(
+            move |_conn, api, version, body: &mut BytesMut| {
+                let mut hold = Duration::ZERO;
+                if api == ApiKey::Metadata {
+                    let req =
+                        MetadataRequest::decode(&mut body.clone(), version).expect("Metadata");
+                    let ledger = req
+                        .topics
+                        .iter()
+                        .flatten()
+                        .any(|t| t.name.as_ref().is_some_and(|n| n.0.as_str() == LEDGER));
+                    if ledger && !held2.swap(true, Ordering::SeqCst) {
+                        hold = HOLD;
+                    }
+                }
+                common(api, version, body).map(|b| (b, hold))
+            },
+        ))
+        .await;
+        addr.set(fake.addr).expect("set once");
+        let o = LockOptions::new(fake.addr.to_string(), "lock")
+            .session_timeout(Duration::from_secs(6))
+            .rebalance_timeout(Duration::from_secs(6))
+            .heartbeat_interval(Duration::from_secs(1))
+            .lease_margin(Duration::from_secs(1))
+            .request_timeout(Duration::from_secs(30))
+            .leave_timeout(Duration::from_secs(90))
+            .ledger_topic(LEDGER)
+            .ledger_push(false);
+        let err = tokio::time::timeout(PROMPTLY, o.acquire(Some(Duration::from_millis(200))))
+            .await
+            .expect("the acquisition ended soon after the check was answered")
+            .expect_err("the wait ended before the lock could be had");
+        assert!(
+            matches!(err, kafka_lock::Error::NotAcquired { .. }),
+            "{err}"
+        );
+        assert!(
+            held.load(Ordering::SeqCst),
+            "the ledger's Metadata was asked for"
+        );
+        assert!(
+            !log.lock().unwrap().contains(&ApiKey::JoinGroup),
+            "a JoinGroup went out: {:?}",
+            log.lock().unwrap()
+        );
+    }
+
     /// `LockGuard::last_checkpoint` goes over the hold's own connections and starts at the
     /// coordinator and ledger leader the hold knows: no connection is opened and nothing looked
     /// up (no FindCoordinator, no Metadata), both when the group has the checkpoint (one
