@@ -1453,10 +1453,13 @@ mod scripted {
                     joined2.lock().unwrap().get_or_insert(now);
                 }
                 if api == ApiKey::Metadata {
-                    let req = MetadataRequest::decode(&mut body.clone(), version).expect("Metadata");
-                    let ledger = req.topics.iter().flatten().any(|t| {
-                        t.name.as_ref().is_some_and(|n| n.0.as_str() == LEDGER)
-                    });
+                    let req =
+                        MetadataRequest::decode(&mut body.clone(), version).expect("Metadata");
+                    let ledger = req
+                        .topics
+                        .iter()
+                        .flatten()
+                        .any(|t| t.name.as_ref().is_some_and(|n| n.0.as_str() == LEDGER));
                     let mut released = released2.lock().unwrap();
                     if ledger && released.is_none() {
                         *released = Some(now + HOLD);
@@ -1505,7 +1508,10 @@ mod scripted {
             .expect("acquired within the bound")
             .expect("the acquire's task")
             .expect("acquire");
-        let released = released.lock().unwrap().expect("the ledger's Metadata was asked for");
+        let released = released
+            .lock()
+            .unwrap()
+            .expect("the ledger's Metadata was asked for");
         let joined = joined.lock().unwrap().expect("a JoinGroup");
         assert!(
             looked_up < released,
@@ -1558,10 +1564,13 @@ mod scripted {
                     joins2.fetch_add(1, Ordering::SeqCst);
                 }
                 if api == ApiKey::Metadata {
-                    let req = MetadataRequest::decode(&mut body.clone(), version).expect("Metadata");
-                    let ledger = req.topics.iter().flatten().any(|t| {
-                        t.name.as_ref().is_some_and(|n| n.0.as_str() == LEDGER)
-                    });
+                    let req =
+                        MetadataRequest::decode(&mut body.clone(), version).expect("Metadata");
+                    let ledger = req
+                        .topics
+                        .iter()
+                        .flatten()
+                        .any(|t| t.name.as_ref().is_some_and(|n| n.0.as_str() == LEDGER));
                     if ledger && !held.swap(true, Ordering::SeqCst) {
                         let answer = match check {
                             Check::Passes => common(api, version, body)?,
@@ -1623,7 +1632,10 @@ mod scripted {
             .await
             .expect("the acquire ends within the bound")
             .expect_err("no hold within the wait");
-        assert!(matches!(err, kafka_lock::Error::NotAcquired { .. }), "{err}");
+        assert!(
+            matches!(err, kafka_lock::Error::NotAcquired { .. }),
+            "{err}"
+        );
         assert!(
             fake.lookups.load(Ordering::SeqCst) > 0,
             "the member looked its coordinator up during the check"
