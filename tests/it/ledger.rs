@@ -1529,6 +1529,164 @@ mod scripted {
             .expect("release");
     }
 
+    /// How the fake answers the ledger topic's check in [`gated_acquire`].
+    #[derive(Clone, Copy)]
+    enum Check {
+        /// The topic is there, with a leader.
+        Passes,
+        /// UNKNOWN_TOPIC_OR_PARTITION.
+        Missing,
+    }
+
+    /// A client of a fake that holds the ledger topic's Metadata for `hold` and then answers it
+    /// as `check` says; every other request as `script` does. The group's lookups go on the
+    /// second quick connection, not on the first, which carries the check, so the member finds
+    /// its coordinator and opens its join lane while the check is held, and its JoinGroup waits
+    /// at the gate. Returns the lock's options, how many JoinGroups the fake received, and the
+    /// fake (kept for the test's length).
+    async fn gated_acquire(
+        hold: Duration,
+        check: Check,
+    ) -> (
+        LockOptions,
+        Arc<std::sync::atomic::AtomicUsize>,
+        fake_broker::FakeBroker,
+    ) {
+        use kafka_protocol::messages::MetadataRequest;
+        use std::sync::atomic::AtomicUsize;
+        crate::support::init_tracing();
+        let addr = Arc::new(OnceLock::new());
+        let log: Log = Arc::default();
+        let common = script(addr.clone(), log.clone(), Arc::new(AtomicBool::new(false)));
+        let joins = Arc::new(AtomicUsize::new(0));
+        let (joins2, held) = (joins.clone(), Arc::new(AtomicBool::new(false)));
+        let fake = fake_broker::start_parking(Arc::new(
+            move |_conn, api, version, body: &mut BytesMut| {
+                if api == ApiKey::JoinGroup {
+                    joins2.fetch_add(1, Ordering::SeqCst);
+                }
+                if api == ApiKey::Metadata {
+                    let req =
+                        MetadataRequest::decode(&mut body.clone(), version).expect("Metadata");
+                    let ledger = req
+                        .topics
+                        .iter()
+                        .flatten()
+                        .any(|t| t.name.as_ref().is_some_and(|n| n.0.as_str() == LEDGER));
+                    if ledger && !held.swap(true, Ordering::SeqCst) {
+                        let answer = match check {
+                            Check::Passes => common(api, version, body)?,
+                            Check::Missing => encode(
+                                &MetadataResponse::default().with_topics(vec![
+                                    MetadataResponseTopic::default()
+                                        .with_name(Some(name(LEDGER)))
+                                        .with_error_code(3),
+                                ]),
+                                version,
+                            ),
+                        };
+                        return Some((answer, hold));
+                    }
+                }
+                common(api, version, body).map(|b| (b, Duration::ZERO))
+            },
+        ))
+        .await;
+        addr.set(fake.addr).expect("set once");
+        // Java's String.hashCode, as the pool stripes groups.
+        let stripe = |g: &str| {
+            let h = g
+                .encode_utf16()
+                .fold(0i32, |h, c| h.wrapping_mul(31).wrapping_add(i32::from(c)));
+            (h.unsigned_abs() % 50) % 2
+        };
+        let group = (0..)
+            .map(|i| format!("lock-{i}"))
+            .find(|g| stripe(g) == 1)
+            .expect("a group on the second stripe");
+        let client = kafka_lock::Client::new(fake.addr.to_string()).quick_connections(2);
+        let o = client
+            .lock(group)
+            .session_timeout(Duration::from_secs(3))
+            .rebalance_timeout(Duration::from_secs(3))
+            .heartbeat_interval(Duration::from_secs(1))
+            .lease_margin(Duration::from_millis(500))
+            // Well past the longest hold of the check.
+            .request_timeout(Duration::from_secs(10))
+            .ledger_topic(LEDGER)
+            .ledger_push(false);
+        (o, joins, fake)
+    }
+
+    /// An acquisition that ends while the ledger topic's check is out (its wait ran out, or the
+    /// check refused the topic) never joins the group: the member's JoinGroup, ready on its lane,
+    /// is dropped with the gate instead of going out, and the refusal is the check's typed error,
+    /// as when the check came first. Breaks if the gate opened on a Leave instead of closing, if
+    /// a check that passed after the wait ended still let the JoinGroup go, or if a refused
+    /// check still let it go (any of them: a JoinGroup reaches the broker, and the member, which
+    /// leaves only once its JoinGroup is answered, has joined by the time `acquire` returns).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_acquisition_that_ends_during_the_ledger_topic_check_never_joins() {
+        const HOLD: Duration = Duration::from_secs(2);
+        // The wait runs out while the check is held; the check then passes.
+        let (o, joins, fake) = gated_acquire(HOLD, Check::Passes).await;
+        let err = tokio::time::timeout(BOUND, o.acquire(Some(Duration::from_millis(300))))
+            .await
+            .expect("the acquire ends within the bound")
+            .expect_err("no hold within the wait");
+        assert!(
+            matches!(err, kafka_lock::Error::NotAcquired { .. }),
+            "{err}"
+        );
+        assert!(
+            fake.lookups.load(Ordering::SeqCst) > 0,
+            "the member looked its coordinator up during the check"
+        );
+        assert_eq!(joins.load(Ordering::SeqCst), 0, "a JoinGroup went out");
+        // The check refuses the topic while the JoinGroup waits for it.
+        let (o, joins, fake) = gated_acquire(HOLD, Check::Missing).await;
+        let err = tokio::time::timeout(BOUND, o.acquire(Some(BOUND)))
+            .await
+            .expect("the acquire ends within the bound")
+            .expect_err("a missing ledger topic is refused");
+        assert!(
+            matches!(
+                err,
+                kafka_lock::Error::Ledger(kafka_lock::LedgerError::TopicMissing { .. })
+            ),
+            "{err}"
+        );
+        assert!(
+            fake.lookups.load(Ordering::SeqCst) > 0,
+            "the member looked its coordinator up during the check"
+        );
+        assert_eq!(joins.load(Ordering::SeqCst), 0, "a JoinGroup went out");
+    }
+
+    /// A check longer than the lease still gives a hold from the first JoinGroup: the lease is
+    /// timed from the JoinGroup's leaving the gate, not from the machine's emitting it before
+    /// the wait. Breaks if the driver stamped the JoinGroup as sent before the gate (the first
+    /// lease would end before the JoinGroup was answered, and the member would join again).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_ledger_topic_check_longer_than_the_lease_still_holds_from_the_first_join() {
+        // The lease is min(session, rebalance) - margin = 2.5 s.
+        const HOLD: Duration = Duration::from_secs(4);
+        let (o, joins, _fake) = gated_acquire(HOLD, Check::Passes).await;
+        let guard = tokio::time::timeout(BOUND, o.acquire(Some(BOUND)))
+            .await
+            .expect("acquired within the bound")
+            .expect("acquire");
+        assert_eq!(
+            joins.load(Ordering::SeqCst),
+            1,
+            "the hold came from a second JoinGroup: the first one's lease was lost to the check"
+        );
+        tokio::time::timeout(BOUND, guard.release())
+            .await
+            .expect("release within the bound")
+            .expect("release");
+    }
+
     /// An acquisition whose wait ends while the ledger topic's check is out (its Metadata held
     /// for `HOLD`, the wait 200 ms) leaves without ever joining: its Leave drops the JoinGroup's
     /// gate, the held JoinGroup is answered as never sent, and the member, which has no id yet,
