@@ -3176,6 +3176,7 @@ async fn a_held_heartbeat_narrows_the_admission_window_and_acquisitions_widen_it
         join_lane: Default::default(),
         sent: Default::default(),
         stripe: 0,
+        join_gate: None,
     };
     let pool = net.pool.clone();
     let mut places = Vec::new();
