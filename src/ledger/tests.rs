@@ -123,26 +123,41 @@ impl Rig {
         }
     }
 
+    /// Takes everything the machine hands out. One that never stops handing something out
+    /// fails the test here at once, instead of growing these lists until the kernel kills the
+    /// test process for its memory.
     fn drain(&mut self) {
-        while let Some(t) = self.l.poll_transmit() {
-            self.sent.push(t);
+        fn all<T>(mut next: impl FnMut() -> Option<T>, into: &mut Vec<T>, what: &str) {
+            for _ in 0..10_000 {
+                match next() {
+                    Some(x) => into.push(x),
+                    None => return,
+                }
+            }
+            panic!("the machine hands out {what} without end");
         }
-        while let Some(e) = self.l.poll_event() {
-            self.events
-                .push(e.map_failure(|f| Arc::new(Error::from(f))));
-        }
-        while let Some(c) = self.l.poll_command() {
-            self.commands.push(c);
-        }
-        while let Some((ticket, result)) = self.l.poll_checkpoint() {
-            self.checkpoints.push((ticket, result.map_err(Error::from)));
-        }
-        while let Some(attempt) = self.l.poll_read() {
-            self.reads.push(attempt);
-        }
-        while let Some(read) = self.l.poll_granted() {
-            self.granted.push(read);
-        }
+        all(|| self.l.poll_transmit(), &mut self.sent, "requests");
+        all(
+            || {
+                self.l
+                    .poll_event()
+                    .map(|e| e.map_failure(|f| Arc::new(Error::from(f))))
+            },
+            &mut self.events,
+            "events",
+        );
+        all(|| self.l.poll_command(), &mut self.commands, "commands");
+        all(
+            || {
+                self.l
+                    .poll_checkpoint()
+                    .map(|(ticket, result)| (ticket, result.map_err(Error::from)))
+            },
+            &mut self.checkpoints,
+            "checkpoint outcomes",
+        );
+        all(|| self.l.poll_read(), &mut self.reads, "checkpoint reads");
+        all(|| self.l.poll_granted(), &mut self.granted, "granted reads");
     }
 
     /// The checkpoint read of try `attempt` is done.
