@@ -51,7 +51,8 @@ pub const DEFAULT_PARKING_LANES: usize = 32;
 pub(crate) const IDLE_AFTER: Duration = Duration::from_secs(60);
 
 /// Default bound on a client's acquisitions between their start and their first completed
-/// generation (`Client::acquisitions_at_once`): the ceiling of the window ([`Admission`]).
+/// generation (`Client::acquisitions_at_once`): the ceiling of the admission window, which
+/// narrows while Heartbeats come back late.
 pub const DEFAULT_ACQUISITIONS_AT_ONCE: usize = 128;
 
 /// A Heartbeat answered after more than this share of its request timeout (or not answered)
