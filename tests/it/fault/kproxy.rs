@@ -49,10 +49,10 @@
 //! [`ProxySet::hold_next_commit`] arms a third: the next OffsetCommit answer through any of the
 //! set's proxies is held, with every later answer of that broker, until the proxy's fault is
 //! cleared: the broker has committed the checkpoint, the client does not know yet.
-//! [`ProxySet::hold_ledger_checks`] holds the answers to the Metadata requests naming a topic
-//! (an acquisition's check of its ledger topic) read within a window, each until the window's
-//! end, and counts every JoinGroup without a member id (an acquisition's first) read while
-//! one of them is held ([`ProxyStats::joins_before_check`]).
+//! [`ProxySet::hold_ledger_checks`] holds the answers to the DescribeConfigs requests naming a
+//! topic (the last step of an acquisition's check of its ledger topic) read within a window,
+//! each until the window's end, and counts every JoinGroup without a member id (an
+//! acquisition's first) read while one of them is held ([`ProxyStats::joins_before_check`]).
 
 use std::collections::HashMap;
 use std::io;
@@ -151,35 +151,42 @@ pub struct ProxyStats {
     pub heartbeats_abandoned: AtomicU64,
     /// Fetch answers held by [`ProxySet::hold_fetches`].
     pub fetches_held: AtomicU64,
-    /// Metadata requests naming the held topic by [`ProxySet::hold_ledger_checks`], and how
+    /// DescribeConfigs requests naming the held topic by [`ProxySet::hold_ledger_checks`], and how
     /// many of them are still unanswered to the client (the client's connection open).
     pub checks_held: AtomicU64,
     pub checks_pending: AtomicU64,
-    /// JoinGroups without a member id read while a held Metadata answer naming the ledger topic
-    /// was not let out: an acquisition that joined before its ledger topic's check passed.
+    /// JoinGroups without a member id read while a held DescribeConfigs answer naming the
+    /// ledger topic was not let out: an acquisition that joined before its ledger topic's check
+    /// passed.
     pub joins_before_check: AtomicU64,
 }
 
 /// The state of [`ProxySet::hold_ledger_checks`], shared by every connection of a set.
 #[derive(Default)]
 struct CheckHold {
-    /// The topic whose Metadata requests are held, and the end of the window: answers to those
-    /// read before it are let out at it.
+    /// The topic whose DescribeConfigs requests are held, and the end of the window: answers
+    /// to those read before it are let out at it.
     window: Mutex<Option<(Vec<u8>, Instant)>>,
 }
 
 impl CheckHold {
-    /// The window's end, if `frame` is a Metadata request naming the held topic read within it.
+    /// The window's end, if `frame` is a DescribeConfigs request naming the held topic read
+    /// within it. Not the check's Metadata: the check sends it on the acquisition's first
+    /// connection, and the coordinator's lookup often follows it there, so a held Metadata
+    /// answer holds the FindCoordinator answer queued behind it (answers go out in order) and
+    /// no JoinGroup could go early anyway. The DescribeConfigs, sent once the Metadata is
+    /// answered, finds the lookup answered already.
     fn holds(&self, frame: &[u8]) -> Option<Instant> {
         if frame.len() < 2
-            || ApiKey::try_from(i16::from_be_bytes([frame[0], frame[1]])) != Ok(ApiKey::Metadata)
+            || ApiKey::try_from(i16::from_be_bytes([frame[0], frame[1]]))
+                != Ok(ApiKey::DescribeConfigs)
         {
             return None;
         }
         let window = self.window.lock().unwrap_or_else(|p| p.into_inner());
         let (topic, until) = window.as_ref()?;
         // The name's bytes anywhere in the request: the topic names are unique to the run and
-        // no header field carries them, so this holds for every Metadata version alike.
+        // no header field carries them, so this holds for every version alike.
         (*until > Instant::now() && frame.windows(topic.len()).any(|w| w == &topic[..]))
             .then_some(*until)
     }
@@ -459,7 +466,7 @@ impl ProxySet {
         }
     }
 
-    /// Holds the answer to every Metadata request naming `topic` read from now for `length`,
+    /// Holds the answer to every DescribeConfigs request naming `topic` read from now for `length`,
     /// until then, with the answers queued behind it on its connection.
     pub fn hold_ledger_checks(&self, topic: &str, length: Duration) {
         *self
@@ -718,7 +725,7 @@ async fn connection(
     let (asked_fetch, answered_fetch) = (fetches.clone(), fetches);
     let pending_held = Arc::new(AtomicU64::new(0));
     let (held_in, held_out) = (pending_held.clone(), pending_held.clone());
-    // The connection's held Metadata requests naming the ledger topic (correlation ids, with
+    // The connection's held DescribeConfigs requests naming the ledger topic (correlation ids, with
     // the window's end), and how many of their answers are not yet written to the client.
     let checks: Arc<Mutex<HashMap<i32, Instant>>> = Arc::default();
     let (asked_check, answered_check) = (checks.clone(), checks);

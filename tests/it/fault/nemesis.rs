@@ -129,8 +129,8 @@ pub enum Kind {
     /// named coordinator, so the new coordinator's high watermark stays behind the old
     /// leader's while the next checkpoint read meets it. Not in CI mode.
     CoordMoveAtGrant,
-    /// From a release of the native lock, every Metadata answer naming its ledger topic (an
-    /// acquisition's check of it, on whatever connection) held by the proxies of every
+    /// From a release of the native lock, every DescribeConfigs answer naming its ledger topic
+    /// (the last step of an acquisition's check of it) held by the proxies of every
     /// single-lock contender of it, 0.5 s to past the session timeout and a request's bound;
     /// in some episodes the contender whose check is held first is then SIGINTed or SIGKILLed
     /// mid-check. No acquisition may send its JoinGroup before its check's answer is let out.

@@ -1410,9 +1410,9 @@ impl Run {
     }
 
     /// The slow-ledger-check nemesis: the moment a holder of the native lock reports its
-    /// release, every single-lock contender of it with proxies has the answers to its Metadata
-    /// requests naming the ledger topic held for `plan.length` (those read within it, each
-    /// until its end). The releaser starts its next acquisition at once, whose check of the
+    /// release, every single-lock contender of it with proxies has the answers to its
+    /// DescribeConfigs requests naming the ledger topic held for `plan.length` (those read
+    /// within it, each until its end; [`super::kproxy`] says why not the check's Metadata). The releaser starts its next acquisition at once, whose check of the
     /// ledger topic meets the hold; so does any CLI run or respawn meanwhile. With
     /// `plan.signal`, the first contender seen with a held answer is sent that signal, mid-check.
     /// The checker: no JoinGroup without a member id (an acquisition's first) reaches a proxy
@@ -2144,7 +2144,7 @@ impl Run {
         if early > 0 {
             failures.push(format!(
                 "{early} JoinGroup(s) without a member id reached a proxy while it held the answer \
-                 to a Metadata request naming the ledger topic: an acquisition joined before its \
+                 to a DescribeConfigs request naming the ledger topic: an acquisition joined before its \
                  ledger topic's check passed (slow-ledger-check episodes in episodes.tsv)"
             ));
         }
