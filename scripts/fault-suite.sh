@@ -26,6 +26,8 @@
 # ledger leader black-holed, at a release), and coord-move-at-grant (a checkpoint's answer
 # held, the coordinator shut down with the third replica stopped 1 to 2 s, plain reads at the
 # new leader reported); these three turn --checkpoints on.
+# slow-ledger-check (at a release, the answers to the ledger topic checks' DescribeConfigs held,
+# some contenders signalled mid-check; a JoinGroup before a check's answer fails the run).
 # --many N (N > 1) adds two contender processes that each take the native lock and the same
 # N-1 other locks through one client, so the faults hit connections many locks share; the
 # checker judges every lock on its own.
@@ -38,7 +40,7 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-usage() { sed -n '4,35p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '4,38p' "$0" | sed 's/^# \{0,1\}//'; }
 
 test=fault::suite_ci
 ignored=()

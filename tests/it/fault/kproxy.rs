@@ -49,6 +49,10 @@
 //! [`ProxySet::hold_next_commit`] arms a third: the next OffsetCommit answer through any of the
 //! set's proxies is held, with every later answer of that broker, until the proxy's fault is
 //! cleared: the broker has committed the checkpoint, the client does not know yet.
+//! [`ProxySet::hold_ledger_checks`] holds the answers to the DescribeConfigs requests naming a
+//! topic (the last step of an acquisition's check of its ledger topic) read within a window,
+//! each until the window's end, and counts every JoinGroup without a member id (an
+//! acquisition's first) read while one of them is held ([`ProxyStats::joins_before_check`]).
 
 use std::collections::HashMap;
 use std::io;
@@ -147,6 +151,45 @@ pub struct ProxyStats {
     pub heartbeats_abandoned: AtomicU64,
     /// Fetch answers held by [`ProxySet::hold_fetches`].
     pub fetches_held: AtomicU64,
+    /// DescribeConfigs requests naming the held topic by [`ProxySet::hold_ledger_checks`], and how
+    /// many of them are still unanswered to the client (the client's connection open).
+    pub checks_held: AtomicU64,
+    pub checks_pending: AtomicU64,
+    /// JoinGroups without a member id read while a held DescribeConfigs answer naming the
+    /// ledger topic was not let out: an acquisition that joined before its ledger topic's check
+    /// passed.
+    pub joins_before_check: AtomicU64,
+}
+
+/// The state of [`ProxySet::hold_ledger_checks`], shared by every connection of a set.
+#[derive(Default)]
+struct CheckHold {
+    /// The topic whose DescribeConfigs requests are held, and the end of the window: answers
+    /// to those read before it are let out at it.
+    window: Mutex<Option<(Vec<u8>, Instant)>>,
+}
+
+impl CheckHold {
+    /// The window's end, if `frame` is a DescribeConfigs request naming the held topic read
+    /// within it. Not the check's Metadata: the check sends it on the acquisition's first
+    /// connection, and the coordinator's lookup often follows it there, so a held Metadata
+    /// answer holds the FindCoordinator answer queued behind it (answers go out in order) and
+    /// no JoinGroup could go early anyway. The DescribeConfigs, sent once the Metadata is
+    /// answered, finds the lookup answered already.
+    fn holds(&self, frame: &[u8]) -> Option<Instant> {
+        if frame.len() < 2
+            || ApiKey::try_from(i16::from_be_bytes([frame[0], frame[1]]))
+                != Ok(ApiKey::DescribeConfigs)
+        {
+            return None;
+        }
+        let window = self.window.lock().unwrap_or_else(|p| p.into_inner());
+        let (topic, until) = window.as_ref()?;
+        // The name's bytes anywhere in the request: the topic names are unique to the run and
+        // no header field carries them, so this holds for every version alike.
+        (*until > Instant::now() && frame.windows(topic.len()).any(|w| w == &topic[..]))
+            .then_some(*until)
+    }
 }
 
 /// The state of [`ProxySet::hold_heartbeats`] (or [`ProxySet::hold_fetches`]), shared by every
@@ -180,6 +223,7 @@ pub struct ProxySet {
     hb_hold: Arc<HeartbeatHold>,
     fetch_hold: Arc<HeartbeatHold>,
     commit_hold: Arc<CommitHold>,
+    check_hold: Arc<CheckHold>,
 }
 
 /// The trigger of [`ProxySet::hold_next_commit`], shared by every connection of a set.
@@ -199,6 +243,7 @@ struct Triggers {
     hb_hold: Arc<HeartbeatHold>,
     fetch_hold: Arc<HeartbeatHold>,
     commit_hold: Arc<CommitHold>,
+    check_hold: Arc<CheckHold>,
     fault: watch::Sender<Fault>,
     node: i32,
 }
@@ -371,6 +416,7 @@ impl ProxySet {
         let hb_hold = Arc::new(HeartbeatHold::default());
         let fetch_hold = Arc::new(HeartbeatHold::default());
         let commit_hold = Arc::new(CommitHold::default());
+        let check_hold = Arc::new(CheckHold::default());
         let proxies: Vec<BrokerProxy> = brokers
             .iter()
             .zip(listeners)
@@ -384,6 +430,7 @@ impl ProxySet {
                     hb_hold: hb_hold.clone(),
                     fetch_hold: fetch_hold.clone(),
                     commit_hold: commit_hold.clone(),
+                    check_hold: check_hold.clone(),
                     fault: fault.clone(),
                     node: node_id,
                 };
@@ -415,7 +462,19 @@ impl ProxySet {
             hb_hold,
             fetch_hold,
             commit_hold,
+            check_hold,
         }
+    }
+
+    /// Holds the answer to every DescribeConfigs request naming `topic` read from now for `length`,
+    /// until then, with the answers queued behind it on its connection.
+    pub fn hold_ledger_checks(&self, topic: &str, length: Duration) {
+        *self
+            .check_hold
+            .window
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) =
+            Some((topic.as_bytes().to_vec(), Instant::now() + length));
     }
 
     /// Arms the trigger: the next OffsetCommit answer to this contender is held, with every
@@ -649,6 +708,7 @@ async fn connection(
         hb_hold,
         fetch_hold,
         commit_hold,
+        check_hold,
         fault: own_fault,
         node,
     } = triggers;
@@ -665,6 +725,14 @@ async fn connection(
     let (asked_fetch, answered_fetch) = (fetches.clone(), fetches);
     let pending_held = Arc::new(AtomicU64::new(0));
     let (held_in, held_out) = (pending_held.clone(), pending_held.clone());
+    // The connection's held DescribeConfigs requests naming the ledger topic (correlation ids, with
+    // the window's end), and how many of their answers are not yet written to the client.
+    let checks: Arc<Mutex<HashMap<i32, Instant>>> = Arc::default();
+    let (asked_check, answered_check) = (checks.clone(), checks);
+    let checks_here = Arc::new(AtomicU64::new(0));
+    let (check_in, check_out) = (checks_here.clone(), checks_here.clone());
+    let (check_stats, check_out_stats, check_end_stats) =
+        (stats.clone(), stats.clone(), stats.clone());
     let (hold_stats, abandon_stats) = (stats.clone(), stats.clone());
     let answered = join_stall.clone();
     let answered_here = join_stall.clone();
@@ -672,6 +740,24 @@ async fn connection(
         join_stall.request_read(frame, (number, client_fd), (node, &own_fault), &seen);
         if frame.len() >= 8 {
             let correlation = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
+            if let Some(until) = check_hold.holds(frame) {
+                asked_check
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(correlation, until);
+                check_stats.checks_held.fetch_add(1, Ordering::SeqCst);
+                check_stats.checks_pending.fetch_add(1, Ordering::SeqCst);
+                check_in.fetch_add(1, Ordering::SeqCst);
+            }
+            // Counted as the proxy reads it: the JoinGroup left the client before the answer.
+            if ApiKey::try_from(i16::from_be_bytes([frame[0], frame[1]])) == Ok(ApiKey::JoinGroup)
+                && !joins_as_member(frame)
+                && check_stats.checks_pending.load(Ordering::SeqCst) > 0
+            {
+                check_stats
+                    .joins_before_check
+                    .fetch_add(1, Ordering::SeqCst);
+            }
             match ApiKey::try_from(i16::from_be_bytes([frame[0], frame[1]])) {
                 Ok(ApiKey::Heartbeat) => &asked,
                 Ok(ApiKey::Fetch) => &asked_fetch,
@@ -731,6 +817,13 @@ async fn connection(
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&correlation);
+            let check = answered_check
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&correlation);
+            if let Some(until) = check {
+                return Some((until, Held::Check));
+            }
             // Set before the frame is queued: `pump_in` then holds it with the black-hole.
             if commit && commit_hold.armed.swap(false, Ordering::SeqCst) {
                 commit_fault.send_replace(Fault::Blackhole(Dir::Down));
@@ -739,12 +832,12 @@ async fn connection(
             if let Some(until) = fetch_hold.until().filter(|_| fetch) {
                 hold_stats.fetches_held.fetch_add(1, Ordering::SeqCst);
                 // Not counted as a held Heartbeat: a client may give a held poll up.
-                return Some((until, false));
+                return Some((until, Held::No));
             }
             let until = hb_hold.until().filter(|_| heartbeat)?;
             hold_stats.heartbeats_held.fetch_add(1, Ordering::SeqCst);
             held_in.fetch_add(1, Ordering::SeqCst);
-            Some((until, true))
+            Some((until, Held::Heartbeat))
         },
         move |frame| rewrite_answer(frame, &answers, &ports, &stats, &cut),
     );
@@ -770,12 +863,22 @@ async fn connection(
             tokio::time::sleep(Duration::from_secs(15)).await;
         }
     };
+    let check_written = || {
+        check_out.fetch_sub(1, Ordering::SeqCst);
+        check_out_stats
+            .checks_pending
+            .fetch_sub(1, Ordering::SeqCst);
+    };
     let was_reset = tokio::select! {
         _ = up => false,
         _ = down_read => false,
-        _ = pump_out_counting(&mut cw, down_rx, &held_out) => false,
+        _ = pump_out_counting(&mut cw, down_rx, &held_out, &check_written) => false,
         _ = reset_now => true,
     };
+    // Held checks never let out: the connection is gone, so they hold nothing back any more.
+    check_end_stats
+        .checks_pending
+        .fetch_sub(checks_here.swap(0, Ordering::SeqCst), Ordering::SeqCst);
     // A reset is the proxy's own doing, not the client giving up.
     let abandoned = pending_held.load(Ordering::SeqCst);
     if abandoned > 0 && !was_reset {
@@ -789,8 +892,17 @@ async fn connection(
     }
 }
 
-/// A frame, when it is due at the other side, and whether it is a held Heartbeat answer.
-type Timed = (Bytes, Instant, bool);
+/// What a frame held back is, for the counts taken as it is written.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Held {
+    No,
+    Heartbeat,
+    /// An answer held by [`ProxySet::hold_ledger_checks`].
+    Check,
+}
+
+/// A frame, when it is due at the other side, and what it is if held.
+type Timed = (Bytes, Instant, Held);
 
 /// Reads frames from one side and queues them, each with the time it is due at the other side.
 /// `read` sees each frame as soon as it is read, and may set a fault that holds it, or return
@@ -801,7 +913,7 @@ async fn pump_in(
     connection: u64,
     mut fault: watch::Receiver<Fault>,
     to: mpsc::UnboundedSender<Timed>,
-    mut read: impl FnMut(&Bytes) -> Option<(Instant, bool)>,
+    mut read: impl FnMut(&Bytes) -> Option<(Instant, Held)>,
     mut each: impl FnMut(Bytes) -> Bytes,
 ) -> io::Result<()> {
     loop {
@@ -814,7 +926,7 @@ async fn pump_in(
         // A frame read just before a black-hole began is held with the rest.
         wait_unheld(&mut fault, dir, connection).await;
         let due = read_at + fault.borrow().delay(dir);
-        let held = not_before.is_some_and(|(_, counted)| counted);
+        let held = not_before.map_or(Held::No, |(_, held)| held);
         let due = not_before.map_or(due, |(n, _)| n.max(due));
         if to.send((each(frame), due, held)).is_err() {
             return Ok(());
@@ -831,14 +943,16 @@ async fn wait_unheld(fault: &mut watch::Receiver<Fault>, dir: Dir, connection: u
 }
 
 async fn pump_out(to: &mut OwnedWriteHalf, from: mpsc::UnboundedReceiver<Timed>) {
-    pump_out_counting(to, from, &AtomicU64::new(0)).await
+    pump_out_counting(to, from, &AtomicU64::new(0), &|| {}).await
 }
 
-/// [`pump_out`], taking each held Heartbeat answer written off `held`.
+/// [`pump_out`], taking each held Heartbeat answer written off `held`, and calling `check_out`
+/// as each held check's answer is written.
 async fn pump_out_counting(
     to: &mut OwnedWriteHalf,
     mut from: mpsc::UnboundedReceiver<Timed>,
     held: &AtomicU64,
+    check_out: &(dyn Fn() + Sync),
 ) {
     while let Some((frame, due, was_held)) = from.recv().await {
         tokio::time::sleep_until(due).await;
@@ -846,8 +960,12 @@ async fn pump_out_counting(
         if to.write_all(&len).await.is_err() || to.write_all(&frame).await.is_err() {
             return;
         }
-        if was_held {
-            held.fetch_sub(1, Ordering::SeqCst);
+        match was_held {
+            Held::Heartbeat => {
+                held.fetch_sub(1, Ordering::SeqCst);
+            }
+            Held::Check => check_out(),
+            Held::No => {}
         }
     }
 }

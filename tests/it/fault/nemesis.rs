@@ -129,6 +129,13 @@ pub enum Kind {
     /// named coordinator, so the new coordinator's high watermark stays behind the old
     /// leader's while the next checkpoint read meets it. Not in CI mode.
     CoordMoveAtGrant,
+    /// From a release of the native lock, every DescribeConfigs answer naming its ledger topic
+    /// (the last step of an acquisition's check of it) held by the proxies of every
+    /// single-lock contender of it, 0.5 s to past the session timeout and a request's bound;
+    /// in some episodes the contender whose check is held first is then SIGINTed or SIGKILLed
+    /// mid-check. No acquisition may send its JoinGroup before its check's answer is let out.
+    /// Not in CI mode.
+    SlowLedgerCheck,
 }
 
 impl Kind {
@@ -150,7 +157,7 @@ impl Kind {
 
     /// Drawn only when named (`--kinds`), but for [`Kind::CI_EXTRA`]: most need a contender of
     /// their own or take long, and CI mode keeps its time.
-    pub const OPTIONAL: [Kind; 11] = [
+    pub const OPTIONAL: [Kind; 12] = [
         Kind::HoldHeartbeat,
         Kind::NoexecLoss,
         Kind::Pair,
@@ -162,6 +169,7 @@ impl Kind {
         Kind::HandoverLedgerMove,
         Kind::AbandonedPolls,
         Kind::CoordMoveAtGrant,
+        Kind::SlowLedgerCheck,
     ];
 
     /// The kinds that strike the handover's ledger traffic: drawing one turns checkpoint
@@ -234,6 +242,7 @@ impl Kind {
             Kind::HandoverLedgerMove => "handover-ledger-move",
             Kind::AbandonedPolls => "abandoned-polls",
             Kind::CoordMoveAtGrant => "coord-move-at-grant",
+            Kind::SlowLedgerCheck => "slow-ledger-check",
         }
     }
 
@@ -283,6 +292,8 @@ pub struct Episode {
     /// Pair episodes: the two nemeses, the second started `offset` after the first.
     pub parts: Vec<Episode>,
     pub offset: Duration,
+    /// Slow-ledger-check episodes: the signal sent to a contender mid-check, if any.
+    pub signal: Option<i32>,
 }
 
 impl Kind {
@@ -407,6 +418,16 @@ impl fmt::Display for Episode {
                  {:?}",
                 self.length
             ),
+            Kind::SlowLedgerCheck => write!(
+                f,
+                ", ledger topic checks held {:?} from a release{}",
+                self.length,
+                match self.signal {
+                    Some(libc::SIGINT) => ", the first SIGINTed mid-check",
+                    Some(_) => ", the first SIGKILLed mid-check",
+                    None => "",
+                }
+            ),
             Kind::AbandonedPolls => write!(
                 f,
                 ", the waiters' {} at a release for {:?}",
@@ -489,6 +510,7 @@ fn draw(kind: Kind, rng: &mut Rng) -> Episode {
             | Kind::HandoverLedgerMove
             | Kind::AbandonedPolls
             | Kind::CoordMoveAtGrant
+            | Kind::SlowLedgerCheck
     );
     let target = if broker_wide || rng.range(0, 2) > 0 {
         Target::Native
@@ -526,7 +548,8 @@ fn draw(kind: Kind, rng: &mut Rng) -> Episode {
         | Kind::LaneStarvation
         | Kind::HandoverLedgerMove
         | Kind::AbandonedPolls
-        | Kind::CoordMoveAtGrant => Duration::ZERO,
+        | Kind::CoordMoveAtGrant
+        | Kind::SlowLedgerCheck => Duration::ZERO,
     };
     let delay = match kind {
         Kind::CutDelay => rng.millis(300, 8000),
@@ -554,6 +577,7 @@ fn draw(kind: Kind, rng: &mut Rng) -> Episode {
         waiter: false,
         parts: Vec::new(),
         offset: Duration::ZERO,
+        signal: None,
     };
     match kind {
         Kind::Pair => {
@@ -599,6 +623,16 @@ fn draw(kind: Kind, rng: &mut Rng) -> Episode {
         }
         // The follower's stop: short of the session timeouts, long against one fetch round.
         Kind::CoordMoveAtGrant => e.length = rng.millis(1000, 2000),
+        // Up to past the session timeout (6 s) and a request's bound, so a contender's own
+        // timers run out during the check too.
+        Kind::SlowLedgerCheck => {
+            e.length = rng.millis(500, 12_000);
+            e.signal = match rng.range(0, 2) {
+                0 => None,
+                1 => Some(libc::SIGINT),
+                _ => Some(libc::SIGKILL),
+            };
+        }
         Kind::CutLedger => {
             e.length = rng.millis(2000, 8000);
             e.pending = rng.range(0, 1) == 1;

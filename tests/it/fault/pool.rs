@@ -260,8 +260,14 @@ impl Pool {
     /// SIGKILLs contender `id` (for the CLI, kafka-lock itself: its supervisor must then stop
     /// the job) and records the kill.
     pub fn kill(&self, id: &str) -> bool {
+        self.signal_recorded(id, libc::SIGKILL)
+    }
+
+    /// Sends `sig` to contender `id` and records it as a kill (the contender's process ends
+    /// whether or not it releases first).
+    pub fn signal_recorded(&self, id: &str, sig: i32) -> bool {
         let done = self.with_slot(id, |s| {
-            signal(s.running.as_ref().expect("running").pid(), libc::SIGKILL);
+            signal(s.running.as_ref().expect("running").pid(), sig);
             s.spec.locks().cloned().collect::<Vec<_>>()
         });
         for lock in done.iter().flatten() {
@@ -317,6 +323,13 @@ impl Pool {
     }
 
     /// Held Heartbeat answers whose connection the client closed first, over every proxy set.
+    /// [`super::kproxy::ProxyStats::joins_before_check`] summed over every proxy set.
+    pub fn joins_before_check(&self) -> u64 {
+        let mut n = 0;
+        self.all_proxies(|p| n += p.stats().joins_before_check.load(Ordering::SeqCst));
+        n
+    }
+
     pub fn heartbeats_abandoned(&self) -> u64 {
         let mut n = 0;
         self.all_proxies(|p| n += p.stats().heartbeats_abandoned.load(Ordering::SeqCst));

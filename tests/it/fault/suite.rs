@@ -523,7 +523,10 @@ impl Run {
         // The waiters' fallback is the point of these two: the lock must be taken again.
         if matches!(
             plan.kind,
-            Kind::AbandonedPolls | Kind::HandoverLedgerMove | Kind::CoordMoveAtGrant
+            Kind::AbandonedPolls
+                | Kind::HandoverLedgerMove
+                | Kind::CoordMoveAtGrant
+                | Kind::SlowLedgerCheck
         ) && target.is_some()
             && recovered.is_none()
         {
@@ -712,6 +715,12 @@ impl Run {
             Kind::CoordMoveAtGrant => {
                 start = mono_ns();
                 let (t, n) = self.coord_move_at_grant(plan, &lock);
+                target = t;
+                note = n;
+            }
+            Kind::SlowLedgerCheck => {
+                start = mono_ns();
+                let (t, n) = self.slow_ledger_check(plan, &lock);
                 target = t;
                 note = n;
             }
@@ -1400,6 +1409,106 @@ impl Run {
             .map(|e| (e.id.clone(), e.mono, e.token))
     }
 
+    /// The slow-ledger-check nemesis: the moment a holder of the native lock reports its
+    /// release, every single-lock contender of it with proxies has the answers to its
+    /// DescribeConfigs requests naming the ledger topic held for `plan.length` (those read
+    /// within it, each until its end; [`super::kproxy`] says why not the check's Metadata). The releaser starts its next acquisition at once, whose check of the
+    /// ledger topic meets the hold; so does any CLI run or respawn meanwhile. With
+    /// `plan.signal`, the first contender seen with a held answer is sent that signal, mid-check.
+    /// The checker: no JoinGroup without a member id (an acquisition's first) reaches a proxy
+    /// while an answer it holds is not let out ([`super::kproxy::ProxyStats::joins_before_check`],
+    /// judged over the run); a contender joins only through its check.
+    fn slow_ledger_check(&self, plan: &Episode, lock: &str) -> (Option<String>, String) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let Flavour::Ledger(topic) = self.ledger.clone() else {
+            return (None, String::new());
+        };
+        let Some((id, released)) = self.next_release(lock, || {}) else {
+            return (None, String::new());
+        };
+        // By slot: a CLI slot's id changes with each run, and the hold is for the next runs.
+        // A many-locks contender takes locks without a ledger through the same client: their
+        // JoinGroups would not wait for this lock's check.
+        let slot = |c: &str| c.split('.').next().unwrap_or(c).to_owned();
+        let slots: Vec<String> = self
+            .pool
+            .proxied(lock)
+            .iter()
+            .filter(|c| self.pool.role_of(c) != Some(Role::Many))
+            .map(|c| slot(c))
+            .collect();
+        let count = |f: fn(&super::kproxy::ProxyStats) -> u64| {
+            let mut n = 0;
+            self.pool.all_proxies(|p| n += f(p.stats()));
+            n
+        };
+        let held_before = count(|s| s.checks_held.load(SeqCst));
+        let early_before = count(|s| s.joins_before_check.load(SeqCst));
+        for name in &slots {
+            self.pool
+                .slot_proxies(name, |p| p.hold_ledger_checks(&topic, plan.length));
+        }
+        let from = Instant::now();
+        let until = from + plan.length;
+        let mut signalled = String::new();
+        if let Some(sig) = plan.signal {
+            let name = if sig == libc::SIGINT {
+                "SIGINT"
+            } else {
+                "SIGKILL"
+            };
+            let pending = |s: &String| {
+                let mut n = 0;
+                self.pool
+                    .slot_proxies(s, |p| n = p.stats().checks_pending.load(SeqCst));
+                n > 0
+            };
+            signalled = format!("; nobody seen mid-check for the {name}");
+            while Instant::now() < until {
+                let running = slots
+                    .iter()
+                    .filter(|s| pending(s))
+                    .find_map(|s| self.pool.proxied(lock).into_iter().find(|c| slot(c) == *s));
+                if let Some(c) = running {
+                    signalled = if self.pool.signal_recorded(&c, sig) {
+                        format!(
+                            "; {c} sent {name} mid-check {:.2} s into the hold",
+                            from.elapsed().as_secs_f64()
+                        )
+                    } else {
+                        format!("; {c} gone before its {name}")
+                    };
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+        // Every answer held is let out at the window's end.
+        std::thread::sleep(
+            until.saturating_duration_since(Instant::now()) + Duration::from_millis(500),
+        );
+        let held = count(|s| s.checks_held.load(SeqCst)) - held_before;
+        let early = count(|s| s.joins_before_check.load(SeqCst)) - early_before;
+        (
+            Some(id.clone()),
+            format!(
+                "{id} released; the ledger topic checks of {} slots ({}) held {:?}: {held} \
+                 held, {early} JoinGroups before a check's answer{signalled}; {}",
+                slots.len(),
+                slots.join(", "),
+                plan.length,
+                match self.next_hold(lock, released) {
+                    Some((who, at, token)) => format!(
+                        "next hold {who} {:.2} s after the release (token {})",
+                        (at - released) as f64 / 1e9,
+                        token.map_or("-".to_owned(), |t| t.to_string())
+                    ),
+                    None => "no hold yet".to_owned(),
+                }
+            ),
+        )
+    }
+
     /// The abandoned-polls nemesis: the moment a holder of the native lock reports its release,
     /// every other proxied contender of it (the waiters) has its Fetch answers held for
     /// `plan.length` (`pending`; the long poll that would carry the RELEASED record comes
@@ -2029,6 +2138,14 @@ impl Run {
             failures.push(format!(
                 "runtime-stall: {} wrote with token {} outside its hold and the store accepted it",
                 w.id, w.token
+            ));
+        }
+        let early = self.pool.joins_before_check();
+        if early > 0 {
+            failures.push(format!(
+                "{early} JoinGroup(s) without a member id reached a proxy while it held the answer \
+                 to a DescribeConfigs request naming the ledger topic: an acquisition joined before its \
+                 ledger topic's check passed (slow-ledger-check episodes in episodes.tsv)"
             ));
         }
         let abandoned = self.pool.heartbeats_abandoned();
