@@ -196,9 +196,6 @@ pub(crate) fn spawn(
         join_gate,
     };
     net.pool.offer_bootstrap(&params.first);
-    if let Some(p) = params.ledger.as_ref().and_then(Ledger::partition) {
-        open_append_lane(&net.pool, p);
-    }
     let (left_tx, left_rx) = watch::channel(None);
     let places = Arc::new(Mutex::new(Places::default()));
     let granted = Granted::default();
