@@ -703,6 +703,66 @@ fn a_command_that_cannot_run_exits_127_and_releases() {
     assert!(run.named("child_started").is_empty());
 }
 
+/// A supervisor that cannot be started ends the run with 71 and the line it always had, with
+/// the command not run and the lock free for the next run at once. The start runs beside the
+/// acquire, so the failure may come before the grant (the acquire is dropped and its session
+/// leaves) or after it (the lock is released); the outcome must be the same either way. Here
+/// kafka-lock runs from a copy deleted after its exec: re-executing itself finds no file.
+#[test]
+fn a_supervisor_that_cannot_start_exits_71_runs_nothing_and_frees_the_lock() {
+    let bootstrap = broker().bootstrap();
+    let lock = lock_name("no-supervisor");
+    let dir = scratch_dir("cli-no-supervisor");
+    let copy = dir.join("kafka-lock");
+    std::fs::copy(BIN, &copy).expect("copy the binary");
+    let marker = dir.join("ran");
+    let spec = run_cmd(
+        &bootstrap,
+        &lock,
+        QUICK,
+        &sh(&format!("touch {}", marker.display())),
+    );
+    let mut cmd = Command::new("setpriv");
+    // Opened, deleted, then executed through the open descriptor: /proc/self/exe names a file
+    // that is gone.
+    cmd.args(["--pdeathsig", "KILL", "--", "sh", "-c"])
+        .arg(r#"exec 3<"$0" && rm -f "$0" && exec /proc/self/fd/3 "$@""#)
+        .arg(&copy)
+        .args(&spec.args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    hermetic(&mut cmd);
+    let mut run = Run::watch(
+        cmd.spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", copy.display())),
+        None,
+    );
+    assert_eq!(run.finish(STEP), 71, "{}", run.transcript());
+    let line = run.failure_line();
+    assert!(
+        line.contains("cannot start the supervisor process")
+            && line.contains("the command was not run"),
+        "{}",
+        run.transcript()
+    );
+    assert!(
+        run.named("child_started").is_empty(),
+        "{}",
+        run.transcript()
+    );
+    assert!(!marker.exists(), "the command ran without a supervisor");
+    // One try finds the lock free: no member of the failed run is left in the group.
+    let mut next = run_cmd(
+        &bootstrap,
+        &lock,
+        &["--wait", "0", "--session-timeout", "6s"],
+        &["true"],
+    )
+    .spawn();
+    assert_eq!(next.finish(STEP), 0, "{}", next.transcript());
+}
+
 /// A holder that holds until the test closes its stdin (its command is `cat`).
 fn start_holder(bootstrap: &str, lock: &str, label: &str) -> (Run, Value) {
     let mut extra = vec!["--label", label];

@@ -9,6 +9,7 @@
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
@@ -442,34 +443,47 @@ pub(crate) async fn term(
     rep: &mut Reporter,
     acquired_at: &mut Option<Instant>,
 ) -> Result<u8, Failure> {
-    // The supervisor starts now, while the lock is still to be had: its start (a fork and exec)
-    // is then off the path from the grant to the command. It only idles until it is told the
-    // hold's environment and the lease end, which exist only once the lock is held, and exits
-    // when this process goes (end of file on its socket) or drops the link.
     // Should the supervisor die, the command and its descendants are re-parented here, where
-    // they can still be found and stopped before the lock is released.
+    // they can still be found and stopped before the lock is released. Set before the
+    // supervisor's start begins, so that no moment exists with a supervisor and no subreaper.
     if let Err(e) = sys::become_subreaper() {
         return Err(Failure::new(
             exit::OSERR,
             format!("cannot become a child subreaper (PR_SET_CHILD_SUBREAPER, Linux 3.4+): {e}; the command was not run"),
         ));
     }
+    // The supervisor starts now, beside the acquire, on a thread of its own: its start (a fork
+    // and exec, which block) is then off the path from here to the grant, and from the grant to
+    // the command. It only idles until it is told the hold's environment and the lease end,
+    // which exist only once the lock is held, and exits when this process goes (end of file on
+    // its socket) or drops the link.
     stamp("run", "supervisor-spawn");
-    let link = Link::spawn(c, t.kill_grace)?;
-    let result = wait_and_hold(c, t, opts, rx, &link, signals, rep, acquired_at).await;
-    // After GONE it has exited; otherwise the closed socket tells it to.
-    link.close().await;
+    let mut start = Link::start(c, t.kill_grace);
+    let result = wait_and_hold(c, t, opts, rx, &mut start, signals, rep, acquired_at).await;
+    // However the term ended (a signal, `--wait` running out, the lock not granted), a start
+    // still under way is waited for, so that the supervisor it made is closed and reaped here,
+    // never left behind. After GONE it has exited; otherwise the closed socket tells it to.
+    if let Some(link) = start.finish().await {
+        link.close().await;
+    }
     result
 }
 
-/// The rest of a term, with its supervisor started.
+/// How the wait for the lock ended other than with the acquire's answer.
+enum Stopped {
+    Signal(i32),
+    /// The supervisor could not be started.
+    NoSupervisor(Failure),
+}
+
+/// The rest of a term, with its supervisor's start under way.
 #[allow(clippy::too_many_arguments)]
 async fn wait_and_hold(
     c: &RunConfig,
     t: Timing,
     opts: LockOptions,
     mut rx: mpsc::UnboundedReceiver<LockEvent>,
-    link: &Link,
+    start: &mut Start<Link>,
     signals: &mut Signals,
     rep: &mut Reporter,
     acquired_at: &mut Option<Instant>,
@@ -478,20 +492,23 @@ async fn wait_and_hold(
     let outcome = {
         let once = t.wait == Some(Duration::ZERO);
         stamp("run", "acquire");
-        let acquire = async {
-            if once {
-                opts.try_acquire().await
-            } else {
-                opts.acquire(t.wait).await.map(Some)
-            }
-        };
+        let acquire = beside(
+            async {
+                if once {
+                    opts.try_acquire().await
+                } else {
+                    opts.acquire(t.wait).await.map(Some)
+                }
+            },
+            start,
+        );
         tokio::pin!(acquire);
         let mut ticks = tokio::time::interval(Duration::from_secs(1));
         loop {
             tokio::select! {
-                res = &mut acquire => break Ok(res),
+                res = &mut acquire => break res.map_err(Stopped::NoSupervisor),
                 Some(ev) = rx.recv() => waiting_event(rep, ev),
-                sig = signals.recv() => break Err(sig),
+                sig = signals.recv() => break Err(Stopped::Signal(sig)),
                 _ = ticks.tick(), if rep.wants_ticks() => rep.tick(),
             }
         }
@@ -520,22 +537,16 @@ async fn wait_and_hold(
             rep.close_line();
             return Err(exit::failure(&e, &c.lock, &c.bootstrap));
         }
-        Err(sig) => {
+        Err(Stopped::NoSupervisor(f)) => {
+            // The acquire is dropped before any grant: nothing ran, and the session leaves the
+            // group, so no one waits out a session timeout for a member that never held it.
             rep.close_line();
-            // The acquire was dropped, which makes its session leave the group. The session's
-            // event sender goes away when it has left; with ours dropped too, the channel closes
-            // exactly then (or at once if no session was started yet). A second signal stops
-            // waiting for that.
-            drop(opts);
-            let bound = t.request.saturating_add(t.connect) + Duration::from_secs(1);
-            let left = async { while rx.recv().await.is_some() {} };
-            let how = tokio::select! {
-                r = tokio::time::timeout(bound, left) => match r {
-                    Ok(()) => "left the group",
-                    Err(_) => "the broker did not confirm the leave in time (it drops the member after the session timeout)",
-                },
-                _ = signals.recv() => "leaving the group was cut short by a second signal (the broker drops the member after the session timeout)",
-            };
+            leave(opts, &mut rx, t, signals).await;
+            return Err(f);
+        }
+        Err(Stopped::Signal(sig)) => {
+            rep.close_line();
+            let how = leave(opts, &mut rx, t, signals).await;
             return Err(Failure::new(
                 128 + sig as u8,
                 format!(
@@ -546,6 +557,16 @@ async fn wait_and_hold(
             ));
         }
     };
+    // The link is needed from here on (the hold's first message to it comes after the
+    // checkpoint's read): a start still under way is waited for, and one that failed releases
+    // the lock, with the command never started (only LEASE starts it, and no LEASE was sent).
+    let session = t.session;
+    let releasing = &mut *signals;
+    let joined = with_supervisor(guard, start, |guard| async move {
+        release_note(release(guard, releasing).await, session)
+    })
+    .await;
+    let (guard, link) = joined?;
     // Waiting events already forwarded belong before `acquired`; later ones are stale.
     while let Ok(ev) = rx.try_recv() {
         waiting_event(rep, ev);
@@ -554,6 +575,116 @@ async fn wait_and_hold(
     *acquired_at = Some(Instant::now());
     rep.acquired(&guard.token(), guard.permit());
     hold(c, t, guard, link, rx, signals, rep).await
+}
+
+/// Leaves the group after an acquire that was dropped (a signal, a supervisor that could not
+/// start); says how that went.
+async fn leave(
+    opts: LockOptions,
+    rx: &mut mpsc::UnboundedReceiver<LockEvent>,
+    t: Timing,
+    signals: &mut Signals,
+) -> &'static str {
+    // The acquire was dropped, which makes its session leave the group. The session's event
+    // sender goes away when it has left; with ours dropped too, the channel closes exactly then
+    // (or at once if no session was started yet). A second signal stops waiting for that.
+    drop(opts);
+    let bound = t.request.saturating_add(t.connect) + Duration::from_secs(1);
+    let left = async { while rx.recv().await.is_some() {} };
+    tokio::select! {
+        r = tokio::time::timeout(bound, left) => match r {
+            Ok(()) => "left the group",
+            Err(_) => "the broker did not confirm the leave in time (it drops the member after the session timeout)",
+        },
+        _ = signals.recv() => "leaving the group was cut short by a second signal (the broker drops the member after the session timeout)",
+    }
+}
+
+/// The supervisor's start, begun beside the acquire ([`Link::start`]), and how it went.
+enum Start<L> {
+    /// On its thread, which sends how it went.
+    Pending(tokio::sync::oneshot::Receiver<Result<L, Failure>>),
+    Started(L),
+    /// The failure, until it is taken.
+    Failed(Option<Failure>),
+}
+
+impl<L> Start<L> {
+    fn pending(&self) -> bool {
+        matches!(self, Start::Pending(_))
+    }
+
+    /// The started supervisor, waiting for its start if it is under way; a failure is handed
+    /// out once. Cancel-safe: what the thread sent is kept once received.
+    async fn settle(&mut self) -> Result<&L, Failure> {
+        if let Start::Pending(rx) = self {
+            *self = match rx.await {
+                Ok(Ok(link)) => Start::Started(link),
+                Ok(Err(f)) => Start::Failed(Some(f)),
+                // The thread ended without an answer: it panicked (a bug).
+                Err(_) => Start::Failed(Some(Failure::new(
+                    exit::OSERR,
+                    "the supervisor process's start ended without an answer; this is a bug; the \
+                     command was not run",
+                ))),
+            };
+        }
+        match self {
+            Start::Started(link) => Ok(link),
+            Start::Failed(f) => Err(f.take().unwrap_or_else(|| {
+                Failure::new(
+                    exit::OSERR,
+                    "the supervisor process could not be started; the command was not run",
+                )
+            })),
+            Start::Pending(_) => unreachable!("settled above"),
+        }
+    }
+
+    /// The started supervisor once its start is over, if it started.
+    async fn finish(mut self) -> Option<L> {
+        let _ = self.settle().await;
+        match self {
+            Start::Started(link) => Some(link),
+            _ => None,
+        }
+    }
+}
+
+/// The acquire with the supervisor's start beside it: the acquire's answer as soon as it comes,
+/// whether or not the start is over (the caller waits for that when it needs the link); a start
+/// that fails first ends the wait, and the acquire, dropped, leaves the group.
+async fn beside<O, L>(
+    acquire: impl Future<Output = O>,
+    start: &mut Start<L>,
+) -> Result<O, Failure> {
+    tokio::pin!(acquire);
+    loop {
+        tokio::select! {
+            biased;
+            o = &mut acquire => return Ok(o),
+            r = start.settle(), if start.pending() => {
+                r?;
+            }
+        }
+    }
+}
+
+/// The granted lock with its started supervisor. A supervisor that could not be started
+/// releases the lock first (`release` answers a note for the failure's line), so the lock was
+/// held without anything having run under it, and ends the term with the start's failure.
+async fn with_supervisor<G, L, R: Future<Output = String>>(
+    guard: G,
+    start: &mut Start<L>,
+    release: impl FnOnce(G) -> R,
+) -> Result<(G, &L), Failure> {
+    match start.settle().await {
+        Ok(link) => Ok((guard, link)),
+        Err(mut f) => {
+            f.line.push_str(&release(guard).await);
+            Err(f)
+        }
+    }
 }
 
 fn waiting_event(rep: &mut Reporter, ev: LockEvent) {
@@ -581,9 +712,50 @@ struct Link {
 }
 
 impl Link {
+    /// Starts the supervisor on a thread of its own, beside the caller's acquire: the fork and
+    /// exec block, and this runtime has one thread. Where no thread can be started the
+    /// supervisor is started here, in line, as it was before the acquire began.
+    ///
+    /// While the thread runs, the supervisor's end of the socket is open across exec (see
+    /// [`Link::spawn`]); the acquire beside it runs no program, and this process starts no
+    /// other (the command is the supervisor's child), so that end still reaches no one else.
+    fn start(c: &RunConfig, grace: Duration) -> Start<Link> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (command, lock) = (c.command.clone(), c.lock.clone());
+        // The link's socket and pidfd are registered with this runtime from the thread.
+        let runtime = tokio::runtime::Handle::current();
+        let thread = std::thread::Builder::new()
+            .name("supervisor-start".into())
+            .spawn(move || {
+                let _entered = runtime.enter();
+                let started = Link::spawn(&command, &lock, grace);
+                stamp("run", "supervisor-spawned");
+                if let Err(Ok(link)) = tx.send(started) {
+                    // Nobody waits for it any more (the run was dropped mid-way). It was told
+                    // nothing, so it has started nothing: it is killed and reaped here, not
+                    // left behind.
+                    link.kill();
+                    if let Some(p) = sys::pid(link.pid) {
+                        let _ = rustix::process::waitpid(
+                            Some(p),
+                            rustix::process::WaitOptions::empty(),
+                        );
+                    }
+                }
+            });
+        match thread {
+            Ok(_) => Start::Pending(rx),
+            Err(_) => match Link::spawn(&c.command, &c.lock, grace) {
+                Ok(link) => Start::Started(link),
+                Err(f) => Start::Failed(Some(f)),
+            },
+        }
+    }
+
     /// Starts the supervisor (this binary, re-executed) with the command to run. It waits for
     /// the hold's environment ([`Link::send_env`]) and a lease end before it starts anything.
-    fn spawn(c: &RunConfig, grace: Duration) -> Result<Link, Failure> {
+    /// Blocks for the fork and exec: called on a thread of its own ([`Link::start`]).
+    fn spawn(command: &[OsString], lock: &str, grace: Duration) -> Result<Link, Failure> {
         let oserr = |what: &str, e: &dyn std::fmt::Display| {
             Failure::new(
                 exit::OSERR,
@@ -606,15 +778,16 @@ impl Link {
             None,
         )
         .map_err(|e| oserr("cannot create a socket pair for the supervisor", &e))?;
-        // Only the supervisor may inherit this end: this process starts no other program, so
-        // clearing close-on-exec here, for the one spawn below, leaks it nowhere else (the
-        // supervisor sets it again at once, before starting the command).
+        // Only the supervisor may inherit this end: this process starts no other program (not
+        // on the thread running the acquire beside this one either), so clearing close-on-exec
+        // here, for the one spawn below, leaks it nowhere else (the supervisor sets it again at
+        // once, before starting the command).
         rustix::io::fcntl_setfd(&theirs, FdFlags::empty())
             .map_err(|e| oserr("cannot pass a socket to the supervisor", &e))?;
         let argv = supervise::Args {
             fd: theirs.as_raw_fd(),
             grace_ns: sys::nanos(grace),
-            command: c.command.clone(),
+            command: command.to_vec(),
         }
         .to_argv();
         let mut cmd = std::process::Command::new(&exe);
@@ -626,7 +799,7 @@ impl Link {
             }
         }
         cmd.args(argv)
-            .env("KAFKA_LOCK_NAME", &c.lock)
+            .env("KAFKA_LOCK_NAME", lock)
             // Its own process group: a signal to ours (a terminal's Ctrl-C, `kill -9 -PGID`)
             // must not take the supervisor along with us.
             .process_group(0);
@@ -1700,5 +1873,129 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The supervisor's start beside the acquire (`beside`, `with_supervisor`, `Start`), with
+    /// stand-ins for the acquire, the lock and the link. A time-out here means the step waited
+    /// for something it must not wait for; the clock is paused, so it fires as soon as nothing
+    /// else can happen.
+    const NEVER: Duration = Duration::from_secs(3600);
+
+    fn cannot_start() -> Failure {
+        Failure::new(exit::OSERR, "cannot start the supervisor process")
+    }
+
+    /// Sets its flag when dropped.
+    struct OnDrop(std::rc::Rc<std::cell::Cell<bool>>);
+
+    impl Drop for OnDrop {
+        fn drop(&mut self) {
+            self.0.set(true);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_acquire_answers_while_the_supervisors_start_is_under_way() {
+        let (tx, rx) = tokio::sync::oneshot::channel::<Result<u32, Failure>>();
+        let mut start = Start::Pending(rx);
+        let answer = tokio::time::timeout(NEVER, beside(async { "granted" }, &mut start)).await;
+        assert_eq!(
+            answer,
+            Ok(Ok("granted")),
+            "the acquire's answer waited for the supervisor's start"
+        );
+        assert!(start.pending(), "the start was taken as over before it was");
+        // The link is waited for once the hold needs it.
+        let sent = tokio::spawn(async move {
+            tokio::task::yield_now().await;
+            tx.send(Ok(7)).is_ok()
+        });
+        let joined = with_supervisor("guard", &mut start, |_| async {
+            panic!("a started supervisor released the lock")
+        })
+        .await
+        .map(|(guard, link)| (guard, *link));
+        assert_eq!(joined, Ok(("guard", 7)));
+        assert!(sent.await.unwrap());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_supervisor_that_cannot_start_ends_the_wait_and_drops_the_acquire() {
+        let (tx, rx) = tokio::sync::oneshot::channel::<Result<u32, Failure>>();
+        let mut start = Start::Pending(rx);
+        let dropped = std::rc::Rc::new(std::cell::Cell::new(false));
+        let held = OnDrop(dropped.clone());
+        let acquire = async move {
+            let _held = &held;
+            std::future::pending::<()>().await
+        };
+        let failed = tokio::spawn(async move {
+            tokio::task::yield_now().await;
+            tx.send(Err(cannot_start())).is_ok()
+        });
+        let answer = tokio::time::timeout(NEVER, beside(acquire, &mut start)).await;
+        assert_eq!(
+            answer,
+            Ok(Err(cannot_start())),
+            "the wait went on after the supervisor could not start"
+        );
+        assert!(
+            dropped.get(),
+            "the acquire was not dropped (its session would not leave)"
+        );
+        assert!(failed.await.unwrap());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_supervisor_that_cannot_start_after_the_grant_releases_the_lock() {
+        let (tx, rx) = tokio::sync::oneshot::channel::<Result<u32, Failure>>();
+        let mut start = Start::Pending(rx);
+        let answer = tokio::time::timeout(NEVER, beside(async { "granted" }, &mut start)).await;
+        assert_eq!(answer, Ok(Ok("granted")));
+        tx.send(Err(cannot_start())).unwrap();
+        let released = std::cell::Cell::new(None);
+        let released = &released;
+        let joined = tokio::time::timeout(
+            NEVER,
+            with_supervisor("guard", &mut start, |guard| async move {
+                released.set(Some(guard));
+                "; released".to_owned()
+            }),
+        )
+        .await
+        .expect("the start's failure was not waited for")
+        .map(|(guard, link)| (guard, *link));
+        assert_eq!(
+            joined,
+            Err(Failure::new(
+                exit::OSERR,
+                "cannot start the supervisor process; released"
+            ))
+        );
+        assert_eq!(
+            released.get(),
+            Some("guard"),
+            "the lock was not released after the supervisor could not start"
+        );
+    }
+
+    /// A term that ends while the start is under way (a signal, `--wait` running out) gets the
+    /// supervisor it made, to close and reap: none is left behind.
+    #[tokio::test(start_paused = true)]
+    async fn a_start_under_way_when_the_term_ends_is_waited_for() {
+        let (tx, rx) = tokio::sync::oneshot::channel::<Result<u32, Failure>>();
+        let start = Start::Pending(rx);
+        let sent = tokio::spawn(async move {
+            tokio::task::yield_now().await;
+            tx.send(Ok(7)).is_ok()
+        });
+        assert_eq!(
+            tokio::time::timeout(NEVER, start.finish()).await,
+            Ok(Some(7))
+        );
+        assert!(sent.await.unwrap());
+        let (tx, rx) = tokio::sync::oneshot::channel::<Result<u32, Failure>>();
+        tx.send(Err(cannot_start())).unwrap();
+        assert_eq!(Start::Pending(rx).finish().await, None);
     }
 }
