@@ -2844,3 +2844,285 @@ fn permits_let_two_commands_run_at_once_each_with_its_slot() {
         assert_eq!(h.finish(STEP), 0, "{}", h.transcript());
     }
 }
+
+/// How long each program start (execve) is held back in [`slow_exec`]: the supervisor's start
+/// then outlasts the acquire by far.
+const EXEC_DELAY: Duration = Duration::from_secs(6);
+
+/// kafka-lock with its supervisor's program start (the execve) held back [`EXEC_DELAY`] by
+/// strace, so that the supervisor is still starting long after the grant. kafka-lock runs
+/// through a symbolic link in `dir`: its own execve names the link, the supervisor's the binary
+/// itself, and only that one is held back. With `deleted`, kafka-lock runs from a copy in `dir`
+/// deleted after its exec, every execve in the tree is held back (there is no command: the
+/// supervisor's start fails, only after that wait; see
+/// `a_supervisor_that_cannot_start_exits_71_runs_nothing_and_frees_the_lock`). `None` where
+/// strace cannot trace (not installed, ptrace refused): the caller skips its test, saying so.
+fn slow_exec(spec: Spec, dir: &Path, deleted: bool) -> Option<SlowRun> {
+    let probe = Command::new("strace")
+        .args(["-f", "-qq", "-o", "/dev/null", "true"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    if !probe.is_ok_and(|s| s.success()) {
+        eprintln!("skipped: strace cannot trace here, so no supervisor's start can be slowed");
+        return None;
+    }
+    let mut cmd = Command::new("setpriv");
+    cmd.args([
+        "--pdeathsig",
+        "KILL",
+        "--",
+        "strace",
+        "-f",
+        "-qq",
+        "-o",
+        "/dev/null",
+    ])
+    .args(["-e", "trace=execve", "-e"])
+    .arg(format!(
+        "inject=execve:delay_enter={}ms",
+        EXEC_DELAY.as_millis()
+    ));
+    if deleted {
+        let copy = dir.join("kafka-lock");
+        std::fs::copy(BIN, &copy).expect("copy the binary");
+        cmd.args(["--", "sh", "-c"])
+            .arg(r#"exec 3<"$0" && rm -f "$0" && exec /proc/self/fd/3 "$@""#)
+            .arg(copy);
+    } else {
+        let bin = std::fs::canonicalize(BIN).expect("the binary's path");
+        let link = dir.join("kafka-lock-link");
+        std::os::unix::fs::symlink(&bin, &link).expect("link to the binary");
+        cmd.arg("-P").arg(&bin).arg("--").arg(link);
+    }
+    cmd.args(&spec.args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    hermetic(&mut cmd);
+    for (k, v) in &spec.env {
+        cmd.env(k, v);
+    }
+    let run = Run::watch(
+        cmd.spawn()
+            .unwrap_or_else(|e| panic!("cannot start {BIN} under strace: {e}")),
+        None,
+    );
+    // strace's one child is kafka-lock (first sh, when it runs from a deleted copy, which then
+    // becomes kafka-lock by exec).
+    let deadline = Instant::now() + STEP;
+    let k = loop {
+        if let Some((pid, _)) = children_of(run.pid).into_iter().next() {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "strace started nothing");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Some(SlowRun { run, k })
+}
+
+/// A [`slow_exec`] run. Killing strace would let its tracees go on: kafka-lock itself is
+/// SIGKILLed on drop.
+struct SlowRun {
+    run: Run,
+    /// kafka-lock's pid (strace's is `run.pid`); signals go here.
+    k: u32,
+}
+
+impl SlowRun {
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{sig}"), &self.k.to_string()])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "kill -{sig} {} failed", self.k);
+    }
+
+    /// kafka-lock's children now: its supervisor, started or still starting.
+    fn children(&self) -> Vec<(u32, String)> {
+        children_of(self.k)
+    }
+}
+
+impl Drop for SlowRun {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-KILL", &self.k.to_string()])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// Polls `status --json` until `label` holds `lock`; false if it did not within `within`.
+fn held_by_within(bootstrap: &str, lock: &str, label: &str, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        let s = status_json(bootstrap, lock);
+        if s["holder"]["label"] == label {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+/// The supervisor's start runs beside the acquire: a start that takes long does not hold up
+/// the grant (the lock is held while the supervisor is still starting), `acquired` comes only
+/// once the supervisor is there, and the command then runs under the hold with its token.
+#[test]
+fn a_slow_supervisor_start_does_not_hold_up_the_grant_and_the_command_runs_after_it() {
+    let bootstrap = broker().bootstrap();
+    let lock = lock_name("slow-start");
+    let dir = scratch_dir("cli-slow-start");
+    let mut extra = vec!["--label", "slow start"];
+    extra.extend(QUICK);
+    let spec = run_cmd(
+        &bootstrap,
+        &lock,
+        &extra,
+        &sh(r#"printf '%s\n' "$KAFKA_LOCK_TOKEN""#),
+    );
+    let Some(mut slow) = slow_exec(spec, &dir, false) else {
+        return;
+    };
+    assert!(
+        held_by_within(&bootstrap, &lock, "slow start", STEP),
+        "kafka-lock never held the lock: {}",
+        slow.run.transcript()
+    );
+    // Its supervisor's program start is held back EXEC_DELAY: the lock was granted first.
+    let supervisors: Vec<_> = slow
+        .children()
+        .into_iter()
+        .filter(|(_, cmd)| cmd.contains("__supervise"))
+        .collect();
+    assert!(
+        supervisors.is_empty(),
+        "the lock was only granted once the supervisor had started: {supervisors:?}"
+    );
+    let acquired = slow.run.event("acquired", STEP);
+    let started = slow.run.event("child_started", STEP);
+    assert_eq!(slow.run.finish(STEP), 0, "{}", slow.run.transcript());
+    assert!(mono(&started, "mono_ns") >= mono(&acquired, "mono_ns"));
+    let line = slow.run.stdout.recv_timeout(STEP).expect("the command ran");
+    assert_eq!(line, token(&acquired).to_string());
+}
+
+/// A supervisor whose start fails after the grant: the lock is released, `acquired` is never
+/// reported, the command never runs, and the run exits 71 with the start's own line.
+#[test]
+fn a_supervisor_that_cannot_start_after_the_grant_releases_the_lock_and_exits_71() {
+    let bootstrap = broker().bootstrap();
+    let lock = lock_name("no-supervisor-late");
+    let dir = scratch_dir("cli-no-supervisor-late");
+    let marker = dir.join("ran");
+    let mut extra = vec!["--label", "late failure"];
+    extra.extend(QUICK);
+    let script = format!(": > {}", marker.display());
+    let spec = run_cmd(&bootstrap, &lock, &extra, &sh(&script));
+    let Some(mut slow) = slow_exec(spec, &dir, true) else {
+        return;
+    };
+    assert!(
+        held_by_within(&bootstrap, &lock, "late failure", STEP),
+        "kafka-lock never held the lock: {}",
+        slow.run.transcript()
+    );
+    assert_eq!(slow.run.finish(STEP), 71, "{}", slow.run.transcript());
+    let line = slow.run.failure_line();
+    assert!(
+        line.contains("cannot start the supervisor process")
+            && line.contains("the command was not run"),
+        "{}",
+        slow.run.transcript()
+    );
+    for never in ["acquired", "child_started"] {
+        assert!(
+            slow.run.named(never).is_empty(),
+            "{never} without a supervisor: {}",
+            slow.run.transcript()
+        );
+    }
+    assert!(!marker.exists(), "the command ran without a supervisor");
+    // Released, not left to a session timeout: one try gets it.
+    let mut next = run_cmd(&bootstrap, &lock, &["--wait", "0"], &["true"]).spawn();
+    assert_eq!(next.finish(STEP), 0, "{}", next.transcript());
+}
+
+/// The wait for the lock ends (a signal, `--wait` running out) while the supervisor is still
+/// starting: kafka-lock waits for that start, then stops and reaps the supervisor it made; none
+/// is left behind, and nothing ran.
+#[test]
+fn a_wait_that_ends_during_a_slow_supervisor_start_leaves_no_supervisor() {
+    let bootstrap = broker().bootstrap();
+    let lock = lock_name("slow-start-wait");
+    let dir = scratch_dir("cli-slow-start-wait");
+    let (mut holder, _) = start_holder(&bootstrap, &lock, "holder");
+    for (how, extra, status) in [
+        ("TERM", CONTENDED.to_vec(), 128 + 15),
+        ("--wait", [CONTENDED, &["--wait", "1s"]].concat(), 75),
+    ] {
+        let marker = dir.join(format!("ran-{}", how.trim_start_matches('-')));
+        let script = format!(": > {}", marker.display());
+        let spec = run_cmd(&bootstrap, &lock, &extra, &sh(&script));
+        let sub = dir.join(how.trim_start_matches('-'));
+        std::fs::create_dir_all(&sub).expect("a directory for the run");
+        let Some(mut slow) = slow_exec(spec, &sub, false) else {
+            return;
+        };
+        // kafka-lock runs (its own start was held back too) and its supervisor is starting.
+        let deadline = Instant::now() + STEP;
+        let starting = loop {
+            if let Some((pid, _)) = slow.children().into_iter().next() {
+                break pid;
+            }
+            assert!(
+                Instant::now() < deadline && support::pid_alive(slow.k),
+                "{how}: no supervisor start began: {}",
+                slow.run.transcript()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let starting = Liveness::watch(starting);
+        if how == "TERM" {
+            slow.run.event("waiting", STEP);
+            slow.signal("TERM");
+        }
+        assert_eq!(slow.run.finish(STEP), status, "{}", slow.run.transcript());
+        assert!(
+            starting.is_gone(),
+            "{how}: supervisor {} outlived its run",
+            starting.pid
+        );
+        assert!(!marker.exists(), "{how}: the waiter ran its command");
+    }
+    holder.close_stdin();
+    assert_eq!(holder.finish(STEP), 0, "{}", holder.transcript());
+    assert!(holder.named("lost").is_empty(), "{}", holder.transcript());
+}
+
+/// kafka-lock SIGKILLed while its supervisor is still starting: the supervisor, once it runs,
+/// finds its socket's other end gone and exits without starting the command.
+#[test]
+fn a_waiter_killed_during_a_slow_supervisor_start_runs_nothing() {
+    let bootstrap = broker().bootstrap();
+    let lock = lock_name("slow-start-killed");
+    let dir = scratch_dir("cli-slow-start-killed");
+    let marker = dir.join("ran");
+    let (mut holder, _) = start_holder(&bootstrap, &lock, "holder");
+    let script = format!(": > {}", marker.display());
+    let spec = run_cmd(&bootstrap, &lock, CONTENDED, &sh(&script));
+    let Some(mut slow) = slow_exec(spec, &dir, false) else {
+        return;
+    };
+    slow.run.event("waiting", STEP);
+    let starting: Vec<u32> = slow.children().into_iter().map(|(p, _)| p).collect();
+    assert_eq!(starting.len(), 1, "one supervisor starting: {starting:?}");
+    let starting = Liveness::watch(starting[0]);
+    slow.signal("KILL");
+    starting.gone_within(STEP);
+    holder.close_stdin();
+    assert_eq!(holder.finish(STEP), 0, "{}", holder.transcript());
+    assert!(!marker.exists(), "the killed waiter's command ran");
+}
