@@ -2845,113 +2845,46 @@ fn permits_let_two_commands_run_at_once_each_with_its_slot() {
     }
 }
 
-/// How long each program start (execve) is held back in [`slow_exec`]: the supervisor's start
-/// then outlasts the acquire by far.
-const EXEC_DELAY: Duration = Duration::from_secs(6);
+/// How long [`slow_start`] holds back the supervisor's start: far longer than an acquire.
+const SPAWN_DELAY: Duration = Duration::from_secs(6);
 
-/// kafka-lock with its supervisor's program start (the execve) held back [`EXEC_DELAY`] by
-/// strace, so that the supervisor is still starting long after the grant. kafka-lock runs
-/// through a symbolic link in `dir`: its own execve names the link, the supervisor's the binary
-/// itself, and only that one is held back. With `deleted`, kafka-lock runs from a copy in `dir`
-/// deleted after its exec, every execve in the tree is held back (there is no command: the
-/// supervisor's start fails, only after that wait; see
-/// `a_supervisor_that_cannot_start_exits_71_runs_nothing_and_frees_the_lock`). `None` where
-/// strace cannot trace (not installed, ptrace refused): the caller skips its test, saying so.
-fn slow_exec(spec: Spec, dir: &Path, deleted: bool) -> Option<SlowRun> {
-    let probe = Command::new("strace")
-        .args(["-f", "-qq", "-o", "/dev/null", "true"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
+/// How [`slow_start`] holds back the supervisor's start.
+#[derive(Clone, Copy, PartialEq)]
+enum Slow {
+    /// The wait, then the spawn.
+    Before,
+    /// The spawn (the supervisor runs), then the wait.
+    After,
+    /// The wait, then ENOENT: the supervisor is never started.
+    Fail,
+}
+
+/// kafka-lock with its start of the supervisor held back [`SPAWN_DELAY`] by a preloaded shim
+/// (tests/it/slow_spawn.c, built into `dir`), so that the start is not over long after the
+/// grant. `None` where the shim cannot be built (no C compiler): the caller skips its test,
+/// saying so.
+fn slow_start(spec: Spec, dir: &Path, how: Slow) -> Option<Run> {
+    let shim = dir.join("slow_spawn.so");
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/slow_spawn.c");
+    let built = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&shim)
+        .arg(&source)
+        .arg("-ldl")
         .status();
-    if !probe.is_ok_and(|s| s.success()) {
-        eprintln!("skipped: strace cannot trace here, so no supervisor's start can be slowed");
+    if !built.is_ok_and(|s| s.success()) {
+        eprintln!("skipped: no C compiler to build the shim that slows the supervisor's start");
         return None;
     }
-    let mut cmd = Command::new("setpriv");
-    cmd.args([
-        "--pdeathsig",
-        "KILL",
-        "--",
-        "strace",
-        "-f",
-        "-qq",
-        "-o",
-        "/dev/null",
-    ])
-    .args(["-e", "trace=execve", "-e"])
-    .arg(format!(
-        "inject=execve:delay_enter={}ms",
-        EXEC_DELAY.as_millis()
-    ));
-    if deleted {
-        let copy = dir.join("kafka-lock");
-        std::fs::copy(BIN, &copy).expect("copy the binary");
-        cmd.args(["--", "sh", "-c"])
-            .arg(r#"exec 3<"$0" && rm -f "$0" && exec /proc/self/fd/3 "$@""#)
-            .arg(copy);
-    } else {
-        let bin = std::fs::canonicalize(BIN).expect("the binary's path");
-        let link = dir.join("kafka-lock-link");
-        std::os::unix::fs::symlink(&bin, &link).expect("link to the binary");
-        cmd.arg("-P").arg(&bin).arg("--").arg(link);
+    let mut spec = spec
+        .env("LD_PRELOAD", &shim.to_string_lossy())
+        .env("SLOW_SPAWN_MS", &SPAWN_DELAY.as_millis().to_string());
+    match how {
+        Slow::Before => {}
+        Slow::After => spec = spec.env("SLOW_SPAWN_AFTER", "1"),
+        Slow::Fail => spec = spec.env("SLOW_SPAWN_FAIL", "1"),
     }
-    cmd.args(&spec.args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    hermetic(&mut cmd);
-    for (k, v) in &spec.env {
-        cmd.env(k, v);
-    }
-    let run = Run::watch(
-        cmd.spawn()
-            .unwrap_or_else(|e| panic!("cannot start {BIN} under strace: {e}")),
-        None,
-    );
-    // strace's one child is kafka-lock (first sh, when it runs from a deleted copy, which then
-    // becomes kafka-lock by exec).
-    let deadline = Instant::now() + STEP;
-    let k = loop {
-        if let Some((pid, _)) = children_of(run.pid).into_iter().next() {
-            break pid;
-        }
-        assert!(Instant::now() < deadline, "strace started nothing");
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    Some(SlowRun { run, k })
-}
-
-/// A [`slow_exec`] run. Killing strace would let its tracees go on: kafka-lock itself is
-/// SIGKILLed on drop.
-struct SlowRun {
-    run: Run,
-    /// kafka-lock's pid (strace's is `run.pid`); signals go here.
-    k: u32,
-}
-
-impl SlowRun {
-    fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .args([&format!("-{sig}"), &self.k.to_string()])
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
-        assert!(ok, "kill -{sig} {} failed", self.k);
-    }
-
-    /// kafka-lock's children now: its supervisor, started or still starting.
-    fn children(&self) -> Vec<(u32, String)> {
-        children_of(self.k)
-    }
-}
-
-impl Drop for SlowRun {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-KILL", &self.k.to_string()])
-            .stderr(Stdio::null())
-            .status();
-    }
+    Some(spec.spawn())
 }
 
 /// Polls `status --json` until `label` holds `lock`; false if it did not within `within`.
@@ -2983,17 +2916,16 @@ fn a_slow_supervisor_start_does_not_hold_up_the_grant_and_the_command_runs_after
         &extra,
         &sh(r#"printf '%s\n' "$KAFKA_LOCK_TOKEN""#),
     );
-    let Some(mut slow) = slow_exec(spec, &dir, false) else {
+    let Some(mut slow) = slow_start(spec, &dir, Slow::Before) else {
         return;
     };
     assert!(
         held_by_within(&bootstrap, &lock, "slow start", STEP),
         "kafka-lock never held the lock: {}",
-        slow.run.transcript()
+        slow.transcript()
     );
-    // Its supervisor's program start is held back EXEC_DELAY: the lock was granted first.
-    let supervisors: Vec<_> = slow
-        .children()
+    // Its supervisor's start is held back SPAWN_DELAY: the lock was granted first.
+    let supervisors: Vec<_> = children_of(slow.pid)
         .into_iter()
         .filter(|(_, cmd)| cmd.contains("__supervise"))
         .collect();
@@ -3001,11 +2933,11 @@ fn a_slow_supervisor_start_does_not_hold_up_the_grant_and_the_command_runs_after
         supervisors.is_empty(),
         "the lock was only granted once the supervisor had started: {supervisors:?}"
     );
-    let acquired = slow.run.event("acquired", STEP);
-    let started = slow.run.event("child_started", STEP);
-    assert_eq!(slow.run.finish(STEP), 0, "{}", slow.run.transcript());
+    let acquired = slow.event("acquired", STEP);
+    let started = slow.event("child_started", STEP);
+    assert_eq!(slow.finish(STEP), 0, "{}", slow.transcript());
     assert!(mono(&started, "mono_ns") >= mono(&acquired, "mono_ns"));
-    let line = slow.run.stdout.recv_timeout(STEP).expect("the command ran");
+    let line = slow.stdout.recv_timeout(STEP).expect("the command ran");
     assert_eq!(line, token(&acquired).to_string());
 }
 
@@ -3021,27 +2953,27 @@ fn a_supervisor_that_cannot_start_after_the_grant_releases_the_lock_and_exits_71
     extra.extend(QUICK);
     let script = format!(": > {}", marker.display());
     let spec = run_cmd(&bootstrap, &lock, &extra, &sh(&script));
-    let Some(mut slow) = slow_exec(spec, &dir, true) else {
+    let Some(mut slow) = slow_start(spec, &dir, Slow::Fail) else {
         return;
     };
     assert!(
         held_by_within(&bootstrap, &lock, "late failure", STEP),
         "kafka-lock never held the lock: {}",
-        slow.run.transcript()
+        slow.transcript()
     );
-    assert_eq!(slow.run.finish(STEP), 71, "{}", slow.run.transcript());
-    let line = slow.run.failure_line();
+    assert_eq!(slow.finish(STEP), 71, "{}", slow.transcript());
+    let line = slow.failure_line();
     assert!(
         line.contains("cannot start the supervisor process")
             && line.contains("the command was not run"),
         "{}",
-        slow.run.transcript()
+        slow.transcript()
     );
     for never in ["acquired", "child_started"] {
         assert!(
-            slow.run.named(never).is_empty(),
+            slow.named(never).is_empty(),
             "{never} without a supervisor: {}",
-            slow.run.transcript()
+            slow.transcript()
         );
     }
     assert!(!marker.exists(), "the command ran without a supervisor");
@@ -3068,28 +3000,28 @@ fn a_wait_that_ends_during_a_slow_supervisor_start_leaves_no_supervisor() {
         let spec = run_cmd(&bootstrap, &lock, &extra, &sh(&script));
         let sub = dir.join(how.trim_start_matches('-'));
         std::fs::create_dir_all(&sub).expect("a directory for the run");
-        let Some(mut slow) = slow_exec(spec, &sub, false) else {
+        let Some(mut slow) = slow_start(spec, &sub, Slow::After) else {
             return;
         };
-        // kafka-lock runs (its own start was held back too) and its supervisor is starting.
+        // The supervisor runs, but kafka-lock's start of it is not over.
         let deadline = Instant::now() + STEP;
         let starting = loop {
-            if let Some((pid, _)) = slow.children().into_iter().next() {
+            if let Some((pid, _)) = children_of(slow.pid).into_iter().next() {
                 break pid;
             }
             assert!(
-                Instant::now() < deadline && support::pid_alive(slow.k),
+                Instant::now() < deadline && support::pid_alive(slow.pid),
                 "{how}: no supervisor start began: {}",
-                slow.run.transcript()
+                slow.transcript()
             );
             std::thread::sleep(Duration::from_millis(10));
         };
         let starting = Liveness::watch(starting);
         if how == "TERM" {
-            slow.run.event("waiting", STEP);
+            slow.event("waiting", STEP);
             slow.signal("TERM");
         }
-        assert_eq!(slow.run.finish(STEP), status, "{}", slow.run.transcript());
+        assert_eq!(slow.finish(STEP), status, "{}", slow.transcript());
         assert!(
             starting.is_gone(),
             "{how}: supervisor {} outlived its run",
@@ -3100,29 +3032,4 @@ fn a_wait_that_ends_during_a_slow_supervisor_start_leaves_no_supervisor() {
     holder.close_stdin();
     assert_eq!(holder.finish(STEP), 0, "{}", holder.transcript());
     assert!(holder.named("lost").is_empty(), "{}", holder.transcript());
-}
-
-/// kafka-lock SIGKILLed while its supervisor is still starting: the supervisor, once it runs,
-/// finds its socket's other end gone and exits without starting the command.
-#[test]
-fn a_waiter_killed_during_a_slow_supervisor_start_runs_nothing() {
-    let bootstrap = broker().bootstrap();
-    let lock = lock_name("slow-start-killed");
-    let dir = scratch_dir("cli-slow-start-killed");
-    let marker = dir.join("ran");
-    let (mut holder, _) = start_holder(&bootstrap, &lock, "holder");
-    let script = format!(": > {}", marker.display());
-    let spec = run_cmd(&bootstrap, &lock, CONTENDED, &sh(&script));
-    let Some(mut slow) = slow_exec(spec, &dir, false) else {
-        return;
-    };
-    slow.run.event("waiting", STEP);
-    let starting: Vec<u32> = slow.children().into_iter().map(|(p, _)| p).collect();
-    assert_eq!(starting.len(), 1, "one supervisor starting: {starting:?}");
-    let starting = Liveness::watch(starting[0]);
-    slow.signal("KILL");
-    starting.gone_within(STEP);
-    holder.close_stdin();
-    assert_eq!(holder.finish(STEP), 0, "{}", holder.transcript());
-    assert!(!marker.exists(), "the killed waiter's command ran");
 }
