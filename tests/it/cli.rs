@@ -2914,7 +2914,9 @@ fn a_slow_supervisor_start_does_not_hold_up_the_grant_and_the_command_runs_after
         &bootstrap,
         &lock,
         &extra,
-        &sh(r#"printf '%s\n' "$KAFKA_LOCK_TOKEN""#),
+        // Holds until the test closes its stdin: a short hold could come and go between two
+        // looks at the group.
+        &sh(r#"printf '%s\n' "$KAFKA_LOCK_TOKEN"; cat >/dev/null"#),
     );
     let Some(mut slow) = slow_start(spec, &dir, Slow::Before) else {
         return;
@@ -2935,6 +2937,7 @@ fn a_slow_supervisor_start_does_not_hold_up_the_grant_and_the_command_runs_after
     );
     let acquired = slow.event("acquired", STEP);
     let started = slow.event("child_started", STEP);
+    slow.close_stdin();
     assert_eq!(slow.finish(STEP), 0, "{}", slow.transcript());
     assert!(mono(&started, "mono_ns") >= mono(&acquired, "mono_ns"));
     let line = slow.stdout.recv_timeout(STEP).expect("the command ran");
