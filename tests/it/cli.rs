@@ -3036,3 +3036,78 @@ fn a_wait_that_ends_during_a_slow_supervisor_start_leaves_no_supervisor() {
     assert_eq!(holder.finish(STEP), 0, "{}", holder.transcript());
     assert!(holder.named("lost").is_empty(), "{}", holder.transcript());
 }
+
+/// A signal that arrives after the grant, while the supervisor's start is still under way and
+/// then fails: the run still ends with the start's 71, and the lock is still released (the
+/// signal came before the release began, so it does not cut the release short: that is for a
+/// signal during it).
+#[test]
+fn a_signal_while_a_failing_supervisor_start_is_awaited_after_the_grant_still_releases() {
+    let bootstrap = broker().bootstrap();
+    let lock = lock_name("no-supervisor-signal");
+    let dir = scratch_dir("cli-no-supervisor-signal");
+    let marker = dir.join("ran");
+    let mut extra = vec!["--label", "late failure"];
+    extra.extend(QUICK);
+    let script = format!(": > {}", marker.display());
+    let spec = run_cmd(&bootstrap, &lock, &extra, &sh(&script));
+    let Some(mut slow) = slow_start(spec, &dir, Slow::Fail) else {
+        return;
+    };
+    assert!(
+        held_by_within(&bootstrap, &lock, "late failure", STEP),
+        "kafka-lock never held the lock: {}",
+        slow.transcript()
+    );
+    slow.signal("TERM");
+    assert_eq!(slow.finish(STEP), 71, "{}", slow.transcript());
+    let line = slow.failure_line();
+    assert!(
+        line.contains("cannot start the supervisor process"),
+        "{}",
+        slow.transcript()
+    );
+    assert!(!marker.exists(), "the command ran without a supervisor");
+    let mut next = run_cmd(&bootstrap, &lock, &["--wait", "0"], &["true"]).spawn();
+    assert_eq!(
+        next.finish(STEP),
+        0,
+        "the lock was not released: {}\n{}",
+        slow.transcript(),
+        next.transcript()
+    );
+}
+
+/// A signal that arrives after the grant, while the supervisor's start is still under way:
+/// nothing is left behind, and the lock is released, whatever the command made of the signal.
+#[test]
+fn a_signal_while_a_slow_supervisor_start_is_awaited_after_the_grant_leaves_nothing() {
+    let bootstrap = broker().bootstrap();
+    let lock = lock_name("slow-start-signal");
+    let dir = scratch_dir("cli-slow-start-signal");
+    let mut extra = vec!["--label", "slow start"];
+    extra.extend(QUICK);
+    let script = "exec sleep 600";
+    let spec = run_cmd(&bootstrap, &lock, &extra, &sh(script));
+    let Some(mut slow) = slow_start(spec, &dir, Slow::Before) else {
+        return;
+    };
+    assert!(
+        held_by_within(&bootstrap, &lock, "slow start", STEP),
+        "kafka-lock never held the lock: {}",
+        slow.transcript()
+    );
+    slow.signal("TERM");
+    // The signal waits in the hold, as one between the grant and the command's start always
+    // did: the command starts and gets it at once. It may or may not have written its marker.
+    assert_eq!(slow.finish(STEP), 128 + 15, "{}", slow.transcript());
+    let mut next = run_cmd(&bootstrap, &lock, &["--wait", "0"], &["true"]).spawn();
+    assert_eq!(next.finish(STEP), 0, "{}", next.transcript());
+    for started in slow.named("child_started") {
+        let pid = started["child_pid"].as_u64().expect("a pid") as u32;
+        assert!(
+            !support::pid_alive(pid),
+            "the command {pid} outlived its run"
+        );
+    }
+}
