@@ -306,6 +306,17 @@ impl Signals {
         })
     }
 
+    /// Takes the signals already received, without waiting for more (`last` keeps the latest).
+    async fn drain(&mut self) {
+        loop {
+            tokio::select! {
+                biased;
+                _ = self.recv() => {}
+                () = std::future::ready(()) => return,
+            }
+        }
+    }
+
     /// The next signal's number. Cancel-safe.
     pub(crate) async fn recv(&mut self) -> i32 {
         std::future::poll_fn(|cx| {
@@ -563,6 +574,9 @@ async fn wait_and_hold(
     let session = t.session;
     let releasing = &mut *signals;
     let joined = with_supervisor(guard, start, |guard| async move {
+        // A signal that came while the start was awaited is not one during the release: the run
+        // ends anyway, and only a later signal cuts the release short (as in `leave`).
+        releasing.drain().await;
         release_note(release(guard, releasing).await, session)
     })
     .await;
