@@ -2864,6 +2864,11 @@ enum Slow {
 /// grant. `None` where the shim cannot be built (no C compiler): the caller skips its test,
 /// saying so.
 fn slow_start(spec: Spec, dir: &Path, how: Slow) -> Option<Run> {
+    slow_start_by(spec, dir, how, SPAWN_DELAY)
+}
+
+/// [`slow_start`], held back `delay`.
+fn slow_start_by(spec: Spec, dir: &Path, how: Slow, delay: Duration) -> Option<Run> {
     let shim = dir.join("slow_spawn.so");
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/slow_spawn.c");
     let built = Command::new("cc")
@@ -2878,7 +2883,7 @@ fn slow_start(spec: Spec, dir: &Path, how: Slow) -> Option<Run> {
     }
     let mut spec = spec
         .env("LD_PRELOAD", &shim.to_string_lossy())
-        .env("SLOW_SPAWN_MS", &SPAWN_DELAY.as_millis().to_string());
+        .env("SLOW_SPAWN_MS", &delay.as_millis().to_string());
     match how {
         Slow::Before => {}
         Slow::After => spec = spec.env("SLOW_SPAWN_AFTER", "1"),
@@ -3110,4 +3115,58 @@ fn a_signal_while_a_slow_supervisor_start_is_awaited_after_the_grant_leaves_noth
             "the command {pid} outlived its run"
         );
     }
+}
+
+/// The lease runs out (the broker cut off) after the grant, while the supervisor is still
+/// starting: the command never starts, and kafka-lock exits 75 (granted, but not in time to run
+/// anything), as for a lease that ran out between the grant and the start for any reason.
+#[test]
+fn a_lease_that_runs_out_while_the_supervisor_is_still_starting_runs_nothing() {
+    let proxy = Arc::new(Proxy::start());
+    let forward = proxy.clone();
+    let _broker = KafkaCluster::start(
+        KafkaOptions::single_node()
+            .property(
+                "advertised.listeners",
+                format!("PLAINTEXT://127.0.0.1:{}", proxy.port()),
+            )
+            .on_ports(move |ports| forward.set_target(([127, 0, 0, 1], ports[0]).into())),
+    );
+    let lock = lock_name("slow-start-lost");
+    let dir = scratch_dir("cli-slow-start-lost");
+    let marker = dir.join("ran");
+    let script = format!(": > {}", marker.display());
+    let extra = [
+        "--label",
+        "cut off",
+        "--session-timeout",
+        "6s",
+        "--request-timeout",
+        "2s",
+    ];
+    let spec = run_cmd(&proxy.bootstrap(), &lock, &extra, &sh(&script));
+    // Far longer than the lease, which the cut leaves to run out within the session timeout.
+    let delay = Duration::from_secs(20);
+    let Some(mut slow) = slow_start_by(spec, &dir, Slow::Before, delay) else {
+        return;
+    };
+    assert!(
+        held_by_within(&proxy.bootstrap(), &lock, "cut off", STEP),
+        "kafka-lock never held the lock: {}",
+        slow.transcript()
+    );
+    proxy.blackhole();
+    assert_eq!(slow.finish(STEP), 75, "{}", slow.transcript());
+    let line = slow.failure_line();
+    assert!(
+        line.contains("lease ran out before the command could start")
+            && line.contains("the command was not run"),
+        "{line}"
+    );
+    assert!(
+        slow.named("child_started").is_empty(),
+        "{}",
+        slow.transcript()
+    );
+    assert!(!marker.exists(), "the command ran after its lease");
 }
