@@ -1993,6 +1993,22 @@ mod tests {
         );
     }
 
+    /// A start thread that ended without an answer (it panicked) is a failure of its own, 71
+    /// and named a bug, handed out once; it neither hangs the wait nor passes for a start.
+    #[tokio::test(start_paused = true)]
+    async fn a_start_that_ends_without_an_answer_is_a_failure_not_a_hang() {
+        let (tx, rx) = tokio::sync::oneshot::channel::<Result<u32, Failure>>();
+        let mut start = Start::Pending(rx);
+        drop(tx);
+        let answer = tokio::time::timeout(NEVER, beside(std::future::pending::<()>(), &mut start))
+            .await
+            .expect("the wait went on after the start's thread was gone");
+        let f = answer.expect_err("a start without an answer passed for one");
+        assert_eq!(f.status, exit::OSERR);
+        assert!(f.line.contains("this is a bug"), "{}", f.line);
+        assert_eq!(start.finish().await, None);
+    }
+
     /// A term that ends while the start is under way (a signal, `--wait` running out) gets the
     /// supervisor it made, to close and reap: none is left behind.
     #[tokio::test(start_paused = true)]
