@@ -2844,3 +2844,329 @@ fn permits_let_two_commands_run_at_once_each_with_its_slot() {
         assert_eq!(h.finish(STEP), 0, "{}", h.transcript());
     }
 }
+
+/// How long [`slow_start`] holds back the supervisor's start: far longer than an acquire.
+const SPAWN_DELAY: Duration = Duration::from_secs(6);
+
+/// How [`slow_start`] holds back the supervisor's start.
+#[derive(Clone, Copy, PartialEq)]
+enum Slow {
+    /// The wait, then the spawn.
+    Before,
+    /// The spawn (the supervisor runs), then the wait.
+    After,
+    /// The wait, then ENOENT: the supervisor is never started.
+    Fail,
+}
+
+/// kafka-lock with its start of the supervisor held back [`SPAWN_DELAY`] by a preloaded shim
+/// (tests/it/slow_spawn.c, built into `dir`), so that the start is not over long after the
+/// grant. `None` where the shim cannot be built (no C compiler): the caller skips its test,
+/// saying so.
+fn slow_start(spec: Spec, dir: &Path, how: Slow) -> Option<Run> {
+    slow_start_by(spec, dir, how, SPAWN_DELAY)
+}
+
+/// [`slow_start`], held back `delay`.
+fn slow_start_by(spec: Spec, dir: &Path, how: Slow, delay: Duration) -> Option<Run> {
+    let shim = dir.join("slow_spawn.so");
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/slow_spawn.c");
+    let built = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&shim)
+        .arg(&source)
+        .arg("-ldl")
+        .status();
+    if !built.is_ok_and(|s| s.success()) {
+        eprintln!("skipped: no C compiler to build the shim that slows the supervisor's start");
+        return None;
+    }
+    let mut spec = spec
+        .env("LD_PRELOAD", &shim.to_string_lossy())
+        .env("SLOW_SPAWN_MS", &delay.as_millis().to_string());
+    match how {
+        Slow::Before => {}
+        Slow::After => spec = spec.env("SLOW_SPAWN_AFTER", "1"),
+        Slow::Fail => spec = spec.env("SLOW_SPAWN_FAIL", "1"),
+    }
+    Some(spec.spawn())
+}
+
+/// Polls `status --json` until `label` holds `lock`; false if it did not within `within`.
+fn held_by_within(bootstrap: &str, lock: &str, label: &str, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        let s = status_json(bootstrap, lock);
+        if s["holder"]["label"] == label {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+/// The supervisor's start runs beside the acquire: a start that takes long does not hold up
+/// the grant (the lock is held while the supervisor is still starting), `acquired` comes only
+/// once the supervisor is there, and the command then runs under the hold with its token.
+#[test]
+fn a_slow_supervisor_start_does_not_hold_up_the_grant_and_the_command_runs_after_it() {
+    let bootstrap = broker().bootstrap();
+    let lock = lock_name("slow-start");
+    let dir = scratch_dir("cli-slow-start");
+    let mut extra = vec!["--label", "slow start"];
+    extra.extend(QUICK);
+    let spec = run_cmd(
+        &bootstrap,
+        &lock,
+        &extra,
+        // Holds until the test closes its stdin: a short hold could come and go between two
+        // looks at the group.
+        &sh(r#"printf '%s\n' "$KAFKA_LOCK_TOKEN"; cat >/dev/null"#),
+    );
+    let Some(mut slow) = slow_start(spec, &dir, Slow::Before) else {
+        return;
+    };
+    assert!(
+        held_by_within(&bootstrap, &lock, "slow start", STEP),
+        "kafka-lock never held the lock: {}",
+        slow.transcript()
+    );
+    // Its supervisor's start is held back SPAWN_DELAY: the lock was granted first.
+    let supervisors: Vec<_> = children_of(slow.pid)
+        .into_iter()
+        .filter(|(_, cmd)| cmd.contains("__supervise"))
+        .collect();
+    assert!(
+        supervisors.is_empty(),
+        "the lock was only granted once the supervisor had started: {supervisors:?}"
+    );
+    let acquired = slow.event("acquired", STEP);
+    let started = slow.event("child_started", STEP);
+    slow.close_stdin();
+    assert_eq!(slow.finish(STEP), 0, "{}", slow.transcript());
+    assert!(mono(&started, "mono_ns") >= mono(&acquired, "mono_ns"));
+    let line = slow.stdout.recv_timeout(STEP).expect("the command ran");
+    assert_eq!(line, token(&acquired).to_string());
+}
+
+/// A supervisor whose start fails after the grant: the lock is released, `acquired` is never
+/// reported, the command never runs, and the run exits 71 with the start's own line.
+#[test]
+fn a_supervisor_that_cannot_start_after_the_grant_releases_the_lock_and_exits_71() {
+    let bootstrap = broker().bootstrap();
+    let lock = lock_name("no-supervisor-late");
+    let dir = scratch_dir("cli-no-supervisor-late");
+    let marker = dir.join("ran");
+    let mut extra = vec!["--label", "late failure"];
+    extra.extend(QUICK);
+    let script = format!(": > {}", marker.display());
+    let spec = run_cmd(&bootstrap, &lock, &extra, &sh(&script));
+    let Some(mut slow) = slow_start(spec, &dir, Slow::Fail) else {
+        return;
+    };
+    assert!(
+        held_by_within(&bootstrap, &lock, "late failure", STEP),
+        "kafka-lock never held the lock: {}",
+        slow.transcript()
+    );
+    assert_eq!(slow.finish(STEP), 71, "{}", slow.transcript());
+    let line = slow.failure_line();
+    assert!(
+        line.contains("cannot start the supervisor process")
+            && line.contains("the command was not run"),
+        "{}",
+        slow.transcript()
+    );
+    for never in ["acquired", "child_started"] {
+        assert!(
+            slow.named(never).is_empty(),
+            "{never} without a supervisor: {}",
+            slow.transcript()
+        );
+    }
+    assert!(!marker.exists(), "the command ran without a supervisor");
+    // Released, not left to a session timeout: one try gets it.
+    let mut next = run_cmd(&bootstrap, &lock, &["--wait", "0"], &["true"]).spawn();
+    assert_eq!(next.finish(STEP), 0, "{}", next.transcript());
+}
+
+/// The wait for the lock ends (a signal, `--wait` running out) while the supervisor is still
+/// starting: kafka-lock waits for that start, then stops and reaps the supervisor it made; none
+/// is left behind, and nothing ran.
+#[test]
+fn a_wait_that_ends_during_a_slow_supervisor_start_leaves_no_supervisor() {
+    let bootstrap = broker().bootstrap();
+    let lock = lock_name("slow-start-wait");
+    let dir = scratch_dir("cli-slow-start-wait");
+    let (mut holder, _) = start_holder(&bootstrap, &lock, "holder");
+    for (how, extra, status) in [
+        ("TERM", CONTENDED.to_vec(), 128 + 15),
+        ("--wait", [CONTENDED, &["--wait", "1s"]].concat(), 75),
+    ] {
+        let marker = dir.join(format!("ran-{}", how.trim_start_matches('-')));
+        let script = format!(": > {}", marker.display());
+        let spec = run_cmd(&bootstrap, &lock, &extra, &sh(&script));
+        let sub = dir.join(how.trim_start_matches('-'));
+        std::fs::create_dir_all(&sub).expect("a directory for the run");
+        let Some(mut slow) = slow_start(spec, &sub, Slow::After) else {
+            return;
+        };
+        // The supervisor runs, but kafka-lock's start of it is not over.
+        let deadline = Instant::now() + STEP;
+        let starting = loop {
+            if let Some((pid, _)) = children_of(slow.pid).into_iter().next() {
+                break pid;
+            }
+            assert!(
+                Instant::now() < deadline && support::pid_alive(slow.pid),
+                "{how}: no supervisor start began: {}",
+                slow.transcript()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let starting = Liveness::watch(starting);
+        if how == "TERM" {
+            slow.event("waiting", STEP);
+            slow.signal("TERM");
+        }
+        assert_eq!(slow.finish(STEP), status, "{}", slow.transcript());
+        assert!(
+            starting.is_gone(),
+            "{how}: supervisor {} outlived its run",
+            starting.pid
+        );
+        assert!(!marker.exists(), "{how}: the waiter ran its command");
+    }
+    holder.close_stdin();
+    assert_eq!(holder.finish(STEP), 0, "{}", holder.transcript());
+    assert!(holder.named("lost").is_empty(), "{}", holder.transcript());
+}
+
+/// A signal that arrives after the grant, while the supervisor's start is still under way and
+/// then fails: the run still ends with the start's 71, and the lock is still released (the
+/// signal came before the release began, so it does not cut the release short: that is for a
+/// signal during it).
+#[test]
+fn a_signal_while_a_failing_supervisor_start_is_awaited_after_the_grant_still_releases() {
+    let bootstrap = broker().bootstrap();
+    let lock = lock_name("no-supervisor-signal");
+    let dir = scratch_dir("cli-no-supervisor-signal");
+    let marker = dir.join("ran");
+    let mut extra = vec!["--label", "late failure"];
+    extra.extend(QUICK);
+    let script = format!(": > {}", marker.display());
+    let spec = run_cmd(&bootstrap, &lock, &extra, &sh(&script));
+    let Some(mut slow) = slow_start(spec, &dir, Slow::Fail) else {
+        return;
+    };
+    assert!(
+        held_by_within(&bootstrap, &lock, "late failure", STEP),
+        "kafka-lock never held the lock: {}",
+        slow.transcript()
+    );
+    slow.signal("TERM");
+    assert_eq!(slow.finish(STEP), 71, "{}", slow.transcript());
+    let line = slow.failure_line();
+    assert!(
+        line.contains("cannot start the supervisor process"),
+        "{}",
+        slow.transcript()
+    );
+    assert!(!marker.exists(), "the command ran without a supervisor");
+    let mut next = run_cmd(&bootstrap, &lock, &["--wait", "0"], &["true"]).spawn();
+    assert_eq!(
+        next.finish(STEP),
+        0,
+        "the lock was not released: {}\n{}",
+        slow.transcript(),
+        next.transcript()
+    );
+}
+
+/// A signal that arrives after the grant, while the supervisor's start is still under way:
+/// nothing is left behind, and the lock is released, whatever the command made of the signal.
+#[test]
+fn a_signal_while_a_slow_supervisor_start_is_awaited_after_the_grant_leaves_nothing() {
+    let bootstrap = broker().bootstrap();
+    let lock = lock_name("slow-start-signal");
+    let dir = scratch_dir("cli-slow-start-signal");
+    let mut extra = vec!["--label", "slow start"];
+    extra.extend(QUICK);
+    let script = "exec sleep 600";
+    let spec = run_cmd(&bootstrap, &lock, &extra, &sh(script));
+    let Some(mut slow) = slow_start(spec, &dir, Slow::Before) else {
+        return;
+    };
+    assert!(
+        held_by_within(&bootstrap, &lock, "slow start", STEP),
+        "kafka-lock never held the lock: {}",
+        slow.transcript()
+    );
+    slow.signal("TERM");
+    // The signal waits in the hold, as one between the grant and the command's start always
+    // did: the command starts and gets it at once. It may or may not have written its marker.
+    assert_eq!(slow.finish(STEP), 128 + 15, "{}", slow.transcript());
+    let mut next = run_cmd(&bootstrap, &lock, &["--wait", "0"], &["true"]).spawn();
+    assert_eq!(next.finish(STEP), 0, "{}", next.transcript());
+    for started in slow.named("child_started") {
+        let pid = started["child_pid"].as_u64().expect("a pid") as u32;
+        assert!(
+            !support::pid_alive(pid),
+            "the command {pid} outlived its run"
+        );
+    }
+}
+
+/// The lease runs out (the broker cut off) after the grant, while the supervisor is still
+/// starting: the command never starts, and kafka-lock exits 75 (granted, but not in time to run
+/// anything), as for a lease that ran out between the grant and the start for any reason.
+#[test]
+fn a_lease_that_runs_out_while_the_supervisor_is_still_starting_runs_nothing() {
+    let proxy = Arc::new(Proxy::start());
+    let forward = proxy.clone();
+    let _broker = KafkaCluster::start(
+        KafkaOptions::single_node()
+            .property(
+                "advertised.listeners",
+                format!("PLAINTEXT://127.0.0.1:{}", proxy.port()),
+            )
+            .on_ports(move |ports| forward.set_target(([127, 0, 0, 1], ports[0]).into())),
+    );
+    let lock = lock_name("slow-start-lost");
+    let dir = scratch_dir("cli-slow-start-lost");
+    let marker = dir.join("ran");
+    let script = format!(": > {}", marker.display());
+    let extra = [
+        "--label",
+        "cut off",
+        "--session-timeout",
+        "6s",
+        "--request-timeout",
+        "2s",
+    ];
+    let spec = run_cmd(&proxy.bootstrap(), &lock, &extra, &sh(&script));
+    // Far longer than the lease, which the cut leaves to run out within the session timeout.
+    let delay = Duration::from_secs(20);
+    let Some(mut slow) = slow_start_by(spec, &dir, Slow::Before, delay) else {
+        return;
+    };
+    assert!(
+        held_by_within(&proxy.bootstrap(), &lock, "cut off", STEP),
+        "kafka-lock never held the lock: {}",
+        slow.transcript()
+    );
+    proxy.blackhole();
+    assert_eq!(slow.finish(STEP), 75, "{}", slow.transcript());
+    let line = slow.failure_line();
+    assert!(
+        line.contains("lease ran out before the command could start")
+            && line.contains("the command was not run"),
+        "{line}"
+    );
+    assert!(
+        slow.named("child_started").is_empty(),
+        "{}",
+        slow.transcript()
+    );
+    assert!(!marker.exists(), "the command ran after its lease");
+}

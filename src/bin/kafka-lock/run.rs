@@ -306,6 +306,17 @@ impl Signals {
         })
     }
 
+    /// Takes the signals already received, without waiting for more (`last` keeps the latest).
+    async fn drain(&mut self) {
+        loop {
+            tokio::select! {
+                biased;
+                _ = self.recv() => {}
+                () = std::future::ready(()) => return,
+            }
+        }
+    }
+
     /// The next signal's number. Cancel-safe.
     pub(crate) async fn recv(&mut self) -> i32 {
         std::future::poll_fn(|cx| {
@@ -563,6 +574,9 @@ async fn wait_and_hold(
     let session = t.session;
     let releasing = &mut *signals;
     let joined = with_supervisor(guard, start, |guard| async move {
+        // A signal that came while the start was awaited is not one during the release: the run
+        // ends anyway, and only a later signal cuts the release short (as in `leave`).
+        releasing.drain().await;
         release_note(release(guard, releasing).await, session)
     })
     .await;
@@ -1977,6 +1991,22 @@ mod tests {
             Some("guard"),
             "the lock was not released after the supervisor could not start"
         );
+    }
+
+    /// A start thread that ended without an answer (it panicked) is a failure of its own, 71
+    /// and named a bug, handed out once; it neither hangs the wait nor passes for a start.
+    #[tokio::test(start_paused = true)]
+    async fn a_start_that_ends_without_an_answer_is_a_failure_not_a_hang() {
+        let (tx, rx) = tokio::sync::oneshot::channel::<Result<u32, Failure>>();
+        let mut start = Start::Pending(rx);
+        drop(tx);
+        let answer = tokio::time::timeout(NEVER, beside(std::future::pending::<()>(), &mut start))
+            .await
+            .expect("the wait went on after the start's thread was gone");
+        let f = answer.expect_err("a start without an answer passed for one");
+        assert_eq!(f.status, exit::OSERR);
+        assert!(f.line.contains("this is a bug"), "{}", f.line);
+        assert_eq!(start.finish().await, None);
     }
 
     /// A term that ends while the start is under way (a signal, `--wait` running out) gets the
