@@ -1463,9 +1463,8 @@ fn unwrap_error(e: Arc<Error>) -> Error {
 /// member that never says goodbye is dropped by the broker when its session times out.
 async fn leave(handle: &mut SessionHandle, bound: Duration) -> Release {
     let _ = handle.commands.send(Command::Leave.into());
-    let confirmed = tokio::time::timeout(bound, handle.left.wait_for(Option::is_some)).await;
-    match confirmed {
-        Ok(Ok(left)) if *left == Some(true) => Release::Confirmed,
+    match tokio::time::timeout(bound, handle.left.wait()).await {
+        Ok(true) => Release::Confirmed,
         _ => Release::Unconfirmed,
     }
 }
@@ -1944,8 +1943,8 @@ mod tests {
     fn held_guard(lease_end: Instant) -> (LockGuard, watch::Sender<SessionState>) {
         let token = FencingToken::new(Some(7), 3, "m-1");
         let (state_tx, state) = watch::channel(SessionState::Held(token.clone(), lease_end, 0));
-        let (commands, _) = mpsc::unbounded_channel();
-        let (_, left) = watch::channel(None);
+        let (commands, _) = crate::driver::inbox::inbox();
+        let (_, left) = crate::driver::inbox::left();
         let member_id = MemberId::new(Mutex::new("m-1".to_owned()));
         let options = LockOptions::new("127.0.0.1:9", "lock");
         let pool = Arc::new(crate::driver::pool::Pool::new(options.pool_config(1)));
@@ -2062,8 +2061,8 @@ mod tests {
             holder: None,
             generation: 4,
         });
-        let (commands, _) = mpsc::unbounded_channel();
-        let (_, left) = watch::channel(None);
+        let (commands, _) = crate::driver::inbox::inbox();
+        let (_, left) = crate::driver::inbox::left();
         let mut handle = SessionHandle {
             commands,
             state,

@@ -21,6 +21,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, warn, Instrument};
 
 use super::conn::Connection;
+use super::inbox;
 use super::pool::{self, Park, Pool};
 use crate::error::{Error, Result};
 use crate::ledger::{self, LeaderLane, LedgerError, MemberView, Now};
@@ -73,11 +74,11 @@ pub(crate) enum SessionCommand {
     LedgerChecked(Option<ledger::Partition>),
 }
 
-/// The lock's commands to its session, boxed: a tokio channel allocates its slots 32 at a time
-/// when it is made, and a held lock sends a command or two in its life (a release, a
-/// checkpoint), so 32 boxes (8 bytes each) cost it 288 bytes where 32 commands (32 bytes each)
-/// cost 1,056 (BENCHMARKS.md, "Memory per held lock").
-pub(crate) type Commands = mpsc::UnboundedSender<Box<SessionCommand>>;
+/// The lock's commands to its session, on an [`inbox`](super::inbox), not a tokio channel: a
+/// held lock sends a command or two in its life (a release, a checkpoint), and a channel would
+/// cost it 800 bytes for its whole life (BENCHMARKS.md, "Memory per held lock"). Boxed, so
+/// that the queue of a lock that took a command is small.
+pub(crate) type Commands = inbox::Sender<Box<SessionCommand>>;
 
 impl From<Command> for Box<SessionCommand> {
     fn from(c: Command) -> Self {
@@ -91,7 +92,7 @@ pub(crate) struct SessionHandle {
     pub(crate) state: watch::Receiver<SessionState>,
     /// Set once the membership has ended: whether the coordinator confirmed that it has no
     /// member for us any more (see [`Event::Left`]).
-    pub(crate) left: watch::Receiver<Option<bool>>,
+    pub(crate) left: Arc<inbox::Left>,
     /// The session's connections: a guard's reads (its last checkpoint) go over them rather
     /// than open their own.
     pub(crate) pool: Arc<Pool>,
@@ -161,7 +162,7 @@ pub(crate) type EventSink = Box<dyn FnMut(SessionEvent) + Send>;
 /// for leaves, and every event for whoever listens.
 struct Outputs {
     state: watch::Sender<SessionState>,
-    left: watch::Sender<Option<bool>>,
+    left: inbox::LeftSender,
     events: Option<EventSink>,
     places: Arc<Mutex<Places>>,
     granted: Granted,
@@ -174,7 +175,7 @@ pub(crate) fn spawn(
     params: SessionParams,
     events: Option<EventSink>,
 ) -> SessionHandle {
-    let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
+    let (cmd_tx, cmd_rx) = inbox::inbox();
     let (state_tx, state_rx) = watch::channel(SessionState::Waiting {
         holder: None,
         generation: -1,
@@ -196,7 +197,7 @@ pub(crate) fn spawn(
         join_gate,
     };
     net.pool.offer_bootstrap(&params.first);
-    let (left_tx, left_rx) = watch::channel(None);
+    let (left_tx, left_rx) = inbox::left();
     let places = Arc::new(Mutex::new(Places::default()));
     let granted = Granted::default();
     let pool = net.pool.clone();
@@ -281,7 +282,10 @@ pub(super) enum Source {
 /// its slots 32 at a time, and 32 unboxed answers (216 bytes each) would cost every lock 7 KB.
 pub(super) type Answer = Box<(Source, u64, Result<(Response, i16)>)>;
 
-type AnswerChannel = (mpsc::UnboundedSender<Answer>, mpsc::UnboundedReceiver<Answer>);
+type AnswerChannel = (
+    mpsc::UnboundedSender<Answer>,
+    mpsc::UnboundedReceiver<Answer>,
+);
 
 /// The session task's state: the machines, the connections, and where answers and outcomes go.
 /// Each `select!` arm of [`run`] is one method here.
@@ -312,7 +316,7 @@ struct Run {
     outputs: Outputs,
 }
 
-async fn run(mut run: Run, mut commands: mpsc::UnboundedReceiver<Box<SessionCommand>>) {
+async fn run(mut run: Run, mut commands: inbox::Receiver<Box<SessionCommand>>) {
     run.m.handle_timeout(now());
     loop {
         if run.flush() {
@@ -543,13 +547,7 @@ impl Run {
             task.abort();
         }
         // A session that ended without leaving (a fatal error) left nothing confirmed.
-        self.outputs.left.send_if_modified(|l| {
-            let unset = l.is_none();
-            if unset {
-                *l = Some(false);
-            }
-            unset
-        });
+        self.outputs.left.set(false, false);
         if let Some((_, lane)) = self
             .net
             .join_lane
@@ -573,7 +571,7 @@ impl Outputs {
     fn emit(&mut self, e: SessionEvent) {
         publish(&self.state, &e);
         if let Event::Left { confirmed } = e {
-            self.left.send_replace(Some(confirmed));
+            self.left.set(confirmed, true);
         }
         if let Some(sink) = &mut self.events {
             sink(e);
@@ -583,13 +581,14 @@ impl Outputs {
 
 /// A sender for a request's answer, making the channel if there is none.
 fn answer_to(answers: &mut Option<AnswerChannel>) -> mpsc::UnboundedSender<Answer> {
-    answers.get_or_insert_with(mpsc::unbounded_channel).0.clone()
+    answers
+        .get_or_insert_with(mpsc::unbounded_channel)
+        .0
+        .clone()
 }
 
 /// The next answer on the channel; pending while there is none (the arm is off then).
-async fn next_answer(
-    answers: &mut Option<AnswerChannel>,
-) -> Option<Answer> {
+async fn next_answer(answers: &mut Option<AnswerChannel>) -> Option<Answer> {
     match answers {
         Some((_, rx)) => rx.recv().await,
         None => std::future::pending().await,
