@@ -1047,7 +1047,6 @@ impl LockOptions {
         let started = Instant::now();
         // A wait too long to represent is no deadline at all.
         let deadline = wait.and_then(|w| tokio::time::Instant::now().checked_add(w));
-        let mut backoff = Backoff::new(self.retry_backoff, self.retry_backoff_max, 2.0, 0.5);
         let (pool, private) = self.pool();
         // A client's acquisitions run in waves: the place is held until the member is in a
         // generation (`wait_for_hold`).
@@ -1066,10 +1065,28 @@ impl LockOptions {
                 }
             },
         };
-        let mut admitted = admitted.map(|p| {
+        let admitted = admitted.map(|p| {
             let until = tokio::time::Instant::now() + crate::driver::pool::ADMITTED_FOR;
             (p, until)
         });
+        // Boxed: a client's acquisitions wait for their admission thousands at once, and each
+        // waiting future would otherwise keep room for every await of the session below (about
+        // 2.5 KB); boxed, that room is taken only by the few admitted.
+        let at = (started, deadline);
+        Box::pin(self.admitted_session(wait, once, at, (pool, private), admitted)).await
+    }
+
+    /// [`LockOptions::acquire_session`] once admitted: reaches the cluster, runs the session,
+    /// and waits for the hold.
+    async fn admitted_session(
+        &self,
+        wait: Option<Duration>,
+        once: bool,
+        (started, deadline): (Instant, Option<tokio::time::Instant>),
+        (pool, private): (Arc<crate::driver::pool::Pool>, bool),
+        mut admitted: Admitted,
+    ) -> Result<Option<LockGuard>> {
+        let mut backoff = Backoff::new(self.retry_backoff, self.retry_backoff_max, 2.0, 0.5);
         // The place's time counts from the admission: reaching the cluster and checking the
         // lock's topic (retried for three connect timeouts while its leader is not available)
         // are part of it.
@@ -1097,8 +1114,8 @@ impl LockOptions {
         let checking = ledger.is_some();
         let check_on = first.clone();
         let machine = self.membership_for(&first)?;
-        let (member_tx, member_rx) = watch::channel(String::new());
-        let sink = self.event_sink(started, member_tx);
+        let member_rx = MemberId::default();
+        let sink = self.event_sink(started, member_rx.clone());
         let read = (ledger.is_some() && self.read_checkpoint_on_acquire)
             .then(|| self.checkpoint_read(&pool));
         let mut handle = session::spawn(
@@ -1211,7 +1228,7 @@ impl LockOptions {
     }
 
     /// What the session does with each event: the stats, the metrics, the user's channel.
-    fn event_sink(&self, started: Instant, member_tx: watch::Sender<String>) -> EventSink {
+    fn event_sink(&self, started: Instant, member_tx: MemberId) -> EventSink {
         // Events go to the user and into the stats as the session emits them, on its task: each
         // step is a send on an unbounded channel or a counter, so the lease's timers never wait.
         let (user_tx, stats, name) = (self.events.clone(), self.stats.clone(), self.name.clone());
@@ -1220,7 +1237,7 @@ impl LockOptions {
             let mut s = stats.lock().unwrap_or_else(|p| p.into_inner());
             let out = match e {
                 Event::Joined { member_id, .. } => {
-                    member_tx.send_replace(member_id);
+                    *member_tx.lock().unwrap_or_else(|p| p.into_inner()) = member_id;
                     None
                 }
                 Event::Waiting {
@@ -1229,7 +1246,7 @@ impl LockOptions {
                     position,
                     ..
                 } => Some(LockEvent::Waiting {
-                    member_id: member_tx.borrow().clone(),
+                    member_id: member_tx.lock().unwrap_or_else(|p| p.into_inner()).clone(),
                     holder,
                     holders,
                     position,
@@ -1350,15 +1367,17 @@ impl LockOptions {
         &self,
         outcome: Result<Option<(FencingToken, Instant, u16)>>,
         mut handle: SessionHandle,
-        member_rx: watch::Receiver<String>,
+        member_rx: MemberId,
         wait: Option<Duration>,
         once: bool,
     ) -> Result<Option<LockGuard>> {
         match outcome {
             Ok(Some((token, lease_end, permit))) => Ok(Some(LockGuard {
-                options: Box::new(LockOptions {
-                    events: None,
-                    ..self.clone()
+                options: self.ledger_topic.is_some().then(|| {
+                    Box::new(LockOptions {
+                        events: None,
+                        ..self.clone()
+                    })
                 }),
                 name: self.name.clone(),
                 handle,
@@ -1444,9 +1463,8 @@ fn unwrap_error(e: Arc<Error>) -> Error {
 /// member that never says goodbye is dropped by the broker when its session times out.
 async fn leave(handle: &mut SessionHandle, bound: Duration) -> Release {
     let _ = handle.commands.send(Command::Leave.into());
-    let confirmed = tokio::time::timeout(bound, handle.left.wait_for(Option::is_some)).await;
-    match confirmed {
-        Ok(Ok(left)) if *left == Some(true) => Release::Confirmed,
+    match tokio::time::timeout(bound, handle.left.wait()).await {
+        Ok(true) => Release::Confirmed,
         _ => Release::Unconfirmed,
     }
 }
@@ -1457,6 +1475,11 @@ fn host_name() -> Option<String> {
     let name = name.trim();
     (!name.is_empty()).then(|| name.to_owned())
 }
+
+/// The member id of the lock's membership, set by its session when the membership joins (empty
+/// before). Read only, never waited for: a mutex costs a held lock 48 bytes where a `watch` cost
+/// 360 (BENCHMARKS.md, "Memory per held lock").
+type MemberId = Arc<Mutex<String>>;
 
 /// An admission place with the instant its time is over.
 type Admitted = Option<(crate::driver::pool::Admit, tokio::time::Instant)>;
@@ -1548,14 +1571,15 @@ async fn check_lock_topic(conn: &Connection, topic: &str) -> Result<()> {
 #[derive(Debug)]
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct LockGuard {
-    /// The options it was taken with (without the event sender), for reads of its own.
-    options: Box<LockOptions>,
+    /// The options it was taken with (without the event sender), for the checkpoints, which
+    /// need a ledger: a lock without one keeps none (about 600 bytes a held lock).
+    options: Option<Box<LockOptions>>,
     name: String,
     handle: SessionHandle,
     token: FencingToken,
     lease_end: Instant,
     permit: u16,
-    member_id: watch::Receiver<String>,
+    member_id: MemberId,
     released: bool,
     leave_timeout: Duration,
 }
@@ -1591,7 +1615,11 @@ impl LockGuard {
 
     /// Our member id.
     pub fn member_id(&self) -> String {
-        let id = self.member_id.borrow().clone();
+        let id = self
+            .member_id
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         if id.is_empty() {
             self.token.member_id.clone()
         } else {
@@ -1644,15 +1672,15 @@ impl LockGuard {
     /// more than one permit has no checkpoint ([`Error::Config`]).
     pub async fn checkpoint(&self, value: impl Into<String>) -> Result<()> {
         let value = value.into();
-        self.options.ledger_required()?;
-        if self.options.permits > 1 {
+        let options = self.ledgered()?;
+        if options.permits > 1 {
             return Err(Error::Config(format!(
                 "lock {:?} has {} permits: a checkpoint is one per lock, and its holders would \
                  overwrite each other's; checkpoints need a lock with one permit",
-                self.name, self.options.permits
+                self.name, options.permits
             )));
         }
-        let max = self.options.checkpoint_max_bytes;
+        let max = options.checkpoint_max_bytes;
         if value.len() > max {
             return Err(LedgerError::CheckpointTooLarge {
                 len: value.len(),
@@ -1678,6 +1706,17 @@ impl LockGuard {
             .send(Box::new(SessionCommand::Checkpoint(value, reply)))
             .map_err(|_| Error::Closed)?;
         answer.await.map_err(|_| Error::Closed)?
+    }
+
+    /// The options of a lock with a ledger; for one without, the error a checkpoint gets.
+    fn ledgered(&self) -> Result<&LockOptions> {
+        match &self.options {
+            Some(options) => Ok(options),
+            None => Err(LedgerError::NoLedger {
+                lock: self.name.clone(),
+            }
+            .into()),
+        }
     }
 
     /// The lock's last checkpoint, as [`LockOptions::last_checkpoint`] reads it: taken right
@@ -1711,8 +1750,9 @@ impl LockGuard {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        let reach = self.options.reach_over(self.handle.pool.clone(), false);
-        self.options.last_checkpoint_via(&reach, &known).await
+        let options = self.ledgered()?;
+        let reach = options.reach_over(self.handle.pool.clone(), false);
+        options.last_checkpoint_via(&reach, &known).await
     }
 
     /// Releases the lock and leaves the group. The hold ends locally before the LeaveGroup is
@@ -1903,15 +1943,15 @@ mod tests {
     fn held_guard(lease_end: Instant) -> (LockGuard, watch::Sender<SessionState>) {
         let token = FencingToken::new(Some(7), 3, "m-1");
         let (state_tx, state) = watch::channel(SessionState::Held(token.clone(), lease_end, 0));
-        let (commands, _) = mpsc::unbounded_channel();
-        let (_, left) = watch::channel(None);
-        let (_, member_id) = watch::channel("m-1".to_owned());
+        let (commands, _) = crate::driver::inbox::inbox();
+        let (_, left) = crate::driver::inbox::left();
+        let member_id = MemberId::new(Mutex::new("m-1".to_owned()));
         let options = LockOptions::new("127.0.0.1:9", "lock");
         let pool = Arc::new(crate::driver::pool::Pool::new(options.pool_config(1)));
         let guard = LockGuard {
             name: options.name.clone(),
             leave_timeout: options.leave_timeout,
-            options: Box::new(options),
+            options: Some(Box::new(options)),
             handle: SessionHandle {
                 commands,
                 state,
@@ -2021,8 +2061,8 @@ mod tests {
             holder: None,
             generation: 4,
         });
-        let (commands, _) = mpsc::unbounded_channel();
-        let (_, left) = watch::channel(None);
+        let (commands, _) = crate::driver::inbox::inbox();
+        let (_, left) = crate::driver::inbox::left();
         let mut handle = SessionHandle {
             commands,
             state,

@@ -11,6 +11,8 @@
 //! - `pool`: a client's connections, shared by its locks: per broker one quick connection and a
 //!   capped pool of parking lanes (one parkable request each); see docs/design.md, "Many locks
 //!   over one client".
+//! - `inbox`: a lock's command queue and the end of its membership, each one small allocation
+//!   where a tokio channel would take several hundred bytes from every held lock.
 //! - `secure`: the TLS handshake (features `tls`, `tls-graviola`) and the SASL exchange, run by
 //!   [`Connection::connect`] before any other request; KIP-368 re-authentication by replacing
 //!   the connection's link.
@@ -23,6 +25,7 @@ mod bootstrap;
 mod conn;
 pub(crate) mod describe;
 mod dial;
+pub(crate) mod inbox;
 pub(crate) mod lookup;
 pub(crate) mod pool;
 mod secure;

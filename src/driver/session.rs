@@ -21,6 +21,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, warn, Instrument};
 
 use super::conn::Connection;
+use super::inbox;
 use super::pool::{self, Park, Pool};
 use crate::error::{Error, Result};
 use crate::ledger::{self, LeaderLane, LedgerError, MemberView, Now};
@@ -73,11 +74,11 @@ pub(crate) enum SessionCommand {
     LedgerChecked(Option<ledger::Partition>),
 }
 
-/// The lock's commands to its session, boxed: a tokio channel allocates its slots 32 at a time
-/// when it is made, and a held lock sends a command or two in its life (a release, a
-/// checkpoint), so 32 boxes (8 bytes each) cost it 288 bytes where 32 commands (32 bytes each)
-/// cost 1,056 (BENCHMARKS.md, "Memory per held lock").
-pub(crate) type Commands = mpsc::UnboundedSender<Box<SessionCommand>>;
+/// The lock's commands to its session, on an [`inbox`](super::inbox), not a tokio channel: a
+/// held lock sends a command or two in its life (a release, a checkpoint), and a channel would
+/// cost it 800 bytes for its whole life (BENCHMARKS.md, "Memory per held lock"). Boxed, so
+/// that the queue of a lock that took a command is small.
+pub(crate) type Commands = inbox::Sender<Box<SessionCommand>>;
 
 impl From<Command> for Box<SessionCommand> {
     fn from(c: Command) -> Self {
@@ -91,7 +92,7 @@ pub(crate) struct SessionHandle {
     pub(crate) state: watch::Receiver<SessionState>,
     /// Set once the membership has ended: whether the coordinator confirmed that it has no
     /// member for us any more (see [`Event::Left`]).
-    pub(crate) left: watch::Receiver<Option<bool>>,
+    pub(crate) left: Arc<inbox::Left>,
     /// The session's connections: a guard's reads (its last checkpoint) go over them rather
     /// than open their own.
     pub(crate) pool: Arc<Pool>,
@@ -161,7 +162,7 @@ pub(crate) type EventSink = Box<dyn FnMut(SessionEvent) + Send>;
 /// for leaves, and every event for whoever listens.
 struct Outputs {
     state: watch::Sender<SessionState>,
-    left: watch::Sender<Option<bool>>,
+    left: inbox::LeftSender,
     events: Option<EventSink>,
     places: Arc<Mutex<Places>>,
     granted: Granted,
@@ -174,7 +175,7 @@ pub(crate) fn spawn(
     params: SessionParams,
     events: Option<EventSink>,
 ) -> SessionHandle {
-    let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
+    let (cmd_tx, cmd_rx) = inbox::inbox();
     let (state_tx, state_rx) = watch::channel(SessionState::Waiting {
         holder: None,
         generation: -1,
@@ -196,18 +197,17 @@ pub(crate) fn spawn(
         join_gate,
     };
     net.pool.offer_bootstrap(&params.first);
-    let (left_tx, left_rx) = watch::channel(None);
+    let (left_tx, left_rx) = inbox::left();
     let places = Arc::new(Mutex::new(Places::default()));
     let granted = Granted::default();
     let pool = net.pool.clone();
     let span = tracing::info_span!("kafka_lock", group = %group);
-    let (answers_tx, answers) = mpsc::unbounded_channel::<Answer>();
     let session = Run {
         m: Box::new(machine),
         ledger: params.ledger.map(Box::new),
         lock: group.to_owned(),
         net,
-        answers_tx,
+        answers: None,
         control: Control::default(),
         commands_open: true,
         replies: HashMap::new(),
@@ -223,7 +223,7 @@ pub(crate) fn spawn(
             granted: granted.clone(),
         },
     };
-    tokio::spawn(run(session, cmd_rx, answers).instrument(span));
+    tokio::spawn(run(session, cmd_rx).instrument(span));
     SessionHandle {
         commands: cmd_tx,
         state: state_rx,
@@ -282,6 +282,11 @@ pub(super) enum Source {
 /// its slots 32 at a time, and 32 unboxed answers (216 bytes each) would cost every lock 7 KB.
 pub(super) type Answer = Box<(Source, u64, Result<(Response, i16)>)>;
 
+type AnswerChannel = (
+    mpsc::UnboundedSender<Answer>,
+    mpsc::UnboundedReceiver<Answer>,
+);
+
 /// The session task's state: the machines, the connections, and where answers and outcomes go.
 /// Each `select!` arm of [`run`] is one method here.
 struct Run {
@@ -292,7 +297,10 @@ struct Run {
     lock: String,
     net: Session,
     /// Answers of the requests that run on tasks of their own (joins, lookups, the ledger's).
-    answers_tx: mpsc::UnboundedSender<Answer>,
+    /// Made when one goes out and dropped once none is out: a held lock sends its Heartbeats
+    /// without it, and the channel (its head and first block, 800 bytes) would otherwise stay
+    /// with every held lock.
+    answers: Option<AnswerChannel>,
     /// The member's requests on quick connections, polled by this task.
     control: Control,
     commands_open: bool,
@@ -308,11 +316,7 @@ struct Run {
     outputs: Outputs,
 }
 
-async fn run(
-    mut run: Run,
-    mut commands: mpsc::UnboundedReceiver<Box<SessionCommand>>,
-    mut answers: mpsc::UnboundedReceiver<Answer>,
-) {
+async fn run(mut run: Run, mut commands: inbox::Receiver<Box<SessionCommand>>) {
     run.m.handle_timeout(now());
     loop {
         if run.flush() {
@@ -324,6 +328,7 @@ async fn run(
         if run.is_done() {
             break;
         }
+        run.drop_idle_answers();
         let deadline = run.deadline();
         tokio::select! {
             biased;
@@ -333,7 +338,9 @@ async fn run(
             // arm is first polled.
             (id, result) = run.control.next() => run.on_member_answer(id, result),
             cmd = commands.recv(), if run.commands_open => run.on_command(cmd),
-            Some(answer) = answers.recv() => run.on_answer(*answer),
+            Some(answer) = next_answer(&mut run.answers), if run.answers.is_some() => {
+                run.on_answer(*answer);
+            }
             read = read_done(&mut run.reading), if run.reading.is_some() => run.on_read(read),
         }
     }
@@ -354,7 +361,8 @@ impl Run {
             } else {
                 Park::Fresh
             };
-            if let Some(request) = send(&self.net, t, park, self.answers_tx.clone()) {
+            let answers = &mut self.answers;
+            if let Some(request) = send(&self.net, t, park, || answer_to(answers)) {
                 self.control.push(request);
             }
         }
@@ -380,7 +388,8 @@ impl Run {
             return true;
         }
         while let Some(t) = l.poll_transmit() {
-            send_ledger(&self.net.pool, self.net.stripe, t, self.answers_tx.clone());
+            let answers = answer_to(&mut self.answers);
+            send_ledger(&self.net.pool, self.net.stripe, t, answers);
         }
         while let Some(attempt) = l.poll_read() {
             if let Some(read) = &self.read {
@@ -413,6 +422,16 @@ impl Run {
             }
         }
         false
+    }
+
+    /// Drops the answer channel when no request can answer on it any more: only this task
+    /// makes its senders, so with ours the last one and nothing queued, nothing can arrive.
+    fn drop_idle_answers(&mut self) {
+        if let Some((tx, rx)) = &self.answers {
+            if tx.strong_count() == 1 && rx.is_empty() {
+                self.answers = None;
+            }
+        }
     }
 
     /// Renewals emit no event; without this the guard would time the lease from the
@@ -528,13 +547,7 @@ impl Run {
             task.abort();
         }
         // A session that ended without leaving (a fatal error) left nothing confirmed.
-        self.outputs.left.send_if_modified(|l| {
-            let unset = l.is_none();
-            if unset {
-                *l = Some(false);
-            }
-            unset
-        });
+        self.outputs.left.set(false, false);
         if let Some((_, lane)) = self
             .net
             .join_lane
@@ -558,11 +571,27 @@ impl Outputs {
     fn emit(&mut self, e: SessionEvent) {
         publish(&self.state, &e);
         if let Event::Left { confirmed } = e {
-            self.left.send_replace(Some(confirmed));
+            self.left.set(confirmed, true);
         }
         if let Some(sink) = &mut self.events {
             sink(e);
         }
+    }
+}
+
+/// A sender for a request's answer, making the channel if there is none.
+fn answer_to(answers: &mut Option<AnswerChannel>) -> mpsc::UnboundedSender<Answer> {
+    answers
+        .get_or_insert_with(mpsc::unbounded_channel)
+        .0
+        .clone()
+}
+
+/// The next answer on the channel; pending while there is none (the arm is off then).
+async fn next_answer(answers: &mut Option<AnswerChannel>) -> Option<Answer> {
+    match answers {
+        Some((_, rx)) => rx.recv().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -851,7 +880,7 @@ pub(super) fn send(
     net: &Session,
     t: Transmit,
     park: Park,
-    answers: mpsc::UnboundedSender<Answer>,
+    answers: impl FnOnce() -> mpsc::UnboundedSender<Answer>,
 ) -> Option<ControlRequest> {
     let pool = &net.pool;
     let stripe = net.stripe;
@@ -891,6 +920,7 @@ pub(super) fn send(
         _ => None,
     };
     let sent = net.sent.clone();
+    let answers = answers();
     let gate = match t.request.api_key() {
         ApiKey::JoinGroup => net.join_gate.clone(),
         _ => None,
@@ -1039,7 +1069,7 @@ pub(super) fn send_on_task(
     park: Park,
     answers: mpsc::UnboundedSender<Answer>,
 ) {
-    if let Some(request) = send(net, t, park, answers.clone()) {
+    if let Some(request) = send(net, t, park, || answers.clone()) {
         tokio::spawn(async move {
             let (id, result) = request.await;
             let _ = answers.send(Box::new((Source::Member, id, result)));
