@@ -2013,6 +2013,55 @@ mod tests {
         });
     }
 
+    /// A guard of a lock without a ledger keeps no options (the acquisition gives it none): its
+    /// checkpoints and reads are refused as before, at once, and nothing goes to its session.
+    #[tokio::test]
+    async fn a_guard_without_a_ledger_refuses_checkpoints_and_reads_without_its_options() {
+        let (mut guard, _session) = held_guard(Instant::now() + Duration::from_secs(60));
+        guard.options = None;
+        let (commands, mut queued) = crate::driver::inbox::inbox();
+        guard.handle.commands = commands;
+        let bound = Duration::from_secs(10);
+        let stored = tokio::time::timeout(bound, guard.checkpoint("v"))
+            .await
+            .expect("a checkpoint without a ledger waited");
+        assert!(
+            matches!(stored, Err(Error::Ledger(LedgerError::NoLedger { .. }))),
+            "{stored:?}"
+        );
+        let read = tokio::time::timeout(bound, guard.last_checkpoint())
+            .await
+            .expect("a read without a ledger waited");
+        assert!(
+            matches!(read, Err(Error::Ledger(LedgerError::NoLedger { .. }))),
+            "{read:?}"
+        );
+        drop(guard);
+        let cmd = tokio::time::timeout(bound, queued.recv())
+            .await
+            .expect("the dropped guard's leave")
+            .map(|c| *c);
+        assert!(
+            matches!(cmd, Some(SessionCommand::Member(Command::Leave))),
+            "the session got a command other than the leave"
+        );
+    }
+
+    /// A checkpoint for a session that has ended (its command queue gone) fails at once as
+    /// closed: the command and its reply are given back and dropped, so nobody waits for an
+    /// answer that cannot come.
+    #[tokio::test]
+    async fn a_checkpoint_for_a_session_that_ended_fails_closed_instead_of_waiting() {
+        let (mut guard, _session) = held_guard(Instant::now() + Duration::from_secs(60));
+        guard.options = Some(Box::new(
+            LockOptions::new("127.0.0.1:9", "lock").ledger_topic("ledger"),
+        ));
+        let stored = tokio::time::timeout(Duration::from_secs(10), guard.checkpoint("v"))
+            .await
+            .expect("a checkpoint for an ended session waited");
+        assert!(matches!(stored, Err(Error::Closed)), "{stored:?}");
+    }
+
     /// `lost` has a timer of its own: with a session task that never reports anything, it still
     /// resolves at the lease end, as a lease expiry.
     #[test]

@@ -225,6 +225,93 @@ mod tests {
         assert_eq!(tx.send(9), Err(9));
     }
 
+    /// What is queued when the receiver goes is dropped with it, not kept by the senders: a
+    /// checkpoint's reply queued for a session that ended fails its caller instead of leaving
+    /// it waiting, and so does one sent after.
+    #[tokio::test]
+    async fn an_inbox_drops_what_is_queued_when_its_receiver_goes() {
+        let (tx, rx) = inbox();
+        let (reply, answer) = tokio::sync::oneshot::channel::<()>();
+        tx.send(reply).unwrap();
+        drop(rx);
+        assert!(
+            soon(answer).await.is_err(),
+            "a reply queued for a receiver that is gone"
+        );
+        let (reply, answer) = tokio::sync::oneshot::channel::<()>();
+        let Err(back) = tx.send(reply) else {
+            panic!("sent to a receiver that is gone");
+        };
+        drop(back);
+        assert!(soon(answer).await.is_err());
+    }
+
+    /// A receiver polled once and dropped there (a `select!` whose other arm won), then waited
+    /// on elsewhere, is woken where it waits now: the waker of the earlier poll is replaced.
+    #[tokio::test]
+    async fn an_inbox_wakes_the_receiver_where_it_waits_now_not_where_it_was_polled_before() {
+        let (tx, mut rx) = inbox();
+        {
+            let mut cx = std::task::Context::from_waker(Waker::noop());
+            let recv = std::pin::pin!(rx.recv());
+            assert!(recv.poll(&mut cx).is_pending());
+        }
+        let (waiting_tx, waiting) = tokio::sync::oneshot::channel();
+        let waiter = tokio::spawn(async move {
+            let mut waiting_tx = Some(waiting_tx);
+            let mut recv = std::pin::pin!(rx.recv());
+            std::future::poll_fn(|cx| {
+                let polled = recv.as_mut().poll(cx);
+                if polled.is_pending() {
+                    if let Some(w) = waiting_tx.take() {
+                        let _ = w.send(());
+                    }
+                }
+                polled
+            })
+            .await
+        });
+        soon(waiting).await.unwrap();
+        tx.send(1).unwrap();
+        assert_eq!(soon(waiter).await.unwrap(), Some(1));
+    }
+
+    /// Sends from another thread race the receiver's polls in a `select!` whose other arm (the
+    /// session's answers, its timers) often wins, so that its future is dropped and made again
+    /// as the session task's is: every value arrives, in order, and none waits for a later wake.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_inbox_loses_no_wake_up_to_sends_racing_a_receiver_in_a_select() {
+        const ROUNDS: u32 = 20_000;
+        let (tx, mut rx) = inbox();
+        let (other_tx, mut other) = tokio::sync::mpsc::unbounded_channel();
+        let (ack_tx, mut ack) = tokio::sync::mpsc::unbounded_channel();
+        let sender = tokio::spawn(async move {
+            for i in 0..ROUNDS {
+                if i % 2 == 0 {
+                    other_tx.send(()).unwrap();
+                }
+                tx.send(i).unwrap();
+                soon(ack.recv()).await.unwrap();
+            }
+        });
+        let mut next = 0;
+        while next < ROUNDS {
+            soon(async {
+                tokio::select! {
+                    biased;
+                    Some(()) = other.recv() => {}
+                    v = rx.recv() => {
+                        assert_eq!(v, Some(next));
+                        next += 1;
+                        ack_tx.send(()).unwrap();
+                    }
+                }
+            })
+            .await;
+        }
+        soon(sender).await.unwrap();
+    }
+
     #[tokio::test]
     async fn a_left_wakes_its_waiter_keeps_a_set_value_and_is_unconfirmed_when_dropped() {
         let (tx, end) = left();

@@ -282,7 +282,7 @@ pub(super) enum Source {
 /// its slots 32 at a time, and 32 unboxed answers (216 bytes each) would cost every lock 7 KB.
 pub(super) type Answer = Box<(Source, u64, Result<(Response, i16)>)>;
 
-type AnswerChannel = (
+pub(super) type AnswerChannel = (
     mpsc::UnboundedSender<Answer>,
     mpsc::UnboundedReceiver<Answer>,
 );
@@ -328,7 +328,7 @@ async fn run(mut run: Run, mut commands: inbox::Receiver<Box<SessionCommand>>) {
         if run.is_done() {
             break;
         }
-        run.drop_idle_answers();
+        drop_idle_answers(&mut run.answers);
         let deadline = run.deadline();
         tokio::select! {
             biased;
@@ -422,16 +422,6 @@ impl Run {
             }
         }
         false
-    }
-
-    /// Drops the answer channel when no request can answer on it any more: only this task
-    /// makes its senders, so with ours the last one and nothing queued, nothing can arrive.
-    fn drop_idle_answers(&mut self) {
-        if let Some((tx, rx)) = &self.answers {
-            if tx.strong_count() == 1 && rx.is_empty() {
-                self.answers = None;
-            }
-        }
     }
 
     /// Renewals emit no event; without this the guard would time the lease from the
@@ -579,8 +569,20 @@ impl Outputs {
     }
 }
 
+/// Drops the answer channel when no request can answer on it any more: only the session task
+/// makes its senders, so with its own the last one and nothing queued, nothing can arrive. A
+/// request still out holds a sender, and must: a join waiting for a lane would take the
+/// channel's end for its session's, leave the line, and never be answered.
+pub(super) fn drop_idle_answers(answers: &mut Option<AnswerChannel>) {
+    if let Some((tx, rx)) = answers {
+        if tx.strong_count() == 1 && rx.is_empty() {
+            *answers = None;
+        }
+    }
+}
+
 /// A sender for a request's answer, making the channel if there is none.
-fn answer_to(answers: &mut Option<AnswerChannel>) -> mpsc::UnboundedSender<Answer> {
+pub(super) fn answer_to(answers: &mut Option<AnswerChannel>) -> mpsc::UnboundedSender<Answer> {
     answers
         .get_or_insert_with(mpsc::unbounded_channel)
         .0
@@ -588,7 +590,7 @@ fn answer_to(answers: &mut Option<AnswerChannel>) -> mpsc::UnboundedSender<Answe
 }
 
 /// The next answer on the channel; pending while there is none (the arm is off then).
-async fn next_answer(answers: &mut Option<AnswerChannel>) -> Option<Answer> {
+pub(super) async fn next_answer(answers: &mut Option<AnswerChannel>) -> Option<Answer> {
     match answers {
         Some((_, rx)) => rx.recv().await,
         None => std::future::pending().await,

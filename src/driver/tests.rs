@@ -1958,6 +1958,94 @@ async fn a_first_join_waiting_for_a_lane_leaves_the_line_with_its_session() {
     fresh.done();
 }
 
+/// The session drops its answer channel when idle, so that a held lock keeps none, but never
+/// with a request out: a first join waiting in line for a lane holds a sender, and the channel
+/// dropped under it would read as its session's end, take it out of the line and lose its answer
+/// (no acquisition would complete).
+#[tokio::test]
+async fn the_answer_channel_stays_while_a_join_waits_for_a_lane_and_carries_its_answer() {
+    use crate::membership::{Lane, Target, Transmit};
+    use kafka_protocol::messages::{JoinGroupRequest, JoinGroupResponse};
+    let (broker, mut accepted) = lane_broker().await;
+    let net = session::Session {
+        pool: lane_pool(1),
+        private: false,
+        join_lane: Default::default(),
+        sent: Default::default(),
+        stripe: 0,
+        join_gate: None,
+    };
+    let taken = tokio::time::timeout(PROMPTLY, net.pool.lane(&broker, pool::Park::Fresh))
+        .await
+        .expect("a cap of one lane keeps none in reserve")
+        .unwrap();
+    let mut server = tokio::time::timeout(PROMPTLY, accepted.recv())
+        .await
+        .expect("a connection for the lane")
+        .unwrap();
+    let mut answers = None;
+    let join = Transmit {
+        id: 1,
+        target: Target::Coordinator {
+            broker: broker.clone(),
+            lane: Lane::Join,
+        },
+        request: JoinGroupRequest::default().into(),
+        version: 5,
+        timeout: Duration::from_secs(5),
+    };
+    let control = session::send(&net, join, pool::Park::Fresh, || {
+        session::answer_to(&mut answers)
+    });
+    assert!(control.is_none(), "a JoinGroup runs on a task of its own");
+    // The quick connection dialled ahead for the member's first Heartbeat: the join's task has
+    // been spawned, and waits in line for the lane.
+    let _quick = tokio::time::timeout(PROMPTLY, accepted.recv())
+        .await
+        .expect("the quick connection is opened ahead")
+        .unwrap();
+    session::drop_idle_answers(&mut answers);
+    assert!(
+        answers.is_some(),
+        "the answer channel was dropped with a join still out"
+    );
+    // The lane is given back open: the join takes it and goes out on it.
+    taken.done();
+    let (header, _) = tokio::time::timeout(PROMPTLY, server.recv())
+        .await
+        .expect("the join went out on the lane given back");
+    server.reply(&header, &JoinGroupResponse::default()).await;
+    let (source, id, result) = tokio::time::timeout(PROMPTLY, session::next_answer(&mut answers))
+        .await
+        .expect("the join's answer never came")
+        .map(|answer| *answer)
+        .expect("the answer channel ended");
+    assert_eq!(source, session::Source::Member);
+    assert_eq!(id, 1);
+    assert!(result.is_ok(), "{:?}", result.err());
+}
+
+/// An answer already queued keeps the channel though no request is out any more; with nothing
+/// out and nothing queued the channel goes, or every held lock would keep one (BENCHMARKS.md,
+/// "Memory per held lock").
+#[tokio::test]
+async fn the_answer_channel_stays_while_an_answer_is_queued_and_goes_once_idle() {
+    let mut answers = None;
+    let tx = session::answer_to(&mut answers);
+    tx.send(Box::new((session::Source::Member, 7, Err(Error::Closed))))
+        .unwrap();
+    drop(tx);
+    session::drop_idle_answers(&mut answers);
+    assert!(answers.is_some(), "dropped with an answer queued");
+    let (_, id, _) = *tokio::time::timeout(PROMPTLY, session::next_answer(&mut answers))
+        .await
+        .expect("the queued answer never came")
+        .expect("the answer channel ended");
+    assert_eq!(id, 7);
+    session::drop_idle_answers(&mut answers);
+    assert!(answers.is_none(), "an idle answer channel was kept");
+}
+
 /// A group's stripe follows Apache's coordinator partition for the default 50 partitions,
 /// `Utils.abs(groupId.hashCode()) % 50` (Java's String.hashCode; Utils.abs maps
 /// Integer.MIN_VALUE to 0).
