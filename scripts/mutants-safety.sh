@@ -55,6 +55,7 @@ SCOPE=(
     src/driver/session.rs
     src/bin/kafka-lock/hold.rs
     src/bin/kafka-lock/run.rs
+    src/bin/kafka-lock/link.rs
     src/bin/kafka-lock/supervise.rs
     src/bin/kafka-lock/tree.rs
 )
@@ -185,15 +186,15 @@ selection() {
             echo "$1 runs with BIN_ONLY=1 only: its mutants can make the supervisor signal every process of the host" >&2
             return 1
         fi
-        echo "--all-features --cargo-arg=--bin=kafka-lock $(test_args -- run:: supervise:: tree::)"
+        echo "--all-features --cargo-arg=--bin=kafka-lock $(test_args -- run:: link:: supervise:: tree::)"
         ;;
     src/bin/kafka-lock/*)
         # The CLI's unit tests, then (unless BIN_ONLY is set) the integration tests above, which
         # start Apache Kafka and real commands: minutes per mutant instead of seconds.
         if [ -n "${BIN_ONLY:-}" ]; then
-            echo "--all-features --cargo-arg=--bin=kafka-lock $(test_args -- run:: supervise:: tree::)"
+            echo "--all-features --cargo-arg=--bin=kafka-lock $(test_args -- run:: link:: supervise:: tree::)"
         else
-            echo "--all-features --cargo-arg=--bin=kafka-lock --cargo-arg=--test=it $(test_args -- run:: supervise:: tree:: "${CLI_IT[@]}")"
+            echo "--all-features --cargo-arg=--bin=kafka-lock --cargo-arg=--test=it $(test_args -- run:: link:: supervise:: tree:: "${CLI_IT[@]}")"
         fi
         ;;
     *)

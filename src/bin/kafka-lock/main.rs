@@ -36,6 +36,7 @@ mod generate;
 mod history;
 mod hold;
 mod json;
+mod link;
 mod observe;
 mod output;
 mod proto;
