@@ -2861,14 +2861,13 @@ enum Slow {
 
 /// kafka-lock with its start of the supervisor held back [`SPAWN_DELAY`] by a preloaded shim
 /// (tests/it/slow_spawn.c, built into `dir`), so that the start is not over long after the
-/// grant. `None` where the shim cannot be built (no C compiler): the caller skips its test,
-/// saying so.
-fn slow_start(spec: Spec, dir: &Path, how: Slow) -> Option<Run> {
+/// grant. Without a C compiler the test fails and says how to get one: the suite never skips.
+fn slow_start(spec: Spec, dir: &Path, how: Slow) -> Run {
     slow_start_by(spec, dir, how, SPAWN_DELAY)
 }
 
 /// [`slow_start`], held back `delay`.
-fn slow_start_by(spec: Spec, dir: &Path, how: Slow, delay: Duration) -> Option<Run> {
+fn slow_start_by(spec: Spec, dir: &Path, how: Slow, delay: Duration) -> Run {
     let shim = dir.join("slow_spawn.so");
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/slow_spawn.c");
     let built = Command::new("cc")
@@ -2877,9 +2876,13 @@ fn slow_start_by(spec: Spec, dir: &Path, how: Slow, delay: Duration) -> Option<R
         .arg(&source)
         .arg("-ldl")
         .status();
-    if !built.is_ok_and(|s| s.success()) {
-        eprintln!("skipped: no C compiler to build the shim that slows the supervisor's start");
-        return None;
+    match built {
+        Ok(s) if s.success() => {}
+        Ok(s) => panic!("cc could not build {} ({s})", source.display()),
+        Err(e) => panic!(
+            "no C compiler (`cc`: {e}) to build the test shim that slows the supervisor's start; \
+             install one (Debian: apt-get install gcc)"
+        ),
     }
     let mut spec = spec
         .env("LD_PRELOAD", &shim.to_string_lossy())
@@ -2889,7 +2892,7 @@ fn slow_start_by(spec: Spec, dir: &Path, how: Slow, delay: Duration) -> Option<R
         Slow::After => spec = spec.env("SLOW_SPAWN_AFTER", "1"),
         Slow::Fail => spec = spec.env("SLOW_SPAWN_FAIL", "1"),
     }
-    Some(spec.spawn())
+    spec.spawn()
 }
 
 /// Polls `status --json` until `label` holds `lock`; false if it did not within `within`.
@@ -2923,9 +2926,7 @@ fn a_slow_supervisor_start_does_not_hold_up_the_grant_and_the_command_runs_after
         // looks at the group.
         &sh(r#"printf '%s\n' "$KAFKA_LOCK_TOKEN"; cat >/dev/null"#),
     );
-    let Some(mut slow) = slow_start(spec, &dir, Slow::Before) else {
-        return;
-    };
+    let mut slow = slow_start(spec, &dir, Slow::Before);
     assert!(
         held_by_within(&bootstrap, &lock, "slow start", STEP),
         "kafka-lock never held the lock: {}",
@@ -2961,9 +2962,7 @@ fn a_supervisor_that_cannot_start_after_the_grant_releases_the_lock_and_exits_71
     extra.extend(QUICK);
     let script = format!(": > {}", marker.display());
     let spec = run_cmd(&bootstrap, &lock, &extra, &sh(&script));
-    let Some(mut slow) = slow_start(spec, &dir, Slow::Fail) else {
-        return;
-    };
+    let mut slow = slow_start(spec, &dir, Slow::Fail);
     assert!(
         held_by_within(&bootstrap, &lock, "late failure", STEP),
         "kafka-lock never held the lock: {}",
@@ -3008,9 +3007,7 @@ fn a_wait_that_ends_during_a_slow_supervisor_start_leaves_no_supervisor() {
         let spec = run_cmd(&bootstrap, &lock, &extra, &sh(&script));
         let sub = dir.join(how.trim_start_matches('-'));
         std::fs::create_dir_all(&sub).expect("a directory for the run");
-        let Some(mut slow) = slow_start(spec, &sub, Slow::After) else {
-            return;
-        };
+        let mut slow = slow_start(spec, &sub, Slow::After);
         // The supervisor runs, but kafka-lock's start of it is not over.
         let deadline = Instant::now() + STEP;
         let starting = loop {
@@ -3056,9 +3053,7 @@ fn a_signal_while_a_failing_supervisor_start_is_awaited_after_the_grant_still_re
     extra.extend(QUICK);
     let script = format!(": > {}", marker.display());
     let spec = run_cmd(&bootstrap, &lock, &extra, &sh(&script));
-    let Some(mut slow) = slow_start(spec, &dir, Slow::Fail) else {
-        return;
-    };
+    let mut slow = slow_start(spec, &dir, Slow::Fail);
     assert!(
         held_by_within(&bootstrap, &lock, "late failure", STEP),
         "kafka-lock never held the lock: {}",
@@ -3094,9 +3089,7 @@ fn a_signal_while_a_slow_supervisor_start_is_awaited_after_the_grant_leaves_noth
     extra.extend(QUICK);
     let script = "exec sleep 600";
     let spec = run_cmd(&bootstrap, &lock, &extra, &sh(script));
-    let Some(mut slow) = slow_start(spec, &dir, Slow::Before) else {
-        return;
-    };
+    let mut slow = slow_start(spec, &dir, Slow::Before);
     assert!(
         held_by_within(&bootstrap, &lock, "slow start", STEP),
         "kafka-lock never held the lock: {}",
@@ -3147,9 +3140,7 @@ fn a_lease_that_runs_out_while_the_supervisor_is_still_starting_runs_nothing() {
     let spec = run_cmd(&proxy.bootstrap(), &lock, &extra, &sh(&script));
     // Far longer than the lease, which the cut leaves to run out within the session timeout.
     let delay = Duration::from_secs(20);
-    let Some(mut slow) = slow_start_by(spec, &dir, Slow::Before, delay) else {
-        return;
-    };
+    let mut slow = slow_start_by(spec, &dir, Slow::Before, delay);
     assert!(
         held_by_within(&proxy.bootstrap(), &lock, "cut off", STEP),
         "kafka-lock never held the lock: {}",
