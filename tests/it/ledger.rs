@@ -2854,4 +2854,105 @@ mod scripted {
             assert_eq!(release, want, "LeaveGroup answered {code}");
         }
     }
+
+    /// A read of the ledger checks the topic's `compression.type` first when the broker offers
+    /// DescribeConfigs: `gzip` (the broker would recompress kafka-lock's batches) is refused
+    /// before anything is fetched, `producer` is read. Breaks if the check were skipped.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_history_read_refuses_a_ledger_topic_that_recompresses() {
+        use kafka_protocol::messages::describe_configs_response::{
+            DescribeConfigsResourceResult, DescribeConfigsResult,
+        };
+        use kafka_protocol::messages::DescribeConfigsResponse;
+        for codec in ["gzip", "producer"] {
+            let addr = Arc::new(OnceLock::new());
+            let common = script(
+                addr.clone(),
+                Arc::default(),
+                Arc::new(AtomicBool::new(false)),
+            );
+            let fetches: Fetches = Arc::default();
+            let ledger = Ledger::new(0, 1).batch(0, &[acquired("lock")]).serve(
+                common,
+                fetches.clone(),
+                Arc::default(),
+            );
+            let fake = fake_broker::start_with_apis(
+                Arc::new(move |api, version, body: &mut BytesMut| {
+                    if api != ApiKey::DescribeConfigs {
+                        return ledger(api, version, body);
+                    }
+                    let r = DescribeConfigsResponse::default().with_results(vec![
+                        DescribeConfigsResult::default()
+                            .with_resource_type(2)
+                            .with_resource_name(StrBytes::from_static_str(LEDGER))
+                            .with_configs(vec![DescribeConfigsResourceResult::default()
+                                .with_name(StrBytes::from_static_str("compression.type"))
+                                .with_value(Some(StrBytes::from_static_str(codec)))]),
+                    ]);
+                    Some(encode(&r, version))
+                }),
+                &[(ApiKey::DescribeConfigs, 0, 4)],
+            )
+            .await;
+            addr.set(fake.addr).expect("set once");
+            let o = LockOptions::new(fake.addr.to_string(), "lock").ledger_topic(LEDGER);
+            let read = tokio::time::timeout(BOUND, o.history())
+                .await
+                .expect("read within the bound");
+            match codec {
+                "gzip" => {
+                    let e = read.expect_err("a gzip ledger is refused");
+                    assert!(
+                        matches!(&e, kafka_lock::Error::Ledger(kafka_lock::LedgerError::Compressed { codec, .. }) if codec == "gzip"),
+                        "{e}"
+                    );
+                    assert!(fetches.lock().unwrap().is_empty(), "fetched a gzip ledger");
+                }
+                _ => {
+                    let h = read.expect("a producer ledger is read");
+                    assert_eq!(h.holds.len(), 1, "{h:?}");
+                }
+            }
+        }
+    }
+
+    /// The coordinator lookup of a checkpoint read answered COORDINATOR_NOT_AVAILABLE is made
+    /// again, five times at most. Breaks if the read failed at the first such answer, or
+    /// looked up a sixth time or without end.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_committed_checkpoint_reads_coordinator_lookup_is_made_again_five_times_at_most() {
+        for (refused, want) in [(2, Ok(("c5".to_owned(), 5))), (usize::MAX, Err(15))] {
+            let addr = Arc::new(OnceLock::new());
+            let common = script(
+                addr.clone(),
+                Arc::default(),
+                Arc::new(AtomicBool::new(true)),
+            );
+            let fake = fake_broker::start(common).await;
+            addr.set(fake.addr).expect("set once");
+            fake.refuse_lookups.store(refused, Ordering::SeqCst);
+            let o = LockOptions::new(fake.addr.to_string(), "lock")
+                .ledger_topic(LEDGER)
+                .retry_backoff(Duration::from_millis(5), Duration::from_millis(20));
+            let read = tokio::time::timeout(BOUND, o.committed_checkpoint())
+                .await
+                .expect("read within the bound");
+            let lookups = fake.lookups.load(Ordering::SeqCst);
+            match (read, want) {
+                (Ok(found), Ok(want)) => {
+                    assert_eq!(found.map(|c| (c.value, c.token)), Some(want));
+                    assert_eq!(lookups, 3);
+                }
+                (Err(e), Err(code)) => {
+                    assert!(
+                        matches!(&e, kafka_lock::Error::Broker { code: c, .. } if c.0 == code),
+                        "{e}"
+                    );
+                    assert_eq!(lookups, 5);
+                }
+                (read, want) => panic!("read {read:?}, wanted {want:?}"),
+            }
+        }
+    }
 }
