@@ -2352,6 +2352,12 @@ mod scripted {
         start: i64,
         end: i64,
         batches: Vec<(i64, i64, bytes::Bytes)>,
+        /// The base offsets of the batches the fake only ever sends the first bytes of, as a
+        /// broker older than KIP-74 cuts a batch at the Fetch's limit.
+        cut: Vec<i64>,
+        /// While above 0, each Fetch takes one from it and is answered with bytes that do not
+        /// decode as a Fetch answer.
+        garbled: Arc<std::sync::atomic::AtomicUsize>,
     }
 
     /// Each Fetch the fake was asked: its offset, its byte limit, when it came.
@@ -2416,6 +2422,8 @@ mod scripted {
                 start,
                 end,
                 batches: Vec::new(),
+                cut: Vec::new(),
+                garbled: Arc::default(),
             }
         }
 
@@ -2459,6 +2467,38 @@ mod scripted {
             l
         }
 
+        /// [`Ledger::batch`], always sent cut after its first 40 bytes (its header's base
+        /// offset, length and last offset delta among them).
+        fn cut_batch(
+            mut self,
+            base: i64,
+            records: &[(&'static str, kafka_lock::internals::ledger::LedgerRecord)],
+        ) -> Self {
+            self.cut.push(base);
+            self.batch(base, records)
+        }
+
+        /// A batch at `base` of one record of this lock with a value of 2 MiB: sent whole (the
+        /// first batch of an answer always is), it is past a ledger connection's frame limit
+        /// (1 MiB + 64 KiB).
+        fn big_batch(mut self, base: i64) -> Self {
+            use kafka_lock::internals::wire::records::{encode_batch, NewRecord};
+            let mut out = BytesMut::new();
+            encode_batch(
+                &[NewRecord {
+                    timestamp: 1_800_000_000_000,
+                    key: Some(bytes::Bytes::from_static(b"lock")),
+                    value: Some(bytes::Bytes::from(vec![b'x'; 2 << 20])),
+                    headers: Vec::new(),
+                }],
+                &mut out,
+            )
+            .expect("encode");
+            out[..8].copy_from_slice(&base.to_be_bytes());
+            self.batches.push((base, 1, out.freeze()));
+            self
+        }
+
         /// The Fetch answer from `offset`, as Apache gives it: whole batches from the one that
         /// holds `offset`, at least one, no more bytes than `max_bytes` after the first (and
         /// no more than [`BATCHES_PER_FETCH`]).
@@ -2471,6 +2511,10 @@ mod scripted {
                 }
                 let fits = records.len() + b.len() <= usize::try_from(max_bytes).unwrap_or(0);
                 if taken == BATCHES_PER_FETCH || (taken > 0 && !fits) {
+                    break;
+                }
+                if self.cut.contains(base) {
+                    records.extend_from_slice(&b[..40]);
                     break;
                 }
                 records.extend_from_slice(b);
@@ -2524,6 +2568,13 @@ mod scripted {
                             .lock()
                             .unwrap()
                             .push((offset, max, std::time::Instant::now()));
+                        let garble = self
+                            .garbled
+                            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                            .is_ok();
+                        if garble {
+                            return Some(BytesMut::from(&[0xffu8; 7][..]));
+                        }
                         let p = PartitionData::default().with_partition_index(0);
                         let p = if fail() {
                             p.with_error_code(6)
@@ -2954,5 +3005,67 @@ mod scripted {
                 (read, want) => panic!("read {read:?}, wanted {want:?}"),
             }
         }
+    }
+
+    /// A batch the broker sends cut short (a broker older than KIP-74, at the Fetch's limit) is
+    /// listed as skipped and the read goes on past it, where its header says it ends. Breaks if
+    /// the read ended there, or skipped nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_batch_cut_short_in_a_history_read_is_skipped_and_the_read_goes_on() {
+        let ledger = Ledger::new(0, 4)
+            .batch(0, &[acquired("lock")])
+            .cut_batch(1, &[released("lock", 0), acquired("other")])
+            .batch(3, &[acquired("lock")]);
+        let (_fake, o, fetches) = ledger_fake(ledger, Arc::default()).await;
+        let h = tokio::time::timeout(BOUND, o.history())
+            .await
+            .expect("read within the bound")
+            .expect("history");
+        let tokens: Vec<i64> = h.holds.iter().map(|x| x.token).collect();
+        assert_eq!(tokens, vec![0, 3], "{h:?}");
+        assert_eq!(h.unreadable.len(), 1, "{:?}", h.unreadable);
+        assert_eq!(h.unreadable[0].offset, 1);
+        assert!(
+            h.unreadable[0].error.contains("skipped"),
+            "{:?}",
+            h.unreadable
+        );
+        let asked: Vec<i64> = fetches.lock().unwrap().iter().map(|f| f.0).collect();
+        assert_eq!(asked, vec![0, 1, 3]);
+    }
+
+    /// A Fetch answer larger than a ledger connection's frame limit ends the read there, noted
+    /// as unreadable, and the history read so far is kept; an answer that does not decode is
+    /// only a broken connection: the read starts over and reads everything. Breaks if the
+    /// first were an error, or the second taken for the first.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fetch_too_large_to_read_ends_the_history_and_an_undecodable_one_is_read_again() {
+        let ledger = Ledger::new(0, 3)
+            .batch(0, &[acquired("lock")])
+            .big_batch(1)
+            .batch(2, &[acquired("lock")]);
+        let (_fake, o, _) = ledger_fake(ledger, Arc::default()).await;
+        let h = tokio::time::timeout(BOUND, o.history())
+            .await
+            .expect("read within the bound")
+            .expect("history up to the batch too large");
+        let tokens: Vec<i64> = h.holds.iter().map(|x| x.token).collect();
+        assert_eq!(tokens, vec![0], "{h:?}");
+        let unreadable: Vec<i64> = h.unreadable.iter().map(|u| u.offset).collect();
+        assert_eq!(unreadable, vec![1], "{:?}", h.unreadable);
+
+        let ledger = Ledger::new(0, 2)
+            .batch(0, &[acquired("lock")])
+            .batch(1, &[acquired("lock")]);
+        ledger.garbled.store(1, Ordering::SeqCst);
+        let (_fake, o, fetches) = ledger_fake(ledger, Arc::default()).await;
+        let h = tokio::time::timeout(BOUND, o.history())
+            .await
+            .expect("read within the bound")
+            .expect("history after a garbled answer");
+        let tokens: Vec<i64> = h.holds.iter().map(|x| x.token).collect();
+        assert_eq!(tokens, vec![0, 1], "{h:?}");
+        assert!(h.unreadable.is_empty(), "{:?}", h.unreadable);
+        assert_eq!(fetches.lock().unwrap().len(), 2, "read again once");
     }
 }
