@@ -2087,6 +2087,40 @@ mod tests {
         assert_eq!(leaves(&mut commands), 1, "a released guard leaves once");
     }
 
+    /// What a guard refuses before anything is sent: a checkpoint of a lock with more than one
+    /// permit, one longer than `checkpoint_max_bytes` (one of exactly that length is sent), and
+    /// one once the hold is over. Here the session task is gone, so what is sent fails `Closed`.
+    #[tokio::test]
+    async fn a_guard_refuses_a_checkpoint_too_large_of_a_semaphore_or_after_the_hold() {
+        let lease_end = Instant::now() + Duration::from_secs(600);
+        let (mut guard, state_tx) = held_guard(lease_end);
+        let options = LockOptions::new("127.0.0.1:9", "lock")
+            .ledger_topic("ledger")
+            .checkpoint_max_bytes(4);
+        guard.options = Box::new(options.clone().permits(2));
+        let e = guard.checkpoint("c").await.expect_err("two permits");
+        assert!(matches!(e, Error::Config(_)), "{e}");
+
+        guard.options = Box::new(options);
+        let e = guard.checkpoint("12345").await.expect_err("too large");
+        assert!(
+            matches!(
+                e,
+                Error::Ledger(LedgerError::CheckpointTooLarge { len: 5, max: 4 })
+            ),
+            "{e}"
+        );
+        let e = guard.checkpoint("1234").await.expect_err("no session task");
+        assert!(matches!(e, Error::Closed), "{e}");
+
+        state_tx.send_replace(SessionState::Ended(End::Lost(LossReason::LeaseExpired)));
+        let e = guard.checkpoint("1234").await.expect_err("not held");
+        assert!(
+            matches!(e, Error::Ledger(LedgerError::NotHeld { .. })),
+            "{e}"
+        );
+    }
+
     // ---- the admission window --------------------------------------------------------------
 
     /// A try (`try_acquire`) whose first generation completes with someone else holding the
