@@ -2097,11 +2097,11 @@ mod tests {
         let options = LockOptions::new("127.0.0.1:9", "lock")
             .ledger_topic("ledger")
             .checkpoint_max_bytes(4);
-        guard.options = Box::new(options.clone().permits(2));
+        *guard.options = options.clone().permits(2);
         let e = guard.checkpoint("c").await.expect_err("two permits");
         assert!(matches!(e, Error::Config(_)), "{e}");
 
-        guard.options = Box::new(options);
+        *guard.options = options;
         let e = guard.checkpoint("12345").await.expect_err("too large");
         assert!(
             matches!(

@@ -2294,11 +2294,13 @@ async fn a_ledger_long_poll_through_a_client_parks_on_a_lane_not_the_quick_conne
     assert!(records.is_empty());
 }
 
-/// Serves every connection `accepted` brings with `answer`, which encodes the body of the
-/// answer to each request (its header and body as sent), until the client closes it.
+/// Encodes the body of the answer to a request, from its header and body as sent.
+type Answer = Arc<dyn Fn(&RequestHeader, Bytes) -> BytesMut + Send + Sync>;
+
+/// Serves every connection `accepted` brings with `answer` until the client closes it.
 fn serve_all(
     mut accepted: tokio::sync::mpsc::UnboundedReceiver<Peer<tokio::net::TcpStream>>,
-    answer: Arc<dyn Fn(&RequestHeader, Bytes) -> BytesMut + Send + Sync>,
+    answer: Answer,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         while let Some(mut peer) = accepted.recv().await {
