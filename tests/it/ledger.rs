@@ -3068,4 +3068,34 @@ mod scripted {
         assert!(h.unreadable.is_empty(), "{:?}", h.unreadable);
         assert_eq!(fetches.lock().unwrap().len(), 2, "read again once");
     }
+
+    /// A try on a free lock takes it: the look before the join (one DescribeGroups, which this
+    /// fake does not answer) says nothing, so the join decides. Breaks if a try read "busy"
+    /// from a look that showed no holder.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_try_on_a_free_lock_takes_it() {
+        let addr = Arc::new(OnceLock::new());
+        let common = script(
+            addr.clone(),
+            Arc::default(),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let fake = fake_broker::start(common).await;
+        addr.set(fake.addr).expect("set once");
+        let o = LockOptions::new(fake.addr.to_string(), "lock")
+            .session_timeout(Duration::from_secs(6))
+            .rebalance_timeout(Duration::from_secs(6))
+            .heartbeat_interval(Duration::from_secs(1))
+            .lease_margin(Duration::from_secs(1));
+        let guard = tokio::time::timeout(BOUND, o.try_acquire())
+            .await
+            .expect("tried within the bound")
+            .expect("try")
+            .expect("a free lock is taken");
+        assert!(guard.is_held());
+        tokio::time::timeout(BOUND, guard.release())
+            .await
+            .expect("released within the bound")
+            .expect("release");
+    }
 }
