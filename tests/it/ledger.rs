@@ -3098,4 +3098,71 @@ mod scripted {
             .expect("released within the bound")
             .expect("release");
     }
+
+    /// A try refused by an ACL names what was refused: the lock's group for
+    /// GROUP_AUTHORIZATION_FAILED at the JoinGroup, the ledger topic for
+    /// TOPIC_AUTHORIZATION_FAILED in its check (the broker's code alone names neither); any other
+    /// refusal (INVALID_SESSION_TIMEOUT) is the broker's error as it came. Breaks if either
+    /// code were passed on as a bare broker error, or another code named as a refusal.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_try_refused_by_an_acl_names_the_group_or_the_ledger_topic() {
+        use kafka_lock::SecurityError;
+        use kafka_protocol::messages::JoinGroupResponse;
+        for (refused, code) in [
+            (ApiKey::JoinGroup, 30),
+            (ApiKey::Metadata, 29),
+            (ApiKey::JoinGroup, 26),
+        ] {
+            let addr = Arc::new(OnceLock::new());
+            let common = script(
+                addr.clone(),
+                Arc::default(),
+                Arc::new(AtomicBool::new(false)),
+            );
+            let fake =
+                fake_broker::start(Arc::new(
+                    move |api, version, body: &mut BytesMut| match api {
+                        ApiKey::JoinGroup if refused == api => {
+                            let r = JoinGroupResponse::default().with_error_code(code);
+                            Some(encode(&r, version))
+                        }
+                        ApiKey::Metadata if refused == api => {
+                            let r = MetadataResponse::default().with_topics(vec![
+                                MetadataResponseTopic::default()
+                                    .with_name(Some(name(LEDGER)))
+                                    .with_error_code(29),
+                            ]);
+                            Some(encode(&r, version))
+                        }
+                        _ => common(api, version, body),
+                    },
+                ))
+                .await;
+            addr.set(fake.addr).expect("set once");
+            let o = LockOptions::new(fake.addr.to_string(), "lock")
+                .session_timeout(Duration::from_secs(6))
+                .rebalance_timeout(Duration::from_secs(6))
+                .heartbeat_interval(Duration::from_secs(1))
+                .lease_margin(Duration::from_secs(1))
+                .ledger_topic(LEDGER);
+            let e = tokio::time::timeout(BOUND, o.try_acquire())
+                .await
+                .expect("tried within the bound")
+                .expect_err("refused");
+            match code {
+                26 => assert!(
+                    matches!(&e, kafka_lock::Error::Broker { code, .. } if code.0 == 26),
+                    "{e}"
+                ),
+                30 => assert!(
+                    matches!(&e, kafka_lock::Error::Security(SecurityError::GroupAuthorizationFailed { group }) if group == "lock"),
+                    "{e}"
+                ),
+                _ => assert!(
+                    matches!(&e, kafka_lock::Error::Security(SecurityError::TopicAuthorizationFailed { topic }) if topic == LEDGER),
+                    "{e}"
+                ),
+            }
+        }
+    }
 }
