@@ -3015,14 +3015,16 @@ mod scripted {
         let ledger = Ledger::new(0, 4)
             .batch(0, &[acquired("lock")])
             .cut_batch(1, &[released("lock", 0), acquired("other")])
-            .batch(3, &[acquired("lock")]);
+            .batch(3, &[acquired("lock")])
+            // Appended after the ends were read, at the end offset itself: not read.
+            .batch(4, &[released("lock", 3)]);
         let (_fake, o, fetches) = ledger_fake(ledger, Arc::default()).await;
         let h = tokio::time::timeout(BOUND, o.history())
             .await
             .expect("read within the bound")
             .expect("history");
-        let tokens: Vec<i64> = h.holds.iter().map(|x| x.token).collect();
-        assert_eq!(tokens, vec![0, 3], "{h:?}");
+        let holds: Vec<(i64, &str)> = h.holds.iter().map(|x| (x.token, x.end.name())).collect();
+        assert_eq!(holds, vec![(0, "retried"), (3, "open")], "{h:?}");
         assert_eq!(h.unreadable.len(), 1, "{:?}", h.unreadable);
         assert_eq!(h.unreadable[0].offset, 1);
         assert!(
