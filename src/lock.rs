@@ -1941,9 +1941,21 @@ mod tests {
     /// A guard and a watch of it over a session state that says `Held` until `lease_end`; the
     /// returned sender stands for the session task, which never gets to send anything.
     fn held_guard(lease_end: Instant) -> (LockGuard, watch::Sender<SessionState>) {
+        let (guard, state_tx, _) = held_guard_commands(lease_end);
+        (guard, state_tx)
+    }
+
+    /// [`held_guard`], with what the guard sends its session task.
+    fn held_guard_commands(
+        lease_end: Instant,
+    ) -> (
+        LockGuard,
+        watch::Sender<SessionState>,
+        crate::driver::inbox::Receiver<Box<session::SessionCommand>>,
+    ) {
         let token = FencingToken::new(Some(7), 3, "m-1");
         let (state_tx, state) = watch::channel(SessionState::Held(token.clone(), lease_end, 0));
-        let (commands, _) = crate::driver::inbox::inbox();
+        let (commands, commands_rx) = crate::driver::inbox::inbox();
         let (_, left) = crate::driver::inbox::left();
         let member_id = MemberId::new(Mutex::new("m-1".to_owned()));
         let options = LockOptions::new("127.0.0.1:9", "lock");
@@ -1966,7 +1978,7 @@ mod tests {
             member_id,
             released: false,
         };
-        (guard, state_tx)
+        (guard, state_tx, commands_rx)
     }
 
     /// Blocks the calling thread (the runtime's only one) until the monotonic clock has passed
@@ -2080,6 +2092,122 @@ mod tests {
             assert!(Instant::now() >= lease_end, "lost before the lease end");
             assert!(!guard.is_held());
         });
+    }
+
+    /// A guard and its watch read the hold as the session task last published it: a renewal's
+    /// lease end and a rebalance's token while held, the guard's own once the hold is over,
+    /// and the loss with its reason. The guard's name, permit slot and member id are its own.
+    #[tokio::test]
+    async fn a_guard_and_its_watch_read_the_hold_the_session_publishes() {
+        const PROMPTLY: Duration = Duration::from_secs(10);
+        let lease_end = Instant::now() + Duration::from_secs(600);
+        let (mut guard, state_tx) = held_guard(lease_end);
+        guard.permit = 2;
+        let mut watch = guard.watch();
+        assert_eq!(
+            (guard.name(), guard.permit(), guard.member_id().as_str()),
+            ("lock", 2, "m-1")
+        );
+        assert!(guard.is_held() && watch.is_held());
+        assert_eq!(watch.lease_end(), Some(lease_end));
+
+        // A renewal and a rebalance while held: a later lease end, the next generation.
+        let renewed = lease_end + Duration::from_secs(5);
+        let moved = FencingToken::new(Some(7), 4, "m-1");
+        state_tx.send_replace(SessionState::Held(moved.clone(), renewed, 2));
+        let changed = tokio::time::timeout(PROMPTLY, watch.changed()).await;
+        assert_eq!(changed, Ok(true), "a watch hears of a renewal");
+        assert_eq!((guard.token(), guard.lease_end()), (moved, renewed));
+        assert_eq!(watch.lease_end(), Some(renewed));
+
+        // Lost: neither says held, the guard falls back to the hold it was handed.
+        state_tx.send_replace(SessionState::Ended(End::Lost(LossReason::Fenced(
+            crate::KafkaCode(22),
+        ))));
+        assert!(!guard.is_held() && !watch.is_held());
+        assert_eq!(watch.lease_end(), None);
+        assert_eq!(
+            (guard.token(), guard.lease_end()),
+            (FencingToken::new(Some(7), 3, "m-1"), lease_end)
+        );
+        let lost = tokio::time::timeout(PROMPTLY, guard.lost()).await;
+        assert_eq!(lost, Ok(LossReason::Fenced(crate::KafkaCode(22))));
+        let changed = tokio::time::timeout(PROMPTLY, watch.changed()).await;
+        assert_eq!(changed, Ok(true), "a watch hears of the end");
+        drop(state_tx);
+        let changed = tokio::time::timeout(PROMPTLY, watch.changed()).await;
+        assert_eq!(
+            changed,
+            Ok(false),
+            "nothing changes once the session is gone"
+        );
+    }
+
+    /// A guard dropped without `release` asks its session task to leave, once; a released one
+    /// asks nothing more when dropped.
+    #[tokio::test]
+    async fn a_dropped_guard_asks_its_session_to_leave_and_a_released_one_only_once() {
+        let leaves = |rx: &mut crate::driver::inbox::Receiver<Box<session::SessionCommand>>| {
+            let mut n = 0;
+            while let Some(c) = rx.try_recv() {
+                assert!(
+                    matches!(*c, session::SessionCommand::Member(Command::Leave)),
+                    "only a Leave"
+                );
+                n += 1;
+            }
+            n
+        };
+        let lease_end = Instant::now() + Duration::from_secs(600);
+        let (guard, _state, mut commands) = held_guard_commands(lease_end);
+        assert_eq!(leaves(&mut commands), 0);
+        drop(guard);
+        assert_eq!(leaves(&mut commands), 1, "a dropped guard leaves");
+
+        let (guard, _state, mut commands) = held_guard_commands(lease_end);
+        // The leave goes unanswered here: `release` waits out a short leave timeout.
+        let mut guard = guard;
+        guard.leave_timeout = Duration::from_millis(10);
+        let release = tokio::time::timeout(Duration::from_secs(10), guard.release()).await;
+        assert!(
+            matches!(release, Ok(Ok(Release::Unconfirmed))),
+            "{release:?}"
+        );
+        assert_eq!(leaves(&mut commands), 1, "a released guard leaves once");
+    }
+
+    /// What a guard refuses before anything is sent: a checkpoint of a lock with more than one
+    /// permit, one longer than `checkpoint_max_bytes` (one of exactly that length is sent), and
+    /// one once the hold is over. Here the session task is gone, so what is sent fails `Closed`.
+    #[tokio::test]
+    async fn a_guard_refuses_a_checkpoint_too_large_of_a_semaphore_or_after_the_hold() {
+        let lease_end = Instant::now() + Duration::from_secs(600);
+        let (mut guard, state_tx) = held_guard(lease_end);
+        let options = LockOptions::new("127.0.0.1:9", "lock")
+            .ledger_topic("ledger")
+            .checkpoint_max_bytes(4);
+        guard.options = Some(Box::new(options.clone().permits(2)));
+        let e = guard.checkpoint("c").await.expect_err("two permits");
+        assert!(matches!(e, Error::Config(_)), "{e}");
+
+        guard.options = Some(Box::new(options));
+        let e = guard.checkpoint("12345").await.expect_err("too large");
+        assert!(
+            matches!(
+                e,
+                Error::Ledger(LedgerError::CheckpointTooLarge { len: 5, max: 4 })
+            ),
+            "{e}"
+        );
+        let e = guard.checkpoint("1234").await.expect_err("no session task");
+        assert!(matches!(e, Error::Closed), "{e}");
+
+        state_tx.send_replace(SessionState::Ended(End::Lost(LossReason::LeaseExpired)));
+        let e = guard.checkpoint("1234").await.expect_err("not held");
+        assert!(
+            matches!(e, Error::Ledger(LedgerError::NotHeld { .. })),
+            "{e}"
+        );
     }
 
     // ---- the admission window --------------------------------------------------------------

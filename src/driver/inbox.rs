@@ -117,6 +117,14 @@ impl<T> Receiver<T> {
     }
 }
 
+impl<T> Receiver<T> {
+    /// The next value if one is queued, without waiting.
+    #[cfg(test)]
+    pub(crate) fn try_recv(&mut self) -> Option<T> {
+        locked(&self.0.state).queue.pop_front()
+    }
+}
+
 impl<T> Drop for Receiver<T> {
     fn drop(&mut self) {
         let mut state = locked(&self.0.state);

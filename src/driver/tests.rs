@@ -2382,6 +2382,203 @@ async fn a_ledger_long_poll_through_a_client_parks_on_a_lane_not_the_quick_conne
     assert!(records.is_empty());
 }
 
+/// Encodes the body of the answer to a request, from its header and body as sent.
+type Answer = Arc<dyn Fn(&RequestHeader, Bytes) -> BytesMut + Send + Sync>;
+
+/// Serves every connection `accepted` brings with `answer` until the client closes it.
+fn serve_all(
+    mut accepted: tokio::sync::mpsc::UnboundedReceiver<Peer<tokio::net::TcpStream>>,
+    answer: Answer,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        while let Some(mut peer) = accepted.recv().await {
+            let answer = answer.clone();
+            tokio::spawn(async move {
+                while let Some(mut frame) = peer.read_frame().await {
+                    let header =
+                        decode_request_header_from_buffer(&mut frame).expect("bad request header");
+                    let body = answer(&header, frame);
+                    let api = ApiKey::try_from(header.request_api_key).expect("known API key");
+                    let version = header.request_api_version;
+                    let mut payload = BytesMut::new();
+                    ResponseHeader::default()
+                        .with_correlation_id(header.correlation_id)
+                        .encode(&mut payload, api.response_header_version(version))
+                        .expect("encode response header");
+                    payload.put_slice(&body);
+                    let mut out = BytesMut::new();
+                    out.put_i32(payload.len() as i32);
+                    out.put_slice(&payload);
+                    peer.send_raw(&out).await;
+                }
+            });
+        }
+    })
+}
+
+/// An observer's tail of the ledger hands back this lock's records from the offset it is at
+/// (not those of its batch before it, nor another lock's), each decoded or with why it could
+/// not be; after OFFSET_OUT_OF_RANGE it goes on from the end (a ListOffsets), after any other
+/// failure from where it was, both after looking the leader up again. Breaks if the tail
+/// kept records by another key or before its offset, or chose where to go on by another code.
+#[tokio::test]
+async fn a_ledger_tail_hands_back_this_locks_records_and_goes_on_as_the_fetch_failure_says() {
+    use crate::ledger::{LedgerRecord, RecordKind};
+    use crate::wire::records::{encode_batch, NewRecord};
+    use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+    use kafka_protocol::messages::list_offsets_response::{
+        ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
+    };
+    use kafka_protocol::messages::metadata_response::{
+        MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
+    };
+    use kafka_protocol::messages::{FetchRequest, FetchResponse, ListOffsetsResponse};
+    let acquired = LedgerRecord {
+        unix_ms: 1_800_000_000_000,
+        hold: -1,
+        generation: 1,
+        member_id: "m-1".into(),
+        label: None,
+        host: None,
+        pid: None,
+        slot: 0,
+        kind: RecordKind::Acquired { lease_ms: 5000 },
+    };
+    let record = |key: &'static str, value: Bytes| NewRecord {
+        timestamp: 1_800_000_000_000,
+        key: Some(Bytes::from_static(key.as_bytes())),
+        value: Some(value),
+        headers: Vec::new(),
+    };
+    // Offsets 3 to 7: two of this lock's before the tail's offset (5), then its ACQUIRED,
+    // another lock's record, and one of its own that does not decode.
+    let mut batch = BytesMut::new();
+    encode_batch(
+        &[
+            record("g", acquired.encode()),
+            record("g", acquired.encode()),
+            record("g", acquired.encode()),
+            record("other", acquired.encode()),
+            record("g", Bytes::from_static(b"\xff")),
+        ],
+        &mut batch,
+    )
+    .expect("encode");
+    batch[..8].copy_from_slice(&3i64.to_be_bytes());
+    let batch = batch.freeze();
+
+    let (broker, accepted) = broker_with(LEDGER_APIS).await;
+    // What each Fetch and ListOffsets asked, and how many Metadata lookups were made.
+    let fetched: Arc<Mutex<Vec<i64>>> = Arc::default();
+    let lookups = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let lists = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (f, m, l) = (fetched.clone(), lookups.clone(), lists.clone());
+    let b = broker.clone();
+    let _server = serve_all(
+        accepted,
+        Arc::new(move |h, mut body| {
+            use std::sync::atomic::Ordering::SeqCst;
+            let v = h.request_api_version;
+            let mut out = BytesMut::new();
+            match ApiKey::try_from(h.request_api_key).expect("known API key") {
+                ApiKey::Metadata => {
+                    m.fetch_add(1, SeqCst);
+                    MetadataResponse::default()
+                        .with_brokers(vec![MetadataResponseBroker::default()
+                            .with_node_id(BrokerId(b.node_id))
+                            .with_host(StrBytes::from_string(b.host.clone()))
+                            .with_port(b.port)])
+                        .with_topics(vec![MetadataResponseTopic::default()
+                            .with_name(Some(TopicName(StrBytes::from_static_str("ledger"))))
+                            .with_partitions(vec![MetadataResponsePartition::default()
+                                .with_partition_index(0)
+                                .with_leader_id(BrokerId(b.node_id))])])
+                        .encode(&mut out, v)
+                }
+                ApiKey::ListOffsets => {
+                    // The end moves on between the two lists: 20, then 30.
+                    let end = if l.fetch_add(1, SeqCst) == 0 { 20 } else { 30 };
+                    ListOffsetsResponse::default()
+                        .with_topics(vec![ListOffsetsTopicResponse::default()
+                            .with_name(TopicName(StrBytes::from_static_str("ledger")))
+                            .with_partitions(vec![ListOffsetsPartitionResponse::default()
+                                .with_partition_index(0)
+                                .with_offset(end)])])
+                        .encode(&mut out, v)
+                }
+                ApiKey::Fetch => {
+                    let req = FetchRequest::decode(&mut body, v).expect("Fetch");
+                    let at = req.topics[0].partitions[0].fetch_offset;
+                    let n = {
+                        let mut f = f.lock().unwrap();
+                        f.push(at);
+                        f.len()
+                    };
+                    let p = PartitionData::default().with_partition_index(0);
+                    let p = match n {
+                        1 => p.with_high_watermark(8).with_records(Some(batch.clone())),
+                        // OFFSET_OUT_OF_RANGE: the retained log moved past the tail.
+                        2 => p.with_error_code(1),
+                        // NOT_LEADER_OR_FOLLOWER.
+                        4 => p.with_error_code(6),
+                        _ => p.with_high_watermark(at),
+                    };
+                    FetchResponse::default()
+                        .with_responses(vec![FetchableTopicResponse::default()
+                            .with_topic(TopicName(StrBytes::from_static_str("ledger")))
+                            .with_partitions(vec![p])])
+                        .encode(&mut out, v)
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+            .expect("encode");
+            out
+        }),
+    );
+    let client = crate::Client::new(format!("{}:{}", broker.host, broker.port));
+    let lock = client.lock("g").ledger_topic("ledger");
+    let mut tail = ledger::LedgerTail::new(lock.reach(), "g", "ledger", Some(5));
+    type Polled = crate::Result<Vec<(i64, Result<LedgerRecord, String>)>>;
+    async fn poll_once(tail: &mut ledger::LedgerTail) -> Polled {
+        tokio::time::timeout(PROMPTLY, tail.poll(Duration::from_secs(1)))
+            .await
+            .expect("a poll ends")
+    }
+    let first = poll_once(&mut tail).await.expect("the first poll");
+    let offsets: Vec<i64> = first.iter().map(|(o, _)| *o).collect();
+    assert_eq!(offsets, vec![5, 7], "{first:?}");
+    assert_eq!(first[0].1.as_ref().ok(), Some(&acquired));
+    assert!(first[1].1.is_err(), "{first:?}");
+    let gone = poll_once(&mut tail).await.expect_err("OFFSET_OUT_OF_RANGE");
+    assert!(
+        matches!(&gone, Error::Broker { code, .. } if code.0 == 1),
+        "{gone}"
+    );
+    assert!(poll_once(&mut tail).await.expect("from the end").is_empty());
+    let moved = poll_once(&mut tail)
+        .await
+        .expect_err("NOT_LEADER_OR_FOLLOWER");
+    assert!(
+        matches!(&moved, Error::Broker { code, .. } if code.0 == 6),
+        "{moved}"
+    );
+    assert!(poll_once(&mut tail)
+        .await
+        .expect("from where it was")
+        .is_empty());
+    use std::sync::atomic::Ordering::SeqCst;
+    assert_eq!(*fetched.lock().unwrap(), vec![5, 8, 20, 20, 20]);
+    assert_eq!(
+        lists.load(SeqCst),
+        1,
+        "one ListOffsets, after OFFSET_OUT_OF_RANGE"
+    );
+    assert!(
+        lookups.load(SeqCst) >= 3,
+        "the leader looked up at first and after each failure"
+    );
+}
+
 /// An entry of a v4 FindCoordinator answer naming `broker` for `key`, or `code` alone.
 fn coordinator_entry(key: &str, broker: &crate::membership::Broker, code: i16) -> Coordinator {
     let c = Coordinator::default()

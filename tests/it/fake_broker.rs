@@ -53,6 +53,9 @@ pub struct FakeBroker {
     pub api_versions: Arc<AtomicUsize>,
     /// FindCoordinator requests answered so far.
     pub lookups: Arc<AtomicUsize>,
+    /// While above 0, each FindCoordinator takes one from it and is answered
+    /// COORDINATOR_NOT_AVAILABLE instead of naming this broker.
+    pub refuse_lookups: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -96,13 +99,40 @@ pub async fn start_parking(script: Arc<ParkingScript>) -> FakeBroker {
 
 /// [`start`] with answers that wait for what the script says.
 pub async fn start_gated(script: Arc<GatedScript>) -> FakeBroker {
+    start_gated_with(script, &[]).await
+}
+
+/// [`start`], offering `extra` APIs (min and max version) besides the usual ones, for the
+/// script to answer.
+pub async fn start_with_apis(
+    script: Arc<Script>,
+    extra: &'static [(ApiKey, i16, i16)],
+) -> FakeBroker {
+    start_gated_with(
+        Arc::new(move |_conn, api, version, body: &mut BytesMut| {
+            script(api, version, body).map(|b| (b, ready()))
+        }),
+        extra,
+    )
+    .await
+}
+
+async fn start_gated_with(
+    script: Arc<GatedScript>,
+    extra: &'static [(ApiKey, i16, i16)],
+) -> FakeBroker {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let connections = Arc::new(AtomicUsize::new(0));
     let versions_asked = Arc::new(AtomicUsize::new(0));
     let lookups = Arc::new(AtomicUsize::new(0));
-    let (accepted, asked, looked_up) =
-        (connections.clone(), versions_asked.clone(), lookups.clone());
+    let refuse_lookups = Arc::new(AtomicUsize::new(0));
+    let (accepted, asked, looked_up, refusing) = (
+        connections.clone(),
+        versions_asked.clone(),
+        lookups.clone(),
+        refuse_lookups.clone(),
+    );
     let task = tokio::spawn(async move {
         loop {
             let Ok((mut sock, _)) = listener.accept().await else {
@@ -112,6 +142,7 @@ pub async fn start_gated(script: Arc<GatedScript>) -> FakeBroker {
             let script = script.clone();
             let asked = asked.clone();
             let looked_up = looked_up.clone();
+            let refusing = refusing.clone();
             tokio::spawn(async move {
                 loop {
                     let mut len = [0u8; 4];
@@ -131,11 +162,21 @@ pub async fn start_gated(script: Arc<GatedScript>) -> FakeBroker {
                     let answer = match api {
                         ApiKey::ApiVersions => {
                             asked.fetch_add(1, Ordering::SeqCst);
-                            Some((api_versions(version), ready()))
+                            Some((api_versions(version, extra), ready()))
                         }
                         ApiKey::FindCoordinator => {
                             looked_up.fetch_add(1, Ordering::SeqCst);
-                            Some((find_coordinator(addr, version, &mut buf), ready()))
+                            let refuse = refusing
+                                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                                    n.checked_sub(1)
+                                })
+                                .is_ok();
+                            let answer = if refuse {
+                                find_coordinator_refused(version, &mut buf)
+                            } else {
+                                find_coordinator(addr, version, &mut buf)
+                            };
+                            Some((answer, ready()))
                         }
                         _ => script(conn, api, version, &mut buf),
                     };
@@ -162,6 +203,7 @@ pub async fn start_gated(script: Arc<GatedScript>) -> FakeBroker {
         connections,
         api_versions: versions_asked,
         lookups,
+        refuse_lookups,
         task,
     }
 }
@@ -171,10 +213,11 @@ pub fn ready() -> Hold {
     Box::pin(std::future::ready(()))
 }
 
-fn api_versions(version: i16) -> BytesMut {
+fn api_versions(version: i16, extra: &[(ApiKey, i16, i16)]) -> BytesMut {
     let mut r = ApiVersionsResponse::default();
     r.api_keys = RANGES
         .iter()
+        .chain(extra)
         .map(|(k, min, max)| {
             let mut v = ApiVersion::default();
             v.api_key = *k as i16;
@@ -242,6 +285,32 @@ pub fn sync_alone(body: &mut BytesMut, version: i16, member: &str) -> BytesMut {
         .with_protocol_type(req.protocol_type.clone())
         .with_protocol_name(req.protocol_name.clone())
         .with_assignment(mine);
+    encode(&r, version)
+}
+
+/// COORDINATOR_NOT_AVAILABLE (15) for every key asked, as a broker whose offsets topic has no
+/// leader answers.
+fn find_coordinator_refused(version: i16, body: &mut BytesMut) -> BytesMut {
+    let mut r = FindCoordinatorResponse::default();
+    if version >= 4 {
+        let req = FindCoordinatorRequest::decode(body, version).expect("FindCoordinator");
+        r.coordinators = req
+            .coordinator_keys
+            .into_iter()
+            .map(|key| {
+                let mut c = Coordinator::default();
+                c.key = key;
+                c.error_code = 15;
+                c.node_id = BrokerId(-1);
+                c.port = -1;
+                c
+            })
+            .collect();
+    } else {
+        r.error_code = 15;
+        r.node_id = BrokerId(-1);
+        r.port = -1;
+    }
     encode(&r, version)
 }
 

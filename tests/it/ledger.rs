@@ -2337,4 +2337,834 @@ mod scripted {
         }
         drop(guard);
     }
+
+    // ---- reads of the ledger outside any hold: a whole history, the checkpoint's tail -----------
+
+    /// Fetches whose answer the fake cuts after this many batches, whatever the limit asked:
+    /// a read of more batches than that needs several Fetches, as one of more bytes than a
+    /// Fetch's limit does on Apache.
+    const BATCHES_PER_FETCH: usize = 2;
+
+    /// A ledger partition served by the fake: its retained batches (base offset, record count,
+    /// the batch as written), and the ends ListOffsets reports (earliest, latest). The batches
+    /// may run past `end`: records appended after the ends were read.
+    struct Ledger {
+        start: i64,
+        end: i64,
+        batches: Vec<(i64, i64, bytes::Bytes)>,
+        /// The base offsets of the batches the fake only ever sends the first bytes of, as a
+        /// broker older than KIP-74 cuts a batch at the Fetch's limit.
+        cut: Vec<i64>,
+        /// While above 0, each Fetch takes one from it and is answered with bytes that do not
+        /// decode as a Fetch answer.
+        garbled: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    /// Each Fetch the fake was asked: its offset, its byte limit, when it came.
+    type Fetches = Arc<Mutex<Vec<(i64, i32, std::time::Instant)>>>;
+
+    /// One record of the ledger: its key (the lock's name) and what it says.
+    fn rec(
+        key: &'static str,
+        hold: i64,
+        kind: kafka_lock::internals::ledger::RecordKind,
+    ) -> (&'static str, kafka_lock::internals::ledger::LedgerRecord) {
+        let r = kafka_lock::internals::ledger::LedgerRecord {
+            unix_ms: 1_800_000_000_000,
+            hold,
+            generation: 1,
+            member_id: format!("{key}-member"),
+            label: None,
+            host: None,
+            pid: None,
+            slot: 0,
+            kind,
+        };
+        (key, r)
+    }
+
+    fn acquired(key: &'static str) -> (&'static str, kafka_lock::internals::ledger::LedgerRecord) {
+        rec(
+            key,
+            -1,
+            kafka_lock::internals::ledger::RecordKind::Acquired { lease_ms: 5000 },
+        )
+    }
+
+    fn released(
+        key: &'static str,
+        hold: i64,
+    ) -> (&'static str, kafka_lock::internals::ledger::LedgerRecord) {
+        rec(
+            key,
+            hold,
+            kafka_lock::internals::ledger::RecordKind::Released { held_ms: 10 },
+        )
+    }
+
+    fn checkpoint(
+        key: &'static str,
+        hold: i64,
+        value: &str,
+    ) -> (&'static str, kafka_lock::internals::ledger::LedgerRecord) {
+        rec(
+            key,
+            hold,
+            kafka_lock::internals::ledger::RecordKind::Checkpoint {
+                value: value.into(),
+            },
+        )
+    }
+
+    impl Ledger {
+        fn new(start: i64, end: i64) -> Self {
+            Ledger {
+                start,
+                end,
+                batches: Vec::new(),
+                cut: Vec::new(),
+                garbled: Arc::default(),
+            }
+        }
+
+        /// Adds a batch of `records` at `base` (batches in offset order).
+        fn batch(
+            mut self,
+            base: i64,
+            records: &[(&'static str, kafka_lock::internals::ledger::LedgerRecord)],
+        ) -> Self {
+            use kafka_lock::internals::wire::records::{encode_batch, NewRecord};
+            let recs: Vec<NewRecord> = records
+                .iter()
+                .map(|(key, r)| NewRecord {
+                    timestamp: r.unix_ms,
+                    key: Some(bytes::Bytes::from_static(key.as_bytes())),
+                    value: Some(r.encode()),
+                    headers: Vec::new(),
+                })
+                .collect();
+            let mut out = BytesMut::new();
+            encode_batch(&recs, &mut out).expect("encode");
+            // The base offset lies outside the CRC: the batch stays valid.
+            out[..8].copy_from_slice(&base.to_be_bytes());
+            self.batches
+                .push((base, records.len() as i64, out.freeze()));
+            self
+        }
+
+        /// [`Ledger::batch`] with a byte of its last record changed: its CRC no longer matches.
+        fn corrupt_batch(
+            self,
+            base: i64,
+            records: &[(&'static str, kafka_lock::internals::ledger::LedgerRecord)],
+        ) -> Self {
+            let mut l = self.batch(base, records);
+            let (b, n, bytes) = l.batches.pop().expect("just added");
+            let mut bytes = BytesMut::from(&bytes[..]);
+            let last = bytes.len() - 1;
+            bytes[last] ^= 0xff;
+            l.batches.push((b, n, bytes.freeze()));
+            l
+        }
+
+        /// [`Ledger::batch`], always sent cut after its first 40 bytes (its header's base
+        /// offset, length and last offset delta among them).
+        fn cut_batch(
+            mut self,
+            base: i64,
+            records: &[(&'static str, kafka_lock::internals::ledger::LedgerRecord)],
+        ) -> Self {
+            self.cut.push(base);
+            self.batch(base, records)
+        }
+
+        /// A batch at `base` of one record of this lock with a value of 2 MiB: sent whole (the
+        /// first batch of an answer always is), it is past a ledger connection's frame limit
+        /// (1 MiB + 64 KiB).
+        fn big_batch(mut self, base: i64) -> Self {
+            use kafka_lock::internals::wire::records::{encode_batch, NewRecord};
+            let mut out = BytesMut::new();
+            encode_batch(
+                &[NewRecord {
+                    timestamp: 1_800_000_000_000,
+                    key: Some(bytes::Bytes::from_static(b"lock")),
+                    value: Some(bytes::Bytes::from(vec![b'x'; 2 << 20])),
+                    headers: Vec::new(),
+                }],
+                &mut out,
+            )
+            .expect("encode");
+            out[..8].copy_from_slice(&base.to_be_bytes());
+            self.batches.push((base, 1, out.freeze()));
+            self
+        }
+
+        /// The Fetch answer from `offset`, as Apache gives it: whole batches from the one that
+        /// holds `offset`, at least one, no more bytes than `max_bytes` after the first (and
+        /// no more than [`BATCHES_PER_FETCH`]).
+        fn fetch(&self, offset: i64, max_bytes: i32) -> BytesMut {
+            let mut records = BytesMut::new();
+            let mut taken = 0;
+            for (base, count, b) in &self.batches {
+                if base + count <= offset {
+                    continue;
+                }
+                let fits = records.len() + b.len() <= usize::try_from(max_bytes).unwrap_or(0);
+                if taken == BATCHES_PER_FETCH || (taken > 0 && !fits) {
+                    break;
+                }
+                if self.cut.contains(base) {
+                    records.extend_from_slice(&b[..40]);
+                    break;
+                }
+                records.extend_from_slice(b);
+                taken += 1;
+            }
+            records
+        }
+
+        /// The fake's answers for the ledger partition (ListOffsets, Fetch) over `common`'s for
+        /// the rest; each Fetch goes to `fetches`. A Fetch answered while `failing` is above 0
+        /// takes one from it and answers NOT_LEADER_OR_FOLLOWER (retriable: the read starts
+        /// over).
+        fn serve(
+            self,
+            common: Arc<fake_broker::Script>,
+            fetches: Fetches,
+            failing: Arc<std::sync::atomic::AtomicUsize>,
+        ) -> Arc<fake_broker::Script> {
+            use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+            use kafka_protocol::messages::{FetchRequest, FetchResponse, ListOffsetsRequest};
+            Arc::new(move |api, version, body: &mut BytesMut| {
+                let fail = || {
+                    failing
+                        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                        .is_ok()
+                };
+                match api {
+                    ApiKey::ListOffsets => {
+                        let req = ListOffsetsRequest::decode(body, version).expect("ListOffsets");
+                        let timestamp = req.topics[0].partitions[0].timestamp;
+                        // Earliest (-2) and latest (-1), read committed.
+                        let p = ListOffsetsPartitionResponse::default()
+                            .with_partition_index(0)
+                            .with_offset(if timestamp == -2 {
+                                self.start
+                            } else {
+                                self.end
+                            });
+                        let r = ListOffsetsResponse::default().with_topics(vec![
+                            ListOffsetsTopicResponse::default()
+                                .with_name(name(LEDGER))
+                                .with_partitions(vec![p]),
+                        ]);
+                        Some(encode(&r, version))
+                    }
+                    ApiKey::Fetch => {
+                        let req = FetchRequest::decode(body, version).expect("Fetch");
+                        let asked = &req.topics[0].partitions[0];
+                        let (offset, max) = (asked.fetch_offset, asked.partition_max_bytes);
+                        fetches
+                            .lock()
+                            .unwrap()
+                            .push((offset, max, std::time::Instant::now()));
+                        let garble = self
+                            .garbled
+                            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                            .is_ok();
+                        if garble {
+                            return Some(BytesMut::from(&[0xffu8; 7][..]));
+                        }
+                        let p = PartitionData::default().with_partition_index(0);
+                        let p = if fail() {
+                            p.with_error_code(6)
+                        } else {
+                            let hw = self
+                                .batches
+                                .last()
+                                .map_or(self.end, |(b, n, _)| (b + n).max(self.end));
+                            p.with_high_watermark(hw)
+                                .with_last_stable_offset(hw)
+                                .with_log_start_offset(self.start)
+                                .with_records(Some(self.fetch(offset, max).freeze()))
+                        };
+                        let r = FetchResponse::default().with_responses(vec![
+                            FetchableTopicResponse::default()
+                                .with_topic(name(LEDGER))
+                                .with_partitions(vec![p]),
+                        ]);
+                        Some(encode(&r, version))
+                    }
+                    _ => common(api, version, body),
+                }
+            })
+        }
+    }
+
+    /// A fake serving `ledger` (no checkpoint committed in the group), the options of a lock
+    /// named "lock" on it with a short retry backoff, and the log of its Fetches.
+    async fn ledger_fake(
+        ledger: Ledger,
+        failing: Arc<std::sync::atomic::AtomicUsize>,
+    ) -> (fake_broker::FakeBroker, LockOptions, Fetches) {
+        let addr = Arc::new(OnceLock::new());
+        let common = script(
+            addr.clone(),
+            Arc::default(),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let fetches: Fetches = Arc::default();
+        let fake = fake_broker::start(ledger.serve(common, fetches.clone(), failing)).await;
+        addr.set(fake.addr).expect("set once");
+        let o = LockOptions::new(fake.addr.to_string(), "lock")
+            .ledger_topic(LEDGER)
+            .retry_backoff(Duration::from_millis(5), Duration::from_millis(20));
+        (fake, o, fetches)
+    }
+
+    /// A whole history read over several Fetches keeps exactly this lock's records between the
+    /// ends read at its start: not another lock's sharing the topic, not those of a batch that
+    /// begins before the log start (Apache sends whole batches), not those appended after the
+    /// end was read. Each Fetch asks for hundreds of KiB (`READ_BYTES`), within a connection's
+    /// 1 MiB frame limit. Breaks if the read kept records by another key or outside its range,
+    /// stopped after the first Fetch, or asked for a few KiB per Fetch.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_history_read_over_several_fetches_keeps_only_this_locks_records_in_its_range() {
+        let ledger = Ledger::new(10, 22)
+            // Offsets 8 and 9 lie before the log start: a hold that began before it.
+            .batch(
+                8,
+                &[acquired("lock"), released("lock", 8), acquired("lock")],
+            )
+            .batch(11, &[acquired("other"), released("other", 11)])
+            .batch(13, &[checkpoint("lock", 10, "c"), released("lock", 10)])
+            // Unreadable: skipped, and named by its own offset.
+            .corrupt_batch(15, &[acquired("other"), released("other", 15)])
+            .batch(17, &[acquired("other"), released("other", 17)])
+            .batch(21, &[acquired("lock")])
+            // Appended after the ends were read.
+            .batch(22, &[released("lock", 21), acquired("lock")]);
+        let (_fake, o, fetches) = ledger_fake(ledger, Arc::default()).await;
+        let h = tokio::time::timeout(BOUND, o.history())
+            .await
+            .expect("read within the bound")
+            .expect("history");
+        let holds: Vec<(i64, &str, Option<&str>)> = h
+            .holds
+            .iter()
+            .map(|x| {
+                let c = x.checkpoint.as_ref().map(|(v, _)| v.as_str());
+                (x.token, x.end.name(), c)
+            })
+            .collect();
+        assert_eq!(
+            holds,
+            vec![(10, "released", Some("c")), (21, "open", None)],
+            "{h:?}"
+        );
+        let unreadable: Vec<i64> = h.unreadable.iter().map(|u| u.offset).collect();
+        assert_eq!(unreadable, vec![15], "{:?}", h.unreadable);
+        assert_eq!((h.first_offset, h.end_offset), (10, 22));
+        // The third Fetch ends at the end read at the start: no fourth.
+        let fetches = fetches.lock().unwrap().clone();
+        let offsets: Vec<i64> = fetches.iter().map(|f| f.0).collect();
+        assert_eq!(offsets, vec![10, 13, 17], "{fetches:?}");
+        for (_, max, _) in fetches {
+            assert!(
+                (256 * 1024..1024 * 1024).contains(&max),
+                "a history Fetch asked for {max} bytes"
+            );
+        }
+    }
+
+    /// The last checkpoint without one in the group: the ledger is read back from its end in
+    /// windows of 2048 offsets and then twice as many each time, and no further than a window
+    /// that shows a checkpoint of hold T and every offset above T. Here a checkpoint of hold
+    /// 4000 is settled by the first window (no Fetch below it), one of hold 100 only by the
+    /// second. Breaks if the read stopped after a window that settles nothing, or went on past
+    /// one that does.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_checkpoint_tail_is_read_back_in_growing_windows_until_a_checkpoint_is_settled() {
+        let old = || {
+            Ledger::new(0, 5001)
+                .batch(100, &[acquired("lock")])
+                .batch(101, &[checkpoint("lock", 100, "old")])
+                .batch(3000, &[acquired("other")])
+        };
+        for (ledger, want, offsets) in [
+            // No batch above 3000 though the end is 5001 (a transaction's aborted records,
+            // which a read-committed Fetch skips): the Fetch from 3001 answers nothing.
+            (old(), ("old", 100), vec![2953, 3001, 0, 102]),
+            (
+                old()
+                    .batch(4000, &[acquired("lock")])
+                    .batch(4001, &[checkpoint("lock", 4000, "new")])
+                    .batch(5000, &[acquired("other")]),
+                ("new", 4000),
+                vec![2953, 4001],
+            ),
+        ] {
+            let (_fake, o, fetches) = ledger_fake(ledger, Arc::default()).await;
+            let found = tokio::time::timeout(BOUND, o.last_checkpoint())
+                .await
+                .expect("read within the bound")
+                .expect("read")
+                .expect("a checkpoint in the ledger");
+            assert_eq!(
+                (found.value.as_str(), found.token, found.source),
+                (want.0, want.1, CheckpointSource::Ledger)
+            );
+            let asked: Vec<i64> = fetches.lock().unwrap().iter().map(|f| f.0).collect();
+            assert_eq!(asked, offsets, "the Fetches of the read for {want:?}");
+        }
+    }
+
+    /// The tail read stops 32768 offsets below the end (`TAIL_MAX_OFFSETS`): a checkpoint just
+    /// above that bound is found, one below it is not read at all (no Fetch below the bound),
+    /// and without one above the bound the answer is none, though `history` would find it.
+    /// Breaks if the bound were a thousand offsets (the checkpoint above it is missed) or none.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_checkpoint_tail_reads_no_further_than_its_bound() {
+        const END: i64 = 40_000;
+        const FLOOR: i64 = END - 32 * 1024;
+        let below = || {
+            Ledger::new(0, END)
+                .batch(100, &[acquired("lock")])
+                .batch(101, &[checkpoint("lock", 100, "too old")])
+        };
+        for (ledger, want) in [
+            (
+                below()
+                    .batch(FLOOR + 68, &[acquired("lock")])
+                    .batch(FLOOR + 69, &[checkpoint("lock", FLOOR + 68, "kept")])
+                    .batch(39_000, &[acquired("other")]),
+                Some(("kept".to_owned(), FLOOR + 68)),
+            ),
+            (below().batch(39_000, &[acquired("other")]), None),
+        ] {
+            let (_fake, o, fetches) = ledger_fake(ledger, Arc::default()).await;
+            let found = tokio::time::timeout(BOUND, o.last_checkpoint())
+                .await
+                .expect("read within the bound")
+                .expect("read");
+            assert_eq!(found.map(|c| (c.value, c.token)), want);
+            let asked: Vec<i64> = fetches.lock().unwrap().iter().map(|f| f.0).collect();
+            assert!(
+                asked.iter().all(|&at| at >= FLOOR) && asked.contains(&FLOOR),
+                "the tail read reached {asked:?}, bound {FLOOR}"
+            );
+        }
+    }
+
+    /// A read of the ledger that fails with a retriable error starts over after the lock's
+    /// retry backoff, and gives up after five tries with that error. Breaks if the read gave up
+    /// at the first failure, tried a sixth time or without end, or waited the default backoff
+    /// (100 ms) instead of the one set (a second here).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_ledger_read_starts_over_after_the_backoff_five_times_at_most() {
+        use std::sync::atomic::AtomicUsize;
+        const BACKOFF: Duration = Duration::from_secs(1);
+        let ledger = || {
+            Ledger::new(0, 2)
+                .batch(0, &[acquired("lock")])
+                .batch(1, &[released("lock", 0)])
+        };
+        // One failure: read again after the backoff (drawn from half of it to all of it).
+        let (_fake, o, fetches) = ledger_fake(ledger(), Arc::new(AtomicUsize::new(1))).await;
+        let o = o.retry_backoff(BACKOFF, BACKOFF);
+        let h = tokio::time::timeout(BOUND, o.history())
+            .await
+            .expect("read within the bound")
+            .expect("history after one failure");
+        let tokens: Vec<i64> = h.holds.iter().map(|x| x.token).collect();
+        assert_eq!(tokens, vec![0]);
+        let fetches = fetches.lock().unwrap().clone();
+        assert_eq!(fetches.len(), 2, "{fetches:?}");
+        let waited = fetches[1].2 - fetches[0].2;
+        assert!(
+            waited >= BACKOFF / 2,
+            "read again {waited:?} after a failure, backoff {BACKOFF:?}"
+        );
+
+        // Failing for ever: five tries, then the error.
+        let (_fake, o, fetches) =
+            ledger_fake(ledger(), Arc::new(AtomicUsize::new(usize::MAX))).await;
+        let e = tokio::time::timeout(BOUND, o.history())
+            .await
+            .expect("read within the bound")
+            .expect_err("a read that never succeeds");
+        assert!(
+            matches!(&e, kafka_lock::Error::Broker { code, .. } if code.0 == 6),
+            "{e}"
+        );
+        assert_eq!(fetches.lock().unwrap().len(), 5);
+    }
+
+    /// The group's checkpoint read (OffsetFetch) answered COORDINATOR_LOAD_IN_PROGRESS is asked
+    /// again, and given up after five answers so. Breaks if the read failed at the first such
+    /// answer, or asked a sixth time or without end.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_committed_checkpoint_read_is_asked_again_while_the_coordinator_loads_five_times_at_most(
+    ) {
+        use kafka_protocol::messages::OffsetFetchResponse;
+        use std::sync::atomic::AtomicUsize;
+        for (loading, want) in [(2, Ok(("c5".to_owned(), 5))), (usize::MAX, Err(14))] {
+            let addr = Arc::new(OnceLock::new());
+            let common = script(
+                addr.clone(),
+                Arc::default(),
+                Arc::new(AtomicBool::new(true)),
+            );
+            let left = Arc::new(AtomicUsize::new(loading));
+            let asked = Arc::new(AtomicUsize::new(0));
+            let (left2, asked2) = (left.clone(), asked.clone());
+            let fake = fake_broker::start(Arc::new(move |api, version, body: &mut BytesMut| {
+                if api == ApiKey::OffsetFetch {
+                    asked2.fetch_add(1, Ordering::SeqCst);
+                    let loading = left2
+                        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                        .is_ok();
+                    if loading {
+                        let r = if version >= 8 {
+                            OffsetFetchResponse::default().with_groups(vec![
+                                OffsetFetchResponseGroup::default()
+                                    .with_group_id(StrBytes::from_static_str("lock").into())
+                                    .with_error_code(14),
+                            ])
+                        } else {
+                            OffsetFetchResponse::default().with_error_code(14)
+                        };
+                        return Some(encode(&r, version));
+                    }
+                }
+                common(api, version, body)
+            }))
+            .await;
+            addr.set(fake.addr).expect("set once");
+            let o = LockOptions::new(fake.addr.to_string(), "lock")
+                .ledger_topic(LEDGER)
+                .retry_backoff(Duration::from_millis(5), Duration::from_millis(20));
+            let read = tokio::time::timeout(BOUND, o.committed_checkpoint())
+                .await
+                .expect("read within the bound");
+            match (read, want) {
+                (Ok(found), Ok(want)) => {
+                    assert_eq!(found.map(|c| (c.value, c.token)), Some(want));
+                    assert_eq!(asked.load(Ordering::SeqCst), 3);
+                }
+                (Err(e), Err(code)) => {
+                    assert!(
+                        matches!(&e, kafka_lock::Error::Broker { code: c, .. } if c.0 == code),
+                        "{e}"
+                    );
+                    assert_eq!(asked.load(Ordering::SeqCst), 5);
+                }
+                (read, want) => panic!("read {read:?}, wanted {want:?}"),
+            }
+        }
+    }
+
+    /// `release` says whether the coordinator answered the LeaveGroup: `Confirmed` for an
+    /// answer without error, `Unconfirmed` for COORDINATOR_NOT_AVAILABLE (the member may stay
+    /// in the group until its session times out, and a waiter with it). Breaks if `release`
+    /// reported a leave confirmed whatever the answer, or never.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_release_says_whether_the_coordinator_answered_the_leave() {
+        for (code, want) in [
+            (0, kafka_lock::Release::Confirmed),
+            (15, kafka_lock::Release::Unconfirmed),
+        ] {
+            let addr = Arc::new(OnceLock::new());
+            let common = script(
+                addr.clone(),
+                Arc::default(),
+                Arc::new(AtomicBool::new(false)),
+            );
+            let fake = fake_broker::start(Arc::new(move |api, version, body: &mut BytesMut| {
+                if api == ApiKey::LeaveGroup && code != 0 {
+                    let r = LeaveGroupResponse::default().with_error_code(code);
+                    return Some(encode(&r, version));
+                }
+                common(api, version, body)
+            }))
+            .await;
+            addr.set(fake.addr).expect("set once");
+            let o = LockOptions::new(fake.addr.to_string(), "lock")
+                .session_timeout(Duration::from_secs(6))
+                .rebalance_timeout(Duration::from_secs(6))
+                .heartbeat_interval(Duration::from_secs(1))
+                .lease_margin(Duration::from_secs(1));
+            let guard = tokio::time::timeout(BOUND, o.acquire(Some(BOUND)))
+                .await
+                .expect("acquired within the bound")
+                .expect("acquire");
+            let release = tokio::time::timeout(BOUND, guard.release())
+                .await
+                .expect("released within the bound")
+                .expect("release");
+            assert_eq!(release, want, "LeaveGroup answered {code}");
+        }
+    }
+
+    /// A read of the ledger checks the topic's `compression.type` first when the broker offers
+    /// DescribeConfigs: `gzip` (the broker would recompress kafka-lock's batches) is refused
+    /// before anything is fetched, `producer` is read. Breaks if the check were skipped.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_history_read_refuses_a_ledger_topic_that_recompresses() {
+        use kafka_protocol::messages::describe_configs_response::{
+            DescribeConfigsResourceResult, DescribeConfigsResult,
+        };
+        use kafka_protocol::messages::DescribeConfigsResponse;
+        for codec in ["gzip", "producer"] {
+            let addr = Arc::new(OnceLock::new());
+            let common = script(
+                addr.clone(),
+                Arc::default(),
+                Arc::new(AtomicBool::new(false)),
+            );
+            let fetches: Fetches = Arc::default();
+            let ledger = Ledger::new(0, 1).batch(0, &[acquired("lock")]).serve(
+                common,
+                fetches.clone(),
+                Arc::default(),
+            );
+            let fake = fake_broker::start_with_apis(
+                Arc::new(move |api, version, body: &mut BytesMut| {
+                    if api != ApiKey::DescribeConfigs {
+                        return ledger(api, version, body);
+                    }
+                    let r = DescribeConfigsResponse::default().with_results(vec![
+                        DescribeConfigsResult::default()
+                            .with_resource_type(2)
+                            .with_resource_name(StrBytes::from_static_str(LEDGER))
+                            .with_configs(vec![DescribeConfigsResourceResult::default()
+                                .with_name(StrBytes::from_static_str("compression.type"))
+                                .with_value(Some(StrBytes::from_static_str(codec)))]),
+                    ]);
+                    Some(encode(&r, version))
+                }),
+                &[(ApiKey::DescribeConfigs, 0, 4)],
+            )
+            .await;
+            addr.set(fake.addr).expect("set once");
+            let o = LockOptions::new(fake.addr.to_string(), "lock").ledger_topic(LEDGER);
+            let read = tokio::time::timeout(BOUND, o.history())
+                .await
+                .expect("read within the bound");
+            match codec {
+                "gzip" => {
+                    let e = read.expect_err("a gzip ledger is refused");
+                    assert!(
+                        matches!(&e, kafka_lock::Error::Ledger(kafka_lock::LedgerError::Compressed { codec, .. }) if codec == "gzip"),
+                        "{e}"
+                    );
+                    assert!(fetches.lock().unwrap().is_empty(), "fetched a gzip ledger");
+                }
+                _ => {
+                    let h = read.expect("a producer ledger is read");
+                    assert_eq!(h.holds.len(), 1, "{h:?}");
+                }
+            }
+        }
+    }
+
+    /// The coordinator lookup of a checkpoint read answered COORDINATOR_NOT_AVAILABLE is made
+    /// again, five times at most. Breaks if the read failed at the first such answer, or
+    /// looked up a sixth time or without end.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_committed_checkpoint_reads_coordinator_lookup_is_made_again_five_times_at_most() {
+        for (refused, want) in [(2, Ok(("c5".to_owned(), 5))), (usize::MAX, Err(15))] {
+            let addr = Arc::new(OnceLock::new());
+            let common = script(
+                addr.clone(),
+                Arc::default(),
+                Arc::new(AtomicBool::new(true)),
+            );
+            let fake = fake_broker::start(common).await;
+            addr.set(fake.addr).expect("set once");
+            fake.refuse_lookups.store(refused, Ordering::SeqCst);
+            let o = LockOptions::new(fake.addr.to_string(), "lock")
+                .ledger_topic(LEDGER)
+                .retry_backoff(Duration::from_millis(5), Duration::from_millis(20));
+            let read = tokio::time::timeout(BOUND, o.committed_checkpoint())
+                .await
+                .expect("read within the bound");
+            let lookups = fake.lookups.load(Ordering::SeqCst);
+            match (read, want) {
+                (Ok(found), Ok(want)) => {
+                    assert_eq!(found.map(|c| (c.value, c.token)), Some(want));
+                    assert_eq!(lookups, 3);
+                }
+                (Err(e), Err(code)) => {
+                    assert!(
+                        matches!(&e, kafka_lock::Error::Broker { code: c, .. } if c.0 == code),
+                        "{e}"
+                    );
+                    assert_eq!(lookups, 5);
+                }
+                (read, want) => panic!("read {read:?}, wanted {want:?}"),
+            }
+        }
+    }
+
+    /// A batch the broker sends cut short (a broker older than KIP-74, at the Fetch's limit) is
+    /// listed as skipped and the read goes on past it, where its header says it ends. Breaks if
+    /// the read ended there, or skipped nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_batch_cut_short_in_a_history_read_is_skipped_and_the_read_goes_on() {
+        let ledger = Ledger::new(0, 4)
+            .batch(0, &[acquired("lock")])
+            .cut_batch(1, &[released("lock", 0), acquired("other")])
+            .batch(3, &[acquired("lock")])
+            // Appended after the ends were read, at the end offset itself: not read.
+            .batch(4, &[released("lock", 3)]);
+        let (_fake, o, fetches) = ledger_fake(ledger, Arc::default()).await;
+        let h = tokio::time::timeout(BOUND, o.history())
+            .await
+            .expect("read within the bound")
+            .expect("history");
+        let holds: Vec<(i64, &str)> = h.holds.iter().map(|x| (x.token, x.end.name())).collect();
+        assert_eq!(holds, vec![(0, "retried"), (3, "open")], "{h:?}");
+        assert_eq!(h.unreadable.len(), 1, "{:?}", h.unreadable);
+        assert_eq!(h.unreadable[0].offset, 1);
+        assert!(
+            h.unreadable[0].error.contains("skipped"),
+            "{:?}",
+            h.unreadable
+        );
+        let asked: Vec<i64> = fetches.lock().unwrap().iter().map(|f| f.0).collect();
+        assert_eq!(asked, vec![0, 1, 3]);
+    }
+
+    /// A Fetch answer larger than a ledger connection's frame limit ends the read there, noted
+    /// as unreadable, and the history read so far is kept; an answer that does not decode is
+    /// only a broken connection: the read starts over and reads everything. Breaks if the
+    /// first were an error, or the second taken for the first.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fetch_too_large_to_read_ends_the_history_and_an_undecodable_one_is_read_again() {
+        let ledger = Ledger::new(0, 3)
+            .batch(0, &[acquired("lock")])
+            .big_batch(1)
+            .batch(2, &[acquired("lock")]);
+        let (_fake, o, _) = ledger_fake(ledger, Arc::default()).await;
+        let h = tokio::time::timeout(BOUND, o.history())
+            .await
+            .expect("read within the bound")
+            .expect("history up to the batch too large");
+        let tokens: Vec<i64> = h.holds.iter().map(|x| x.token).collect();
+        assert_eq!(tokens, vec![0], "{h:?}");
+        let unreadable: Vec<i64> = h.unreadable.iter().map(|u| u.offset).collect();
+        assert_eq!(unreadable, vec![1], "{:?}", h.unreadable);
+
+        let ledger = Ledger::new(0, 2)
+            .batch(0, &[acquired("lock")])
+            .batch(1, &[acquired("lock")]);
+        ledger.garbled.store(1, Ordering::SeqCst);
+        let (_fake, o, fetches) = ledger_fake(ledger, Arc::default()).await;
+        let h = tokio::time::timeout(BOUND, o.history())
+            .await
+            .expect("read within the bound")
+            .expect("history after a garbled answer");
+        let tokens: Vec<i64> = h.holds.iter().map(|x| x.token).collect();
+        assert_eq!(tokens, vec![0, 1], "{h:?}");
+        assert!(h.unreadable.is_empty(), "{:?}", h.unreadable);
+        assert_eq!(fetches.lock().unwrap().len(), 2, "read again once");
+    }
+
+    /// A try on a free lock takes it: the look before the join (one DescribeGroups, which this
+    /// fake does not answer) says nothing, so the join decides. Breaks if a try read "busy"
+    /// from a look that showed no holder.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_try_on_a_free_lock_takes_it() {
+        let addr = Arc::new(OnceLock::new());
+        let common = script(
+            addr.clone(),
+            Arc::default(),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let fake = fake_broker::start(common).await;
+        addr.set(fake.addr).expect("set once");
+        let o = LockOptions::new(fake.addr.to_string(), "lock")
+            .session_timeout(Duration::from_secs(6))
+            .rebalance_timeout(Duration::from_secs(6))
+            .heartbeat_interval(Duration::from_secs(1))
+            .lease_margin(Duration::from_secs(1));
+        let guard = tokio::time::timeout(BOUND, o.try_acquire())
+            .await
+            .expect("tried within the bound")
+            .expect("try")
+            .expect("a free lock is taken");
+        assert!(guard.is_held());
+        tokio::time::timeout(BOUND, guard.release())
+            .await
+            .expect("released within the bound")
+            .expect("release");
+    }
+
+    /// A try refused by an ACL names what was refused: the lock's group for
+    /// GROUP_AUTHORIZATION_FAILED at the JoinGroup, the ledger topic for
+    /// TOPIC_AUTHORIZATION_FAILED in its check (the broker's code alone names neither); any other
+    /// refusal (INVALID_SESSION_TIMEOUT) is the broker's error as it came. Breaks if either
+    /// code were passed on as a bare broker error, or another code named as a refusal.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_try_refused_by_an_acl_names_the_group_or_the_ledger_topic() {
+        use kafka_lock::SecurityError;
+        use kafka_protocol::messages::JoinGroupResponse;
+        for (refused, code) in [
+            (ApiKey::JoinGroup, 30),
+            (ApiKey::Metadata, 29),
+            (ApiKey::JoinGroup, 26),
+        ] {
+            let addr = Arc::new(OnceLock::new());
+            let common = script(
+                addr.clone(),
+                Arc::default(),
+                Arc::new(AtomicBool::new(false)),
+            );
+            let fake =
+                fake_broker::start(Arc::new(
+                    move |api, version, body: &mut BytesMut| match api {
+                        ApiKey::JoinGroup if refused == api => {
+                            let r = JoinGroupResponse::default().with_error_code(code);
+                            Some(encode(&r, version))
+                        }
+                        ApiKey::Metadata if refused == api => {
+                            let r = MetadataResponse::default().with_topics(vec![
+                                MetadataResponseTopic::default()
+                                    .with_name(Some(name(LEDGER)))
+                                    .with_error_code(29),
+                            ]);
+                            Some(encode(&r, version))
+                        }
+                        _ => common(api, version, body),
+                    },
+                ))
+                .await;
+            addr.set(fake.addr).expect("set once");
+            let o = LockOptions::new(fake.addr.to_string(), "lock")
+                .session_timeout(Duration::from_secs(6))
+                .rebalance_timeout(Duration::from_secs(6))
+                .heartbeat_interval(Duration::from_secs(1))
+                .lease_margin(Duration::from_secs(1))
+                .ledger_topic(LEDGER);
+            let e = tokio::time::timeout(BOUND, o.try_acquire())
+                .await
+                .expect("tried within the bound")
+                .expect_err("refused");
+            match code {
+                26 => assert!(
+                    matches!(&e, kafka_lock::Error::Broker { code, .. } if code.0 == 26),
+                    "{e}"
+                ),
+                30 => assert!(
+                    matches!(&e, kafka_lock::Error::Security(SecurityError::GroupAuthorizationFailed { group }) if group == "lock"),
+                    "{e}"
+                ),
+                _ => assert!(
+                    matches!(&e, kafka_lock::Error::Security(SecurityError::TopicAuthorizationFailed { topic }) if topic == LEDGER),
+                    "{e}"
+                ),
+            }
+        }
+    }
 }
