@@ -1425,6 +1425,21 @@ mod scripted {
         })
     }
 
+    /// A lock name whose lookups the pool stripes onto the second bootstrap connection (by Java's
+    /// String.hashCode, as the pool stripes groups), not the first.
+    fn group_on_the_second_stripe() -> String {
+        let stripe = |g: &str| {
+            let h = g
+                .encode_utf16()
+                .fold(0i32, |h, c| h.wrapping_mul(31).wrapping_add(i32::from(c)));
+            (h.unsigned_abs() % 50) % 2
+        };
+        (0..)
+            .map(|i| format!("lock-{i}"))
+            .find(|g| stripe(g) == 1)
+            .expect("a group on the second stripe")
+    }
+
     /// The ledger topic's check (its Metadata, held here for `HOLD`) goes out beside the
     /// membership's first steps: the coordinator is looked up while the check is out, and the
     /// JoinGroup waits for the check's answer, so a topic that cannot serve is still refused
@@ -1471,18 +1486,9 @@ mod scripted {
         ))
         .await;
         addr.set(fake.addr).expect("set once");
-        // Java's String.hashCode, as the pool stripes groups: a group whose lookups go on the
-        // second bootstrap connection, not on the first, which carries the check.
-        let stripe = |g: &str| {
-            let h = g
-                .encode_utf16()
-                .fold(0i32, |h, c| h.wrapping_mul(31).wrapping_add(i32::from(c)));
-            (h.unsigned_abs() % 50) % 2
-        };
-        let group = (0..)
-            .map(|i| format!("lock-{i}"))
-            .find(|g| stripe(g) == 1)
-            .expect("a group on the second stripe");
+        // A group whose lookups go on the second bootstrap connection, not on the first, which
+        // carries the check.
+        let group = group_on_the_second_stripe();
         let client = kafka_lock::Client::new(fake.addr.to_string()).quick_connections(2);
         let o = client
             .lock(group)
@@ -1593,17 +1599,7 @@ mod scripted {
         ))
         .await;
         addr.set(fake.addr).expect("set once");
-        // Java's String.hashCode, as the pool stripes groups.
-        let stripe = |g: &str| {
-            let h = g
-                .encode_utf16()
-                .fold(0i32, |h, c| h.wrapping_mul(31).wrapping_add(i32::from(c)));
-            (h.unsigned_abs() % 50) % 2
-        };
-        let group = (0..)
-            .map(|i| format!("lock-{i}"))
-            .find(|g| stripe(g) == 1)
-            .expect("a group on the second stripe");
+        let group = group_on_the_second_stripe();
         let client = kafka_lock::Client::new(fake.addr.to_string()).quick_connections(2);
         let o = client
             .lock(group)
