@@ -136,6 +136,13 @@ pub enum Kind {
     /// mid-check. No acquisition may send its JoinGroup before its check's answer is let out.
     /// Not in CI mode.
     SlowLedgerCheck,
+    /// The CLI contenders' kafka-lock processes started with their start of the supervisor
+    /// (which runs beside the acquisition) held back 0.2 to 4 s, before or after the spawn, or
+    /// failed after the wait, by a preloaded shim (tests/it/slow_spawn.c); meanwhile, in a loop,
+    /// a CLI contender is killed so it starts again slowed, sometimes the holder too so the
+    /// lock is granted during a start, and 0.1 to 3 s later the new kafka-lock is SIGKILLed or
+    /// stopped past the session timeout while its start is likely under way. Not in CI mode.
+    SlowSupervisorStart,
 }
 
 impl Kind {
@@ -157,7 +164,7 @@ impl Kind {
 
     /// Drawn only when named (`--kinds`), but for [`Kind::CI_EXTRA`]: most need a contender of
     /// their own or take long, and CI mode keeps its time.
-    pub const OPTIONAL: [Kind; 12] = [
+    pub const OPTIONAL: [Kind; 13] = [
         Kind::HoldHeartbeat,
         Kind::NoexecLoss,
         Kind::Pair,
@@ -170,6 +177,7 @@ impl Kind {
         Kind::AbandonedPolls,
         Kind::CoordMoveAtGrant,
         Kind::SlowLedgerCheck,
+        Kind::SlowSupervisorStart,
     ];
 
     /// The kinds that strike the handover's ledger traffic: drawing one turns checkpoint
@@ -243,6 +251,7 @@ impl Kind {
             Kind::AbandonedPolls => "abandoned-polls",
             Kind::CoordMoveAtGrant => "coord-move-at-grant",
             Kind::SlowLedgerCheck => "slow-ledger-check",
+            Kind::SlowSupervisorStart => "slow-supervisor-start",
         }
     }
 
@@ -418,6 +427,16 @@ impl fmt::Display for Episode {
                  {:?}",
                 self.length
             ),
+            Kind::SlowSupervisorStart => write!(
+                f,
+                ", the CLI's supervisor starts slowed or failed for {:?}, new kafka-locks {}",
+                self.length,
+                if self.holder_fault == Kind::KillHolder {
+                    "killed"
+                } else {
+                    "stopped past the session timeout"
+                }
+            ),
             Kind::SlowLedgerCheck => write!(
                 f,
                 ", ledger topic checks held {:?} from a release{}",
@@ -511,6 +530,7 @@ fn draw(kind: Kind, rng: &mut Rng) -> Episode {
             | Kind::AbandonedPolls
             | Kind::CoordMoveAtGrant
             | Kind::SlowLedgerCheck
+            | Kind::SlowSupervisorStart
     );
     let target = if broker_wide || rng.range(0, 2) > 0 {
         Target::Native
@@ -549,7 +569,8 @@ fn draw(kind: Kind, rng: &mut Rng) -> Episode {
         | Kind::HandoverLedgerMove
         | Kind::AbandonedPolls
         | Kind::CoordMoveAtGrant
-        | Kind::SlowLedgerCheck => Duration::ZERO,
+        | Kind::SlowLedgerCheck
+        | Kind::SlowSupervisorStart => Duration::ZERO,
     };
     let delay = match kind {
         Kind::CutDelay => rng.millis(300, 8000),
@@ -631,6 +652,15 @@ fn draw(kind: Kind, rng: &mut Rng) -> Episode {
                 0 => None,
                 1 => Some(libc::SIGINT),
                 _ => Some(libc::SIGKILL),
+            };
+        }
+        // Long enough for a few rounds of restarts and strikes.
+        Kind::SlowSupervisorStart => {
+            e.length = rng.millis(8000, 15_000);
+            e.holder_fault = if rng.range(0, 1) == 1 {
+                Kind::KillHolder
+            } else {
+                Kind::PauseHolder
             };
         }
         Kind::CutLedger => {

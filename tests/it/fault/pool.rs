@@ -114,6 +114,10 @@ struct Slot {
     generation: u32,
     running: Option<Running>,
     respawn_at: Instant,
+    /// [`Pool::slow_starts`]: the shim preloaded into the slot's next kafka-locks.
+    slow: Option<PathBuf>,
+    /// Of the kafka-locks started with the shim: how many, and how many told to fail.
+    slowed: (u32, u32),
 }
 
 /// What every spawn needs.
@@ -154,6 +158,8 @@ impl Pool {
                 generation: 0,
                 running: None,
                 respawn_at: Instant::now(),
+                slow: None,
+                slowed: (0, 0),
             })
             .collect();
         let env = Arc::new(env);
@@ -281,6 +287,29 @@ impl Pool {
             });
         }
         done.is_some()
+    }
+
+    /// From now on (`Some`), slot `name`'s kafka-locks start with `shim`
+    /// (tests/it/slow_spawn.c) preloaded, each holding back its start of the supervisor 0.2 to
+    /// 4 s, before or after the spawn, or failing it; `None` ends that for the next ones.
+    /// Returns how many were started so, and how many of them told to fail.
+    pub fn slow_starts(&self, name: &str, shim: Option<PathBuf>) -> (u32, u32) {
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(s) = slots.iter_mut().find(|s| s.spec.name == name) else {
+            return (0, 0);
+        };
+        s.slow = shim;
+        std::mem::take(&mut s.slowed)
+    }
+
+    /// The id of slot `name`'s running contender.
+    pub fn running(&self, name: &str) -> Option<String> {
+        let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        slots
+            .iter()
+            .find(|s| s.spec.name == name)
+            .and_then(|s| s.running.as_ref())
+            .map(|r| r.id().to_owned())
     }
 
     /// Arms slot `name`'s trap: the supervisor of its next kafka-lock to acquire is SIGSTOPped
@@ -594,7 +623,7 @@ fn keep(env: &Env, slot: &mut Slot, rng: &mut Rng) {
     }
 }
 
-fn spawn(env: &Env, slot: &Slot, id: &str, rng: &mut Rng) -> Result<Running, String> {
+fn spawn(env: &Env, slot: &mut Slot, id: &str, rng: &mut Rng) -> Result<Running, String> {
     let spec = &slot.spec;
     let log = env.logs.join(format!("{id}.log"));
     match spec.role {
@@ -695,6 +724,23 @@ fn spawn(env: &Env, slot: &Slot, id: &str, rng: &mut Rng) -> Result<Running, Str
                     && matches!(spec.flavour, Flavour::Ledger(_))
                 {
                     cmd.env("FAULT_CHECKPOINTS", "1");
+                }
+            }
+            if let Some(shim) = &slot.slow {
+                // Only kafka-lock's spawn of `__supervise` is hindered (the shim checks argv),
+                // so the supervisor and the job, which inherit it, start as ever.
+                cmd.env("LD_PRELOAD", shim)
+                    .env("SLOW_SPAWN_MS", rng.range(200, 4000).to_string());
+                slot.slowed.0 += 1;
+                match rng.range(0, 3) {
+                    0 => {}
+                    1 => {
+                        cmd.env("SLOW_SPAWN_FAIL", "1");
+                        slot.slowed.1 += 1;
+                    }
+                    _ => {
+                        cmd.env("SLOW_SPAWN_AFTER", "1");
+                    }
                 }
             }
             env.checker.event(Event {

@@ -527,6 +527,7 @@ impl Run {
                 | Kind::HandoverLedgerMove
                 | Kind::CoordMoveAtGrant
                 | Kind::SlowLedgerCheck
+                | Kind::SlowSupervisorStart
         ) && target.is_some()
             && recovered.is_none()
         {
@@ -751,6 +752,12 @@ impl Run {
             Kind::CutLedger => {
                 start = mono_ns();
                 let (t, n) = self.cut_ledger(plan, &lock);
+                target = t;
+                note = n;
+            }
+            Kind::SlowSupervisorStart => {
+                start = mono_ns();
+                let (t, n) = self.slow_supervisor_start(plan, &lock, &mut rng);
                 target = t;
                 note = n;
             }
@@ -1933,6 +1940,112 @@ impl Run {
                 killed.join(", ")
             ),
         )
+    }
+
+    /// The slow-supervisor-start nemesis: the CLI contenders' kafka-locks start with the
+    /// supervisor's start held back or failed ([`Pool::slow_starts`]), and in rounds until the
+    /// episode's length has passed, one CLI contender is killed so that it starts again so,
+    /// and then the lock's holder too, so that the lock is granted while that start is under
+    /// way; 0.1 to 3 s later the new kafka-lock is SIGKILLed or stopped
+    /// for the session timeout plus 0.5 to 2 s, its supervisor or job with it if there are any
+    /// yet. The lock must be acquired again after it, and the checker judges every hold.
+    fn slow_supervisor_start(
+        &self,
+        plan: &Episode,
+        lock: &str,
+        rng: &mut Rng,
+    ) -> (Option<String>, String) {
+        const CLI: [&str; 2] = ["cli1", "cli2"];
+        let shim = self.slow_spawn_shim();
+        for name in CLI {
+            self.pool.slow_starts(name, Some(shim.clone()));
+        }
+        let until = Instant::now() + plan.length;
+        let mut struck = Vec::new();
+        let mut freed = 0;
+        while Instant::now() < until {
+            let name = *rng.pick(&CLI);
+            let old = self.pool.running(name);
+            if let Some(old) = &old {
+                self.pool.kill(old);
+            }
+            // The slot starts again 0.1 to 0.6 s after its kafka-lock's exit is seen.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            let id = loop {
+                match self.pool.running(name) {
+                    Some(id) if Some(&id) != old.as_ref() => break Some(id),
+                    _ if Instant::now() >= deadline => break None,
+                    _ => std::thread::sleep(Duration::from_millis(20)),
+                }
+            };
+            let Some(id) = id else { continue };
+            // The lock freed while the new kafka-lock's start is under way: it may be the one
+            // granted.
+            if let Some(holder) = self.checker.holders(lock).into_iter().next() {
+                if self.pool.kill(&holder) {
+                    freed += 1;
+                }
+            }
+            std::thread::sleep(rng.millis(100, 3000));
+            if self.pool.role_of(&id).is_none() {
+                continue;
+            }
+            if plan.holder_fault == Kind::KillHolder {
+                self.pool.kill(&id);
+            } else {
+                let pids = self.pool.pause(&id);
+                std::thread::sleep(SESSION + rng.millis(500, 2000));
+                self.pool.resume(&pids);
+            }
+            struck.push(id);
+            std::thread::sleep(rng.millis(500, 2000));
+        }
+        let (mut slowed, mut failed) = (0, 0);
+        for name in CLI {
+            let (s, f) = self.pool.slow_starts(name, None);
+            slowed += s;
+            failed += f;
+        }
+        if struck.is_empty() {
+            return (None, String::new());
+        }
+        (
+            Some(struck.join(",")),
+            format!(
+                "{slowed} kafka-locks started slowed ({failed} told to fail), {} {} 0.1 to 3 s \
+                 into their start, {freed} holder(s) killed to free the lock",
+                struck.join(", "),
+                if plan.holder_fault == Kind::KillHolder {
+                    "killed"
+                } else {
+                    "stopped"
+                }
+            ),
+        )
+    }
+
+    /// tests/it/slow_spawn.c built into the run's directory (once). Without a C compiler the
+    /// run fails and says how to get one: a nemesis named with --kinds never skips.
+    fn slow_spawn_shim(&self) -> PathBuf {
+        let shim = self.out.join("slow_spawn.so");
+        if shim.exists() {
+            return shim;
+        }
+        let source = repo_root().join("tests/it/slow_spawn.c");
+        let built = std::process::Command::new("cc")
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(&shim)
+            .arg(&source)
+            .arg("-ldl")
+            .status();
+        match built {
+            Ok(s) if s.success() => shim,
+            Ok(s) => panic!("cc could not build {} ({s})", source.display()),
+            Err(e) => panic!(
+                "no C compiler (`cc`: {e}) to build the shim that slows the CLI's supervisor \
+                 start (slow-supervisor-start); install one (Debian: apt-get install gcc)"
+            ),
+        }
     }
 
     /// The addresses of the nodes that run.
