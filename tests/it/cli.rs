@@ -2868,22 +2868,7 @@ fn slow_start(spec: Spec, dir: &Path, how: Slow) -> Run {
 
 /// [`slow_start`], held back `delay`.
 fn slow_start_by(spec: Spec, dir: &Path, how: Slow, delay: Duration) -> Run {
-    let shim = dir.join("slow_spawn.so");
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/slow_spawn.c");
-    let built = Command::new("cc")
-        .args(["-shared", "-fPIC", "-o"])
-        .arg(&shim)
-        .arg(&source)
-        .arg("-ldl")
-        .status();
-    match built {
-        Ok(s) if s.success() => {}
-        Ok(s) => panic!("cc could not build {} ({s})", source.display()),
-        Err(e) => panic!(
-            "no C compiler (`cc`: {e}) to build the test shim that slows the supervisor's start; \
-             install one (Debian: apt-get install gcc)"
-        ),
-    }
+    let shim = crate::support::slow_spawn_shim(dir);
     let mut spec = spec
         .env("LD_PRELOAD", &shim.to_string_lossy())
         .env("SLOW_SPAWN_MS", &delay.as_millis().to_string());

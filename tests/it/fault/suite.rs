@@ -2027,25 +2027,7 @@ impl Run {
     /// tests/it/slow_spawn.c built into the run's directory (once). Without a C compiler the
     /// run fails and says how to get one: a nemesis named with --kinds never skips.
     fn slow_spawn_shim(&self) -> PathBuf {
-        let shim = self.out.join("slow_spawn.so");
-        if shim.exists() {
-            return shim;
-        }
-        let source = repo_root().join("tests/it/slow_spawn.c");
-        let built = std::process::Command::new("cc")
-            .args(["-shared", "-fPIC", "-o"])
-            .arg(&shim)
-            .arg(&source)
-            .arg("-ldl")
-            .status();
-        match built {
-            Ok(s) if s.success() => shim,
-            Ok(s) => panic!("cc could not build {} ({s})", source.display()),
-            Err(e) => panic!(
-                "no C compiler (`cc`: {e}) to build the shim that slows the CLI's supervisor \
-                 start (slow-supervisor-start); install one (Debian: apt-get install gcc)"
-            ),
-        }
+        crate::support::slow_spawn_shim(&self.out)
     }
 
     /// The addresses of the nodes that run.

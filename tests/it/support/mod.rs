@@ -60,6 +60,31 @@ pub fn repo_root() -> PathBuf {
 ///
 /// # Panics
 /// When none of them exists, with instructions to install it.
+/// tests/it/slow_spawn.c (a preloaded shim that holds back or fails kafka-lock's start of its
+/// supervisor) built into `dir`, once. Without a C compiler the caller fails and says how to get
+/// one: the tests never skip.
+pub fn slow_spawn_shim(dir: &Path) -> PathBuf {
+    let shim = dir.join("slow_spawn.so");
+    if shim.exists() {
+        return shim;
+    }
+    let source = repo_root().join("tests/it/slow_spawn.c");
+    let built = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&shim)
+        .arg(&source)
+        .arg("-ldl")
+        .status();
+    match built {
+        Ok(s) if s.success() => shim,
+        Ok(s) => panic!("cc could not build {} ({s})", source.display()),
+        Err(e) => panic!(
+            "no C compiler (`cc`: {e}) to build the test shim that slows kafka-lock's start of \
+             its supervisor; install one (Debian: apt-get install gcc)"
+        ),
+    }
+}
+
 pub fn tansu_path() -> PathBuf {
     find_tansu(
         std::env::var_os(TANSU_ENV),
