@@ -2935,24 +2935,32 @@ fn a_slow_supervisor_start_does_not_hold_up_the_grant_and_the_command_runs_after
     assert_eq!(line, token(&acquired).to_string());
 }
 
-/// A supervisor whose start fails after the grant: the lock is released, `acquired` is never
-/// reported, the command never runs, and the run exits 71 with the start's own line.
-#[test]
-fn a_supervisor_that_cannot_start_after_the_grant_releases_the_lock_and_exits_71() {
+/// A `kafka-lock run` labelled "late failure" whose supervisor's start is held back and then
+/// fails ([`Slow::Fail`]), once it holds the lock: the bootstrap, the lock, the file its command
+/// would create, and the run.
+fn held_while_the_start_fails(name: &str) -> (String, String, PathBuf, Run) {
     let bootstrap = broker().bootstrap();
-    let lock = lock_name("no-supervisor-late");
-    let dir = scratch_dir("cli-no-supervisor-late");
+    let lock = lock_name(name);
+    let dir = scratch_dir(&format!("cli-{name}"));
     let marker = dir.join("ran");
     let mut extra = vec!["--label", "late failure"];
     extra.extend(QUICK);
     let script = format!(": > {}", marker.display());
     let spec = run_cmd(&bootstrap, &lock, &extra, &sh(&script));
-    let mut slow = slow_start(spec, &dir, Slow::Fail);
+    let slow = slow_start(spec, &dir, Slow::Fail);
     assert!(
         held_by_within(&bootstrap, &lock, "late failure", STEP),
         "kafka-lock never held the lock: {}",
         slow.transcript()
     );
+    (bootstrap, lock, marker, slow)
+}
+
+/// A supervisor whose start fails after the grant: the lock is released, `acquired` is never
+/// reported, the command never runs, and the run exits 71 with the start's own line.
+#[test]
+fn a_supervisor_that_cannot_start_after_the_grant_releases_the_lock_and_exits_71() {
+    let (bootstrap, lock, marker, mut slow) = held_while_the_start_fails("no-supervisor-late");
     assert_eq!(slow.finish(STEP), 71, "{}", slow.transcript());
     let line = slow.failure_line();
     assert!(
@@ -3030,20 +3038,7 @@ fn a_wait_that_ends_during_a_slow_supervisor_start_leaves_no_supervisor() {
 /// signal during it).
 #[test]
 fn a_signal_while_a_failing_supervisor_start_is_awaited_after_the_grant_still_releases() {
-    let bootstrap = broker().bootstrap();
-    let lock = lock_name("no-supervisor-signal");
-    let dir = scratch_dir("cli-no-supervisor-signal");
-    let marker = dir.join("ran");
-    let mut extra = vec!["--label", "late failure"];
-    extra.extend(QUICK);
-    let script = format!(": > {}", marker.display());
-    let spec = run_cmd(&bootstrap, &lock, &extra, &sh(&script));
-    let mut slow = slow_start(spec, &dir, Slow::Fail);
-    assert!(
-        held_by_within(&bootstrap, &lock, "late failure", STEP),
-        "kafka-lock never held the lock: {}",
-        slow.transcript()
-    );
+    let (bootstrap, lock, marker, mut slow) = held_while_the_start_fails("no-supervisor-signal");
     slow.signal("TERM");
     assert_eq!(slow.finish(STEP), 71, "{}", slow.transcript());
     let line = slow.failure_line();
