@@ -17,8 +17,9 @@
 //!                 │ GONE: the supervisor reaped the command's tree, or   │
 //!                 │ the supervisor died: StopTree (we are the subreaper) │
 //!                 ▼                                                      │
-//!              Ending ── store the checkpoint (exit 0, not lost), then   │
-//!                 │      report the end, `released` or `lost` ◄──────────┘
+//!              Ending ── store the checkpoint (exit 0, not lost; a loss │
+//!                 │      meanwhile ends the hold at once), then report   │
+//!                 │      the end, `released` or `lost` ◄─────────────────┘
 //!                 │      (after StopTree: straight on)
 //!                 ▼
 //!            Releasing ── LeaveGroup answered, or cut short by a signal
@@ -51,6 +52,11 @@
 //!   after a pause; otherwise it is `lost` at the lease end, and a command that ended 0 under a
 //!   lease that ran out before the release is a loss (74), not a success. The end is reported
 //!   once: a loss reported while the command ran is not reported again (docs/events.md).
+//! - **A hold is never reported past its lease while its checkpoint is stored**: the commit waits
+//!   for the broker's answer, bounded past `offsets.commit.timeout.ms` (seconds); the driver
+//!   races it with the guard's loss, which comes at the lease end on the guard's own clock, and
+//!   the loss wins: `lost` at the lease end, the checkpoint's fate left to the next holder's
+//!   read (the broker stores it only for a member it has not dropped).
 
 use std::time::{Duration, Instant};
 
@@ -192,7 +198,8 @@ pub enum Action {
         child: Option<u32>,
         kill_by: Option<Instant>,
     },
-    /// Store the command's checkpoint; feed `Committed`.
+    /// Store the command's checkpoint, racing the loss of the hold; feed `Committed`, or
+    /// `Lost` if the hold ends first.
     CommitCheckpoint,
     /// Release the lock; feed `Released`.
     Release,
@@ -220,6 +227,8 @@ pub enum Outcome {
     CannotRun(i32),
     /// The checkpoint was not stored.
     CheckpointFailed(Failure),
+    /// The hold was lost while the checkpoint was being stored: the broker may have it or not.
+    CheckpointUnknown { reason: LossReason },
     /// The lease ran out after the command ended, before the release.
     RanOut { reason: LossReason, status: u8 },
     /// The hold was lost while the command ran.
@@ -401,9 +410,28 @@ impl Hold {
                 self.release(Outcome::SupervisorFailed { why, how }, &mut out);
             }
             (Phase::Ending, Input::Committed(failed)) if wait == Wait::Commit => match failed {
-                Some(f) => self.release(Outcome::CheckpointFailed(f), &mut out),
+                // Refused or unknown inside the lease: `failed` alone ends the hold.
+                Some(f) if seen.lease_end.is_some_and(|end| seen.now < end) => {
+                    self.release(Outcome::CheckpointFailed(f), &mut out)
+                }
+                // The answer came after the lease end: the hold ended there, and says so first.
+                Some(f) => self.end_then_release(
+                    seen,
+                    AfterEnd::Fixed(Outcome::CheckpointFailed(f)),
+                    &mut out,
+                ),
                 None => self.report_end_of_command(seen, &mut out),
             },
+            // The lease ran out while the checkpoint was on its way (the driver races the commit
+            // with the loss): the hold is over now, not when the commit's answer or its bound
+            // comes, which may be seconds later; whether the broker stored it is unknown.
+            (Phase::Ending, Input::Lost(reason)) if wait == Wait::Commit => {
+                out.push(Action::ReportLost {
+                    reason: reason.clone(),
+                    lease_end: Some(seen.lease_end.unwrap_or(seen.last_lease)),
+                });
+                self.release(Outcome::CheckpointUnknown { reason }, &mut out);
+            }
             (Phase::Ending, Input::Lost(reason)) if wait == Wait::Loss => {
                 if let Some(after) = self.awaiting_loss.take() {
                     out.push(Action::ReportLost {
@@ -638,7 +666,9 @@ impl Hold {
         let status = crate::run::child_end(exit).status;
         // A command that succeeded may leave a checkpoint; it is stored, fenced, before the
         // lock goes: the next holder must see it, and a holder no longer current must not write.
-        if self.lost.is_none() && status == 0 && self.checkpoint {
+        // Not once the lease is over: that is a loss (RanOut), and the commit would be refused.
+        let held = seen.lease_end.is_some_and(|end| seen.now < end);
+        if self.lost.is_none() && status == 0 && self.checkpoint && held {
             self.wait = Wait::Commit;
             out.push(Action::CommitCheckpoint);
             return;

@@ -207,13 +207,17 @@ fn only_the_answer_waited_for_moves_the_hold_on() {
     for a in [Input::EnvSent, Input::EnvFailed("x".into()), Input::Reaped] {
         assert_eq!(h.feed(a), vec![]);
     }
-    // Waiting for the supervisor's reaping, the checkpoint's storing, the loss.
+    // Waiting for the supervisor's reaping, then the checkpoint's storing (which the loss also
+    // ends: a_loss_while_the_checkpoint_is_stored_ends_the_hold_at_once).
     let mut h = H::started(true);
     h.feed(exit(0));
     h.feed(Input::Gone { queued_loss: None });
     let is = |i: &Input, want: &Input| std::mem::discriminant(i) == std::mem::discriminant(want);
+    let loss = Input::Lost(LossReason::LeaseExpired);
     for want in [Input::Reaped, Input::Committed(None)] {
-        for other in answers().into_iter().filter(|a| !is(a, &want)) {
+        let moves =
+            |a: &Input| is(a, &want) || (is(&want, &Input::Committed(None)) && is(a, &loss));
+        for other in answers().into_iter().filter(|a| !moves(a)) {
             assert_eq!(h.feed(other), vec![], "waiting for {want:?}");
         }
         assert!(!h.feed(want).is_empty());
@@ -626,6 +630,88 @@ fn a_checkpoint_not_stored_fails_the_run_after_the_release() {
     );
 }
 
+/// A holder whose checkpoint commit waits in a cut: the commit's answer (or its bound, past the
+/// broker's offsets.commit.timeout.ms) may come seconds after the lease end, and the hold must
+/// not be claimed that long. Break: `Lost` ignored while the commit is awaited (the hold then
+/// ends only at `Committed`, past its lease).
+#[test]
+fn a_loss_while_the_checkpoint_is_stored_ends_the_hold_at_once() {
+    let mut h = H::started(true);
+    h.feed(exit(0));
+    h.feed(Input::Gone { queued_loss: None });
+    assert_eq!(h.feed(Input::Reaped), vec![Action::CommitCheckpoint]);
+    h.advance(LEASE);
+    h.lose();
+    assert_eq!(
+        h.feed(Input::Lost(LossReason::LeaseExpired)),
+        vec![
+            Action::ReportLost {
+                reason: LossReason::LeaseExpired,
+                lease_end: Some(h.last)
+            },
+            Action::Release
+        ]
+    );
+    assert_eq!(
+        h.released(None),
+        Outcome::CheckpointUnknown {
+            reason: LossReason::LeaseExpired
+        }
+    );
+}
+
+/// A lease over by the time the tree is reaped: no commit is tried (the library would refuse
+/// it), the hold is lost at its lease end. Break: the lease not checked before the commit (a
+/// commit is asked for, and its race with the loss calls the checkpoint's fate unknown).
+#[test]
+fn no_checkpoint_is_stored_once_the_lease_is_over() {
+    let mut h = H::started(true);
+    h.feed(exit(0));
+    h.feed(Input::Gone { queued_loss: None });
+    h.advance(LEASE);
+    h.lose();
+    assert_eq!(h.feed(Input::Reaped), vec![Action::AwaitLoss]);
+    h.feed(Input::Lost(LossReason::LeaseExpired));
+    assert_eq!(
+        h.released(None),
+        Outcome::RanOut {
+            reason: LossReason::LeaseExpired,
+            status: 0
+        }
+    );
+}
+
+/// The commit refused after the lease end: the hold ended at the lease end, and `lost` says so
+/// before the run fails. Break: `CheckpointFailed` released at once whatever the lease (the
+/// hold then ends at `failed`, past its lease).
+#[test]
+fn a_checkpoint_refused_after_the_lease_end_reports_the_loss_first() {
+    let mut h = H::started(true);
+    h.feed(exit(0));
+    h.feed(Input::Gone { queued_loss: None });
+    assert_eq!(h.feed(Input::Reaped), vec![Action::CommitCheckpoint]);
+    h.advance(LEASE);
+    h.lose();
+    assert_eq!(
+        h.feed(Input::Committed(Some(Failure::new(74, "stale")))),
+        vec![Action::AwaitLoss]
+    );
+    assert_eq!(
+        h.feed(Input::Lost(LossReason::LeaseExpired)),
+        vec![
+            Action::ReportLost {
+                reason: LossReason::LeaseExpired,
+                lease_end: Some(h.last)
+            },
+            Action::Release
+        ]
+    );
+    assert_eq!(
+        h.released(None),
+        Outcome::CheckpointFailed(Failure::new(74, "stale"))
+    );
+}
+
 #[test]
 fn a_command_that_cannot_be_executed_releases_without_running() {
     let mut h = H::running(false);
@@ -890,7 +976,7 @@ fn a_command_that_could_not_run_under_a_lost_hold_reports_the_loss_once() {
 
 /// Anything the driver can feed, in any order.
 fn input() -> impl Strategy<Value = (u8, u64)> {
-    (0u8..22, 0u64..4_000)
+    (0u8..23, 0u64..4_000)
 }
 
 fn pick(h: &mut H, k: u8, ms: u64) -> Input {
@@ -933,6 +1019,7 @@ fn pick(h: &mut H, k: u8, ms: u64) -> Input {
             how: "x".into(),
         },
         20 => Input::Committed(None),
+        21 => Input::Committed(Some(Failure::new(74, "x"))),
         _ => Input::Released(None),
     }
 }

@@ -802,11 +802,17 @@ impl HoldIo<'_> {
                 kill_by,
             } => return Some(self.stop_tree(running, child, kill_by).await),
             Action::CommitCheckpoint => {
-                let failed = match (&self.checkpoint, &self.guard) {
-                    (Some(dir), Some(guard)) => dir.commit(guard, self.rep).await,
-                    _ => None,
+                let (Some(dir), Some(guard)) = (&self.checkpoint, &self.guard) else {
+                    return Some(Input::Committed(None));
                 };
-                return Some(Input::Committed(failed));
+                // A cut broker answers the commit only after the lease end, or never (its bound is
+                // past the broker's offsets.commit.timeout.ms): the hold ends at the lease end all
+                // the same. The request is left to the session; no one waits for its answer.
+                return Some(tokio::select! {
+                    biased;
+                    reason = guard.lost() => Input::Lost(reason),
+                    failed = dir.commit(guard, self.rep) => Input::Committed(failed),
+                });
             }
             Action::Release => {
                 stamp("run", "release");
@@ -978,6 +984,15 @@ impl HoldIo<'_> {
                 )
             }
             Outcome::CheckpointFailed(f) => (f.status, format!("{}{note}", f.line)),
+            Outcome::CheckpointUnknown { reason } => (
+                exit::LOST,
+                format!(
+                    "the command exited 0, but lock {:?} was lost ({reason}) while its checkpoint was \
+                     being stored: it may or may not have been stored; `kafka-lock status --lock {}` \
+                     shows which checkpoint the lock has{note}",
+                    c.lock, c.lock,
+                ),
+            ),
             Outcome::RanOut { reason, status } => (
                 exit::LOST,
                 format!(
