@@ -668,9 +668,10 @@ fn no_checkpoint_is_stored_once_the_lease_is_over() {
     let mut h = H::started(true);
     h.feed(exit(0));
     h.feed(Input::Gone { queued_loss: None });
+    // At its end instant, still shown by the watch, the lease is over (a `<=` instead of `<`).
     h.advance(LEASE);
-    h.lose();
     assert_eq!(h.feed(Input::Reaped), vec![Action::AwaitLoss]);
+    h.lose();
     h.feed(Input::Lost(LossReason::LeaseExpired));
     assert_eq!(
         h.released(None),
@@ -690,12 +691,13 @@ fn a_checkpoint_refused_after_the_lease_end_reports_the_loss_first() {
     h.feed(exit(0));
     h.feed(Input::Gone { queued_loss: None });
     assert_eq!(h.feed(Input::Reaped), vec![Action::CommitCheckpoint]);
+    // At its end instant, still shown by the watch, the lease is over (a `<=` instead of `<`).
     h.advance(LEASE);
-    h.lose();
     assert_eq!(
         h.feed(Input::Committed(Some(Failure::new(74, "stale")))),
         vec![Action::AwaitLoss]
     );
+    h.lose();
     assert_eq!(
         h.feed(Input::Lost(LossReason::LeaseExpired)),
         vec![
