@@ -724,6 +724,27 @@ fn a_fenced_hold_lost_while_its_checkpoint_is_stored_is_not_claimed_past_the_los
     assert_eq!(h.released(None), Outcome::CheckpointUnknown { reason });
 }
 
+/// The command's exit read before the session's loss (the supervisor's news comes first), the
+/// hold reassigned with its lease still running: `lost` says now, not the lease end sent to the
+/// supervisor. Break: that lease end taken as is (a hold claimed past its loss).
+#[test]
+fn an_exit_read_after_a_loss_before_the_lease_end_is_lost_now() {
+    let mut h = H::started(false);
+    h.advance(Duration::from_secs(2));
+    h.lose();
+    assert_eq!(
+        h.feed(exit(0)),
+        vec![
+            Action::TakeTerminal,
+            Action::ReportLost {
+                reason: LossReason::LeaseExpired,
+                lease_end: Some(h.now)
+            },
+            Action::ChildExited(ChildExit::Code(0))
+        ]
+    );
+}
+
 /// A lease over by the time the tree is reaped: no commit is tried (the library would refuse
 /// it), the hold is lost at its lease end. Break: the lease not checked before the commit (a
 /// commit is asked for, and its race with the loss calls the checkpoint's fate unknown).
@@ -1115,6 +1136,12 @@ impl Judge {
     fn feed(&mut self, h: &mut H, k: u8, ms: u64) -> Result<(), TestCaseError> {
         let input = pick(h, k, ms);
         let gone = matches!(input, Input::Gone { .. } | Input::TreeStopped { .. });
+        // Nothing runs and the driver waits on the broker or the guard alone: the guard's
+        // loss, which comes at the lease end, is the hold's end then, not a later answer.
+        let waited = h.m.wait;
+        let must_end = matches!(input, Input::Lost(_))
+            && h.m.phase() == Phase::Ending
+            && matches!(waited, Wait::Commit | Wait::Loss);
         let seen = h.seen();
         let out = h.m.handle(seen, input);
         if gone {
@@ -1201,6 +1228,10 @@ impl Judge {
                 _ => {}
             }
         }
+        prop_assert!(
+            !must_end || self.ends == 1,
+            "the guard's loss while waiting for {waited:?} left the hold's end unsaid"
+        );
         Ok(())
     }
 }
@@ -1209,7 +1240,7 @@ impl Judge {
 /// gone or the supervisor died, the lease may have run out; random scripts from the grant reach
 /// these states too seldom to judge the ending hold (the checkpoint's commit above all).
 fn ended(k: u8) -> (H, Judge) {
-    let mut h = H::started(k % 2 == 0);
+    let mut h = H::started(k.is_multiple_of(2));
     let mut j = Judge {
         may_run: true,
         ..Judge::default()
