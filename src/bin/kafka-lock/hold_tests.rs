@@ -397,16 +397,32 @@ fn supervisor_death_stops_the_whole_tree_before_the_release() {
             kill_by: Some(h.t0 + LEASE + GRACE)
         }]
     );
-    // The lease runs on, is lost even: nothing is released until the tree is gone.
+    // The lease runs out: nothing is released until the tree is gone.
+    h.advance(LEASE);
     h.lose();
     assert_eq!(h.feed(Input::Lost(LossReason::LeaseExpired)), vec![]);
     assert_eq!(h.feed(Input::Deadline), vec![]);
+    // The tree gone past the lease end: the hold ended there, said before the release (the
+    // run's `failed` comes after the LeaveGroup's answer). Break: `Release` alone.
     assert_eq!(
         h.feed(Input::TreeStopped {
             child: Some(ChildExit::Signal(15)),
             how: "status 1".into()
         }),
-        vec![Action::ChildExited(ChildExit::Signal(15)), Action::Release]
+        vec![
+            Action::ChildExited(ChildExit::Signal(15)),
+            Action::AwaitLoss
+        ]
+    );
+    assert_eq!(
+        h.feed(Input::Lost(LossReason::LeaseExpired)),
+        vec![
+            Action::ReportLost {
+                reason: LossReason::LeaseExpired,
+                lease_end: Some(h.last)
+            },
+            Action::Release
+        ]
     );
     assert_eq!(
         h.released(None),
@@ -414,6 +430,25 @@ fn supervisor_death_stops_the_whole_tree_before_the_release() {
             why: "boom".into(),
             how: "status 1".into()
         }
+    );
+}
+
+/// A supervisor dead inside the lease, its tree stopped: `released` before the release, as any
+/// other end. Break: `Release` alone (the hold ends in the events only at the run's `failed`,
+/// after the LeaveGroup's answer, when the next holder may hold).
+#[test]
+fn a_dead_supervisors_hold_is_released_before_the_release() {
+    let mut h = H::started(false);
+    h.feed(Input::SupervisorExited { queued_loss: None });
+    assert_eq!(
+        h.feed(Input::TreeStopped {
+            child: None,
+            how: "signal 9".into()
+        }),
+        vec![
+            Action::ReportReleased { held_until: h.now },
+            Action::Release
+        ]
     );
 }
 
@@ -1208,13 +1243,9 @@ impl Judge {
                     prop_assert!(self.released);
                     // The LeaveGroup's answer lets the coordinator give the lock away, and the
                     // `failed` of the conclusion comes after it: the hold's end is said before
-                    // the release goes out. Not for a command never started (the supervisor's
-                    // EXPIRED says it, an input a script may leave out) nor for a supervisor
-                    // that died (its `failed` alone ends the hold; docs/events.md).
-                    if !matches!(
-                        outcome,
-                        Outcome::NeverStarted | Outcome::SupervisorFailed { .. }
-                    ) {
+                    // the release goes out. Not for a command never started: the supervisor's
+                    // EXPIRED says it, an input a script may leave out.
+                    if outcome != Outcome::NeverStarted {
                         prop_assert!(
                             self.said_before_release,
                             "{outcome:?}: released without `released` or `lost` first"
