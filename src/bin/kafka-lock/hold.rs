@@ -59,8 +59,8 @@
 //!   read (the broker stores it only for a member it has not dropped).
 //! - **A hold's end is said before the release goes out**: the LeaveGroup's answer lets the
 //!   coordinator give the lock away, and the `failed` of a run comes after it (and after the
-//!   RELEASED record), so a checkpoint not stored ends the hold with `released` (or `lost` past
-//!   the lease) first. A `lost` is never dated after the instant it is said (a fenced or
+//!   RELEASED record), so a checkpoint not stored or a supervisor that died ends the hold with
+//!   `released` (or `lost` past the lease) first. A `lost` is never dated after the instant it is said (a fenced or
 //!   reassigned hold ended then), nor at the grant's lease end of a renewed hold (the guard's
 //!   own lease end once the session has ended it).
 
@@ -421,7 +421,13 @@ impl Hold {
                     }
                 }
                 let why = self.sup_error.take().unwrap_or_default();
-                self.release(Outcome::SupervisorFailed { why, how }, &mut out);
+                let outcome = Outcome::SupervisorFailed { why, how };
+                // A loss is said once (at the supervisor's end); otherwise the end is said
+                // before the release: the run's `failed` comes after the LeaveGroup's answer.
+                match self.lost.as_ref().is_some_and(|l| l.reported) {
+                    true => self.release(outcome, &mut out),
+                    false => self.end_then_release(seen, AfterEnd::Fixed(outcome), &mut out),
+                }
             }
             (Phase::Ending, Input::Committed(failed)) if wait == Wait::Commit => match failed {
                 // Said before the release, `released` inside the lease and `lost` at its end
