@@ -57,6 +57,12 @@
 //!   races it with the guard's loss, which comes at the lease end on the guard's own clock, and
 //!   the loss wins: `lost` at the lease end, the checkpoint's fate left to the next holder's
 //!   read (the broker stores it only for a member it has not dropped).
+//! - **A hold's end is said before the release goes out**: the LeaveGroup's answer lets the
+//!   coordinator give the lock away, and the `failed` of a run comes after it (and after the
+//!   RELEASED record), so a checkpoint not stored or a supervisor that died ends the hold with
+//!   `released` (or `lost` past the lease) first. A `lost` is never dated after the instant it is said (a fenced or
+//!   reassigned hold ended then), nor at the grant's lease end of a renewed hold (the guard's
+//!   own lease end once the session has ended it).
 
 use std::time::{Duration, Instant};
 
@@ -80,7 +86,8 @@ pub struct Seen {
     pub now: Instant,
     /// The current lease end (`HoldWatch::lease_end`), `None` once the hold is over.
     pub lease_end: Option<Instant>,
-    /// The last lease end the guard knew (`LockGuard::lease_end`), for a hold already over.
+    /// `LockGuard::lease_end`: once the hold is over, the lease end of the grant, whatever the
+    /// renewals since (the driver passes a later one it saw, if any).
     pub last_lease: Instant,
 }
 
@@ -299,6 +306,9 @@ pub struct Hold {
     awaiting_loss: Option<AfterEnd>,
     /// The outcome once the release is done.
     releasing: Option<Outcome>,
+    /// The latest lease end seen: a hold the session ended leaves only the grant's in
+    /// `Seen::last_lease`, which a renewed hold has long passed.
+    latest_lease: Option<Instant>,
 }
 
 impl Hold {
@@ -319,6 +329,7 @@ impl Hold {
             wait: Wait::Nothing,
             awaiting_loss: None,
             releasing: None,
+            latest_lease: None,
         }
     }
 
@@ -359,6 +370,9 @@ impl Hold {
 
     pub fn handle(&mut self, seen: Seen, input: Input) -> Vec<Action> {
         let mut out = Vec::new();
+        if let Some(l) = seen.lease_end {
+            self.latest_lease = Some(self.latest_lease.map_or(l, |p| p.max(l)));
+        }
         let wait = std::mem::replace(&mut self.wait, Wait::Nothing);
         match (self.phase, input) {
             (Phase::Preparing, Input::Prepared { checkpoint }) => {
@@ -407,14 +421,18 @@ impl Hold {
                     }
                 }
                 let why = self.sup_error.take().unwrap_or_default();
-                self.release(Outcome::SupervisorFailed { why, how }, &mut out);
+                let outcome = Outcome::SupervisorFailed { why, how };
+                // A loss is said once (at the supervisor's end); otherwise the end is said
+                // before the release: the run's `failed` comes after the LeaveGroup's answer.
+                match self.lost.as_ref().is_some_and(|l| l.reported) {
+                    true => self.release(outcome, &mut out),
+                    false => self.end_then_release(seen, AfterEnd::Fixed(outcome), &mut out),
+                }
             }
             (Phase::Ending, Input::Committed(failed)) if wait == Wait::Commit => match failed {
-                // Refused or unknown inside the lease: `failed` alone ends the hold.
-                Some(f) if seen.lease_end.is_some_and(|end| seen.now < end) => {
-                    self.release(Outcome::CheckpointFailed(f), &mut out)
-                }
-                // The answer came after the lease end: the hold ended there, and says so first.
+                // Said before the release, `released` inside the lease and `lost` at its end
+                // after it: the `failed` of the run comes only after the LeaveGroup's answer,
+                // when the coordinator may have given the lock away.
                 Some(f) => self.end_then_release(
                     seen,
                     AfterEnd::Fixed(Outcome::CheckpointFailed(f)),
@@ -428,7 +446,7 @@ impl Hold {
             (Phase::Ending, Input::Lost(reason)) if wait == Wait::Commit => {
                 out.push(Action::ReportLost {
                     reason: reason.clone(),
-                    lease_end: Some(seen.lease_end.unwrap_or(seen.last_lease)),
+                    lease_end: Some(self.lost_at(seen)),
                 });
                 self.release(Outcome::CheckpointUnknown { reason }, &mut out);
             }
@@ -436,7 +454,7 @@ impl Hold {
                 if let Some(after) = self.awaiting_loss.take() {
                     out.push(Action::ReportLost {
                         reason: reason.clone(),
-                        lease_end: Some(seen.lease_end.unwrap_or(seen.last_lease)),
+                        lease_end: Some(self.lost_at(seen)),
                     });
                     let outcome = match after {
                         AfterEnd::Fixed(o) => o,
@@ -547,7 +565,7 @@ impl Hold {
                 if self.lost.is_none() && !held && self.loss(LossReason::LeaseExpired) {
                     out.push(Action::ReportLost {
                         reason: LossReason::LeaseExpired,
-                        lease_end: seen.lease_end.or(self.sent_lease),
+                        lease_end: seen.lease_end.or(self.sent_lease).map(|l| l.min(seen.now)),
                     });
                 }
                 self.end = Some(exit);
@@ -559,6 +577,16 @@ impl Hold {
             }
             FromSupervisor::Gone => self.gone(seen, None, out),
         }
+    }
+
+    /// When a hold the guard reports lost ended: its last lease end, or now if that is still to
+    /// come (fenced, reassigned), as the session says it (membership.rs `lose`).
+    fn lost_at(&self, seen: Seen) -> Instant {
+        let last = [seen.lease_end, self.latest_lease]
+            .into_iter()
+            .flatten()
+            .fold(seen.last_lease, Instant::max);
+        last.min(seen.now)
     }
 
     /// Records the loss (the first reason stays); whether it is still to be reported, which

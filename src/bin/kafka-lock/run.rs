@@ -647,6 +647,7 @@ async fn hold(
         child_group: None,
         terminal: None,
         lease_sent: false,
+        renewed_to: None,
     };
     let mut actions: VecDeque<Action> = m.start().into();
     loop {
@@ -696,15 +697,19 @@ struct HoldIo<'a> {
     /// Dropped (the terminal taken back) when the command ends, or however the hold ends.
     terminal: Option<TakeTerminalBack>,
     lease_sent: bool,
+    /// The latest lease end a renewal moved the hold to while the checkpoint was stored (no
+    /// input tells the machine of those); `LockGuard::lease_end` of a hold over is the grant's.
+    renewed_to: Option<Instant>,
 }
 
 impl HoldIo<'_> {
     fn seen(&self) -> Seen {
         let now = Instant::now();
+        let granted = self.guard.as_ref().map_or(now, LockGuard::lease_end);
         Seen {
             now,
             lease_end: self.watch.lease_end(),
-            last_lease: self.guard.as_ref().map_or(now, LockGuard::lease_end),
+            last_lease: self.renewed_to.map_or(granted, |r| r.max(granted)),
         }
     }
 
@@ -808,10 +813,24 @@ impl HoldIo<'_> {
                 // A cut broker answers the commit only after the lease end, or never (its bound is
                 // past the broker's offsets.commit.timeout.ms): the hold ends at the lease end all
                 // the same. The request is left to the session; no one waits for its answer.
-                return Some(tokio::select! {
-                    biased;
-                    reason = guard.lost() => Input::Lost(reason),
-                    failed = dir.commit(guard, self.rep) => Input::Committed(failed),
+                let commit = dir.commit(guard, self.rep);
+                tokio::pin!(commit);
+                let mut watching = true;
+                return Some(loop {
+                    tokio::select! {
+                        biased;
+                        reason = guard.lost() => break Input::Lost(reason),
+                        // Heartbeats go on renewing while the commit waits (for the offsets'
+                        // replication, say): a loss the session ends the hold with leaves none
+                        // of them in the guard, and the hold lasted to the last.
+                        changed = self.watch.changed(), if watching => {
+                            watching = changed;
+                            if let Some(l) = self.watch.lease_end() {
+                                self.renewed_to = Some(self.renewed_to.map_or(l, |r| r.max(l)));
+                            }
+                        }
+                        failed = &mut commit => break Input::Committed(failed),
+                    }
                 });
             }
             Action::Release => {

@@ -845,9 +845,10 @@ fn forward_cli_events(
             Some("token_changed") => Kind::Token,
             Some("lost") => Kind::Lost,
             Some("released") => Kind::Released,
-            // A run whose command's checkpoint the broker refused ends with `failed` alone,
-            // neither `lost` nor `released` (RELIABILITY.md, "Checkpoints across handovers"):
-            // its command and every process of it are gone by then, so the hold ends there.
+            // A run whose command's checkpoint the broker refused, or whose supervisor died,
+            // ended with `failed` alone (RELIABILITY.md, "Checkpoints across handovers"; it
+            // says `released` or `lost` first now): its command and every process of it are
+            // gone by then, so the hold ends there at the latest.
             Some("failed") if holding => Kind::Lost,
             // The job's checkpoint stored; the value is the one the job last reported writing.
             Some("checkpoint") => Kind::CkAcked,
