@@ -769,7 +769,11 @@ impl Run {
             }
         }
         if target.is_none() && plan.kind != Kind::Herd {
-            note = "no holder to aim at: nothing done".into();
+            note = if note.is_empty() {
+                "no holder to aim at: nothing done".into()
+            } else {
+                format!("{note}: nothing done")
+            };
         }
         (target, note, start)
     }
@@ -2332,7 +2336,12 @@ impl Run {
             } else {
                 self.cfg.kinds.clone()
             };
-            for kind in kinds {
+            // Without checkpoints (turned off, or a semaphore) no CLI job leaves one to cut at.
+            let checkpoints = self.pool.env().checkpoints;
+            for kind in kinds
+                .into_iter()
+                .filter(|k| checkpoints || *k != Kind::CutAtCheckpoint)
+            {
                 let ran = self
                     .records
                     .iter()
