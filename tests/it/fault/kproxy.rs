@@ -49,6 +49,9 @@
 //! [`ProxySet::hold_next_commit`] arms a third: the next OffsetCommit answer through any of the
 //! set's proxies is held, with every later answer of that broker, until the proxy's fault is
 //! cleared: the broker has committed the checkpoint, the client does not know yet.
+//! [`ProxySet::cut_at_next_commit`] cuts earlier: the next OffsetCommit request is held, with
+//! that broker's proxy black-holed both ways before it is forwarded, so the broker sees the
+//! commit only after the heal (and refuses it if it has dropped the member meanwhile).
 //! [`ProxySet::hold_ledger_checks`] holds the answers to the DescribeConfigs requests naming a
 //! topic (the last step of an acquisition's check of its ledger topic) read within a window,
 //! each until the window's end, and counts every JoinGroup without a member id (an
@@ -230,7 +233,9 @@ pub struct ProxySet {
 #[derive(Default)]
 struct CommitHold {
     armed: std::sync::atomic::AtomicBool,
-    /// The node whose OffsetCommit answer is held, once one is.
+    /// [`ProxySet::cut_at_next_commit`]'s trigger: it fires on the request, not the answer.
+    cut: std::sync::atomic::AtomicBool,
+    /// The node whose OffsetCommit answer (or, for the cut, request) is held, once one is.
     node: Mutex<Option<i32>>,
 }
 
@@ -492,8 +497,23 @@ impl ProxySet {
         self.commit_hold.armed.store(arm, Ordering::SeqCst);
     }
 
+    /// Arms the trigger: the next OffsetCommit request from this contender is held, and the
+    /// proxy in front of its broker black-holes both ways from then on (set before the request
+    /// is forwarded), until [`ProxySet::set`] or [`ProxySet::set_all`] clears it. The broker
+    /// reads the commit only after the heal. `false` disarms it if it has not fired.
+    pub fn cut_at_next_commit(&self, arm: bool) {
+        if arm {
+            *self
+                .commit_hold
+                .node
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = None;
+        }
+        self.commit_hold.cut.store(arm, Ordering::SeqCst);
+    }
+
     /// The broker whose OffsetCommit answer the trigger of [`ProxySet::hold_next_commit`]
-    /// holds, once it holds one.
+    /// holds (or whose proxy [`ProxySet::cut_at_next_commit`] cut), once one is.
     pub fn commit_held(&self) -> Option<i32> {
         *self
             .commit_hold
@@ -613,12 +633,14 @@ impl ProxySet {
     }
 
     /// Sets the fault on every proxy of the set: the contender cut off from the whole cluster.
-    /// Disarms [`ProxySet::cut_after_sync`], [`ProxySet::stall_next_join`] and
-    /// [`ProxySet::hold_next_commit`] if they have not fired.
+    /// Disarms [`ProxySet::cut_after_sync`], [`ProxySet::stall_next_join`],
+    /// [`ProxySet::hold_next_commit`] and [`ProxySet::cut_at_next_commit`] if they have not
+    /// fired.
     pub fn set_all(&self, fault: Fault) {
         self.sync_cut.armed.store(false, Ordering::SeqCst);
         self.join_stall.armed.store(false, Ordering::SeqCst);
         self.commit_hold.armed.store(false, Ordering::SeqCst);
+        self.commit_hold.cut.store(false, Ordering::SeqCst);
         for p in &self.proxies {
             p.fault.send_replace(fault);
         }
@@ -716,6 +738,7 @@ async fn connection(
     let commits: Arc<Mutex<std::collections::HashSet<i32>>> = Arc::default();
     let (asked_commit, answered_commit) = (commits.clone(), commits);
     let commit_fault = own_fault.clone();
+    let commit_cut = commit_hold.clone();
     // The connection's Heartbeats in flight (correlation ids), and how many of their answers
     // are held and not yet written to the client.
     let heartbeats: Arc<Mutex<std::collections::HashSet<i32>>> = Arc::default();
@@ -758,7 +781,13 @@ async fn connection(
                     .joins_before_check
                     .fetch_add(1, Ordering::SeqCst);
             }
-            match ApiKey::try_from(i16::from_be_bytes([frame[0], frame[1]])) {
+            let key = ApiKey::try_from(i16::from_be_bytes([frame[0], frame[1]]));
+            // Set before the request is forwarded: `pump_in` then holds it with the black-hole.
+            if key == Ok(ApiKey::OffsetCommit) && commit_cut.cut.swap(false, Ordering::SeqCst) {
+                own_fault.send_replace(Fault::Blackhole(Dir::Both));
+                *commit_cut.node.lock().unwrap_or_else(|p| p.into_inner()) = Some(node);
+            }
+            match key {
                 Ok(ApiKey::Heartbeat) => &asked,
                 Ok(ApiKey::Fetch) => &asked_fetch,
                 Ok(ApiKey::OffsetCommit) => &asked_commit,

@@ -143,6 +143,13 @@ pub enum Kind {
     /// lock is granted during a start, and 0.1 to 3 s later the new kafka-lock is SIGKILLed or
     /// stopped past the session timeout while its start is likely under way. Not in CI mode.
     SlowSupervisorStart,
+    /// A `kafka-lock run` holder of the native lock whose job exited 0 cut off from the
+    /// broker its checkpoint's OffsetCommit goes to, both ways, from that request on (the
+    /// request held too) for the session timeout plus 1 to 3.5 s, so the broker drops it and
+    /// another contender holds meanwhile; the commit reaches the broker after the heal. The
+    /// hold must be reported ended at its lease end, not when the commit's answer comes. In CI
+    /// mode once, after the other kinds ([`Kind::CI_EXTRA`]).
+    CutAtCheckpoint,
 }
 
 impl Kind {
@@ -164,7 +171,7 @@ impl Kind {
 
     /// Drawn only when named (`--kinds`), but for [`Kind::CI_EXTRA`]: most need a contender of
     /// their own or take long, and CI mode keeps its time.
-    pub const OPTIONAL: [Kind; 13] = [
+    pub const OPTIONAL: [Kind; 14] = [
         Kind::HoldHeartbeat,
         Kind::NoexecLoss,
         Kind::Pair,
@@ -178,20 +185,23 @@ impl Kind {
         Kind::CoordMoveAtGrant,
         Kind::SlowLedgerCheck,
         Kind::SlowSupervisorStart,
+        Kind::CutAtCheckpoint,
     ];
 
-    /// The kinds that strike the handover's ledger traffic: drawing one turns checkpoint
-    /// continuity on (the contenders store and read checkpoints, the checker judges them).
-    pub const CHECKPOINTS: [Kind; 3] = [
+    /// The kinds that strike the handover's ledger traffic, or need the CLI's jobs to leave
+    /// checkpoints: drawing one turns checkpoint continuity on (the contenders store and read
+    /// checkpoints, the checker judges them).
+    pub const CHECKPOINTS: [Kind; 4] = [
         Kind::HandoverLedgerMove,
         Kind::AbandonedPolls,
         Kind::CoordMoveAtGrant,
+        Kind::CutAtCheckpoint,
     ];
 
     /// Optional kinds CI mode runs once anyway, after its schedule (so the kinds of [`Kind::ALL`]
-    /// keep theirs for every seed): cheap (about 15 s and one contender process), and what it
-    /// catches nothing else in CI mode does.
-    pub const CI_EXTRA: [Kind; 1] = [Kind::RuntimeStall];
+    /// keep theirs for every seed): cheap (about 15 s each, and no more than one contender
+    /// process), and what they catch nothing else in CI mode catches but by chance.
+    pub const CI_EXTRA: [Kind; 2] = [Kind::RuntimeStall, Kind::CutAtCheckpoint];
 
     /// What a pair draws from: the single faults (mixed and cut-move are combinations already;
     /// the optional ones need contenders of their own).
@@ -252,6 +262,7 @@ impl Kind {
             Kind::CoordMoveAtGrant => "coord-move-at-grant",
             Kind::SlowLedgerCheck => "slow-ledger-check",
             Kind::SlowSupervisorStart => "slow-supervisor-start",
+            Kind::CutAtCheckpoint => "cut-at-checkpoint",
         }
     }
 
@@ -437,6 +448,12 @@ impl fmt::Display for Episode {
                     "stopped past the session timeout"
                 }
             ),
+            Kind::CutAtCheckpoint => write!(
+                f,
+                ", a CLI holder cut both ways from its checkpoint's commit on, session timeout + \
+                 {:?}",
+                self.length
+            ),
             Kind::SlowLedgerCheck => write!(
                 f,
                 ", ledger topic checks held {:?} from a release{}",
@@ -531,6 +548,7 @@ fn draw(kind: Kind, rng: &mut Rng) -> Episode {
             | Kind::CoordMoveAtGrant
             | Kind::SlowLedgerCheck
             | Kind::SlowSupervisorStart
+            | Kind::CutAtCheckpoint
     );
     let target = if broker_wide || rng.range(0, 2) > 0 {
         Target::Native
@@ -570,7 +588,8 @@ fn draw(kind: Kind, rng: &mut Rng) -> Episode {
         | Kind::AbandonedPolls
         | Kind::CoordMoveAtGrant
         | Kind::SlowLedgerCheck
-        | Kind::SlowSupervisorStart => Duration::ZERO,
+        | Kind::SlowSupervisorStart
+        | Kind::CutAtCheckpoint => Duration::ZERO,
     };
     let delay = match kind {
         Kind::CutDelay => rng.millis(300, 8000),
@@ -642,6 +661,12 @@ fn draw(kind: Kind, rng: &mut Rng) -> Episode {
             e.length = rng.millis(5500, 12_000);
             e.pending = rng.range(0, 1) == 1;
         }
+        // On top of the session timeout, so the broker has dropped the member and another
+        // contender holds before the commit reaches the broker; short of the commit request's
+        // local bound (the broker's 5 s plus the 5 s request timeout), so a holder that waits
+        // for the commit ends on the broker's refusal after the heal, as in the finding
+        // (RELIABILITY.md, "What the suite found").
+        Kind::CutAtCheckpoint => e.length = rng.millis(1000, 3500),
         // The follower's stop: short of the session timeouts, long against one fetch round.
         Kind::CoordMoveAtGrant => e.length = rng.millis(1000, 2000),
         // Up to past the session timeout (6 s) and a request's bound, so a contender's own

@@ -761,9 +761,19 @@ impl Run {
                 target = t;
                 note = n;
             }
+            Kind::CutAtCheckpoint => {
+                start = mono_ns();
+                let (t, n) = self.cut_at_checkpoint(plan, &lock);
+                target = t;
+                note = n;
+            }
         }
         if target.is_none() && plan.kind != Kind::Herd {
-            note = "no holder to aim at: nothing done".into();
+            note = if note.is_empty() {
+                "no holder to aim at: nothing done".into()
+            } else {
+                format!("{note}: nothing done")
+            };
         }
         (target, note, start)
     }
@@ -1353,6 +1363,134 @@ impl Run {
                 } else {
                     ""
                 }
+            ),
+        )
+    }
+
+    /// The cut-at-checkpoint nemesis: the proxies of every `kafka-lock run` contender of the
+    /// native lock are armed to cut it off at its next OffsetCommit, the checkpoint its job left,
+    /// which kafka-lock stores after the job exits 0, inside the lease. The first to fire has
+    /// that broker's proxy black-holed both ways before the request is forwarded, for the
+    /// session timeout plus `plan.length`: no renewal gets through, the broker drops the member
+    /// and another contender holds, and the commit reaches the broker only after the heal, which
+    /// refuses it. The hold must be reported ended at its lease end (`lost`, with it); one
+    /// reported ended by a `failed` after the heal, the commit's refusal, is a hold claimed past
+    /// its lease, and the checker counts it against the holds begun meanwhile. The heal goes to
+    /// the slot's proxies, whoever runs there by then: a kafka-lock that reported its loss at
+    /// the lease end may have exited and been replaced during the cut.
+    fn cut_at_checkpoint(&self, plan: &Episode, lock: &str) -> (Option<String>, String) {
+        if !self.pool.env().checkpoints {
+            return (None, "no checkpoints in this run".into());
+        }
+        let slot = |id: &str| id.rsplit_once('.').map_or(id, |(s, _)| s).to_owned();
+        let slots: Vec<String> = self
+            .pool
+            .proxied(lock)
+            .into_iter()
+            .filter(|id| self.pool.role_of(id) == Some(Role::Cli))
+            .map(|id| slot(&id))
+            .collect();
+        for s in &slots {
+            self.pool.slot_proxies(s, |p| p.cut_at_next_commit(true));
+        }
+        let fired = |s: &str| {
+            let mut node = None;
+            self.pool.slot_proxies(s, |p| node = p.commit_held());
+            node
+        };
+        let deadline = Instant::now() + HOLDER_BOUND;
+        let cut = loop {
+            let found = slots.iter().find_map(|s| fired(s).map(|n| (s.clone(), n)));
+            if found.is_some() || Instant::now() >= deadline {
+                break found;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        let cut_at = mono_ns();
+        for s in &slots {
+            self.pool.slot_proxies(s, |p| p.cut_at_next_commit(false));
+        }
+        // Another may have fired before it was disarmed: only the first cut is the episode's.
+        for other in slots
+            .iter()
+            .filter(|s| cut.as_ref().is_none_or(|(c, _)| c != *s))
+        {
+            if let Some(n) = fired(other) {
+                self.pool.slot_proxies(other, |p| p.set(n, Fault::Clear));
+            }
+        }
+        let Some((slot, node)) = cut else {
+            return (None, String::new());
+        };
+        // The contender whose commit was cut: the slot's holder by the checker's log (not
+        // waited for: the cut's length runs from now).
+        let prefix = format!("{slot}.");
+        let id = self
+            .checker
+            .holders(lock)
+            .into_iter()
+            .find(|id| id.starts_with(&prefix));
+        std::thread::sleep(SESSION + plan.length);
+        self.pool.slot_proxies(&slot, |p| p.set(node, Fault::Clear));
+        let healed = mono_ns();
+        let Some(id) = id else {
+            return (
+                Some(slot.clone()),
+                format!("{slot}: OffsetCommit cut to node {node}, its holder not in the log"),
+            );
+        };
+        // How the hold was said to end, waited for a while after the heal (a report that never
+        // comes leaves the hold open to the end of the run, which the checker judges too).
+        let bound = Instant::now() + Duration::from_secs(30);
+        let end = loop {
+            let seen = {
+                let log = self.checker.lock();
+                log.events
+                    .iter()
+                    .find(|e| e.id == id && e.kind == Ev::Lost && e.mono > cut_at - 1_000_000_000)
+                    .map(|e| (e.mono, e.lease_end))
+            };
+            if seen.is_some() || Instant::now() >= bound {
+                break seen;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let others = {
+            let log = self.checker.lock();
+            log.events
+                .iter()
+                .filter(|x| {
+                    x.kind == Ev::Acquired
+                        && x.mono > cut_at
+                        && x.mono < healed
+                        && x.id != id
+                        && checker::base(&x.lock) == lock
+                })
+                .count()
+        };
+        let s = |ns: i64| ns as f64 / 1e9;
+        let said = match end {
+            Some((at, Some(lease_end))) => format!(
+                "lost reported {:+.1} s from the cut ({:+.1} s from the heal), its lease end \
+                 {:+.1} s",
+                s(at - cut_at),
+                s(at - healed),
+                s(lease_end - cut_at)
+            ),
+            Some((at, None)) => format!(
+                "its end reported by `failed` {:+.1} s from the cut, {:+.1} s from the heal, \
+                 with no lease end: a HOLD CLAIMED PAST ITS LEASE",
+                s(at - cut_at),
+                s(at - healed)
+            ),
+            None => "no end reported within 30 s of the heal".into(),
+        };
+        (
+            Some(id.clone()),
+            format!(
+                "{id}: its checkpoint's OffsetCommit cut to node {node} both ways for {:.1} s; \
+                 {said}; {others} acquisition(s) by others during the cut",
+                s(healed - cut_at)
             ),
         )
     }
@@ -2198,7 +2336,12 @@ impl Run {
             } else {
                 self.cfg.kinds.clone()
             };
-            for kind in kinds {
+            // Without checkpoints (turned off, or a semaphore) no CLI job leaves one to cut at.
+            let checkpoints = self.pool.env().checkpoints;
+            for kind in kinds
+                .into_iter()
+                .filter(|k| checkpoints || *k != Kind::CutAtCheckpoint)
+            {
                 let ran = self
                     .records
                     .iter()
