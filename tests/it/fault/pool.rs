@@ -217,10 +217,13 @@ impl Pool {
             .collect()
     }
 
-    /// Runs `f` on the proxies of contender `id`'s slot.
+    /// Runs `f` on the proxies of the slot contender `id` runs or ran in (ids are
+    /// `<slot>.<n>`): a heal must reach them even when the contender it was aimed at has exited
+    /// during the fault (a cut `kafka-lock run` says `lost` at its lease end and exits) and its
+    /// slot runs the next one, or that one would stay cut.
     pub fn proxies_of(&self, id: &str, f: impl FnOnce(&ProxySet)) -> bool {
-        self.with_slot(id, |s| s.proxies.as_ref().map(f).is_some())
-            .unwrap_or(false)
+        let slot = id.rsplit_once('.').map_or(id, |(slot, _)| slot);
+        self.slot_proxies(slot, f)
     }
 
     /// Runs `f` on the proxies of slot `name` (ids are `<slot>.<n>`), whoever runs in it now:
