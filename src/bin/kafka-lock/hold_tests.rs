@@ -86,6 +86,15 @@ impl H {
         h
     }
 
+    /// The command exited 0 and its tree is reaped: the checkpoint is being stored.
+    fn committing() -> H {
+        let mut h = H::started(true);
+        h.feed(exit(0));
+        h.feed(Input::Gone { queued_loss: None });
+        assert_eq!(h.feed(Input::Reaped), vec![Action::CommitCheckpoint]);
+        h
+    }
+
     /// Feeds the release's answer and returns the outcome.
     fn released(&mut self, cut: Option<i32>) -> Outcome {
         match self.feed(Input::Released(cut)).as_slice() {
@@ -658,10 +667,7 @@ fn a_lease_that_ran_out_after_the_command_ended_is_a_loss() {
 /// Break: `Release` alone (the hold then ends in the events only at `failed`).
 #[test]
 fn a_checkpoint_not_stored_fails_the_run_after_the_release() {
-    let mut h = H::started(true);
-    h.feed(exit(0));
-    h.feed(Input::Gone { queued_loss: None });
-    assert_eq!(h.feed(Input::Reaped), vec![Action::CommitCheckpoint]);
+    let mut h = H::committing();
     assert_eq!(
         h.feed(Input::Committed(Some(Failure::new(74, "stale")))),
         vec![
@@ -681,10 +687,7 @@ fn a_checkpoint_not_stored_fails_the_run_after_the_release() {
 /// ends only at `Committed`, past its lease).
 #[test]
 fn a_loss_while_the_checkpoint_is_stored_ends_the_hold_at_once() {
-    let mut h = H::started(true);
-    h.feed(exit(0));
-    h.feed(Input::Gone { queued_loss: None });
-    assert_eq!(h.feed(Input::Reaped), vec![Action::CommitCheckpoint]);
+    let mut h = H::committing();
     h.advance(LEASE);
     h.lose();
     assert_eq!(
@@ -739,10 +742,7 @@ fn a_renewed_hold_lost_while_its_checkpoint_is_stored_ends_at_its_last_lease() {
 /// still to come, which the coordinator may have given to someone else already).
 #[test]
 fn a_fenced_hold_lost_while_its_checkpoint_is_stored_is_not_claimed_past_the_loss() {
-    let mut h = H::started(true);
-    h.feed(exit(0));
-    h.feed(Input::Gone { queued_loss: None });
-    assert_eq!(h.feed(Input::Reaped), vec![Action::CommitCheckpoint]);
+    let mut h = H::committing();
     h.advance(Duration::from_secs(1));
     h.lose();
     let reason = LossReason::Fenced(kafka_lock::KafkaCode::UNKNOWN_MEMBER_ID);
@@ -807,10 +807,7 @@ fn no_checkpoint_is_stored_once_the_lease_is_over() {
 /// hold then ends at `failed`, past its lease).
 #[test]
 fn a_checkpoint_refused_after_the_lease_end_reports_the_loss_first() {
-    let mut h = H::started(true);
-    h.feed(exit(0));
-    h.feed(Input::Gone { queued_loss: None });
-    assert_eq!(h.feed(Input::Reaped), vec![Action::CommitCheckpoint]);
+    let mut h = H::committing();
     // At its end instant, still shown by the watch, the lease is over (a `<=` instead of `<`).
     h.advance(LEASE);
     assert_eq!(
