@@ -1295,6 +1295,7 @@ mod scripted {
     use std::time::Duration;
 
     use bytes::BytesMut;
+    use kafka_lock::internals::assign::NativeAssignment;
     use kafka_lock::{CheckpointSource, LockOptions};
     use kafka_protocol::messages::leave_group_response::MemberResponse;
     use kafka_protocol::messages::list_offsets_response::{
@@ -3160,6 +3161,279 @@ mod scripted {
                     matches!(&e, kafka_lock::Error::Security(SecurityError::TopicAuthorizationFailed { topic }) if topic == LEDGER),
                     "{e}"
                 ),
+            }
+        }
+    }
+
+    /// A DescribeGroups answer for group "lock": `members` (id, label, assignment) of a native
+    /// group in `state`.
+    fn described(
+        state: &'static str,
+        members: &[(&str, &str, NativeAssignment)],
+    ) -> impl Fn(i16) -> BytesMut + Send + Sync + 'static {
+        use kafka_lock::internals::assign::{MemberMetadata, NATIVE_PROTOCOL, PROTOCOL_TYPE};
+        use kafka_protocol::messages::describe_groups_response::{
+            DescribedGroup, DescribedGroupMember,
+        };
+        use kafka_protocol::messages::{DescribeGroupsResponse, GroupId};
+        let members: Vec<DescribedGroupMember> = members
+            .iter()
+            .map(|(id, label, a)| {
+                let holds = a.holder.as_ref().is_some_and(|h| h.member_id == *id)
+                    || a.other_holders.iter().any(|h| h.member_id == *id);
+                let meta = MemberMetadata {
+                    holds,
+                    first_joined_generation: 1,
+                    holder_generation: if holds { 7 } else { -1 },
+                    label: Some((*label).into()),
+                    permits: a.permits,
+                    slot: 0,
+                    ledger: None,
+                };
+                DescribedGroupMember::default()
+                    .with_member_id(StrBytes::from_string((*id).to_owned()))
+                    .with_client_host(StrBytes::from_static_str("/127.0.0.1"))
+                    .with_member_metadata(meta.encode())
+                    .with_member_assignment(a.encode())
+            })
+            .collect();
+        let group = DescribedGroup::default()
+            .with_group_id(GroupId(StrBytes::from_static_str("lock")))
+            .with_group_state(StrBytes::from_static_str(state))
+            .with_protocol_type(StrBytes::from_static_str(PROTOCOL_TYPE))
+            .with_protocol_data(StrBytes::from_static_str(NATIVE_PROTOCOL))
+            .with_members(members);
+        move |version| {
+            encode(
+                &DescribeGroupsResponse::default().with_groups(vec![group.clone()]),
+                version,
+            )
+        }
+    }
+
+    /// The assignment a member of a group of `permits` permits was given at generation 7, the
+    /// holders by slot, the member at `position`.
+    fn assigned(permits: u16, holders: &[&str], position: i32) -> NativeAssignment {
+        use kafka_lock::internals::assign::Holder;
+        let holder = |(slot, id): (usize, &&str)| Holder {
+            member_id: (*id).to_owned(),
+            label: None,
+            generation: 7,
+            slot: u16::try_from(slot).expect("a slot"),
+        };
+        let mut all = holders.iter().enumerate().map(holder);
+        NativeAssignment {
+            holder: all.next(),
+            position,
+            members: 3,
+            permits,
+            other_holders: all.collect(),
+            ledger: None,
+        }
+    }
+
+    /// A try looks before it joins, and only a look that leaves no doubt answers it: a stable
+    /// native group whose assignment in force names a holder for every permit the try asks for
+    /// is busy at once, with no JoinGroup, and the try's Waiting event names those holders with
+    /// position -1 (a try that never joined has no place in the queue) and no member id. A free
+    /// permit of a semaphore, a group between generations (whose members' bytes a broker may
+    /// still report), or another number of permits than the try's leave it to the join, which
+    /// the scripted coordinator grants. Breaks if the look were skipped or read wrongly: a join
+    /// on a busy lock (its holder would have to rebalance), another position in the event, or
+    /// "busy" read from any of the three uncertain looks.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_try_is_busy_at_a_look_only_when_every_permit_it_asks_for_is_held() {
+        use kafka_lock::{HolderInfo, LockEvent};
+        let holder = |id: &'static str, label: &'static str, slot: u16| (id, label, slot);
+        let seen = |h: &HolderInfo| {
+            assert_eq!(h.generation, 7, "{h:?}");
+            (h.member_id.clone(), h.label.clone(), h.slot)
+        };
+        // (what the look shows, the try's permits, the holders of a busy answer or None: joins)
+        let cases = [
+            (
+                "a held mutex",
+                described(
+                    "Stable",
+                    &[
+                        ("h", "h's", assigned(1, &["h"], 0)),
+                        ("w", "w's", assigned(1, &["h"], 1)),
+                    ],
+                ),
+                1,
+                Some(vec![holder("h", "h's", 0)]),
+            ),
+            (
+                "a semaphore with every permit held",
+                described(
+                    "Stable",
+                    &[
+                        ("h", "h's", assigned(2, &["h", "g"], 0)),
+                        ("g", "g's", assigned(2, &["h", "g"], 0)),
+                    ],
+                ),
+                2,
+                Some(vec![holder("h", "h's", 0), holder("g", "g's", 1)]),
+            ),
+            (
+                "a semaphore with a free permit",
+                described("Stable", &[("h", "h's", assigned(2, &["h"], 0))]),
+                2,
+                None,
+            ),
+            (
+                "a held mutex between generations",
+                described(
+                    "CompletingRebalance",
+                    &[("h", "h's", assigned(1, &["h"], 0))],
+                ),
+                1,
+                None,
+            ),
+            (
+                "a semaphore of two permits, both held, tried as a mutex",
+                described(
+                    "Stable",
+                    &[
+                        ("h", "h's", assigned(2, &["h", "g"], 0)),
+                        ("g", "g's", assigned(2, &["h", "g"], 0)),
+                    ],
+                ),
+                1,
+                None,
+            ),
+        ];
+        for (what, answer, permits, busy) in cases {
+            let addr = Arc::new(OnceLock::new());
+            let log: Log = Arc::default();
+            let common = script(addr.clone(), log.clone(), Arc::new(AtomicBool::new(false)));
+            let fake = fake_broker::start(Arc::new(move |api, version, body: &mut BytesMut| {
+                if api == ApiKey::DescribeGroups {
+                    return Some(answer(version));
+                }
+                common(api, version, body)
+            }))
+            .await;
+            addr.set(fake.addr).expect("set once");
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+            let o = LockOptions::new(fake.addr.to_string(), "lock")
+                .permits(permits)
+                .session_timeout(Duration::from_secs(6))
+                .rebalance_timeout(Duration::from_secs(6))
+                .heartbeat_interval(Duration::from_secs(1))
+                .lease_margin(Duration::from_secs(1))
+                .events(tx);
+            let tried = tokio::time::timeout(BOUND, o.try_acquire())
+                .await
+                .expect("tried within the bound")
+                .expect("try");
+            let joined = log.lock().unwrap().contains(&ApiKey::JoinGroup);
+            match busy {
+                Some(holders) => {
+                    assert!(tried.is_none(), "{what}: taken");
+                    assert!(!joined, "{what}: the try joined a busy lock");
+                    match rx.try_recv() {
+                        Ok(LockEvent::Waiting {
+                            member_id,
+                            holder,
+                            holders: named,
+                            position,
+                        }) => {
+                            let want: Vec<_> = holders
+                                .iter()
+                                .map(|(id, label, slot)| {
+                                    ((*id).to_owned(), Some((*label).to_owned()), *slot)
+                                })
+                                .collect();
+                            assert_eq!(member_id, "", "{what}");
+                            assert_eq!(holder.as_ref().map(seen).as_ref(), want.first(), "{what}");
+                            assert_eq!(named.iter().map(seen).collect::<Vec<_>>(), want, "{what}");
+                            assert_eq!(position, -1, "{what}");
+                        }
+                        other => panic!("{what}: {other:?} instead of a Waiting event"),
+                    }
+                }
+                None => {
+                    assert!(joined, "{what}: answered busy without joining");
+                    let guard =
+                        tried.unwrap_or_else(|| panic!("{what}: the join's grant not taken"));
+                    tokio::time::timeout(BOUND, guard.release())
+                        .await
+                        .expect("released within the bound")
+                        .expect("release");
+                }
+            }
+        }
+    }
+
+    /// A hold lost before it was handed over (the coordinator no longer knows the member while
+    /// its ACQUIRED record is still unanswered, so the hold never begins) is no acquisition: a
+    /// try answers that it did not take the lock, without joining again, and a wait goes on
+    /// under a new membership and takes the lock with it. Breaks if a try tried again (it would
+    /// take the lock on its second join), if a wait gave up at the loss with time left
+    /// (`NotAcquired`), or ended there with no guard.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_hold_lost_before_its_hand_over_ends_a_try_and_a_wait_goes_on() {
+        use std::sync::atomic::AtomicUsize;
+        // Long after the first Heartbeat's answer, which follows the SyncGroup at once; within
+        // the request timeout.
+        const LATE: Duration = Duration::from_secs(3);
+        for once in [true, false] {
+            let addr = Arc::new(OnceLock::new());
+            let log: Log = Arc::default();
+            let common = script(addr.clone(), log.clone(), Arc::new(AtomicBool::new(false)));
+            let (produces, heartbeats) = (Arc::new(AtomicUsize::new(0)), AtomicUsize::new(0));
+            let fake = fake_broker::start_parking(Arc::new(
+                move |_conn, api, version, body: &mut BytesMut| {
+                    // The first membership's first Heartbeat: UNKNOWN_MEMBER_ID.
+                    if api == ApiKey::Heartbeat && heartbeats.fetch_add(1, Ordering::SeqCst) == 0 {
+                        let r = HeartbeatResponse::default().with_error_code(25);
+                        return Some((encode(&r, version), Duration::ZERO));
+                    }
+                    // The first Produce is the first hold's ACQUIRED record.
+                    let late =
+                        api == ApiKey::Produce && produces.fetch_add(1, Ordering::SeqCst) == 0;
+                    let hold = if late { LATE } else { Duration::ZERO };
+                    common(api, version, body).map(|b| (b, hold))
+                },
+            ))
+            .await;
+            addr.set(fake.addr).expect("set once");
+            let o = LockOptions::new(fake.addr.to_string(), "lock")
+                .session_timeout(Duration::from_secs(3))
+                .rebalance_timeout(Duration::from_secs(3))
+                .heartbeat_interval(Duration::from_secs(1))
+                .lease_margin(Duration::from_millis(500))
+                .request_timeout(Duration::from_secs(10))
+                .ledger_topic(LEDGER)
+                .ledger_push(false);
+            let joins = || {
+                log.lock()
+                    .unwrap()
+                    .iter()
+                    .filter(|a| **a == ApiKey::JoinGroup)
+                    .count()
+            };
+            if once {
+                let tried = tokio::time::timeout(BOUND, o.try_acquire())
+                    .await
+                    .expect("tried within the bound")
+                    .expect("try");
+                assert!(
+                    tried.is_none(),
+                    "a try took a hold lost before its hand-over"
+                );
+                assert_eq!(joins(), 1, "the try joined again");
+            } else {
+                let guard = tokio::time::timeout(BOUND, o.acquire(Some(BOUND)))
+                    .await
+                    .expect("acquired within the bound")
+                    .expect("the wait goes on after the loss and takes the lock");
+                assert!(joins() >= 2, "taken without a second join");
+                tokio::time::timeout(BOUND, guard.release())
+                    .await
+                    .expect("released within the bound")
+                    .expect("release");
             }
         }
     }
