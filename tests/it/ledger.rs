@@ -3179,15 +3179,18 @@ mod scripted {
         let members: Vec<DescribedGroupMember> = members
             .iter()
             .map(|(id, label, a)| {
-                let holds = a.holder.as_ref().is_some_and(|h| h.member_id == *id)
-                    || a.other_holders.iter().any(|h| h.member_id == *id);
+                let held = a
+                    .holder
+                    .iter()
+                    .chain(&a.other_holders)
+                    .find(|h| h.member_id == *id);
                 let meta = MemberMetadata {
-                    holds,
+                    holds: held.is_some(),
                     first_joined_generation: 1,
-                    holder_generation: if holds { 7 } else { -1 },
+                    holder_generation: held.map_or(-1, |h| h.generation),
                     label: Some((*label).into()),
                     permits: a.permits,
-                    slot: 0,
+                    slot: held.map_or(0, |h| h.slot),
                     ledger: None,
                 };
                 DescribedGroupMember::default()
