@@ -698,6 +698,26 @@ mod tests {
         ));
     }
 
+    /// Without a pidfd (Linux before 5.3) the reap polls for the supervisor's exit until its
+    /// bound, and reaps it once it has exited.
+    #[tokio::test]
+    async fn without_a_pidfd_the_reap_polls_for_the_supervisors_exit() {
+        let mut child = until_stdin_closes();
+        let (mut link, _theirs) = link_to(&child);
+        link.pidfd = None;
+        let mut reap = std::pin::pin!(link.reap());
+        let first = std::future::poll_fn(|cx| std::task::Poll::Ready(reap.as_mut().poll(cx))).await;
+        assert!(
+            first.is_pending(),
+            "the reap gave up on a supervisor that still runs"
+        );
+        drop(child.stdin.take());
+        tokio::time::timeout(Duration::from_secs(60), reap)
+            .await
+            .expect("the reap did not see the supervisor's exit");
+        assert!(link.reaped.get(), "the supervisor was not reaped");
+    }
+
     /// A supervisor that does not exit is given up on after the reap's 5 s, not waited for
     /// without end (the release waits on the reap), and is not taken as reaped.
     #[tokio::test]
