@@ -521,20 +521,51 @@ mod tests {
         (link, theirs)
     }
 
-    /// A process that runs until its stdin is closed.
-    fn until_stdin_closes() -> std::process::Child {
-        std::process::Command::new("cat")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap()
+    /// A child of the test, killed and reaped when dropped if it is still there: a failing
+    /// test leaves no process behind (which would also hold the test's output open).
+    struct Proc(std::process::Child);
+
+    impl Drop for Proc {
+        fn drop(&mut self) {
+            // Err: already reaped (by the link under test).
+            if let Ok(None) = self.0.try_wait() {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
     }
 
-    fn sleeper() -> std::process::Child {
-        std::process::Command::new("sleep")
-            .arg("3600")
-            .spawn()
-            .unwrap()
+    impl std::ops::Deref for Proc {
+        type Target = std::process::Child;
+        fn deref(&self) -> &std::process::Child {
+            &self.0
+        }
+    }
+
+    impl std::ops::DerefMut for Proc {
+        fn deref_mut(&mut self) -> &mut std::process::Child {
+            &mut self.0
+        }
+    }
+
+    /// A process that runs until its stdin is closed.
+    fn until_stdin_closes() -> Proc {
+        Proc(
+            std::process::Command::new("cat")
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    }
+
+    fn sleeper() -> Proc {
+        Proc(
+            std::process::Command::new("sleep")
+                .arg("3600")
+                .spawn()
+                .unwrap(),
+        )
     }
 
     fn supervisor_sends(theirs: &std::os::fd::OwnedFd, bytes: &[u8]) {
@@ -653,11 +684,13 @@ mod tests {
         )
         .unwrap();
         // `cat` reads the supervisor's end until end of file, then exits.
-        let child = std::process::Command::new("cat")
-            .stdin(std::process::Stdio::from(theirs))
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
+        let child = Proc(
+            std::process::Command::new("cat")
+                .stdin(std::process::Stdio::from(theirs))
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
         let (mut link, _unused) = link_to(&child);
         link.sock = UnixStream::from_std(std::os::unix::net::UnixStream::from(ours)).unwrap();
         tokio::time::timeout(Duration::from_secs(60), link.close())
