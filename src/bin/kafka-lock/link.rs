@@ -666,7 +666,9 @@ mod tests {
             ToSupervisor::parse(&supervisor_reads(&theirs)),
             Ok(ToSupervisor::Lease { end_ns: 5 })
         );
-        drop(theirs);
+        // Shut down rather than closed: a child another test forks meanwhile holds a copy of
+        // the descriptor until it execs, and a close would only take effect then.
+        rustix::net::shutdown(&theirs, rustix::net::Shutdown::Both).unwrap();
         assert!(link.send_env(&env[..1]).is_err(), "an ENV to no one passed");
         link.send(ToSupervisor::Stop);
         child.kill().unwrap();

@@ -1630,10 +1630,24 @@ mod tests {
             0,
         )
         .unwrap();
-        assert!(matches!(
-            read_regular_file(&fifo, 10),
-            Err(FileRefused::NotRegular)
-        ));
+        // On a thread: an open that waits for a writer must fail the test, not hang it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reader = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || {
+                let _ = tx.send(matches!(
+                    read_regular_file(&fifo, 10),
+                    Err(FileRefused::NotRegular)
+                ));
+            })
+        };
+        let refused = rx.recv_timeout(Duration::from_secs(60));
+        if refused.is_err() {
+            // A writer's open lets the waiting one through.
+            let _ = std::fs::OpenOptions::new().write(true).open(&fifo);
+        }
+        reader.join().unwrap();
+        assert_eq!(refused, Ok(true), "a FIFO was not refused at once");
         assert!(matches!(
             read_regular_file(&dir, 10),
             Err(FileRefused::NotRegular)
