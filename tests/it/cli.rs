@@ -1415,6 +1415,33 @@ fn killing_kafka_lock_stops_everything_the_command_started() {
     }
 }
 
+/// The command inherits no socket: kafka-lock's end of the socket to the supervisor is
+/// close-on-exec, so neither the supervisor nor the command holds it. A command holding it could
+/// speak to the supervisor as kafka-lock (a lease end of its own) or read what the supervisor
+/// tells kafka-lock, and would keep the socket open after kafka-lock died, so the supervisor
+/// would not see the end of file that stops the command at once.
+#[test]
+fn the_command_inherits_no_socket() {
+    let lock = lock_name("nosocket");
+    let bootstrap = broker().bootstrap();
+    let mut args = vec!["run", "--bootstrap", &bootstrap, "--lock", &lock];
+    args.extend(QUICK);
+    args.extend([
+        "--",
+        "sh",
+        "-c",
+        r#"for f in /proc/$$/fd/*; do printf '%s ' "$(readlink "$f")"; done; echo"#,
+    ]);
+    let (code, stderr, out) = run_to_end(&args, STEP);
+    assert_eq!(code, 0, "{stderr:?}");
+    // The listing worked: the command's stdout is the test's pipe.
+    assert!(out.contains("pipe:"), "{out}");
+    assert!(
+        !out.contains("socket:"),
+        "the command inherited a socket: {out}"
+    );
+}
+
 #[test]
 fn an_unreachable_cluster_exits_69_within_the_connect_timeouts() {
     let lock = lock_name("unreachable");

@@ -392,6 +392,13 @@ mod tests {
         .map(|(guard, link)| (guard, *link));
         assert_eq!(joined, Ok(("guard", 7)));
         assert!(sent.await.unwrap());
+        // A settled start is not waited on again: `beside` would otherwise settle it in a loop
+        // that never lets the acquire's I/O run.
+        assert!(
+            !start.pending(),
+            "a started supervisor still counts as pending"
+        );
+        assert!(!Start::<u32>::Failed(None).pending());
     }
 
     #[tokio::test(start_paused = true)]
@@ -488,5 +495,294 @@ mod tests {
         let (tx, rx) = tokio::sync::oneshot::channel::<Result<u32, Failure>>();
         tx.send(Err(cannot_start())).unwrap();
         assert_eq!(Start::Pending(rx).finish().await, None);
+    }
+
+    /// A link to a stand-in for the supervisor: `child`, a real child of this process (so that
+    /// the link can kill and reap it as it does the supervisor), and the socket's other end,
+    /// which the test reads and writes as the supervisor would.
+    fn link_to(child: &std::process::Child) -> (Link, std::os::fd::OwnedFd) {
+        let (ours, theirs) = rustix::net::socketpair(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+            None,
+        )
+        .unwrap();
+        let sock = UnixStream::from_std(std::os::unix::net::UnixStream::from(ours)).unwrap();
+        let pidfd = sys::pid(child.id())
+            .and_then(|p| rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok())
+            .and_then(watch_pidfd);
+        let link = Link {
+            sock,
+            pid: child.id(),
+            pidfd,
+            reaped: std::cell::Cell::new(false),
+        };
+        (link, theirs)
+    }
+
+    /// A child of the test, killed and reaped when dropped if it is still there: a failing
+    /// test leaves no process behind (which would also hold the test's output open).
+    struct Proc(std::process::Child);
+
+    impl Drop for Proc {
+        fn drop(&mut self) {
+            // Err: already reaped (by the link under test).
+            if let Ok(None) = self.0.try_wait() {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+    }
+
+    impl std::ops::Deref for Proc {
+        type Target = std::process::Child;
+        fn deref(&self) -> &std::process::Child {
+            &self.0
+        }
+    }
+
+    impl std::ops::DerefMut for Proc {
+        fn deref_mut(&mut self) -> &mut std::process::Child {
+            &mut self.0
+        }
+    }
+
+    /// A process that runs until its stdin is closed.
+    fn until_stdin_closes() -> Proc {
+        Proc(
+            std::process::Command::new("cat")
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    }
+
+    fn sleeper() -> Proc {
+        Proc(
+            std::process::Command::new("sleep")
+                .arg("3600")
+                .spawn()
+                .unwrap(),
+        )
+    }
+
+    fn supervisor_sends(theirs: &std::os::fd::OwnedFd, bytes: &[u8]) {
+        assert_eq!(
+            rustix::net::send(theirs, bytes, SendFlags::DONTWAIT).unwrap(),
+            bytes.len()
+        );
+    }
+
+    fn supervisor_reads(theirs: &std::os::fd::OwnedFd) -> Vec<u8> {
+        let mut buf = vec![0u8; proto::MAX_ENV_MESSAGE + 1];
+        let (n, len) = rustix::net::recv(theirs, &mut buf, RecvFlags::DONTWAIT | RecvFlags::TRUNC)
+            .expect("nothing was sent");
+        assert_eq!(n, len, "a datagram larger than any message");
+        buf.truncate(n);
+        buf
+    }
+
+    async fn recv(link: &Link) -> Option<Result<FromSupervisor, ProtoError>> {
+        tokio::time::timeout(Duration::from_secs(60), link.recv())
+            .await
+            .expect("the link waited for a message already sent")
+            .expect("the link's read failed")
+    }
+
+    /// Each datagram is one message, read whole up to MAX_MESSAGE bytes; a longer one is named
+    /// by its own length (not by what fitted the buffer), so the supervisor's breach is said as
+    /// it was.
+    #[tokio::test]
+    async fn the_supervisors_datagrams_are_read_whole_and_an_overlong_one_is_refused() {
+        let mut child = sleeper();
+        let (link, theirs) = link_to(&child);
+        supervisor_sends(&theirs, b"PID 42\n");
+        let longest = format!("ERROR {}", "x".repeat(MAX_MESSAGE - 6));
+        assert_eq!(longest.len(), MAX_MESSAGE);
+        supervisor_sends(&theirs, longest.as_bytes());
+        supervisor_sends(&theirs, &[b'A'; 1000]);
+        supervisor_sends(&theirs, b"GONE\n");
+        assert_eq!(recv(&link).await, Some(Ok(FromSupervisor::Pid(42))));
+        assert_eq!(
+            recv(&link).await,
+            Some(Ok(FromSupervisor::Error("x".repeat(MAX_MESSAGE - 6))))
+        );
+        assert_eq!(recv(&link).await, Some(Err(ProtoError::TooLong(1000))));
+        assert_eq!(recv(&link).await, Some(Ok(FromSupervisor::Gone)));
+        drop(theirs);
+        assert_eq!(
+            recv(&link).await,
+            None,
+            "no end of file once the supervisor's end closed"
+        );
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    /// A supervisor that exits with our messages unread resets the connection (ECONNRESET):
+    /// what it said before it went, GONE above all, is still read, then the end of file.
+    #[tokio::test]
+    async fn a_supervisor_gone_with_our_messages_unread_is_still_heard_to_the_end() {
+        let mut child = sleeper();
+        let (link, theirs) = link_to(&child);
+        link.send(ToSupervisor::Lease { end_ns: 5 });
+        supervisor_sends(&theirs, b"EXIT CODE 0\n");
+        supervisor_sends(&theirs, b"GONE\n");
+        drop(theirs);
+        assert_eq!(
+            recv(&link).await,
+            Some(Ok(FromSupervisor::Exit(proto::ChildExit::Code(0))))
+        );
+        assert_eq!(recv(&link).await, Some(Ok(FromSupervisor::Gone)));
+        assert_eq!(recv(&link).await, None);
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    /// The hold's variables go one ENV datagram each, then the lease end; once the supervisor is
+    /// gone, a variable that cannot be passed is an error (the command must not start without
+    /// it), while a lease end is dropped silently.
+    #[tokio::test]
+    async fn the_supervisor_is_told_one_datagram_a_message() {
+        let mut child = sleeper();
+        let (link, theirs) = link_to(&child);
+        let env = [
+            ("KAFKA_LOCK_NAME", OsString::from("jobs")),
+            ("KAFKA_LOCK_CHECKPOINT", OsString::from("a b\nc")),
+        ];
+        link.send_env(&env).unwrap();
+        link.send(ToSupervisor::Lease { end_ns: 5 });
+        for (name, value) in &env {
+            let got = supervisor_reads(&theirs);
+            assert_eq!(got, proto::encode_env(name, value).unwrap());
+            assert_eq!(
+                proto::parse_env(&got),
+                Some(Ok((OsString::from(name), value.clone())))
+            );
+        }
+        assert_eq!(
+            ToSupervisor::parse(&supervisor_reads(&theirs)),
+            Ok(ToSupervisor::Lease { end_ns: 5 })
+        );
+        // Shut down rather than closed: a child another test forks meanwhile holds a copy of
+        // the descriptor until it execs, and a close would only take effect then.
+        rustix::net::shutdown(&theirs, rustix::net::Shutdown::Both).unwrap();
+        assert!(link.send_env(&env[..1]).is_err(), "an ENV to no one passed");
+        link.send(ToSupervisor::Stop);
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    /// Closing the link is the supervisor's end of input: it exits on it, and is reaped.
+    #[tokio::test]
+    async fn closing_the_link_ends_the_supervisors_input_and_reaps_it() {
+        let (ours, theirs) = rustix::net::socketpair(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+            None,
+        )
+        .unwrap();
+        // `cat` reads the supervisor's end until end of file, then exits.
+        let child = Proc(
+            std::process::Command::new("cat")
+                .stdin(std::process::Stdio::from(theirs))
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let (mut link, _unused) = link_to(&child);
+        link.sock = UnixStream::from_std(std::os::unix::net::UnixStream::from(ours)).unwrap();
+        tokio::time::timeout(Duration::from_secs(60), link.close())
+            .await
+            .expect("the close waited past the supervisor's exit");
+        assert!(link.reaped.get(), "the supervisor was not reaped");
+        assert!(
+            matches!(
+                rustix::process::waitpid(
+                    sys::pid(child.id()),
+                    rustix::process::WaitOptions::NOHANG
+                ),
+                Err(Errno::CHILD)
+            ),
+            "the supervisor is left to reap"
+        );
+    }
+
+    /// The reap waits for the supervisor's exit (its pidfd wakes it) and reaps it then.
+    #[tokio::test]
+    async fn the_reap_waits_for_the_supervisors_exit() {
+        let mut child = until_stdin_closes();
+        let (link, _theirs) = link_to(&child);
+        let mut reap = std::pin::pin!(link.reap());
+        let first = std::future::poll_fn(|cx| std::task::Poll::Ready(reap.as_mut().poll(cx))).await;
+        assert!(
+            first.is_pending(),
+            "the reap gave up on a supervisor that still runs"
+        );
+        drop(child.stdin.take());
+        tokio::time::timeout(Duration::from_secs(60), reap)
+            .await
+            .expect("the reap did not see the supervisor's exit");
+        assert!(link.reaped.get(), "the supervisor was not reaped");
+        assert!(matches!(
+            rustix::process::waitpid(sys::pid(child.id()), rustix::process::WaitOptions::NOHANG),
+            Err(Errno::CHILD)
+        ));
+    }
+
+    /// Without a pidfd (Linux before 5.3) the reap polls for the supervisor's exit until its
+    /// bound, and reaps it once it has exited.
+    #[tokio::test]
+    async fn without_a_pidfd_the_reap_polls_for_the_supervisors_exit() {
+        let mut child = until_stdin_closes();
+        let (mut link, _theirs) = link_to(&child);
+        link.pidfd = None;
+        let mut reap = std::pin::pin!(link.reap());
+        let first = std::future::poll_fn(|cx| std::task::Poll::Ready(reap.as_mut().poll(cx))).await;
+        assert!(
+            first.is_pending(),
+            "the reap gave up on a supervisor that still runs"
+        );
+        drop(child.stdin.take());
+        tokio::time::timeout(Duration::from_secs(60), reap)
+            .await
+            .expect("the reap did not see the supervisor's exit");
+        assert!(link.reaped.get(), "the supervisor was not reaped");
+    }
+
+    /// A supervisor that does not exit is given up on after the reap's 5 s, not waited for
+    /// without end (the release waits on the reap), and is not taken as reaped.
+    #[tokio::test]
+    async fn the_reap_gives_up_on_a_supervisor_that_does_not_exit() {
+        let mut child = sleeper();
+        let (link, _theirs) = link_to(&child);
+        tokio::time::timeout(Duration::from_secs(60), link.reap())
+            .await
+            .expect("the reap waited without end");
+        assert!(
+            !link.reaped.get(),
+            "a running supervisor was taken as reaped"
+        );
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    /// The kill is a SIGKILL to the supervisor, and its pidfd wakes whoever waits on its exit.
+    #[tokio::test]
+    async fn a_killed_supervisor_ends_by_sigkill_and_its_pidfd_says_so() {
+        use std::os::unix::process::ExitStatusExt;
+        let mut child = sleeper();
+        let (link, _theirs) = link_to(&child);
+        let pidfd = link.pidfd.as_ref().expect("no pidfd on this kernel");
+        link.kill();
+        tokio::time::timeout(Duration::from_secs(60), pidfd.readable())
+            .await
+            .expect("the pidfd did not wake on the supervisor's exit")
+            .unwrap()
+            .retain_ready();
+        assert_eq!(child.wait().unwrap().signal(), Some(9));
     }
 }

@@ -1495,6 +1495,192 @@ mod tests {
         );
     }
 
+    /// `--wait` goes up to a year, a second more is refused: past that, "wait" means "without
+    /// limit", which is said by leaving the flag out.
+    #[test]
+    fn the_longest_wait_is_a_year() {
+        let year = Duration::from_secs(365 * 24 * 3600);
+        let mut c = config();
+        c.wait = Some(year);
+        assert_eq!(Timing::resolve(&c).expect("a year's wait").wait, Some(year));
+        c.wait = Some(year + Duration::from_secs(1));
+        refused(&c, "--wait");
+    }
+
+    /// `-E` and `-L` replace 75 and 74 and nothing else; `-E 0` makes a busy lock a success,
+    /// while `-L 0` keeps a lost lock a failure (exit 0, but said as one).
+    #[test]
+    fn the_conflict_and_lost_codes_replace_only_their_own_statuses() {
+        let mut c = config();
+        let mut rep = Reporter::new(&c.lock, true);
+        let busy = || Err(Failure::new(exit::NOT_ACQUIRED, "busy"));
+        let lost = || Err(Failure::new(exit::LOST, "lost"));
+        assert_eq!(conclude(&c, &mut rep, Ok(5)), Ok(5));
+        assert_eq!(conclude(&c, &mut rep, busy()).unwrap_err().status, 75);
+        assert_eq!(conclude(&c, &mut rep, lost()).unwrap_err().status, 74);
+        c.conflict_exit_code = Some(3);
+        c.lost_exit_code = Some(4);
+        assert_eq!(conclude(&c, &mut rep, busy()).unwrap_err().status, 3);
+        assert_eq!(conclude(&c, &mut rep, lost()).unwrap_err().status, 4);
+        let config_error = Err(Failure::new(exit::CONFIG, "bad"));
+        assert_eq!(conclude(&c, &mut rep, config_error).unwrap_err().status, 78);
+        c.conflict_exit_code = Some(0);
+        c.lost_exit_code = Some(0);
+        assert_eq!(conclude(&c, &mut rep, busy()), Ok(0));
+        let f = conclude(&c, &mut rep, lost()).expect_err("-L 0 made a lost lock a success");
+        assert_eq!(f.status, 0);
+    }
+
+    /// Settings that cannot be put together end the run with their own status, and the line
+    /// says which variable set the flag it names.
+    #[test]
+    fn a_run_that_cannot_start_fails_with_the_settings_status() {
+        let from_env = FromEnv(vec![(
+            "session-timeout".into(),
+            "KAFKA_LOCK_SESSION_TIMEOUT".into(),
+        )]);
+        let f = failed_before_start(
+            "l",
+            true,
+            &from_env,
+            Failure::new(exit::CONFIG, "--session-timeout must be positive"),
+        )
+        .expect_err("a run that could not start succeeded");
+        assert_eq!(f.status, exit::CONFIG);
+        assert!(f.line.contains("KAFKA_LOCK_SESSION_TIMEOUT"), "{}", f.line);
+    }
+
+    /// The command's end as kafka-lock passes it on: its code, or 128 + the signal (255 past
+    /// what a status holds).
+    #[test]
+    fn a_commands_end_is_its_code_or_128_plus_its_signal() {
+        let e = child_end(ChildExit::Code(3));
+        assert_eq!((e.code, e.signal, e.status), (Some(3), None, 3));
+        let e = child_end(ChildExit::Code(255));
+        assert_eq!((e.code, e.signal, e.status), (Some(255), None, 255));
+        let e = child_end(ChildExit::Signal(9));
+        assert_eq!((e.code, e.signal, e.status), (None, Some(9), 137));
+        let e = child_end(ChildExit::Signal(64));
+        assert_eq!((e.code, e.signal, e.status), (None, Some(64), 192));
+        assert_eq!(child_end(ChildExit::Signal(200)).status, 255);
+    }
+
+    /// A release cut short by a signal says so, with the session timeout after which the broker
+    /// frees the lock; a whole release adds nothing.
+    #[test]
+    fn a_release_cut_short_names_the_signal_and_the_session_timeout() {
+        assert_eq!(release_note(None, Duration::from_secs(10)), "");
+        let note = release_note(Some(15), Duration::from_secs(10));
+        assert!(note.contains("SIGTERM"), "{note}");
+        assert!(
+            note.contains(&sys::human(Duration::from_secs(10))),
+            "{note}"
+        );
+    }
+
+    /// The lease end of the last loss queued, past any other event; none if none is queued.
+    #[test]
+    fn a_queued_loss_is_found_among_the_events() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        assert_eq!(queued_loss(&mut rx), None);
+        let at = Instant::now();
+        let later = at + Duration::from_secs(1);
+        tx.send(LockEvent::Released).unwrap();
+        tx.send(LockEvent::Lost {
+            reason: LossReason::LeaseExpired,
+            lease_end: at,
+        })
+        .unwrap();
+        tx.send(LockEvent::Lost {
+            reason: LossReason::Reassigned,
+            lease_end: later,
+        })
+        .unwrap();
+        tx.send(LockEvent::Released).unwrap();
+        assert_eq!(queued_loss(&mut rx), Some(later));
+        assert_eq!(queued_loss(&mut rx), None, "the events were not taken");
+    }
+
+    /// The command's checkpoint file is read only if it is a regular file, at most `limit`
+    /// bytes of it, and never through a symbolic link or from a FIFO that would block.
+    #[test]
+    fn only_a_regular_files_checkpoint_is_read() {
+        let dir = std::env::temp_dir().join(format!("kafka-lock-run-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        let file = dir.join("checkpoint");
+        assert!(matches!(read_regular_file(&file, 10), Ok(None)));
+        std::fs::write(&file, b"0123456789abc").unwrap();
+        assert_eq!(
+            read_regular_file(&file, 10).unwrap(),
+            Some(b"0123456789".to_vec())
+        );
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        assert!(matches!(
+            read_regular_file(&link, 10),
+            Err(FileRefused::NotRegular)
+        ));
+        let fifo = dir.join("fifo");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
+            0,
+        )
+        .unwrap();
+        // On a thread: an open that waits for a writer must fail the test, not hang it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reader = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || {
+                let _ = tx.send(matches!(
+                    read_regular_file(&fifo, 10),
+                    Err(FileRefused::NotRegular)
+                ));
+            })
+        };
+        let refused = rx.recv_timeout(Duration::from_secs(60));
+        if refused.is_err() {
+            // A writer's open lets the waiting one through.
+            let _ = std::fs::OpenOptions::new().write(true).open(&fifo);
+        }
+        reader.join().unwrap();
+        assert_eq!(refused, Ok(true), "a FIFO was not refused at once");
+        assert!(matches!(
+            read_regular_file(&dir, 10),
+            Err(FileRefused::NotRegular)
+        ));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A signal sent to kafka-lock comes out of `recv` by its number, and `drain` takes those
+    /// already received, keeping the latest in `last` (SIGUSR1 and SIGUSR2 only: the test's
+    /// own process receives them).
+    #[tokio::test]
+    async fn signals_are_received_by_number_and_drained_to_the_latest() {
+        let mut signals = Signals::new().expect("the handlers");
+        let me = rustix::process::getpid();
+        rustix::process::kill_process(me, Signal::USR2).unwrap();
+        let n = tokio::time::timeout(Duration::from_secs(60), signals.recv())
+            .await
+            .expect("the signal was not received");
+        assert_eq!(n, Signal::USR2.as_raw());
+        assert_eq!(signals.last, Some(Signal::USR2.as_raw()));
+        rustix::process::kill_process(me, Signal::USR1).unwrap();
+        // Delivered before `kill` returns (to this process, unblocked); the stream has it once
+        // the runtime's signal driver has read it, which `drain` polls for.
+        tokio::time::timeout(Duration::from_secs(60), async {
+            while signals.last != Some(Signal::USR1.as_raw()) {
+                signals.drain().await;
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("drain did not take the signal received");
+    }
+
     /// With only a short `--session-timeout`, the grace, the margin and the heartbeat shrink
     /// with it (a fifth, a quarter and a third of what is left) instead of keeping defaults
     /// that no longer fit.
