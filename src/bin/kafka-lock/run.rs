@@ -1250,7 +1250,9 @@ impl CheckpointDir {
             return Some(Failure::new(
                 exit::CONFIG,
                 format!(
-                    "the command's checkpoint is more than {} bytes (--checkpoint-max-bytes, the                      brokers' offset.metadata.max.bytes); it was not stored and lock {:?} keeps                      its previous checkpoint",
+                    "the command's checkpoint is more than {} bytes (--checkpoint-max-bytes, the \
+                     brokers' offset.metadata.max.bytes); it was not stored and lock {:?} keeps \
+                     its previous checkpoint",
                     self.max, self.lock
                 ),
             ));
@@ -1259,7 +1261,8 @@ impl CheckpointDir {
             return Some(Failure::new(
                 exit::CONFIG,
                 format!(
-                    "the command's checkpoint is not UTF-8 text; it was not stored and lock {:?}                      keeps its previous checkpoint",
+                    "the command's checkpoint is not UTF-8 text; it was not stored and lock {:?} \
+                     keeps its previous checkpoint",
                     self.lock
                 ),
             ));
