@@ -4,7 +4,7 @@
 #   scripts/fault-suite.sh [--long] [--seed N] [--episodes N] [--permits N] [--kinds a,b]
 #                          [--many N] [--slow-consumer] [--[no-]checkpoints]
 #
-# Without --long: the CI mode (every nemesis once, about 130 s), the same test that
+# Without --long: the CI mode (every nemesis once, about 170 s), the same test that
 # scripts/test.sh runs. With --long: 200 episodes of nemeses drawn at random (about 30 minutes),
 # the run behind RELIABILITY.md. A seed replays the same schedule of faults; without one the
 # run picks and prints a seed. Either mode fails on any overlapping hold, accepted stale
