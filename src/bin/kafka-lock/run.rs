@@ -966,8 +966,9 @@ impl HoldIo<'_> {
             Outcome::LeaseGoneBeforeStart => (
                 exit::NOT_ACQUIRED,
                 format!(
-                    "lock {:?} was granted but its lease ran out before the command could start (was \
-                     kafka-lock paused?); the command was not run; try again",
+                    "lock {:?} was granted but its lease ran out before the command could start \
+                     (kafka-lock or its supervisor paused or starved, or the brokers out of reach \
+                     meanwhile); the command was not run; try again",
                     c.lock
                 ),
             ),
@@ -981,8 +982,9 @@ impl HoldIo<'_> {
             Outcome::NeverStarted => (
                 exit::NOT_ACQUIRED,
                 format!(
-                    "lock {:?} was granted but its lease ran out before the command could start (was \
-                     kafka-lock paused?); the command was not run; try again{note}",
+                    "lock {:?} was granted but its lease ran out before the command could start \
+                     (kafka-lock or its supervisor paused or starved, or the brokers out of reach \
+                     meanwhile); the command was not run; try again{note}",
                     c.lock,
                 ),
             ),
