@@ -1533,6 +1533,54 @@ pub(super) async fn lane_broker() -> (
     (broker, rx)
 }
 
+/// A lock's view of the client's connections: its pool and the stripe of its quick connection.
+fn session_on(pool: Arc<pool::Pool>, stripe: usize) -> session::Session {
+    session::Session {
+        pool,
+        private: false,
+        join_lane: Default::default(),
+        sent: Default::default(),
+        stripe,
+        join_gate: None,
+    }
+}
+
+/// Takes the one lane of a session whose pool has a cap of one, so that a first join waits in
+/// line for it; with the lane's connection at the broker's end.
+async fn take_the_only_lane(
+    net: &session::Session,
+    broker: &crate::membership::Broker,
+    accepted: &mut tokio::sync::mpsc::UnboundedReceiver<Peer<tokio::net::TcpStream>>,
+) -> (pool::Lane, Peer<tokio::net::TcpStream>) {
+    let taken = tokio::time::timeout(PROMPTLY, net.pool.lane(broker, pool::Park::Fresh))
+        .await
+        .expect("a cap of one lane keeps none in reserve")
+        .unwrap();
+    let server = tokio::time::timeout(PROMPTLY, accepted.recv())
+        .await
+        .expect("a connection for the lane")
+        .unwrap();
+    (taken, server)
+}
+
+/// A member's first JoinGroup to `broker`, on the join lane.
+fn first_join(
+    broker: &crate::membership::Broker,
+    timeout: Duration,
+) -> crate::membership::Transmit {
+    use crate::membership::{Lane, Target, Transmit};
+    Transmit {
+        id: 1,
+        target: Target::Coordinator {
+            broker: broker.clone(),
+            lane: Lane::Join,
+        },
+        request: kafka_protocol::messages::JoinGroupRequest::default().into(),
+        version: 5,
+        timeout,
+    }
+}
+
 fn lane_pool(cap: usize) -> Arc<pool::Pool> {
     striped_pool(cap, 1)
 }
@@ -1713,14 +1761,7 @@ async fn a_rejoin_takes_only_an_answered_idle_lane_and_holds_it_within_the_cap()
 async fn one_locks_held_heartbeat_timing_out_does_not_fail_anothers_on_the_quick_connection() {
     use crate::membership::{Lane, Target, Transmit};
     let (broker, mut accepted) = lane_broker().await;
-    let net = session::Session {
-        pool: lane_pool(4),
-        private: false,
-        join_lane: Default::default(),
-        sent: Default::default(),
-        stripe: 0,
-        join_gate: None,
-    };
+    let net = session_on(lane_pool(4), 0);
     let (answers_tx, mut answers) = tokio::sync::mpsc::unbounded_channel();
     let request_timeout = Duration::from_millis(600);
     let heartbeat_of = |id: u64| Transmit {
@@ -1906,36 +1947,11 @@ async fn an_urgent_request_gets_an_overflow_lane_when_every_lane_is_taken() {
 /// next lane nor dials a connection for a member that is gone.
 #[tokio::test]
 async fn a_first_join_waiting_for_a_lane_leaves_the_line_with_its_session() {
-    use crate::membership::{Lane, Target, Transmit};
-    use kafka_protocol::messages::JoinGroupRequest;
     let (broker, mut accepted) = lane_broker().await;
-    let net = session::Session {
-        pool: lane_pool(1),
-        private: false,
-        join_lane: Default::default(),
-        sent: Default::default(),
-        stripe: 0,
-        join_gate: None,
-    };
-    let taken = tokio::time::timeout(PROMPTLY, net.pool.lane(&broker, pool::Park::Fresh))
-        .await
-        .expect("a cap of one lane keeps none in reserve")
-        .unwrap();
-    let _server = tokio::time::timeout(PROMPTLY, accepted.recv())
-        .await
-        .expect("a connection for the lane")
-        .unwrap();
+    let net = session_on(lane_pool(1), 0);
+    let (taken, _server) = take_the_only_lane(&net, &broker, &mut accepted).await;
     let (answers_tx, answers) = tokio::sync::mpsc::unbounded_channel();
-    let join = Transmit {
-        id: 1,
-        target: Target::Coordinator {
-            broker: broker.clone(),
-            lane: Lane::Join,
-        },
-        request: JoinGroupRequest::default().into(),
-        version: 5,
-        timeout: Duration::from_secs(1),
-    };
+    let join = first_join(&broker, Duration::from_secs(1));
     session::send_on_task(&net, join, pool::Park::Fresh, answers_tx);
     // The quick connection dialled ahead for the member's first Heartbeat.
     let _quick = tokio::time::timeout(PROMPTLY, accepted.recv())
@@ -1964,36 +1980,12 @@ async fn a_first_join_waiting_for_a_lane_leaves_the_line_with_its_session() {
 /// (no acquisition would complete).
 #[tokio::test]
 async fn the_answer_channel_stays_while_a_join_waits_for_a_lane_and_carries_its_answer() {
-    use crate::membership::{Lane, Target, Transmit};
-    use kafka_protocol::messages::{JoinGroupRequest, JoinGroupResponse};
+    use kafka_protocol::messages::JoinGroupResponse;
     let (broker, mut accepted) = lane_broker().await;
-    let net = session::Session {
-        pool: lane_pool(1),
-        private: false,
-        join_lane: Default::default(),
-        sent: Default::default(),
-        stripe: 0,
-        join_gate: None,
-    };
-    let taken = tokio::time::timeout(PROMPTLY, net.pool.lane(&broker, pool::Park::Fresh))
-        .await
-        .expect("a cap of one lane keeps none in reserve")
-        .unwrap();
-    let mut server = tokio::time::timeout(PROMPTLY, accepted.recv())
-        .await
-        .expect("a connection for the lane")
-        .unwrap();
+    let net = session_on(lane_pool(1), 0);
+    let (taken, mut server) = take_the_only_lane(&net, &broker, &mut accepted).await;
     let mut answers = None;
-    let join = Transmit {
-        id: 1,
-        target: Target::Coordinator {
-            broker: broker.clone(),
-            lane: Lane::Join,
-        },
-        request: JoinGroupRequest::default().into(),
-        version: 5,
-        timeout: Duration::from_secs(5),
-    };
+    let join = first_join(&broker, Duration::from_secs(5));
     let control = session::send(&net, join, pool::Park::Fresh, || {
         session::answer_to(&mut answers)
     });
@@ -2069,14 +2061,7 @@ async fn a_held_heartbeat_holds_back_only_its_own_stripe() {
     use crate::membership::{Lane, Target, Transmit};
     let (broker, mut accepted) = lane_broker().await;
     let pool = striped_pool(4, 2);
-    let session = |stripe| session::Session {
-        pool: pool.clone(),
-        private: false,
-        join_lane: Default::default(),
-        sent: Default::default(),
-        stripe,
-        join_gate: None,
-    };
+    let session = |stripe| session_on(pool.clone(), stripe);
     let (answers_tx, mut answers) = tokio::sync::mpsc::unbounded_channel();
     let heartbeat_of = |id: u64| Transmit {
         id,
@@ -3452,17 +3437,13 @@ async fn with_two_lanes_one_is_kept_for_urgent_requests() {
 async fn a_held_heartbeat_narrows_the_admission_window_and_acquisitions_widen_it() {
     use crate::membership::{Lane, Target, Transmit};
     let (broker, mut accepted) = lane_broker().await;
-    let net = session::Session {
-        pool: Arc::new(pool::Pool::new(pool::PoolConfig {
+    let net = session_on(
+        Arc::new(pool::Pool::new(pool::PoolConfig {
             acquisitions_at_once: 8,
             ..pool_config(4, 1)
         })),
-        private: false,
-        join_lane: Default::default(),
-        sent: Default::default(),
-        stripe: 0,
-        join_gate: None,
-    };
+        0,
+    );
     let pool = net.pool.clone();
     let mut places = Vec::new();
     for _ in 0..8 {
