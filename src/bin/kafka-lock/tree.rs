@@ -97,7 +97,7 @@ pub fn signal_tree(pgid: Option<u32>, signal: Signal) {
 /// Signals `pid`, which /proc showed as a child of `ppid`, without hitting an unrelated process
 /// that took over the pid since. Our own children cannot be replaced: their pid stays theirs
 /// until we reap them, which this thread is not doing now. Deeper ones are pinned with a pidfd
-/// and checked again before the signal.
+/// and checked again before the signal: still a child of `ppid`, or of ours by then.
 fn signal_descendant(me: u32, pid: u32, ppid: u32, signal: Signal) {
     let Some(p) = sys::pid(pid) else { return };
     if ppid == me {
@@ -106,7 +106,9 @@ fn signal_descendant(me: u32, pid: u32, ppid: u32, signal: Signal) {
     }
     match rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()) {
         Ok(fd) => {
-            if read_stat(pid).is_some_and(|s| s.ppid == ppid) {
+            // Re-parented to us since the walk (its parent just died, to the group's SIGTERM
+            // say) is still ours: the pidfd names the process the walk saw while it lives.
+            if read_stat(pid).is_some_and(|s| s.ppid == ppid || s.ppid == me) {
                 let _ = rustix::process::pidfd_send_signal(&fd, signal);
             }
         }
