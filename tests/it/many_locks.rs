@@ -280,15 +280,9 @@ async fn a_paused_coordinator_costs_only_the_locks_it_coordinates_on_three_nodes
         }
         named
     };
-    let mut named = coordinators();
-    let mut nodes: BTreeSet<i32> = named.iter().map(|(n, _)| *n).collect();
-    if nodes.len() < 2 {
-        // A node fenced for a moment on a loaded machine loses its leaderships for good (no
-        // automatic leader rebalance in the test cluster): give them back.
-        block_in_place(|| support::kafka::admin::elect_preferred_leaders(&bootstrap));
-        named = coordinators();
-        nodes = named.iter().map(|(n, _)| *n).collect();
-    }
+    block_in_place(|| cluster.spread_offsets_leaders());
+    let named = coordinators();
+    let nodes: BTreeSet<i32> = named.iter().map(|(n, _)| *n).collect();
     assert!(
         nodes.len() >= 2,
         "one node leads every offsets partition, nothing to compare: {named:?}"

@@ -8,13 +8,19 @@
 //   java -cp '.tools/kafka/libs/*' tests/java/KafkaAdmin.java BOOTSTRAP describe-group GROUP
 //   java -cp '.tools/kafka/libs/*' tests/java/KafkaAdmin.java BOOTSTRAP delete-offsets GROUP TOPIC
 //     (OffsetDelete of partition 0 of TOPIC in GROUP)
+//   java -cp '.tools/kafka/libs/*' tests/java/KafkaAdmin.java BOOTSTRAP spread-leaders TOPIC
+//     (partition i of TOPIC led by the i-th node, counting round the nodes in id order)
 //
 // describe-group prints one `group` line, then one `member` line per member: tab-separated
 // key=value fields (ids never contain tabs). Any failure prints `error\t<exception class>\t<message>`
 // on stdout and exits 1, so a test can tell "the group is not empty" from a broken helper.
 // Exit 2: bad usage.
 
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.HashSet;
 import java.util.List;
+import java.util.Map;
 import java.util.Optional;
 import java.util.Properties;
 import java.util.Set;
@@ -27,8 +33,13 @@ import org.apache.kafka.common.ElectionType;
 import org.apache.kafka.clients.admin.AdminClientConfig;
 import org.apache.kafka.clients.admin.ClassicGroupDescription;
 import org.apache.kafka.clients.admin.MemberDescription;
+import org.apache.kafka.clients.admin.NewPartitionReassignment;
 import org.apache.kafka.clients.admin.NewTopic;
+import org.apache.kafka.clients.admin.TopicDescription;
+import org.apache.kafka.common.Node;
 import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.TopicPartitionInfo;
+import org.apache.kafka.common.errors.ElectionNotNeededException;
 
 public class KafkaAdmin {
     // Bounds every call: a test must fail, not hang, when the broker does not answer.
@@ -50,10 +61,7 @@ public class KafkaAdmin {
                 case "delete-group" -> admin.deleteConsumerGroups(List.of(args[2])).all()
                         .get(TIMEOUT_MS, TimeUnit.MILLISECONDS);
                 case "describe-group" -> describeGroup(admin, args[2]);
-                // Every partition back to its preferred (first) replica; a partition already
-                // led by it answers ELECTION_NOT_NEEDED, which is no failure here.
-                case "elect-preferred" -> admin.electLeaders(ElectionType.PREFERRED, null)
-                        .partitions().get(TIMEOUT_MS, TimeUnit.MILLISECONDS);
+                case "spread-leaders" -> spreadLeaders(admin, args[2]);
                 case "delete-offsets" -> admin.deleteConsumerGroupOffsets(args[2],
                         Set.of(new TopicPartition(args[3], 0))).all()
                         .get(TIMEOUT_MS, TimeUnit.MILLISECONDS);
@@ -65,6 +73,62 @@ public class KafkaAdmin {
             fail(e);
         }
         System.out.println("ok");
+    }
+
+    // The controller never makes a fenced node a partition's first (preferred) replica, so a
+    // topic created while two of three nodes were fenced for a moment (a missed controller
+    // heartbeat on a loaded machine) prefers one node for every partition, and a preferred
+    // election alone cannot spread it. So: reorder each partition's replicas (the same set, the
+    // chosen node first; a reassignment with nothing to copy), then elect the preferred leaders.
+    // The caller waits for every replica to be in sync first: only an in-sync replica can lead.
+    private static void spreadLeaders(Admin admin, String topic) throws Exception {
+        List<Integer> nodes = new ArrayList<>();
+        for (Node n : admin.describeCluster().nodes().get(TIMEOUT_MS, TimeUnit.MILLISECONDS)) {
+            nodes.add(n.id());
+        }
+        nodes.sort(null);
+        TopicDescription d = admin.describeTopics(List.of(topic)).allTopicNames()
+                .get(TIMEOUT_MS, TimeUnit.MILLISECONDS).get(topic);
+        Map<TopicPartition, Optional<NewPartitionReassignment>> moves = new HashMap<>();
+        Set<TopicPartition> all = new HashSet<>();
+        for (TopicPartitionInfo p : d.partitions()) {
+            List<Integer> replicas = p.replicas().stream().map(Node::id)
+                    .collect(Collectors.toList());
+            int want = nodes.get(p.partition() % nodes.size());
+            if (!replicas.contains(want)) {
+                throw new IllegalStateException(topic + "-" + p.partition() + " has no replica on node "
+                        + want + ": " + replicas);
+            }
+            List<Integer> order = new ArrayList<>(List.of(want));
+            replicas.stream().filter(r -> r != want).forEach(order::add);
+            TopicPartition tp = new TopicPartition(topic, p.partition());
+            all.add(tp);
+            if (!order.equals(replicas)) {
+                moves.put(tp, Optional.of(new NewPartitionReassignment(order)));
+            }
+        }
+        if (!moves.isEmpty()) {
+            admin.alterPartitionReassignments(moves).all().get(TIMEOUT_MS, TimeUnit.MILLISECONDS);
+            long deadline = System.currentTimeMillis() + TIMEOUT_MS;
+            while (!admin.listPartitionReassignments(moves.keySet()).reassignments()
+                    .get(TIMEOUT_MS, TimeUnit.MILLISECONDS).isEmpty()) {
+                if (System.currentTimeMillis() > deadline) {
+                    throw new IllegalStateException("reassignments of " + topic + " still running");
+                }
+                Thread.sleep(100);
+            }
+        }
+        Map<TopicPartition, Optional<Throwable>> elected = admin
+                .electLeaders(ElectionType.PREFERRED, all).partitions()
+                .get(TIMEOUT_MS, TimeUnit.MILLISECONDS);
+        for (Map.Entry<TopicPartition, Optional<Throwable>> e : elected.entrySet()) {
+            // A partition already led by its preferred replica needs no election.
+            if (e.getValue().isPresent()
+                    && !(e.getValue().get() instanceof ElectionNotNeededException)) {
+                throw new IllegalStateException("electing the leader of " + e.getKey() + ": "
+                        + e.getValue().get());
+            }
+        }
     }
 
     private static void createTopic(Admin admin, String name, int partitions) throws Exception {
@@ -105,7 +169,7 @@ public class KafkaAdmin {
     private static void usage() {
         System.err.println("usage: KafkaAdmin BOOTSTRAP (create-topic NAME PARTITIONS"
                 + " | delete-group GROUP | describe-group GROUP | delete-offsets GROUP TOPIC"
-                + " | elect-preferred all)");
+                + " | spread-leaders TOPIC)");
         System.exit(2);
     }
 }

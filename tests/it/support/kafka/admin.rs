@@ -70,16 +70,16 @@ pub fn create_topic(bootstrap: &str, name: &str, partitions: i32) {
     }
 }
 
-/// Moves the leadership of every partition back to its preferred replica (Admin.electLeaders,
-/// PREFERRED): the cluster's nodes run with `auto.leader.rebalance.enable=false`, so a node that
-/// was fenced for a moment (a missed controller heartbeat on a loaded machine) does not get its
-/// partitions back by itself.
+/// Makes node `ids[i % n]` (the cluster's node ids in order) the first replica and the leader
+/// of partition `i` of `topic`: a reassignment that only reorders each partition's replicas, then
+/// a preferred election (Admin.alterPartitionReassignments, Admin.electLeaders). Every replica
+/// must be in sync; see [`super::KafkaCluster::spread_offsets_leaders`].
 ///
 /// # Panics
-/// When the election cannot be asked for.
-pub fn elect_preferred_leaders(bootstrap: &str) {
-    if let Err(e) = run(bootstrap, &["elect-preferred", "all"]) {
-        panic!("electing preferred leaders at {bootstrap}: {e}");
+/// When the move or the election fails.
+pub fn spread_leaders(bootstrap: &str, topic: &str) {
+    if let Err(e) = run(bootstrap, &["spread-leaders", topic]) {
+        panic!("spreading the leaders of {topic} at {bootstrap}: {e}");
     }
 }
 

@@ -519,6 +519,35 @@ impl KafkaCluster {
         }
     }
 
+    /// Makes node `ids[p % n]` (ids in order) the leader, and so the group coordinator, of
+    /// `__consumer_offsets` partition `p`, creating the topic first if no FindCoordinator has,
+    /// and returns once FindCoordinator says so for every partition. Tests that compare
+    /// coordinators call it: the controller never makes a node that is fenced at the topic's
+    /// creation (a missed heartbeat on a loaded machine) a partition's preferred leader, so
+    /// left alone one node may coordinate every group for good.
+    ///
+    /// # Panics
+    /// When a node is down, or the move does not complete within the admin and failover bounds.
+    pub fn spread_offsets_leaders(&self) {
+        assert!(
+            self.nodes.iter().all(|n| n.is_live()),
+            "spreading the offsets partitions' leaders needs every node"
+        );
+        let partitions = self.offsets_partitions();
+        let probes: Vec<String> = (0..partitions)
+            .map(|p| group_on_partition("kafka-lock-tests-spread", p, partitions))
+            .collect();
+        // The first FindCoordinator creates the topic; only in-sync replicas can be elected.
+        self.coordinator(&probes[0]);
+        self.wait_for_full_isr();
+        super::admin::spread_leaders(&self.bootstrap(), "__consumer_offsets");
+        let ids: Vec<i32> = self.nodes.iter().map(|n| n.id()).collect();
+        for (p, group) in probes.iter().enumerate() {
+            let want = ids[p % ids.len()];
+            self.poll_coordinator(group, |id| id == want);
+        }
+    }
+
     /// The node FindCoordinator names for `group`, asked of the live nodes in turn until one
     /// answers without error.
     ///

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use super::admin::{create_topic, delete_group, describe_group};
-use super::probe::find_coordinator;
+use super::probe::{find_coordinator, group_on_partition};
 use super::*;
 use crate::support::selftest::{refuses_connections, spawn_holder, wait_until};
 use crate::support::{pid_alive, unique_group};
@@ -178,6 +178,14 @@ fn three_node_cluster_moves_a_coordinator_off_a_killed_node() {
     // node answers for it.
     let found = find_coordinator(&cluster.node(old).addr(), &group).expect("FindCoordinator");
     assert_eq!(found.node_id, new);
+
+    // The restarted node leads nothing now; the spread gives every node one offsets partition.
+    cluster.spread_offsets_leaders();
+    let partitions = cluster.offsets_partitions();
+    let leaders: std::collections::BTreeSet<i32> = (0..partitions)
+        .map(|p| cluster.coordinator(&group_on_partition("selftest-spread", p, partitions)))
+        .collect();
+    assert_eq!(leaders.len(), 3, "{leaders:?}");
 }
 
 #[test]
