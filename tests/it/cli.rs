@@ -2026,6 +2026,15 @@ fn a_dead_supervisor_is_replaced_by_kafka_lock_stopping_everything_then_releasin
     }
     let line = run.failure_line();
     assert!(line.contains("supervisor"), "{line}");
+    // Of all the exits kafka-lock reaped, the line names the supervisor's own (the SIGKILL
+    // above) and the event the command's own (the SIGTERM of kafka-lock's stop).
+    assert!(
+        line.contains("failed: it exited unexpectedly (SIGKILL);"),
+        "{line}"
+    );
+    let exited = run.named("child_exited");
+    assert_eq!(exited.len(), 1, "{}", run.transcript());
+    assert_eq!(exited[0]["signal"], 15, "{}", run.transcript());
     let status = status_json(&broker.bootstrap(), &lock);
     assert_eq!(
         member_count(&status),
