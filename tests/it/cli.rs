@@ -87,6 +87,8 @@ struct Run {
     groups: Arc<Mutex<Vec<u32>>>,
     /// Lets a stderr reader that was told to stall go on reading.
     resume: Option<mpsc::Sender<()>>,
+    /// The CPU time kafka-lock and the descendants it reaped used, once it has exited.
+    cpu: Arc<Mutex<Option<Duration>>>,
 }
 
 struct Spec {
@@ -219,8 +221,15 @@ impl Run {
             }
         });
         let (exit_tx, exited) = mpsc::channel();
+        let cpu = Arc::new(Mutex::new(None));
+        let used = cpu.clone();
         std::thread::spawn(move || {
-            if let Ok(status) = child.wait() {
+            // wait4, not Child::wait: its rusage is kafka-lock's own CPU time.
+            let (status, usage) = wait_with_usage(&child);
+            if let Some(usage) = usage {
+                *used.lock().unwrap_or_else(|p| p.into_inner()) = Some(usage);
+            }
+            if let Some(status) = status {
                 let _ = exit_tx.send(status);
             }
         });
@@ -234,7 +243,17 @@ impl Run {
             seen: Vec::new(),
             groups,
             resume: Some(resume),
+            cpu,
         }
+    }
+
+    /// The CPU time (user and system) kafka-lock used, with that of the descendants it reaped
+    /// (its supervisor, and what was re-parented to it); after [`Run::finish`].
+    fn cpu_time(&self) -> Duration {
+        self.cpu
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .expect("kafka-lock has exited and was reaped with its rusage")
     }
 
     fn resume_stderr(&mut self) {
@@ -581,6 +600,49 @@ fn proc_state(pid: u32) -> Option<char> {
         .next()?
         .chars()
         .next()
+}
+
+/// Reaps `child` with wait4(2): its status, and the CPU time it and the descendants it reaped
+/// used. `None`s if it was reaped elsewhere.
+fn wait_with_usage(child: &Child) -> (Option<ExitStatus>, Option<Duration>) {
+    let pid = child.id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: rusage is plain old data, which wait4 fills in.
+    #[allow(unsafe_code)]
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: wait4 on our own child's pid, with pointers to locals that outlive the call;
+        // nothing else waits for this child (the Child is only borrowed).
+        #[allow(unsafe_code)]
+        let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+        if r == pid {
+            let time = |t: libc::timeval| {
+                Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+            };
+            let cpu = time(usage.ru_utime) + time(usage.ru_stime);
+            return (Some(ExitStatus::from_raw(status)), Some(cpu));
+        }
+        if r == -1 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+            continue;
+        }
+        return (None, None);
+    }
+}
+
+/// The CPU time (user and system) process `pid` has used so far, from /proc.
+fn cpu_so_far(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .unwrap_or_else(|e| panic!("/proc/{pid}/stat: {e}"));
+    // Fields 14 and 15 (utime, stime), counted after the command name's closing parenthesis.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // SAFETY: sysconf only reads a configuration value.
+    #[allow(unsafe_code)]
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    Duration::from_millis(ticks * 1000 / hz)
 }
 
 fn scratch_dir(name: &str) -> PathBuf {
@@ -1339,6 +1401,145 @@ fn a_command_that_ignores_sigterm_is_killed_after_the_grace() {
     assert!(run.failure_line().contains("SIGKILL after 1s 500ms"));
 }
 
+/// After a SIGTERM passed on to a command that ignores it, kafka-lock waits out the grace with a
+/// deadline set (the SIGKILL); it sleeps until then. A hold that does not wait for its deadline
+/// spins on its one runtime thread for the whole grace, about a core's worth of CPU: the CPU it
+/// used from the SIGTERM to its exit stays well under a quarter of the grace.
+#[test]
+fn kafka_lock_waits_out_the_grace_after_a_sigterm_without_spinning() {
+    let broker = broker();
+    let lock = lock_name("grace-idle");
+    let grace = Duration::from_secs(6);
+    let mut run = run_cmd(
+        &broker.bootstrap(),
+        &lock,
+        &["--session-timeout", "30s", "--kill-grace", "6s"],
+        &sh("exec 2>/dev/null; trap '' TERM; echo ready; exec sleep 600"),
+    )
+    .spawn();
+    run.event("child_started", STEP);
+    run.stdout_line("ready", STEP);
+    let before = cpu_so_far(run.pid);
+    let termed = Instant::now();
+    run.signal("TERM");
+    let exited = run.event("child_exited", grace + STEP);
+    assert_eq!(exited["signal"], 9, "{}", run.transcript());
+    assert_eq!(run.finish(STEP), 137, "{}", run.transcript());
+    let wall = termed.elapsed();
+    let cpu = run.cpu_time().saturating_sub(before);
+    eprintln!("kafka-lock used {cpu:?} of CPU in the {wall:?} from the SIGTERM to its exit");
+    assert!(wall >= grace, "SIGKILL came {wall:?} after the SIGTERM");
+    assert!(
+        cpu < grace / 4,
+        "kafka-lock used {cpu:?} of CPU in the {wall:?} after the SIGTERM: it did not sleep \
+         until the grace's end"
+    );
+}
+
+/// A pseudo-terminal: its master end, and its slave end opened without becoming the test's
+/// controlling terminal.
+fn pty() -> (OwnedFd, std::fs::File) {
+    use std::os::fd::FromRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    // SAFETY: posix_openpt returns a new descriptor we own (or -1, checked).
+    #[allow(unsafe_code)]
+    let fd = unsafe { libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC) };
+    assert!(fd >= 0, "posix_openpt: {}", std::io::Error::last_os_error());
+    // SAFETY: fd is open and owned by nothing else.
+    #[allow(unsafe_code)]
+    let master = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut name = [0 as libc::c_char; 128];
+    // SAFETY: calls on the open master; ptsname_r writes at most name.len() bytes, NUL included.
+    #[allow(unsafe_code)]
+    let ok = unsafe {
+        libc::grantpt(fd) == 0
+            && libc::unlockpt(fd) == 0
+            && libc::ptsname_r(fd, name.as_mut_ptr(), name.len()) == 0
+    };
+    assert!(ok, "the pty's slave: {}", std::io::Error::last_os_error());
+    // SAFETY: ptsname_r succeeded, so name holds a NUL-terminated path.
+    #[allow(unsafe_code)]
+    let path = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }
+        .to_str()
+        .expect("a pty path")
+        .to_owned();
+    let slave = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOCTTY)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("{path}: {e}"));
+    (master, slave)
+}
+
+/// Run from a terminal, kafka-lock hands it to the command (whose group is then the foreground
+/// one, so it can read it) and takes it back once the command has ended: kafka-lock's group is
+/// the foreground one again while it stops what the command left (a process ignoring SIGTERM,
+/// which keeps kafka-lock there for the grace) and releases. Here kafka-lock leads the session
+/// the terminal belongs to, as a login shell would (setsid, then TIOCSCTTY on its stdin).
+#[test]
+fn the_terminal_is_the_commands_while_it_runs_and_kafka_locks_after() {
+    use std::io::Write;
+    use std::os::unix::process::CommandExt;
+    let broker = broker();
+    let lock = lock_name("terminal");
+    let (master, slave) = pty();
+    let spec = run_cmd(
+        &broker.bootstrap(),
+        &lock,
+        &["--session-timeout", "20s", "--kill-grace", "5s"],
+        &sh("exec 2>/dev/null; trap '' TERM; sleep 600 & echo ready; read line; exit 0"),
+    );
+    let mut cmd = kafka_lock();
+    cmd.args(&spec.args)
+        .stdin(Stdio::from(slave))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: setsid and ioctl are async-signal-safe, and touch only the child being started.
+    #[allow(unsafe_code)]
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() == -1 || libc::ioctl(0, libc::TIOCSCTTY, 0) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut run = Run::watch(
+        cmd.spawn()
+            .unwrap_or_else(|e| panic!("cannot start {BIN} on a terminal: {e}")),
+        None,
+    );
+    let started = run.event("child_started", STEP);
+    let child = started["child_pid"].as_u64().expect("child pid") as i32;
+    run.stdout_line("ready", STEP);
+    let foreground = || {
+        rustix::termios::tcgetpgrp(master.as_fd())
+            .map(|p| p.as_raw_nonzero().get())
+            .unwrap_or_else(|e| panic!("the terminal's foreground group: {e}"))
+    };
+    assert_eq!(
+        foreground(),
+        child,
+        "the command's group was not given the terminal"
+    );
+    let mut tty = std::fs::File::from(master.try_clone().expect("the pty's master"));
+    tty.write_all(b"go\n")
+        .expect("a line to the command on the terminal");
+    run.event("child_exited", STEP);
+    let after = foreground();
+    assert!(
+        run.exited.try_recv().is_err(),
+        "kafka-lock exited before the terminal was looked at: {}",
+        run.transcript()
+    );
+    assert_eq!(
+        after, run.pid as i32,
+        "the terminal's foreground group after the command is not kafka-lock's"
+    );
+    assert_eq!(run.finish(STEP), 0, "{}", run.transcript());
+}
+
 /// A shell script that leaves processes behind, then ends with `last`: one process in the
 /// command's process group, one that left it with setsid and was orphaned when the subshell
 /// that started it exited (so it is re-parented to the nearest child subreaper). setsid does
@@ -2026,6 +2227,15 @@ fn a_dead_supervisor_is_replaced_by_kafka_lock_stopping_everything_then_releasin
     }
     let line = run.failure_line();
     assert!(line.contains("supervisor"), "{line}");
+    // Of all the exits kafka-lock reaped, the line names the supervisor's own (the SIGKILL
+    // above) and the event the command's own (the SIGTERM of kafka-lock's stop).
+    assert!(
+        line.contains("failed: it exited unexpectedly (SIGKILL);"),
+        "{line}"
+    );
+    let exited = run.named("child_exited");
+    assert_eq!(exited.len(), 1, "{}", run.transcript());
+    assert_eq!(exited[0]["signal"], 15, "{}", run.transcript());
     let status = status_json(&broker.bootstrap(), &lock);
     assert_eq!(
         member_count(&status),

@@ -464,9 +464,10 @@ fn run_to_end(mut cmd: Command) -> (i32, String, String) {
 }
 
 /// The command finds the last checkpoint in its environment and leaves the next one in a file;
-/// kafka-lock stores it only when the command exits 0, and refuses one that is too long. The
-/// token in the environment is the ledger offset. After the group is deleted, `status` still
-/// shows the last hold and the checkpoint (from the ledger's copy).
+/// kafka-lock stores it only when the command exits 0, takes one of exactly
+/// `--checkpoint-max-bytes` and refuses one byte more. The token in the environment is the
+/// ledger offset. No run leaves its checkpoint directory in `$TMPDIR`. After the group is
+/// deleted, `status` still shows the last hold and the checkpoint (from the ledger's copy).
 #[test]
 fn the_command_hands_its_checkpoint_to_the_next_holder() {
     support::init_tracing();
@@ -476,13 +477,22 @@ fn the_command_hands_its_checkpoint_to_the_next_holder() {
     let dir = std::env::temp_dir().join(support::unique_group("ledger-cli-out"));
     std::fs::create_dir_all(&dir).unwrap();
     let _cleanup = RemoveDir(dir.clone());
+    let tmp = dir.join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
     let step = |n: u32, write: &str, exit: i32| {
         let script = format!(
             "printf '%s %s' \"$KAFKA_LOCK_TOKEN\" \"${{KAFKA_LOCK_CHECKPOINT-none}}\" > {out}; \
              {write}; exit {exit}",
             out = dir.join(format!("seen{n}")).display()
         );
-        let (status, _, stderr) = run_to_end(run_cmd(&bootstrap, &group, &ledger, &script));
+        let mut cmd = run_cmd(&bootstrap, &group, &ledger, &script);
+        cmd.env("TMPDIR", &tmp);
+        let (status, _, stderr) = run_to_end(cmd);
+        let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().flatten().collect();
+        assert!(
+            left.is_empty(),
+            "run {n} left {left:?} in its TMPDIR: {stderr}"
+        );
         let seen = std::fs::read_to_string(dir.join(format!("seen{n}"))).unwrap_or_default();
         let (token, checkpoint) = seen.split_once(' ').unwrap_or(("", ""));
         (
@@ -515,8 +525,24 @@ fn the_command_hands_its_checkpoint_to_the_next_holder() {
     );
     assert_eq!((s4, c4.as_str()), (78, "v2"), "{e4}");
     assert!(e4.contains("more than 4096 bytes"), "{e4}");
-    let (s5, t5, c5, e5) = step(5, "true", 0);
-    assert_eq!((s5, c5.as_str()), (0, "v2"), "{e5}");
+    // So is one byte more than the limit (4096, the brokers' offset.metadata.max.bytes); one of
+    // exactly the limit is stored, and the next holder finds it in its environment.
+    let (s5, _, c5, e5) = step(
+        5,
+        "head -c 4097 /dev/zero | tr '\\0' x > \"$KAFKA_LOCK_CHECKPOINT_FILE\"",
+        0,
+    );
+    assert_eq!((s5, c5.as_str()), (78, "v2"), "{e5}");
+    let (s6, _, c6, e6) = step(
+        6,
+        "head -c 4096 /dev/zero | tr '\\0' y > \"$KAFKA_LOCK_CHECKPOINT_FILE\"",
+        0,
+    );
+    assert_eq!((s6, c6.as_str()), (0, "v2"), "{e6}");
+    let (s7, _, c7, e7) = step(7, "printf v2 > \"$KAFKA_LOCK_CHECKPOINT_FILE\"", 0);
+    assert_eq!((s7, c7 == "y".repeat(4096)), (0, true), "{e7}");
+    let (s8, t8, c8, e8) = step(8, "true", 0);
+    assert_eq!((s8, c8.as_str()), (0, "v2"), "{e8}");
 
     // The group is gone; the ledger is not.
     delete_group(&bootstrap, &group).expect("delete the empty group");
@@ -529,7 +555,7 @@ fn the_command_hands_its_checkpoint_to_the_next_holder() {
     assert_eq!(code, 3, "{err}");
     let v: serde_json::Value = serde_json::from_str(out.trim()).expect(&out);
     assert_eq!(v["state"], "Dead", "{out}");
-    assert_eq!(v["ledger"]["last_hold"]["token"], t5, "{out}");
+    assert_eq!(v["ledger"]["last_hold"]["token"], t8, "{out}");
     assert_eq!(v["ledger"]["last_hold"]["end"], "released", "{out}");
     assert_eq!(v["ledger"]["checkpoint"]["value"], "v2", "{out}");
     assert_eq!(v["ledger"]["checkpoint"]["source"], "ledger", "{out}");

@@ -1149,6 +1149,12 @@ impl CheckpointDir {
                 ),
             )
         })?;
+        CheckpointDir::create(c, last.map(|c| c.value)).map(Some)
+    }
+
+    /// The directory, with `last` placed where the command can have it: in the environment if
+    /// execve can carry it, else in a file beside the one the command writes.
+    fn create(c: &RunConfig, last: Option<String>) -> Result<CheckpointDir, Failure> {
         let dir = std::env::temp_dir().join(format!(
             "kafka-lock-{}-{}",
             std::process::id(),
@@ -1169,7 +1175,7 @@ impl CheckpointDir {
             })?;
         let mut prepared = CheckpointDir {
             dir,
-            last: last.map(|c| c.value),
+            last,
             last_file: None,
             max: c.checkpoint_max_bytes,
             lock: c.lock.clone(),
@@ -1194,7 +1200,7 @@ impl CheckpointDir {
             })?;
             prepared.last_file = Some(path);
         }
-        Ok(Some(prepared))
+        Ok(prepared)
     }
 
     fn file(&self) -> std::path::PathBuf {
@@ -1213,6 +1219,23 @@ impl CheckpointDir {
 
     /// Stores the file's content, if the command wrote one; the failure to report otherwise.
     async fn commit(&self, guard: &LockGuard, rep: &mut Reporter) -> Option<Failure> {
+        let value = match self.written().await {
+            Ok(Some(value)) => value,
+            Ok(None) => return None,
+            Err(f) => return Some(f),
+        };
+        match guard.checkpoint(value.clone()).await {
+            Ok(()) => {
+                rep.checkpoint(&value);
+                None
+            }
+            Err(e) => Some(self.not_stored(&e)),
+        }
+    }
+
+    /// What the command left in its checkpoint file, if anything, refused before anything is
+    /// sent when it cannot be a checkpoint.
+    async fn written(&self) -> Result<Option<String>, Failure> {
         // One byte more than allowed is enough to tell that it is too long.
         let limit = u64::try_from(self.max)
             .unwrap_or(u64::MAX)
@@ -1234,10 +1257,10 @@ impl CheckpointDir {
             Err(e) => Err(FileRefused::Io(e)),
         };
         let bytes = match read {
-            Ok(None) => return None,
+            Ok(None) => return Ok(None),
             Ok(Some(bytes)) => bytes,
             Err(e) => {
-                return Some(Failure::new(
+                return Err(Failure::new(
                     exit::CONFIG,
                     format!(
                         "the command exited 0 but its checkpoint file {} was not read: {e}; it was \
@@ -1249,7 +1272,7 @@ impl CheckpointDir {
             }
         };
         if bytes.len() > self.max {
-            return Some(Failure::new(
+            return Err(Failure::new(
                 exit::CONFIG,
                 format!(
                     "the command's checkpoint is more than {} bytes (--checkpoint-max-bytes, the \
@@ -1259,63 +1282,57 @@ impl CheckpointDir {
                 ),
             ));
         }
-        let Ok(value) = String::from_utf8(bytes) else {
-            return Some(Failure::new(
+        String::from_utf8(bytes).map(Some).map_err(|_| {
+            Failure::new(
                 exit::CONFIG,
                 format!(
                     "the command's checkpoint is not UTF-8 text; it was not stored and lock {:?} \
                      keeps its previous checkpoint",
                     self.lock
                 ),
-            ));
+            )
+        })
+    }
+
+    /// Why the library did not store the command's checkpoint, and the status that says it.
+    fn not_stored(&self, e: &kafka_lock::Error) -> Failure {
+        let status = match e {
+            kafka_lock::Error::Ledger(
+                kafka_lock::LedgerError::CheckpointTooLarge { .. }
+                | kafka_lock::LedgerError::CheckpointHasNul { .. },
+            ) => exit::CONFIG,
+            _ => exit::LOST,
         };
-        match guard.checkpoint(value.clone()).await {
-            Ok(()) => {
-                rep.checkpoint(&value);
-                None
+        let why = match e {
+            kafka_lock::Error::Broker { code, .. } if matches!(code.code(), 22 | 25 | 82) => {
+                "the broker rejected it because this holder is no longer the lock's current \
+                 holder (its generation or member id is stale)"
             }
-            Err(e) => {
-                let status = match &e {
-                    kafka_lock::Error::Ledger(
-                        kafka_lock::LedgerError::CheckpointTooLarge { .. }
-                        | kafka_lock::LedgerError::CheckpointHasNul { .. },
-                    ) => exit::CONFIG,
-                    _ => exit::LOST,
-                };
-                let why = match &e {
-                    kafka_lock::Error::Broker { code, .. }
-                        if matches!(code.code(), 22 | 25 | 82) =>
-                    {
-                        "the broker rejected it because this holder is no longer the lock's current \
-                         holder (its generation or member id is stale)"
-                    }
-                    _ => "it could not be stored",
-                };
-                // Either may have left the new value in the group: the previous one is not kept.
-                if let kafka_lock::Error::Ledger(
-                    kafka_lock::LedgerError::CheckpointUnknown { .. }
-                    | kafka_lock::LedgerError::CheckpointNotCopied { .. },
-                ) = &e
-                {
-                    return Some(Failure::new(
-                        status,
-                        format!(
-                            "the command exited 0 but {e}; `kafka-lock status --lock {}` shows \
-                             which checkpoint lock {:?} has",
-                            self.lock, self.lock
-                        ),
-                    ));
-                }
-                Some(Failure::new(
-                    status,
-                    format!(
-                        "the command exited 0 but its checkpoint was not stored: {why} ({e}); \
-                         lock {:?} keeps its previous checkpoint",
-                        self.lock
-                    ),
-                ))
-            }
+            _ => "it could not be stored",
+        };
+        // Either may have left the new value in the group: the previous one is not kept.
+        if let kafka_lock::Error::Ledger(
+            kafka_lock::LedgerError::CheckpointUnknown { .. }
+            | kafka_lock::LedgerError::CheckpointNotCopied { .. },
+        ) = e
+        {
+            return Failure::new(
+                status,
+                format!(
+                    "the command exited 0 but {e}; `kafka-lock status --lock {}` shows \
+                     which checkpoint lock {:?} has",
+                    self.lock, self.lock
+                ),
+            );
         }
+        Failure::new(
+            status,
+            format!(
+                "the command exited 0 but its checkpoint was not stored: {why} ({e}); \
+                 lock {:?} keeps its previous checkpoint",
+                self.lock
+            ),
+        )
     }
 }
 
@@ -1658,6 +1675,134 @@ mod tests {
             Err(FileRefused::NotRegular)
         ));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A lock with a ledger and this `--checkpoint-max-bytes`, which has a checkpoint directory.
+    fn ledgered(max: usize) -> RunConfig {
+        let mut c = config();
+        c.ledger_topic = Some("ledger".into());
+        c.checkpoint_max_bytes = max;
+        c
+    }
+
+    fn has_var(env: &[(&'static str, OsString)], name: &str) -> bool {
+        env.iter().any(|(k, _)| *k == name)
+    }
+
+    /// The last checkpoint reaches the command in `KAFKA_LOCK_CHECKPOINT` up to 64 KiB, which
+    /// execve takes (one string may be up to 128 KiB, MAX_ARG_STRLEN), and in the file named by
+    /// `KAFKA_LOCK_LAST_CHECKPOINT_FILE` past that or with a NUL (a C string cannot carry it).
+    #[test]
+    fn the_last_checkpoint_is_in_the_environment_up_to_64_kib_and_in_a_file_past_it() {
+        let c = ledgered(4096);
+        for len in [2000, 64 * 1024] {
+            let last = "x".repeat(len);
+            let dir = CheckpointDir::create(&c, Some(last.clone())).expect("the directory");
+            let env = dir.env();
+            assert!(
+                dir.last_file.is_none() && !has_var(&env, "KAFKA_LOCK_LAST_CHECKPOINT_FILE"),
+                "a checkpoint of {len} bytes was put in a file"
+            );
+            let out = std::process::Command::new("sh")
+                .args(["-c", "printf %s \"$KAFKA_LOCK_CHECKPOINT\""])
+                .envs(env)
+                .output()
+                .expect("a command given the checkpoint in its environment");
+            assert!(out.status.success(), "{out:?}");
+            assert!(
+                out.stdout == last.as_bytes(),
+                "a checkpoint of {len} bytes did not reach the command whole in its environment \
+                 ({} bytes did)",
+                out.stdout.len()
+            );
+        }
+        for last in ["x".repeat(64 * 1024 + 1), "a\0b".to_owned()] {
+            let dir = CheckpointDir::create(&c, Some(last.clone())).expect("the directory");
+            let env = dir.env();
+            let file = dir.last_file.clone().unwrap_or_else(|| {
+                panic!("a checkpoint of {} bytes was not put in a file", last.len())
+            });
+            assert!(!has_var(&env, "KAFKA_LOCK_CHECKPOINT"), "{}", last.len());
+            assert!(env.contains(&("KAFKA_LOCK_LAST_CHECKPOINT_FILE", file.clone().into())));
+            assert!(std::fs::read(&file).unwrap() == last.as_bytes());
+        }
+    }
+
+    /// The directory the checkpoints are handed over in is removed with what it holds when the
+    /// run is done with it, not left in `$TMPDIR`.
+    #[test]
+    fn the_checkpoint_directory_is_removed_when_dropped() {
+        let dir =
+            CheckpointDir::create(&ledgered(4096), Some("a\0b".into())).expect("the directory");
+        std::fs::write(dir.file(), "next").unwrap();
+        let path = dir.dir.clone();
+        assert!(path.join("last-checkpoint").is_file() && path.join("checkpoint").is_file());
+        drop(dir);
+        assert!(!path.exists(), "{} was left behind", path.display());
+    }
+
+    /// A checkpoint of exactly `--checkpoint-max-bytes` is taken, one byte more is refused (78)
+    /// before anything is sent; no file is no checkpoint.
+    #[tokio::test]
+    async fn a_checkpoint_of_exactly_the_limit_is_taken_and_one_byte_more_refused() {
+        let dir = CheckpointDir::create(&ledgered(16), None).expect("the directory");
+        assert_eq!(dir.written().await, Ok(None));
+        std::fs::write(dir.file(), "x".repeat(16)).unwrap();
+        assert_eq!(dir.written().await, Ok(Some("x".repeat(16))));
+        std::fs::write(dir.file(), "x".repeat(17)).unwrap();
+        let f = dir
+            .written()
+            .await
+            .expect_err("17 bytes over a limit of 16");
+        assert_eq!(f.status, exit::CONFIG, "{}", f.line);
+        assert!(f.line.contains("more than 16 bytes"), "{}", f.line);
+    }
+
+    /// What the library refuses to store says why: a checkpoint it can never take (a NUL, too
+    /// long) is the command's to fix (78); a holder the broker no longer knows has lost the
+    /// lock (74), and the line says so; anything else could not be stored (74).
+    #[test]
+    fn a_checkpoint_the_library_refuses_says_why_with_its_status() {
+        use kafka_lock::{Api, Error, KafkaCode, LedgerError};
+        let dir = CheckpointDir::create(&ledgered(16), None).expect("the directory");
+        let stale = "no longer the lock's current holder";
+        for e in [
+            Error::Ledger(LedgerError::CheckpointHasNul { at: 1 }),
+            Error::Ledger(LedgerError::CheckpointTooLarge { len: 17, max: 16 }),
+        ] {
+            let f = dir.not_stored(&e);
+            assert_eq!(f.status, exit::CONFIG, "{}", f.line);
+            assert!(
+                f.line.contains("it could not be stored") && !f.line.contains(stale),
+                "{}",
+                f.line
+            );
+            assert!(f.line.contains(&e.to_string()), "{}", f.line);
+        }
+        for code in [
+            KafkaCode::ILLEGAL_GENERATION,
+            KafkaCode::UNKNOWN_MEMBER_ID,
+            KafkaCode::FENCED_INSTANCE_ID,
+        ] {
+            let f = dir.not_stored(&Error::Broker {
+                api: Api::OffsetCommit,
+                code,
+                message: None,
+            });
+            assert_eq!(f.status, exit::LOST, "{}", f.line);
+            assert!(f.line.contains(stale), "{}", f.line);
+        }
+        let f = dir.not_stored(&Error::Broker {
+            api: Api::OffsetCommit,
+            code: KafkaCode::COORDINATOR_NOT_AVAILABLE,
+            message: None,
+        });
+        assert_eq!(f.status, exit::LOST, "{}", f.line);
+        assert!(
+            f.line.contains("it could not be stored") && !f.line.contains(stale),
+            "{}",
+            f.line
+        );
     }
 
     /// A signal sent to kafka-lock comes out of `recv` by its number, and `drain` takes those
