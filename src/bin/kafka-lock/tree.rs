@@ -86,11 +86,18 @@ pub fn signal_tree(pgid: Option<u32>, signal: Signal) {
         let _ = sys::kill_group(g, signal);
     }
     let me = rustix::process::getpid().as_raw_nonzero().get() as u32;
-    for (pid, stat) in descendants_in(me, &all_processes()) {
+    signal_found(me, pgid, &descendants_in(me, &all_processes()), signal);
+}
+
+/// Signals what a walk of /proc found below `me`, except the members of `pgid` (the group was
+/// signalled as a whole). Apart from [`signal_tree`] so that a test can hand it a walk that the
+/// tree has changed since, as it does while the signals go out.
+fn signal_found(me: u32, pgid: Option<u32>, found: &[(u32, Stat)], signal: Signal) {
+    for (pid, stat) in found {
         if Some(stat.pgrp) == pgid {
             continue;
         }
-        signal_descendant(me, pid, stat.ppid, signal);
+        signal_descendant(me, *pid, stat.ppid, signal);
     }
 }
 
@@ -447,6 +454,15 @@ mod tests {
     /// pins its group. The script prints the pids of what it starts, then `ready`; the shell's
     /// pid comes first in the list.
     fn start_command(script: &str) -> (PinnedGroup, Vec<u32>) {
+        let pids = start_tree(script);
+        assert_eq!(pids.len(), 4, "{pids:?}");
+        let pin = PinnedGroup::pin(pids[0], &[std::process::id()]).expect("a child of ours");
+        (pin, pids)
+    }
+
+    /// Starts `sh -c script` in its own process group and returns the shell's pid, then the
+    /// pids the script prints before `ready`. The shell is left to the test to reap.
+    fn start_tree(script: &str) -> Vec<u32> {
         use std::io::BufRead;
         use std::os::unix::process::CommandExt;
         use std::process::Stdio;
@@ -467,11 +483,18 @@ mod tests {
             }
             pids.push(line.parse().expect("a pid"));
         }
-        assert_eq!(pids.len(), 4, "{pids:?}");
-        let pin = PinnedGroup::pin(pids[0], &[std::process::id()]).expect("a child of ours");
-        // Reaped by `stop_everything`, not through std.
+        // Reaped by the test (`stop_everything`, `waitpid`), not through std.
         drop(sh);
-        (pin, pids)
+        pids
+    }
+
+    /// Waits until `done` holds, failing after `bound`.
+    fn await_until(what: &str, bound: Duration, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + bound;
+        while !done() {
+            assert!(Instant::now() < deadline, "{what}: not within {bound:?}");
+            std::thread::sleep(TICK);
+        }
     }
 
     /// One process in the command's group, one that left it (setsid) and still has the shell as
@@ -517,6 +540,48 @@ echo ready; exec sleep 60"#;
         let grace = Duration::from_secs(10);
         let took = stop_and_check(pin, &pids, grace, None, Signal::TERM);
         assert!(took < grace, "the stop took {took:?}");
+    }
+
+    /// The race `signal_descendant`'s re-check meets, made certain: the walk saw a descendant
+    /// outside the command's group as the child of a group member, and the group's SIGTERM
+    /// killed that member before the descendant's turn came, re-parenting the descendant to us.
+    /// It must get its SIGTERM now, not only the SIGKILL a grace later.
+    #[test]
+    fn a_descendant_orphaned_after_the_walk_still_gets_sigterm() {
+        if !alone("tree::tests::a_descendant_orphaned_after_the_walk_still_gets_sigterm") {
+            return;
+        }
+        let me = std::process::id();
+        // The command (which becomes a sleep), a shell in its group, and the shell's child
+        // that left the group.
+        let pids = start_tree(
+            "sh -c 'setsid sleep 60 & echo $$; echo $!; echo ready; wait' &\nexec sleep 60",
+        );
+        let [command, member, left] = pids[..] else {
+            panic!("{pids:?}")
+        };
+        let walk = descendants_in(me, &all_processes());
+        assert!(
+            walk.iter().any(|(p, s)| *p == left && s.ppid == member),
+            "{walk:?}"
+        );
+        sys::kill_group(command, Signal::TERM).expect("the group's SIGTERM");
+        await_until(
+            "the member's death re-parents its child to us",
+            TICK * 1000,
+            || read_stat(left).is_some_and(|s| s.ppid == me),
+        );
+        signal_found(me, Some(command), &walk, Signal::TERM);
+        let left_pid = sys::pid(left).expect("a pid");
+        let mut exit = None;
+        await_until("the descendant ends", TICK * 1000, || {
+            exit = rustix::process::waitpid(Some(left_pid), WaitOptions::NOHANG)
+                .expect("our child")
+                .map(|(_, status)| exit_of(status));
+            exit.is_some()
+        });
+        assert_eq!(exit, Some(Some(ChildExit::Signal(Signal::TERM.as_raw()))));
+        stop_everything(None, Duration::ZERO, None, |_, _| {});
     }
 
     /// What ignores SIGTERM is SIGKILLed at `kill_by` when that comes before the grace is over,
