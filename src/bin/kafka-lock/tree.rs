@@ -6,6 +6,7 @@
 //! all gone exactly when waitpid says there are no children left (ECHILD): a grandchild always
 //! has a living parent below us, or has been re-parented to us.
 
+use std::collections::HashSet;
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::Duration;
 
@@ -93,19 +94,21 @@ pub fn signal_tree(pgid: Option<u32>, signal: Signal) {
 /// signalled as a whole). Apart from [`signal_tree`] so that a test can hand it a walk that the
 /// tree has changed since, as it does while the signals go out.
 fn signal_found(me: u32, pgid: Option<u32>, found: &[(u32, Stat)], signal: Signal) {
+    let below: HashSet<u32> = found.iter().map(|(pid, _)| *pid).collect();
     for (pid, stat) in found {
         if Some(stat.pgrp) == pgid {
             continue;
         }
-        signal_descendant(me, *pid, stat.ppid, signal);
+        signal_descendant(me, &below, *pid, stat.ppid, signal);
     }
 }
 
 /// Signals `pid`, which /proc showed as a child of `ppid`, without hitting an unrelated process
 /// that took over the pid since. Our own children cannot be replaced: their pid stays theirs
 /// until we reap them, which this thread is not doing now. Deeper ones are pinned with a pidfd
-/// and checked again before the signal: still a child of `ppid`, or of ours by then.
-fn signal_descendant(me: u32, pid: u32, ppid: u32, signal: Signal) {
+/// and checked again before the signal: still the child of a process the walk found `below`
+/// us, or of ours by then.
+fn signal_descendant(me: u32, below: &HashSet<u32>, pid: u32, ppid: u32, signal: Signal) {
     let Some(p) = sys::pid(pid) else { return };
     if ppid == me {
         let _ = rustix::process::kill_process(p, signal);
@@ -113,9 +116,11 @@ fn signal_descendant(me: u32, pid: u32, ppid: u32, signal: Signal) {
     }
     match rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()) {
         Ok(fd) => {
-            // Re-parented to us since the walk (its parent just died, to the group's SIGTERM
-            // say) is still ours: the pidfd names the process the walk saw while it lives.
-            if read_stat(pid).is_some_and(|s| s.ppid == ppid || s.ppid == me) {
+            // Not only the walk's `ppid`: a parent that died since (to the group's SIGTERM,
+            // say) left it to the nearest subreaper above it, which is us or a process of the
+            // command's the walk found. Nothing leaves the tree of a subreaper, so a child of
+            // ours or of one of those is below us; the pidfd names the process checked.
+            if read_stat(pid).is_some_and(|s| s.ppid == me || below.contains(&s.ppid)) {
                 let _ = rustix::process::pidfd_send_signal(&fd, signal);
             }
         }
@@ -463,10 +468,31 @@ mod tests {
     /// Starts `sh -c script` in its own process group and returns the shell's pid, then the
     /// pids the script prints before `ready`. The shell is left to the test to reap.
     fn start_tree(script: &str) -> Vec<u32> {
+        start_tree_of(std::process::Command::new("sh"), script)
+    }
+
+    /// [`start_tree`] with the shell a child subreaper, as an init in the command (tini, or a
+    /// nested `kafka-lock run`) is: what its descendants abandon goes to it, not to us.
+    #[allow(unsafe_code)]
+    fn start_subreaper_tree(script: &str) -> Vec<u32> {
+        use std::os::unix::process::CommandExt;
+        let mut sh = std::process::Command::new("sh");
+        // SAFETY: the closure runs in the forked child before exec and makes one system call
+        // (prctl), which allocates nothing and takes no lock. The flag outlives the exec.
+        unsafe {
+            sh.pre_exec(|| {
+                rustix::process::set_child_subreaper(Some(rustix::process::getpid()))
+                    .map_err(Into::into)
+            });
+        }
+        start_tree_of(sh, script)
+    }
+
+    fn start_tree_of(mut sh: std::process::Command, script: &str) -> Vec<u32> {
         use std::io::BufRead;
         use std::os::unix::process::CommandExt;
         use std::process::Stdio;
-        let mut sh = std::process::Command::new("sh")
+        let mut sh = sh
             .args(["-c", script])
             .process_group(0)
             .stdin(Stdio::null())
@@ -560,6 +586,10 @@ echo ready; exec sleep 60"#;
         let [command, member, left] = pids[..] else {
             panic!("{pids:?}")
         };
+        // `$!` is printed before the child's setsid, maybe.
+        await_until("the child leaves the group", TICK * 1000, || {
+            read_stat(left).is_some_and(|s| s.pgrp == left)
+        });
         let walk = descendants_in(me, &all_processes());
         assert!(
             walk.iter().any(|(p, s)| *p == left && s.ppid == member),
@@ -581,6 +611,88 @@ echo ready; exec sleep 60"#;
             exit.is_some()
         });
         assert_eq!(exit, Some(Some(ChildExit::Signal(Signal::TERM.as_raw()))));
+        stop_everything(None, Duration::ZERO, None, |_, _| {});
+    }
+
+    /// The same race, where the member's child is orphaned not to us but to a subreaper of the
+    /// command's (the shell here), which the walk found below us too. It must get its SIGTERM.
+    #[test]
+    fn a_descendant_orphaned_to_a_subreaper_below_us_after_the_walk_still_gets_sigterm() {
+        if !alone("tree::tests::a_descendant_orphaned_to_a_subreaper_below_us_after_the_walk_still_gets_sigterm") {
+            return;
+        }
+        let me = std::process::id();
+        let pids = start_subreaper_tree(
+            "sh -c 'setsid sleep 60 & echo $$; echo $!; echo ready; wait' &\nexec sleep 60",
+        );
+        let [reaper, member, left] = pids[..] else {
+            panic!("{pids:?}")
+        };
+        // `$!` is printed before the child's setsid, maybe.
+        await_until("the child leaves the group", TICK * 1000, || {
+            read_stat(left).is_some_and(|s| s.pgrp == left)
+        });
+        let walk = descendants_in(me, &all_processes());
+        assert!(
+            walk.iter().any(|(p, s)| *p == left && s.ppid == member),
+            "{walk:?}"
+        );
+        let member_pid = sys::pid(member).expect("a pid");
+        rustix::process::kill_process(member_pid, Signal::KILL).expect("kill the member");
+        await_until(
+            "the member's death re-parents its child",
+            TICK * 1000,
+            || read_stat(left).is_some_and(|s| s.ppid == reaper),
+        );
+        signal_found(me, Some(reaper), &walk, Signal::TERM);
+        // The subreaper (a sleep by now) never reaps it: its status stays in /proc.
+        await_until("the descendant ends", TICK * 1000, || {
+            read_stat(left).is_some_and(|s| s.state == b'Z')
+        });
+        let stat = std::fs::read_to_string(format!("/proc/{left}/stat")).expect("a zombie's stat");
+        // The last field is the status waitpid would report: the signal that ended it.
+        let status = stat.split_ascii_whitespace().last();
+        assert_eq!(
+            status,
+            Some(Signal::TERM.as_raw().to_string().as_str()),
+            "{stat}"
+        );
+        stop_everything(None, Duration::ZERO, None, |_, _| {});
+    }
+
+    /// The other side of that re-check: a process whose parent is neither us nor anything the
+    /// walk found below us (what a pid the walk saw may belong to by the signal's turn) is left
+    /// alone. Stopped, it keeps a signal pending where /proc shows it.
+    #[test]
+    fn a_process_whose_parent_the_walk_did_not_find_is_not_signalled() {
+        if !alone("tree::tests::a_process_whose_parent_the_walk_did_not_find_is_not_signalled") {
+            return;
+        }
+        let me = std::process::id();
+        let pids = start_tree("sleep 60 & echo $!; echo ready; exec sleep 60");
+        let [shell, other] = pids[..] else {
+            panic!("{pids:?}")
+        };
+        let other_pid = sys::pid(other).expect("a pid");
+        rustix::process::kill_process(other_pid, Signal::STOP).expect("stop it");
+        await_until("it stops", TICK * 1000, || {
+            read_stat(other).is_some_and(|s| s.state == b'T')
+        });
+        // Its parent is the shell, which this walk did not find.
+        let walk = [(other, stat(u32::MAX, other))];
+        signal_found(me, None, &walk, Signal::TERM);
+        let status = std::fs::read_to_string(format!("/proc/{other}/status")).expect("status");
+        let pending = status.lines().find(|l| l.starts_with("ShdPnd:"));
+        assert_eq!(pending, Some("ShdPnd:\t0000000000000000"), "{status}");
+        assert_eq!(read_stat(other).map(|s| s.state), Some(b'T'));
+        // Found, and with its parent found, it is signalled: the check above is not vacuous.
+        let walk = [(shell, stat(me, shell)), (other, stat(shell, shell))];
+        signal_found(me, None, &walk, Signal::TERM);
+        let status = std::fs::read_to_string(format!("/proc/{other}/status")).expect("status");
+        assert!(
+            status.contains("ShdPnd:\t0000000000004000") || !status.contains("State:\tT"),
+            "{status}"
+        );
         stop_everything(None, Duration::ZERO, None, |_, _| {});
     }
 
