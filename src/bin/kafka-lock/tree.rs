@@ -80,11 +80,14 @@ pub fn descendants_in(root: u32, procs: &[(u32, Stat)]) -> Vec<(u32, Stat)> {
     found
 }
 
-/// Sends `signal` to the process group `pgid` (if any) and to every descendant of this process
-/// outside that group (processes that called setsid or setpgid, or were re-parented to us).
+/// Sends `signal` (and SIGCONT, see [`and_continue`]) to the process group `pgid` (if any) and
+/// to every descendant of this process outside that group (processes that called setsid or
+/// setpgid, or were re-parented to us).
 pub fn signal_tree(pgid: Option<u32>, signal: Signal) {
     if let Some(g) = pgid {
-        let _ = sys::kill_group(g, signal);
+        for s in and_continue(signal) {
+            let _ = sys::kill_group(g, s);
+        }
     }
     let me = rustix::process::getpid().as_raw_nonzero().get() as u32;
     signal_found(me, pgid, &descendants_in(me, &all_processes()), signal);
@@ -111,7 +114,9 @@ fn signal_found(me: u32, pgid: Option<u32>, found: &[(u32, Stat)], signal: Signa
 fn signal_descendant(me: u32, below: &HashSet<u32>, pid: u32, ppid: u32, signal: Signal) {
     let Some(p) = sys::pid(pid) else { return };
     if ppid == me {
-        let _ = rustix::process::kill_process(p, signal);
+        for s in and_continue(signal) {
+            let _ = rustix::process::kill_process(p, s);
+        }
         return;
     }
     match rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()) {
@@ -121,15 +126,27 @@ fn signal_descendant(me: u32, below: &HashSet<u32>, pid: u32, ppid: u32, signal:
             // command's the walk found. Nothing leaves the tree of a subreaper, so a child of
             // ours or of one of those is below us; the pidfd names the process checked.
             if read_stat(pid).is_some_and(|s| s.ppid == me || below.contains(&s.ppid)) {
-                let _ = rustix::process::pidfd_send_signal(&fd, signal);
+                for s in and_continue(signal) {
+                    let _ = rustix::process::pidfd_send_signal(&fd, s);
+                }
             }
         }
         // Kernels before 5.3: a plain kill, with the (tiny) pid-reuse race pidfds close.
         Err(Errno::NOSYS) => {
-            let _ = rustix::process::kill_process(p, signal);
+            for s in and_continue(signal) {
+                let _ = rustix::process::kill_process(p, s);
+            }
         }
         Err(_) => {}
     }
+}
+
+/// `signal`, then SIGCONT unless it is SIGKILL: a stopped process (^Z, or SIGTTIN for reading
+/// the terminal from a background group) acts on nothing else until it is continued, and would
+/// sit a SIGTERM out until the SIGKILL. SIGCONT comes second so the signal is already pending
+/// when the process runs again.
+fn and_continue(signal: Signal) -> impl Iterator<Item = Signal> {
+    std::iter::once(signal).chain((signal != Signal::KILL).then_some(Signal::CONT))
 }
 
 /// How a reaped child ended.
@@ -694,6 +711,28 @@ echo ready; exec sleep 60"#;
             "{status}"
         );
         stop_everything(None, Duration::ZERO, None, |_, _| {});
+    }
+
+    /// A stopped process acts on no signal but SIGKILL until it is continued: a command stopped
+    /// by ^Z, or a descendant stopped for reading the terminal from outside its foreground group
+    /// (SIGTTIN), must still end by the stop's SIGTERM, not sit it out until the SIGKILL.
+    #[test]
+    fn stopped_processes_end_by_sigterm() {
+        if !alone("tree::tests::stopped_processes_end_by_sigterm") {
+            return;
+        }
+        let (pin, pids) = start_command(LEAVES);
+        for pid in &pids {
+            let p = sys::pid(*pid).expect("a pid");
+            rustix::process::kill_process(p, Signal::STOP).expect("stop it");
+        }
+        await_until("every process stops", TICK * 1000, || {
+            pids.iter()
+                .all(|p| read_stat(*p).is_some_and(|s| s.state == b'T'))
+        });
+        let grace = Duration::from_secs(10);
+        let took = stop_and_check(pin, &pids, grace, None, Signal::TERM);
+        assert!(took < grace, "the stop took {took:?}");
     }
 
     /// What ignores SIGTERM is SIGKILLed at `kill_by` when that comes before the grace is over,
