@@ -55,12 +55,31 @@ fn all_processes() -> Vec<(u32, Stat)> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
-    dir.filter_map(|entry| {
-        let name = entry.ok()?.file_name();
-        let pid: u32 = name.to_str()?.parse().ok()?;
-        Some((pid, read_stat(pid)?))
-    })
-    .collect()
+    let mut procs = dir
+        .filter_map(|entry| {
+            let name = entry.ok()?.file_name();
+            let pid: u32 = name.to_str()?.parse().ok()?;
+            Some((pid, read_stat(pid)?))
+        })
+        .collect();
+    settle(&mut procs, read_stat);
+    procs
+}
+
+/// Reads again each process of `procs` whose parent is not in it. /proc is read in pid order,
+/// and once pids wrap around a child can come before its parent; if the parent ended and was
+/// reaped before its turn (of the group's SIGTERM, sent just before a stop's walk), the child
+/// names a parent the walk never saw, and it and all below it would be missed. Read again, it
+/// names the subreaper it was re-parented to, which the walk did see (or is the walk's root).
+/// Processes whose parent is outside this PID namespace show 0 and are left as read.
+fn settle(procs: &mut Vec<(u32, Stat)>, read: impl Fn(u32) -> Option<Stat>) {
+    let seen: HashSet<u32> = procs.iter().map(|(pid, _)| *pid).collect();
+    procs.retain_mut(|(pid, stat)| {
+        if stat.ppid == 0 || seen.contains(&stat.ppid) {
+            return true;
+        }
+        read(*pid).map(|now| *stat = now).is_some()
+    });
 }
 
 /// The descendants of `root` in `procs`, parents before their children.
@@ -361,6 +380,31 @@ mod tests {
         found.sort();
         assert_eq!(found, [11, 12, 13, 14]);
         assert!(descendants_in(21, &procs).is_empty());
+    }
+
+    #[test]
+    fn only_a_process_whose_parent_the_walk_did_not_see_is_read_again() {
+        let mut procs = vec![
+            (1, stat(0, 1)),  // its parent is outside the namespace
+            (4, stat(9, 4)),  // parent gone; re-parented to 1 since
+            (5, stat(8, 5)),  // parent gone, and itself gone since
+            (6, stat(4, 4)),  // parent seen
+            (10, stat(1, 1)), // parent seen
+        ];
+        settle(&mut procs, |pid| match pid {
+            4 => Some(stat(1, 4)),
+            5 => None,
+            _ => panic!("{pid} read again"),
+        });
+        assert_eq!(
+            procs,
+            [
+                (1, stat(0, 1)),
+                (4, stat(1, 4)),
+                (6, stat(4, 4)),
+                (10, stat(1, 1))
+            ]
+        );
     }
 
     #[test]
@@ -710,6 +754,50 @@ echo ready; exec sleep 60"#;
             status.contains("ShdPnd:\t0000000000004000") || !status.contains("State:\tT"),
             "{status}"
         );
+        stop_everything(None, Duration::ZERO, None, |_, _| {});
+    }
+
+    /// /proc is read in pid order, and once pids wrap around a child can come before its
+    /// parent: the walk may read the child, then find its parent gone (reaped after dying of
+    /// the group's SIGTERM, say). Made certain here with a walk that lacks the parent. The child,
+    /// re-parented to us, must be found and get its SIGTERM, not only the SIGKILL a grace later.
+    #[test]
+    fn a_descendant_whose_parent_ends_during_the_walk_is_found() {
+        if !alone("tree::tests::a_descendant_whose_parent_ends_during_the_walk_is_found") {
+            return;
+        }
+        let me = std::process::id();
+        let pids =
+            start_tree("sh -c 'setsid sleep 60 & echo $$; echo $!; echo ready; wait' &\nwait");
+        let [_, member, left] = pids[..] else {
+            panic!("{pids:?}")
+        };
+        await_until("the child leaves the group", TICK * 1000, || {
+            read_stat(left).is_some_and(|s| s.pgrp == left)
+        });
+        let mut walk = all_processes();
+        walk.retain(|(p, _)| *p != member);
+        assert!(
+            walk.iter().any(|(p, s)| *p == left && s.ppid == member),
+            "{walk:?}"
+        );
+        let member_pid = sys::pid(member).expect("a pid");
+        rustix::process::kill_process(member_pid, Signal::KILL).expect("kill the member");
+        // The shell reaps it: gone from /proc, as the walk above pretends.
+        await_until("the member is reaped", TICK * 1000, || {
+            read_stat(member).is_none()
+        });
+        settle(&mut walk, read_stat);
+        signal_found(me, None, &descendants_in(me, &walk), Signal::TERM);
+        let left_pid = sys::pid(left).expect("a pid");
+        let mut exit = None;
+        await_until("the descendant ends", TICK * 1000, || {
+            exit = rustix::process::waitpid(Some(left_pid), WaitOptions::NOHANG)
+                .expect("our child")
+                .map(|(_, status)| exit_of(status));
+            exit.is_some()
+        });
+        assert_eq!(exit, Some(Some(ChildExit::Signal(Signal::TERM.as_raw()))));
         stop_everything(None, Duration::ZERO, None, |_, _| {});
     }
 
