@@ -6,6 +6,7 @@
 //! all gone exactly when waitpid says there are no children left (ECHILD): a grandchild always
 //! has a living parent below us, or has been re-parented to us.
 
+use std::collections::HashSet;
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::Duration;
 
@@ -54,12 +55,31 @@ fn all_processes() -> Vec<(u32, Stat)> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
-    dir.filter_map(|entry| {
-        let name = entry.ok()?.file_name();
-        let pid: u32 = name.to_str()?.parse().ok()?;
-        Some((pid, read_stat(pid)?))
-    })
-    .collect()
+    let mut procs = dir
+        .filter_map(|entry| {
+            let name = entry.ok()?.file_name();
+            let pid: u32 = name.to_str()?.parse().ok()?;
+            Some((pid, read_stat(pid)?))
+        })
+        .collect();
+    settle(&mut procs, read_stat);
+    procs
+}
+
+/// Reads again each process of `procs` whose parent is not in it. /proc is read in pid order,
+/// and once pids wrap around a child can come before its parent; if the parent ended and was
+/// reaped before its turn (of the group's SIGTERM, sent just before a stop's walk), the child
+/// names a parent the walk never saw, and it and all below it would be missed. Read again, it
+/// names the subreaper it was re-parented to, which the walk did see (or is the walk's root).
+/// Processes whose parent is outside this PID namespace show 0 and are left as read.
+fn settle(procs: &mut Vec<(u32, Stat)>, read: impl Fn(u32) -> Option<Stat>) {
+    let seen: HashSet<u32> = procs.iter().map(|(pid, _)| *pid).collect();
+    procs.retain_mut(|(pid, stat)| {
+        if stat.ppid == 0 || seen.contains(&stat.ppid) {
+            return true;
+        }
+        read(*pid).map(|now| *stat = now).is_some()
+    });
 }
 
 /// The descendants of `root` in `procs`, parents before their children.
@@ -79,45 +99,73 @@ pub fn descendants_in(root: u32, procs: &[(u32, Stat)]) -> Vec<(u32, Stat)> {
     found
 }
 
-/// Sends `signal` to the process group `pgid` (if any) and to every descendant of this process
-/// outside that group (processes that called setsid or setpgid, or were re-parented to us).
+/// Sends `signal` (and SIGCONT, see [`and_continue`]) to the process group `pgid` (if any) and
+/// to every descendant of this process outside that group (processes that called setsid or
+/// setpgid, or were re-parented to us).
 pub fn signal_tree(pgid: Option<u32>, signal: Signal) {
     if let Some(g) = pgid {
-        let _ = sys::kill_group(g, signal);
+        for s in and_continue(signal) {
+            let _ = sys::kill_group(g, s);
+        }
     }
     let me = rustix::process::getpid().as_raw_nonzero().get() as u32;
-    for (pid, stat) in descendants_in(me, &all_processes()) {
+    signal_found(me, pgid, &descendants_in(me, &all_processes()), signal);
+}
+
+/// Signals what a walk of /proc found below `me`, except the members of `pgid` (the group was
+/// signalled as a whole). Apart from [`signal_tree`] so that a test can hand it a walk that the
+/// tree has changed since, as it does while the signals go out.
+fn signal_found(me: u32, pgid: Option<u32>, found: &[(u32, Stat)], signal: Signal) {
+    let below: HashSet<u32> = found.iter().map(|(pid, _)| *pid).collect();
+    for (pid, stat) in found {
         if Some(stat.pgrp) == pgid {
             continue;
         }
-        signal_descendant(me, pid, stat.ppid, signal);
+        signal_descendant(me, &below, *pid, stat.ppid, signal);
     }
 }
 
 /// Signals `pid`, which /proc showed as a child of `ppid`, without hitting an unrelated process
 /// that took over the pid since. Our own children cannot be replaced: their pid stays theirs
 /// until we reap them, which this thread is not doing now. Deeper ones are pinned with a pidfd
-/// and checked again before the signal: still a child of `ppid`, or of ours by then.
-fn signal_descendant(me: u32, pid: u32, ppid: u32, signal: Signal) {
+/// and checked again before the signal: still the child of a process the walk found `below`
+/// us, or of ours by then.
+fn signal_descendant(me: u32, below: &HashSet<u32>, pid: u32, ppid: u32, signal: Signal) {
     let Some(p) = sys::pid(pid) else { return };
     if ppid == me {
-        let _ = rustix::process::kill_process(p, signal);
+        for s in and_continue(signal) {
+            let _ = rustix::process::kill_process(p, s);
+        }
         return;
     }
     match rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()) {
         Ok(fd) => {
-            // Re-parented to us since the walk (its parent just died, to the group's SIGTERM
-            // say) is still ours: the pidfd names the process the walk saw while it lives.
-            if read_stat(pid).is_some_and(|s| s.ppid == ppid || s.ppid == me) {
-                let _ = rustix::process::pidfd_send_signal(&fd, signal);
+            // Not only the walk's `ppid`: a parent that died since (to the group's SIGTERM,
+            // say) left it to the nearest subreaper above it, which is us or a process of the
+            // command's the walk found. Nothing leaves the tree of a subreaper, so a child of
+            // ours or of one of those is below us; the pidfd names the process checked.
+            if read_stat(pid).is_some_and(|s| s.ppid == me || below.contains(&s.ppid)) {
+                for s in and_continue(signal) {
+                    let _ = rustix::process::pidfd_send_signal(&fd, s);
+                }
             }
         }
         // Kernels before 5.3: a plain kill, with the (tiny) pid-reuse race pidfds close.
         Err(Errno::NOSYS) => {
-            let _ = rustix::process::kill_process(p, signal);
+            for s in and_continue(signal) {
+                let _ = rustix::process::kill_process(p, s);
+            }
         }
         Err(_) => {}
     }
+}
+
+/// `signal`, then SIGCONT unless it is SIGKILL: a stopped process (^Z, or SIGTTIN for reading
+/// the terminal from a background group) acts on nothing else until it is continued, and would
+/// sit a SIGTERM out until the SIGKILL. SIGCONT comes second so the signal is already pending
+/// when the process runs again.
+fn and_continue(signal: Signal) -> impl Iterator<Item = Signal> {
+    std::iter::once(signal).chain((signal != Signal::KILL).then_some(Signal::CONT))
 }
 
 /// How a reaped child ended.
@@ -335,6 +383,31 @@ mod tests {
     }
 
     #[test]
+    fn only_a_process_whose_parent_the_walk_did_not_see_is_read_again() {
+        let mut procs = vec![
+            (1, stat(0, 1)),  // its parent is outside the namespace
+            (4, stat(9, 4)),  // parent gone; re-parented to 1 since
+            (5, stat(8, 5)),  // parent gone, and itself gone since
+            (6, stat(4, 4)),  // parent seen
+            (10, stat(1, 1)), // parent seen
+        ];
+        settle(&mut procs, |pid| match pid {
+            4 => Some(stat(1, 4)),
+            5 => None,
+            _ => panic!("{pid} read again"),
+        });
+        assert_eq!(
+            procs,
+            [
+                (1, stat(0, 1)),
+                (4, stat(1, 4)),
+                (6, stat(4, 4)),
+                (10, stat(1, 1))
+            ]
+        );
+    }
+
+    #[test]
     fn an_inconsistent_snapshot_cannot_loop_forever() {
         // A cycle cannot exist in a real process tree, but a snapshot taken while pids are
         // reused could show one.
@@ -447,10 +520,40 @@ mod tests {
     /// pins its group. The script prints the pids of what it starts, then `ready`; the shell's
     /// pid comes first in the list.
     fn start_command(script: &str) -> (PinnedGroup, Vec<u32>) {
+        let pids = start_tree(script);
+        assert_eq!(pids.len(), 4, "{pids:?}");
+        let pin = PinnedGroup::pin(pids[0], &[std::process::id()]).expect("a child of ours");
+        (pin, pids)
+    }
+
+    /// Starts `sh -c script` in its own process group and returns the shell's pid, then the
+    /// pids the script prints before `ready`. The shell is left to the test to reap.
+    fn start_tree(script: &str) -> Vec<u32> {
+        start_tree_of(std::process::Command::new("sh"), script)
+    }
+
+    /// [`start_tree`] with the shell a child subreaper, as an init in the command (tini, or a
+    /// nested `kafka-lock run`) is: what its descendants abandon goes to it, not to us.
+    #[allow(unsafe_code)]
+    fn start_subreaper_tree(script: &str) -> Vec<u32> {
+        use std::os::unix::process::CommandExt;
+        let mut sh = std::process::Command::new("sh");
+        // SAFETY: the closure runs in the forked child before exec and makes one system call
+        // (prctl), which allocates nothing and takes no lock. The flag outlives the exec.
+        unsafe {
+            sh.pre_exec(|| {
+                rustix::process::set_child_subreaper(Some(rustix::process::getpid()))
+                    .map_err(Into::into)
+            });
+        }
+        start_tree_of(sh, script)
+    }
+
+    fn start_tree_of(mut sh: std::process::Command, script: &str) -> Vec<u32> {
         use std::io::BufRead;
         use std::os::unix::process::CommandExt;
         use std::process::Stdio;
-        let mut sh = std::process::Command::new("sh")
+        let mut sh = sh
             .args(["-c", script])
             .process_group(0)
             .stdin(Stdio::null())
@@ -467,11 +570,18 @@ mod tests {
             }
             pids.push(line.parse().expect("a pid"));
         }
-        assert_eq!(pids.len(), 4, "{pids:?}");
-        let pin = PinnedGroup::pin(pids[0], &[std::process::id()]).expect("a child of ours");
-        // Reaped by `stop_everything`, not through std.
+        // Reaped by the test (`stop_everything`, `waitpid`), not through std.
         drop(sh);
-        (pin, pids)
+        pids
+    }
+
+    /// Waits until `done` holds, failing after `bound`.
+    fn await_until(what: &str, bound: Duration, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + bound;
+        while !done() {
+            assert!(Instant::now() < deadline, "{what}: not within {bound:?}");
+            std::thread::sleep(TICK);
+        }
     }
 
     /// One process in the command's group, one that left it (setsid) and still has the shell as
@@ -514,6 +624,200 @@ echo ready; exec sleep 60"#;
             return;
         }
         let (pin, pids) = start_command(LEAVES);
+        let grace = Duration::from_secs(10);
+        let took = stop_and_check(pin, &pids, grace, None, Signal::TERM);
+        assert!(took < grace, "the stop took {took:?}");
+    }
+
+    /// The race `signal_descendant`'s re-check meets, made certain: the walk saw a descendant
+    /// outside the command's group as the child of a group member, and the group's SIGTERM
+    /// killed that member before the descendant's turn came, re-parenting the descendant to us.
+    /// It must get its SIGTERM now, not only the SIGKILL a grace later.
+    #[test]
+    fn a_descendant_orphaned_after_the_walk_still_gets_sigterm() {
+        if !alone("tree::tests::a_descendant_orphaned_after_the_walk_still_gets_sigterm") {
+            return;
+        }
+        let me = std::process::id();
+        // The command (which becomes a sleep), a shell in its group, and the shell's child
+        // that left the group.
+        let pids = start_tree(
+            "sh -c 'setsid sleep 60 & echo $$; echo $!; echo ready; wait' &\nexec sleep 60",
+        );
+        let [command, member, left] = pids[..] else {
+            panic!("{pids:?}")
+        };
+        // `$!` is printed before the child's setsid, maybe.
+        await_until("the child leaves the group", TICK * 1000, || {
+            read_stat(left).is_some_and(|s| s.pgrp == left)
+        });
+        let walk = descendants_in(me, &all_processes());
+        assert!(
+            walk.iter().any(|(p, s)| *p == left && s.ppid == member),
+            "{walk:?}"
+        );
+        sys::kill_group(command, Signal::TERM).expect("the group's SIGTERM");
+        await_until(
+            "the member's death re-parents its child to us",
+            TICK * 1000,
+            || read_stat(left).is_some_and(|s| s.ppid == me),
+        );
+        signal_found(me, Some(command), &walk, Signal::TERM);
+        let left_pid = sys::pid(left).expect("a pid");
+        let mut exit = None;
+        await_until("the descendant ends", TICK * 1000, || {
+            exit = rustix::process::waitpid(Some(left_pid), WaitOptions::NOHANG)
+                .expect("our child")
+                .map(|(_, status)| exit_of(status));
+            exit.is_some()
+        });
+        assert_eq!(exit, Some(Some(ChildExit::Signal(Signal::TERM.as_raw()))));
+        stop_everything(None, Duration::ZERO, None, |_, _| {});
+    }
+
+    /// The same race, where the member's child is orphaned not to us but to a subreaper of the
+    /// command's (the shell here), which the walk found below us too. It must get its SIGTERM.
+    #[test]
+    fn a_descendant_orphaned_to_a_subreaper_below_us_after_the_walk_still_gets_sigterm() {
+        if !alone("tree::tests::a_descendant_orphaned_to_a_subreaper_below_us_after_the_walk_still_gets_sigterm") {
+            return;
+        }
+        let me = std::process::id();
+        let pids = start_subreaper_tree(
+            "sh -c 'setsid sleep 60 & echo $$; echo $!; echo ready; wait' &\nexec sleep 60",
+        );
+        let [reaper, member, left] = pids[..] else {
+            panic!("{pids:?}")
+        };
+        // `$!` is printed before the child's setsid, maybe.
+        await_until("the child leaves the group", TICK * 1000, || {
+            read_stat(left).is_some_and(|s| s.pgrp == left)
+        });
+        let walk = descendants_in(me, &all_processes());
+        assert!(
+            walk.iter().any(|(p, s)| *p == left && s.ppid == member),
+            "{walk:?}"
+        );
+        let member_pid = sys::pid(member).expect("a pid");
+        rustix::process::kill_process(member_pid, Signal::KILL).expect("kill the member");
+        await_until(
+            "the member's death re-parents its child",
+            TICK * 1000,
+            || read_stat(left).is_some_and(|s| s.ppid == reaper),
+        );
+        signal_found(me, Some(reaper), &walk, Signal::TERM);
+        // The subreaper (a sleep by now) never reaps it: its status stays in /proc.
+        await_until("the descendant ends", TICK * 1000, || {
+            read_stat(left).is_some_and(|s| s.state == b'Z')
+        });
+        let stat = std::fs::read_to_string(format!("/proc/{left}/stat")).expect("a zombie's stat");
+        // The last field is the status waitpid would report: the signal that ended it.
+        let status = stat.split_ascii_whitespace().last();
+        assert_eq!(
+            status,
+            Some(Signal::TERM.as_raw().to_string().as_str()),
+            "{stat}"
+        );
+        stop_everything(None, Duration::ZERO, None, |_, _| {});
+    }
+
+    /// The other side of that re-check: a process whose parent is neither us nor anything the
+    /// walk found below us (what a pid the walk saw may belong to by the signal's turn) is left
+    /// alone. Stopped, it keeps a signal pending where /proc shows it.
+    #[test]
+    fn a_process_whose_parent_the_walk_did_not_find_is_not_signalled() {
+        if !alone("tree::tests::a_process_whose_parent_the_walk_did_not_find_is_not_signalled") {
+            return;
+        }
+        let me = std::process::id();
+        let pids = start_tree("sleep 60 & echo $!; echo ready; exec sleep 60");
+        let [shell, other] = pids[..] else {
+            panic!("{pids:?}")
+        };
+        let other_pid = sys::pid(other).expect("a pid");
+        rustix::process::kill_process(other_pid, Signal::STOP).expect("stop it");
+        await_until("it stops", TICK * 1000, || {
+            read_stat(other).is_some_and(|s| s.state == b'T')
+        });
+        // Its parent is the shell, which this walk did not find.
+        let walk = [(other, stat(u32::MAX, other))];
+        signal_found(me, None, &walk, Signal::TERM);
+        let status = std::fs::read_to_string(format!("/proc/{other}/status")).expect("status");
+        let pending = status.lines().find(|l| l.starts_with("ShdPnd:"));
+        assert_eq!(pending, Some("ShdPnd:\t0000000000000000"), "{status}");
+        assert_eq!(read_stat(other).map(|s| s.state), Some(b'T'));
+        // Found, and with its parent found, it is signalled: the check above is not vacuous.
+        let walk = [(shell, stat(me, shell)), (other, stat(shell, shell))];
+        signal_found(me, None, &walk, Signal::TERM);
+        let status = std::fs::read_to_string(format!("/proc/{other}/status")).expect("status");
+        assert!(
+            status.contains("ShdPnd:\t0000000000004000") || !status.contains("State:\tT"),
+            "{status}"
+        );
+        stop_everything(None, Duration::ZERO, None, |_, _| {});
+    }
+
+    /// /proc is read in pid order, and once pids wrap around a child can come before its
+    /// parent: the walk may read the child, then find its parent gone (reaped after dying of
+    /// the group's SIGTERM, say). Made certain here with a walk that lacks the parent. The child,
+    /// re-parented to us, must be found and get its SIGTERM, not only the SIGKILL a grace later.
+    #[test]
+    fn a_descendant_whose_parent_ends_during_the_walk_is_found() {
+        if !alone("tree::tests::a_descendant_whose_parent_ends_during_the_walk_is_found") {
+            return;
+        }
+        let me = std::process::id();
+        let pids =
+            start_tree("sh -c 'setsid sleep 60 & echo $$; echo $!; echo ready; wait' &\nwait");
+        let [_, member, left] = pids[..] else {
+            panic!("{pids:?}")
+        };
+        await_until("the child leaves the group", TICK * 1000, || {
+            read_stat(left).is_some_and(|s| s.pgrp == left)
+        });
+        let mut walk = all_processes();
+        walk.retain(|(p, _)| *p != member);
+        assert!(
+            walk.iter().any(|(p, s)| *p == left && s.ppid == member),
+            "{walk:?}"
+        );
+        let member_pid = sys::pid(member).expect("a pid");
+        rustix::process::kill_process(member_pid, Signal::KILL).expect("kill the member");
+        // The shell reaps it: gone from /proc, as the walk above pretends.
+        await_until("the member is reaped", TICK * 1000, || {
+            read_stat(member).is_none()
+        });
+        settle(&mut walk, read_stat);
+        signal_found(me, None, &descendants_in(me, &walk), Signal::TERM);
+        let left_pid = sys::pid(left).expect("a pid");
+        let mut exit = None;
+        await_until("the descendant ends", TICK * 1000, || {
+            exit = rustix::process::waitpid(Some(left_pid), WaitOptions::NOHANG)
+                .expect("our child")
+                .map(|(_, status)| exit_of(status));
+            exit.is_some()
+        });
+        assert_eq!(exit, Some(Some(ChildExit::Signal(Signal::TERM.as_raw()))));
+        stop_everything(None, Duration::ZERO, None, |_, _| {});
+    }
+
+    /// A stopped process acts on no signal but SIGKILL until it is continued: a command stopped
+    /// by ^Z, or a descendant stopped for reading the terminal from outside its foreground group
+    /// (SIGTTIN), must still end by the stop's SIGTERM, not sit it out until the SIGKILL.
+    #[test]
+    fn stopped_processes_end_by_sigterm() {
+        if !alone("tree::tests::stopped_processes_end_by_sigterm") {
+            return;
+        }
+        let (pin, pids) = start_command(LEAVES);
+        for pid in &pids {
+            let p = sys::pid(*pid).expect("a pid");
+            rustix::process::kill_process(p, Signal::STOP).expect("stop it");
+        }
+        await_until("every process stops", TICK * 1000, || {
+            pids.iter()
+                .all(|p| read_stat(*p).is_some_and(|s| s.state == b'T'))
+        });
         let grace = Duration::from_secs(10);
         let took = stop_and_check(pin, &pids, grace, None, Signal::TERM);
         assert!(took < grace, "the stop took {took:?}");
