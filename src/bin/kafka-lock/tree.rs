@@ -72,14 +72,39 @@ fn all_processes() -> Vec<(u32, Stat)> {
 /// names a parent the walk never saw, and it and all below it would be missed. Read again, it
 /// names the subreaper it was re-parented to, which the walk did see (or is the walk's root).
 /// Processes whose parent is outside this PID namespace show 0 and are left as read.
+///
+/// A process read again may be gone (its parent reaped it meanwhile), and then its children
+/// name a parent the walk no longer has, as they would if the walk had missed it: they are
+/// read again in turn. Each round drops at least one process, so this ends.
 fn settle(procs: &mut Vec<(u32, Stat)>, read: impl Fn(u32) -> Option<Stat>) {
     let seen: HashSet<u32> = procs.iter().map(|(pid, _)| *pid).collect();
+    let mut gone = read_again(procs, &read, |ppid| ppid != 0 && !seen.contains(&ppid));
+    while !gone.is_empty() {
+        gone = read_again(procs, &read, |ppid| gone.contains(&ppid));
+    }
+}
+
+/// Reads again each process of `procs` whose parent is `stale`, dropping those that are gone;
+/// returns the pids dropped.
+fn read_again(
+    procs: &mut Vec<(u32, Stat)>,
+    read: impl Fn(u32) -> Option<Stat>,
+    stale: impl Fn(u32) -> bool,
+) -> HashSet<u32> {
+    let mut gone = HashSet::new();
     procs.retain_mut(|(pid, stat)| {
-        if stat.ppid == 0 || seen.contains(&stat.ppid) {
+        if !stale(stat.ppid) {
             return true;
         }
-        read(*pid).map(|now| *stat = now).is_some()
+        let now = read(*pid);
+        if let Some(now) = now {
+            *stat = now;
+        } else {
+            gone.insert(*pid);
+        }
+        now.is_some()
     });
+    gone
 }
 
 /// The descendants of `root` in `procs`, parents before their children.
@@ -405,6 +430,27 @@ mod tests {
                 (10, stat(1, 1))
             ]
         );
+    }
+
+    /// A process read again and found gone leaves its children naming a parent the walk no
+    /// longer has: they are read again in turn (here the child of 7, whose own parent 9 the walk
+    /// missed, and which ended before the re-read). Fails if only the processes whose parent
+    /// the first reading missed are read again.
+    #[test]
+    fn the_children_of_a_process_gone_by_its_re_read_are_read_again() {
+        let mut procs = vec![
+            (1, stat(0, 1)),
+            (3, stat(7, 3)), // read while 7 lived; re-parented to 1 since
+            (5, stat(3, 3)), // its parent 3 is still there: not read again
+            (7, stat(9, 7)), // parent 9 missed; 7 itself gone since
+        ];
+        settle(&mut procs, |pid| match pid {
+            3 => Some(stat(1, 3)),
+            7 => None,
+            _ => panic!("{pid} read again"),
+        });
+        assert_eq!(procs, [(1, stat(0, 1)), (3, stat(1, 3)), (5, stat(3, 3))]);
+        assert_eq!(descendants_in(1, &procs).len(), 2);
     }
 
     #[test]
@@ -786,6 +832,56 @@ echo ready; exec sleep 60"#;
         // The shell reaps it: gone from /proc, as the walk above pretends.
         await_until("the member is reaped", TICK * 1000, || {
             read_stat(member).is_none()
+        });
+        settle(&mut walk, read_stat);
+        signal_found(me, None, &descendants_in(me, &walk), Signal::TERM);
+        let left_pid = sys::pid(left).expect("a pid");
+        let mut exit = None;
+        await_until("the descendant ends", TICK * 1000, || {
+            exit = rustix::process::waitpid(Some(left_pid), WaitOptions::NOHANG)
+                .expect("our child")
+                .map(|(_, status)| exit_of(status));
+            exit.is_some()
+        });
+        assert_eq!(exit, Some(Some(ChildExit::Signal(Signal::TERM.as_raw()))));
+        stop_everything(None, Duration::ZERO, None, |_, _| {});
+    }
+
+    /// The same one level down: the walk read a descendant that left the group as the child
+    /// of a member, and that member as the child of one it missed (reaped before its turn);
+    /// the member then ended too, and its own parent reaped it before the walk's re-read. The
+    /// descendant, re-parented to us, must be found and get its SIGTERM.
+    #[test]
+    fn a_descendant_whose_parent_and_grandparent_end_during_the_walk_is_found() {
+        if !alone(
+            "tree::tests::a_descendant_whose_parent_and_grandparent_end_during_the_walk_is_found",
+        ) {
+            return;
+        }
+        let me = std::process::id();
+        let pids = start_tree(
+            "sh -c 'echo $$; sh -c \"setsid sleep 60 & echo \\$\\$; echo \\$!; echo ready; wait\" & wait' &\nwait",
+        );
+        let [_, grandparent, parent, left] = pids[..] else {
+            panic!("{pids:?}")
+        };
+        await_until("the child leaves the group", TICK * 1000, || {
+            read_stat(left).is_some_and(|s| s.pgrp == left)
+        });
+        let mut walk = all_processes();
+        walk.retain(|(p, _)| *p != grandparent);
+        assert!(
+            walk.iter().any(|(p, s)| *p == left && s.ppid == parent)
+                && walk
+                    .iter()
+                    .any(|(p, s)| *p == parent && s.ppid == grandparent),
+            "{walk:?}"
+        );
+        let parent_pid = sys::pid(parent).expect("a pid");
+        rustix::process::kill_process(parent_pid, Signal::KILL).expect("kill the parent");
+        // The grandparent's `wait` reaps it: gone from /proc before the re-read.
+        await_until("the parent is reaped", TICK * 1000, || {
+            read_stat(parent).is_none()
         });
         settle(&mut walk, read_stat);
         signal_found(me, None, &descendants_in(me, &walk), Signal::TERM);
