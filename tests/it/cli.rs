@@ -1705,6 +1705,39 @@ fn an_unreachable_cluster_exits_69_within_the_connect_timeouts() {
     assert_eq!(stderr.len(), 1, "{stderr:?}");
 }
 
+/// In a PID namespace whose /proc is another namespace's (`unshare --pid` without
+/// `--mount-proc`), the pids /proc lists are not this namespace's: the stop could not find the
+/// command's processes, and would signal whatever has those pids here. kafka-lock refuses (71)
+/// before it joins or runs anything.
+#[test]
+fn a_proc_of_another_pid_namespace_is_refused_before_the_command_runs() {
+    let lock = lock_name("foreign-proc");
+    let dir = scratch_dir("foreign-proc");
+    let ran = dir.join("ran");
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--pdeathsig", "KILL", "--", "unshare"])
+        .args(["--map-root-user", "--pid", "--fork", "--kill-child", "--", BIN])
+        .args(["run", "--bootstrap", "127.0.0.1:9", "--lock", &lock, "--"])
+        .args(["sh", "-c", &format!("touch {}", ran.display())]);
+    hermetic(&mut cmd);
+    let mut run = Run::watch(
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run unshare (util-linux) to give kafka-lock a PID namespace of its own"),
+        None,
+    );
+    let code = run.finish(STEP);
+    assert_eq!(code, 71, "{}", run.transcript());
+    let line = run.failure_line();
+    assert!(
+        line.contains("belongs to another PID namespace") && line.contains("not run"),
+        "{line}"
+    );
+    assert!(!ran.exists(), "the command ran: {}", run.transcript());
+}
+
 #[test]
 fn invalid_or_rejected_settings_exit_78() {
     let broker = broker();

@@ -458,6 +458,12 @@ pub(crate) async fn term(
             format!("cannot become a child subreaper (PR_SET_CHILD_SUBREAPER, Linux 3.4+): {e}; the command was not run"),
         ));
     }
+    if let Err(e) = sys::check_proc() {
+        return Err(Failure::new(
+            exit::OSERR,
+            format!("{e}; the command was not run"),
+        ));
+    }
     // The supervisor starts now, beside the acquire, on a thread of its own: its start (a fork
     // and exec, which block) is then off the path from here to the grant, and from the grant to
     // the command. It only idles until it is told the hold's environment and the lease end,

@@ -196,6 +196,11 @@ impl Supervisor {
             self.send(&FromSupervisor::Gone);
             return ExitCode::from(crate::exit::OSERR);
         }
+        if let Err(e) = sys::check_proc() {
+            self.send(&FromSupervisor::Error(e.to_string()));
+            self.send(&FromSupervisor::Gone);
+            return ExitCode::from(crate::exit::OSERR);
+        }
         loop {
             let children_remain = self.reap();
             let now = sys::boot_ns();

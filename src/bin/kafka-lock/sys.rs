@@ -79,6 +79,24 @@ pub fn become_subreaper() -> io::Result<()> {
     rustix::process::set_child_subreaper(Some(rustix::process::getpid())).map_err(Into::into)
 }
 
+/// Whether /proc shows this process's own PID namespace. kafka-lock and its supervisor find the
+/// command's descendants by walking /proc and signal the pids it lists: in a PID namespace
+/// without a /proc of its own (`unshare --pid` without `--mount-proc`) those pids are the
+/// mount's namespace's, and name other processes here, or none.
+pub fn check_proc() -> io::Result<()> {
+    let me = std::process::id();
+    let seen = std::fs::read_link("/proc/self")?;
+    if seen.to_str().and_then(|s| s.parse::<u32>().ok()) == Some(me) {
+        return Ok(());
+    }
+    Err(io::Error::other(format!(
+        "/proc/self is {} but this process is {me}: the /proc mounted here belongs to another \
+         PID namespace, so the command's processes cannot be found in it (mount this \
+         namespace's own, as `unshare --pid --mount-proc` does)",
+        seen.display()
+    )))
+}
+
 /// Marks this process non-dumpable (PR_SET_DUMPABLE 0): it writes no core dump, and other
 /// processes of the same user (the command among them) can neither ptrace it nor read its
 /// /proc files that reveal memory: environ, mem, maps. kafka-lock holds the broker's password;
