@@ -1716,7 +1716,14 @@ fn a_proc_of_another_pid_namespace_is_refused_before_the_command_runs() {
     let ran = dir.join("ran");
     let mut cmd = Command::new("setpriv");
     cmd.args(["--pdeathsig", "KILL", "--", "unshare"])
-        .args(["--map-root-user", "--pid", "--fork", "--kill-child", "--", BIN])
+        .args([
+            "--map-root-user",
+            "--pid",
+            "--fork",
+            "--kill-child",
+            "--",
+            BIN,
+        ])
         .args(["run", "--bootstrap", "127.0.0.1:9", "--lock", &lock, "--"])
         .args(["sh", "-c", &format!("touch {}", ran.display())]);
     hermetic(&mut cmd);
